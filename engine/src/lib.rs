@@ -1,0 +1,3 @@
+//! memra-engine: a llama-architecture GGUF inference engine (CPU and CUDA backends).
+
+pub mod cli;

@@ -1,0 +1,1 @@
+//! memra-kernels: the CUDA C sources of the engine's kernels.
