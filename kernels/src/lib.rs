@@ -1,1 +1,4 @@
-//! memra-kernels: the CUDA C sources of the engine's kernels.
+//! memra-kernels: the CUDA C sources of the engine's kernels, their host twins, and the
+//! ggml block layouts both share.
+
+pub mod blocks;

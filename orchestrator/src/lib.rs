@@ -1,7 +1,17 @@
 //! memra-orch: the declarative gate orchestrator.
+//!
+//! Data flows one way: manifest text → raw serde structs ([`manifest`]) → validated
+//! [`plan::Plan`] (cells and their DAG, [`graph`]) → [`schedule`] → runner events ([`run`])
+//! → listeners ([`receipt`], [`report`]) → [`diff`].
+
+pub mod cli;
+pub mod exit;
+pub mod gpus;
+pub mod plan;
+
+pub use exit::ExitCode;
 
 /// Entry point of the `memra-orch` binary; returns the process exit code.
 pub fn main() -> i32 {
-    eprintln!("memra-orch: not built yet");
-    3
+    cli::main()
 }

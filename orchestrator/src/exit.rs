@@ -1,0 +1,33 @@
+//! The process exit codes of `memra-orch`, one enum, documented in `--help`.
+
+/// Semantic exit codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum ExitCode {
+    /// Every node ended as expected (skipped nodes included).
+    Ok = 0,
+    /// Something did not end as expected (fail, crash, timeout, error, blocked), or a diff
+    /// found a regression.
+    NotAsExpected = 1,
+    /// The manifest or the command line is wrong; nothing ran.
+    Usage = 2,
+    /// memra-orch itself broke (a bug or an I/O failure of the receipt tree).
+    Internal = 3,
+    /// Interrupted by Ctrl-C or SIGTERM; running nodes were cancelled.
+    Interrupted = 130,
+}
+
+impl ExitCode {
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+}
+
+/// Text for `--help`.
+pub const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0    every node ended as expected (skipped nodes do not fail a run)
+  1    something did not end as expected, or `diff` found a regression
+  2    manifest or usage error: nothing ran
+  3    internal error of memra-orch
+  130  interrupted (Ctrl-C / SIGTERM): running nodes were cancelled";

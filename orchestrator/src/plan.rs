@@ -1,0 +1,181 @@
+//! The validated plan: every cell of every node, with its substituted command, effective
+//! pins, resources and dependencies. Built from a manifest by `manifest`/`matrix`/`graph`;
+//! consumed by the scheduler and the runner. This module owns the types only; it does not
+//! parse, order or run anything.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Schema version of manifests this build understands.
+pub const MANIFEST_SCHEMA: u32 = 1;
+
+/// A node id as written in the manifest (`decode-batch`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct NodeId(pub String);
+
+/// A cell id: `id[k=v,k=v]` with keys in declared order (inline axes, then each env-matrix
+/// file's axes); a node without axes has the cell id equal to its node id.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct CellId(pub String);
+
+/// Index of a cell in [`Plan::cells`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct CellIndex(pub usize);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeKind {
+    Setup,
+    Arm,
+    Compare,
+}
+
+/// What a node is expected to report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Expect {
+    #[default]
+    Pass,
+    /// A negative cell (a canary): as expected iff the gate reported fail.
+    Fail,
+}
+
+/// Text verdict regexes for third-party gates that only print (`verdict = { pass = "^ALL
+/// GREEN", fail = "FAIL" }`): matched per line against stdout.
+#[derive(Debug, Clone)]
+pub struct TextVerdict {
+    pub pass: Option<regex::Regex>,
+    pub fail: Option<regex::Regex>,
+}
+
+/// How a compare node judges a candidate artifact against its reference.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Policy {
+    /// Every f32 bit-identical.
+    Bitwise,
+    /// |got - ref| <= max_abs and |got - ref| / max(1, |ref|) <= max_rel for every element
+    /// (a bound that is absent is not checked); with `argmax`, each row's argmax must agree.
+    Tolerance { max_abs: Option<f64>, max_rel: Option<f64>, argmax: bool },
+    /// At least `min_agree` of the rows have the same argmax.
+    ArgmaxAgree { min_agree: f64 },
+}
+
+/// The compare half of a compare cell: which two cells' artifacts, and the policy.
+#[derive(Debug, Clone)]
+pub struct CompareSpec {
+    pub reference: CellIndex,
+    pub candidate: CellIndex,
+    /// File name inside each side's artifacts folder (`logits.safetensors`).
+    pub artifact: String,
+    pub policy: Policy,
+}
+
+/// One runnable unit: a node with one combination of its matrix axes.
+///
+/// Strings in `argv` and `env` are fully substituted except the per-attempt built-ins
+/// `${artifacts}` and `${tmp}`, which stay literally as [`ARTIFACTS_TOKEN`] and [`TMP_TOKEN`]
+/// and are replaced by the runner for each attempt ([`Cell::attempt_string`]).
+#[derive(Debug, Clone)]
+pub struct Cell {
+    pub id: CellId,
+    pub node: NodeId,
+    pub kind: NodeKind,
+    /// Axis values in declared order (inline axes, then env-matrix axes; for a compare cell,
+    /// `candidate=<node id>` then the candidate cell's axes).
+    pub axes: Vec<(String, String)>,
+    pub description: Option<String>,
+    pub tags: Vec<String>,
+    /// The command; empty for compare cells (run by the orchestrator itself).
+    pub argv: Vec<String>,
+    /// Run `argv` joined by spaces through `sh -c` (only when the node says `shell = true`).
+    pub shell: bool,
+    /// Absolute working directory (default: the plan root).
+    pub cwd: PathBuf,
+    /// Pins: manifest `[env]`, then env-matrix pins and axis values, then the node's `env`,
+    /// later ones winning. Excludes inherited caller variables and the orchestrator's own
+    /// MEMRA_ORCH_* variables, which the runner adds.
+    pub env: BTreeMap<String, String>,
+    pub gpus: u32,
+    /// CPU and memory requests when the manifest states them (for executors that place work,
+    /// such as Slurm). `memory` in bytes.
+    pub cpus: Option<u32>,
+    pub memory: Option<u64>,
+    pub timeout: Duration,
+    /// Run this many times; every rep must pass.
+    pub reps: u32,
+    /// Re-run after crash/timeout/infra error (never after fail), this many times at most.
+    pub retries: u32,
+    pub expect: Expect,
+    pub verdict: Option<TextVerdict>,
+    /// Absolute paths that must exist after a setup cell ran; hashed into dependents' inputs.
+    pub produces: Vec<PathBuf>,
+    /// Absolute paths which, when all exist before a setup cell would run, make it pass
+    /// without running.
+    pub creates: Vec<PathBuf>,
+    /// Cells this one needs (every cell of each node named in `needs`, plus a compare
+    /// cell's reference and candidate).
+    pub needs: Vec<CellIndex>,
+    pub compare: Option<CompareSpec>,
+}
+
+/// Literal left in plan strings where `${artifacts}` was written.
+pub const ARTIFACTS_TOKEN: &str = "${artifacts}";
+/// Literal left in plan strings where `${tmp}` was written.
+pub const TMP_TOKEN: &str = "${tmp}";
+
+impl Cell {
+    /// Replaces the per-attempt built-ins in one plan string.
+    pub fn attempt_string(s: &str, artifacts: &std::path::Path, tmp: &std::path::Path) -> String {
+        s.replace(ARTIFACTS_TOKEN, &artifacts.to_string_lossy())
+            .replace(TMP_TOKEN, &tmp.to_string_lossy())
+    }
+}
+
+/// A manifest or env-matrix file that went into the plan, with its digest.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct SourceFile {
+    /// As written (manifest: as given on the command line; env-matrix: as in the manifest).
+    pub path: PathBuf,
+    pub sha256: String,
+}
+
+/// A validated manifest, expanded into cells. Cells are in a deterministic order: nodes in
+/// manifest order (setups, then arms, then compares as they appear), cells in matrix order.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub name: String,
+    pub description: Option<String>,
+    pub manifest: SourceFile,
+    pub env_matrices: Vec<SourceFile>,
+    /// The git top-level holding the manifest, else the manifest's folder. Absolute.
+    pub root: PathBuf,
+    /// Names taken from the caller's environment ([isolation].inherit).
+    pub inherit: Vec<String>,
+    pub cells: Vec<Cell>,
+}
+
+impl Plan {
+    pub fn cell(&self, i: CellIndex) -> &Cell {
+        &self.cells[i.0]
+    }
+
+    /// Cells that depend on `i` (the reverse of `needs`).
+    pub fn dependents(&self) -> Vec<Vec<CellIndex>> {
+        let mut out = vec![Vec::new(); self.cells.len()];
+        for (i, c) in self.cells.iter().enumerate() {
+            for n in &c.needs {
+                out[n.0].push(CellIndex(i));
+            }
+        }
+        out
+    }
+}
+
+/// The default [isolation].inherit list.
+pub const DEFAULT_INHERIT: &[&str] =
+    &["PATH", "HOME", "USER", "LANG", "LC_ALL", "TERM", "TZ", "LD_LIBRARY_PATH"];
