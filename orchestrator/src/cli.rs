@@ -1,7 +1,139 @@
-//! Command-line parsing (validation only) and dispatch to the library.
+//! Command-line parsing and dispatch. Parsing only validates the shape of the arguments
+//! (clap); resolving paths, reading manifests and building plans happen in the library
+//! modules each subcommand dispatches to.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::ExitCode;
+use crate::exit::EXIT_CODES_HELP;
+use crate::gpus::GpuSpec;
+
+#[derive(Debug, Parser)]
+#[command(name = "memra-orch", version, about = "Declarative gate orchestrator for numeric exactness batteries", after_help = EXIT_CODES_HELP)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a manifest: expand it, schedule its cells across GPUs and CPU slots, write a receipt tree.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Run(RunArgs),
+    /// Print the expanded plan of a manifest (cells, pins, dependencies) without running anything.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Plan(PlanArgs),
+    /// Check manifests; every problem is reported at once with file:line:column.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Validate(ValidateArgs),
+    /// List the GPUs a run would use (NVML, bounded by CUDA_VISIBLE_DEVICES).
+    #[command(after_help = EXIT_CODES_HELP)]
+    Gpus(GpusArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The manifest to run.
+    pub manifest: PathBuf,
+    /// GPUs to use: `all` (NVML, bounded by CUDA_VISIBLE_DEVICES), `none`, a list of NVML
+    /// indices (`0,2`), or `fake:N` for N fake GPUs.
+    #[arg(long, default_value = "all", value_parser = parse_gpu_spec)]
+    pub gpus: GpuSpec,
+    /// CPU slots for `gpus = 0` nodes (default: the number of CPU cores).
+    #[arg(long, short = 'j')]
+    pub jobs: Option<usize>,
+    /// Stop starting new nodes after the first one that is not as expected.
+    #[arg(long)]
+    pub fail_fast: bool,
+    /// Run only cells whose id matches this glob or that carry this tag (`tag:NAME`);
+    /// repeatable; what a selected cell needs runs too.
+    #[arg(long = "filter", value_name = "GLOB|tag:NAME")]
+    pub filters: Vec<String>,
+    /// Complete the existing receipt tree of this commit without re-running finished nodes.
+    #[arg(long)]
+    pub resume: bool,
+    /// Commit id to file the receipts under (default: from git, with `-dirty` when the tree
+    /// has uncommitted changes).
+    #[arg(long)]
+    pub commit: Option<String>,
+    /// Receipt folder (default: `receipts/` under the manifest's root).
+    #[arg(long)]
+    pub receipts: Option<PathBuf>,
+    /// Progress display: bars on a terminal, one plain line per event otherwise.
+    #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
+    pub progress: ProgressMode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProgressMode {
+    Auto,
+    Bars,
+    Plain,
+    Quiet,
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    pub manifest: PathBuf,
+    #[arg(long, value_enum, default_value_t = PlanFormat::Text)]
+    pub format: PlanFormat,
+    /// Only cells matching these filters (as for `run`).
+    #[arg(long = "filter", value_name = "GLOB|tag:NAME")]
+    pub filters: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PlanFormat {
+    Text,
+    Json,
+    Dot,
+}
+
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    #[arg(required = true)]
+    pub manifests: Vec<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct GpusArgs {
+    #[arg(long, default_value = "all", value_parser = parse_gpu_spec)]
+    pub gpus: GpuSpec,
+    #[arg(long, value_enum, default_value_t = GpusFormat::Text)]
+    pub format: GpusFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GpusFormat {
+    Text,
+    Json,
+}
+
+fn parse_gpu_spec(s: &str) -> Result<GpuSpec, String> {
+    s.parse()
+}
 
 /// Parses the command line and runs the subcommand; returns the exit code.
 pub fn main() -> i32 {
-    eprintln!("memra-orch: not built yet");
-    crate::ExitCode::Internal.code()
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { ExitCode::Usage } else { ExitCode::Ok };
+            let _ = e.print();
+            return code.code();
+        }
+    };
+    dispatch(cli.command).code()
+}
+
+/// Runs one parsed subcommand.
+pub fn dispatch(command: Command) -> ExitCode {
+    match command {
+        Command::Run(args) => crate::run::command(&args),
+        Command::Plan(args) => crate::load::plan_command(&args),
+        Command::Validate(args) => crate::load::validate_command(&args),
+        Command::Gpus(args) => crate::gpus::command(&args),
+    }
 }

@@ -7,7 +7,9 @@
 pub mod cli;
 pub mod exit;
 pub mod gpus;
+pub mod load;
 pub mod plan;
+pub mod run;
 
 pub use exit::ExitCode;
 
