@@ -1,3 +1,6 @@
 //! memra-engine: a llama-architecture GGUF inference engine (CPU and CUDA backends).
 
 pub mod cli;
+pub mod doors;
+pub mod model;
+pub mod reference;

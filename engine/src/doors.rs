@@ -1,0 +1,491 @@
+//! The engine's doors: the `MEMRA_*` environment pins of DESIGN §7, read once into one
+//! [`Doors`] value and validated there.
+//!
+//! This module owns parsing, validation and the accepted values of every pin. It does not
+//! decide which code path actually ran (a door can be refused, e.g. the fused tier under
+//! `MEMRA_MMVQ=0`); backends report that through [`DoorsReport`], which is what gates record.
+
+use std::fmt;
+
+/// Which backend `MEMRA_BACKEND` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// CUDA when a GPU and the CUDA libraries are present, else the CPU.
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl BackendChoice {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::Cpu => "cpu",
+            BackendChoice::Cuda => "cuda",
+        }
+    }
+}
+
+/// Layer cut points of a pipeline split (`MEMRA_PP_SPLITS`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PpSplits {
+    /// Layers are spread as evenly as possible, earlier stages taking the remainder.
+    Even,
+    /// Explicit cut points: stage `s` starts at layer `cuts[s - 1]`.
+    Cuts(Vec<usize>),
+}
+
+/// Every door of DESIGN §7, as read at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Doors {
+    /// `MEMRA_BACKEND`.
+    pub backend: BackendChoice,
+    /// `MEMRA_MMVQ`: true = mmvq matvec family, false = dp4a family.
+    pub mmvq: bool,
+    /// `MEMRA_NO_FUSE_NORMQ`: true = rmsnorm and q8_1 quantization stay separate on the
+    /// single-sequence path.
+    pub no_fuse_normq: bool,
+    /// `MEMRA_FA3`: true = split-K flash-decoding attention, false = one block per head.
+    pub fa3: bool,
+    /// `MEMRA_SERVE_B1FAST`: batched calls with B=1 take the single-sequence path.
+    pub serve_b1fast: bool,
+    /// `MEMRA_PP_STAGES`: number of pipeline stages the layers are split into.
+    pub pp_stages: usize,
+    /// `MEMRA_PP_DEVICES`: device ordinal of each stage (stage 0's is the primary).
+    pub pp_devices: Vec<usize>,
+    /// `MEMRA_PP_SPLITS`.
+    pub pp_splits: PpSplits,
+    /// `MEMRA_GATE_SEED`: offsets the synthetic prompts of gates.
+    pub gate_seed: u64,
+    /// `MEMRA_GATE_CANARY`: a planted plumbing defect (one wrong token) gates must catch.
+    pub gate_canary: bool,
+}
+
+impl Default for Doors {
+    fn default() -> Self {
+        Doors {
+            backend: BackendChoice::Auto,
+            mmvq: true,
+            no_fuse_normq: false,
+            fa3: true,
+            serve_b1fast: false,
+            pp_stages: 1,
+            pp_devices: vec![0],
+            pp_splits: PpSplits::Even,
+            gate_seed: 0,
+            gate_canary: false,
+        }
+    }
+}
+
+/// One pin with a value the engine does not accept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DoorIssue {
+    pub variable: &'static str,
+    pub value: String,
+    pub problem: String,
+}
+
+/// Every bad pin found while reading the doors, reported together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DoorsError {
+    pub issues: Vec<DoorIssue>,
+}
+
+impl fmt::Display for DoorsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, issue) in self.issues.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{}={:?}: {}", issue.variable, issue.value, issue.problem)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for DoorsError {}
+
+/// Names of every door, in the order of DESIGN §7.
+pub const DOOR_VARIABLES: [&str; 10] = [
+    "MEMRA_BACKEND",
+    "MEMRA_MMVQ",
+    "MEMRA_NO_FUSE_NORMQ",
+    "MEMRA_FA3",
+    "MEMRA_SERVE_B1FAST",
+    "MEMRA_PP_STAGES",
+    "MEMRA_PP_DEVICES",
+    "MEMRA_PP_SPLITS",
+    "MEMRA_GATE_SEED",
+    "MEMRA_GATE_CANARY",
+];
+
+impl Doors {
+    /// Reads the doors from the process environment. Call once at start.
+    pub fn from_env() -> Result<Doors, DoorsError> {
+        Doors::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the doors through `lookup` (a variable name to its value, `None` when unset),
+    /// so tests can pass pins without touching the process environment. An empty value
+    /// counts as unset.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Doors, DoorsError> {
+        let mut issues = Vec::new();
+        let mut doors = Doors::default();
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+
+        if let Some(v) = get("MEMRA_BACKEND") {
+            match v.trim() {
+                "auto" => doors.backend = BackendChoice::Auto,
+                "cpu" => doors.backend = BackendChoice::Cpu,
+                "cuda" => doors.backend = BackendChoice::Cuda,
+                _ => issues.push(DoorIssue {
+                    variable: "MEMRA_BACKEND",
+                    value: v.clone(),
+                    problem: "accepted values are auto, cpu, cuda".into(),
+                }),
+            }
+        }
+        let flags: [(&'static str, &mut bool); 5] = [
+            ("MEMRA_MMVQ", &mut doors.mmvq),
+            ("MEMRA_NO_FUSE_NORMQ", &mut doors.no_fuse_normq),
+            ("MEMRA_FA3", &mut doors.fa3),
+            ("MEMRA_SERVE_B1FAST", &mut doors.serve_b1fast),
+            ("MEMRA_GATE_CANARY", &mut doors.gate_canary),
+        ];
+        for (name, slot) in flags {
+            if let Some(v) = get(name) {
+                match v.trim() {
+                    "0" => *slot = false,
+                    "1" => *slot = true,
+                    _ => issues.push(DoorIssue {
+                        variable: name,
+                        value: v.clone(),
+                        problem: "accepted values are 0, 1".into(),
+                    }),
+                }
+            }
+        }
+        if let Some(v) = get("MEMRA_GATE_SEED") {
+            match v.trim().parse::<u64>() {
+                Ok(seed) => doors.gate_seed = seed,
+                Err(_) => issues.push(DoorIssue {
+                    variable: "MEMRA_GATE_SEED",
+                    value: v.clone(),
+                    problem: "accepted values are unsigned integers (0 to 2^64-1)".into(),
+                }),
+            }
+        }
+
+        let mut stages_ok = true;
+        if let Some(v) = get("MEMRA_PP_STAGES") {
+            match v.trim().parse::<usize>() {
+                Ok(n) if n >= 1 => doors.pp_stages = n,
+                _ => {
+                    stages_ok = false;
+                    issues.push(DoorIssue {
+                        variable: "MEMRA_PP_STAGES",
+                        value: v.clone(),
+                        problem: "accepted values are integers >= 1 (1 = no pipeline split)".into(),
+                    })
+                }
+            }
+        }
+        let stages = doors.pp_stages;
+        doors.pp_devices = vec![0; stages];
+        if let Some(v) = get("MEMRA_PP_DEVICES") {
+            match parse_list(&v) {
+                Some(devices) if !stages_ok || devices.len() == stages => {
+                    doors.pp_devices = devices
+                }
+                Some(devices) => issues.push(DoorIssue {
+                    variable: "MEMRA_PP_DEVICES",
+                    value: v.clone(),
+                    problem: format!(
+                        "names {} devices but MEMRA_PP_STAGES={stages}; give one device \
+                         ordinal per stage, e.g. {:?}",
+                        devices.len(),
+                        example_devices(stages)
+                    ),
+                }),
+                None => issues.push(DoorIssue {
+                    variable: "MEMRA_PP_DEVICES",
+                    value: v.clone(),
+                    problem: format!(
+                        "accepted values are comma-separated device ordinals, one per stage, \
+                         e.g. {:?}",
+                        example_devices(stages)
+                    ),
+                }),
+            }
+        }
+        if let Some(v) = get("MEMRA_PP_SPLITS") {
+            if v.trim() == "even" {
+                doors.pp_splits = PpSplits::Even;
+            } else {
+                match parse_list(&v) {
+                    Some(cuts)
+                        if (!stages_ok || cuts.len() + 1 == stages)
+                            && cuts.first().is_none_or(|&c| c > 0)
+                            && cuts.windows(2).all(|w| w[0] < w[1]) =>
+                    {
+                        doors.pp_splits = PpSplits::Cuts(cuts)
+                    }
+                    _ => issues.push(DoorIssue {
+                        variable: "MEMRA_PP_SPLITS",
+                        value: v.clone(),
+                        problem: format!(
+                            "accepted values are \"even\" or {} strictly increasing layer \
+                             indices > 0 (the first layer of stages 1..{stages}), comma-separated",
+                            stages.saturating_sub(1)
+                        ),
+                    }),
+                }
+            }
+        }
+
+        if issues.is_empty() {
+            Ok(doors)
+        } else {
+            Err(DoorsError { issues })
+        }
+    }
+
+    /// The equalized pins of `env-matrices/equalized.toml`: both decode paths run one
+    /// composition (dp4a matvec, rmsnorm and quantization separate).
+    pub fn equalized() -> Doors {
+        Doors {
+            mmvq: false,
+            no_fuse_normq: true,
+            ..Doors::default()
+        }
+    }
+
+    /// Every combination of the numeric doors (MMVQ, NO_FUSE_NORMQ, FA3, SERVE_B1FAST) on
+    /// top of `self`, for tests that must hold in every door combination.
+    pub fn numeric_combinations(&self) -> Vec<Doors> {
+        let mut out = Vec::with_capacity(16);
+        for bits in 0..16u32 {
+            out.push(Doors {
+                mmvq: bits & 1 != 0,
+                no_fuse_normq: bits & 2 != 0,
+                fa3: bits & 4 != 0,
+                serve_b1fast: bits & 8 != 0,
+                ..self.clone()
+            });
+        }
+        out
+    }
+
+    /// The layer range `[start, end)` of every pipeline stage for a model of `n_layer`
+    /// layers, or an error naming the pin when the split does not fit the model.
+    pub fn stage_ranges(&self, n_layer: usize) -> Result<Vec<std::ops::Range<usize>>, String> {
+        let stages = self.pp_stages;
+        if stages == 0 || stages > n_layer {
+            return Err(format!(
+                "MEMRA_PP_STAGES={stages}: the model has {n_layer} layers; use 1..={n_layer} stages"
+            ));
+        }
+        let cuts: Vec<usize> = match &self.pp_splits {
+            PpSplits::Even => {
+                let base = n_layer / stages;
+                let extra = n_layer % stages;
+                let mut acc = 0;
+                (0..stages - 1)
+                    .map(|s| {
+                        acc += base + usize::from(s < extra);
+                        acc
+                    })
+                    .collect()
+            }
+            PpSplits::Cuts(cuts) => {
+                if cuts.len() + 1 != stages || cuts.last().is_some_and(|&c| c >= n_layer) {
+                    return Err(format!(
+                        "MEMRA_PP_SPLITS={cuts:?}: needs {} increasing cut points below the \
+                         model's {n_layer} layers",
+                        stages - 1
+                    ));
+                }
+                cuts.clone()
+            }
+        };
+        let mut ranges = Vec::with_capacity(stages);
+        let mut start = 0;
+        for &cut in cuts.iter().chain(std::iter::once(&n_layer)) {
+            ranges.push(start..cut);
+            start = cut;
+        }
+        Ok(ranges)
+    }
+}
+
+fn parse_list(v: &str) -> Option<Vec<usize>> {
+    v.split(',')
+        .map(|p| p.trim().parse::<usize>().ok())
+        .collect()
+}
+
+fn example_devices(stages: usize) -> String {
+    (0..stages)
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The code paths a backend actually ran, as gates record them in their `{"doors":…}` row
+/// (DESIGN §5). Built by the backend, never from the pins alone, so a pin that silently did
+/// nothing shows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DoorsReport {
+    /// "cpu" or "cuda".
+    pub backend: &'static str,
+    /// Quantized matvec family that ran: "mmvq" or "dp4a" ("float" when no weight of the
+    /// model is quantized).
+    pub matvec: &'static str,
+    /// Single-sequence norm tier: "fused" (rmsnorm+quantize fused, scale as post-op) or
+    /// "separate".
+    pub norm: &'static str,
+    /// Decode attention: "split-k" or "naive".
+    pub attention: &'static str,
+    /// Whether batched calls with B=1 route to the single-sequence path.
+    pub b1fast: bool,
+    pub pp_stages: usize,
+    pub pp_devices: String,
+    /// First layer of every stage, comma-separated.
+    pub pp_splits: String,
+    pub gate_seed: u64,
+    pub canary: bool,
+}
+
+impl DoorsReport {
+    /// The flat object of DESIGN §5, without the outer `{"doors": …}` wrapper.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "backend": self.backend,
+            "matvec": self.matvec,
+            "norm": self.norm,
+            "attention": self.attention,
+            "b1fast": self.b1fast,
+            "pp_stages": self.pp_stages,
+            "pp_devices": self.pp_devices,
+            "pp_splits": self.pp_splits,
+            "gate_seed": self.gate_seed,
+            "canary": self.canary,
+        })
+    }
+
+    /// The `{"doors":{…}}` check row a gate appends to `MEMRA_ORCH_CHECKS`.
+    pub fn to_row(&self) -> serde_json::Value {
+        serde_json::json!({ "doors": self.to_json() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn read(pairs: &[(&str, &str)]) -> Result<Doors, DoorsError> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Doors::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn unset_pins_give_the_design_defaults() {
+        let d = read(&[]).unwrap();
+        assert_eq!(d, Doors::default());
+        assert_eq!(d.backend, BackendChoice::Auto);
+        assert!(d.mmvq && !d.no_fuse_normq && d.fa3 && !d.serve_b1fast && !d.gate_canary);
+        assert_eq!(d.pp_stages, 1);
+    }
+
+    #[test]
+    fn every_pin_is_read() {
+        let d = read(&[
+            ("MEMRA_BACKEND", "cpu"),
+            ("MEMRA_MMVQ", "0"),
+            ("MEMRA_NO_FUSE_NORMQ", "1"),
+            ("MEMRA_FA3", "0"),
+            ("MEMRA_SERVE_B1FAST", "1"),
+            ("MEMRA_PP_STAGES", "2"),
+            ("MEMRA_PP_DEVICES", "1,0"),
+            ("MEMRA_PP_SPLITS", "7"),
+            ("MEMRA_GATE_SEED", "42"),
+            ("MEMRA_GATE_CANARY", "1"),
+        ])
+        .unwrap();
+        assert_eq!(
+            d,
+            Doors {
+                backend: BackendChoice::Cpu,
+                mmvq: false,
+                no_fuse_normq: true,
+                fa3: false,
+                serve_b1fast: true,
+                pp_stages: 2,
+                pp_devices: vec![1, 0],
+                pp_splits: PpSplits::Cuts(vec![7]),
+                gate_seed: 42,
+                gate_canary: true,
+            }
+        );
+    }
+
+    #[test]
+    fn bad_values_are_all_reported_with_variable_value_and_accepted_values() {
+        let err = read(&[
+            ("MEMRA_MMVQ", "yes"),
+            ("MEMRA_BACKEND", "gpu"),
+            ("MEMRA_PP_STAGES", "2"),
+            ("MEMRA_PP_DEVICES", "0"),
+        ])
+        .unwrap_err();
+        let text = err.to_string();
+        assert_eq!(err.issues.len(), 3, "{text}");
+        assert!(text.contains("MEMRA_BACKEND=\"gpu\": accepted values are auto, cpu, cuda"));
+        assert!(text.contains("MEMRA_MMVQ=\"yes\": accepted values are 0, 1"));
+        assert!(text.contains("MEMRA_PP_DEVICES=\"0\": names 1 devices but MEMRA_PP_STAGES=2"));
+    }
+
+    #[test]
+    fn split_cut_points_must_increase() {
+        let err = read(&[("MEMRA_PP_STAGES", "3"), ("MEMRA_PP_SPLITS", "9,4")]).unwrap_err();
+        assert_eq!(err.issues[0].variable, "MEMRA_PP_SPLITS");
+        assert!(read(&[("MEMRA_PP_STAGES", "3"), ("MEMRA_PP_SPLITS", "4,9")]).is_ok());
+    }
+
+    #[test]
+    fn even_stage_ranges_cover_every_layer_once() {
+        let d = Doors {
+            pp_stages: 4,
+            ..Doors::default()
+        };
+        assert_eq!(
+            d.stage_ranges(30).unwrap(),
+            vec![0..8, 8..16, 16..23, 23..30]
+        );
+        let cut = Doors {
+            pp_stages: 2,
+            pp_splits: PpSplits::Cuts(vec![7]),
+            ..Doors::default()
+        };
+        assert_eq!(cut.stage_ranges(30).unwrap(), vec![0..7, 7..30]);
+        assert!(cut.stage_ranges(7).is_err());
+        assert!(d.stage_ranges(3).is_err());
+    }
+
+    #[test]
+    fn numeric_combinations_are_distinct_and_complete() {
+        let all = Doors::default().numeric_combinations();
+        assert_eq!(all.len(), 16);
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        assert!(all.contains(&Doors::equalized()));
+    }
+}

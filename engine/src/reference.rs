@@ -1,0 +1,211 @@
+//! The host f32 oracle: the llama forward pass written to be obviously correct, against
+//! which every backend and door is measured.
+//!
+//! Weights are dequantized to f32, activations stay f32, every dot product and every
+//! reduction accumulates in f64, and the whole prompt runs at once with a causal mask (no KV
+//! cache, no quantized activations, no fused tiers). It owns no fast path and shares no code
+//! with the backends beyond the model types, so a bug in a backend cannot hide here.
+
+use rayon::prelude::*;
+
+use crate::model::{LlamaConfig, LlamaModel, Weight};
+
+/// Logits after every position of `tokens`: `[tokens.len(), n_vocab]`, row-major (row `i`
+/// is the distribution of the token following position `i`).
+///
+/// Errors name the offending token when one is outside the vocabulary.
+pub fn forward(model: &LlamaModel, tokens: &[u32]) -> Result<Vec<f32>, String> {
+    let c = &model.config;
+    if let Some((i, &t)) = tokens
+        .iter()
+        .enumerate()
+        .find(|&(_, &t)| t as usize >= c.n_vocab)
+    {
+        return Err(format!(
+            "token {t} at position {i} is outside the vocabulary (n_vocab = {})",
+            c.n_vocab
+        ));
+    }
+    let n = tokens.len();
+    let d = c.n_embd;
+
+    // The residual stream, one row per position.
+    let mut x = vec![0.0f32; n * d];
+    for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
+        model.token_embd.row_f32(t as usize, row);
+    }
+
+    for layer in &model.layers {
+        let xn = rmsnorm_rows(&x, &layer.attn_norm, c.rms_eps);
+        let mut q = matmul(&layer.wq, &xn);
+        let mut k = matmul(&layer.wk, &xn);
+        let v = matmul(&layer.wv, &xn);
+        for pos in 0..n {
+            rope(&mut q[pos * c.q_dim()..(pos + 1) * c.q_dim()], pos, c);
+            rope(&mut k[pos * c.kv_dim()..(pos + 1) * c.kv_dim()], pos, c);
+        }
+        let att = attention(&q, &k, &v, n, c);
+        let o = matmul(&layer.wo, &att);
+        add_into(&mut x, &o);
+
+        let xn = rmsnorm_rows(&x, &layer.ffn_norm, c.rms_eps);
+        let gate = matmul(&layer.w_gate, &xn);
+        let up = matmul(&layer.w_up, &xn);
+        let h: Vec<f32> = gate
+            .iter()
+            .zip(&up)
+            .map(|(&g, &u)| {
+                let g = g as f64;
+                (g / (1.0 + (-g).exp()) * u as f64) as f32
+            })
+            .collect();
+        let down = matmul(&layer.w_down, &h);
+        add_into(&mut x, &down);
+    }
+
+    let xn = rmsnorm_rows(&x, &model.output_norm, c.rms_eps);
+    Ok(matmul(model.head(), &xn))
+}
+
+/// `x · r · g` per row with `r = 1/sqrt(mean(x²) + eps)`.
+fn rmsnorm_rows(x: &[f32], g: &[f32], eps: f32) -> Vec<f32> {
+    let d = g.len();
+    let mut out = vec![0.0f32; x.len()];
+    for (row, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let ss: f64 = row.iter().map(|&v| v as f64 * v as f64).sum();
+        let r = 1.0 / (ss / d as f64 + eps as f64).sqrt();
+        for ((o, &v), &g) in o.iter_mut().zip(row).zip(g) {
+            *o = (v as f64 * r * g as f64) as f32;
+        }
+    }
+    out
+}
+
+/// `y[t] = W · x[t]` for every row `t` of `x` (`[n, cols]` → `[n, rows]`), f64 accumulation.
+fn matmul(w: &Weight, x: &[f32]) -> Vec<f32> {
+    let wf = w.to_f32();
+    let n = x.len() / w.cols;
+    let mut y = vec![0.0f32; n * w.rows];
+    y.par_chunks_exact_mut(w.rows)
+        .zip(x.par_chunks_exact(w.cols))
+        .for_each(|(yt, xt)| {
+            for (r, out) in yt.iter_mut().enumerate() {
+                let wr = &wf[r * w.cols..(r + 1) * w.cols];
+                let acc: f64 = wr.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
+                *out = acc as f32;
+            }
+        });
+    y
+}
+
+/// llama.cpp's "normal" RoPE for llama-arch GGUF: within each head, the adjacent pair
+/// `(x[2i], x[2i+1])` is rotated by `pos · base^(-2i/head_dim)`.
+fn rope(x: &mut [f32], pos: usize, c: &LlamaConfig) {
+    let hd = c.head_dim;
+    for head in x.chunks_exact_mut(hd) {
+        for i in 0..hd / 2 {
+            let theta = pos as f64 * (c.rope_base as f64).powf(-2.0 * i as f64 / hd as f64);
+            let (s, co) = theta.sin_cos();
+            let (a, b) = (head[2 * i] as f64, head[2 * i + 1] as f64);
+            head[2 * i] = (a * co - b * s) as f32;
+            head[2 * i + 1] = (a * s + b * co) as f32;
+        }
+    }
+}
+
+/// Causal grouped-query attention over all positions at once. Query head `h` reads KV head
+/// `h / (n_head / n_head_kv)`.
+fn attention(q: &[f32], k: &[f32], v: &[f32], n: usize, c: &LlamaConfig) -> Vec<f32> {
+    let hd = c.head_dim;
+    let group = c.n_head / c.n_head_kv;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let mut out = vec![0.0f32; n * c.q_dim()];
+    out.par_chunks_exact_mut(c.q_dim())
+        .enumerate()
+        .for_each(|(t, out_t)| {
+            for h in 0..c.n_head {
+                let kvh = h / group;
+                let qh = &q[t * c.q_dim() + h * hd..][..hd];
+                let scores: Vec<f64> = (0..=t)
+                    .map(|j| {
+                        let kj = &k[j * c.kv_dim() + kvh * hd..][..hd];
+                        qh.iter()
+                            .zip(kj)
+                            .map(|(&a, &b)| a as f64 * b as f64)
+                            .sum::<f64>()
+                            * scale
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                for e in 0..hd {
+                    let acc: f64 = (0..=t)
+                        .map(|j| weights[j] * v[j * c.kv_dim() + kvh * hd + e] as f64)
+                        .sum();
+                    out_t[h * hd + e] = (acc / total) as f32;
+                }
+            }
+        });
+    out
+}
+
+fn add_into(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(head_dim: usize) -> LlamaConfig {
+        LlamaConfig {
+            n_layer: 0,
+            n_embd: 32,
+            n_ff: 32,
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim,
+            rope_base: 10000.0,
+            rms_eps: 1e-5,
+            n_vocab: 4,
+            n_ctx: 8,
+        }
+    }
+
+    #[test]
+    fn rope_rotates_adjacent_pairs_by_pos_times_frequency() {
+        let c = cfg(4);
+        let mut x = vec![1.0, 0.0, 1.0, 0.0];
+        rope(&mut x, 3, &c);
+        // Pair 0 turns by 3 rad, pair 1 by 3·10000^(-1/2) = 0.03 rad.
+        assert!((x[0] - 3f32.cos()).abs() < 1e-6 && (x[1] - 3f32.sin()).abs() < 1e-6);
+        assert!((x[2] - 0.03f32.cos()).abs() < 1e-6 && (x[3] - 0.03f32.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn first_position_attends_only_to_itself_and_heads_share_their_kv_group() {
+        let c = cfg(2);
+        // Two positions, two query heads sharing one KV head of width 2.
+        let q = vec![1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0];
+        let k = vec![1.0, 0.0, 0.0, 1.0];
+        let v = vec![2.0, 3.0, 5.0, 7.0];
+        let out = attention(&q, &k, &v, 2, &c);
+        assert_eq!(&out[..4], &[2.0, 3.0, 2.0, 3.0]);
+        // Position 1, head 0: scores (1, 0)/sqrt(2) → weights e^(1/√2), 1.
+        let w = (1.0f64 / 2f64.sqrt()).exp();
+        let expect = (w * 2.0 + 5.0) / (w + 1.0);
+        assert!((out[4] as f64 - expect).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rmsnorm_scales_rows_to_unit_rms() {
+        let x = vec![3.0, 4.0];
+        let out = rmsnorm_rows(&x, &[1.0, 2.0], 0.0);
+        let r = 1.0 / 12.5f64.sqrt();
+        assert!((out[0] as f64 - 3.0 * r).abs() < 1e-6);
+        assert!((out[1] as f64 - 8.0 * r).abs() < 1e-6);
+    }
+}
