@@ -2,3 +2,4 @@
 //! ggml block layouts both share.
 
 pub mod blocks;
+pub mod twin;

@@ -1,0 +1,754 @@
+//! Twins of `matvec_mmvq.cu`, `matvec_dp4a.cu` and `matvec_float.cu`: one output row is the dot
+//! product of a weight row with the activation vector.
+//!
+//! Quantized weights (Q4_0, Q4_1, Q8_0) meet q8_1 activations. Both families split a block of
+//! 32 into four *quarters*: quarter `q` is elements `4q..4q+4` and `16+4q..16+4q+4` (for Q4 the
+//! low and high nibbles of `qs[4q..4q+4]`, i.e. one 32-bit load, two `__dp4a`). Integer sums
+//! are exact in any order; the float composition is:
+//!
+//! * **mmvq** (one warp of 32 per row): lane `l` takes blocks `l, l+32, …` in order and adds the
+//!   block's float contribution `c_b` to an accumulator starting at `0.0`; the warp reduces with
+//!   the xor butterfly. `c_b` from the block's integer sum `S` (all four quarters):
+//!   Q8_0 `(dw*dx)*S`; Q4_1 `(dw*dx)*S + mw*sx`; Q4_0 `dw*((dx*S) - 8*sx)`.
+//! * **dp4a** (128 threads per row): item `k = 4b + q` (block `b`, quarter `q`) goes to thread
+//!   `k mod 128`, which adds its contribution from the quarter sum `Sq`:
+//!   Q8_0 `(dw*dx)*Sq`; Q4_1 `(dw*dx)*Sq + (mw*sx)*0.25`; Q4_0 `dw*((dx*Sq) - 2*sx)`. Each of
+//!   the 4 warps reduces with the butterfly, then `((w0 + w1) + w2) + w3` through shared memory.
+//!
+//! `dw`, `mw` (weights) and `dx`, `sx` (q8_1 `d` and `s`) are the f16 fields widened to f32.
+//! Float weights (F32/F16/BF16, widened exactly) meet f32 activations in one composition
+//! whatever the family: lane `l` accumulates `w[j]*x[j]` for `j = l, l+32, …`, then the
+//! butterfly. The batched forms compute every batch row with exactly this arithmetic, so a row
+//! of a batch is bit-identical to the same row computed alone.
+
+use std::ops::Range;
+
+use half::{bf16, f16, slice::HalfFloatSliceExt};
+
+use super::{ShapeError, TwinError, check_len, reduce::warp_sum};
+use crate::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1, QK};
+
+/// Threads per row of the dp4a family.
+pub const DP4A_THREADS: usize = 128;
+
+/// Which quantized matvec composition runs (`MEMRA_MMVQ`: 1 = `Mmvq`, 0 = `Dp4a`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MatvecFamily {
+    /// One warp of 32 per row, warp-shuffle reduce.
+    Mmvq,
+    /// 128 threads per row, warp shuffle then shared memory across the 4 warps.
+    Dp4a,
+}
+
+impl MatvecFamily {
+    /// The name used in door records and kernel names (`mmvq`, `dp4a`).
+    pub fn name(self) -> &'static str {
+        match self {
+            MatvecFamily::Mmvq => "mmvq",
+            MatvecFamily::Dp4a => "dp4a",
+        }
+    }
+}
+
+/// A weight matrix stored row-major: `rows * cols / 32` blocks, or `rows * cols` floats.
+#[derive(Debug, Clone, Copy)]
+pub enum WeightRows<'a> {
+    Q4_0(&'a [BlockQ4_0]),
+    Q4_1(&'a [BlockQ4_1]),
+    Q8_0(&'a [BlockQ8_0]),
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    BF16(&'a [bf16]),
+}
+
+impl WeightRows<'_> {
+    /// The ggml type name, for messages.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            WeightRows::Q4_0(_) => "Q4_0",
+            WeightRows::Q4_1(_) => "Q4_1",
+            WeightRows::Q8_0(_) => "Q8_0",
+            WeightRows::F32(_) => "F32",
+            WeightRows::F16(_) => "F16",
+            WeightRows::BF16(_) => "BF16",
+        }
+    }
+
+    /// Number of stored units (blocks or floats).
+    fn units(&self) -> usize {
+        match self {
+            WeightRows::Q4_0(w) => w.len(),
+            WeightRows::Q4_1(w) => w.len(),
+            WeightRows::Q8_0(w) => w.len(),
+            WeightRows::F32(w) => w.len(),
+            WeightRows::F16(w) => w.len(),
+            WeightRows::BF16(w) => w.len(),
+        }
+    }
+
+    fn is_quantized(&self) -> bool {
+        matches!(
+            self,
+            WeightRows::Q4_0(_) | WeightRows::Q4_1(_) | WeightRows::Q8_0(_)
+        )
+    }
+}
+
+/// A quantized weight block's integer quarter sums and float contributions.
+trait QBlock: Copy {
+    fn quarter_sums(&self, x: &[i8; QK]) -> [i32; 4];
+    fn block_contrib(&self, x: &BlockQ8_1, s: i32) -> f32;
+    fn quarter_contrib(&self, x: &BlockQ8_1, sq: i32) -> f32;
+}
+
+#[inline(always)]
+fn q4_quarter_sums(qs: &[u8; 16], x: &[i8; QK]) -> [i32; 4] {
+    let mut s = [0i32; 4];
+    for (q, sq) in s.iter_mut().enumerate() {
+        for k in 0..4 {
+            let j = 4 * q + k;
+            let b = qs[j];
+            *sq += (b & 15) as i32 * x[j] as i32 + (b >> 4) as i32 * x[j + 16] as i32;
+        }
+    }
+    s
+}
+
+impl QBlock for BlockQ4_0 {
+    #[inline(always)]
+    fn quarter_sums(&self, x: &[i8; QK]) -> [i32; 4] {
+        q4_quarter_sums(&self.qs, x)
+    }
+    #[inline(always)]
+    fn block_contrib(&self, x: &BlockQ8_1, s: i32) -> f32 {
+        self.d.to_f32() * ((x.d.to_f32() * s as f32) - 8.0 * x.s.to_f32())
+    }
+    #[inline(always)]
+    fn quarter_contrib(&self, x: &BlockQ8_1, sq: i32) -> f32 {
+        self.d.to_f32() * ((x.d.to_f32() * sq as f32) - 2.0 * x.s.to_f32())
+    }
+}
+
+impl QBlock for BlockQ4_1 {
+    #[inline(always)]
+    fn quarter_sums(&self, x: &[i8; QK]) -> [i32; 4] {
+        q4_quarter_sums(&self.qs, x)
+    }
+    #[inline(always)]
+    fn block_contrib(&self, x: &BlockQ8_1, s: i32) -> f32 {
+        (self.d.to_f32() * x.d.to_f32()) * s as f32 + self.m.to_f32() * x.s.to_f32()
+    }
+    #[inline(always)]
+    fn quarter_contrib(&self, x: &BlockQ8_1, sq: i32) -> f32 {
+        (self.d.to_f32() * x.d.to_f32()) * sq as f32 + (self.m.to_f32() * x.s.to_f32()) * 0.25
+    }
+}
+
+impl QBlock for BlockQ8_0 {
+    #[inline(always)]
+    fn quarter_sums(&self, x: &[i8; QK]) -> [i32; 4] {
+        let mut s = [0i32; 4];
+        for (q, sq) in s.iter_mut().enumerate() {
+            for k in 0..4 {
+                let j = 4 * q + k;
+                *sq += self.qs[j] as i32 * x[j] as i32 + self.qs[j + 16] as i32 * x[j + 16] as i32;
+            }
+        }
+        s
+    }
+    #[inline(always)]
+    fn block_contrib(&self, x: &BlockQ8_1, s: i32) -> f32 {
+        (self.d.to_f32() * x.d.to_f32()) * s as f32
+    }
+    #[inline(always)]
+    fn quarter_contrib(&self, x: &BlockQ8_1, sq: i32) -> f32 {
+        (self.d.to_f32() * x.d.to_f32()) * sq as f32
+    }
+}
+
+/// One row, mmvq composition.
+#[inline(always)]
+fn row_mmvq<B: QBlock>(w: &[B], x: &[BlockQ8_1]) -> f32 {
+    let mut acc = [0.0f32; 32];
+    for (wc, xc) in w.chunks(32).zip(x.chunks(32)) {
+        for ((a, wb), xb) in acc.iter_mut().zip(wc).zip(xc) {
+            let s = wb.quarter_sums(&xb.qs);
+            *a += wb.block_contrib(xb, s[0] + s[1] + s[2] + s[3]);
+        }
+    }
+    warp_sum(&mut acc)
+}
+
+/// One row, dp4a composition.
+#[inline(always)]
+fn row_dp4a<B: QBlock>(w: &[B], x: &[BlockQ8_1]) -> f32 {
+    let mut acc = [0.0f32; DP4A_THREADS];
+    // Blocks come in groups of 32 = 128 items, so block `b` of a group feeds threads
+    // `4b..4b+4` of the accumulator array.
+    for (wc, xc) in w.chunks(DP4A_THREADS / 4).zip(x.chunks(DP4A_THREADS / 4)) {
+        for ((a, wb), xb) in acc.chunks_exact_mut(4).zip(wc).zip(xc) {
+            let s = wb.quarter_sums(&xb.qs);
+            for q in 0..4 {
+                a[q] += wb.quarter_contrib(xb, s[q]);
+            }
+        }
+    }
+    let mut warps = [0.0f32; 4];
+    for (wsum, lanes) in warps.iter_mut().zip(acc.chunks_exact(32)) {
+        let mut l = [0.0f32; 32];
+        l.copy_from_slice(lanes);
+        *wsum = warp_sum(&mut l);
+    }
+    ((warps[0] + warps[1]) + warps[2]) + warps[3]
+}
+
+/// One float row: lane accumulators, then the butterfly.
+#[inline(always)]
+fn row_float(w: &[f32], x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 32];
+    for (wc, xc) in w.chunks(32).zip(x.chunks(32)) {
+        for ((a, &wv), &xv) in acc.iter_mut().zip(wc).zip(xc) {
+            *a += wv * xv;
+        }
+    }
+    warp_sum(&mut acc)
+}
+
+/// `y[b][r - rows.start] = row(r) · x[b]` for every batch row `b` and every `r` in `rows`.
+#[inline(always)]
+fn quant_rows<B: QBlock>(
+    family: MatvecFamily,
+    w: &[B],
+    nb: usize,
+    xs: &[BlockQ8_1],
+    rows: Range<usize>,
+    y: &mut [f32],
+) {
+    let n = rows.len();
+    let batch = xs.len() / nb;
+    for (i, r) in rows.enumerate() {
+        let wr = &w[r * nb..(r + 1) * nb];
+        for b in 0..batch {
+            let xr = &xs[b * nb..(b + 1) * nb];
+            y[b * n + i] = match family {
+                MatvecFamily::Mmvq => row_mmvq(wr, xr),
+                MatvecFamily::Dp4a => row_dp4a(wr, xr),
+            };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn quant_rows_avx2<B: QBlock>(
+    family: MatvecFamily,
+    w: &[B],
+    nb: usize,
+    xs: &[BlockQ8_1],
+    rows: Range<usize>,
+    y: &mut [f32],
+) {
+    quant_rows(family, w, nb, xs, rows, y)
+}
+
+/// Picks the widest instruction set the host has; the float composition is the same code.
+fn quant_rows_dispatch<B: QBlock>(
+    family: MatvecFamily,
+    w: &[B],
+    nb: usize,
+    xs: &[BlockQ8_1],
+    rows: Range<usize>,
+    y: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the host supports AVX2 (checked just above), the only requirement of a
+        // `target_feature(enable = "avx2")` function.
+        unsafe { quant_rows_avx2(family, w, nb, xs, rows, y) };
+        return;
+    }
+    quant_rows(family, w, nb, xs, rows, y)
+}
+
+fn check_quant(
+    op: &'static str,
+    w: &WeightRows,
+    cols: usize,
+    xs: &[BlockQ8_1],
+    batch: usize,
+    rows: &Range<usize>,
+    y: &[f32],
+) -> Result<usize, TwinError> {
+    if !w.is_quantized() {
+        return Err(TwinError::Kind {
+            op,
+            got: w.type_name(),
+            fix: "float weights take f32 activations: call matvec_f32 / matvec_f32_rows",
+        });
+    }
+    if !cols.is_multiple_of(QK) || cols == 0 {
+        return Err(ShapeError {
+            op,
+            arg: "cols",
+            got: cols,
+            expected: cols.div_ceil(QK).max(1) * QK,
+            expected_why: "quantized rows are whole blocks of 32",
+        }
+        .into());
+    }
+    let nb = cols / QK;
+    let total_rows = w.units() / nb;
+    check_len(
+        op,
+        "w",
+        w.units(),
+        total_rows * nb,
+        "w holds whole rows of cols / 32 blocks",
+    )?;
+    if rows.end > total_rows || rows.start > rows.end {
+        return Err(ShapeError {
+            op,
+            arg: "rows",
+            got: rows.end,
+            expected: total_rows,
+            expected_why: "the row range must lie inside the weight matrix",
+        }
+        .into());
+    }
+    check_len(
+        op,
+        "x",
+        xs.len(),
+        batch * nb,
+        "x holds batch rows of cols / 32 q8_1 blocks",
+    )?;
+    check_len(
+        op,
+        "y",
+        y.len(),
+        batch * rows.len(),
+        "y holds batch * rows outputs",
+    )?;
+    Ok(nb)
+}
+
+fn run_quant(
+    family: MatvecFamily,
+    w: WeightRows,
+    nb: usize,
+    xs: &[BlockQ8_1],
+    rows: Range<usize>,
+    y: &mut [f32],
+) {
+    match w {
+        WeightRows::Q4_0(w) => quant_rows_dispatch(family, w, nb, xs, rows, y),
+        WeightRows::Q4_1(w) => quant_rows_dispatch(family, w, nb, xs, rows, y),
+        WeightRows::Q8_0(w) => quant_rows_dispatch(family, w, nb, xs, rows, y),
+        WeightRows::F32(_) | WeightRows::F16(_) | WeightRows::BF16(_) => {
+            unreachable!("check_quant refuses float weights")
+        }
+    }
+}
+
+/// `y = W · x` for quantized weights (`rows × cols`) and one q8_1 activation row.
+pub fn matvec(
+    family: MatvecFamily,
+    w: WeightRows,
+    rows: usize,
+    cols: usize,
+    x: &[BlockQ8_1],
+    y: &mut [f32],
+) -> Result<(), TwinError> {
+    let nb = check_quant("matvec", &w, cols, x, 1, &(0..rows), y)?;
+    check_len(
+        "matvec",
+        "w",
+        w.units(),
+        rows * nb,
+        "w holds rows * cols / 32 blocks",
+    )?;
+    run_quant(family, w, nb, x, 0..rows, y);
+    Ok(())
+}
+
+/// Rows `rows` of `W · x` into `y` (`rows.len()` values), so callers can split the rows of one
+/// matvec across threads. `w` is the whole matrix.
+pub fn matvec_rows(
+    family: MatvecFamily,
+    w: WeightRows,
+    cols: usize,
+    x: &[BlockQ8_1],
+    rows: Range<usize>,
+    y: &mut [f32],
+) -> Result<(), TwinError> {
+    let nb = check_quant("matvec_rows", &w, cols, x, 1, &rows, y)?;
+    run_quant(family, w, nb, x, rows, y);
+    Ok(())
+}
+
+/// Batched `y[b] = W · x[b]` for `batch` activation rows (`xs`: `batch * cols / 32` blocks, row
+/// after row; `ys`: `batch * rows`, row after row). Each weight block is read once for all
+/// batch rows; each batch row's arithmetic is exactly that of [`matvec`].
+pub fn matvec_batch(
+    family: MatvecFamily,
+    w: WeightRows,
+    rows: usize,
+    cols: usize,
+    xs: &[BlockQ8_1],
+    batch: usize,
+    ys: &mut [f32],
+) -> Result<(), TwinError> {
+    let nb = check_quant("matvec_batch", &w, cols, xs, batch, &(0..rows), ys)?;
+    check_len(
+        "matvec_batch",
+        "w",
+        w.units(),
+        rows * nb,
+        "w holds rows * cols / 32 blocks",
+    )?;
+    run_quant(family, w, nb, xs, 0..rows, ys);
+    Ok(())
+}
+
+/// Rows `rows` of the batched matvec; `ys` holds `batch * rows.len()` values laid out
+/// `[b][r - rows.start]`.
+pub fn matvec_batch_rows(
+    family: MatvecFamily,
+    w: WeightRows,
+    cols: usize,
+    xs: &[BlockQ8_1],
+    batch: usize,
+    rows: Range<usize>,
+    ys: &mut [f32],
+) -> Result<(), TwinError> {
+    let nb = check_quant("matvec_batch_rows", &w, cols, xs, batch, &rows, ys)?;
+    run_quant(family, w, nb, xs, rows, ys);
+    Ok(())
+}
+
+/// `y = W · x` for float weights and an f32 activation row.
+pub fn matvec_f32(
+    w: WeightRows,
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<(), TwinError> {
+    check_len(
+        "matvec_f32",
+        "w",
+        w.units(),
+        rows * cols,
+        "w holds rows * cols values",
+    )?;
+    matvec_f32_rows(w, cols, x, 0..rows, y)
+}
+
+/// Rows `rows` of a float-weight matvec into `y` (`rows.len()` values).
+pub fn matvec_f32_rows(
+    w: WeightRows,
+    cols: usize,
+    x: &[f32],
+    rows: Range<usize>,
+    y: &mut [f32],
+) -> Result<(), TwinError> {
+    let op = "matvec_f32_rows";
+    if w.is_quantized() {
+        return Err(TwinError::Kind {
+            op,
+            got: w.type_name(),
+            fix: "quantized weights take q8_1 activations: call matvec / matvec_rows",
+        });
+    }
+    check_len(op, "x", x.len(), cols, "x holds cols values")?;
+    check_len(
+        op,
+        "y",
+        y.len(),
+        rows.len(),
+        "y holds one value per row of the range",
+    )?;
+    if cols == 0 || rows.end * cols > w.units() || rows.start > rows.end {
+        return Err(ShapeError {
+            op,
+            arg: "rows",
+            got: rows.end,
+            expected: w.units() / cols.max(1),
+            expected_why: "the row range must lie inside the weight matrix",
+        }
+        .into());
+    }
+    let mut buf = vec![
+        0.0f32;
+        if matches!(w, WeightRows::F32(_)) {
+            0
+        } else {
+            cols
+        }
+    ];
+    for (o, r) in y.iter_mut().zip(rows) {
+        let span = r * cols..(r + 1) * cols;
+        let wr: &[f32] = match w {
+            WeightRows::F32(w) => &w[span],
+            WeightRows::F16(w) => {
+                w[span].convert_to_f32_slice(&mut buf);
+                &buf
+            }
+            WeightRows::BF16(w) => {
+                w[span].convert_to_f32_slice(&mut buf);
+                &buf
+            }
+            _ => unreachable!("quantized weights refused above"),
+        };
+        *o = row_float(wr, x);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::twin::quantize_q8_1;
+
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> u32 {
+            self.0 = self
+                .0
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (self.0 >> 33) as u32
+        }
+        fn f(&mut self) -> f32 {
+            (self.next() >> 8) as f32 / 16_777_216.0 * 2.0 - 1.0
+        }
+    }
+
+    fn q4_1_rows(rng: &mut Lcg, n: usize) -> Vec<BlockQ4_1> {
+        (0..n)
+            .map(|_| {
+                let mut qs = [0u8; 16];
+                qs.iter_mut().for_each(|b| *b = rng.next() as u8);
+                BlockQ4_1 {
+                    d: f16::from_f32(0.01 + rng.f().abs() * 0.02),
+                    m: f16::from_f32(-0.1 * rng.f().abs()),
+                    qs,
+                }
+            })
+            .collect()
+    }
+
+    fn q8_0_rows(rng: &mut Lcg, n: usize) -> Vec<BlockQ8_0> {
+        (0..n)
+            .map(|_| {
+                let mut qs = [0i8; 32];
+                qs.iter_mut().for_each(|b| *b = rng.next() as i8);
+                BlockQ8_0 {
+                    d: f16::from_f32(0.001 + rng.f().abs() * 0.01),
+                    qs,
+                }
+            })
+            .collect()
+    }
+
+    fn q4_0_rows(rng: &mut Lcg, n: usize) -> Vec<BlockQ4_0> {
+        q4_1_rows(rng, n)
+            .into_iter()
+            .map(|b| BlockQ4_0 { d: b.d, qs: b.qs })
+            .collect()
+    }
+
+    fn deq(w: &WeightRows, unit: usize) -> [f64; 32] {
+        let mut out = [0.0f64; 32];
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = match w {
+                WeightRows::Q4_0(w) => {
+                    let b = &w[unit];
+                    let n = if j < 16 {
+                        b.qs[j] & 15
+                    } else {
+                        b.qs[j - 16] >> 4
+                    };
+                    b.d.to_f64() * (n as f64 - 8.0)
+                }
+                WeightRows::Q4_1(w) => {
+                    let b = &w[unit];
+                    let n = if j < 16 {
+                        b.qs[j] & 15
+                    } else {
+                        b.qs[j - 16] >> 4
+                    };
+                    b.d.to_f64() * n as f64 + b.m.to_f64()
+                }
+                WeightRows::Q8_0(w) => w[unit].d.to_f64() * w[unit].qs[j] as f64,
+                _ => unreachable!(),
+            };
+        }
+        out
+    }
+
+    /// Both families agree with an f64 dot of the dequantized weights and the f32 activations
+    /// within the q8_1 quantization error, and they differ from each other in bits: the door
+    /// between them is real.
+    #[test]
+    fn families_match_f64_and_differ_in_bits() {
+        let (rows, cols) = (67, 32 * 37);
+        let nb = cols / 32;
+        let mut rng = Lcg(42);
+        let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+        let mut xq = vec![
+            BlockQ8_1 {
+                d: f16::ZERO,
+                s: f16::ZERO,
+                qs: [0; 32]
+            };
+            nb
+        ];
+        quantize_q8_1(&x, &mut xq).unwrap();
+        let q41 = q4_1_rows(&mut rng, rows * nb);
+        let q80 = q8_0_rows(&mut rng, rows * nb);
+        let q40 = q4_0_rows(&mut rng, rows * nb);
+        for w in [
+            WeightRows::Q4_1(&q41),
+            WeightRows::Q8_0(&q80),
+            WeightRows::Q4_0(&q40),
+        ] {
+            let mut ym = vec![0.0; rows];
+            let mut yd = vec![0.0; rows];
+            matvec(MatvecFamily::Mmvq, w, rows, cols, &xq, &mut ym).unwrap();
+            matvec(MatvecFamily::Dp4a, w, rows, cols, &xq, &mut yd).unwrap();
+            let mut differ = 0;
+            for r in 0..rows {
+                let mut want = 0.0f64;
+                let mut mag = 0.0f64;
+                for b in 0..nb {
+                    let wd = deq(&w, r * nb + b);
+                    for j in 0..32 {
+                        want += wd[j] * x[b * 32 + j] as f64;
+                        mag += (wd[j] * x[b * 32 + j] as f64).abs();
+                    }
+                }
+                // q8_1 rounds each activation by at most half a step (1/254 of the block's
+                // max), so the error is bounded by that fraction of the magnitude.
+                let tol = mag / 200.0 + 1e-4;
+                for y in [ym[r], yd[r]] {
+                    assert!(
+                        (y as f64 - want).abs() <= tol,
+                        "{} row {r}: {y} vs {want}",
+                        w.type_name()
+                    );
+                }
+                differ += (ym[r].to_bits() != yd[r].to_bits()) as usize;
+            }
+            assert!(
+                differ > rows / 4,
+                "{}: only {differ} of {rows} rows differ",
+                w.type_name()
+            );
+        }
+    }
+
+    /// Every row of a batch is bit-identical to the same activation row run at B = 1, and the
+    /// row-range form matches the whole-matrix form.
+    #[test]
+    fn batched_rows_equal_single_rows() {
+        let (rows, cols) = (45, 32 * 19);
+        let nb = cols / 32;
+        let mut rng = Lcg(9);
+        let q41 = q4_1_rows(&mut rng, rows * nb);
+        let w = WeightRows::Q4_1(&q41);
+        for batch in [1usize, 3, 8] {
+            let x: Vec<f32> = (0..batch * cols).map(|_| rng.f() * 4.0).collect();
+            let mut xq = vec![
+                BlockQ8_1 {
+                    d: f16::ZERO,
+                    s: f16::ZERO,
+                    qs: [0; 32]
+                };
+                batch * nb
+            ];
+            quantize_q8_1(&x, &mut xq).unwrap();
+            for fam in [MatvecFamily::Mmvq, MatvecFamily::Dp4a] {
+                let mut ys = vec![0.0; batch * rows];
+                matvec_batch(fam, w, rows, cols, &xq, batch, &mut ys).unwrap();
+                for b in 0..batch {
+                    let mut y1 = vec![0.0; rows];
+                    matvec(fam, w, rows, cols, &xq[b * nb..(b + 1) * nb], &mut y1).unwrap();
+                    let got: Vec<u32> = ys[b * rows..(b + 1) * rows]
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect();
+                    let want: Vec<u32> = y1.iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(got, want, "{fam:?} batch {batch} row {b}");
+                    let mut part = vec![0.0; 20];
+                    matvec_rows(fam, w, cols, &xq[b * nb..(b + 1) * nb], 10..30, &mut part)
+                        .unwrap();
+                    assert_eq!(part, y1[10..30]);
+                }
+                let mut part = vec![0.0; batch * 7];
+                matvec_batch_rows(fam, w, cols, &xq, batch, 30..37, &mut part).unwrap();
+                for b in 0..batch {
+                    assert_eq!(part[b * 7..(b + 1) * 7], ys[b * rows + 30..b * rows + 37]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn float_weights_match_f64_and_refuse_q8_activations() {
+        let (rows, cols) = (9, 100);
+        let mut rng = Lcg(3);
+        let wf: Vec<f32> = (0..rows * cols).map(|_| rng.f()).collect();
+        let wh: Vec<f16> = wf.iter().map(|&v| f16::from_f32(v)).collect();
+        let wb: Vec<bf16> = wf.iter().map(|&v| bf16::from_f32(v)).collect();
+        let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+        for w in [
+            WeightRows::F32(&wf),
+            WeightRows::F16(&wh),
+            WeightRows::BF16(&wb),
+        ] {
+            let mut y = vec![0.0; rows];
+            matvec_f32(w, rows, cols, &x, &mut y).unwrap();
+            for r in 0..rows {
+                let want: f64 = (0..cols)
+                    .map(|j| wf[r * cols + j] as f64 * x[j] as f64)
+                    .sum();
+                assert!((y[r] as f64 - want).abs() < 0.05, "{} {r}", w.type_name());
+            }
+            let err = matvec(MatvecFamily::Mmvq, w, rows, 96, &[], &mut y).unwrap_err();
+            assert!(matches!(err, TwinError::Kind { .. }));
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_errors_naming_the_argument() {
+        let w = vec![
+            BlockQ8_0 {
+                d: f16::ONE,
+                qs: [1; 32]
+            };
+            6
+        ];
+        let x = vec![
+            BlockQ8_1 {
+                d: f16::ONE,
+                s: f16::ONE,
+                qs: [1; 32]
+            };
+            2
+        ];
+        let mut y = vec![0.0; 4];
+        let err = matvec(MatvecFamily::Dp4a, WeightRows::Q8_0(&w), 3, 64, &x, &mut y).unwrap_err();
+        assert!(err.to_string().contains("`y` has length 4"), "{err}");
+        let err = matvec(
+            MatvecFamily::Dp4a,
+            WeightRows::Q8_0(&w),
+            3,
+            60,
+            &x,
+            &mut y[..3],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("`cols`"), "{err}");
+    }
+}
