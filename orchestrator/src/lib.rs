@@ -5,11 +5,17 @@
 //! → listeners ([`receipt`], [`report`]) → [`diff`].
 
 pub mod cli;
+pub mod compare;
+pub mod diagnostics;
 pub mod exit;
 pub mod gpus;
+pub mod graph;
 pub mod load;
+pub mod manifest;
+pub mod matrix;
 pub mod plan;
 pub mod run;
+pub mod subst;
 
 pub use exit::ExitCode;
 

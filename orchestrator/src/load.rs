@@ -1,15 +1,118 @@
-//! Loading a manifest from disk into a validated [`crate::plan::Plan`], and the `plan` and
-//! `validate` subcommands.
+//! Loading a manifest from disk into a validated [`crate::plan::Plan`] ([`load_plan`]), and
+//! the `plan` and `validate` subcommands. The stages live in their own modules (parse:
+//! [`crate::manifest`]; expand and link: [`build`]; print: [`render`]); this module reads
+//! the file, finds the root and reports.
+
+pub mod build;
+pub mod render;
+
+use std::path::{Path, PathBuf};
 
 use crate::ExitCode;
 use crate::cli::{PlanArgs, ValidateArgs};
+use crate::diagnostics::{Diagnostic, Diagnostics, SourceText};
+use crate::plan::Plan;
 
-pub fn plan_command(_args: &PlanArgs) -> ExitCode {
-    eprintln!("memra-orch plan: not built yet");
-    ExitCode::Internal
+/// Reads, validates and expands a manifest. Every problem in it (and in the env-matrix files
+/// it names) is returned at once; a plan is returned only when there is none.
+pub fn load_plan(path: &Path) -> Result<Plan, Diagnostics> {
+    let bytes = std::fs::read(path).map_err(|e| {
+        Diagnostics(vec![Diagnostic::whole_file(
+            path,
+            format!("cannot read manifest: {e}"),
+            Some("check the path".into()),
+        )])
+    })?;
+    let text = String::from_utf8(bytes.clone()).map_err(|_| {
+        Diagnostics(vec![Diagnostic::whole_file(
+            path,
+            "manifest is not UTF-8 text",
+            Some("save it as UTF-8 TOML".into()),
+        )])
+    })?;
+    let root = find_root(path);
+    let src = SourceText::new(path.to_path_buf(), text);
+    let mut diags = Vec::new();
+    let plan = crate::manifest::parse(&src, &mut diags)
+        .and_then(|raw| build::build(&raw, &src, &bytes, &root, &mut diags));
+    match plan {
+        Some(plan) if diags.is_empty() => Ok(plan),
+        _ => {
+            let mut d = Diagnostics(diags);
+            d.sort();
+            Err(d)
+        }
+    }
 }
 
-pub fn validate_command(_args: &ValidateArgs) -> ExitCode {
-    eprintln!("memra-orch validate: not built yet");
-    ExitCode::Internal
+/// The git top-level holding the manifest (the nearest folder above it with a `.git` entry),
+/// else the manifest's own folder; absolute.
+pub fn find_root(manifest: &Path) -> PathBuf {
+    let abs = std::fs::canonicalize(manifest).unwrap_or_else(|_| {
+        std::env::current_dir()
+            .map(|d| d.join(manifest))
+            .unwrap_or_else(|_| manifest.to_path_buf())
+    });
+    let folder = abs
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("/"));
+    folder
+        .ancestors()
+        .find(|d| d.join(".git").exists())
+        .map(Path::to_path_buf)
+        .unwrap_or(folder)
+}
+
+/// The `plan` subcommand.
+pub fn plan_command(args: &PlanArgs) -> ExitCode {
+    let plan = match load_plan(&args.manifest) {
+        Ok(p) => p,
+        Err(d) => {
+            eprintln!("{d}");
+            return ExitCode::Usage;
+        }
+    };
+    let selected = match crate::plan::select(&plan, &args.filters) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::Usage;
+        }
+    };
+    let out = match args.format {
+        crate::cli::PlanFormat::Text => render::text(&plan, &selected),
+        crate::cli::PlanFormat::Json => render::json(&plan, &selected),
+        crate::cli::PlanFormat::Dot => render::dot(&plan, &selected),
+    };
+    print!("{out}");
+    ExitCode::Ok
+}
+
+/// The `validate` subcommand: every manifest is checked, every problem printed.
+pub fn validate_command(args: &ValidateArgs) -> ExitCode {
+    let mut bad = 0;
+    for path in &args.manifests {
+        match load_plan(path) {
+            Ok(plan) => {
+                let nodes: std::collections::BTreeSet<&str> =
+                    plan.cells.iter().map(|c| c.node.0.as_str()).collect();
+                println!(
+                    "ok: {} ({} nodes, {} cells)",
+                    path.display(),
+                    nodes.len(),
+                    plan.cells.len()
+                );
+            }
+            Err(d) => {
+                bad += 1;
+                eprintln!("{d}");
+            }
+        }
+    }
+    if bad > 0 {
+        ExitCode::Usage
+    } else {
+        ExitCode::Ok
+    }
 }

@@ -11,18 +11,24 @@ use std::time::Duration;
 pub const MANIFEST_SCHEMA: u32 = 1;
 
 /// A node id as written in the manifest (`decode-batch`).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(transparent)]
 pub struct NodeId(pub String);
 
 /// A cell id: `id[k=v,k=v]` with keys in declared order (inline axes, then each env-matrix
 /// file's axes); a node without axes has the cell id equal to its node id.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(transparent)]
 pub struct CellId(pub String);
 
 /// Index of a cell in [`Plan::cells`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(transparent)]
 pub struct CellIndex(pub usize);
 
@@ -60,7 +66,11 @@ pub enum Policy {
     Bitwise,
     /// |got - ref| <= max_abs and |got - ref| / max(1, |ref|) <= max_rel for every element
     /// (a bound that is absent is not checked); with `argmax`, each row's argmax must agree.
-    Tolerance { max_abs: Option<f64>, max_rel: Option<f64>, argmax: bool },
+    Tolerance {
+        max_abs: Option<f64>,
+        max_rel: Option<f64>,
+        argmax: bool,
+    },
     /// At least `min_agree` of the rows have the same argmax.
     ArgmaxAgree { min_agree: f64 },
 }
@@ -177,5 +187,76 @@ impl Plan {
 }
 
 /// The default [isolation].inherit list.
-pub const DEFAULT_INHERIT: &[&str] =
-    &["PATH", "HOME", "USER", "LANG", "LC_ALL", "TERM", "TZ", "LD_LIBRARY_PATH"];
+pub const DEFAULT_INHERIT: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LANG",
+    "LC_ALL",
+    "TERM",
+    "TZ",
+    "LD_LIBRARY_PATH",
+];
+
+/// Which cells a set of filters selects: each filter is a glob over cell ids and node ids
+/// (`decode-*`; a filter equal to a cell id selects that cell even though `[` is glob syntax)
+/// or `tag:NAME`. No filter selects everything; a selected cell's needs are selected too,
+/// transitively. A filter that selects nothing is an error, so a typo does not silently run
+/// an empty plan.
+pub fn select(plan: &Plan, filters: &[String]) -> Result<Vec<bool>, String> {
+    if filters.is_empty() {
+        return Ok(vec![true; plan.cells.len()]);
+    }
+    let mut selected = vec![false; plan.cells.len()];
+    for f in filters {
+        let hit: Box<dyn Fn(&Cell) -> bool> = if let Some(tag) = f.strip_prefix("tag:") {
+            let tag = tag.to_string();
+            Box::new(move |c: &Cell| c.tags.iter().any(|t| *t == tag))
+        } else {
+            // A whole cell id may not be a valid glob (a quoted value can hold `]`); it still
+            // selects its cell by exact match.
+            let glob = match globset::GlobBuilder::new(f)
+                .literal_separator(false)
+                .build()
+            {
+                Ok(g) => Some(g.compile_matcher()),
+                Err(_) if plan.cells.iter().any(|c| c.id.0 == *f) => None,
+                Err(e) => {
+                    return Err(format!(
+                        "--filter `{f}` is not a valid glob ({e}); write `[[]` for a literal `[`, or give a whole cell id"
+                    ));
+                }
+            };
+            let exact = f.clone();
+            Box::new(move |c: &Cell| {
+                c.id.0 == exact
+                    || glob
+                        .as_ref()
+                        .is_some_and(|g| g.is_match(&c.id.0) || g.is_match(&c.node.0))
+            })
+        };
+        let mut any = false;
+        for (i, c) in plan.cells.iter().enumerate() {
+            if hit(c) {
+                selected[i] = true;
+                any = true;
+            }
+        }
+        if !any {
+            return Err(format!(
+                "--filter `{f}` matches no cell of `{}`; `memra-orch plan` lists the cell ids",
+                plan.name
+            ));
+        }
+    }
+    let mut stack: Vec<usize> = (0..plan.cells.len()).filter(|&i| selected[i]).collect();
+    while let Some(i) = stack.pop() {
+        for n in &plan.cells[i].needs {
+            if !selected[n.0] {
+                selected[n.0] = true;
+                stack.push(n.0);
+            }
+        }
+    }
+    Ok(selected)
+}

@@ -1,0 +1,797 @@
+//! Raw manifest → plan cells: applies `[defaults]`, loads env-matrix files, expands
+//! matrices, substitutes `${…}`, resolves paths against the root, pairs compare cells and
+//! links `needs`. Every problem becomes a located diagnostic; this module does not read the
+//! manifest text itself or render anything (the parent module does).
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::diagnostics::{Diagnostic, SourceText};
+use crate::graph::{self, Edge};
+use crate::manifest::{self, Pairs, RawManifest, RawMatrix, RawNode, Sp, kind_header};
+use crate::matrix::{self, Combo};
+use crate::plan::{
+    Cell, CellId, CellIndex, CompareSpec, DEFAULT_INHERIT, Expect, MANIFEST_SCHEMA, NodeId,
+    NodeKind, Plan, Policy, SourceFile, TextVerdict,
+};
+use crate::subst::{self, Scope};
+
+/// Timeout of a node that states none, in the manifest or in `[defaults]`.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+
+/// The hex SHA-256 of some bytes.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A loaded env-matrix file.
+struct EnvMatrix {
+    /// As written in the manifest (after substitution).
+    written: String,
+    pins: Vec<(String, String)>,
+    combos: Vec<Combo>,
+    axis_names: Vec<String>,
+}
+
+/// Builds the plan; `diags` receives every problem.
+pub fn build(
+    raw: &RawManifest,
+    src: &SourceText,
+    manifest_bytes: &[u8],
+    root: &Path,
+    diags: &mut Vec<Diagnostic>,
+) -> Option<Plan> {
+    let mut b = Builder {
+        src,
+        root,
+        root_str: root.to_string_lossy().into_owned(),
+        diags,
+        env_files: HashMap::new(),
+        sources: Vec::new(),
+    };
+    b.top_level(raw);
+    let vars = b.vars(&raw.vars);
+    let env_top = raw.env.clone();
+
+    // Node ids first: `needs`, `reference` and `candidates` may name later nodes.
+    let mut ids: HashMap<&str, usize> = HashMap::new();
+    for (i, n) in raw.nodes.iter().enumerate() {
+        match &n.id {
+            None => {
+                let header = kind_header(n.kind);
+                b.err(
+                    n.span.clone(),
+                    format!("this {header} node has no `id`"),
+                    "add `id = \"name\"`".into(),
+                );
+            }
+            Some(id) => {
+                if let Some(&first) = ids.get(id.get_ref().as_str()) {
+                    let (line, _) =
+                        src.line_col(raw.nodes[first].id.as_ref().expect("has id").span().start);
+                    b.err(
+                        id.span(),
+                        format!("duplicate node id `{}`", id.get_ref()),
+                        format!("it is first defined on line {line}; rename one of them"),
+                    );
+                } else {
+                    ids.insert(id.get_ref(), i);
+                }
+            }
+        }
+    }
+
+    // Node-level edges, for unknown ids and cycles.
+    let mut edges = Vec::new();
+    for (i, n) in raw.nodes.iter().enumerate() {
+        for need in &n.needs {
+            match graph::resolve(&ids, need.get_ref(), need.span(), "needs") {
+                Ok(to) => edges.push(Edge {
+                    from: i,
+                    to,
+                    span: need.span(),
+                }),
+                Err(e) => b.err(e.span, e.message, e.help),
+            }
+        }
+        let refs = n
+            .reference
+            .iter()
+            .map(|r| (r, "reference"))
+            .chain(n.candidates.iter().flatten().map(|c| (c, "candidates")));
+        for (r, what) in refs {
+            match graph::resolve(&ids, r.get_ref(), r.span(), what) {
+                Ok(to) => {
+                    if raw.nodes[to].kind == Some(NodeKind::Compare) {
+                        let msg = format!(
+                            "`{what}` names `{}`, a compare node, which has no artifacts",
+                            r.get_ref()
+                        );
+                        b.err(
+                            r.span(),
+                            msg,
+                            "name a [[setup]] or [[arm]] node whose gate writes the artifact"
+                                .into(),
+                        );
+                    } else {
+                        edges.push(Edge {
+                            from: i,
+                            to,
+                            span: r.span(),
+                        });
+                    }
+                }
+                Err(e) => b.err(e.span, e.message, e.help),
+            }
+        }
+    }
+    let names: Vec<&str> = raw
+        .nodes
+        .iter()
+        .map(|n| n.id.as_ref().map_or("?", |s| s.get_ref().as_str()))
+        .collect();
+    for e in graph::cycles(&names, &edges) {
+        b.err(e.span, e.message, e.help);
+    }
+
+    // Cells, node by node; `node_cells[i]` are the cells of node i.
+    let mut cells: Vec<Cell> = Vec::new();
+    let mut node_cells: Vec<Vec<usize>> = vec![Vec::new(); raw.nodes.len()];
+    let mut seen_ids: HashMap<String, usize> = HashMap::new();
+    for (i, n) in raw.nodes.iter().enumerate() {
+        if n.id.is_none() || ids.get(names[i]) != Some(&i) {
+            continue;
+        }
+        let new = match n.kind {
+            Some(NodeKind::Compare) => {
+                b.compare_cells(n, &raw.defaults, &raw.nodes, &ids, &node_cells, &cells)
+            }
+            _ => b.run_cells(n, &raw.defaults, &env_top, &vars),
+        };
+        for cell in new {
+            if let Some(&first) = seen_ids.get(&cell.id.0) {
+                let msg = format!("two cells share the id `{}`", cell.id.0);
+                let help = format!(
+                    "cell {} already has it: make the matrix combinations distinct",
+                    first + 1
+                );
+                b.err(n.id.as_ref().expect("has id").span(), msg, help);
+                continue;
+            }
+            seen_ids.insert(cell.id.0.clone(), cells.len());
+            node_cells[i].push(cells.len());
+            cells.push(cell);
+        }
+    }
+
+    // `needs` of run cells are whole nodes; compare cells already hold their pair.
+    let mut needs_of: Vec<Vec<CellIndex>> = vec![Vec::new(); cells.len()];
+    for (i, n) in raw.nodes.iter().enumerate() {
+        let mut needed: Vec<CellIndex> = Vec::new();
+        for need in &n.needs {
+            if let Some(&to) = ids.get(need.get_ref().as_str()) {
+                needed.extend(node_cells[to].iter().map(|&c| CellIndex(c)));
+            }
+        }
+        for &c in &node_cells[i] {
+            needs_of[c] = needed.clone();
+        }
+    }
+    for (cell, extra) in cells.iter_mut().zip(needs_of) {
+        for x in extra {
+            if !cell.needs.contains(&x) {
+                cell.needs.push(x);
+            }
+        }
+    }
+
+    if !b.diags.is_empty() {
+        return None;
+    }
+    let name = raw
+        .name
+        .as_ref()
+        .map(|n| n.get_ref().clone())
+        .unwrap_or_default();
+    let inherit = match &raw.inherit {
+        Some(list) => list.iter().map(|s| s.get_ref().clone()).collect(),
+        None => DEFAULT_INHERIT.iter().map(|s| s.to_string()).collect(),
+    };
+    Some(Plan {
+        name,
+        description: raw.description.clone(),
+        manifest: SourceFile {
+            path: src.path.clone(),
+            sha256: sha256_hex(manifest_bytes),
+        },
+        env_matrices: b.sources,
+        root: root.to_path_buf(),
+        inherit,
+        cells,
+    })
+}
+
+struct Builder<'a, 'd> {
+    src: &'a SourceText,
+    root: &'a Path,
+    root_str: String,
+    diags: &'d mut Vec<Diagnostic>,
+    /// Env-matrix files by absolute path; `None` when the file could not be used.
+    env_files: HashMap<PathBuf, Option<std::rc::Rc<EnvMatrix>>>,
+    sources: Vec<SourceFile>,
+}
+
+/// A node with `[defaults]` applied: scalars and arrays from the node win; `env` tables merge
+/// with the node's entries winning.
+fn with_defaults(n: &RawNode, d: &RawNode) -> RawNode {
+    let mut e = n.clone();
+    let is_compare = n.kind == Some(NodeKind::Compare);
+    e.tags = n.tags.clone().or_else(|| d.tags.clone());
+    e.timeout = n.timeout.or(d.timeout);
+    e.expect = n.expect.or(d.expect);
+    if is_compare {
+        e.artifact = n.artifact.clone().or_else(|| d.artifact.clone());
+        e.policy = n.policy.clone().or_else(|| d.policy.clone());
+        return e;
+    }
+    e.shell = n.shell.or(d.shell);
+    e.cwd = n.cwd.clone().or_else(|| d.cwd.clone());
+    e.env_matrix = n.env_matrix.clone().or_else(|| d.env_matrix.clone());
+    e.gpus = n.gpus.clone().or_else(|| d.gpus.clone());
+    e.cpus = n.cpus.or(d.cpus);
+    e.memory = n.memory.or(d.memory);
+    e.reps = n.reps.or(d.reps);
+    e.retries = n.retries.or(d.retries);
+    e.verdict = n.verdict.clone().or_else(|| d.verdict.clone());
+    e.env = match (&d.env, &n.env) {
+        (None, x) => x.clone(),
+        (Some(x), None) => Some(x.clone()),
+        (Some(d), Some(n)) => {
+            let mut merged: Pairs = d
+                .iter()
+                .filter(|(k, _)| !n.iter().any(|(nk, _)| nk.get_ref() == k.get_ref()))
+                .cloned()
+                .collect();
+            merged.extend(n.iter().cloned());
+            Some(merged)
+        }
+    };
+    e
+}
+
+impl Builder<'_, '_> {
+    fn err(&mut self, span: Range<usize>, message: String, help: String) {
+        self.diags.push(self.src.diag(span, message, Some(help)));
+    }
+
+    fn top_level(&mut self, raw: &RawManifest) {
+        match &raw.schema {
+            None => self.err(
+                0..0,
+                "missing `schema`".into(),
+                format!("start the manifest with `schema = {MANIFEST_SCHEMA}`"),
+            ),
+            Some(s) if *s.get_ref() != i64::from(MANIFEST_SCHEMA) => {
+                let msg = format!(
+                    "unsupported manifest schema {} (this memra-orch reads schema {MANIFEST_SCHEMA})",
+                    s.get_ref()
+                );
+                self.err(
+                    s.span(),
+                    msg,
+                    format!(
+                        "write `schema = {MANIFEST_SCHEMA}` and check docs/manifest.md for changes"
+                    ),
+                );
+            }
+            Some(_) => {}
+        }
+        match &raw.name {
+            None => self.err(
+                0..0,
+                "missing `name`".into(),
+                "add `name = \"my-battery\"` (lowercase letters, digits and `-`)".into(),
+            ),
+            Some(n) => {
+                let s = n.get_ref();
+                if s.is_empty()
+                    || !s
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                {
+                    let msg = format!(
+                        "manifest name \"{s}\" may only hold lowercase letters, digits and `-`"
+                    );
+                    let fixed: String = s
+                        .to_ascii_lowercase()
+                        .chars()
+                        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+                        .collect();
+                    self.err(
+                        n.span(),
+                        msg,
+                        format!("it names the receipt folder; write e.g. `name = \"{fixed}\"`"),
+                    );
+                }
+            }
+        }
+    }
+
+    /// `[vars]` in order; each may use `${root}` and earlier vars.
+    fn vars(&mut self, raw: &Pairs) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        for (k, v) in raw {
+            let scope = Scope {
+                root: &self.root_str,
+                node: None,
+                matrix: None,
+                vars: &out,
+            };
+            match subst::substitute(v.get_ref(), &scope) {
+                Ok(s) => out.push((k.get_ref().clone(), s)),
+                Err(e) => {
+                    let span = subst::locate(self.src, &v.span(), v.get_ref(), &e.at);
+                    self.err(span, e.message, e.help);
+                    out.push((k.get_ref().clone(), String::new()));
+                }
+            }
+        }
+        out
+    }
+
+    fn subst(&mut self, s: &Sp<String>, scope: &Scope<'_>) -> Option<String> {
+        match subst::substitute(s.get_ref(), scope) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                let span = subst::locate(self.src, &s.span(), s.get_ref(), &e.at);
+                self.err(span, e.message, e.help);
+                None
+            }
+        }
+    }
+
+    fn resolve_path(&self, p: &str) -> PathBuf {
+        let p = Path::new(p);
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.root.join(p)
+        }
+    }
+
+    fn env_matrix(
+        &mut self,
+        written: &Sp<String>,
+        vars: &[(String, String)],
+    ) -> Option<std::rc::Rc<EnvMatrix>> {
+        let root_str = self.root_str.clone();
+        let scope = Scope {
+            root: &root_str,
+            node: None,
+            matrix: None,
+            vars,
+        };
+        let path_s = self.subst(written, &scope)?;
+        let abs = self.resolve_path(&path_s);
+        if let Some(cached) = self.env_files.get(&abs) {
+            return cached.clone();
+        }
+        let loaded = self.load_env_matrix(written, &path_s, &abs);
+        self.env_files.insert(abs, loaded.clone());
+        loaded
+    }
+
+    fn load_env_matrix(
+        &mut self,
+        written: &Sp<String>,
+        path_s: &str,
+        abs: &Path,
+    ) -> Option<std::rc::Rc<EnvMatrix>> {
+        let bytes = match std::fs::read(abs) {
+            Ok(b) => b,
+            Err(e) => {
+                let msg = format!(
+                    "cannot read env-matrix file `{path_s}` ({}): {e}",
+                    abs.display()
+                );
+                let help = "paths are relative to the root (the git top-level holding the manifest); fix the path or create the file";
+                self.err(written.span(), msg, help.into());
+                return None;
+            }
+        };
+        let text = match String::from_utf8(bytes.clone()) {
+            Ok(t) => t,
+            Err(_) => {
+                self.err(
+                    written.span(),
+                    format!("env-matrix file `{path_s}` is not UTF-8 text"),
+                    "save it as UTF-8 TOML".into(),
+                );
+                return None;
+            }
+        };
+        let src = SourceText::new(PathBuf::from(path_s), text);
+        let before = self.diags.len();
+        let raw: RawMatrix = manifest::parse_env_matrix(&src, self.diags)?;
+        let combos = matrix::expand(&raw, &src, self.diags);
+        for entry in raw.include.iter().flatten() {
+            if !manifest::is_env_name(entry.0.get_ref()) {
+                let msg = format!(
+                    "`{}` is not a valid environment variable name",
+                    entry.0.get_ref()
+                );
+                self.diags.push(src.diag(
+                    entry.0.span(),
+                    msg,
+                    Some("env-matrix keys become environment variables".into()),
+                ));
+            }
+        }
+        if self.diags.len() > before {
+            return None;
+        }
+        self.sources.push(SourceFile {
+            path: PathBuf::from(path_s),
+            sha256: sha256_hex(&bytes),
+        });
+        let mut axis_names: Vec<String> =
+            raw.axes.iter().map(|(k, _)| k.get_ref().clone()).collect();
+        for (k, _) in raw.include.iter().flatten() {
+            if !axis_names.contains(k.get_ref()) {
+                axis_names.push(k.get_ref().clone());
+            }
+        }
+        Some(std::rc::Rc::new(EnvMatrix {
+            written: path_s.to_string(),
+            pins: raw
+                .pins
+                .iter()
+                .map(|(k, v)| (k.get_ref().clone(), v.get_ref().clone()))
+                .collect(),
+            combos,
+            axis_names,
+        }))
+    }
+
+    fn run_cells(
+        &mut self,
+        raw: &RawNode,
+        defaults: &RawNode,
+        env_top: &Pairs,
+        vars: &[(String, String)],
+    ) -> Vec<Cell> {
+        let n = with_defaults(raw, defaults);
+        let id = n.id.as_ref().expect("checked").get_ref().clone();
+        let shell = n.shell.unwrap_or(false);
+        let Some(run) = &n.run else {
+            let header = kind_header(n.kind);
+            self.err(
+                n.span.clone(),
+                format!("{header} `{id}` has no `run`"),
+                "add the command: `run = [\"prog\", \"arg\"]`".into(),
+            );
+            return Vec::new();
+        };
+        if run.single && !shell {
+            let msg = "`run` is a single string, which only a shell can split".to_string();
+            self.err(
+                run.span.clone(),
+                msg,
+                "write it as an array, `run = [\"prog\", \"arg\"]`, or set `shell = true`".into(),
+            );
+            return Vec::new();
+        }
+
+        // Matrices: the inline one, then each env-matrix file, in order.
+        let before = self.diags.len();
+        let mut parts: Vec<Vec<Combo>> = Vec::new();
+        let mut pins: Vec<(String, String)> = Vec::new();
+        let mut env_axes: Vec<String> = Vec::new();
+        let mut axis_owner: HashMap<String, String> = HashMap::new();
+        if let Some(m) = &n.matrix {
+            let combos = matrix::expand(m, self.src, self.diags);
+            for k in m
+                .axes
+                .iter()
+                .map(|(k, _)| k)
+                .chain(m.include.iter().flatten().map(|(k, _)| k))
+            {
+                axis_owner
+                    .entry(k.get_ref().clone())
+                    .or_insert_with(|| "the inline matrix".into());
+            }
+            parts.push(combos);
+        }
+        for written in n.env_matrix.iter().flatten() {
+            let Some(em) = self.env_matrix(written, vars) else {
+                continue;
+            };
+            for name in em.axis_names.iter().chain(em.pins.iter().map(|(k, _)| k)) {
+                if let Some(owner) = axis_owner.get(name) {
+                    let msg = format!("`{name}` is set by both {owner} and `{}`", em.written);
+                    self.err(
+                        written.span(),
+                        msg,
+                        "each variable may come from one matrix only; remove one of them".into(),
+                    );
+                }
+            }
+            for name in em.axis_names.iter().chain(em.pins.iter().map(|(k, _)| k)) {
+                axis_owner.insert(name.clone(), format!("`{}`", em.written));
+            }
+            env_axes.extend(em.axis_names.iter().cloned());
+            pins.extend(em.pins.iter().cloned());
+            parts.push(em.combos.clone());
+        }
+        if self.diags.len() > before {
+            return Vec::new();
+        }
+        let combos = matrix::product(&parts);
+        if combos.len() > matrix::MAX_CELLS_PER_NODE {
+            let msg = format!(
+                "node `{id}` expands to {} cells (more than {})",
+                combos.len(),
+                matrix::MAX_CELLS_PER_NODE
+            );
+            self.err(
+                n.span.clone(),
+                msg,
+                "use fewer axis values or split the node".into(),
+            );
+            return Vec::new();
+        }
+
+        let tags: Vec<String> = n
+            .tags
+            .iter()
+            .flatten()
+            .map(|t| t.get_ref().clone())
+            .collect();
+        let node_env = n.env.clone().unwrap_or_default();
+        let verdict = n.verdict.as_ref().map(|v| TextVerdict {
+            pass: v.pass.clone(),
+            fail: v.fail.clone(),
+        });
+        let root_str = self.root_str.clone();
+        let root = self.root.to_path_buf();
+        let resolve = |p: &str| -> PathBuf {
+            let p = Path::new(p);
+            if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                root.join(p)
+            }
+        };
+        let mut out = Vec::with_capacity(combos.len());
+        for combo in combos {
+            let cell_id = matrix::cell_id(&id, &combo);
+            let before = self.diags.len();
+            let scope = Scope {
+                root: &root_str,
+                node: Some(&cell_id),
+                matrix: Some(&combo),
+                vars,
+            };
+            let mut argv: Vec<String> = Vec::with_capacity(run.args.len());
+            for a in &run.args {
+                argv.extend(self.subst(a, &scope));
+            }
+            if !shell
+                && let Some(first) = argv.first_mut()
+                && first.contains('/')
+                && Path::new(first.as_str()).is_relative()
+            {
+                *first = resolve(first).to_string_lossy().into_owned();
+            }
+            let mut env: BTreeMap<String, String> = BTreeMap::new();
+            for (k, v) in env_top {
+                if let Some(v) = self.subst(v, &scope) {
+                    env.insert(k.get_ref().clone(), v);
+                }
+            }
+            env.extend(pins.iter().cloned());
+            env.extend(combo.iter().filter(|(k, _)| env_axes.contains(k)).cloned());
+            for (k, v) in &node_env {
+                if let Some(v) = self.subst(v, &scope) {
+                    env.insert(k.get_ref().clone(), v);
+                }
+            }
+            let cwd = match &n.cwd {
+                Some(c) => self
+                    .subst(c, &scope)
+                    .map(|c| resolve(&c))
+                    .unwrap_or_default(),
+                None => PathBuf::from(&root_str),
+            };
+            let mut produces = Vec::new();
+            for p in n.produces.iter().flatten() {
+                produces.extend(self.subst(p, &scope).map(|p| resolve(&p)));
+            }
+            let mut creates = Vec::new();
+            for p in n.creates.iter().flatten() {
+                creates.extend(self.subst(p, &scope).map(|p| resolve(&p)));
+            }
+            if self.diags.len() > before {
+                // One cell's substitution problems are every cell's: report them once.
+                break;
+            }
+            out.push(Cell {
+                id: CellId(cell_id),
+                node: NodeId(id.clone()),
+                kind: n.kind.expect("run nodes have a kind"),
+                axes: combo,
+                description: n.description.clone(),
+                tags: tags.clone(),
+                argv,
+                shell,
+                cwd,
+                env,
+                gpus: n.gpus.as_ref().map_or(0, |g| *g.get_ref()),
+                cpus: n.cpus,
+                memory: n.memory,
+                timeout: n.timeout.unwrap_or(DEFAULT_TIMEOUT),
+                reps: n.reps.unwrap_or(1),
+                retries: n.retries.unwrap_or(0),
+                expect: n.expect.unwrap_or(Expect::Pass),
+                verdict: verdict.clone(),
+                produces,
+                creates,
+                needs: Vec::new(),
+                compare: None,
+            });
+        }
+        out
+    }
+
+    fn compare_cells(
+        &mut self,
+        raw: &RawNode,
+        defaults: &RawNode,
+        nodes: &[RawNode],
+        ids: &HashMap<&str, usize>,
+        node_cells: &[Vec<usize>],
+        cells: &[Cell],
+    ) -> Vec<Cell> {
+        let n = with_defaults(raw, defaults);
+        let id = n.id.as_ref().expect("checked").get_ref().clone();
+        let mut missing = Vec::new();
+        if n.reference.is_none() {
+            missing.push("reference = \"node-id\"");
+        }
+        if n.candidates.as_ref().is_none_or(|c| c.is_empty()) {
+            missing.push("candidates = [\"node-id\"]");
+        }
+        if n.artifact.is_none() {
+            missing.push("artifact = \"logits.safetensors\"");
+        }
+        if !missing.is_empty() {
+            let msg = format!(
+                "[[compare]] `{id}` is missing {}",
+                missing
+                    .iter()
+                    .map(|m| format!("`{}`", m.split(' ').next().unwrap_or(m)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            self.err(n.span.clone(), msg, format!("add {}", missing.join(", ")));
+            return Vec::new();
+        }
+        let reference = n.reference.as_ref().expect("checked");
+        let artifact = n.artifact.as_ref().expect("checked").get_ref().clone();
+        let policy = n.policy.clone().unwrap_or(Policy::Bitwise);
+        let Some(&ref_node) = ids.get(reference.get_ref().as_str()) else {
+            return Vec::new();
+        };
+        if nodes[ref_node].kind == Some(NodeKind::Compare) {
+            return Vec::new();
+        }
+        let ref_cells = &node_cells[ref_node];
+        let tags: Vec<String> = n
+            .tags
+            .iter()
+            .flatten()
+            .map(|t| t.get_ref().clone())
+            .collect();
+        let mut out = Vec::new();
+        for cand in n.candidates.iter().flatten() {
+            let Some(&cand_node) = ids.get(cand.get_ref().as_str()) else {
+                continue;
+            };
+            if nodes[cand_node].kind == Some(NodeKind::Compare) {
+                continue;
+            }
+            for &c in &node_cells[cand_node] {
+                let cand_cell = &cells[c];
+                let matches: Vec<usize> = if ref_cells.len() == 1 {
+                    ref_cells.clone()
+                } else {
+                    ref_cells
+                        .iter()
+                        .copied()
+                        .filter(|&r| {
+                            cells[r].axes.iter().all(|(k, v)| {
+                                cand_cell.axes.iter().all(|(ck, cv)| ck != k || cv == v)
+                            })
+                        })
+                        .collect()
+                };
+                if matches.len() != 1 {
+                    let shared: Vec<&str> = cand_cell
+                        .axes
+                        .iter()
+                        .filter(|(k, _)| {
+                            ref_cells
+                                .iter()
+                                .any(|&r| cells[r].axes.iter().any(|(rk, _)| rk == k))
+                        })
+                        .map(|(k, _)| k.as_str())
+                        .collect();
+                    let msg = if matches.is_empty() {
+                        format!(
+                            "compare `{id}`: candidate cell `{}` matches no cell of reference `{}`",
+                            cand_cell.id.0,
+                            reference.get_ref()
+                        )
+                    } else {
+                        let names: Vec<&str> =
+                            matches.iter().map(|&m| cells[m].id.0.as_str()).collect();
+                        format!(
+                            "compare `{id}`: candidate cell `{}` matches {} cells of reference `{}`: {}",
+                            cand_cell.id.0,
+                            matches.len(),
+                            reference.get_ref(),
+                            names.join(", ")
+                        )
+                    };
+                    let help = if shared.is_empty() {
+                        "the reference has several cells but shares no axis with this candidate; give both the axes that should line up, or make the reference one cell".to_string()
+                    } else {
+                        format!(
+                            "cells are paired on their shared axes ({}); make exactly one reference cell match",
+                            shared.join(", ")
+                        )
+                    };
+                    self.err(cand.span(), msg, help);
+                    continue;
+                }
+                let mut axes = vec![("candidate".to_string(), cand.get_ref().clone())];
+                axes.extend(cand_cell.axes.iter().cloned());
+                out.push(Cell {
+                    id: CellId(matrix::cell_id(&id, &axes)),
+                    node: NodeId(id.clone()),
+                    kind: NodeKind::Compare,
+                    axes,
+                    description: n.description.clone(),
+                    tags: tags.clone(),
+                    argv: Vec::new(),
+                    shell: false,
+                    cwd: self.root.to_path_buf(),
+                    env: BTreeMap::new(),
+                    gpus: 0,
+                    cpus: None,
+                    memory: None,
+                    timeout: n.timeout.unwrap_or(DEFAULT_TIMEOUT),
+                    reps: 1,
+                    retries: 0,
+                    expect: n.expect.unwrap_or(Expect::Pass),
+                    verdict: None,
+                    produces: Vec::new(),
+                    creates: Vec::new(),
+                    needs: vec![CellIndex(matches[0]), CellIndex(c)],
+                    compare: Some(CompareSpec {
+                        reference: CellIndex(matches[0]),
+                        candidate: CellIndex(c),
+                        artifact: artifact.clone(),
+                        policy: policy.clone(),
+                    }),
+                });
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,1085 @@
+//! The manifest as written: raw structs that mirror the TOML keys of DESIGN §3, every value
+//! kept with its byte span so later stages can point at it. Parsing walks the spanned TOML
+//! tree (`toml::de::DeTable`) key by key instead of deserializing in one go, so that every
+//! unknown key and every wrong type in the file is reported at once, not only the first.
+//!
+//! This module checks what one value can say about itself (its type, its syntax, that a key
+//! exists). It does not apply defaults, expand matrices, substitute `${…}` or resolve `needs`
+//! (the `load` pipeline, [`crate::matrix`], [`crate::subst`] and [`crate::graph`] do).
+
+use std::ops::Range;
+use std::time::Duration;
+
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
+
+use crate::diagnostics::{Diagnostic, SourceText, did_you_mean};
+use crate::plan::{Expect, NodeKind, Policy};
+
+/// A value with the byte span it came from.
+pub type Sp<T> = Spanned<T>;
+
+/// An ordered list of `key = value` pairs as written.
+pub type Pairs = Vec<(Sp<String>, Sp<String>)>;
+
+/// The top level of a manifest.
+#[derive(Debug, Default)]
+pub struct RawManifest {
+    pub schema: Option<Sp<i64>>,
+    pub name: Option<Sp<String>>,
+    pub description: Option<String>,
+    pub defaults: RawNode,
+    pub env: Pairs,
+    pub inherit: Option<Vec<Sp<String>>>,
+    pub vars: Pairs,
+    /// `[[setup]]`, `[[arm]]` and `[[compare]]` tables in the order kinds are listed in the
+    /// plan: setups, then arms, then compares, each in file order.
+    pub nodes: Vec<RawNode>,
+}
+
+/// The command of a node: an argv array, or one string for `shell = true` nodes.
+#[derive(Debug, Clone)]
+pub struct RawRun {
+    pub span: Range<usize>,
+    pub args: Vec<Sp<String>>,
+    /// Written as a single string rather than an array.
+    pub single: bool,
+}
+
+/// Inline `matrix = { axis = [...], include = [...], exclude = [...] }` or the body of an
+/// env-matrix file.
+#[derive(Debug, Clone, Default)]
+pub struct RawMatrix {
+    pub span: Range<usize>,
+    pub pins: Pairs,
+    pub axes: Vec<(Sp<String>, Vec<Sp<String>>)>,
+    pub include: Vec<Pairs>,
+    pub exclude: Vec<Pairs>,
+}
+
+/// `verdict = { pass = "re", fail = "re" }` with compiled regexes.
+#[derive(Debug, Clone)]
+pub struct RawVerdict {
+    pub pass: Option<regex::Regex>,
+    pub fail: Option<regex::Regex>,
+}
+
+/// One `[[setup]]`, `[[arm]]` or `[[compare]]` table, or `[defaults]` (kind `None`).
+#[derive(Debug, Clone, Default)]
+pub struct RawNode {
+    pub kind: Option<NodeKind>,
+    /// The span of the table's first key, used when a problem concerns the node as a whole.
+    pub span: Range<usize>,
+    pub id: Option<Sp<String>>,
+    pub description: Option<String>,
+    pub tags: Option<Vec<Sp<String>>>,
+    pub needs: Vec<Sp<String>>,
+    pub run: Option<RawRun>,
+    pub shell: Option<bool>,
+    pub cwd: Option<Sp<String>>,
+    pub env: Option<Pairs>,
+    pub matrix: Option<RawMatrix>,
+    pub env_matrix: Option<Vec<Sp<String>>>,
+    pub gpus: Option<Sp<u32>>,
+    pub cpus: Option<u32>,
+    pub memory: Option<u64>,
+    pub timeout: Option<Duration>,
+    pub reps: Option<u32>,
+    pub retries: Option<u32>,
+    pub expect: Option<Expect>,
+    pub verdict: Option<RawVerdict>,
+    pub produces: Option<Vec<Sp<String>>>,
+    pub creates: Option<Vec<Sp<String>>>,
+    pub reference: Option<Sp<String>>,
+    pub candidates: Option<Vec<Sp<String>>>,
+    pub artifact: Option<Sp<String>>,
+    pub policy: Option<Policy>,
+}
+
+const TOP_KEYS: &[&str] = &[
+    "schema",
+    "name",
+    "description",
+    "defaults",
+    "env",
+    "isolation",
+    "vars",
+    "setup",
+    "arm",
+    "compare",
+];
+
+/// Keys every node kind accepts.
+const COMMON_KEYS: &[&str] = &["id", "description", "tags", "needs", "timeout", "expect"];
+/// Keys of nodes that run a command (setup and arm).
+const RUN_KEYS: &[&str] = &[
+    "run",
+    "shell",
+    "cwd",
+    "env",
+    "matrix",
+    "env_matrix",
+    "gpus",
+    "cpus",
+    "memory",
+    "reps",
+    "retries",
+    "verdict",
+];
+const SETUP_KEYS: &[&str] = &["produces", "creates"];
+const COMPARE_KEYS: &[&str] = &["reference", "candidates", "artifact", "policy"];
+/// Keys that may have a default in `[defaults]`: the ones that make sense for many nodes at
+/// once (an id, a description or a dependency list never does).
+const DEFAULT_KEYS: &[&str] = &[
+    "tags",
+    "timeout",
+    "expect",
+    "shell",
+    "cwd",
+    "env",
+    "env_matrix",
+    "gpus",
+    "cpus",
+    "memory",
+    "reps",
+    "retries",
+    "verdict",
+    "artifact",
+    "policy",
+];
+
+fn all_node_keys() -> impl Iterator<Item = &'static str> {
+    COMMON_KEYS
+        .iter()
+        .chain(RUN_KEYS)
+        .chain(SETUP_KEYS)
+        .chain(COMPARE_KEYS)
+        .copied()
+}
+
+fn allowed(kind: Option<NodeKind>, key: &str) -> bool {
+    match kind {
+        None => DEFAULT_KEYS.contains(&key),
+        Some(NodeKind::Setup) => {
+            COMMON_KEYS.contains(&key) || RUN_KEYS.contains(&key) || SETUP_KEYS.contains(&key)
+        }
+        Some(NodeKind::Arm) => COMMON_KEYS.contains(&key) || RUN_KEYS.contains(&key),
+        Some(NodeKind::Compare) => COMMON_KEYS.contains(&key) || COMPARE_KEYS.contains(&key),
+    }
+}
+
+/// The table header a node kind is written under.
+pub fn kind_header(kind: Option<NodeKind>) -> &'static str {
+    match kind {
+        None => "[defaults]",
+        Some(NodeKind::Setup) => "[[setup]]",
+        Some(NodeKind::Arm) => "[[arm]]",
+        Some(NodeKind::Compare) => "[[compare]]",
+    }
+}
+
+/// Parses manifest text; problems go to `diags` and the returned struct holds whatever was
+/// well-formed. `None` when the text is not TOML at all.
+pub fn parse(src: &SourceText, diags: &mut Vec<Diagnostic>) -> Option<RawManifest> {
+    let doc = parse_toml(src, diags)?;
+    let mut w = Walker { src, diags };
+    let mut m = RawManifest::default();
+    let mut setups = Vec::new();
+    let mut arms = Vec::new();
+    let mut compares = Vec::new();
+    for (key, value) in entries(doc.get_ref()) {
+        match key.get_ref().as_ref() {
+            "schema" => m.schema = w.int(key, value),
+            "name" => m.name = w.string(key, value),
+            "description" => m.description = w.string(key, value).map(Spanned::into_inner),
+            "defaults" => {
+                if w.expect_table(key, value, "[defaults]\ntimeout = \"30m\"")
+                    .is_some()
+                {
+                    m.defaults = w.node(None, value);
+                }
+            }
+            "env" => m.env = w.env_table(key, value).unwrap_or_default(),
+            "vars" => {
+                m.vars = w
+                    .scalar_table(key, value, "[vars]\nmodel = \"models/m.gguf\"")
+                    .unwrap_or_default()
+            }
+            "isolation" => m.inherit = w.isolation(key, value),
+            k @ ("setup" | "arm" | "compare") => {
+                let kind = match k {
+                    "setup" => NodeKind::Setup,
+                    "arm" => NodeKind::Arm,
+                    _ => NodeKind::Compare,
+                };
+                let Some(list) = value
+                    .get_ref()
+                    .as_array()
+                    .filter(|_| is_array_of_tables(value))
+                else {
+                    w.wrong_type(
+                        key,
+                        value,
+                        "an array of tables",
+                        &format!("write each node as a `[[{k}]]` table"),
+                    );
+                    continue;
+                };
+                let out = match kind {
+                    NodeKind::Setup => &mut setups,
+                    NodeKind::Arm => &mut arms,
+                    NodeKind::Compare => &mut compares,
+                };
+                out.extend(list.iter().map(|t| w.node(Some(kind), t)));
+            }
+            other => w.unknown_key(key, other, TOP_KEYS, "the top level"),
+        }
+    }
+    m.nodes.extend(setups);
+    m.nodes.extend(arms);
+    m.nodes.extend(compares);
+    Some(m)
+}
+
+/// Parses an env-matrix file (`description`, `[pins]`, `[axes]`, `[[include]]`,
+/// `[[exclude]]`).
+pub fn parse_env_matrix(src: &SourceText, diags: &mut Vec<Diagnostic>) -> Option<RawMatrix> {
+    let doc = parse_toml(src, diags)?;
+    let mut w = Walker { src, diags };
+    let mut m = RawMatrix {
+        span: 0..0,
+        ..RawMatrix::default()
+    };
+    for (key, value) in entries(doc.get_ref()) {
+        match key.get_ref().as_ref() {
+            "description" => {
+                w.string(key, value);
+            }
+            "pins" => m.pins = w.env_table(key, value).unwrap_or_default(),
+            "axes" => {
+                if let Some(t) = w.expect_table(key, value, "[axes]\nMEMRA_FA3 = [\"1\", \"0\"]") {
+                    for (k, v) in entries(t) {
+                        w.env_name(k);
+                        if let Some(values) = w.axis_values(k, v) {
+                            m.axes.push((owned_key(k), values));
+                        }
+                    }
+                }
+            }
+            "include" => m.include = w.combos(key, value),
+            "exclude" => m.exclude = w.combos(key, value),
+            other => w.unknown_key(
+                key,
+                other,
+                &["description", "pins", "axes", "include", "exclude"],
+                "an env-matrix file",
+            ),
+        }
+    }
+    Some(m)
+}
+
+fn parse_toml<'i>(
+    src: &'i SourceText,
+    diags: &mut Vec<Diagnostic>,
+) -> Option<Spanned<DeTable<'i>>> {
+    match DeTable::parse(&src.text) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            let span = e.span().unwrap_or(0..0);
+            diags.push(src.diag(
+                span,
+                format!("TOML syntax error: {}", e.message().trim_end()),
+                Some("fix the TOML syntax at this spot (see https://toml.io)".into()),
+            ));
+            None
+        }
+    }
+}
+
+fn is_array_of_tables(v: &Spanned<DeValue<'_>>) -> bool {
+    v.get_ref()
+        .as_array()
+        .is_some_and(|a| a.iter().all(|t| t.get_ref().is_table()))
+}
+
+/// Table entries in the order they are written (the map itself may be sorted by key).
+fn entries<'a, 'i>(
+    t: &'a DeTable<'i>,
+) -> Vec<(
+    &'a Spanned<std::borrow::Cow<'i, str>>,
+    &'a Spanned<DeValue<'i>>,
+)> {
+    let mut v: Vec<_> = t.iter().collect();
+    v.sort_by_key(|(k, _)| k.span().start);
+    v
+}
+
+fn owned_key(k: &Spanned<std::borrow::Cow<'_, str>>) -> Sp<String> {
+    Spanned::new(k.span(), k.get_ref().to_string())
+}
+
+fn type_name(v: &DeValue<'_>) -> &'static str {
+    match v {
+        DeValue::String(_) => "a string",
+        DeValue::Integer(_) => "an integer",
+        DeValue::Float(_) => "a float",
+        DeValue::Boolean(_) => "a boolean",
+        DeValue::Datetime(_) => "a datetime",
+        DeValue::Array(_) => "an array",
+        DeValue::Table(_) => "a table",
+    }
+}
+
+/// Whether `s` is a portable environment variable name.
+pub fn is_env_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Whether `s` may be a node id: it appears inside cell ids, `needs` and filters, so it must
+/// not hold the characters those syntaxes use.
+pub fn is_node_id(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// Parses `16G`-style sizes (binary multiples: K, M, G, T, with an optional `i`/`iB`/`B`) or
+/// plain byte counts.
+pub fn parse_memory(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let digits_end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(digits_end);
+    let num: f64 = num.parse().ok()?;
+    let unit = unit.trim();
+    let unit = unit
+        .strip_suffix("iB")
+        .or_else(|| unit.strip_suffix('B'))
+        .or_else(|| unit.strip_suffix('i'))
+        .unwrap_or(unit);
+    let mult: u64 = match unit.to_ascii_uppercase().as_str() {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        _ => return None,
+    };
+    let bytes = num * mult as f64;
+    (bytes.is_finite() && bytes >= 0.0 && bytes <= u64::MAX as f64).then_some(bytes as u64)
+}
+
+struct Walker<'a, 'd> {
+    src: &'a SourceText,
+    diags: &'d mut Vec<Diagnostic>,
+}
+
+type Key<'i> = Spanned<std::borrow::Cow<'i, str>>;
+
+impl Walker<'_, '_> {
+    fn err(&mut self, span: Range<usize>, message: String, help: impl Into<Option<String>>) {
+        self.diags.push(self.src.diag(span, message, help.into()));
+    }
+
+    fn wrong_type(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>, expected: &str, help: &str) {
+        let msg = format!(
+            "`{}` must be {expected}, found {}",
+            key.get_ref(),
+            type_name(v.get_ref())
+        );
+        self.err(v.span(), msg, help.to_string());
+    }
+
+    fn unknown_key(&mut self, key: &Key<'_>, name: &str, known: &[&str], place: &str) {
+        let help = match did_you_mean(name, known.iter().copied()) {
+            Some(s) => format!("did you mean `{s}`?"),
+            None => format!("the keys allowed here are: {}", known.join(", ")),
+        };
+        self.err(key.span(), format!("unknown key `{name}` in {place}"), help);
+    }
+
+    fn string(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<Sp<String>> {
+        match v.get_ref().as_str() {
+            Some(s) => Some(Spanned::new(v.span(), s.to_string())),
+            None => {
+                let k = key.get_ref().to_string();
+                self.wrong_type(key, v, "a string", &format!("quote it: `{k} = \"…\"`"));
+                None
+            }
+        }
+    }
+
+    /// A string, or a number or boolean turned into its written form.
+    fn scalar(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<Sp<String>> {
+        match v.get_ref() {
+            DeValue::String(s) => Some(Spanned::new(v.span(), s.to_string())),
+            DeValue::Integer(_) | DeValue::Float(_) | DeValue::Boolean(_) => Some(Spanned::new(
+                v.span(),
+                self.src.slice(&v.span()).to_string(),
+            )),
+            _ => {
+                let k = key.get_ref().to_string();
+                self.wrong_type(
+                    key,
+                    v,
+                    "a string (numbers and booleans are accepted too)",
+                    &format!("write `{k} = \"value\"`"),
+                );
+                None
+            }
+        }
+    }
+
+    fn strings(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<Vec<Sp<String>>> {
+        let k = key.get_ref().to_string();
+        let help = format!("write `{k} = [\"a\", \"b\"]`");
+        let Some(a) = v.get_ref().as_array() else {
+            self.wrong_type(key, v, "an array of strings", &help);
+            return None;
+        };
+        let mut out = Vec::new();
+        let mut ok = true;
+        for item in a.iter() {
+            match item.get_ref().as_str() {
+                Some(s) => out.push(Spanned::new(item.span(), s.to_string())),
+                None => {
+                    ok = false;
+                    let msg = format!(
+                        "`{k}` must be an array of strings, found {} in it",
+                        type_name(item.get_ref())
+                    );
+                    self.err(item.span(), msg, help.clone());
+                }
+            }
+        }
+        ok.then_some(out)
+    }
+
+    fn int(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<Sp<i64>> {
+        let parsed = v
+            .get_ref()
+            .as_integer()
+            .and_then(|i| i64::from_str_radix(i.as_str(), i.radix()).ok());
+        match parsed {
+            Some(n) => Some(Spanned::new(v.span(), n)),
+            None => {
+                let k = key.get_ref().to_string();
+                self.wrong_type(
+                    key,
+                    v,
+                    "an integer",
+                    &format!("write a bare number: `{k} = 1`"),
+                );
+                None
+            }
+        }
+    }
+
+    fn uint(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>, min: i64) -> Option<Sp<u32>> {
+        let n = self.int(key, v)?;
+        let k = key.get_ref();
+        match u32::try_from(*n.get_ref()) {
+            Ok(u) if i64::from(u) >= min => Some(Spanned::new(n.span(), u)),
+            _ => {
+                let msg = format!("`{k}` must be at least {min}, found {}", n.get_ref());
+                self.err(v.span(), msg, format!("write `{k} = {min}` or more"));
+                None
+            }
+        }
+    }
+
+    fn boolean(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<bool> {
+        match v.get_ref().as_bool() {
+            Some(b) => Some(b),
+            None => {
+                let k = key.get_ref().to_string();
+                self.wrong_type(
+                    key,
+                    v,
+                    "a boolean",
+                    &format!("write `{k} = true` or `{k} = false`"),
+                );
+                None
+            }
+        }
+    }
+
+    fn expect_table<'t, 'i>(
+        &mut self,
+        key: &Key<'_>,
+        v: &'t Spanned<DeValue<'i>>,
+        example: &str,
+    ) -> Option<&'t DeTable<'i>> {
+        match v.get_ref().as_table() {
+            Some(t) => Some(t),
+            None => {
+                self.wrong_type(
+                    key,
+                    v,
+                    "a table",
+                    &format!("write it as a table, e.g. `{}`", example.replace('\n', " ")),
+                );
+                None
+            }
+        }
+    }
+
+    fn env_name(&mut self, k: &Key<'_>) -> bool {
+        let ok = is_env_name(k.get_ref());
+        if !ok {
+            let msg = format!("`{}` is not a valid environment variable name", k.get_ref());
+            self.err(
+                k.span(),
+                msg,
+                "use letters, digits and `_`, not starting with a digit".to_string(),
+            );
+        }
+        ok
+    }
+
+    fn scalar_table(
+        &mut self,
+        key: &Key<'_>,
+        v: &Spanned<DeValue<'_>>,
+        example: &str,
+    ) -> Option<Pairs> {
+        let t = self.expect_table(key, v, example)?;
+        let mut out = Vec::new();
+        for (k, val) in entries(t) {
+            if let Some(s) = self.scalar(k, val) {
+                out.push((owned_key(k), s));
+            }
+        }
+        Some(out)
+    }
+
+    fn env_table(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<Pairs> {
+        let t = self.expect_table(key, v, "env = { MEMRA_GATE_SEED = \"0\" }")?;
+        let mut out = Vec::new();
+        for (k, val) in entries(t) {
+            let name_ok = self.env_name(k);
+            if let Some(s) = self.scalar(k, val)
+                && name_ok
+            {
+                out.push((owned_key(k), s));
+            }
+        }
+        Some(out)
+    }
+
+    fn isolation(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<Vec<Sp<String>>> {
+        let t = self.expect_table(key, v, "[isolation]\ninherit = [\"PATH\", \"HOME\"]")?;
+        let mut inherit = None;
+        for (k, val) in entries(t) {
+            match k.get_ref().as_ref() {
+                "inherit" => inherit = self.strings(k, val),
+                other => self.unknown_key(k, other, &["inherit"], "[isolation]"),
+            }
+        }
+        for name in inherit.iter().flatten() {
+            if !is_env_name(name.get_ref()) {
+                let msg = format!(
+                    "`{}` is not a valid environment variable name",
+                    name.get_ref()
+                );
+                self.err(
+                    name.span(),
+                    msg,
+                    "list variable names such as \"PATH\"".to_string(),
+                );
+            }
+        }
+        inherit
+    }
+
+    fn axis_values(&mut self, k: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<Vec<Sp<String>>> {
+        let name = k.get_ref().to_string();
+        let help = format!("write `{name} = [\"a\", \"b\"]`");
+        let Some(a) = v.get_ref().as_array() else {
+            self.wrong_type(k, v, "an array of values (an axis)", &help);
+            return None;
+        };
+        if a.is_empty() {
+            self.err(
+                v.span(),
+                format!("axis `{name}` has no values"),
+                "give it at least one value, or remove it".to_string(),
+            );
+            return None;
+        }
+        let mut out = Vec::new();
+        for item in a.iter() {
+            out.push(self.scalar(k, item)?);
+        }
+        Some(out)
+    }
+
+    fn combos(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Vec<Pairs> {
+        let k = key.get_ref().to_string();
+        let Some(a) = v.get_ref().as_array().filter(|_| is_array_of_tables(v)) else {
+            self.wrong_type(
+                key,
+                v,
+                "an array of tables",
+                &format!("write `{k} = [{{ axis = \"value\" }}]` or `[[{k}]]` tables"),
+            );
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for t in a.iter() {
+            let table = t.get_ref().as_table().expect("checked to be a table");
+            if table.is_empty() {
+                self.err(
+                    t.span(),
+                    format!("an empty `{k}` entry matches nothing"),
+                    "name at least one axis value, or remove it".to_string(),
+                );
+                continue;
+            }
+            let mut pairs = Vec::new();
+            for (ck, cv) in entries(table) {
+                if let Some(s) = self.scalar(ck, cv) {
+                    pairs.push((owned_key(ck), s));
+                }
+            }
+            out.push(pairs);
+        }
+        out
+    }
+
+    fn matrix(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<RawMatrix> {
+        let t = self.expect_table(key, v, "matrix = { batch = [\"4\", \"8\"] }")?;
+        let mut m = RawMatrix {
+            span: v.span(),
+            ..RawMatrix::default()
+        };
+        for (k, val) in entries(t) {
+            match k.get_ref().as_ref() {
+                "include" => m.include = self.combos(k, val),
+                "exclude" => m.exclude = self.combos(k, val),
+                name => {
+                    let valid = name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+                        && !name.is_empty();
+                    if !valid {
+                        let msg = format!(
+                            "matrix axis name `{name}` may only hold letters, digits, `_` and `-`"
+                        );
+                        self.err(k.span(), msg, "rename the axis".to_string());
+                    }
+                    if let Some(values) = self.axis_values(k, val) {
+                        m.axes.push((owned_key(k), values));
+                    }
+                }
+            }
+        }
+        Some(m)
+    }
+
+    fn run(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<RawRun> {
+        if let Some(s) = v.get_ref().as_str() {
+            return Some(RawRun {
+                span: v.span(),
+                args: vec![Spanned::new(v.span(), s.to_string())],
+                single: true,
+            });
+        }
+        let args = self.strings(key, v)?;
+        if args.is_empty() {
+            self.err(
+                v.span(),
+                "`run` is empty".into(),
+                "give the program and its arguments: `run = [\"prog\", \"arg\"]`".to_string(),
+            );
+            return None;
+        }
+        Some(RawRun {
+            span: v.span(),
+            args,
+            single: false,
+        })
+    }
+
+    fn verdict(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<RawVerdict> {
+        let t = self.expect_table(
+            key,
+            v,
+            "verdict = { pass = \"^ALL GREEN\", fail = \"FAIL\" }",
+        )?;
+        let mut out = RawVerdict {
+            pass: None,
+            fail: None,
+        };
+        let mut ok = true;
+        for (k, val) in entries(t) {
+            let slot = match k.get_ref().as_ref() {
+                "pass" => &mut out.pass,
+                "fail" => &mut out.fail,
+                other => {
+                    self.unknown_key(k, other, &["pass", "fail"], "`verdict`");
+                    ok = false;
+                    continue;
+                }
+            };
+            let Some(s) = self.string(k, val) else {
+                ok = false;
+                continue;
+            };
+            match regex::Regex::new(s.get_ref()) {
+                Ok(re) => *slot = Some(re),
+                Err(e) => {
+                    ok = false;
+                    let first = e
+                        .to_string()
+                        .lines()
+                        .last()
+                        .unwrap_or("")
+                        .trim()
+                        .to_string();
+                    self.err(
+                        val.span(),
+                        format!("`verdict.{}` is not a valid regex: {first}", k.get_ref()),
+                        "fix the regular expression (Rust `regex` syntax)".to_string(),
+                    );
+                }
+            }
+        }
+        if ok && out.pass.is_none() && out.fail.is_none() {
+            self.err(
+                v.span(),
+                "`verdict` needs `pass` or `fail`".into(),
+                "write `verdict = { pass = \"^ALL GREEN\" }`".to_string(),
+            );
+            return None;
+        }
+        ok.then_some(out)
+    }
+
+    fn number(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<f64> {
+        let n = match v.get_ref() {
+            DeValue::Integer(i) => i64::from_str_radix(i.as_str(), i.radix())
+                .ok()
+                .map(|n| n as f64),
+            DeValue::Float(f) => f.as_str().replace('_', "").parse::<f64>().ok(),
+            _ => None,
+        };
+        match n {
+            Some(x) if x.is_finite() && x >= 0.0 => Some(x),
+            Some(_) => {
+                self.err(
+                    v.span(),
+                    format!("`{}` must be a finite number ≥ 0", key.get_ref()),
+                    "write e.g. `0.01`".to_string(),
+                );
+                None
+            }
+            None => {
+                self.wrong_type(key, v, "a number", "write e.g. `0.01`");
+                None
+            }
+        }
+    }
+
+    fn policy(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<Policy> {
+        const HELP: &str = "write `policy = \"bitwise\"`, `policy = { max_abs = 0.01, max_rel = 0.01, argmax = true }` or `policy = { argmax = true, min_agree = 0.95 }`";
+        if let Some(s) = v.get_ref().as_str() {
+            if s == "bitwise" {
+                return Some(Policy::Bitwise);
+            }
+            self.err(
+                v.span(),
+                format!("unknown policy \"{s}\""),
+                HELP.to_string(),
+            );
+            return None;
+        }
+        let Some(t) = v.get_ref().as_table() else {
+            self.wrong_type(key, v, "\"bitwise\" or a table", HELP);
+            return None;
+        };
+        let (mut max_abs, mut max_rel, mut argmax, mut min_agree) = (None, None, None, None);
+        let mut ok = true;
+        for (k, val) in entries(t) {
+            match k.get_ref().as_ref() {
+                "max_abs" => max_abs = self.number(k, val),
+                "max_rel" => max_rel = self.number(k, val),
+                "argmax" => argmax = self.boolean(k, val),
+                "min_agree" => {
+                    min_agree = self.number(k, val);
+                    if min_agree.is_some_and(|m| m > 1.0) {
+                        self.err(
+                            val.span(),
+                            "`min_agree` is a fraction of rows and must be at most 1".into(),
+                            "write e.g. `min_agree = 0.95`".to_string(),
+                        );
+                        ok = false;
+                    }
+                }
+                other => {
+                    ok = false;
+                    self.unknown_key(
+                        k,
+                        other,
+                        &["max_abs", "max_rel", "argmax", "min_agree"],
+                        "`policy`",
+                    );
+                }
+            }
+        }
+        if !ok {
+            return None;
+        }
+        match min_agree {
+            Some(min_agree) => {
+                if max_abs.is_some() || max_rel.is_some() || argmax == Some(false) {
+                    self.err(
+                        v.span(),
+                        "`min_agree` is an argmax-agreement policy and takes no other bound".into(),
+                        "write `policy = { argmax = true, min_agree = 0.95 }`, or drop `min_agree`"
+                            .to_string(),
+                    );
+                    return None;
+                }
+                Some(Policy::ArgmaxAgree { min_agree })
+            }
+            None => {
+                if max_abs.is_none() && max_rel.is_none() && argmax != Some(true) {
+                    self.err(
+                        v.span(),
+                        "this policy checks nothing".into(),
+                        HELP.to_string(),
+                    );
+                    return None;
+                }
+                Some(Policy::Tolerance {
+                    max_abs,
+                    max_rel,
+                    argmax: argmax.unwrap_or(false),
+                })
+            }
+        }
+    }
+
+    fn node(&mut self, kind: Option<NodeKind>, v: &Spanned<DeValue<'_>>) -> RawNode {
+        let mut n = RawNode {
+            kind,
+            span: v.span(),
+            ..RawNode::default()
+        };
+        let Some(t) = v.get_ref().as_table() else {
+            return n;
+        };
+        let entries = entries(t);
+        if let Some((k, _)) = entries.first() {
+            n.span = k.span();
+        }
+        let header = kind_header(kind);
+        for (k, val) in entries {
+            let key = k.get_ref().as_ref();
+            if !allowed(kind, key) {
+                if all_node_keys().any(|x| x == key) {
+                    let why = match kind {
+                        None => "it cannot have a default".to_string(),
+                        Some(NodeKind::Compare) => {
+                            "compare cells are run by memra-orch itself".to_string()
+                        }
+                        Some(_) if COMPARE_KEYS.contains(&key) => {
+                            "it belongs to [[compare]] nodes".to_string()
+                        }
+                        Some(_) => "it belongs to [[setup]] nodes".to_string(),
+                    };
+                    self.err(
+                        k.span(),
+                        format!("`{key}` is not allowed in {header}: {why}"),
+                        "remove it".to_string(),
+                    );
+                } else {
+                    let known: Vec<&str> = all_node_keys().filter(|x| allowed(kind, x)).collect();
+                    self.unknown_key(k, key, &known, header);
+                }
+                continue;
+            }
+            match key {
+                "id" => {
+                    n.id = self.string(k, val);
+                    if let Some(id) = &n.id
+                        && !is_node_id(id.get_ref())
+                    {
+                        let msg = format!(
+                            "node id \"{}\" may only hold letters, digits, `-`, `_` and `.`, starting with a letter or digit",
+                            id.get_ref()
+                        );
+                        self.err(id.span(), msg, "rename the node".to_string());
+                    }
+                }
+                "description" => n.description = self.string(k, val).map(Spanned::into_inner),
+                "tags" => n.tags = self.strings(k, val),
+                "needs" => n.needs = self.strings(k, val).unwrap_or_default(),
+                "run" => n.run = self.run(k, val),
+                "shell" => n.shell = self.boolean(k, val),
+                "cwd" => n.cwd = self.string(k, val),
+                "env" => n.env = self.env_table(k, val),
+                "matrix" => n.matrix = self.matrix(k, val),
+                "env_matrix" => n.env_matrix = self.strings(k, val),
+                "gpus" => n.gpus = self.uint(k, val, 0),
+                "cpus" => n.cpus = self.uint(k, val, 1).map(Spanned::into_inner),
+                "memory" => {
+                    n.memory = match val.get_ref() {
+                        DeValue::Integer(_) => self
+                            .int(k, val)
+                            .and_then(|b| u64::try_from(*b.get_ref()).ok()),
+                        DeValue::String(s) => parse_memory(s),
+                        _ => None,
+                    };
+                    if n.memory.is_none() {
+                        let msg = format!(
+                            "`memory` must be a size such as \"16G\" or a byte count, found `{}`",
+                            self.src.slice(&val.span())
+                        );
+                        self.err(
+                            val.span(),
+                            msg,
+                            "write `memory = \"16G\"` (K, M, G, T are powers of 1024)".to_string(),
+                        );
+                    }
+                }
+                "timeout" => {
+                    if let Some(s) = self.string(k, val) {
+                        match humantime::parse_duration(s.get_ref()) {
+                            Ok(d) if !d.is_zero() => n.timeout = Some(d),
+                            Ok(_) => self.err(
+                                val.span(),
+                                "`timeout` must be longer than zero".into(),
+                                "write e.g. `timeout = \"30m\"`".to_string(),
+                            ),
+                            Err(e) => {
+                                let msg =
+                                    format!("`timeout` \"{}\" is not a duration: {e}", s.get_ref());
+                                self.err(
+                                    val.span(),
+                                    msg,
+                                    "write e.g. `timeout = \"30m\"` or \"1h 30m\"".to_string(),
+                                );
+                            }
+                        }
+                    }
+                }
+                "reps" => n.reps = self.uint(k, val, 1).map(Spanned::into_inner),
+                "retries" => n.retries = self.uint(k, val, 0).map(Spanned::into_inner),
+                "expect" => {
+                    if let Some(s) = self.string(k, val) {
+                        match s.get_ref().as_str() {
+                            "pass" => n.expect = Some(Expect::Pass),
+                            "fail" => n.expect = Some(Expect::Fail),
+                            other => {
+                                let msg = format!(
+                                    "`expect` must be \"pass\" or \"fail\", found \"{other}\""
+                                );
+                                self.err(
+                                    val.span(),
+                                    msg,
+                                    "write `expect = \"fail\"` for a negative cell (a canary)"
+                                        .to_string(),
+                                );
+                            }
+                        }
+                    }
+                }
+                "verdict" => n.verdict = self.verdict(k, val),
+                "produces" => n.produces = self.strings(k, val),
+                "creates" => n.creates = self.strings(k, val),
+                "reference" => n.reference = self.string(k, val),
+                "candidates" => n.candidates = self.strings(k, val),
+                "artifact" => {
+                    n.artifact = self.string(k, val);
+                    if let Some(a) = &n.artifact {
+                        let s = a.get_ref();
+                        if s.is_empty() || s.contains('/') || s == "." || s == ".." {
+                            let msg = format!("`artifact` \"{s}\" must be a plain file name");
+                            self.err(a.span(), msg, "name the file inside the artifacts folder, e.g. \"logits.safetensors\"".to_string());
+                        }
+                    }
+                }
+                "policy" => n.policy = self.policy(k, val),
+                _ => unreachable!("every allowed key is handled"),
+            }
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_str(text: &str) -> (Option<RawManifest>, Vec<Diagnostic>) {
+        let src = SourceText::new("m.toml".into(), text.to_string());
+        let mut d = Vec::new();
+        let m = parse(&src, &mut d);
+        (m, d)
+    }
+
+    #[test]
+    fn memory_sizes() {
+        assert_eq!(parse_memory("16G"), Some(16 << 30));
+        assert_eq!(parse_memory("512MiB"), Some(512 << 20));
+        assert_eq!(parse_memory("1.5k"), Some(1536));
+        assert_eq!(parse_memory("100"), Some(100));
+        assert_eq!(parse_memory("12 parsecs"), None);
+    }
+
+    #[test]
+    fn nodes_keep_kind_order_and_values() {
+        let (m, d) = parse_str(
+            "schema = 1\nname = \"x\"\n[[arm]]\nid = \"a\"\nrun = [\"t\", \"1\"]\ngpus = 2\nmemory = \"1G\"\ntimeout = \"5m\"\n[[setup]]\nid = \"b\"\nrun = \"make\"\nshell = true\n",
+        );
+        assert!(d.is_empty(), "{d:?}");
+        let m = m.unwrap();
+        assert_eq!(m.nodes[0].kind, Some(NodeKind::Setup));
+        assert_eq!(m.nodes[1].id.as_ref().unwrap().get_ref(), "a");
+        assert_eq!(*m.nodes[1].gpus.as_ref().unwrap().get_ref(), 2);
+        assert_eq!(m.nodes[1].memory, Some(1 << 30));
+        assert_eq!(m.nodes[1].timeout, Some(Duration::from_secs(300)));
+        assert!(m.nodes[0].run.as_ref().unwrap().single);
+    }
+
+    #[test]
+    fn every_bad_key_is_reported() {
+        let (_, d) =
+            parse_str("schema = 1\n[[arm]]\nid = \"a\"\nneds = []\ngpus = \"two\"\nreps = 0\n");
+        let msgs: Vec<_> = d.iter().map(|d| d.message.as_str()).collect();
+        assert_eq!(msgs.len(), 3, "{msgs:?}");
+        assert!(msgs[0].contains("unknown key `neds`"));
+        assert_eq!(d[0].help.as_deref(), Some("did you mean `needs`?"));
+        assert!(msgs[1].contains("`gpus` must be an integer"));
+        assert!(msgs[2].contains("`reps` must be at least 1"));
+    }
+
+    #[test]
+    fn policies() {
+        let (m, d) = parse_str(
+            "[[compare]]\nid = \"c\"\npolicy = { max_abs = 0.5, argmax = true }\n[[compare]]\nid = \"d\"\npolicy = { argmax = true, min_agree = 0.9 }\n",
+        );
+        assert!(d.is_empty(), "{d:?}");
+        let m = m.unwrap();
+        assert_eq!(
+            m.nodes[0].policy,
+            Some(Policy::Tolerance {
+                max_abs: Some(0.5),
+                max_rel: None,
+                argmax: true
+            })
+        );
+        assert_eq!(
+            m.nodes[1].policy,
+            Some(Policy::ArgmaxAgree { min_agree: 0.9 })
+        );
+    }
+}
