@@ -95,84 +95,172 @@ impl WeightRows<'_> {
 }
 
 /// A quantized weight block's integer quarter sums and float contributions.
+///
+/// `AVX2 = true` is only instantiated under [`quant_rows_avx2`], after the host was checked.
 trait QBlock: Copy {
-    fn quarter_sums(&self, x: &[i8; QK]) -> [i32; 4];
+    fn quarter_sums<const AVX2: bool>(&self, x: &[i8; QK]) -> [i32; 4];
     fn block_contrib(&self, x: &BlockQ8_1, s: i32) -> f32;
     fn quarter_contrib(&self, x: &BlockQ8_1, sq: i32) -> f32;
 }
 
+/// f16 bits to f32, exactly (the same value `half` gives), written without a run-time CPU
+/// feature check so it inlines into the row loops: the exponent and mantissa shift into f32
+/// position and a multiply by 2^112 rebiases normals and subnormals alike.
 #[inline(always)]
-fn q4_quarter_sums(qs: &[u8; 16], x: &[i8; QK]) -> [i32; 4] {
+fn f16f(h: f16) -> f32 {
+    let h = h.to_bits() as u32;
+    let sign = (h & 0x8000) << 16;
+    let em = h & 0x7fff;
+    let v = if em >= 0x7c00 {
+        f32::from_bits((em << 13) | 0x7f80_0000)
+    } else {
+        f32::from_bits(em << 13) * f32::from_bits(0x7780_0000)
+    };
+    f32::from_bits(v.to_bits() | sign)
+}
+
+/// Quarter sums from per-position pair products `p[k] = w[k]*x[k] + w[k+16]*x[k+16]`: quarter
+/// `q` is `p[4q] + … + p[4q+3]`. Written as one 16-wide loop so it vectorises.
+#[inline(always)]
+fn quarters(p: &[i32; 16]) -> [i32; 4] {
     let mut s = [0i32; 4];
     for (q, sq) in s.iter_mut().enumerate() {
-        for k in 0..4 {
-            let j = 4 * q + k;
-            let b = qs[j];
-            *sq += (b & 15) as i32 * x[j] as i32 + (b >> 4) as i32 * x[j + 16] as i32;
-        }
+        *sq = p[4 * q] + p[4 * q + 1] + p[4 * q + 2] + p[4 * q + 3];
     }
     s
 }
 
+/// Q4 quarter sums with AVX2: the nibbles unpack to 32 unsigned bytes in element order,
+/// `maddubs` forms pair sums (at most 2 * 15 * 128, no saturation), `madd` with ones sums runs
+/// of four elements, and adding the two 128-bit halves pairs elements `4q..` with `16+4q..`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+fn q4_quarter_sums_avx2(qs: &[u8; 16], x: &[i8; QK]) -> [i32; 4] {
+    use std::arch::x86_64::*;
+    // SAFETY: the loads read exactly 16 and 32 bytes from arrays of those sizes (unaligned
+    // loads), and AVX2 is enabled for this function.
+    unsafe {
+        let q = _mm_loadu_si128(qs.as_ptr().cast());
+        let mask = _mm_set1_epi8(15);
+        let lo = _mm_and_si128(q, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+        let w = _mm256_set_m128i(hi, lo);
+        let xv = _mm256_loadu_si256(x.as_ptr().cast());
+        let pairs = _mm256_maddubs_epi16(w, xv);
+        let fours = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+        let s = _mm_add_epi32(
+            _mm256_castsi256_si128(fours),
+            _mm256_extracti128_si256(fours, 1),
+        );
+        let mut out = [0i32; 4];
+        _mm_storeu_si128(out.as_mut_ptr().cast(), s);
+        out
+    }
+}
+
+#[inline(always)]
+fn q4_quarter_sums<const AVX2: bool>(qs: &[u8; 16], x: &[i8; QK]) -> [i32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        // SAFETY: AVX2 = true is only instantiated from `quant_rows_avx2`, which runs after
+        // `is_x86_feature_detected!("avx2")`.
+        return unsafe { q4_quarter_sums_avx2(qs, x) };
+    }
+    let mut p = [0i32; 16];
+    for k in 0..16 {
+        let b = qs[k];
+        p[k] = (b & 15) as i16 as i32 * x[k] as i32 + (b >> 4) as i16 as i32 * x[k + 16] as i32;
+    }
+    quarters(&p)
+}
+
 impl QBlock for BlockQ4_0 {
     #[inline(always)]
-    fn quarter_sums(&self, x: &[i8; QK]) -> [i32; 4] {
-        q4_quarter_sums(&self.qs, x)
+    fn quarter_sums<const AVX2: bool>(&self, x: &[i8; QK]) -> [i32; 4] {
+        q4_quarter_sums::<AVX2>(&self.qs, x)
     }
     #[inline(always)]
     fn block_contrib(&self, x: &BlockQ8_1, s: i32) -> f32 {
-        self.d.to_f32() * ((x.d.to_f32() * s as f32) - 8.0 * x.s.to_f32())
+        f16f(self.d) * ((f16f(x.d) * s as f32) - 8.0 * f16f(x.s))
     }
     #[inline(always)]
     fn quarter_contrib(&self, x: &BlockQ8_1, sq: i32) -> f32 {
-        self.d.to_f32() * ((x.d.to_f32() * sq as f32) - 2.0 * x.s.to_f32())
+        f16f(self.d) * ((f16f(x.d) * sq as f32) - 2.0 * f16f(x.s))
     }
 }
 
 impl QBlock for BlockQ4_1 {
     #[inline(always)]
-    fn quarter_sums(&self, x: &[i8; QK]) -> [i32; 4] {
-        q4_quarter_sums(&self.qs, x)
+    fn quarter_sums<const AVX2: bool>(&self, x: &[i8; QK]) -> [i32; 4] {
+        q4_quarter_sums::<AVX2>(&self.qs, x)
     }
     #[inline(always)]
     fn block_contrib(&self, x: &BlockQ8_1, s: i32) -> f32 {
-        (self.d.to_f32() * x.d.to_f32()) * s as f32 + self.m.to_f32() * x.s.to_f32()
+        (f16f(self.d) * f16f(x.d)) * s as f32 + f16f(self.m) * f16f(x.s)
     }
     #[inline(always)]
     fn quarter_contrib(&self, x: &BlockQ8_1, sq: i32) -> f32 {
-        (self.d.to_f32() * x.d.to_f32()) * sq as f32 + (self.m.to_f32() * x.s.to_f32()) * 0.25
+        (f16f(self.d) * f16f(x.d)) * sq as f32 + (f16f(self.m) * f16f(x.s)) * 0.25
+    }
+}
+
+/// Q8_0 quarter sums with AVX2: both operands sign-extend to i16 (exact for every i8, unlike
+/// `maddubs`), `madd` forms pair sums, the halves of the block add pairwise (`k` with `k+16`),
+/// and a horizontal add joins the two pairs of each quarter.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+fn q8_quarter_sums_avx2(w: &[i8; QK], x: &[i8; QK]) -> [i32; 4] {
+    use std::arch::x86_64::*;
+    // SAFETY: each load reads 16 bytes inside a 32-byte array (unaligned loads), and AVX2 is
+    // enabled for this function.
+    unsafe {
+        let w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.as_ptr().cast()));
+        let w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.as_ptr().add(16).cast()));
+        let x0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.as_ptr().cast()));
+        let x1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.as_ptr().add(16).cast()));
+        let c = _mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1));
+        let h = _mm256_hadd_epi32(c, c);
+        let q = _mm256_permute4x64_epi64(h, 0b1000);
+        let mut out = [0i32; 4];
+        _mm_storeu_si128(out.as_mut_ptr().cast(), _mm256_castsi256_si128(q));
+        out
     }
 }
 
 impl QBlock for BlockQ8_0 {
     #[inline(always)]
-    fn quarter_sums(&self, x: &[i8; QK]) -> [i32; 4] {
-        let mut s = [0i32; 4];
-        for (q, sq) in s.iter_mut().enumerate() {
-            for k in 0..4 {
-                let j = 4 * q + k;
-                *sq += self.qs[j] as i32 * x[j] as i32 + self.qs[j + 16] as i32 * x[j + 16] as i32;
-            }
+    fn quarter_sums<const AVX2: bool>(&self, x: &[i8; QK]) -> [i32; 4] {
+        #[cfg(target_arch = "x86_64")]
+        if AVX2 {
+            // SAFETY: AVX2 = true is only instantiated from `quant_rows_avx2`, which runs
+            // after `is_x86_feature_detected!("avx2")`.
+            return unsafe { q8_quarter_sums_avx2(&self.qs, x) };
         }
-        s
+        let mut p = [0i32; 16];
+        for k in 0..16 {
+            p[k] = self.qs[k] as i32 * x[k] as i32 + self.qs[k + 16] as i32 * x[k + 16] as i32;
+        }
+        quarters(&p)
     }
     #[inline(always)]
     fn block_contrib(&self, x: &BlockQ8_1, s: i32) -> f32 {
-        (self.d.to_f32() * x.d.to_f32()) * s as f32
+        (f16f(self.d) * f16f(x.d)) * s as f32
     }
     #[inline(always)]
     fn quarter_contrib(&self, x: &BlockQ8_1, sq: i32) -> f32 {
-        (self.d.to_f32() * x.d.to_f32()) * sq as f32
+        (f16f(self.d) * f16f(x.d)) * sq as f32
     }
 }
 
 /// One row, mmvq composition.
 #[inline(always)]
-fn row_mmvq<B: QBlock>(w: &[B], x: &[BlockQ8_1]) -> f32 {
+fn row_mmvq<B: QBlock, const AVX2: bool>(w: &[B], x: &[BlockQ8_1]) -> f32 {
     let mut acc = [0.0f32; 32];
     for (wc, xc) in w.chunks(32).zip(x.chunks(32)) {
         for ((a, wb), xb) in acc.iter_mut().zip(wc).zip(xc) {
-            let s = wb.quarter_sums(&xb.qs);
+            let s = wb.quarter_sums::<AVX2>(&xb.qs);
             *a += wb.block_contrib(xb, s[0] + s[1] + s[2] + s[3]);
         }
     }
@@ -181,13 +269,13 @@ fn row_mmvq<B: QBlock>(w: &[B], x: &[BlockQ8_1]) -> f32 {
 
 /// One row, dp4a composition.
 #[inline(always)]
-fn row_dp4a<B: QBlock>(w: &[B], x: &[BlockQ8_1]) -> f32 {
+fn row_dp4a<B: QBlock, const AVX2: bool>(w: &[B], x: &[BlockQ8_1]) -> f32 {
     let mut acc = [0.0f32; DP4A_THREADS];
     // Blocks come in groups of 32 = 128 items, so block `b` of a group feeds threads
     // `4b..4b+4` of the accumulator array.
     for (wc, xc) in w.chunks(DP4A_THREADS / 4).zip(x.chunks(DP4A_THREADS / 4)) {
         for ((a, wb), xb) in acc.chunks_exact_mut(4).zip(wc).zip(xc) {
-            let s = wb.quarter_sums(&xb.qs);
+            let s = wb.quarter_sums::<AVX2>(&xb.qs);
             for q in 0..4 {
                 a[q] += wb.quarter_contrib(xb, s[q]);
             }
@@ -216,7 +304,7 @@ fn row_float(w: &[f32], x: &[f32]) -> f32 {
 
 /// `y[b][r - rows.start] = row(r) · x[b]` for every batch row `b` and every `r` in `rows`.
 #[inline(always)]
-fn quant_rows<B: QBlock>(
+fn quant_rows<B: QBlock, const AVX2: bool>(
     family: MatvecFamily,
     w: &[B],
     nb: usize,
@@ -226,14 +314,23 @@ fn quant_rows<B: QBlock>(
 ) {
     let n = rows.len();
     let batch = xs.len() / nb;
-    for (i, r) in rows.enumerate() {
-        let wr = &w[r * nb..(r + 1) * nb];
-        for b in 0..batch {
-            let xr = &xs[b * nb..(b + 1) * nb];
-            y[b * n + i] = match family {
-                MatvecFamily::Mmvq => row_mmvq(wr, xr),
-                MatvecFamily::Dp4a => row_dp4a(wr, xr),
-            };
+    // The family is matched outside the loops so each loop body is one straight composition.
+    match family {
+        MatvecFamily::Mmvq => {
+            for (i, r) in rows.enumerate() {
+                let wr = &w[r * nb..(r + 1) * nb];
+                for b in 0..batch {
+                    y[b * n + i] = row_mmvq::<B, AVX2>(wr, &xs[b * nb..(b + 1) * nb]);
+                }
+            }
+        }
+        MatvecFamily::Dp4a => {
+            for (i, r) in rows.enumerate() {
+                let wr = &w[r * nb..(r + 1) * nb];
+                for b in 0..batch {
+                    y[b * n + i] = row_dp4a::<B, AVX2>(wr, &xs[b * nb..(b + 1) * nb]);
+                }
+            }
         }
     }
 }
@@ -248,7 +345,7 @@ fn quant_rows_avx2<B: QBlock>(
     rows: Range<usize>,
     y: &mut [f32],
 ) {
-    quant_rows(family, w, nb, xs, rows, y)
+    quant_rows::<B, true>(family, w, nb, xs, rows, y)
 }
 
 /// Picks the widest instruction set the host has; the float composition is the same code.
@@ -267,7 +364,7 @@ fn quant_rows_dispatch<B: QBlock>(
         unsafe { quant_rows_avx2(family, w, nb, xs, rows, y) };
         return;
     }
-    quant_rows(family, w, nb, xs, rows, y)
+    quant_rows::<B, false>(family, w, nb, xs, rows, y)
 }
 
 fn check_quant(
@@ -717,6 +814,55 @@ mod tests {
             }
             let err = matvec(MatvecFamily::Mmvq, w, rows, 96, &[], &mut y).unwrap_err();
             assert!(matches!(err, TwinError::Kind { .. }));
+        }
+    }
+
+    /// The AVX2 integer path and the portable one give identical bits.
+    #[test]
+    fn avx2_and_portable_paths_agree() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            let (rows, cols) = (33, 32 * 41);
+            let nb = cols / 32;
+            let mut rng = Lcg(77);
+            let q41 = q4_1_rows(&mut rng, rows * nb);
+            let q80 = q8_0_rows(&mut rng, rows * nb);
+            let mut xq = vec![
+                BlockQ8_1 {
+                    d: f16::ONE,
+                    s: f16::ONE,
+                    qs: [0; 32]
+                };
+                nb
+            ];
+            xq.iter_mut()
+                .for_each(|b| b.qs.iter_mut().for_each(|q| *q = rng.next() as i8));
+            for fam in [MatvecFamily::Mmvq, MatvecFamily::Dp4a] {
+                let mut a = vec![0.0; rows];
+                let mut b = vec![0.0; rows];
+                // SAFETY: AVX2 was detected above.
+                unsafe { quant_rows_avx2(fam, &q41, nb, &xq, 0..rows, &mut a) };
+                quant_rows::<BlockQ4_1, false>(fam, &q41, nb, &xq, 0..rows, &mut b);
+                assert_eq!(a, b, "Q4_1 {fam:?}");
+                // SAFETY: AVX2 was detected above.
+                unsafe { quant_rows_avx2(fam, &q80, nb, &xq, 0..rows, &mut a) };
+                quant_rows::<BlockQ8_0, false>(fam, &q80, nb, &xq, 0..rows, &mut b);
+                assert_eq!(a, b, "Q8_0 {fam:?}");
+            }
+            return;
+        }
+        eprintln!("skipped: this host has no AVX2");
+    }
+
+    #[test]
+    fn f16_conversion_is_exact_for_every_bit_pattern() {
+        for bits in 0..=u16::MAX {
+            let h = f16::from_bits(bits);
+            let (got, want) = (f16f(h), h.to_f32());
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{bits:#x}"
+            );
         }
     }
 

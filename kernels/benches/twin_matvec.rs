@@ -1,0 +1,72 @@
+//! Throughput of the host matvec twins at the SmolLM2-135M shapes, one thread, as a table.
+//! The CPU backend runs the model through these functions, so this is its decode ceiling.
+
+use std::time::Instant;
+
+use half::f16;
+use memra_kernels::blocks::{BlockQ4_1, BlockQ8_0, BlockQ8_1};
+use memra_kernels::twin::{MatvecFamily, WeightRows, matvec, quantize_q8_1};
+
+fn main() {
+    let mut state = 1u32;
+    let mut next = move || {
+        state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        state
+    };
+    println!("| weights | rows x cols | family | µs/call | GMAC/s |");
+    println!("|---|---|---|---|---|");
+    for (ty, rows, cols) in [
+        ("Q4_1", 576, 576),
+        ("Q4_1", 1536, 576),
+        ("Q4_1", 576, 1536),
+        ("Q8_0", 49152, 576),
+    ] {
+        let nb = cols / 32;
+        let x: Vec<f32> = (0..cols)
+            .map(|_| (next() >> 8) as f32 / 16_777_216.0 - 0.5)
+            .collect();
+        let mut xq = vec![
+            BlockQ8_1 {
+                d: f16::ZERO,
+                s: f16::ZERO,
+                qs: [0; 32]
+            };
+            nb
+        ];
+        quantize_q8_1(&x, &mut xq).expect("x is whole blocks");
+        let q41: Vec<BlockQ4_1> = (0..rows * nb)
+            .map(|_| BlockQ4_1 {
+                d: f16::from_f32(0.01),
+                m: f16::from_f32(-0.05),
+                qs: [next() as u8; 16],
+            })
+            .collect();
+        let q80: Vec<BlockQ8_0> = (0..rows * nb)
+            .map(|_| BlockQ8_0 {
+                d: f16::from_f32(0.01),
+                qs: [next() as i8; 32],
+            })
+            .collect();
+        let w = if ty == "Q4_1" {
+            WeightRows::Q4_1(&q41)
+        } else {
+            WeightRows::Q8_0(&q80)
+        };
+        let mut y = vec![0.0f32; rows];
+        for fam in [MatvecFamily::Mmvq, MatvecFamily::Dp4a] {
+            let reps = (50_000_000 / (rows * cols)).max(3);
+            matvec(fam, w, rows, cols, &xq, &mut y).expect("shapes fit");
+            let t = Instant::now();
+            for _ in 0..reps {
+                matvec(fam, w, rows, cols, &xq, &mut y).expect("shapes fit");
+            }
+            let s = t.elapsed().as_secs_f64() / reps as f64;
+            println!(
+                "| {ty} | {rows} x {cols} | {} | {:.1} | {:.2} |",
+                fam.name(),
+                s * 1e6,
+                (rows * cols) as f64 / s / 1e9
+            );
+        }
+    }
+}
