@@ -4,3 +4,6 @@ pub mod cli;
 pub mod doors;
 pub mod model;
 pub mod reference;
+pub mod gguf;
+pub mod hparams;
+pub mod quant;
