@@ -64,6 +64,9 @@ pub struct RunArgs {
     /// Progress display: bars on a terminal, one plain line per event otherwise.
     #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
     pub progress: ProgressMode,
+    /// Time between SIGTERM and SIGKILL when a node times out or the run is interrupted.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub grace: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

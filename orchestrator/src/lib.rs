@@ -7,14 +7,22 @@
 pub mod cli;
 pub mod compare;
 pub mod diagnostics;
+pub mod commit;
+pub mod events;
+pub mod executor;
 pub mod exit;
 pub mod gpus;
+pub mod junit;
 pub mod graph;
 pub mod load;
 pub mod manifest;
 pub mod matrix;
 pub mod plan;
+pub mod protocol;
+pub mod receipt;
+pub mod report;
 pub mod run;
+pub mod schedule;
 pub mod subst;
 
 pub use exit::ExitCode;

@@ -1,9 +1,860 @@
-//! The `run` subcommand: plan → scheduler → executor → events → receipts.
+//! Running a plan: the loop that takes cells whose dependencies ended as expected, asks the
+//! scheduler for resources, hands them to an executor on a worker thread each, and turns
+//! what comes back into events for the listeners; and the `run` subcommand that wires the
+//! manifest, GPUs, commit, receipt tree, signals and display around it.
+//!
+//! The loop decides `blocked` (naming the dependency), `skipped` (filter, impossible
+//! resources, a skipped dependency), `cancelled` (interrupt, `--fail-fast`) and reuses
+//! finished receipts on `--resume`. It never prints and never writes receipts itself.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::ExitCode;
-use crate::cli::RunArgs;
+use crate::cli::{ProgressMode, RunArgs};
+use crate::events::{self, Event, Listener, Placement, Verdict};
+use crate::executor::local::{DEFAULT_GRACE, LocalExecutor};
+use crate::executor::{CellJob, Executor};
+use crate::gpus::{Inventory, InventorySource};
+use crate::plan::{Cell, CellIndex, NodeKind, Plan};
+use crate::receipt::tree::{self, RunLock, Tree};
+use crate::receipt::writer::ReceiptWriter;
+use crate::receipt::{
+    AttemptRecord, FileDigest, GpuRef, NodeReceipt, RECEIPT_SCHEMA, RUN_SCHEMA, RunReceipt,
+    read_node_receipt, sha256_file, sha256_hex, slug,
+};
+use crate::schedule::{self, Pool, ReadyQueue};
 
-pub fn command(_args: &RunArgs) -> ExitCode {
-    eprintln!("memra-orch run: not built yet");
-    ExitCode::Internal
+/// How to run a plan (already resolved: paths absolute, the tree chosen).
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub tree: Tree,
+    /// CPU slots for `gpus = 0` cells.
+    pub jobs: usize,
+    pub fail_fast: bool,
+    /// Cells chosen by `--filter` (`None`: all).
+    pub selected: Option<Vec<bool>>,
+    /// Keep final receipts already in the tree whose inputs did not change.
+    pub resume: bool,
+    /// Seconds per cell id from the previous run of this manifest.
+    pub previous: HashMap<String, f64>,
+    /// Set (by a signal handler) to interrupt the run.
+    pub interrupt: Arc<AtomicBool>,
+}
+
+/// What a run ended with.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    pub verdicts: Vec<Verdict>,
+    pub counts: BTreeMap<Verdict, usize>,
+    pub interrupted: bool,
+    pub elapsed: Duration,
+}
+
+impl RunOutcome {
+    pub fn all_as_expected(&self) -> bool {
+        self.verdicts.iter().all(|v| v.as_expected())
+    }
+
+    /// The exit code of a run with this outcome.
+    pub fn exit_code(&self) -> ExitCode {
+        if self.interrupted {
+            ExitCode::Interrupted
+        } else if self.all_as_expected() {
+            ExitCode::Ok
+        } else {
+            ExitCode::NotAsExpected
+        }
+    }
+}
+
+/// What a worker thread reports to the loop.
+enum Msg {
+    Attempt(CellIndex, AttemptRecord),
+    Done {
+        cell: CellIndex,
+        placement: Placement,
+        receipt: Box<NodeReceipt>,
+        reused: bool,
+    },
+}
+
+/// Per-cell state of the loop.
+#[derive(Debug, Clone, PartialEq)]
+enum State {
+    Waiting(usize),
+    Ready,
+    Running,
+    Done(Verdict),
+}
+
+/// What dependents need to know of a finished cell.
+#[derive(Debug, Clone, Default)]
+struct Finished {
+    reason: Option<String>,
+    produces: Vec<FileDigest>,
+    /// Absolute path of the artifacts folder of the last attempt.
+    artifacts: Option<PathBuf>,
+}
+
+/// A cache of file digests by (path, size, mtime), so a gate binary shared by a thousand
+/// cells is hashed once.
+#[derive(Debug, Default)]
+pub struct DigestCache {
+    map: Mutex<HashMap<(PathBuf, u64, SystemTime), String>>,
+}
+
+impl DigestCache {
+    pub fn digest(&self, path: &Path) -> Option<FileDigest> {
+        let meta = std::fs::metadata(path).ok()?;
+        let key = (path.to_path_buf(), meta.len(), meta.modified().ok()?);
+        if let Some(sha) = self.map.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return Some(FileDigest {
+                path: path.to_string_lossy().into_owned(),
+                bytes: key.1,
+                sha256: sha.clone(),
+            });
+        }
+        let (bytes, sha256) = sha256_file(path).ok()?;
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, sha256.clone());
+        Some(FileDigest {
+            path: path.to_string_lossy().into_owned(),
+            bytes,
+            sha256,
+        })
+    }
+}
+
+/// The run loop over one plan.
+struct Runner<'a, 'b> {
+    plan: &'a Plan,
+    inventory: &'a Inventory,
+    opts: &'a RunOptions,
+    executor: Arc<dyn Executor>,
+    listeners: &'a mut [&'b mut dyn Listener],
+    state: Vec<State>,
+    finished: Vec<Finished>,
+    dependents: Vec<Vec<CellIndex>>,
+    priority: Vec<f64>,
+    queue: ReadyQueue,
+    pool: Pool,
+    digests: Arc<DigestCache>,
+    running: usize,
+    /// Why no new cell starts any more (interrupt, `--fail-fast`).
+    stop: Option<String>,
+    interrupted: bool,
+}
+
+/// Runs a plan to the end (or until interrupted) and returns the outcome. Listeners see
+/// every event in order, on this thread.
+pub fn execute(
+    plan: &Plan,
+    inventory: &Inventory,
+    executor: Arc<dyn Executor>,
+    opts: &RunOptions,
+    listeners: &mut [&mut dyn Listener],
+) -> RunOutcome {
+    let start = Instant::now();
+    let estimates = schedule::estimates(plan, &opts.previous);
+    let pool = Pool::new(inventory, opts.jobs);
+    let n = plan.cells.len();
+    let mut runner = Runner {
+        plan,
+        inventory,
+        opts,
+        executor,
+        state: plan
+            .cells
+            .iter()
+            .map(|c| State::Waiting(c.needs.len()))
+            .collect(),
+        finished: vec![Finished::default(); n],
+        dependents: plan.dependents(),
+        priority: schedule::priorities(plan, &estimates),
+        queue: ReadyQueue::default(),
+        pool,
+        digests: Arc::new(DigestCache::default()),
+        running: 0,
+        stop: None,
+        interrupted: false,
+        listeners,
+    };
+    runner.emit(&Event::RunStarted {
+        total: n,
+        estimates,
+        gpus: runner.pool.gpu_count(),
+        cpu_slots: runner.pool.cpu_slots(),
+    });
+    runner.run();
+    let verdicts: Vec<Verdict> = runner
+        .state
+        .iter()
+        .map(|s| match s {
+            State::Done(v) => *v,
+            _ => Verdict::Cancelled,
+        })
+        .collect();
+    let counts = events::count(verdicts.iter().copied());
+    let elapsed = start.elapsed();
+    let interrupted = runner.interrupted;
+    runner.emit(&Event::RunFinished {
+        counts: counts.clone(),
+        elapsed,
+        interrupted,
+    });
+    RunOutcome {
+        verdicts,
+        counts,
+        interrupted,
+        elapsed,
+    }
+}
+
+impl Runner<'_, '_> {
+    fn emit(&mut self, event: &Event) {
+        for l in self.listeners.iter_mut() {
+            l.on_event(event);
+        }
+    }
+
+    fn run(&mut self) {
+        let (tx, rx) = mpsc::channel::<Msg>();
+        // Cells that can never run are decided before anything starts.
+        for i in 0..self.plan.cells.len() {
+            let cell = &self.plan.cells[i];
+            if let Some(sel) = &self.opts.selected
+                && !sel[i]
+            {
+                self.finish_unplaced(
+                    CellIndex(i),
+                    Verdict::Skipped,
+                    "not selected by --filter".into(),
+                    false,
+                );
+                continue;
+            }
+            if let Some(why) = self.pool.impossible(cell.gpus) {
+                self.finish_unplaced(CellIndex(i), Verdict::Skipped, why, true);
+            }
+        }
+        for i in 0..self.plan.cells.len() {
+            if self.state[i] == State::Waiting(0) {
+                self.make_ready(CellIndex(i));
+            }
+        }
+        loop {
+            if self.opts.interrupt.load(Ordering::SeqCst) && !self.interrupted {
+                self.interrupted = true;
+                self.stop = Some("the run was interrupted".to_string());
+                self.executor.cancel_all();
+            }
+            if self.stop.is_none() {
+                self.dispatch(&tx);
+            }
+            if self.running == 0 {
+                break;
+            }
+            match rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(msg) => self.handle(msg),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+            while let Ok(msg) = rx.try_recv() {
+                self.handle(msg);
+            }
+        }
+        // Whatever did not run: cancelled when the run stopped early, otherwise blocked on a
+        // dependency cycle (which a validated plan never has).
+        for i in 0..self.plan.cells.len() {
+            if matches!(self.state[i], State::Done(_)) {
+                continue;
+            }
+            let (verdict, reason) = match &self.stop {
+                Some(why) => (Verdict::Cancelled, format!("not started: {why}")),
+                None => (
+                    Verdict::Blocked,
+                    "never became ready: its dependencies form a cycle".to_string(),
+                ),
+            };
+            self.finish_unplaced(CellIndex(i), verdict, reason, true);
+        }
+    }
+
+    fn make_ready(&mut self, i: CellIndex) {
+        self.state[i.0] = State::Ready;
+        self.queue.push(i, self.priority[i.0]);
+    }
+
+    fn dispatch(&mut self, tx: &mpsc::Sender<Msg>) {
+        if self.queue.is_empty() {
+            return;
+        }
+        let plan = self.plan;
+        let started = self
+            .queue
+            .take_placeable(&mut self.pool, |c| plan.cell(c).gpus);
+        for (cell, placement) in started {
+            self.state[cell.0] = State::Running;
+            self.running += 1;
+            let id = plan.cell(cell).id.clone();
+            self.emit(&Event::NodeStarted {
+                cell,
+                id,
+                placement: placement.clone(),
+            });
+            let job = self.job(cell, &placement);
+            let compare = self.compare_paths(cell);
+            let previous = if self.opts.resume {
+                Some(self.opts.tree.receipt_json(&job.slug))
+            } else {
+                None
+            };
+            let executor = Arc::clone(&self.executor);
+            let digests = Arc::clone(&self.digests);
+            let tx = tx.clone();
+            let kind = plan.cell(cell).kind;
+            let policy = plan.cell(cell).compare.as_ref().map(|c| c.policy.clone());
+            std::thread::Builder::new()
+                .name(format!("cell-{}", cell.0))
+                .spawn(move || {
+                    let (receipt, reused) = run_cell(
+                        job, kind, compare, policy, previous, &*executor, &digests, &tx, cell,
+                    );
+                    let _ = tx.send(Msg::Done {
+                        cell,
+                        placement,
+                        receipt: Box::new(receipt),
+                        reused,
+                    });
+                })
+                .expect("the OS refused to start a worker thread");
+        }
+    }
+
+    fn handle(&mut self, msg: Msg) {
+        match msg {
+            Msg::Attempt(cell, rec) => {
+                let id = self.plan.cell(cell).id.clone();
+                self.emit(&Event::AttemptFinished {
+                    cell,
+                    id,
+                    attempt: rec.n,
+                    rep: rec.rep,
+                    outcome: rec.outcome,
+                    seconds: rec.seconds,
+                });
+            }
+            Msg::Done {
+                cell,
+                placement,
+                receipt,
+                reused,
+            } => {
+                self.pool.release(&placement);
+                self.running -= 1;
+                let verdict = receipt.verdict;
+                if self.opts.fail_fast && !verdict.as_expected() && self.stop.is_none() {
+                    self.stop = Some(format!("--fail-fast: {} ended {verdict}", receipt.id));
+                }
+                let f = &mut self.finished[cell.0];
+                f.reason = receipt.reason.clone();
+                f.produces = receipt.produces.clone();
+                f.artifacts = receipt.last_attempt_dir().map(|d| {
+                    self.opts
+                        .tree
+                        .node_dir(&receipt.slug)
+                        .join(d)
+                        .join("artifacts")
+                });
+                let c = self.plan.cell(cell);
+                let event = Event::NodeFinished {
+                    cell,
+                    id: c.id.clone(),
+                    kind: c.kind,
+                    verdict,
+                    reason: receipt.reason.clone(),
+                    seconds: receipt.seconds,
+                    receipt: Some(receipt),
+                    reused,
+                };
+                self.done(cell, verdict, event);
+            }
+        }
+    }
+
+    /// Finishes a cell that never got resources (skipped, blocked, cancelled).
+    fn finish_unplaced(&mut self, cell: CellIndex, verdict: Verdict, reason: String, write: bool) {
+        if matches!(self.state[cell.0], State::Done(_)) {
+            return;
+        }
+        let c = self.plan.cell(cell);
+        let receipt = write.then(|| Box::new(static_receipt(c, verdict, &reason)));
+        self.finished[cell.0].reason = Some(reason.clone());
+        let event = Event::NodeFinished {
+            cell,
+            id: c.id.clone(),
+            kind: c.kind,
+            verdict,
+            reason: Some(reason),
+            seconds: 0.0,
+            receipt,
+            reused: false,
+        };
+        self.done(cell, verdict, event);
+    }
+
+    /// Records a verdict, tells the listeners, and settles the dependents: a dependency
+    /// that was skipped skips them, one not as expected blocks them, otherwise they come a
+    /// step closer to ready.
+    fn done(&mut self, cell: CellIndex, verdict: Verdict, event: Event) {
+        self.state[cell.0] = State::Done(verdict);
+        self.emit(&event);
+        let dependents = self.dependents[cell.0].clone();
+        let dep_id = &self.plan.cell(cell).id.0;
+        for d in dependents {
+            if matches!(self.state[d.0], State::Done(_)) {
+                continue;
+            }
+            if verdict == Verdict::Skipped {
+                let why = self.finished[cell.0].reason.clone().unwrap_or_default();
+                self.finish_unplaced(
+                    d,
+                    Verdict::Skipped,
+                    format!("needs {dep_id}, which was skipped ({why})"),
+                    true,
+                );
+            } else if !verdict.as_expected() {
+                let mut why = format!("needs {dep_id}, which ended {verdict}");
+                if verdict == Verdict::Blocked
+                    && let Some(r) = &self.finished[cell.0].reason
+                {
+                    why = format!("{why}: {r}");
+                }
+                self.finish_unplaced(d, Verdict::Blocked, why, true);
+            } else if let State::Waiting(k) = self.state[d.0] {
+                self.state[d.0] = State::Waiting(k - 1);
+                if k == 1 {
+                    self.make_ready(d);
+                }
+            }
+        }
+    }
+
+    /// The job for a placed cell: plain data an executor anywhere can run.
+    fn job(&self, i: CellIndex, placement: &Placement) -> CellJob {
+        let c = self.plan.cell(i);
+        let slug = slug(&c.id.0);
+        let positions: &[usize] = match placement {
+            Placement::Gpus(p) => p,
+            Placement::CpuSlot(_) => &[],
+        };
+        let gpus: Vec<GpuRef> = positions
+            .iter()
+            .map(|&p| {
+                let g = &self.inventory.gpus[p];
+                GpuRef {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    name: g.name.clone(),
+                }
+            })
+            .collect();
+        let visible_devices = positions
+            .iter()
+            .map(|&p| visible_id(self.inventory, p))
+            .collect();
+        let mut binaries = Vec::new();
+        for need in &c.needs {
+            binaries.extend(self.finished[need.0].produces.iter().cloned());
+        }
+        CellJob {
+            id: c.id.0.clone(),
+            node: c.node.0.clone(),
+            kind: c.kind,
+            axes: c.axes.clone(),
+            tags: c.tags.clone(),
+            node_dir: self.opts.tree.node_dir(&slug),
+            slug,
+            argv: c.argv.clone(),
+            shell: c.shell,
+            cwd: c.cwd.clone(),
+            pins: c.env.clone(),
+            inherit: self.plan.inherit.clone(),
+            timeout: c.timeout,
+            reps: c.reps,
+            retries: c.retries,
+            expect: c.expect,
+            verdict_pass: c
+                .verdict
+                .as_ref()
+                .and_then(|v| v.pass.as_ref().map(|r| r.as_str().to_string())),
+            verdict_fail: c
+                .verdict
+                .as_ref()
+                .and_then(|v| v.fail.as_ref().map(|r| r.as_str().to_string())),
+            produces: c.produces.clone(),
+            creates: c.creates.clone(),
+            gpus,
+            visible_devices,
+            binaries,
+            inputs: String::new(),
+        }
+    }
+
+    /// For a compare cell: the reference's and the candidate's artifact file.
+    fn compare_paths(&self, i: CellIndex) -> Option<(PathBuf, PathBuf)> {
+        let spec = self.plan.cell(i).compare.as_ref()?;
+        let side = |c: CellIndex| {
+            self.finished[c.0].artifacts.clone().unwrap_or_else(|| {
+                // A reference reused from an earlier run without attempts has no folder;
+                // the comparison then fails naming the missing file.
+                self.opts
+                    .tree
+                    .node_dir(&slug(&self.plan.cell(c).id.0))
+                    .join("artifacts")
+            })
+        };
+        Some((
+            side(spec.reference).join(&spec.artifact),
+            side(spec.candidate).join(&spec.artifact),
+        ))
+    }
+}
+
+/// The CUDA_VISIBLE_DEVICES id of an inventory position: the UUID for real GPUs (immune to
+/// enumeration order), the index for fake ones.
+fn visible_id(inventory: &Inventory, position: usize) -> String {
+    let g = &inventory.gpus[position];
+    match inventory.source {
+        InventorySource::Fake => g.index.to_string(),
+        _ => g.uuid.clone(),
+    }
+}
+
+/// The worker side of a placed cell: digests, reuse on `--resume`, then the compare or the
+/// executor.
+#[allow(clippy::too_many_arguments)]
+fn run_cell(
+    mut job: CellJob,
+    kind: NodeKind,
+    compare: Option<(PathBuf, PathBuf)>,
+    policy: Option<crate::plan::Policy>,
+    previous: Option<PathBuf>,
+    executor: &dyn Executor,
+    digests: &DigestCache,
+    tx: &mpsc::Sender<Msg>,
+    cell: CellIndex,
+) -> (NodeReceipt, bool) {
+    if kind != NodeKind::Compare
+        && !job.shell
+        && let Some(bin) = resolve_program(&job)
+        && let Some(d) = digests.digest(&bin)
+    {
+        job.binaries.insert(0, d);
+    }
+    job.inputs = inputs_digest(&job, policy.as_ref(), compare.as_ref());
+    if let Some(path) = previous
+        && let Ok(Some(old)) = read_node_receipt(&path)
+        && old.verdict.is_final()
+        && old.inputs == job.inputs
+    {
+        return (old, true);
+    }
+    if let (Some((reference, candidate)), Some(policy)) = (compare, policy) {
+        return (compare_cell(&job, &reference, &candidate, &policy), false);
+    }
+    let mut on_attempt = |rec: &AttemptRecord| {
+        let _ = tx.send(Msg::Attempt(cell, rec.clone()));
+    };
+    (executor.execute(&job, &mut on_attempt), false)
+}
+
+/// Finds the program a job runs: a path with a separator relative to the cwd, else the
+/// first match on the PATH the child will see (its pin, else the inherited one).
+fn resolve_program(job: &CellJob) -> Option<PathBuf> {
+    let program = job.argv.first()?;
+    if program.contains('/') {
+        return Some(job.cwd.join(program));
+    }
+    let path = match job.pins.get("PATH") {
+        Some(p) => p.clone().into(),
+        None if job.inherit.iter().any(|n| n == "PATH") => std::env::var_os("PATH")?,
+        None => return None,
+    };
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+/// sha256 over what determines a cell's behaviour: command, pins, cwd, expectations, the
+/// binaries (the program and the needed setups' products) and, for compares, the policy.
+fn inputs_digest(
+    job: &CellJob,
+    policy: Option<&crate::plan::Policy>,
+    compare: Option<&(PathBuf, PathBuf)>,
+) -> String {
+    let value = serde_json::json!({
+        "argv": job.argv,
+        "shell": job.shell,
+        "cwd": job.cwd,
+        "pins": job.pins,
+        "inherit": job.inherit,
+        "expect": job.expect,
+        "reps": job.reps,
+        "verdict": [job.verdict_pass, job.verdict_fail],
+        "binaries": job.binaries.iter().map(|b| (&b.path, &b.sha256)).collect::<Vec<_>>(),
+        "policy": policy,
+        "compare": compare.map(|(r, c)| (r.file_name(), c.file_name())),
+    });
+    sha256_hex(value.to_string().as_bytes())
+}
+
+/// Runs a compare cell in-process: the reference's artifact against the candidate's.
+fn compare_cell(
+    job: &CellJob,
+    reference: &Path,
+    candidate: &Path,
+    policy: &crate::plan::Policy,
+) -> NodeReceipt {
+    let start_wall = SystemTime::now();
+    let started = Instant::now();
+    let report = crate::compare::compare_files(reference, candidate, policy);
+    let (verdict, reason) = if report.passed() {
+        (Verdict::Pass, None)
+    } else {
+        (Verdict::Fail, Some(report.failures.join("; ")))
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let mut r = base_receipt(
+        job.id.clone(),
+        job.node.clone(),
+        job.kind,
+        &job.slug,
+        verdict,
+        reason.clone(),
+    );
+    r.cell = job.axes.iter().cloned().collect();
+    r.tags = job.tags.clone();
+    r.cwd = job.cwd.to_string_lossy().into_owned();
+    r.inputs = job.inputs.clone();
+    r.expect = job.expect;
+    r.binaries = job.binaries.clone();
+    r.attempts.push(AttemptRecord {
+        n: 1,
+        rep: 1,
+        start: humantime::format_rfc3339_millis(start_wall).to_string(),
+        seconds,
+        exit: None,
+        signal: None,
+        outcome: verdict,
+        reason,
+    });
+    r.compare = serde_json::to_value(&report)
+        .ok()
+        .map(crate::protocol::sorted);
+    r.seconds = seconds;
+    r
+}
+
+fn base_receipt(
+    id: String,
+    node: String,
+    kind: NodeKind,
+    slug: &str,
+    verdict: Verdict,
+    reason: Option<String>,
+) -> NodeReceipt {
+    NodeReceipt {
+        schema: RECEIPT_SCHEMA,
+        id,
+        node,
+        kind,
+        slug: slug.to_string(),
+        cell: BTreeMap::new(),
+        tags: Vec::new(),
+        argv: Vec::new(),
+        shell: false,
+        cwd: String::new(),
+        env: BTreeMap::new(),
+        binaries: Vec::new(),
+        produces: Vec::new(),
+        inputs: String::new(),
+        gpus: Vec::new(),
+        attempts: Vec::new(),
+        verdict,
+        expect: Default::default(),
+        reason,
+        checks: Vec::new(),
+        doors: None,
+        artifacts: Vec::new(),
+        compare: None,
+        seconds: 0.0,
+    }
+}
+
+/// The receipt of a cell that never ran: what it would have run, and why it did not.
+fn static_receipt(c: &Cell, verdict: Verdict, reason: &str) -> NodeReceipt {
+    let mut r = base_receipt(
+        c.id.0.clone(),
+        c.node.0.clone(),
+        c.kind,
+        &slug(&c.id.0),
+        verdict,
+        Some(reason.to_string()),
+    );
+    r.cell = c.axes.iter().cloned().collect();
+    r.tags = c.tags.clone();
+    r.argv = c.argv.clone();
+    r.shell = c.shell;
+    r.cwd = c.cwd.to_string_lossy().into_owned();
+    r.env = c
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), redact_pin(k, v)))
+        .collect();
+    r.expect = c.expect;
+    r
+}
+
+fn redact_pin(name: &str, value: &str) -> String {
+    if crate::executor::env::looks_secret(name) {
+        crate::executor::env::REDACTED.to_string()
+    } else {
+        value.to_string()
+    }
+}
+
+/// The `run` subcommand.
+pub fn command(args: &RunArgs) -> ExitCode {
+    match command_inner(args) {
+        Ok(code) => code,
+        Err((code, message)) => {
+            eprintln!("memra-orch run: {message}");
+            code
+        }
+    }
+}
+
+fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
+    let usage = |m: String| (ExitCode::Usage, m);
+    let plan = crate::load::load_plan(&args.manifest).map_err(|d| usage(d.to_string()))?;
+    let selected = if args.filters.is_empty() {
+        None
+    } else {
+        Some(crate::plan::select(&plan, &args.filters).map_err(usage)?)
+    };
+    let inventory = crate::gpus::detect(&args.gpus);
+    if let Some(note) = &inventory.note {
+        eprintln!("memra-orch: {note}");
+    }
+    let commit = crate::commit::resolve(&plan.root, args.commit.as_deref()).map_err(usage)?;
+    let receipts = match &args.receipts {
+        Some(r) if r.is_absolute() => r.clone(),
+        Some(r) => std::env::current_dir()
+            .map_err(|e| (ExitCode::Internal, e.to_string()))?
+            .join(r),
+        None => plan.root.join("receipts"),
+    };
+    let tree = Tree::new(&receipts, &commit.id, &plan.name);
+    let _lock = RunLock::acquire(&tree).map_err(usage)?;
+    let previous = tree::previous_run(&receipts, &plan.name)
+        .map(|r| tree::durations(&r))
+        .unwrap_or_default();
+    let internal = |m: String| (ExitCode::Internal, m);
+    if !args.resume {
+        tree.clear_nodes().map_err(internal)?;
+    }
+    let interrupt = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&interrupt))
+            .map_err(|e| internal(format!("cannot install the signal handler: {e}")))?;
+    }
+    let jobs = args
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let grace = args.grace.unwrap_or(DEFAULT_GRACE);
+    let tmp_root = std::env::temp_dir().join(format!("memra-orch-{}", std::process::id()));
+    let executor: Arc<dyn Executor> = Arc::new(LocalExecutor::new(grace, tmp_root.clone()));
+    let opts = RunOptions {
+        tree: tree.clone(),
+        jobs,
+        fail_fast: args.fail_fast,
+        selected,
+        resume: args.resume,
+        previous,
+        interrupt,
+    };
+    let header = RunReceipt {
+        schema: RUN_SCHEMA,
+        name: plan.name.clone(),
+        manifest: source_digest(&plan.manifest),
+        env_matrices: plan.env_matrices.iter().map(source_digest).collect(),
+        commit: commit.id.clone(),
+        commit_sha: commit.sha.clone(),
+        dirty: commit.dirty,
+        host: hostname(),
+        orchestrator_version: env!("CARGO_PKG_VERSION").to_string(),
+        inventory: serde_json::to_value(&inventory).unwrap_or_default(),
+        cpu_slots: jobs,
+        filters: args.filters.clone(),
+        resumed: args.resume,
+        start: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+        end: None,
+        seconds: None,
+        interrupted: false,
+        counts: BTreeMap::new(),
+        verdict: "running".to_string(),
+        nodes: Vec::new(),
+    };
+    let mode = match args.progress {
+        ProgressMode::Auto if std::io::IsTerminal::is_terminal(&std::io::stderr()) => {
+            ProgressMode::Bars
+        }
+        ProgressMode::Auto => ProgressMode::Plain,
+        m => m,
+    };
+    let mut display = crate::report::progress::Progress::new(mode, &plan, &inventory);
+    let mut writer = ReceiptWriter::new(tree.clone(), header, plan.cells.len());
+    let outcome = {
+        let mut listeners: [&mut dyn Listener; 2] = [&mut writer, &mut display];
+        execute(&plan, &inventory, executor, &opts, &mut listeners)
+    };
+    let _ = std::fs::remove_dir_all(&tmp_root);
+    let written = writer.finish();
+    if mode != ProgressMode::Quiet {
+        print!(
+            "{}",
+            crate::report::summary::table(writer.receipts(), &outcome, &tree)
+        );
+    }
+    written.map_err(internal)?;
+    Ok(outcome.exit_code())
+}
+
+fn source_digest(s: &crate::plan::SourceFile) -> FileDigest {
+    let bytes = std::fs::metadata(&s.path).map(|m| m.len()).unwrap_or(0);
+    FileDigest {
+        path: s.path.to_string_lossy().into_owned(),
+        bytes,
+        sha256: s.sha256.clone(),
+    }
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at most that many bytes.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if r != 0 {
+        return "unknown".to_string();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
 }

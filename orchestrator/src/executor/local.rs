@@ -1,0 +1,444 @@
+//! The local executor: runs a cell's attempts as subprocesses of this machine, isolated per
+//! DESIGN §4 (cleared environment, own process group, stdin from /dev/null, stdout and
+//! stderr to files, a TMPDIR per attempt), and turns them into a node receipt: reps (every
+//! rep must be as expected), retries (after crash, timeout or an error that is not a
+//! protocol violation), `expect = "fail"`, setup `creates`/`produces`, artifacts.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use regex::Regex;
+
+use super::env::{self, OrchVars};
+use super::process::Watchdog;
+use super::{CellJob, Executor};
+use crate::events::Verdict;
+use crate::plan::{Cell, Expect, NodeKind, TextVerdict};
+use crate::protocol::{self, GateReport, ProcessEnd, Stopped};
+use crate::receipt::{
+    Artifact, AttemptRecord, FileDigest, NodeReceipt, RECEIPT_SCHEMA, attempt_dir_name, sha256_file,
+};
+
+/// Default time between SIGTERM and SIGKILL.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+
+/// Runs cells as local subprocesses.
+#[derive(Debug)]
+pub struct LocalExecutor {
+    watchdog: Watchdog,
+    /// Per-attempt TMPDIRs are created below this folder (outside the receipt tree) and
+    /// removed when the attempt ends.
+    tmp_root: PathBuf,
+}
+
+impl LocalExecutor {
+    pub fn new(grace: Duration, tmp_root: PathBuf) -> LocalExecutor {
+        LocalExecutor {
+            watchdog: Watchdog::new(grace),
+            tmp_root,
+        }
+    }
+}
+
+/// What one attempt left for the cell loop.
+struct AttemptResult {
+    record: AttemptRecord,
+    report: GateReport,
+    protocol_error: bool,
+    argv: Vec<String>,
+    env: BTreeMap<String, OsString>,
+}
+
+impl Executor for LocalExecutor {
+    fn execute(&self, job: &CellJob, on_attempt: &mut dyn FnMut(&AttemptRecord)) -> NodeReceipt {
+        let started = Instant::now();
+        let mut receipt = empty_receipt(job);
+        if let Err(e) = reset_dir(&job.node_dir) {
+            receipt.verdict = Verdict::Error;
+            receipt.reason = Some(e);
+            return receipt;
+        }
+        if job.kind == NodeKind::Setup
+            && !job.creates.is_empty()
+            && job.creates.iter().all(|p| p.exists())
+        {
+            receipt.verdict = Verdict::Pass;
+            receipt.reason = Some("not run: every `creates` path already exists".to_string());
+            finish_setup(job, &mut receipt);
+            return receipt;
+        }
+        let text = match text_verdict(job) {
+            Ok(t) => t,
+            Err(e) => {
+                receipt.verdict = Verdict::Error;
+                receipt.reason = Some(e);
+                return receipt;
+            }
+        };
+        let wanted = if job.expect == Expect::Fail {
+            Verdict::Fail
+        } else {
+            Verdict::Pass
+        };
+        let mut n = 0;
+        let mut last: Option<AttemptResult> = None;
+        'reps: for rep in 1..=job.reps.max(1) {
+            let mut retried = 0;
+            loop {
+                n += 1;
+                let result = self.attempt(job, n, rep, text.as_ref());
+                on_attempt(&result.record);
+                receipt.attempts.push(result.record.clone());
+                let outcome = result.record.outcome;
+                let retry = matches!(outcome, Verdict::Crash | Verdict::Timeout | Verdict::Error)
+                    && !result.protocol_error
+                    && retried < job.retries
+                    && !self.watchdog.is_cancelled();
+                last = Some(result);
+                if retry {
+                    retried += 1;
+                    continue;
+                }
+                if outcome != wanted {
+                    break 'reps;
+                }
+                break;
+            }
+        }
+        let last = last.expect("reps >= 1 runs at least one attempt");
+        let raw = last.record.outcome;
+        let raw_reason = last.record.reason.clone();
+        let rep_note = if job.reps > 1 {
+            format!(" (rep {} of {})", last.record.rep, job.reps)
+        } else {
+            String::new()
+        };
+        let (verdict, reason) = match (job.expect, raw) {
+            (Expect::Fail, Verdict::Fail) => (
+                Verdict::Pass,
+                Some(format!(
+                    "failed as expected: {}",
+                    raw_reason.as_deref().unwrap_or("exit code 1")
+                )),
+            ),
+            (Expect::Fail, Verdict::Pass) => (
+                Verdict::Fail,
+                Some(format!(
+                    "expect = \"fail\" but the gate passed{rep_note}; the defect it must catch went unnoticed"
+                )),
+            ),
+            (_, Verdict::Pass) => (Verdict::Pass, None),
+            (_, v) => (v, raw_reason.map(|r| format!("{r}{rep_note}"))),
+        };
+        receipt.verdict = verdict;
+        receipt.reason = reason;
+        receipt.argv = last.argv;
+        receipt.env = env::for_receipt(&last.env);
+        receipt.checks = last.report.checks;
+        receipt.doors = last.report.doors;
+        let last_dir = job
+            .node_dir
+            .join(attempt_dir_name(last.record.n))
+            .join("artifacts");
+        match list_artifacts(&last_dir) {
+            Ok(a) => receipt.artifacts = a,
+            Err(e) => {
+                receipt.verdict = receipt.verdict.max(Verdict::Error);
+                receipt.reason = Some(e);
+            }
+        }
+        if job.kind == NodeKind::Setup && receipt.verdict == Verdict::Pass {
+            finish_setup(job, &mut receipt);
+        }
+        receipt.seconds = started.elapsed().as_secs_f64();
+        receipt
+    }
+
+    fn cancel_all(&self) {
+        self.watchdog.cancel_all();
+    }
+}
+
+impl LocalExecutor {
+    fn attempt(
+        &self,
+        job: &CellJob,
+        n: u32,
+        rep: u32,
+        text: Option<&TextVerdict>,
+    ) -> AttemptResult {
+        let start_wall = SystemTime::now();
+        let started = Instant::now();
+        let dir = job.node_dir.join(attempt_dir_name(n));
+        let artifacts = dir.join("artifacts");
+        let checks = dir.join("checks.jsonl");
+        let tmp = self.tmp_root.join(format!("{}-{n}", job.slug));
+        let visible = job.visible_devices.join(",");
+        let vars = OrchVars {
+            checks: &checks,
+            artifacts: &artifacts,
+            node: &job.id,
+            attempt: n,
+            rep,
+            visible_devices: &visible,
+            tmp: &tmp,
+        };
+        let pins: BTreeMap<String, String> = job
+            .pins
+            .iter()
+            .map(|(k, v)| (k.clone(), Cell::attempt_string(v, &artifacts, &tmp)))
+            .collect();
+        let env = env::build(&job.inherit, |name| std::env::var_os(name), &pins, &vars);
+        let argv: Vec<String> = job
+            .argv
+            .iter()
+            .map(|a| Cell::attempt_string(a, &artifacts, &tmp))
+            .collect();
+        let mut record = AttemptRecord {
+            n,
+            rep,
+            start: humantime::format_rfc3339_millis(start_wall).to_string(),
+            seconds: 0.0,
+            exit: None,
+            signal: None,
+            outcome: Verdict::Error,
+            reason: None,
+        };
+        let result = |record: AttemptRecord, report, protocol_error| AttemptResult {
+            record,
+            report,
+            protocol_error,
+            argv: argv.clone(),
+            env: env.clone(),
+        };
+        if self.watchdog.is_cancelled() {
+            record.outcome = Verdict::Cancelled;
+            record.reason =
+                Some("cancelled: the run was interrupted before this attempt started".into());
+            return result(record, GateReport::default(), false);
+        }
+        let (end, stopped) =
+            match self.spawn_and_wait(job, &argv, &env, &dir, &artifacts, &checks, &tmp) {
+                Ok(x) => x,
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(&tmp);
+                    record.reason = Some(e);
+                    record.seconds = started.elapsed().as_secs_f64();
+                    return result(record, GateReport::default(), false);
+                }
+            };
+        let _ = std::fs::remove_dir_all(&tmp);
+        record.seconds = started.elapsed().as_secs_f64();
+        match end {
+            ProcessEnd::Exited(c) => record.exit = Some(c),
+            ProcessEnd::Signaled(s) => record.signal = Some(s),
+            ProcessEnd::NotStarted => {}
+        }
+        let report = protocol::read_checks(&checks);
+        let stdout = text.map(|_| {
+            String::from_utf8_lossy(&std::fs::read(dir.join("stdout.log")).unwrap_or_default())
+                .into_owned()
+        });
+        let mut judgement = protocol::judge(end, stopped, &report, text.zip(stdout.as_deref()));
+        if judgement.outcome == Verdict::Timeout {
+            judgement.reason = Some(format!(
+                "timed out after {}",
+                humantime::format_duration(job.timeout)
+            ));
+        }
+        record.outcome = judgement.outcome;
+        record.reason = judgement.reason;
+        result(record, report, judgement.protocol_error)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn spawn_and_wait(
+        &self,
+        job: &CellJob,
+        argv: &[String],
+        env: &BTreeMap<String, OsString>,
+        dir: &Path,
+        artifacts: &Path,
+        checks: &Path,
+        tmp: &Path,
+    ) -> Result<(ProcessEnd, Stopped), String> {
+        let io = |what: &str, p: &Path, e: std::io::Error| {
+            format!("{}: cannot create {what}: {e}", p.display())
+        };
+        std::fs::create_dir_all(artifacts).map_err(|e| io("the attempt folder", artifacts, e))?;
+        std::fs::create_dir_all(tmp).map_err(|e| io("the attempt's TMPDIR", tmp, e))?;
+        std::fs::File::create(checks).map_err(|e| io("the checks file", checks, e))?;
+        let stdout_path = dir.join("stdout.log");
+        let stderr_path = dir.join("stderr.log");
+        let stdout =
+            std::fs::File::create(&stdout_path).map_err(|e| io("stdout.log", &stdout_path, e))?;
+        let stderr =
+            std::fs::File::create(&stderr_path).map_err(|e| io("stderr.log", &stderr_path, e))?;
+        let mut cmd = if job.shell {
+            let mut c = Command::new("/bin/sh");
+            c.arg("-c").arg(argv.join(" "));
+            c
+        } else {
+            let Some((program, args)) = argv.split_first() else {
+                return Err(format!(
+                    "{}: the node has an empty `run`; give it a command",
+                    job.id
+                ));
+            };
+            let mut c = Command::new(program);
+            c.args(args);
+            c
+        };
+        cmd.env_clear()
+            .envs(env)
+            .current_dir(&job.cwd)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .process_group(0);
+        let mut child = cmd.spawn().map_err(|e| {
+            format!(
+                "cannot start {:?} in {}: {e}; check that the program exists, is executable, and that \
+                 its folder is on the inherited PATH or the path is relative to the root",
+                argv.first().map(String::as_str).unwrap_or("/bin/sh"),
+                job.cwd.display()
+            )
+        })?;
+        let pgid = child.id() as i32;
+        let watch = self.watchdog.watch(pgid, job.timeout);
+        let status = child.wait();
+        let stopped = self.watchdog.unwatch(watch);
+        let status = status.map_err(|e| format!("waiting for pid {pgid} failed: {e}"))?;
+        let end = match (status.code(), status.signal()) {
+            (Some(c), _) => ProcessEnd::Exited(c),
+            (None, Some(s)) => ProcessEnd::Signaled(s),
+            (None, None) => ProcessEnd::NotStarted,
+        };
+        Ok((end, stopped))
+    }
+}
+
+fn empty_receipt(job: &CellJob) -> NodeReceipt {
+    NodeReceipt {
+        schema: RECEIPT_SCHEMA,
+        id: job.id.clone(),
+        node: job.node.clone(),
+        kind: job.kind,
+        slug: job.slug.clone(),
+        cell: job.axes.iter().cloned().collect(),
+        tags: job.tags.clone(),
+        argv: job.argv.clone(),
+        shell: job.shell,
+        cwd: job.cwd.to_string_lossy().into_owned(),
+        env: BTreeMap::new(),
+        binaries: job.binaries.clone(),
+        produces: Vec::new(),
+        inputs: job.inputs.clone(),
+        gpus: job.gpus.clone(),
+        attempts: Vec::new(),
+        verdict: Verdict::Error,
+        expect: job.expect,
+        reason: None,
+        checks: Vec::new(),
+        doors: None,
+        artifacts: Vec::new(),
+        compare: None,
+        seconds: 0.0,
+    }
+}
+
+/// Empties the node folder: a node that runs again (`--resume` after a cancel) must not
+/// keep attempts of the earlier try.
+fn reset_dir(dir: &Path) -> Result<(), String> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)
+            .map_err(|e| format!("{}: cannot clear the node folder: {e}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| format!("{}: cannot create the node folder: {e}", dir.display()))
+}
+
+fn text_verdict(job: &CellJob) -> Result<Option<TextVerdict>, String> {
+    if job.verdict_pass.is_none() && job.verdict_fail.is_none() {
+        return Ok(None);
+    }
+    let compile = |s: &Option<String>, which: &str| {
+        s.as_deref()
+            .map(|p| {
+                Regex::new(p).map_err(|e| {
+                    format!(
+                        "{}: verdict.{which} {p:?} is not a valid regex: {e}",
+                        job.id
+                    )
+                })
+            })
+            .transpose()
+    };
+    Ok(Some(TextVerdict {
+        pass: compile(&job.verdict_pass, "pass")?,
+        fail: compile(&job.verdict_fail, "fail")?,
+    }))
+}
+
+/// Checks a setup's `produces` exist and records their digests; a missing one makes the
+/// setup an error, since its dependents would run against something that is not there.
+fn finish_setup(job: &CellJob, receipt: &mut NodeReceipt) {
+    for p in &job.produces {
+        match sha256_file(p) {
+            Ok((bytes, sha256)) => receipt.produces.push(FileDigest {
+                path: p.to_string_lossy().into_owned(),
+                bytes,
+                sha256,
+            }),
+            Err(e) => {
+                receipt.verdict = Verdict::Error;
+                receipt.reason = Some(format!(
+                    "setup did not produce {} ({e}); fix its command or its `produces` list",
+                    p.display()
+                ));
+                return;
+            }
+        }
+    }
+}
+
+/// Every file under an artifacts folder, sorted by name (relative path).
+pub fn list_artifacts(dir: &Path) -> Result<Vec<Artifact>, String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries = match std::fs::read_dir(&d) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("{}: cannot list artifacts: {e}", d.display())),
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let ft = entry
+                .file_type()
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            if ft.is_dir() {
+                stack.push(path);
+            } else if ft.is_file() {
+                let (bytes, sha256) = sha256_file(&path)
+                    .map_err(|e| format!("{}: cannot hash artifact: {e}", path.display()))?;
+                let name = path
+                    .strip_prefix(dir)
+                    .unwrap_or(&path)
+                    .to_string_lossy()
+                    .into_owned();
+                out.push(Artifact {
+                    name,
+                    bytes,
+                    sha256,
+                });
+            }
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}

@@ -1,0 +1,70 @@
+//! The seam between deciding what runs and running it: an [`Executor`] takes one cell,
+//! already placed on GPUs or a CPU slot, runs all its attempts (reps and retries), and
+//! returns its receipt.
+//!
+//! [`local::LocalExecutor`] runs subprocesses on this machine. A cluster executor (Slurm)
+//! fits the same seam: it serialises the [`CellJob`] (it is plain data), submits a job whose
+//! script calls the hidden `memra-orch exec-node <job.json>` entry point — which runs the
+//! job through the local executor on the compute node and writes the same receipt on the
+//! shared filesystem — and reads that receipt back. Nothing above this module assumes a
+//! local process.
+
+pub mod env;
+pub mod local;
+pub mod process;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::{Expect, NodeKind};
+use crate::receipt::{AttemptRecord, FileDigest, GpuRef, NodeReceipt};
+
+/// Everything needed to run one cell anywhere: plain, serialisable data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellJob {
+    pub id: String,
+    pub node: String,
+    pub kind: NodeKind,
+    pub axes: Vec<(String, String)>,
+    pub tags: Vec<String>,
+    pub slug: String,
+    /// Substituted but for the per-attempt `${artifacts}` and `${tmp}`.
+    pub argv: Vec<String>,
+    pub shell: bool,
+    pub cwd: PathBuf,
+    /// Manifest env, matrix pins and node env, merged.
+    pub pins: BTreeMap<String, String>,
+    /// Names taken from the environment of the process that runs the attempt.
+    pub inherit: Vec<String>,
+    pub timeout: Duration,
+    pub reps: u32,
+    pub retries: u32,
+    pub expect: Expect,
+    /// Text verdict regexes (sources; validated when the plan was built).
+    pub verdict_pass: Option<String>,
+    pub verdict_fail: Option<String>,
+    pub produces: Vec<PathBuf>,
+    pub creates: Vec<PathBuf>,
+    /// The leased GPUs, in export order, and their CUDA_VISIBLE_DEVICES ids.
+    pub gpus: Vec<GpuRef>,
+    pub visible_devices: Vec<String>,
+    /// `nodes/<slug>` in the receipt tree; attempts go below it.
+    pub node_dir: PathBuf,
+    pub binaries: Vec<FileDigest>,
+    pub inputs: String,
+}
+
+/// Runs cells. Implementations must be usable from several threads at once: the runner
+/// calls [`Executor::execute`] on one thread per running cell.
+pub trait Executor: Send + Sync {
+    /// Runs every attempt of the cell and returns its receipt (not yet written: the
+    /// receipt writer does that). `on_attempt` is called after each attempt.
+    fn execute(&self, job: &CellJob, on_attempt: &mut dyn FnMut(&AttemptRecord)) -> NodeReceipt;
+
+    /// Stops every running attempt (SIGTERM, grace, SIGKILL for local processes) and makes
+    /// later `execute` calls return `cancelled` at once.
+    fn cancel_all(&self);
+}

@@ -1,0 +1,244 @@
+//! Local processes: spawning one attempt in its own process group with files for stdout and
+//! stderr, and the watchdog that stops groups (timeout, cancellation) with SIGTERM, a grace
+//! period, then SIGKILL.
+//!
+//! The attempt's thread blocks in `wait()`, so a finished process is noticed at once; only
+//! the stopping is done by the watchdog's single thread, which sleeps until the next
+//! deadline. It knows nothing of gates, verdicts or receipts.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::protocol::Stopped;
+
+/// Stops process groups when their time is up or the run is cancelled.
+#[derive(Debug)]
+pub struct Watchdog {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    next_token: u64,
+    entries: HashMap<u64, Entry>,
+    cancelled: bool,
+    shutdown: bool,
+    grace: Duration,
+}
+
+#[derive(Debug)]
+struct Entry {
+    pgid: i32,
+    deadline: Option<Instant>,
+    term_sent: Option<Instant>,
+    kill_sent: bool,
+    stopped: Stopped,
+}
+
+/// A watched process group; hand it back with [`Watchdog::unwatch`].
+#[derive(Debug)]
+pub struct Watch(u64);
+
+impl Watchdog {
+    /// Starts the watchdog thread. `grace` is the time between SIGTERM and SIGKILL.
+    pub fn new(grace: Duration) -> Watchdog {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                grace,
+                ..State::default()
+            }),
+            wake: Condvar::new(),
+        });
+        let thread_shared = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("memra-orch-watchdog".into())
+            .spawn(move || watch_loop(&thread_shared))
+            .expect("the OS refused to start the watchdog thread");
+        Watchdog { shared }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A poisoned lock means a panic elsewhere; the data (pids and deadlines) is still
+        // valid, and stopping processes matters more than propagating the panic.
+        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Watches the process group `pgid` with a time limit. If the run is already
+    /// cancelled, the group is stopped at once.
+    pub fn watch(&self, pgid: i32, timeout: Duration) -> Watch {
+        let mut st = self.lock();
+        let token = st.next_token;
+        st.next_token += 1;
+        st.entries.insert(
+            token,
+            Entry {
+                pgid,
+                deadline: Instant::now().checked_add(timeout),
+                term_sent: None,
+                kill_sent: false,
+                stopped: Stopped::No,
+            },
+        );
+        drop(st);
+        self.shared.wake.notify_one();
+        Watch(token)
+    }
+
+    /// Stops watching a group whose leader has exited; says whether the watchdog had stopped
+    /// it. Any member still alive (a grandchild the gate left behind) is killed now, so
+    /// nothing of an attempt outlives it.
+    pub fn unwatch(&self, watch: Watch) -> Stopped {
+        let entry = self.lock().entries.remove(&watch.0);
+        match entry {
+            Some(e) => {
+                signal_group(e.pgid, libc::SIGKILL);
+                e.stopped
+            }
+            None => Stopped::No,
+        }
+    }
+
+    /// Cancels the run: every watched group is stopped, and so is any group watched later.
+    pub fn cancel_all(&self) {
+        self.lock().cancelled = true;
+        self.shared.wake.notify_one();
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.lock().cancelled
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.lock().shutdown = true;
+        self.shared.wake.notify_one();
+    }
+}
+
+fn watch_loop(shared: &Shared) {
+    let mut st = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        if st.shutdown {
+            return;
+        }
+        let now = Instant::now();
+        let grace = st.grace;
+        let cancelled = st.cancelled;
+        let mut next: Option<Instant> = None;
+        for e in st.entries.values_mut() {
+            if e.term_sent.is_none() {
+                let due = e.deadline.is_some_and(|d| now >= d);
+                if cancelled || due {
+                    e.stopped = if cancelled {
+                        Stopped::Cancelled
+                    } else {
+                        Stopped::Timeout
+                    };
+                    signal_group(e.pgid, libc::SIGTERM);
+                    e.term_sent = Some(now);
+                } else if let Some(d) = e.deadline {
+                    next = Some(next.map_or(d, |n| n.min(d)));
+                }
+            }
+            if let Some(t) = e.term_sent
+                && !e.kill_sent
+            {
+                let kill_at = t + grace;
+                if now >= kill_at {
+                    signal_group(e.pgid, libc::SIGKILL);
+                    e.kill_sent = true;
+                } else {
+                    next = Some(next.map_or(kill_at, |n| n.min(kill_at)));
+                }
+            }
+        }
+        st = match next {
+            Some(at) => {
+                let wait = at.saturating_duration_since(Instant::now());
+                shared
+                    .wake
+                    .wait_timeout(st, wait)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0
+            }
+            None => shared.wake.wait(st).unwrap_or_else(|p| p.into_inner()),
+        };
+    }
+}
+
+/// Sends a signal to every process of a group. A group that no longer exists is fine.
+pub fn signal_group(pgid: i32, signal: i32) {
+    if pgid <= 1 {
+        return;
+    }
+    // SAFETY: kill with a negative pid signals the process group `pgid`, which we created
+    // for one attempt (process_group(0) makes the child its leader); pgid > 1 rules out
+    // signalling our own group or every process.
+    unsafe {
+        libc::kill(-pgid, signal);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+    use std::process::Command;
+
+    fn spawn_sleep() -> std::process::Child {
+        Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap()
+    }
+
+    #[test]
+    fn timeout_stops_the_group() {
+        let dog = Watchdog::new(Duration::from_secs(5));
+        let mut child = spawn_sleep();
+        let w = dog.watch(child.id() as i32, Duration::from_millis(100));
+        let t = Instant::now();
+        let status = child.wait().unwrap();
+        assert!(t.elapsed() < Duration::from_secs(5));
+        assert!(!status.success());
+        assert_eq!(dog.unwatch(w), Stopped::Timeout);
+    }
+
+    #[test]
+    fn cancel_stops_running_and_later_groups() {
+        let dog = Watchdog::new(Duration::from_secs(5));
+        let mut a = spawn_sleep();
+        let wa = dog.watch(a.id() as i32, Duration::from_secs(60));
+        dog.cancel_all();
+        a.wait().unwrap();
+        assert_eq!(dog.unwatch(wa), Stopped::Cancelled);
+        let mut b = spawn_sleep();
+        let wb = dog.watch(b.id() as i32, Duration::from_secs(60));
+        b.wait().unwrap();
+        assert_eq!(dog.unwatch(wb), Stopped::Cancelled);
+    }
+
+    #[test]
+    fn sigkill_after_grace_when_sigterm_is_ignored() {
+        let dog = Watchdog::new(Duration::from_millis(200));
+        let mut child = Command::new("sh")
+            .args(["-c", "trap '' TERM; sleep 30 & wait; sleep 30"])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let w = dog.watch(child.id() as i32, Duration::from_millis(100));
+        let t = Instant::now();
+        child.wait().unwrap();
+        assert!(t.elapsed() < Duration::from_secs(10));
+        assert_eq!(dog.unwatch(w), Stopped::Timeout);
+    }
+}

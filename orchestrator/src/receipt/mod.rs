@@ -1,0 +1,331 @@
+//! The receipt tree of DESIGN §6: the record formats (`run.json`, `receipt.json`), where
+//! each file lives ([`tree`]), and the listener that writes them as a run goes
+//! ([`writer`]).
+//!
+//! It owns file formats, paths, digests and atomic writes. It does not run anything and does
+//! not decide verdicts; the human summary and JUnit files are rendered by `report` and
+//! `junit` and only stored here.
+
+pub mod tree;
+pub mod writer;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::events::Verdict;
+use crate::plan::{Expect, NodeKind};
+use crate::protocol::CheckRow;
+
+/// Format version of `receipt.json`.
+pub const RECEIPT_SCHEMA: u32 = 1;
+/// Format version of `run.json`.
+pub const RUN_SCHEMA: u32 = 1;
+
+/// A file and its digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileDigest {
+    pub path: String,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+/// A file a gate wrote into its artifacts folder (name relative to that folder).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Artifact {
+    pub name: String,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+/// A GPU as recorded in a node receipt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuRef {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+}
+
+/// One attempt of a node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// 1-based attempt number; the folder is `attempt-<n>`.
+    pub n: u32,
+    /// 1-based rep this attempt belongs to.
+    pub rep: u32,
+    /// RFC 3339 start time (UTC).
+    pub start: String,
+    pub seconds: f64,
+    pub exit: Option<i32>,
+    pub signal: Option<i32>,
+    /// Outcome of this attempt before `expect` is applied.
+    pub outcome: Verdict,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `nodes/<slug>/receipt.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeReceipt {
+    pub schema: u32,
+    pub id: String,
+    pub node: String,
+    pub kind: NodeKind,
+    pub slug: String,
+    /// Axis values of the cell.
+    pub cell: BTreeMap<String, String>,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// The command of the last attempt, after substitution (empty for compare nodes).
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub shell: bool,
+    pub cwd: String,
+    /// The full effective environment of the last attempt; values of names that look
+    /// secret are `<redacted>`.
+    pub env: BTreeMap<String, String>,
+    /// The program that ran (argv[0] resolved through PATH) and the `produces` of the setup
+    /// nodes this one needs.
+    pub binaries: Vec<FileDigest>,
+    /// For setup nodes: the files they produced.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub produces: Vec<FileDigest>,
+    /// sha256 over what determines the node's behaviour (command, pins, cwd, binaries,
+    /// needed setups' products); `run --resume` re-runs a node whose inputs changed.
+    pub inputs: String,
+    pub gpus: Vec<GpuRef>,
+    pub attempts: Vec<AttemptRecord>,
+    pub verdict: Verdict,
+    pub expect: Expect,
+    pub reason: Option<String>,
+    pub checks: Vec<CheckRow>,
+    pub doors: Option<BTreeMap<String, Value>>,
+    pub artifacts: Vec<Artifact>,
+    /// The compare report of a compare node.
+    pub compare: Option<Value>,
+    /// Wall seconds of all attempts.
+    pub seconds: f64,
+}
+
+impl NodeReceipt {
+    /// The folder of the last attempt, relative to the node folder.
+    pub fn last_attempt_dir(&self) -> Option<String> {
+        self.attempts.last().map(|a| attempt_dir_name(a.n))
+    }
+}
+
+/// `attempt-<n>`.
+pub fn attempt_dir_name(n: u32) -> String {
+    format!("attempt-{n}")
+}
+
+/// One row of the node index in `run.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeIndexEntry {
+    pub id: String,
+    pub kind: NodeKind,
+    /// Folder under `nodes/`; `None` for nodes the run did not write (not selected by
+    /// `--filter`).
+    pub slug: Option<String>,
+    pub verdict: Verdict,
+    pub seconds: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `run.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunReceipt {
+    pub schema: u32,
+    pub name: String,
+    pub manifest: FileDigest,
+    pub env_matrices: Vec<FileDigest>,
+    pub commit: String,
+    pub commit_sha: Option<String>,
+    pub dirty: bool,
+    pub host: String,
+    pub orchestrator_version: String,
+    /// The GPU inventory of the run (NVML or fake), driver and CUDA versions included.
+    pub inventory: Value,
+    pub cpu_slots: usize,
+    pub filters: Vec<String>,
+    pub resumed: bool,
+    pub start: String,
+    /// `None` while the run is in progress (or when it was killed before it could finish).
+    pub end: Option<String>,
+    pub seconds: Option<f64>,
+    pub interrupted: bool,
+    pub counts: BTreeMap<Verdict, usize>,
+    /// `pass` when every node ended as expected (skipped included), else `fail`; `running`
+    /// while in progress.
+    pub verdict: String,
+    pub nodes: Vec<NodeIndexEntry>,
+}
+
+/// Lower-case hex of bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}
+
+/// sha256 of bytes, lower-case hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+/// sha256 and size of a file, streamed.
+pub fn sha256_file(path: &Path) -> std::io::Result<(u64, String)> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut total = 0u64;
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        hasher.update(&buf[..n]);
+    }
+    Ok((total, hex(&hasher.finalize())))
+}
+
+/// The folder name of a cell under `nodes/`: the id made filesystem-safe (`[A-Za-z0-9._-]`,
+/// anything else `_`, leading dots `_`, at most 64 characters) plus `-` and 8 hex
+/// characters of sha256(id). The hash keeps distinct ids distinct after sanitising, and
+/// since the name always ends in it, it is never `.` or `..` and never holds a separator:
+/// it can never leave the tree.
+pub fn slug(id: &str) -> String {
+    const MAX: usize = 64;
+    let mut safe: String = id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(MAX)
+        .collect();
+    let dots = safe.chars().take_while(|c| *c == '.').count();
+    safe.replace_range(..dots, &"_".repeat(dots));
+    if safe.is_empty() {
+        safe.push('_');
+    }
+    format!("{safe}-{}", &sha256_hex(id.as_bytes())[..8])
+}
+
+/// Writes a file atomically: a temporary file in the same folder, then a rename, so a
+/// reader (or a run killed half-way) sees the old content or the new, never a torn file.
+/// No fsync: a receipt tree is a record of a run on a live machine, and a power loss mid-run
+/// is recovered by `run --resume`, which re-runs any node whose receipt is missing.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| format!("{}: has no parent folder", path.display()))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    std::fs::write(&tmp, bytes).map_err(|e| {
+        format!(
+            "{}: cannot write: {e}; check the receipt folder is writable",
+            tmp.display()
+        )
+    })?;
+    std::fs::rename(&tmp, path)
+        .map_err(|e| format!("{}: cannot rename into place: {e}", path.display()))
+}
+
+/// Serialises a record as pretty JSON with a trailing newline and writes it atomically.
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), String> {
+    let mut text = serde_json::to_vec_pretty(value)
+        .map_err(|e| format!("{}: cannot serialise: {e}", path.display()))?;
+    text.push(b'\n');
+    write_atomic(path, &text)
+}
+
+/// Reads a node receipt; `None` when absent, an error naming the file when unreadable.
+pub fn read_node_receipt(path: &Path) -> Result<Option<NodeReceipt>, String> {
+    read_json(path)
+}
+
+/// Reads a JSON record; `None` when absent.
+pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, String> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            format!(
+                "{}: not a receipt this version understands: {e}",
+                path.display()
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: cannot read: {e}", path.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slugs_are_safe_and_distinct() {
+        for id in [
+            "../../x",
+            "..",
+            ".",
+            "/etc/passwd",
+            "a/b",
+            "",
+            "dec[batch=4,MEMRA_PP_DEVICES=0,1]",
+        ] {
+            let s = slug(id);
+            assert!(!s.contains('/') && !s.starts_with('.'), "{id:?} -> {s}");
+            assert!(
+                s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)),
+                "{s}"
+            );
+            assert_eq!(Path::new(&s).components().count(), 1);
+        }
+        assert_eq!(
+            slug("../../x"),
+            format!("___.._x-{}", &sha256_hex(b"../../x")[..8])
+        );
+        assert_ne!(slug("a/b"), slug("a_b"));
+        assert!(slug(&"x".repeat(500)).len() <= 64 + 9);
+    }
+
+    #[test]
+    fn hex_and_sha() {
+        assert_eq!(hex(&[0, 15, 255]), "000fff");
+        assert_eq!(
+            sha256_hex(b""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+
+    #[test]
+    fn atomic_write_replaces_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.json");
+        write_json(&p, &serde_json::json!({"a": 1})).unwrap();
+        write_json(&p, &serde_json::json!({"a": 2})).unwrap();
+        let v: Option<Value> = read_json(&p).unwrap();
+        assert_eq!(v.unwrap()["a"], 2);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        let missing: Option<Value> = read_json(&dir.path().join("none.json")).unwrap();
+        assert!(missing.is_none());
+    }
+}

@@ -1,0 +1,213 @@
+//! Where things live in a receipt tree, the run lock that keeps two runs of one manifest
+//! out of one tree, and reading what earlier runs left behind (the previous run's node
+//! durations, receipts to keep on `--resume`).
+//!
+//! ```text
+//! <receipts>/<commit>[-dirty]/<manifest-name>/
+//!   run.json  summary.md  junit.xml  .lock
+//!   nodes/<slug>/receipt.json
+//!   nodes/<slug>/attempt-<n>/{stdout.log,stderr.log,checks.jsonl,artifacts/}
+//! ```
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::{RunReceipt, attempt_dir_name, read_json};
+
+/// The paths of one manifest's receipt tree for one commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tree {
+    pub dir: PathBuf,
+}
+
+impl Tree {
+    /// `<receipts>/<commit>/<manifest-name>`; `commit` already carries `-dirty` when due.
+    pub fn new(receipts: &Path, commit: &str, manifest_name: &str) -> Tree {
+        Tree {
+            dir: receipts.join(commit).join(manifest_name),
+        }
+    }
+
+    pub fn run_json(&self) -> PathBuf {
+        self.dir.join("run.json")
+    }
+    pub fn summary_md(&self) -> PathBuf {
+        self.dir.join("summary.md")
+    }
+    pub fn junit_xml(&self) -> PathBuf {
+        self.dir.join("junit.xml")
+    }
+    pub fn lock_file(&self) -> PathBuf {
+        self.dir.join(".lock")
+    }
+    pub fn nodes(&self) -> PathBuf {
+        self.dir.join("nodes")
+    }
+    pub fn node_dir(&self, slug: &str) -> PathBuf {
+        self.nodes().join(slug)
+    }
+    pub fn receipt_json(&self, slug: &str) -> PathBuf {
+        self.node_dir(slug).join("receipt.json")
+    }
+    pub fn attempt_dir(&self, slug: &str, n: u32) -> PathBuf {
+        self.node_dir(slug).join(attempt_dir_name(n))
+    }
+
+    /// Removes the node folders of an earlier run of this tree (a fresh run, not
+    /// `--resume`), so no stale attempt of a node that no longer exists survives. The old
+    /// folder is renamed away first so the tree is never half-deleted under a new run.
+    pub fn clear_nodes(&self) -> Result<(), String> {
+        let nodes = self.nodes();
+        if !nodes.exists() {
+            return Ok(());
+        }
+        let trash = self.dir.join(format!(".nodes.old.{}", std::process::id()));
+        std::fs::rename(&nodes, &trash).map_err(|e| {
+            format!(
+                "{}: cannot move the previous run's nodes aside: {e}",
+                nodes.display()
+            )
+        })?;
+        std::fs::remove_dir_all(&trash).map_err(|e| {
+            format!(
+                "{}: cannot remove the previous run's nodes: {e}",
+                trash.display()
+            )
+        })
+    }
+}
+
+/// Held while a run writes a tree; removed on drop. The file holds the holder's pid so a
+/// second run can name it, and a lock left by a process that no longer exists is taken over.
+#[derive(Debug)]
+pub struct RunLock {
+    path: PathBuf,
+}
+
+impl RunLock {
+    pub fn acquire(tree: &Tree) -> Result<RunLock, String> {
+        std::fs::create_dir_all(&tree.dir).map_err(|e| {
+            format!(
+                "{}: cannot create the receipt folder: {e}",
+                tree.dir.display()
+            )
+        })?;
+        let path = tree.lock_file();
+        for _ in 0..2 {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(mut f) => {
+                    let _ = writeln!(f, "{}", std::process::id());
+                    return Ok(RunLock { path });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let text = std::fs::read_to_string(&path).unwrap_or_default();
+                    match text.trim().parse::<i32>() {
+                        Ok(pid) if process_alive(pid) => {
+                            return Err(format!(
+                                "{}: another memra-orch run (pid {pid}) is writing this receipt tree; \
+                                 wait for it to finish, or pass --commit or --receipts to write elsewhere",
+                                path.display()
+                            ));
+                        }
+                        // The holder is gone (killed with SIGKILL, machine rebooted): the
+                        // lock is stale and the tree is consistent by construction.
+                        _ => {
+                            let _ = std::fs::remove_file(&path);
+                        }
+                    }
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "{}: cannot create the run lock: {e}",
+                        path.display()
+                    ));
+                }
+            }
+        }
+        Err(format!(
+            "{}: cannot take over a stale run lock; remove the file",
+            path.display()
+        ))
+    }
+}
+
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn process_alive(pid: i32) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: kill with signal 0 only checks that the process exists and may be signalled;
+    // it sends nothing.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// The most recent run of this manifest under the receipts folder (by `start` time), other
+/// than the tree the caller is about to write only when `include_same` is false.
+pub fn previous_run(receipts: &Path, manifest_name: &str) -> Option<RunReceipt> {
+    let mut best: Option<RunReceipt> = None;
+    for entry in std::fs::read_dir(receipts).ok()?.flatten() {
+        let path = entry.path().join(manifest_name).join("run.json");
+        let Ok(Some(run)) = read_json::<RunReceipt>(&path) else {
+            continue;
+        };
+        if best.as_ref().is_none_or(|b| run.start > b.start) {
+            best = Some(run);
+        }
+    }
+    best
+}
+
+/// Seconds per cell id from a run, for cells that actually ran.
+pub fn durations(run: &RunReceipt) -> HashMap<String, f64> {
+    run.nodes
+        .iter()
+        .filter(|n| n.verdict != crate::events::Verdict::Skipped && n.seconds > 0.0)
+        .map(|n| (n.id.clone(), n.seconds))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_stay_under_the_tree() {
+        let t = Tree::new(Path::new("/r"), "abc-dirty", "smoke");
+        assert_eq!(
+            t.receipt_json("x-1"),
+            PathBuf::from("/r/abc-dirty/smoke/nodes/x-1/receipt.json")
+        );
+        assert_eq!(
+            t.attempt_dir("x-1", 2),
+            PathBuf::from("/r/abc-dirty/smoke/nodes/x-1/attempt-2")
+        );
+    }
+
+    #[test]
+    fn lock_names_the_holder_and_takes_over_stale_locks() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Tree::new(dir.path(), "c", "m");
+        let held = RunLock::acquire(&t).unwrap();
+        let err = RunLock::acquire(&t).unwrap_err();
+        assert!(
+            err.contains(&format!("pid {}", std::process::id())),
+            "{err}"
+        );
+        drop(held);
+        assert!(!t.lock_file().exists());
+        // A pid that cannot exist: the lock is stale and is taken over.
+        std::fs::write(t.lock_file(), "2147483646\n").unwrap();
+        let _again = RunLock::acquire(&t).unwrap();
+    }
+}

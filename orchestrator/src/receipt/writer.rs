@@ -1,0 +1,126 @@
+//! The receipt writer: a run listener that files each node's receipt as soon as the node
+//! finishes, keeps `run.json` current (written at the start with `verdict = "running"`,
+//! rewritten at the end), and renders `summary.md` and `junit.xml` when the run ends.
+//!
+//! Every file is written atomically, so a run killed at any point leaves a tree that
+//! `run --resume` can complete.
+
+use super::tree::Tree;
+use super::{NodeIndexEntry, NodeReceipt, RunReceipt, write_atomic, write_json};
+use crate::events::{Event, Listener};
+
+/// Writes the receipt tree of one run.
+#[derive(Debug)]
+pub struct ReceiptWriter {
+    tree: Tree,
+    run: RunReceipt,
+    entries: Vec<Option<NodeIndexEntry>>,
+    receipts: Vec<Option<Box<NodeReceipt>>>,
+    errors: Vec<String>,
+}
+
+impl ReceiptWriter {
+    /// `header` is `run.json` as known before the run (no nodes, no end).
+    pub fn new(tree: Tree, header: RunReceipt, cells: usize) -> ReceiptWriter {
+        ReceiptWriter {
+            tree,
+            run: header,
+            entries: vec![None; cells],
+            receipts: vec![None; cells],
+            errors: Vec::new(),
+        }
+    }
+
+    /// The receipt of each cell, by plan order (`None` for cells not written).
+    pub fn receipts(&self) -> &[Option<Box<NodeReceipt>>] {
+        &self.receipts
+    }
+
+    /// `run.json` as last written.
+    pub fn run(&self) -> &RunReceipt {
+        &self.run
+    }
+
+    fn record(&mut self, r: Result<(), String>) {
+        if let Err(e) = r {
+            self.errors.push(e);
+        }
+    }
+}
+
+impl Listener for ReceiptWriter {
+    fn on_event(&mut self, event: &Event) {
+        match event {
+            Event::RunStarted { .. } => {
+                let r = std::fs::create_dir_all(self.tree.nodes())
+                    .map_err(|e| format!("{}: cannot create: {e}", self.tree.nodes().display()))
+                    .and_then(|()| write_json(&self.tree.run_json(), &self.run));
+                self.record(r);
+            }
+            Event::NodeFinished {
+                cell,
+                id,
+                kind,
+                verdict,
+                reason,
+                seconds,
+                receipt,
+                reused,
+            } => {
+                self.entries[cell.0] = Some(NodeIndexEntry {
+                    id: id.0.clone(),
+                    kind: *kind,
+                    slug: receipt.as_ref().map(|r| r.slug.clone()),
+                    verdict: *verdict,
+                    seconds: *seconds,
+                    reason: reason.clone(),
+                });
+                if let Some(r) = receipt {
+                    if !reused {
+                        let dir = self.tree.node_dir(&r.slug);
+                        let res = std::fs::create_dir_all(&dir)
+                            .map_err(|e| format!("{}: cannot create: {e}", dir.display()))
+                            .and_then(|()| write_json(&self.tree.receipt_json(&r.slug), r));
+                        self.record(res);
+                    }
+                    self.receipts[cell.0] = Some(r.clone());
+                }
+            }
+            Event::RunFinished {
+                counts,
+                elapsed,
+                interrupted,
+            } => {
+                self.run.nodes = self.entries.iter().flatten().cloned().collect();
+                self.run.counts = counts.clone();
+                self.run.end = Some(
+                    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+                );
+                self.run.seconds = Some(elapsed.as_secs_f64());
+                self.run.interrupted = *interrupted;
+                let ok = counts.iter().all(|(v, n)| *n == 0 || v.as_expected());
+                self.run.verdict = if ok && !interrupted { "pass" } else { "fail" }.to_string();
+                let r = write_json(&self.tree.run_json(), &self.run);
+                self.record(r);
+                let md = crate::report::summary::markdown(&self.run);
+                let r = write_atomic(&self.tree.summary_md(), md.as_bytes());
+                self.record(r);
+                let r = crate::junit::render(&self.run, &self.receipts)
+                    .and_then(|xml| write_atomic(&self.tree.junit_xml(), xml.as_bytes()));
+                self.record(r);
+            }
+            Event::NodeStarted { .. } | Event::AttemptFinished { .. } => {}
+        }
+    }
+
+    fn finish(&mut self) -> Result<(), String> {
+        if self.errors.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "the receipt tree is incomplete: {}",
+                self.errors.join("; ")
+            ))
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! The live display of a run, as a listener. On a terminal: an overall bar (done/total,
+//! pass/fail counts, ETA from the previous run's durations) and a line per GPU and CPU slot
+//! showing the running cell and its elapsed time (indicatif). Elsewhere (cron, CI logs): one
+//! plain line per event on stderr. Quiet: nothing.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::cli::ProgressMode;
+use crate::events::{Event, Listener, Placement, Verdict};
+use crate::gpus::Inventory;
+use crate::plan::{CellIndex, Plan};
+use crate::schedule::DEFAULT_ESTIMATE;
+
+/// CPU slots shown as their own line at most; more would push the GPUs off the screen.
+const MAX_CPU_LINES: usize = 8;
+
+/// The progress listener.
+pub struct Progress {
+    mode: ProgressMode,
+    total: usize,
+    done: usize,
+    passed: usize,
+    not_as_expected: usize,
+    /// Estimated seconds per cell, and the sum over cells not finished.
+    estimates: Vec<f64>,
+    remaining_work: f64,
+    lanes_per_run: usize,
+    gpu_labels: Vec<String>,
+    placement: HashMap<CellIndex, Placement>,
+    started: Instant,
+    bars: Option<Bars>,
+}
+
+struct Bars {
+    multi: MultiProgress,
+    overall: ProgressBar,
+    gpu_lines: Vec<ProgressBar>,
+    cpu_lines: Vec<ProgressBar>,
+}
+
+impl Progress {
+    pub fn new(mode: ProgressMode, plan: &Plan, inventory: &Inventory) -> Progress {
+        Progress {
+            mode,
+            total: plan.cells.len(),
+            done: 0,
+            passed: 0,
+            not_as_expected: 0,
+            estimates: Vec::new(),
+            remaining_work: 0.0,
+            lanes_per_run: 1,
+            gpu_labels: inventory
+                .gpus
+                .iter()
+                .map(|g| format!("gpu {}", g.index))
+                .collect(),
+            placement: HashMap::new(),
+            started: Instant::now(),
+            bars: None,
+        }
+    }
+
+    fn eta(&self) -> Option<Duration> {
+        if self.done == 0 && self.remaining_work == 0.0 {
+            return None;
+        }
+        Some(Duration::from_secs_f64(
+            (self.remaining_work / self.lanes_per_run.max(1) as f64).max(0.0),
+        ))
+    }
+
+    fn overall_message(&self) -> String {
+        let eta = self.eta().map(|d| {
+            format!(
+                "  eta {}",
+                humantime::format_duration(Duration::from_secs(d.as_secs()))
+            )
+        });
+        format!(
+            "pass {}  not as expected {}{}",
+            self.passed,
+            self.not_as_expected,
+            eta.unwrap_or_default()
+        )
+    }
+
+    fn lane(&self, p: &Placement) -> Vec<ProgressBar> {
+        let Some(b) = &self.bars else {
+            return Vec::new();
+        };
+        match p {
+            Placement::Gpus(list) => list
+                .iter()
+                .filter_map(|&i| b.gpu_lines.get(i).cloned())
+                .collect(),
+            Placement::CpuSlot(s) => b.cpu_lines.get(*s).cloned().into_iter().collect(),
+        }
+    }
+
+    fn where_(&self, p: &Placement) -> String {
+        match p {
+            Placement::Gpus(list) => {
+                let ids: Vec<String> = list
+                    .iter()
+                    .map(|&i| self.gpu_labels.get(i).cloned().unwrap_or_default())
+                    .collect();
+                format!("on {}", ids.join(", "))
+            }
+            Placement::CpuSlot(s) => format!("on cpu slot {s}"),
+        }
+    }
+}
+
+fn lane_bar(multi: &MultiProgress, label: String) -> ProgressBar {
+    let bar = multi.add(ProgressBar::new_spinner());
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>8} {spinner} {wide_msg} {elapsed:>5}")
+            .expect("the lane template is valid"),
+    );
+    bar.set_prefix(label);
+    bar.set_message("idle");
+    bar.enable_steady_tick(Duration::from_millis(250));
+    bar
+}
+
+impl Listener for Progress {
+    fn on_event(&mut self, event: &Event) {
+        match event {
+            Event::RunStarted {
+                total,
+                estimates,
+                gpus,
+                cpu_slots,
+            } => {
+                self.started = Instant::now();
+                let known: Vec<f64> = estimates.iter().flatten().copied().collect();
+                let fallback = if known.is_empty() {
+                    DEFAULT_ESTIMATE
+                } else {
+                    known.iter().sum::<f64>() / known.len() as f64
+                };
+                self.estimates = estimates.iter().map(|e| e.unwrap_or(fallback)).collect();
+                self.remaining_work = if known.is_empty() {
+                    0.0
+                } else {
+                    self.estimates.iter().sum()
+                };
+                self.lanes_per_run = gpus + cpu_slots;
+                match self.mode {
+                    ProgressMode::Bars => {
+                        let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
+                        let overall = multi.add(ProgressBar::new(*total as u64));
+                        overall.set_style(
+                            ProgressStyle::with_template(
+                                "{prefix:>8} [{bar:30}] {pos}/{len} {msg}",
+                            )
+                            .expect("the overall template is valid")
+                            .progress_chars("=> "),
+                        );
+                        overall.set_prefix("memra");
+                        overall.set_message(self.overall_message());
+                        let gpu_lines = self
+                            .gpu_labels
+                            .iter()
+                            .map(|l| lane_bar(&multi, l.clone()))
+                            .collect();
+                        let cpu_lines = (0..(*cpu_slots).min(MAX_CPU_LINES))
+                            .map(|s| lane_bar(&multi, format!("cpu {s}")))
+                            .collect();
+                        self.bars = Some(Bars {
+                            multi,
+                            overall,
+                            gpu_lines,
+                            cpu_lines,
+                        });
+                    }
+                    ProgressMode::Plain => eprintln!(
+                        "memra-orch: {total} cells, {gpus} GPU{}, {cpu_slots} CPU slot{}",
+                        if *gpus == 1 { "" } else { "s" },
+                        if *cpu_slots == 1 { "" } else { "s" }
+                    ),
+                    ProgressMode::Auto | ProgressMode::Quiet => {}
+                }
+            }
+            Event::NodeStarted {
+                cell,
+                id,
+                placement,
+            } => {
+                self.placement.insert(*cell, placement.clone());
+                for bar in self.lane(placement) {
+                    bar.set_message(id.0.clone());
+                    bar.reset_elapsed();
+                }
+                if self.mode == ProgressMode::Plain {
+                    eprintln!("start    {} {}", id.0, self.where_(placement));
+                }
+            }
+            Event::AttemptFinished {
+                id,
+                attempt,
+                rep,
+                outcome,
+                seconds,
+                ..
+            } => {
+                if self.mode == ProgressMode::Plain
+                    && *outcome != Verdict::Pass
+                    && *outcome != Verdict::Fail
+                {
+                    eprintln!(
+                        "attempt  {} #{attempt} (rep {rep}) ended {outcome} after {seconds:.1}s",
+                        id.0
+                    );
+                }
+            }
+            Event::NodeFinished {
+                cell,
+                id,
+                verdict,
+                reason,
+                seconds,
+                reused,
+                ..
+            } => {
+                self.done += 1;
+                if *verdict == Verdict::Pass {
+                    self.passed += 1;
+                } else if !verdict.as_expected() {
+                    self.not_as_expected += 1;
+                }
+                if let Some(e) = self.estimates.get(cell.0) {
+                    self.remaining_work = (self.remaining_work - e).max(0.0);
+                }
+                if let Some(p) = self.placement.remove(cell) {
+                    for bar in self.lane(&p) {
+                        bar.set_message("idle");
+                    }
+                }
+                let msg = self.overall_message();
+                if let Some(b) = &self.bars {
+                    b.overall.set_position(self.done as u64);
+                    b.overall.set_message(msg);
+                    if !verdict.as_expected() {
+                        let why = reason
+                            .as_deref()
+                            .map(|r| format!(": {r}"))
+                            .unwrap_or_default();
+                        b.overall.println(format!(
+                            "{:>8} {}{why}",
+                            verdict.as_str().to_uppercase(),
+                            id.0
+                        ));
+                    }
+                }
+                if self.mode == ProgressMode::Plain {
+                    let w = self.total.to_string().len();
+                    let why = reason
+                        .as_deref()
+                        .map(|r| format!("  ({r})"))
+                        .unwrap_or_default();
+                    let reused = if *reused {
+                        "  [kept from the earlier run]"
+                    } else {
+                        ""
+                    };
+                    eprintln!(
+                        "[{:>w$}/{}] {:<9} {:>7.2}s  {}{why}{reused}",
+                        self.done,
+                        self.total,
+                        verdict.as_str(),
+                        seconds,
+                        id.0
+                    );
+                }
+            }
+            Event::RunFinished { .. } => {
+                if let Some(b) = self.bars.take() {
+                    for bar in b.gpu_lines.iter().chain(&b.cpu_lines) {
+                        bar.finish_and_clear();
+                    }
+                    b.overall.finish_and_clear();
+                    let _ = b.multi.clear();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! The end-of-run summary: counts per verdict and a row per node that did not pass (every
+//! node for small runs), as a terminal table and as the tree's `summary.md`.
+
+use std::fmt::Write;
+
+use crate::events::Verdict;
+use crate::receipt::tree::Tree;
+use crate::receipt::{NodeIndexEntry, NodeReceipt, RunReceipt};
+use crate::run::RunOutcome;
+
+/// Runs with at most this many nodes list every node in the terminal table.
+const LIST_ALL_UP_TO: usize = 30;
+
+/// The terminal table printed after a run.
+pub fn table(receipts: &[Option<Box<NodeReceipt>>], outcome: &RunOutcome, tree: &Tree) -> String {
+    let mut rows: Vec<(Verdict, f64, String, String)> = Vec::new();
+    let listed = outcome.verdicts.len() <= LIST_ALL_UP_TO;
+    for r in receipts.iter().flatten() {
+        if listed || r.verdict != Verdict::Pass {
+            rows.push((
+                r.verdict,
+                r.seconds,
+                r.id.clone(),
+                r.reason.clone().unwrap_or_default(),
+            ));
+        }
+    }
+    let mut out = String::new();
+    if !rows.is_empty() {
+        let id_w = rows
+            .iter()
+            .map(|r| r.2.chars().count())
+            .max()
+            .unwrap_or(4)
+            .clamp(4, 60);
+        let _ = writeln!(
+            out,
+            "{:<9} {:>8}  {:<id_w$}  reason",
+            "verdict", "seconds", "node"
+        );
+        for (v, s, id, reason) in &rows {
+            let _ = writeln!(
+                out,
+                "{:<9} {:>8.2}  {:<id_w$}  {}",
+                v.as_str(),
+                s,
+                id,
+                one_line(reason, 100)
+            );
+        }
+        out.push('\n');
+    }
+    let _ = writeln!(out, "{}", counts_line(&outcome.counts));
+    let _ = writeln!(
+        out,
+        "{} in {:.1}s; receipts: {}",
+        if outcome.interrupted {
+            "interrupted"
+        } else if outcome.all_as_expected() {
+            "all as expected"
+        } else {
+            "NOT all as expected"
+        },
+        outcome.elapsed.as_secs_f64(),
+        tree.dir.display()
+    );
+    out
+}
+
+/// `pass 12, fail 1, skipped 2` (verdicts with zero nodes left out).
+pub fn counts_line(counts: &std::collections::BTreeMap<Verdict, usize>) -> String {
+    let parts: Vec<String> = counts
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(v, n)| format!("{v} {n}"))
+        .collect();
+    if parts.is_empty() {
+        "no nodes".to_string()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// `summary.md` of a finished run.
+pub fn markdown(run: &RunReceipt) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# {} at {}\n", run.name, run.commit);
+    let _ = writeln!(
+        out,
+        "Verdict: **{}**{} — {}; started {}, {:.1}s on {}.\n",
+        run.verdict,
+        if run.interrupted {
+            " (interrupted)"
+        } else {
+            ""
+        },
+        counts_line(&run.counts),
+        run.start,
+        run.seconds.unwrap_or(0.0),
+        md_escape(&run.host),
+    );
+    let _ = writeln!(out, "| node | kind | verdict | seconds | reason |");
+    let _ = writeln!(out, "|---|---|---|---:|---|");
+    let mut nodes: Vec<&NodeIndexEntry> = run.nodes.iter().collect();
+    // Problems first, then in plan order.
+    nodes.sort_by_key(|n| n.verdict == Verdict::Pass || n.verdict == Verdict::Skipped);
+    for n in nodes {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.2} | {} |",
+            md_escape(&n.id),
+            serde_json::to_value(n.kind)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            n.verdict,
+            n.seconds,
+            md_escape(&one_line(n.reason.as_deref().unwrap_or(""), 200)),
+        );
+    }
+    out
+}
+
+fn one_line(s: &str, max: usize) -> String {
+    let flat: String = s
+        .chars()
+        .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
+        .collect();
+    if flat.chars().count() <= max {
+        flat
+    } else {
+        let cut: String = flat.chars().take(max).collect();
+        format!("{cut}…")
+    }
+}
+
+fn md_escape(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::count;
+    use crate::plan::NodeKind;
+
+    #[test]
+    fn markdown_lists_problems_first_and_escapes_pipes() {
+        let entry = |id: &str, verdict, reason: Option<&str>| NodeIndexEntry {
+            id: id.into(),
+            kind: NodeKind::Arm,
+            slug: None,
+            verdict,
+            seconds: 1.0,
+            reason: reason.map(str::to_string),
+        };
+        let run = RunReceipt {
+            schema: 1,
+            name: "smoke".into(),
+            manifest: crate::receipt::FileDigest {
+                path: "m".into(),
+                bytes: 0,
+                sha256: String::new(),
+            },
+            env_matrices: vec![],
+            commit: "abc".into(),
+            commit_sha: None,
+            dirty: false,
+            host: "h".into(),
+            orchestrator_version: "0".into(),
+            inventory: serde_json::Value::Null,
+            cpu_slots: 1,
+            filters: vec![],
+            resumed: false,
+            start: "t".into(),
+            end: Some("t".into()),
+            seconds: Some(2.0),
+            interrupted: false,
+            counts: count([Verdict::Pass, Verdict::Fail]),
+            verdict: "fail".into(),
+            nodes: vec![
+                entry("a", Verdict::Pass, None),
+                entry("b|c", Verdict::Fail, Some("check x failed\nmore")),
+            ],
+        };
+        let md = markdown(&run);
+        let b = md.find("b\\|c").unwrap();
+        let a = md.find("| a |").unwrap();
+        assert!(b < a, "{md}");
+        assert!(md.contains("check x failed more"));
+        assert!(md.contains("pass 1, fail 1"));
+    }
+}
