@@ -7,3 +7,5 @@ pub mod reference;
 pub mod gguf;
 pub mod hparams;
 pub mod quant;
+pub mod backend;
+pub mod sampling;

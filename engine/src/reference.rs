@@ -15,6 +15,27 @@ use crate::model::{LlamaConfig, LlamaModel, Weight};
 ///
 /// Errors name the offending token when one is outside the vocabulary.
 pub fn forward(model: &LlamaModel, tokens: &[u32]) -> Result<Vec<f32>, String> {
+    forward_with(model, tokens, Activations::F32)
+}
+
+/// What the oracle feeds a matvec of quantized weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activations {
+    /// The f32 activations themselves: the model as trained, the quantization of the
+    /// activations counted as error.
+    F32,
+    /// The activations rounded through q8_1 first (per block of 32: `d = amax/127` stored
+    /// as f16, `x ≈ d·round(x/d)`), exactly where the engine quantizes them: the model as the
+    /// engine's quantized path defines it, so only composition differences remain.
+    Q8_1,
+}
+
+/// [`forward`] with a choice of what quantized weights see.
+pub fn forward_with(
+    model: &LlamaModel,
+    tokens: &[u32],
+    acts: Activations,
+) -> Result<Vec<f32>, String> {
     let c = &model.config;
     if let Some((i, &t)) = tokens
         .iter()
@@ -37,20 +58,20 @@ pub fn forward(model: &LlamaModel, tokens: &[u32]) -> Result<Vec<f32>, String> {
 
     for layer in &model.layers {
         let xn = rmsnorm_rows(&x, &layer.attn_norm, c.rms_eps);
-        let mut q = matmul(&layer.wq, &xn);
-        let mut k = matmul(&layer.wk, &xn);
-        let v = matmul(&layer.wv, &xn);
+        let mut q = matmul(&layer.wq, &xn, acts);
+        let mut k = matmul(&layer.wk, &xn, acts);
+        let v = matmul(&layer.wv, &xn, acts);
         for pos in 0..n {
             rope(&mut q[pos * c.q_dim()..(pos + 1) * c.q_dim()], pos, c);
             rope(&mut k[pos * c.kv_dim()..(pos + 1) * c.kv_dim()], pos, c);
         }
         let att = attention(&q, &k, &v, n, c);
-        let o = matmul(&layer.wo, &att);
+        let o = matmul(&layer.wo, &att, acts);
         add_into(&mut x, &o);
 
         let xn = rmsnorm_rows(&x, &layer.ffn_norm, c.rms_eps);
-        let gate = matmul(&layer.w_gate, &xn);
-        let up = matmul(&layer.w_up, &xn);
+        let gate = matmul(&layer.w_gate, &xn, acts);
+        let up = matmul(&layer.w_up, &xn, acts);
         let h: Vec<f32> = gate
             .iter()
             .zip(&up)
@@ -59,12 +80,12 @@ pub fn forward(model: &LlamaModel, tokens: &[u32]) -> Result<Vec<f32>, String> {
                 (g / (1.0 + (-g).exp()) * u as f64) as f32
             })
             .collect();
-        let down = matmul(&layer.w_down, &h);
+        let down = matmul(&layer.w_down, &h, acts);
         add_into(&mut x, &down);
     }
 
     let xn = rmsnorm_rows(&x, &model.output_norm, c.rms_eps);
-    Ok(matmul(model.head(), &xn))
+    Ok(matmul(model.head(), &xn, acts))
 }
 
 /// `x · r · g` per row with `r = 1/sqrt(mean(x²) + eps)`.
@@ -82,20 +103,109 @@ fn rmsnorm_rows(x: &[f32], g: &[f32], eps: f32) -> Vec<f32> {
 }
 
 /// `y[t] = W · x[t]` for every row `t` of `x` (`[n, cols]` → `[n, rows]`), f64 accumulation.
-fn matmul(w: &Weight, x: &[f32]) -> Vec<f32> {
-    let wf = w.to_f32();
+///
+/// Each weight block is split into its scaled part `a_j` and its constant offset `c`
+/// (q4_0: `d·n_j` and `-8·d`; q4_1: `d·n_j` and `m`; q8_0 and floats: `w_j` and 0), so a
+/// block's product is `Σ a_j·x_j + c·Σ x_j`. Under [`Activations::Q8_1`] the activations of
+/// a quantized weight are its q8_1 blocks: `x_j` becomes `d·q_j` and `Σ x_j` the block's
+/// stored float sum `s`, both as f16 — the meaning ggml gives a q4/q8 × q8_1 product.
+fn matmul(w: &Weight, x: &[f32], acts: Activations) -> Vec<f32> {
+    let (a, c) = weight_parts(w);
+    let quantize = acts == Activations::Q8_1 && w.data.is_quantized();
     let n = x.len() / w.cols;
+    let nb = w.cols / 32;
     let mut y = vec![0.0f32; n * w.rows];
     y.par_chunks_exact_mut(w.rows)
         .zip(x.par_chunks_exact(w.cols))
         .for_each(|(yt, xt)| {
+            let (xv, sums) = activation_parts(xt, quantize);
             for (r, out) in yt.iter_mut().enumerate() {
-                let wr = &wf[r * w.cols..(r + 1) * w.cols];
-                let acc: f64 = wr.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let ar = &a[r * w.cols..(r + 1) * w.cols];
+                let mut acc: f64 = ar.iter().zip(&xv).map(|(&p, &q)| p * q).sum();
+                if let Some(c) = &c {
+                    acc += c[r * nb..(r + 1) * nb]
+                        .iter()
+                        .zip(&sums)
+                        .map(|(&p, &q)| p * q)
+                        .sum::<f64>();
+                }
                 *out = acc as f32;
             }
         });
     y
+}
+
+/// The scaled parts of every weight value and, for block types with an offset, each block's
+/// offset (see [`matmul`]).
+fn weight_parts(w: &Weight) -> (Vec<f64>, Option<Vec<f64>>) {
+    use crate::model::WeightData;
+    let mut a = Vec::with_capacity(w.rows * w.cols);
+    let nibbles = |qs: &[u8; 16]| {
+        let mut n = [0u8; 32];
+        for j in 0..16 {
+            n[j] = qs[j] & 0x0f;
+            n[j + 16] = qs[j] >> 4;
+        }
+        n
+    };
+    match &w.data {
+        WeightData::Q4_0(blocks) => {
+            let mut c = Vec::with_capacity(blocks.len());
+            for b in blocks {
+                let d = b.d.to_f64();
+                a.extend(nibbles(&b.qs).iter().map(|&n| d * n as f64));
+                c.push(-8.0 * d);
+            }
+            (a, Some(c))
+        }
+        WeightData::Q4_1(blocks) => {
+            let mut c = Vec::with_capacity(blocks.len());
+            for b in blocks {
+                let d = b.d.to_f64();
+                a.extend(nibbles(&b.qs).iter().map(|&n| d * n as f64));
+                c.push(b.m.to_f64());
+            }
+            (a, Some(c))
+        }
+        WeightData::Q8_0(blocks) => {
+            for b in blocks {
+                let d = b.d.to_f64();
+                a.extend(b.qs.iter().map(|&q| d * q as f64));
+            }
+            (a, None)
+        }
+        _ => (w.to_f32().iter().map(|&v| v as f64).collect(), None),
+    }
+}
+
+/// One activation row as the values a weight's scaled parts meet and the per-block sums its
+/// offsets meet: the f32 values and their exact sums, or under `quantize` the row's q8_1
+/// blocks (`d = amax/127`, `q_j = round(x_j/d)` half away from zero, `d` and `s = Σ x_j`
+/// stored as f16).
+fn activation_parts(x: &[f32], quantize: bool) -> (Vec<f64>, Vec<f64>) {
+    let mut values = Vec::with_capacity(x.len());
+    let mut sums = Vec::with_capacity(x.len() / 32);
+    for block in x.chunks(32) {
+        let sum: f64 = block.iter().map(|&v| v as f64).sum();
+        if quantize {
+            let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let d16 = half::f16::from_f32(d).to_f64();
+            for &v in block {
+                let q = if amax == 0.0 {
+                    0.0
+                } else {
+                    (v / d).round() as f64
+                };
+                values.push(d16 * q);
+            }
+            sums.push(half::f16::from_f64(sum).to_f64());
+        } else {
+            values.extend(block.iter().map(|&v| v as f64));
+            sums.push(sum);
+        }
+    }
+    (values, sums)
 }
 
 /// llama.cpp's "normal" RoPE for llama-arch GGUF: within each head, the adjacent pair

@@ -3,10 +3,12 @@
 //!
 //! This module says *what* the model is; it computes nothing. The host f32 oracle
 //! (`crate::reference`) and the backends (`crate::backend`) run it. Reading a GGUF file into
-//! these types lives in `load`; the GGUF format itself belongs to `crate::gguf`.
+//! these types lives in [`load`]; the GGUF format itself belongs to `crate::gguf`.
 
+pub mod load;
 mod weight;
 
+pub use load::LoadError;
 pub use weight::{Weight, WeightData, WeightError};
 
 /// The shape of a llama-architecture model, everything the forward pass needs.

@@ -1,0 +1,594 @@
+//! The CPU backend: the engine API computed with the kernel twins of `memra_kernels::twin`,
+//! so every number is the one the CUDA kernels produce (up to `exp`).
+//!
+//! It owns scheduling on the host (rayon over matvec rows, never changing a row's
+//! arithmetic), the KV caches and the choice between the two decode compositions of
+//! DESIGN §7: the *separate* composition (rmsnorm → q8_1 → matvec with every scale inside)
+//! used by prefill and the batched path, and the *fused* tier of the single-sequence path
+//! (rmsnorm+quantize fused, the norm factor applied as a post-op by RoPE, the KV store, SwiGLU
+//! and the head's scale). The numeric definition of each step is the twins'.
+//!
+//! Layers live in [`Stage`]s, each owning its layers' weights and their KV caches, and the
+//! layer loop runs stage by stage, so `MEMRA_PP_STAGES` splits the model the way a multi-GPU
+//! backend does.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use memra_kernels::blocks::{BlockQ8_1, QK};
+use memra_kernels::twin::{self, AttnShape, MatvecFamily, WeightRows};
+use rayon::prelude::*;
+
+use super::{Backend, EngineError, SeqId, canary_token};
+use crate::doors::{Doors, DoorsReport};
+use crate::model::{LayerWeights, LlamaConfig, LlamaModel, Weight, WeightData};
+
+/// Which composition a forward pass runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tier {
+    /// rmsnorm and q8_1 quantization separate, scales inside the matvec.
+    Separate,
+    /// rmsnorm+quantize fused, the norm factor applied after the matvec.
+    Fused,
+}
+
+/// The KV cache of one sequence in one layer: `capacity` positions of `kv_dim` floats each.
+struct LayerKv {
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+/// One layer: its weights and the KV caches of every open sequence.
+struct CpuLayer {
+    w: LayerWeights,
+    kv: BTreeMap<SeqId, LayerKv>,
+}
+
+/// A pipeline stage: a contiguous range of layers it owns outright.
+pub struct Stage {
+    /// The model layers this stage runs.
+    pub layers: Range<usize>,
+    blocks: Vec<CpuLayer>,
+}
+
+struct SeqState {
+    len: usize,
+    capacity: usize,
+}
+
+/// The CPU backend. See the module docs.
+pub struct CpuBackend {
+    config: LlamaConfig,
+    doors: Doors,
+    family: MatvecFamily,
+    /// Whether the single-sequence path runs the fused tier (refused under MEMRA_MMVQ=0).
+    fused_single: bool,
+    token_embd: Weight,
+    output_norm: Vec<f32>,
+    output: Option<Weight>,
+    stages: Vec<Stage>,
+    rope_table: Vec<f32>,
+    seqs: BTreeMap<SeqId, SeqState>,
+    quantized: bool,
+}
+
+/// One row of a forward pass: which sequence, at which position, with which token.
+#[derive(Debug, Clone, Copy)]
+struct RowSpec {
+    seq: SeqId,
+    pos: usize,
+    token: u32,
+}
+
+/// The activations of a batch of rows in the two forms the matvecs take: f32 (float
+/// weights) and q8_1 (quantized weights). `scale` is the per-row factor the fused tier
+/// applies after the matvec (`None` on the separate composition).
+struct Acts {
+    f: Vec<f32>,
+    q: Vec<BlockQ8_1>,
+    scale: Option<Vec<f32>>,
+}
+
+/// Rows of one rayon task of a quantized matvec: enough work to amortise scheduling while
+/// leaving several tasks per core for balance.
+const ROWS_PER_TASK: usize = 64;
+
+impl CpuBackend {
+    /// Builds the backend over `model` with `doors` (read once by the caller).
+    pub fn new(model: LlamaModel, doors: Doors) -> Result<CpuBackend, EngineError> {
+        model.validate().map_err(EngineError::Model)?;
+        let quantized = model.has_quantized();
+        let config = model.config.clone();
+        let ranges = doors
+            .stage_ranges(config.n_layer)
+            .map_err(EngineError::Model)?;
+        let mut layers = model.layers.into_iter();
+        let stages = ranges
+            .into_iter()
+            .map(|range| Stage {
+                blocks: layers
+                    .by_ref()
+                    .take(range.len())
+                    .map(|w| CpuLayer {
+                        w,
+                        kv: BTreeMap::new(),
+                    })
+                    .collect(),
+                layers: range,
+            })
+            .collect();
+        let family = if doors.mmvq {
+            MatvecFamily::Mmvq
+        } else {
+            MatvecFamily::Dp4a
+        };
+        let rope_table = twin::rope_table(config.head_dim, config.rope_base, config.n_ctx);
+        Ok(CpuBackend {
+            fused_single: doors.mmvq && !doors.no_fuse_normq,
+            family,
+            doors,
+            token_embd: model.token_embd,
+            output_norm: model.output_norm,
+            output: model.output,
+            stages,
+            rope_table,
+            seqs: BTreeMap::new(),
+            quantized,
+            config,
+        })
+    }
+
+    /// The pipeline stages and the layers each owns.
+    pub fn stages(&self) -> &[Stage] {
+        &self.stages
+    }
+
+    fn head(&self) -> &Weight {
+        self.output.as_ref().unwrap_or(&self.token_embd)
+    }
+
+    fn check_token(&self, token: u32) -> Result<(), EngineError> {
+        if (token as usize) < self.config.n_vocab {
+            Ok(())
+        } else {
+            Err(EngineError::BadToken {
+                token,
+                n_vocab: self.config.n_vocab,
+            })
+        }
+    }
+
+    /// Reserves `adding` positions of `seq`, returning the first.
+    fn reserve(&self, seq: SeqId, adding: usize) -> Result<usize, EngineError> {
+        let st = self
+            .seqs
+            .get(&seq)
+            .ok_or(EngineError::UnknownSequence(seq))?;
+        if st.len + adding > st.capacity {
+            return Err(EngineError::CacheFull {
+                seq,
+                len: st.len,
+                capacity: st.capacity,
+                adding,
+            });
+        }
+        Ok(st.len)
+    }
+
+    /// Runs `rows` through the model with composition `tier`, appending each row's K and V
+    /// to its sequence's caches, and returns the logits of the rows selected by
+    /// `logits_rows` (`[selected, n_vocab]`).
+    fn forward(
+        &mut self,
+        rows: &[RowSpec],
+        tier: Tier,
+        logits_rows: Range<usize>,
+    ) -> Result<Vec<f32>, EngineError> {
+        let c = self.config.clone();
+        let n = rows.len();
+        let mut x = vec![0.0f32; n * c.n_embd];
+        for (xr, row) in x.chunks_exact_mut(c.n_embd).zip(rows) {
+            self.token_embd.row_f32(row.token as usize, xr);
+        }
+        let family = self.family;
+        let split_k = self.doors.fa3;
+        let table = &self.rope_table;
+        for stage in &mut self.stages {
+            for layer in &mut stage.blocks {
+                layer_forward(&c, family, tier, split_k, table, layer, rows, &mut x)?;
+            }
+        }
+        let sel = &x[logits_rows.start * c.n_embd..logits_rows.end * c.n_embd];
+        if sel.is_empty() {
+            return Ok(Vec::new());
+        }
+        let acts = normed_acts(sel, &self.output_norm, c.rms_eps, tier)?;
+        let mut logits = matmul(family, self.head(), &acts)?;
+        post_scale_rows(&mut logits, c.n_vocab, &acts)?;
+        Ok(logits)
+    }
+
+    fn commit_positions(&mut self, seq: SeqId, added: usize) {
+        if let Some(st) = self.seqs.get_mut(&seq) {
+            st.len += added;
+        }
+    }
+}
+
+/// `rmsnorm` of every row in the composition of `tier`, as activations for a matvec.
+fn normed_acts(x: &[f32], g: &[f32], eps: f32, tier: Tier) -> Result<Acts, EngineError> {
+    let d = g.len();
+    let n = x.len() / d;
+    let mut q = vec![zero_q8_1(); x.len() / QK];
+    match tier {
+        Tier::Separate => {
+            let mut f = vec![0.0f32; x.len()];
+            for (xr, fr) in x.chunks_exact(d).zip(f.chunks_exact_mut(d)) {
+                twin::rmsnorm(xr, g, eps, fr).map_err(twin_err)?;
+            }
+            twin::quantize_q8_1(&f, &mut q).map_err(twin_err)?;
+            Ok(Acts { f, q, scale: None })
+        }
+        Tier::Fused => {
+            let mut scale = Vec::with_capacity(n);
+            for (xr, qr) in x.chunks_exact(d).zip(q.chunks_exact_mut(d / QK)) {
+                scale.push(twin::rmsnorm_quantize_fused(xr, g, eps, qr).map_err(twin_err)?);
+            }
+            // Float weights in the fused tier see the same unscaled x·g that was quantized.
+            let f = x
+                .chunks_exact(d)
+                .flat_map(|xr| xr.iter().zip(g).map(|(&a, &b)| a * b))
+                .collect();
+            Ok(Acts {
+                f,
+                q,
+                scale: Some(scale),
+            })
+        }
+    }
+}
+
+/// Plain activations (no norm, no post-op): the attention output into `wo`, SwiGLU into
+/// `w_down`.
+fn plain_acts(x: Vec<f32>) -> Result<Acts, EngineError> {
+    let mut q = vec![zero_q8_1(); x.len() / QK];
+    twin::quantize_q8_1(&x, &mut q).map_err(twin_err)?;
+    Ok(Acts {
+        f: x,
+        q,
+        scale: None,
+    })
+}
+
+/// Applies the fused tier's per-row factor to a `[rows, width]` output with the twins'
+/// scale kernel (a no-op on the separate composition).
+fn post_scale_rows(y: &mut [f32], width: usize, acts: &Acts) -> Result<(), EngineError> {
+    if let Some(scale) = &acts.scale {
+        for (yr, &r) in y.chunks_exact_mut(width).zip(scale) {
+            twin::scale(yr, r);
+        }
+    }
+    Ok(())
+}
+
+fn zero_q8_1() -> BlockQ8_1 {
+    BlockQ8_1 {
+        d: half::f16::ZERO,
+        s: half::f16::ZERO,
+        qs: [0; QK],
+    }
+}
+
+fn twin_err(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Model(format!("kernel twin refused a call: {e}"))
+}
+
+fn weight_rows(w: &Weight) -> WeightRows<'_> {
+    match &w.data {
+        WeightData::Q4_0(v) => WeightRows::Q4_0(v),
+        WeightData::Q4_1(v) => WeightRows::Q4_1(v),
+        WeightData::Q8_0(v) => WeightRows::Q8_0(v),
+        WeightData::F32(v) => WeightRows::F32(v),
+        WeightData::F16(v) => WeightRows::F16(v),
+        WeightData::BF16(v) => WeightRows::BF16(v),
+    }
+}
+
+/// `y[b] = W · x[b]` for every activation row, `[batch, w.rows]`. Rows of `W` are split
+/// across threads; each output value is computed by one twin call with the arithmetic of a
+/// single-row matvec, so the split and the batch size never change a bit.
+fn matmul(family: MatvecFamily, w: &Weight, acts: &Acts) -> Result<Vec<f32>, EngineError> {
+    let batch = acts.f.len() / w.cols;
+    let rows = w.rows;
+    let wr = weight_rows(w);
+    let mut y = vec![0.0f32; batch * rows];
+    if w.data.is_quantized() {
+        let chunks: Vec<Range<usize>> = (0..rows)
+            .step_by(ROWS_PER_TASK)
+            .map(|s| s..(s + ROWS_PER_TASK).min(rows))
+            .collect();
+        let parts: Vec<Vec<f32>> = chunks
+            .par_iter()
+            .map(|r| {
+                let mut part = vec![0.0f32; batch * r.len()];
+                twin::matvec_batch_rows(family, wr, w.cols, &acts.q, batch, r.clone(), &mut part)
+                    .map(|_| part)
+            })
+            .collect::<Result<_, _>>()
+            .map_err(twin_err)?;
+        for (r, part) in chunks.iter().zip(&parts) {
+            for b in 0..batch {
+                y[b * rows + r.start..b * rows + r.end]
+                    .copy_from_slice(&part[b * r.len()..(b + 1) * r.len()]);
+            }
+        }
+    } else {
+        for (yb, xb) in y.chunks_exact_mut(rows).zip(acts.f.chunks_exact(w.cols)) {
+            yb.par_chunks_mut(ROWS_PER_TASK)
+                .enumerate()
+                .try_for_each(|(i, yc)| {
+                    let start = i * ROWS_PER_TASK;
+                    twin::matvec_f32_rows(wr, w.cols, xb, start..start + yc.len(), yc)
+                })
+                .map_err(twin_err)?;
+        }
+    }
+    Ok(y)
+}
+
+/// One transformer layer over every row, in place on the residual stream `x`.
+fn layer_forward(
+    c: &LlamaConfig,
+    family: MatvecFamily,
+    tier: Tier,
+    split_k: bool,
+    table: &[f32],
+    layer: &mut CpuLayer,
+    rows: &[RowSpec],
+    x: &mut [f32],
+) -> Result<(), EngineError> {
+    let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+    let w = &layer.w;
+
+    // Attention block.
+    let acts = normed_acts(x, &w.attn_norm, c.rms_eps, tier)?;
+    let mut q = matmul(family, &w.wq, &acts)?;
+    let mut k = matmul(family, &w.wk, &acts)?;
+    let v = matmul(family, &w.wv, &acts)?;
+    for (i, row) in rows.iter().enumerate() {
+        let r = acts.scale.as_ref().map(|s| s[i]);
+        twin::rope(
+            &mut q[i * qd..(i + 1) * qd],
+            row.pos,
+            table,
+            c.n_head,
+            hd,
+            r,
+        )
+        .map_err(twin_err)?;
+        twin::rope(
+            &mut k[i * kvd..(i + 1) * kvd],
+            row.pos,
+            table,
+            c.n_head_kv,
+            hd,
+            r,
+        )
+        .map_err(twin_err)?;
+        let cache = layer
+            .kv
+            .get_mut(&row.seq)
+            .ok_or(EngineError::UnknownSequence(row.seq))?;
+        // K was scaled by RoPE already; V takes the fused tier's factor in the store.
+        twin::kv_store(&mut cache.k, row.pos, &k[i * kvd..(i + 1) * kvd], None)
+            .map_err(twin_err)?;
+        twin::kv_store(&mut cache.v, row.pos, &v[i * kvd..(i + 1) * kvd], r).map_err(twin_err)?;
+    }
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut att = vec![0.0f32; rows.len() * qd];
+    let kv = &layer.kv;
+    att.par_chunks_exact_mut(qd)
+        .zip(rows.par_iter())
+        .zip(q.par_chunks_exact(qd))
+        .try_for_each(|((out, row), qr)| {
+            let cache = &kv[&row.seq];
+            let shape = AttnShape {
+                n_heads: c.n_head,
+                n_kv_heads: c.n_head_kv,
+                head_dim: hd,
+                n_tokens: row.pos + 1,
+            };
+            if split_k {
+                twin::attention_split_k(qr, &cache.k, &cache.v, &shape, scale, out)
+            } else {
+                twin::attention_naive(qr, &cache.k, &cache.v, &shape, scale, out)
+            }
+        })
+        .map_err(twin_err)?;
+    let o = matmul(family, &w.wo, &plain_acts(att)?)?;
+    twin::add(x, &o).map_err(twin_err)?;
+
+    // Feed-forward block.
+    let acts = normed_acts(x, &w.ffn_norm, c.rms_eps, tier)?;
+    let gate = matmul(family, &w.w_gate, &acts)?;
+    let up = matmul(family, &w.w_up, &acts)?;
+    let mut h = vec![0.0f32; gate.len()];
+    for (i, ((g, u), hr)) in gate
+        .chunks_exact(c.n_ff)
+        .zip(up.chunks_exact(c.n_ff))
+        .zip(h.chunks_exact_mut(c.n_ff))
+        .enumerate()
+    {
+        let r = acts.scale.as_ref().map(|s| s[i]);
+        twin::swiglu(g, u, hr, r).map_err(twin_err)?;
+    }
+    let down = matmul(family, &w.w_down, &plain_acts(h)?)?;
+    twin::add(x, &down).map_err(twin_err)?;
+    Ok(())
+}
+
+impl Backend for CpuBackend {
+    fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    fn doors_report(&self) -> DoorsReport {
+        let d = &self.doors;
+        DoorsReport {
+            backend: "cpu",
+            matvec: if self.quantized {
+                self.family.name()
+            } else {
+                "float"
+            },
+            norm: if self.fused_single {
+                "fused"
+            } else {
+                "separate"
+            },
+            attention: if d.fa3 { "split-k" } else { "naive" },
+            b1fast: d.serve_b1fast,
+            pp_stages: self.stages.len(),
+            pp_devices: "cpu".into(),
+            pp_splits: self
+                .stages
+                .iter()
+                .map(|s| s.layers.start.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+            gate_seed: d.gate_seed,
+            canary: d.gate_canary,
+        }
+    }
+
+    fn open_sequence(&mut self, seq: SeqId, capacity: usize) -> Result<(), EngineError> {
+        if self.seqs.contains_key(&seq) {
+            return Err(EngineError::SequenceExists(seq));
+        }
+        if capacity == 0 || capacity > self.config.n_ctx {
+            return Err(EngineError::BadCapacity {
+                capacity,
+                n_ctx: self.config.n_ctx,
+            });
+        }
+        let kvd = self.config.kv_dim();
+        for stage in &mut self.stages {
+            for layer in &mut stage.blocks {
+                layer.kv.insert(
+                    seq,
+                    LayerKv {
+                        k: vec![0.0; capacity * kvd],
+                        v: vec![0.0; capacity * kvd],
+                    },
+                );
+            }
+        }
+        self.seqs.insert(seq, SeqState { len: 0, capacity });
+        Ok(())
+    }
+
+    fn close_sequence(&mut self, seq: SeqId) -> Result<(), EngineError> {
+        self.seqs
+            .remove(&seq)
+            .ok_or(EngineError::UnknownSequence(seq))?;
+        for stage in &mut self.stages {
+            for layer in &mut stage.blocks {
+                layer.kv.remove(&seq);
+            }
+        }
+        Ok(())
+    }
+
+    fn seq_len(&self, seq: SeqId) -> Result<usize, EngineError> {
+        self.seqs
+            .get(&seq)
+            .map(|s| s.len)
+            .ok_or(EngineError::UnknownSequence(seq))
+    }
+
+    fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
+        let rows = self.prompt_rows(seq, tokens)?;
+        let logits = self.forward(&rows, Tier::Separate, 0..rows.len())?;
+        self.commit_positions(seq, rows.len());
+        Ok(logits)
+    }
+
+    fn prime(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
+        let rows = self.prompt_rows(seq, tokens)?;
+        let logits = self.forward(&rows, Tier::Separate, rows.len() - 1..rows.len())?;
+        self.commit_positions(seq, rows.len());
+        Ok(logits)
+    }
+
+    fn decode_step_h(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, EngineError> {
+        self.check_token(token)?;
+        let pos = self.reserve(seq, 1)?;
+        let token = canary_token(&self.doors, token, self.config.n_vocab, pos == 1);
+        let tier = if self.fused_single {
+            Tier::Fused
+        } else {
+            Tier::Separate
+        };
+        let logits = self.forward(&[RowSpec { seq, pos, token }], tier, 0..1)?;
+        self.commit_positions(seq, 1);
+        Ok(logits)
+    }
+
+    fn decode_step_batch(
+        &mut self,
+        seqs: &[SeqId],
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, EngineError> {
+        if seqs.len() != tokens.len() {
+            return Err(EngineError::BatchShape {
+                seqs: seqs.len(),
+                tokens: tokens.len(),
+            });
+        }
+        if seqs.is_empty() {
+            return Err(EngineError::Empty { what: "batch" });
+        }
+        if seqs.len() == 1 && self.doors.serve_b1fast {
+            return self.decode_step_h(seqs[0], tokens[0]);
+        }
+        let mut rows = Vec::with_capacity(seqs.len());
+        for (b, (&seq, &token)) in seqs.iter().zip(tokens).enumerate() {
+            self.check_token(token)?;
+            if seqs[..b].contains(&seq) {
+                return Err(EngineError::DuplicateInBatch { seq });
+            }
+            let pos = self.reserve(seq, 1)?;
+            let last_of_many = seqs.len() >= 2 && b == seqs.len() - 1;
+            let token = canary_token(&self.doors, token, self.config.n_vocab, last_of_many);
+            rows.push(RowSpec { seq, pos, token });
+        }
+        let logits = self.forward(&rows, Tier::Separate, 0..rows.len())?;
+        for &seq in seqs {
+            self.commit_positions(seq, 1);
+        }
+        Ok(logits)
+    }
+}
+
+impl CpuBackend {
+    /// The rows of a prompt appended to `seq`, checked against the vocabulary and the
+    /// sequence's capacity.
+    fn prompt_rows(&self, seq: SeqId, tokens: &[u32]) -> Result<Vec<RowSpec>, EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::Empty { what: "prompt" });
+        }
+        for &t in tokens {
+            self.check_token(t)?;
+        }
+        let start = self.reserve(seq, tokens.len())?;
+        Ok(tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| RowSpec {
+                seq,
+                pos: start + i,
+                token: canary_token(&self.doors, token, self.config.n_vocab, start + i == 1),
+            })
+            .collect())
+    }
+}

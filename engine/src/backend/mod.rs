@@ -1,0 +1,160 @@
+//! The engine API every backend implements (DESIGN §7): sequences with their own KV caches,
+//! prompt prefill, single-sequence decode (`decode_step_h`), batched decode
+//! (`decode_step_batch`) and their sampled variants.
+//!
+//! This module owns the contract (the [`Backend`] trait, sequence identities, errors, the
+//! canary rule) and backend selection from the doors. *How* a step is computed belongs to
+//! each backend: [`cpu`] builds it from the kernel twins; the CUDA backend from the kernels.
+
+pub mod cpu;
+
+use std::fmt;
+
+use crate::doors::{BackendChoice, Doors, DoorsReport};
+use crate::model::{LlamaConfig, LlamaModel};
+use crate::sampling::SamplingParams;
+
+/// The identity of a sequence. The caller picks it, and it keys the sampler's Philox stream,
+/// so a sequence samples the same tokens whichever batch it runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SeqId(pub u32);
+
+impl fmt::Display for SeqId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sequence {}", self.0)
+    }
+}
+
+/// Why an engine call was refused. Every message names the value and what to do.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    #[error("{0} is already open; close it first or pick another id")]
+    SequenceExists(SeqId),
+    #[error("{0} is not open; open it with open_sequence first")]
+    UnknownSequence(SeqId),
+    #[error("{seq} appears twice in one batch; every batch row needs its own sequence")]
+    DuplicateInBatch { seq: SeqId },
+    #[error(
+        "{seq} is full: it holds {len} of {capacity} positions and {adding} more were asked; \
+         open it with a larger capacity"
+    )]
+    CacheFull {
+        seq: SeqId,
+        len: usize,
+        capacity: usize,
+        adding: usize,
+    },
+    #[error("capacity {capacity} is outside 1..={n_ctx} (the model's context length)")]
+    BadCapacity { capacity: usize, n_ctx: usize },
+    #[error("token {token} is outside the vocabulary (n_vocab = {n_vocab})")]
+    BadToken { token: u32, n_vocab: usize },
+    #[error("batch has {seqs} sequences but {tokens} tokens; pass one token per sequence")]
+    BatchShape { seqs: usize, tokens: usize },
+    #[error("empty {what}: pass at least one token")]
+    Empty { what: &'static str },
+    #[error("bad sampling parameters: {0}")]
+    BadSampling(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Model(String),
+}
+
+/// The engine API shared by the CPU and CUDA backends.
+///
+/// Logits come back row-major as `[rows, n_vocab]` f32. Sampled variants return one token per
+/// row, drawn by [`crate::sampling::sample_token`] keyed by (seed, [`SeqId`], step), where the
+/// step is the position the sampled token will take in its sequence.
+pub trait Backend: Send {
+    /// The model shape.
+    fn config(&self) -> &LlamaConfig;
+
+    /// The code paths this backend runs under its doors (DESIGN §5 `{"doors":…}` row).
+    fn doors_report(&self) -> DoorsReport;
+
+    /// Opens an empty sequence with room for `capacity` positions.
+    fn open_sequence(&mut self, seq: SeqId, capacity: usize) -> Result<(), EngineError>;
+
+    /// Closes a sequence and frees its caches.
+    fn close_sequence(&mut self, seq: SeqId) -> Result<(), EngineError>;
+
+    /// Number of positions a sequence holds.
+    fn seq_len(&self, seq: SeqId) -> Result<usize, EngineError>;
+
+    /// Appends `tokens` to the sequence and returns the logits after every one of them:
+    /// `[tokens.len(), n_vocab]`.
+    fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError>;
+
+    /// The lean prefill: appends `tokens` and fills the caches, computing logits only after
+    /// the last token (`[n_vocab]`).
+    fn prime(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError>;
+
+    /// One decode step of one sequence on the single-sequence path: appends `token`,
+    /// returns `[n_vocab]` logits.
+    fn decode_step_h(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, EngineError>;
+
+    /// One decode step of B sequences on the batched path: appends `tokens[b]` to `seqs[b]`,
+    /// returns `[B, n_vocab]`. Row b is bit-identical to the same sequence run alone at B=1.
+    fn decode_step_batch(
+        &mut self,
+        seqs: &[SeqId],
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, EngineError>;
+
+    /// [`Backend::decode_step_h`], then one sampled token.
+    fn decode_step_h_sampled(
+        &mut self,
+        seq: SeqId,
+        token: u32,
+        params: &SamplingParams,
+    ) -> Result<u32, EngineError> {
+        let logits = self.decode_step_h(seq, token)?;
+        let step = self.seq_len(seq)?;
+        crate::sampling::sample_token(&logits, params, seq, step)
+    }
+
+    /// [`Backend::decode_step_batch`], then one sampled token per row.
+    fn decode_step_batch_sampled(
+        &mut self,
+        seqs: &[SeqId],
+        tokens: &[u32],
+        params: &SamplingParams,
+    ) -> Result<Vec<u32>, EngineError> {
+        let logits = self.decode_step_batch(seqs, tokens)?;
+        let n_vocab = self.config().n_vocab;
+        seqs.iter()
+            .zip(logits.chunks_exact(n_vocab))
+            .map(|(&seq, row)| {
+                let step = self.seq_len(seq)?;
+                crate::sampling::sample_token(row, params, seq, step)
+            })
+            .collect()
+    }
+}
+
+/// Opens the backend the doors ask for. `auto` is the CPU backend until the CUDA backend is
+/// part of this build.
+pub fn open_backend(model: LlamaModel, doors: &Doors) -> Result<Box<dyn Backend>, EngineError> {
+    match doors.backend {
+        BackendChoice::Cpu | BackendChoice::Auto => {
+            Ok(Box::new(cpu::CpuBackend::new(model, doors.clone())?))
+        }
+        BackendChoice::Cuda => Err(EngineError::Unavailable(
+            "MEMRA_BACKEND=cuda: the CUDA backend is not available in this build/machine; \
+             use MEMRA_BACKEND=cpu or auto"
+                .into(),
+        )),
+    }
+}
+
+/// The planted plumbing defect of `MEMRA_GATE_CANARY=1` (one wrong token), shared by every
+/// backend so gates catch it the same way everywhere: the token a sequence receives at
+/// position 1 through the single-sequence path or prefill, and the token of the last row of
+/// a batched step with B ≥ 2, are replaced by the next vocabulary id.
+pub fn canary_token(doors: &Doors, token: u32, n_vocab: usize, hit: bool) -> u32 {
+    if doors.gate_canary && hit {
+        ((token as usize + 1) % n_vocab) as u32
+    } else {
+        token
+    }
+}

@@ -1,0 +1,75 @@
+//! Token selection from a row of logits: greedy argmax (ties → lowest index) or temperature
+//! (+ top-p) sampling with a Philox4x32-10 stream keyed by (seed, sequence, step).
+//!
+//! This module owns the parameters, their validation and the keying rule; the arithmetic is
+//! the kernel twin's (`memra_kernels::twin::{argmax, sample}`), so the CPU backend samples
+//! exactly what the CUDA sampling kernel would.
+
+use memra_kernels::twin;
+
+use crate::backend::{EngineError, SeqId};
+
+/// How the next token is chosen.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingParams {
+    /// 0 = greedy argmax; > 0 divides the logits before the softmax.
+    pub temperature: f32,
+    /// Nucleus mass in (0, 1]; 1 = no truncation.
+    pub top_p: f32,
+    /// Key of the Philox stream, together with the sequence id and the step.
+    pub seed: u64,
+}
+
+impl SamplingParams {
+    /// Greedy argmax.
+    pub fn greedy() -> SamplingParams {
+        SamplingParams {
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 0,
+        }
+    }
+
+    /// Checks the ranges, naming the bad value and the accepted range.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(EngineError::BadSampling(format!(
+                "temperature {} must be a finite number >= 0 (0 = greedy)",
+                self.temperature
+            )));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(EngineError::BadSampling(format!(
+                "top-p {} must lie in (0, 1] (1 = no truncation)",
+                self.top_p
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The token chosen from `logits` for sequence `seq` at `step` (the position the token will
+/// take in its sequence). The same (seed, seq, step) and logits give the same token whatever
+/// batch the sequence ran in.
+pub fn sample_token(
+    logits: &[f32],
+    params: &SamplingParams,
+    seq: SeqId,
+    step: usize,
+) -> Result<u32, EngineError> {
+    params.validate()?;
+    if logits.is_empty() {
+        return Err(EngineError::Empty { what: "logits row" });
+    }
+    if params.temperature == 0.0 {
+        return Ok(twin::argmax(logits));
+    }
+    Ok(twin::sample(
+        logits,
+        params.temperature,
+        params.top_p,
+        params.seed,
+        seq.0,
+        step as u32,
+    ))
+}
