@@ -19,7 +19,7 @@ use crate::cli::{ProgressMode, RunArgs};
 use crate::events::{self, Event, Listener, Placement, Verdict};
 use crate::executor::local::{DEFAULT_GRACE, LocalExecutor};
 use crate::executor::{CellJob, Executor};
-use crate::gpus::{Inventory, InventorySource};
+use crate::gpus::Inventory;
 use crate::plan::{Cell, CellIndex, NodeKind, Plan};
 use crate::receipt::tree::{self, RunLock, Tree};
 use crate::receipt::writer::ReceiptWriter;
@@ -468,7 +468,7 @@ impl Runner<'_, '_> {
             .collect();
         let visible_devices = positions
             .iter()
-            .map(|&p| visible_id(self.inventory, p))
+            .map(|&p| self.inventory.gpus[p].visible_id())
             .collect();
         let mut binaries = Vec::new();
         for need in &c.needs {
@@ -525,16 +525,6 @@ impl Runner<'_, '_> {
             side(spec.reference).join(&spec.artifact),
             side(spec.candidate).join(&spec.artifact),
         ))
-    }
-}
-
-/// The CUDA_VISIBLE_DEVICES id of an inventory position: the UUID for real GPUs (immune to
-/// enumeration order), the index for fake ones.
-fn visible_id(inventory: &Inventory, position: usize) -> String {
-    let g = &inventory.gpus[position];
-    match inventory.source {
-        InventorySource::Fake => g.index.to_string(),
-        _ => g.uuid.clone(),
     }
 }
 
