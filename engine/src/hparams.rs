@@ -133,7 +133,7 @@ impl LlamaHparams {
                 return Err(bad(file, k, 0, "it must be at least 1"));
             }
         }
-        if n_head % n_head_kv != 0 {
+        if !n_head.is_multiple_of(n_head_kv) {
             return Err(bad(
                 file,
                 "llama.attention.head_count_kv",
@@ -145,7 +145,7 @@ impl LlamaHparams {
         }
         let head_dim = match file.get_u32_opt("llama.attention.key_length")? {
             Some(v) => v as usize,
-            None if n_embd % n_head == 0 => n_embd / n_head,
+            None if n_embd.is_multiple_of(n_head) => n_embd / n_head,
             None => {
                 return Err(bad(
                     file,
@@ -157,7 +157,7 @@ impl LlamaHparams {
                 ));
             }
         };
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(bad(
                 file,
                 "llama.attention.key_length",

@@ -9,3 +9,5 @@ pub mod hparams;
 pub mod quant;
 pub mod backend;
 pub mod sampling;
+pub mod synth;
+pub mod tokenizer;

@@ -188,7 +188,9 @@ unsafe impl PlainData for BlockQ8_0 {}
 /// number of `T`s or the address is not aligned for `T`.
 pub fn cast_slice<T: PlainData>(bytes: &[u8]) -> Option<&[T]> {
     let size = size_of::<T>();
-    if bytes.len() % size != 0 || (bytes.as_ptr() as usize) % align_of::<T>() != 0 {
+    if !bytes.len().is_multiple_of(size)
+        || !(bytes.as_ptr() as usize).is_multiple_of(align_of::<T>())
+    {
         return None;
     }
     // SAFETY: length and alignment are checked above, T accepts every bit pattern
@@ -213,7 +215,7 @@ fn read_f16(b: &[u8]) -> f16 {
 /// or a fuzzed buffer alike).
 pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
     let bb = ty.block_bytes();
-    if bytes.len() % bb != 0 {
+    if !bytes.len().is_multiple_of(bb) {
         return Err(QuantError::RaggedBytes {
             ty,
             bytes: bytes.len(),
@@ -288,7 +290,7 @@ pub fn dequantize_to_vec(ty: GgmlType, bytes: &[u8]) -> Result<Vec<f32>, QuantEr
 /// Converts `src` to type `ty` with ggml's reference rounding and appends the bytes to `out`.
 pub fn quantize(ty: GgmlType, src: &[f32], out: &mut Vec<u8>) -> Result<(), QuantError> {
     let bl = ty.block_len();
-    if src.len() % bl != 0 {
+    if !src.len().is_multiple_of(bl) {
         return Err(QuantError::PartialBlock {
             ty,
             n: src.len(),
@@ -343,7 +345,7 @@ mod tests {
         x[16] = 0.875;
         let b = quantize_block_q4_0(&x);
         assert_eq!(b.d.to_f32(), 0.125);
-        assert_eq!(b.qs[0], 0 | (15 << 4));
+        assert_eq!(b.qs[0], 15 << 4, "element 0 → 0, element 16 → 15");
         assert_eq!(b.qs[1], 12 | (8 << 4));
         let mut y = [0.0f32; QK];
         dequantize_block_q4_0(&b, &mut y);

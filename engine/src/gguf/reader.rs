@@ -268,7 +268,7 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header, GgufErrorKind> {
             supported: supported_type_names(),
         })?;
         let n_bytes = tensor_bytes(&name, ty, &shape)?;
-        if offset % alignment != 0 {
+        if !offset.is_multiple_of(alignment) {
             return Err(GgufErrorKind::MisalignedTensor {
                 tensor: name,
                 offset,

@@ -1,5 +1,6 @@
 //! Helpers shared by the engine's integration tests: the real SmolLM2 checkpoint (fetched by
-//! `scripts/fetch-model` once per test process).
+//! `scripts/fetch-model` once per test process) and synthetic checkpoints written
+//! to a temporary folder.
 //!
 //! Each integration test crate includes this with `mod common;` and uses what it needs.
 #![allow(dead_code)]
@@ -53,4 +54,19 @@ pub fn real_model() -> Option<PathBuf> {
             }
         })
         .clone()
+}
+
+/// A synthetic checkpoint of `preset` in `quant`, written once per (preset, quant, seed) and
+/// test process into a temporary folder that lives as long as the process.
+pub fn synth_model(preset: &str, quant: &str, seed: u64) -> PathBuf {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let dir = DIR.get_or_init(|| tempfile::tempdir().expect("create a temporary folder"));
+    let path = dir.path().join(format!("{preset}-{quant}-{seed}.gguf"));
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if !path.exists() {
+        memra_engine::synth::write_preset(preset, quant, seed, &path)
+            .unwrap_or_else(|e| panic!("synth {preset} {quant} {seed}: {e}"));
+    }
+    path
 }
