@@ -1,11 +1,12 @@
-//! The dependency graph of a plan (petgraph): node-level checks (unknown ids with a
-//! did-you-mean, cycles named in order) and the cell-level topological order. The graph
+//! The dependency graph of a plan: node-level checks (unknown ids with a did-you-mean;
+//! cycles, found as strongly connected components with petgraph and named in order) and
+//! the cell-level topological order. The graph
 //! orders; it does not schedule or run anything.
 
 use std::collections::HashMap;
 use std::ops::Range;
 
-use petgraph::algo::{tarjan_scc, toposort};
+use petgraph::algo::tarjan_scc;
 use petgraph::graph::{DiGraph, NodeIndex};
 
 use crate::diagnostics::did_you_mean;
@@ -123,21 +124,30 @@ fn shortest_cycle(
     vec![start]
 }
 
-/// Cells in a topological order (dependencies first), ties broken by plan order so the
-/// order is deterministic. `None` when the cells contain a cycle (a validated plan never
-/// does).
+/// Cells in a topological order (dependencies first); among cells that are ready at the
+/// same time the one earliest in the plan comes first, so the listing reads in manifest order
+/// wherever the dependencies allow. `None` when the cells contain a cycle (a validated plan
+/// never does).
 pub fn topological_order(plan: &Plan) -> Option<Vec<CellIndex>> {
-    let mut g: DiGraph<usize, ()> = DiGraph::with_capacity(plan.cells.len(), plan.cells.len());
-    let nodes: Vec<NodeIndex> = (0..plan.cells.len()).map(|i| g.add_node(i)).collect();
-    // Edges are added in reverse plan order because petgraph's depth-first toposort visits
-    // the most recently added neighbours first; this keeps plan order among independent cells.
-    for (i, c) in plan.cells.iter().enumerate().rev() {
-        for n in c.needs.iter().rev() {
-            g.add_edge(nodes[n.0], nodes[i], ());
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let dependents = plan.dependents();
+    let mut missing: Vec<usize> = plan.cells.iter().map(|c| c.needs.len()).collect();
+    let mut ready: BinaryHeap<Reverse<usize>> = (0..plan.cells.len())
+        .filter(|&i| missing[i] == 0)
+        .map(Reverse)
+        .collect();
+    let mut order = Vec::with_capacity(plan.cells.len());
+    while let Some(Reverse(i)) = ready.pop() {
+        order.push(CellIndex(i));
+        for d in &dependents[i] {
+            missing[d.0] -= 1;
+            if missing[d.0] == 0 {
+                ready.push(Reverse(d.0));
+            }
         }
     }
-    let order = toposort(&g, None).ok()?;
-    Some(order.into_iter().map(|n| CellIndex(g[n])).collect())
+    (order.len() == plan.cells.len()).then_some(order)
 }
 
 #[cfg(test)]

@@ -808,11 +808,21 @@ impl Walker<'_, '_> {
         let mut ok = true;
         for (k, val) in entries(t) {
             match k.get_ref().as_ref() {
-                "max_abs" => max_abs = self.number(k, val),
-                "max_rel" => max_rel = self.number(k, val),
-                "argmax" => argmax = self.boolean(k, val),
+                "max_abs" => {
+                    max_abs = self.number(k, val);
+                    ok &= max_abs.is_some();
+                }
+                "max_rel" => {
+                    max_rel = self.number(k, val);
+                    ok &= max_rel.is_some();
+                }
+                "argmax" => {
+                    argmax = self.boolean(k, val);
+                    ok &= argmax.is_some();
+                }
                 "min_agree" => {
                     min_agree = self.number(k, val);
+                    ok &= min_agree.is_some();
                     if min_agree.is_some_and(|m| m > 1.0) {
                         self.err(
                             val.span(),

@@ -211,7 +211,7 @@ pub fn select(plan: &Plan, filters: &[String]) -> Result<Vec<bool>, String> {
     for f in filters {
         let hit: Box<dyn Fn(&Cell) -> bool> = if let Some(tag) = f.strip_prefix("tag:") {
             let tag = tag.to_string();
-            Box::new(move |c: &Cell| c.tags.iter().any(|t| *t == tag))
+            Box::new(move |c: &Cell| c.tags.contains(&tag))
         } else {
             // A whole cell id may not be a valid glob (a quoted value can hold `]`); it still
             // selects its cell by exact match.

@@ -42,9 +42,9 @@ pub fn substitute(s: &str, scope: &Scope<'_>) -> Result<String, SubstError> {
     while let Some(i) = rest.find('$') {
         out.push_str(&rest[..i]);
         let after = &rest[i..];
-        if after.starts_with("$${") {
+        if let Some(tail) = after.strip_prefix("$${") {
             out.push_str("${");
-            rest = &after[3..];
+            rest = tail;
             pos += i + 3;
             continue;
         }

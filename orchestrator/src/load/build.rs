@@ -661,20 +661,20 @@ impl Builder<'_, '_> {
         let id = n.id.as_ref().expect("checked").get_ref().clone();
         let mut missing = Vec::new();
         if n.reference.is_none() {
-            missing.push("reference = \"node-id\"");
+            missing.push("`reference = \"node-id\"`");
         }
         if n.candidates.as_ref().is_none_or(|c| c.is_empty()) {
-            missing.push("candidates = [\"node-id\"]");
+            missing.push("`candidates = [\"node-id\"]`");
         }
         if n.artifact.is_none() {
-            missing.push("artifact = \"logits.safetensors\"");
+            missing.push("`artifact = \"logits.safetensors\"`");
         }
         if !missing.is_empty() {
             let msg = format!(
                 "[[compare]] `{id}` is missing {}",
                 missing
                     .iter()
-                    .map(|m| format!("`{}`", m.split(' ').next().unwrap_or(m)))
+                    .map(|m| format!("{}`", m.split(' ').next().unwrap_or(m)))
                     .collect::<Vec<_>>()
                     .join(", ")
             );
