@@ -74,6 +74,8 @@ impl RunOutcome {
 
 /// What a worker thread reports to the loop.
 enum Msg {
+    /// The cell really runs (it was not kept from an earlier run).
+    Started(CellIndex, Placement),
     Attempt(CellIndex, AttemptRecord),
     Done {
         cell: CellIndex,
@@ -303,12 +305,6 @@ impl Runner<'_, '_> {
         for (cell, placement) in started {
             self.state[cell.0] = State::Running;
             self.running += 1;
-            let id = plan.cell(cell).id.clone();
-            self.emit(&Event::NodeStarted {
-                cell,
-                id,
-                placement: placement.clone(),
-            });
             let job = self.job(cell, &placement);
             let compare = self.compare_paths(cell);
             let previous = if self.opts.resume {
@@ -325,7 +321,8 @@ impl Runner<'_, '_> {
                 .name(format!("cell-{}", cell.0))
                 .spawn(move || {
                     let (receipt, reused) = run_cell(
-                        job, kind, compare, policy, previous, &*executor, &digests, &tx, cell,
+                        &placement, job, kind, compare, policy, previous, &*executor, &digests,
+                        &tx, cell,
                     );
                     let _ = tx.send(Msg::Done {
                         cell,
@@ -340,6 +337,14 @@ impl Runner<'_, '_> {
 
     fn handle(&mut self, msg: Msg) {
         match msg {
+            Msg::Started(cell, placement) => {
+                let id = self.plan.cell(cell).id.clone();
+                self.emit(&Event::NodeStarted {
+                    cell,
+                    id,
+                    placement,
+                });
+            }
             Msg::Attempt(cell, rec) => {
                 let id = self.plan.cell(cell).id.clone();
                 self.emit(&Event::AttemptFinished {
@@ -428,6 +433,14 @@ impl Runner<'_, '_> {
                     d,
                     Verdict::Skipped,
                     format!("needs {dep_id}, which was skipped ({why})"),
+                    true,
+                );
+            } else if verdict == Verdict::Cancelled {
+                // Not the dependent's fault and not a defect: it runs on `--resume`.
+                self.finish_unplaced(
+                    d,
+                    Verdict::Cancelled,
+                    format!("not started: needs {dep_id}, which was cancelled"),
                     true,
                 );
             } else if !verdict.as_expected() {
@@ -532,6 +545,7 @@ impl Runner<'_, '_> {
 /// executor.
 #[allow(clippy::too_many_arguments)]
 fn run_cell(
+    placement: &Placement,
     mut job: CellJob,
     kind: NodeKind,
     compare: Option<(PathBuf, PathBuf)>,
@@ -557,6 +571,7 @@ fn run_cell(
     {
         return (old, true);
     }
+    let _ = tx.send(Msg::Started(cell, placement.clone()));
     if let (Some((reference, candidate)), Some(policy)) = (compare, policy) {
         return (compare_cell(&job, &reference, &candidate, &policy), false);
     }

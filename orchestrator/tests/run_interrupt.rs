@@ -1,0 +1,116 @@
+//! Ctrl-C (SIGINT to memra-orch) mid-run: running groups are stopped, their receipts say
+//! `cancelled`, the tree is consistent, and `run --resume` completes it without re-running
+//! the nodes that had finished.
+
+mod run_support;
+
+use std::time::{Duration, Instant};
+
+use run_support::{Fixture, read_json};
+
+#[test]
+fn interrupt_then_resume_completes_the_tree() {
+    let f = Fixture::new(
+        r#"
+schema = 1
+name = "interrupt"
+
+[defaults]
+gpus = 0
+
+[[arm]]
+id = "quick"
+run = ["{gates}/pass.sh"]
+
+[[arm]]
+id = "slow"
+needs = ["quick"]
+run = ["{gates}/wait-for.sh", "${root}/go"]
+
+[[arm]]
+id = "after"
+needs = ["slow"]
+run = ["{gates}/pass.sh"]
+"#,
+    );
+    let mut child = f.command(&["--jobs", "2"]).spawn().unwrap();
+    // Wait until `slow` is running (its first attempt folder exists).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let nodes = f.tree().join("nodes");
+    let slow_running = || {
+        std::fs::read_dir(&nodes)
+            .map(|d| {
+                d.flatten().any(|e| {
+                    e.file_name().to_string_lossy().starts_with("slow-")
+                        && e.path().join("attempt-1").exists()
+                })
+            })
+            .unwrap_or(false)
+    };
+    while !slow_running() {
+        assert!(Instant::now() < deadline, "slow never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: signalling the child we spawned, by its pid.
+    unsafe { libc_kill(child.id() as i32, 2) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+
+    let run = f.run_json();
+    assert_eq!(run["interrupted"], true);
+    assert!(run["end"].is_string());
+    assert_eq!(f.verdict("quick"), "pass");
+    assert_eq!(f.verdict("slow"), "cancelled");
+    assert_eq!(f.verdict("after"), "cancelled");
+    assert!(
+        f.receipt("after")["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not started")
+    );
+    let quick_path = f
+        .tree()
+        .join("nodes")
+        .join(f.receipt("quick")["slug"].as_str().unwrap())
+        .join("receipt.json");
+    let quick_before = std::fs::read(&quick_path).unwrap();
+    let quick_start = read_json(&quick_path)["attempts"][0]["start"].clone();
+    assert!(
+        !f.tree().join(".lock").exists(),
+        "the run lock must be released"
+    );
+
+    std::fs::write(f.path().join("go"), "").unwrap();
+    let out = f.run(&["--resume", "--jobs", "2"]);
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("quick") && l.contains("kept from the earlier run")),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("start    quick"),
+        "quick ran again:\n{stderr}"
+    );
+    assert_eq!(
+        std::fs::read(&quick_path).unwrap(),
+        quick_before,
+        "quick's receipt was rewritten"
+    );
+    assert_eq!(f.receipt("quick")["attempts"][0]["start"], quick_start);
+    assert_eq!(f.verdict("slow"), "pass");
+    assert_eq!(f.verdict("after"), "pass");
+    // The cancelled attempt of `slow` was replaced, not kept next to the new one.
+    assert_eq!(f.receipt("slow")["attempts"].as_array().unwrap().len(), 1);
+    let run = f.run_json();
+    assert_eq!(run["resumed"], true);
+    assert_eq!(run["verdict"], "pass");
+    assert_eq!(run["counts"]["pass"], 3);
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}

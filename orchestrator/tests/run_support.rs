@@ -1,0 +1,148 @@
+//! Shared helpers for the `run` integration tests: a manifest in a fresh folder (outside any
+//! git repository, so its root is that folder), the real `memra-orch` binary run against it,
+//! and readers for the receipt tree it leaves. Included by the test files with `mod`; as a
+//! test target of its own it has no tests.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+pub const COMMIT: &str = "test-commit";
+
+/// Absolute path of the fake gates.
+pub fn gates() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gates")
+}
+
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+    pub name: String,
+}
+
+impl Fixture {
+    /// Writes `manifest.toml`; `{gates}` in the text becomes the gates folder.
+    pub fn new(manifest: &str) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let text = manifest.replace("{gates}", &gates().to_string_lossy());
+        let name = text
+            .lines()
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix("name = \"")
+                    .map(|r| r.trim_end_matches('"').to_string())
+            })
+            .expect("the fixture manifest has a name");
+        std::fs::write(dir.path().join("manifest.toml"), text).unwrap();
+        Fixture { dir, name }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `memra-orch run manifest.toml` with receipts in the fixture folder, a fixed commit,
+    /// plain progress and a short grace, plus `args`.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_memra-orch"));
+        cmd.arg("run")
+            .arg(self.path().join("manifest.toml"))
+            .arg("--receipts")
+            .arg(self.path().join("receipts"))
+            .args(["--commit", COMMIT, "--progress", "plain", "--grace", "1s"])
+            .args(args)
+            .current_dir(self.path());
+        cmd
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        let out = self.command(args).output().unwrap();
+        eprintln!(
+            "--- memra-orch stdout\n{}\n--- stderr\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    pub fn tree(&self) -> PathBuf {
+        self.path().join("receipts").join(COMMIT).join(&self.name)
+    }
+
+    pub fn run_json(&self) -> Value {
+        read_json(&self.tree().join("run.json"))
+    }
+
+    /// The receipt of a cell, found through run.json's node index.
+    pub fn receipt(&self, id: &str) -> Value {
+        let run = self.run_json();
+        let node = run["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["id"] == id)
+            .unwrap_or_else(|| panic!("{id} is not in run.json: {run:#}"));
+        let slug = node["slug"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{id} has no receipt"));
+        read_json(&self.tree().join("nodes").join(slug).join("receipt.json"))
+    }
+
+    pub fn verdict(&self, id: &str) -> String {
+        self.receipt(id)["verdict"].as_str().unwrap().to_string()
+    }
+
+    /// The folder of an attempt of a cell.
+    pub fn attempt_dir(&self, id: &str, n: u32) -> PathBuf {
+        let r = self.receipt(id);
+        self.tree()
+            .join("nodes")
+            .join(r["slug"].as_str().unwrap())
+            .join(format!("attempt-{n}"))
+    }
+}
+
+pub fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Every file under a folder.
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p)
+            } else {
+                out.push(p)
+            }
+        }
+    }
+    out
+}
+
+/// Seconds since the epoch of an RFC 3339 timestamp written by the receipts.
+pub fn epoch(rfc3339: &str) -> f64 {
+    let t = humantime::parse_rfc3339(rfc3339).unwrap();
+    t.duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// Whether a process is alive (a zombie counts as gone).
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
