@@ -1,0 +1,107 @@
+// attention.cu: decode attention of one query token over a position-major f32 KV cache
+// ([t][kv_head][d]), query head h reading KV head h / (n_heads / n_kv_heads). Two families
+// (MEMRA_FA3): attention_naive_f32 (one 128-thread block per head) and split-K
+// (attention_split_k_f32 per 64-token chunk, then attention_combine_f32). Twins:
+// twin::attention_naive, twin::attention_split_k. Only expf differs from the twins.
+
+#define ATTN_THREADS 128
+#define SPLIT_K_CHUNK 64
+
+// Scores s[t - t0] = dot(q_h, k_t) * scale for t in [t0, t1): warp w takes tokens t0 + w,
+// t0 + w + 4, ...; lane l accumulates d = l, l+32, ...; then the butterfly.
+__device__ __forceinline__ void attn_scores(const float* qh, const float* k, float* s, int t0,
+                                            int t1, int kvh, int n_kv_heads, int head_dim,
+                                            float scale) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (int t = t0 + warp; t < t1; t += nwarps) {
+        const float* kt = k + ((size_t)t * n_kv_heads + kvh) * head_dim;
+        float acc = 0.0f;
+        for (int d = lane; d < head_dim; d += 32) acc += qh[d] * kt[d];
+        acc = warp_sum(acc);
+        if (lane == 0) s[t - t0] = acc * scale;
+    }
+}
+
+// Over the n scores in s: m = max, s[i] = expf(s[i] - m), l = block_sum (thread i takes
+// i, i+128, ...). Returns m and l in *m_out, *l_out on every thread.
+__device__ __forceinline__ void attn_softmax(float* s, int n, float* sh, float* m_out,
+                                             float* l_out) {
+    __syncthreads();
+    float m = __int_as_float(0xff800000);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, s[i]);
+    m = block_max(m, sh);
+    float part = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float e = expf(s[i] - m);
+        s[i] = e;
+        part += e;
+    }
+    const float l = block_sum(part, sh);
+    __syncthreads();
+    *m_out = m;
+    *l_out = l;
+}
+
+// scratch: n_heads * scratch_stride floats (scratch_stride >= n_tokens) for the scores.
+extern "C" __global__ void attention_naive_f32(const float* q, const float* k, const float* v,
+                                               float* out, float* scratch, int n_heads,
+                                               int n_kv_heads, int head_dim, int n_tokens,
+                                               int scratch_stride, float scale) {
+    __shared__ float sh[32];
+    const int h = blockIdx.x;
+    const int kvh = h / (n_heads / n_kv_heads);
+    float* s = scratch + (size_t)h * scratch_stride;
+    attn_scores(q + (size_t)h * head_dim, k, s, 0, n_tokens, kvh, n_kv_heads, head_dim, scale);
+    float m, l;
+    attn_softmax(s, n_tokens, sh, &m, &l);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int t = 0; t < n_tokens; ++t)
+            acc += s[t] * v[((size_t)t * n_kv_heads + kvh) * head_dim + d];
+        out[(size_t)h * head_dim + d] = acc / l;
+    }
+}
+
+// Grid (n_heads, n_chunks). part_o: [n_heads][n_chunks][head_dim]; part_ml: [n_heads][n_chunks][2].
+extern "C" __global__ void attention_split_k_f32(const float* q, const float* k, const float* v,
+                                                 float* part_o, float* part_ml, int n_heads,
+                                                 int n_kv_heads, int head_dim, int n_tokens,
+                                                 float scale) {
+    __shared__ float sh[32];
+    __shared__ float s[SPLIT_K_CHUNK];
+    const int h = blockIdx.x, c = blockIdx.y, n_chunks = gridDim.y;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const int t0 = c * SPLIT_K_CHUNK, t1 = min(t0 + SPLIT_K_CHUNK, n_tokens);
+    attn_scores(q + (size_t)h * head_dim, k, s, t0, t1, kvh, n_kv_heads, head_dim, scale);
+    float m, l;
+    attn_softmax(s, t1 - t0, sh, &m, &l);
+    const size_t pc = (size_t)h * n_chunks + c;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int t = t0; t < t1; ++t)
+            acc += s[t - t0] * v[((size_t)t * n_kv_heads + kvh) * head_dim + d];
+        part_o[pc * head_dim + d] = acc;
+    }
+    if (threadIdx.x == 0) {
+        part_ml[pc * 2] = m;
+        part_ml[pc * 2 + 1] = l;
+    }
+}
+
+// One block per head; thread d combines the chunks in order.
+extern "C" __global__ void attention_combine_f32(const float* part_o, const float* part_ml,
+                                                 float* out, int n_chunks, int head_dim) {
+    const int h = blockIdx.x;
+    const float* ml = part_ml + (size_t)h * n_chunks * 2;
+    float big_m = __int_as_float(0xff800000);
+    for (int c = 0; c < n_chunks; ++c) big_m = fmaxf(big_m, ml[2 * c]);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float big_l = 0.0f, o = 0.0f;
+        for (int c = 0; c < n_chunks; ++c) {
+            const float f = expf(ml[2 * c] - big_m);
+            big_l += f * ml[2 * c + 1];
+            o += f * part_o[((size_t)h * n_chunks + c) * head_dim + d];
+        }
+        out[(size_t)h * head_dim + d] = o / big_l;
+    }
+}

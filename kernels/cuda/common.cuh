@@ -1,0 +1,135 @@
+// common.cuh: block layouts (the same bytes as kernels/src/blocks.rs), f16 conversion and the
+// two reduction trees every kernel uses. Prepended to each .cu file before NVRTC compiles it.
+// The twins in kernels/src/twin/ mirror warp_sum and block_sum exactly; docs/numerics.md is
+// the contract.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+
+#define QK 32
+
+struct block_q4_0 { u16 d; u8 qs[QK / 2]; };
+struct block_q4_1 { u16 d; u16 m; u8 qs[QK / 2]; };
+struct block_q8_0 { u16 d; i8 qs[QK]; };
+struct block_q8_1 { u16 d; u16 s; i8 qs[QK]; };
+
+static_assert(sizeof(block_q4_0) == 18, "block_q4_0 is 18 bytes");
+static_assert(sizeof(block_q4_1) == 20, "block_q4_1 is 20 bytes");
+static_assert(sizeof(block_q8_0) == 34, "block_q8_0 is 34 bytes");
+static_assert(sizeof(block_q8_1) == 36, "block_q8_1 is 36 bytes");
+
+// Exact f16 -> f32 widening and round-to-nearest-even f32 -> f16, without cuda_fp16.h (NVRTC
+// has no include path here).
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+// A 32-bit load from an address that is only 2-byte aligned (Q4_0 and Q8_0 quants).
+__device__ __forceinline__ int load_i32_a2(const void* p) {
+    const u16* h = (const u16*)p;
+    return (int)((u32)h[0] | ((u32)h[1] << 16));
+}
+__device__ __forceinline__ int load_i32_a4(const void* p) { return *(const int*)p; }
+
+// The xor butterfly: lane i adds lane i^o for o = 16, 8, 4, 2, 1.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block: warp_sum per warp, warp sums through shared memory, then warp_sum of
+// `lane < nwarps ? shared[lane] : 0`. Every thread gets the total. `sh` holds 32 floats.
+__device__ __forceinline__ float block_sum(float v, float* sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    float t = lane < (int)(blockDim.x >> 5) ? sh[lane] : 0.0f;
+    return warp_sum(t);
+}
+
+// Maximum over the block (exact in any order). `sh` holds 32 floats.
+__device__ __forceinline__ float block_max(float v, float* sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    float t = lane < (int)(blockDim.x >> 5) ? sh[lane] : __int_as_float(0xff800000);
+    return warp_max(t);
+}
+
+// One q8_1 block from the lane's value (all 32 lanes of the warp call this together).
+__device__ __forceinline__ void quantize_lane(float xi, block_q8_1* out, int lane) {
+    const float amax = warp_max(fabsf(xi));
+    const float sum = warp_sum(xi);
+    const float d = amax / 127.0f;
+    const i8 q = amax == 0.0f ? 0 : (i8)roundf(xi / d);
+    out->qs[lane] = q;
+    if (lane == 0) {
+        out->d = f2h(d);
+        out->s = f2h(sum);
+    }
+}
+
+// Quantized matvec support shared by matvec_mmvq.cu and matvec_dp4a.cu. Quarter q of a block
+// is elements 4q..4q+4 and 16+4q..16+4q+4: one 32-bit load of Q4 nibbles (low = first run,
+// high = second run) or two of Q8_0 bytes, against two 32-bit loads of q8_1 bytes.
+#define MAX_BATCH 8
+
+__device__ __forceinline__ int quarter_sum(const block_q4_0* w, const block_q8_1* x, int q) {
+    const int v = load_i32_a2(w->qs + 4 * q);
+    const int lo = v & 0x0F0F0F0F, hi = (v >> 4) & 0x0F0F0F0F;
+    return __dp4a(hi, load_i32_a4(x->qs + 16 + 4 * q), __dp4a(lo, load_i32_a4(x->qs + 4 * q), 0));
+}
+__device__ __forceinline__ int quarter_sum(const block_q4_1* w, const block_q8_1* x, int q) {
+    const int v = load_i32_a4(w->qs + 4 * q);
+    const int lo = v & 0x0F0F0F0F, hi = (v >> 4) & 0x0F0F0F0F;
+    return __dp4a(hi, load_i32_a4(x->qs + 16 + 4 * q), __dp4a(lo, load_i32_a4(x->qs + 4 * q), 0));
+}
+__device__ __forceinline__ int quarter_sum(const block_q8_0* w, const block_q8_1* x, int q) {
+    return __dp4a(load_i32_a2(w->qs + 16 + 4 * q), load_i32_a4(x->qs + 16 + 4 * q),
+                  __dp4a(load_i32_a2(w->qs + 4 * q), load_i32_a4(x->qs + 4 * q), 0));
+}
+
+// Float contribution of a whole block (mmvq) from its integer sum s.
+__device__ __forceinline__ float block_contrib(const block_q4_0* w, const block_q8_1* x, int s) {
+    return h2f(w->d) * ((h2f(x->d) * (float)s) - 8.0f * h2f(x->s));
+}
+__device__ __forceinline__ float block_contrib(const block_q4_1* w, const block_q8_1* x, int s) {
+    return (h2f(w->d) * h2f(x->d)) * (float)s + h2f(w->m) * h2f(x->s);
+}
+__device__ __forceinline__ float block_contrib(const block_q8_0* w, const block_q8_1* x, int s) {
+    return (h2f(w->d) * h2f(x->d)) * (float)s;
+}
+
+// Float contribution of one quarter (dp4a) from its integer sum sq.
+__device__ __forceinline__ float quarter_contrib(const block_q4_0* w, const block_q8_1* x, int sq) {
+    return h2f(w->d) * ((h2f(x->d) * (float)sq) - 2.0f * h2f(x->s));
+}
+__device__ __forceinline__ float quarter_contrib(const block_q4_1* w, const block_q8_1* x, int sq) {
+    return (h2f(w->d) * h2f(x->d)) * (float)sq + (h2f(w->m) * h2f(x->s)) * 0.25f;
+}
+__device__ __forceinline__ float quarter_contrib(const block_q8_0* w, const block_q8_1* x, int sq) {
+    return (h2f(w->d) * h2f(x->d)) * (float)sq;
+}

@@ -1,0 +1,37 @@
+// elementwise.cu: SwiGLU (optional post-scale), residual add, scale by a device scalar and
+// the KV-cache store. One thread per element. Twins: twin::swiglu, twin::add, twin::scale,
+// twin::kv_store.
+
+// post_scale (nullable): one factor per row of `cols` elements.
+extern "C" __global__ void swiglu_f32(const float* gate, const float* up, float* out,
+                                      const float* post_scale, int n, int cols) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = gate[i], u = up[i];
+    if (post_scale != 0) {
+        const float s = post_scale[i / cols];
+        g *= s;
+        u *= s;
+    }
+    out[i] = (g / (1.0f + expf(-g))) * u;
+}
+
+extern "C" __global__ void add_f32(float* x, const float* y, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = x[i] + y[i];
+}
+
+// s: one factor per row of `cols` elements (the fused tier's r on the output head).
+extern "C" __global__ void scale_f32(float* y, const float* s, int n, int cols) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = y[i] * s[i / cols];
+}
+
+// Stores one token's row_len values at position pos of a position-major cache.
+extern "C" __global__ void kv_store_f32(float* cache, const float* src, const float* post_scale,
+                                        int pos, int row_len) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= row_len) return;
+    const float v = src[i];
+    cache[(size_t)pos * row_len + i] = post_scale != 0 ? v * post_scale[0] : v;
+}

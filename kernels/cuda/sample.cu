@@ -1,0 +1,144 @@
+// sample.cu: device argmax and temperature + top-p sampling with Philox4x32-10 keyed by
+// (seed, sequence, step). One thread block per batch row. Twins: twin::argmax, twin::sample
+// (docs/numerics.md has the composition).
+
+#define SAMPLE_THREADS 256
+
+// (value, index) order: larger value wins, equal values go to the lower index, NaN never
+// beats a number.
+__device__ __forceinline__ bool beats(float v, u32 i, float bv, u32 bi) {
+    const bool vn = isnan(v), bn = isnan(bv);
+    if (vn || bn) return bn && (!vn || i < bi);
+    return v > bv || (v == bv && i < bi);
+}
+
+__device__ __forceinline__ u32 block_argmax(const float* row, int n, float* shv, u32* shi) {
+    float bv = __int_as_float(0x7fc00000);
+    u32 bi = 0xffffffffu;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        if (beats(row[i], (u32)i, bv, bi)) { bv = row[i]; bi = (u32)i; }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (beats(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) { shv[warp] = bv; shi[warp] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
+            if (beats(shv[w], shi[w], bv, bi)) { bv = shv[w]; bi = shi[w]; }
+        shi[0] = bi == 0xffffffffu ? 0 : bi;
+    }
+    __syncthreads();
+    return shi[0];
+}
+
+extern "C" __global__ void argmax_f32(const float* logits, u32* out, int n) {
+    __shared__ float shv[32];
+    __shared__ u32 shi[32];
+    const u32 r = block_argmax(logits + (size_t)blockIdx.x * n, n, shv, shi);
+    if (threadIdx.x == 0) out[blockIdx.x] = r;
+}
+
+__device__ __forceinline__ void philox4x32_10(u32 c[4], u32 k0, u32 k1) {
+    for (int round = 0; round < 10; ++round) {
+        if (round > 0) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
+        const u32 hi0 = __umulhi(0xD2511F53u, c[0]), lo0 = 0xD2511F53u * c[0];
+        const u32 hi1 = __umulhi(0xCD9E8D57u, c[2]), lo1 = 0xCD9E8D57u * c[2];
+        const u32 n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+        c[0] = n0; c[1] = lo1; c[2] = n2; c[3] = lo0;
+    }
+}
+
+// Exposed for kernel-check: out[i] = philox(counter = ctr[4i..4i+4], key = (k0, k1)).
+extern "C" __global__ void philox_u32(const u32* ctr, u32* out, u32 k0, u32 k1, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    u32 c[4] = {ctr[4 * i], ctr[4 * i + 1], ctr[4 * i + 2], ctr[4 * i + 3]};
+    philox4x32_10(c, k0, k1);
+    for (int j = 0; j < 4; ++j) out[4 * i + j] = c[j];
+}
+
+// mass(tau) in the chunked composition; leaves chunk sums in sums[] and returns the total
+// on every thread.
+__device__ __forceinline__ float mass(const float* p, int lo, int hi, float tau, float* sums,
+                                      float* total) {
+    float s = 0.0f;
+    for (int i = lo; i < hi; ++i)
+        if (p[i] >= tau) s += p[i];
+    __syncthreads();
+    sums[threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int c = 0; c < SAMPLE_THREADS; ++c) t += sums[c];
+        *total = t;
+    }
+    __syncthreads();
+    return *total;
+}
+
+// 256 threads per block, one block per batch row. p: scratch of batch * n floats. seq[b] and
+// step[b] key each row's draw together with the 64-bit seed.
+extern "C" __global__ void sample_f32(const float* logits, float* p_scratch, u32* out, int n,
+                                      float temp, float top_p, u32 seed_lo, u32 seed_hi,
+                                      const u32* seq, const u32* step) {
+    __shared__ float shv[32];
+    __shared__ u32 shi[32];
+    __shared__ float sums[SAMPLE_THREADS];
+    __shared__ float total;
+    const int b = blockIdx.x;
+    const float* l = logits + (size_t)b * n;
+    float* p = p_scratch + (size_t)b * n;
+    if (!(temp > 0.0f)) {
+        const u32 r = block_argmax(l, n, shv, shi);
+        if (threadIdx.x == 0) out[b] = r;
+        return;
+    }
+    const int chunk = (n + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    const int lo = min((int)threadIdx.x * chunk, n), hi = min(lo + chunk, n);
+    float m = __int_as_float(0xff800000);
+    for (int i = lo; i < hi; ++i) m = fmaxf(m, l[i]);
+    m = block_max(m, shv);
+    for (int i = lo; i < hi; ++i) p[i] = expf((l[i] - m) / temp);
+    const float all = mass(p, lo, hi, 0.0f, sums, &total);
+    u32 tau_bits = 0;
+    if (top_p < 1.0f) {
+        const float want = top_p * all;
+        u32 a = 0, z = 0x7f800001u;
+        while (z - a > 1) {
+            const u32 mid = a + (z - a) / 2;
+            if (mass(p, lo, hi, __uint_as_float(mid), sums, &total) >= want) a = mid; else z = mid;
+        }
+        tau_bits = a;
+    }
+    const float tau = __uint_as_float(tau_bits);
+    const float kept = mass(p, lo, hi, tau, sums, &total);
+    if (threadIdx.x != 0) return;
+    u32 c[4] = {step[b], seq[b], 0u, 0u};
+    philox4x32_10(c, seed_lo, seed_hi);
+    const float target = (float)(c[0] >> 8) * (1.0f / 16777216.0f) * kept;
+    float run = 0.0f;
+    for (int ch = 0; ch < SAMPLE_THREADS; ++ch) {
+        const int clo = min(ch * chunk, n), chi = min(clo + chunk, n);
+        if (run + sums[ch] > target) {
+            int last = -1;
+            for (int i = clo; i < chi; ++i) {
+                if (p[i] >= tau) {
+                    last = i;
+                    run += p[i];
+                    if (run > target) { out[b] = (u32)i; return; }
+                }
+            }
+            out[b] = last < 0 ? 0u : (u32)last;
+            return;
+        }
+        run += sums[ch];
+    }
+    int last = 0;
+    for (int i = n - 1; i >= 0; --i)
+        if (p[i] >= tau) { last = i; break; }
+    out[b] = (u32)last;
+}

@@ -1,0 +1,175 @@
+//! kernel-check: runs every CUDA kernel against its host twin at the real and ragged
+//! geometries and reports through the gate protocol (DESIGN §5): one check row per kernel and
+//! geometry plus a `{"doors": …}` row appended to `MEMRA_ORCH_CHECKS` when it is set, a
+//! printed report either way, exit 0 when all pass and 1 when any fails. Without a GPU or the
+//! CUDA libraries it prints the reason and exits 0 with `skip` rows.
+//!
+//! `MEMRA_GATE_CANARY=1` plants a defect (every quantized matvec drops the last block of row
+//! 0), which kernel-check must report as failures. The environment is read once, here.
+
+pub mod cases;
+pub mod report;
+
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use serde_json::json;
+
+use self::report::{CheckRow, Status};
+use crate::cuda::Gpu;
+
+/// What kernel-check takes from the environment, read once at start.
+#[derive(Debug, Clone, Default)]
+pub struct CheckEnv {
+    /// `MEMRA_ORCH_CHECKS`: the JSON-lines file to append to.
+    pub checks: Option<PathBuf>,
+    /// `MEMRA_GATE_CANARY=1`.
+    pub canary: bool,
+    /// `MEMRA_GATE_SEED`: offsets the random inputs.
+    pub seed: u64,
+}
+
+impl CheckEnv {
+    pub fn from_env() -> Self {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        CheckEnv {
+            checks: var("MEMRA_ORCH_CHECKS").map(PathBuf::from),
+            canary: var("MEMRA_GATE_CANARY").is_some_and(|v| v != "0"),
+            seed: var("MEMRA_GATE_SEED")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+        }
+    }
+}
+
+/// Appends rows to the checks file (when there is one); an unwritable file is reported on
+/// stderr and makes the run fail, since the orchestrator would otherwise see no rows.
+struct Sink {
+    path: Option<PathBuf>,
+    broken: bool,
+}
+
+impl Sink {
+    fn write(&mut self, v: &serde_json::Value) {
+        let Some(path) = &self.path else { return };
+        let res = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| writeln!(f, "{v}"));
+        if let Err(e) = res {
+            if !self.broken {
+                eprintln!(
+                    "kernel-check: cannot append to MEMRA_ORCH_CHECKS={}: {e}",
+                    path.display()
+                );
+            }
+            self.broken = true;
+        }
+    }
+}
+
+/// Runs kernel-check with `env`; returns the process exit code.
+pub fn run(env: &CheckEnv) -> i32 {
+    let mut sink = Sink {
+        path: env.checks.clone(),
+        broken: false,
+    };
+    println!(
+        "kernel-check: every CUDA kernel against its host twin (seed {}, canary {})",
+        env.seed, env.canary
+    );
+    let mut gpu = match Gpu::new(0) {
+        Ok(g) => g,
+        Err(e) => {
+            let reason = format!("no usable GPU: {e}");
+            println!("kernel-check: SKIP: {reason}");
+            sink.write(&CheckRow::skip("kernel-check", reason).to_json());
+            sink.write(&json!({"doors": {"backend": "none", "canary": env.canary}}));
+            return if sink.broken { 1 } else { 0 };
+        }
+    };
+    if env.canary {
+        gpu.set_matvec_canary(Some(0));
+    }
+    let (maj, min) = gpu.nvrtc_version();
+    println!(
+        "device: {} ({}), NVRTC {maj}.{min}, kernel cache: {}",
+        gpu.name(),
+        gpu.arch(),
+        gpu.cache().map_or(
+            "none (no HOME / XDG_CACHE_HOME / MEMRA_KERNEL_CACHE)".into(),
+            |c| c.dir().display().to_string()
+        )
+    );
+    let t0 = std::time::Instant::now();
+    let mut rows: Vec<CheckRow> = Vec::new();
+    match gpu.load_all() {
+        Ok(()) => {
+            let compiled = gpu.compiled();
+            let cached = compiled.iter().filter(|c| c.from_cache).count();
+            println!(
+                "modules: {} loaded ({cached} from the cache) in {:.2} s",
+                compiled.len(),
+                t0.elapsed().as_secs_f64()
+            );
+            for c in compiled.iter().filter_map(|c| c.cache_warning.as_ref()) {
+                println!("warning: {c}");
+            }
+            let mut rng = cases::Rng::new(env.seed);
+            type Case =
+                fn(&Gpu, &mut cases::Rng) -> Result<Vec<CheckRow>, crate::error::KernelError>;
+            let all: [(&str, Case); 7] = [
+                ("norm-quantize", cases::norm_and_quantize),
+                ("matvec", cases::matvec),
+                ("matvec-float", cases::matvec_float),
+                ("rope", cases::rope),
+                ("attention", cases::attention),
+                ("elementwise", cases::elementwise),
+                ("sampling", cases::sampling),
+            ];
+            for (name, case) in all {
+                match case(&gpu, &mut rng) {
+                    Ok(r) => rows.extend(r),
+                    Err(e) => rows.push(CheckRow::error(
+                        format!("kernel-check/{name}"),
+                        e.to_string(),
+                    )),
+                }
+            }
+        }
+        Err(e) => rows.push(CheckRow::error("kernel-check/compile", e.to_string())),
+    }
+    for r in &rows {
+        println!("{}", r.line());
+        sink.write(&r.to_json());
+    }
+    let failed = rows.iter().filter(|r| r.status == Status::Fail).count();
+    sink.write(&json!({"doors": {
+        "backend": "cuda",
+        "device": gpu.name(),
+        "arch": gpu.arch(),
+        "nvrtc": format!("{maj}.{min}"),
+        "matvec": "mmvq+dp4a",
+        "attention": "naive+split-k",
+        "fmad": false,
+        "canary": env.canary,
+    }}));
+    println!(
+        "kernel-check: {} checks, {} failed, {:.1} s{}",
+        rows.len(),
+        failed,
+        t0.elapsed().as_secs_f64(),
+        if failed == 0 {
+            " — ALL GREEN"
+        } else {
+            " — FAIL"
+        }
+    );
+    if failed > 0 || sink.broken { 1 } else { 0 }
+}
+
+/// Entry point of the `kernel-check` binary.
+pub fn main() -> i32 {
+    run(&CheckEnv::from_env())
+}

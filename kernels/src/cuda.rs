@@ -1,0 +1,827 @@
+//! The CUDA side: a device context and stream, lazy per-family module loading through
+//! [`crate::compile`], and one typed launcher per kernel. Launchers check every length against
+//! the geometry they are given and return [`KernelError::Shape`] instead of launching out of
+//! bounds; driver failures come back as [`KernelError::Driver`], never as a panic.
+//!
+//! [`probe`] must succeed before anything here touches CUDA: cudarc loads the libraries
+//! dynamically and panics on a missing one. [`Gpu::new`] calls it.
+//!
+//! Layouts are the twins' (see [`crate::twin`]): batched activations and outputs are row after
+//! row, the KV cache is position-major `[t][kv_head][d]`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1, QK};
+use crate::compile::{self, CompiledPtx, PtxCache};
+use crate::error::KernelError;
+use crate::sources::{self, KernelSource};
+use crate::twin::{AttnShape, MatvecFamily, SAMPLE_THREADS, SPLIT_K_CHUNK};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
+    PushKernelArg, ValidAsZeroBits,
+};
+
+// SAFETY: the block types are `#[repr(C)]` plain data of f16/u8/i8 fields with the exact size
+// `common.cuh` declares (asserted in blocks.rs and by static_assert in the header), and any
+// bit pattern, all-zero included, is a valid value of each.
+unsafe impl DeviceRepr for BlockQ4_0 {}
+unsafe impl DeviceRepr for BlockQ4_1 {}
+unsafe impl DeviceRepr for BlockQ8_0 {}
+unsafe impl DeviceRepr for BlockQ8_1 {}
+unsafe impl ValidAsZeroBits for BlockQ4_0 {}
+unsafe impl ValidAsZeroBits for BlockQ4_1 {}
+unsafe impl ValidAsZeroBits for BlockQ8_0 {}
+unsafe impl ValidAsZeroBits for BlockQ8_1 {}
+
+/// Checks that libcuda and libnvrtc can be loaded; returns the NVRTC version.
+pub fn probe() -> Result<(i32, i32), KernelError> {
+    // SAFETY: `is_culib_present` only tries to open the library by its candidate names.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(KernelError::Unavailable {
+            library: "libcuda",
+            detail: "no libcuda.so found on the library path (no NVIDIA driver?)".into(),
+        });
+    }
+    compile::nvrtc_version()
+}
+
+/// Threads per block of the elementwise kernels.
+const EW_THREADS: u32 = 256;
+
+/// Weights already on the device, row-major. F16 and BF16 weights travel as their raw 16-bit
+/// patterns (`f16::to_bits` / `bf16::to_bits`), which is what the kernels read.
+#[derive(Debug, Clone, Copy)]
+pub enum DeviceWeights<'a> {
+    Q4_0(&'a CudaSlice<BlockQ4_0>),
+    Q4_1(&'a CudaSlice<BlockQ4_1>),
+    Q8_0(&'a CudaSlice<BlockQ8_0>),
+    F32(&'a CudaSlice<f32>),
+    F16(&'a CudaSlice<u16>),
+    BF16(&'a CudaSlice<u16>),
+}
+
+/// One device with its stream and loaded kernel modules.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    arch: &'static str,
+    name: String,
+    nvrtc: (i32, i32),
+    cache: Option<PtxCache>,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    compiled: Mutex<Vec<CompiledPtx>>,
+    canary_row: i32,
+}
+
+fn shape(kernel: &'static str, message: String) -> KernelError {
+    KernelError::Shape { kernel, message }
+}
+
+fn need(kernel: &'static str, what: &str, have: usize, want: usize) -> Result<(), KernelError> {
+    if have < want {
+        return Err(shape(
+            kernel,
+            format!("`{what}` holds {have} elements, the geometry needs {want}"),
+        ));
+    }
+    Ok(())
+}
+
+fn int(kernel: &'static str, what: &str, v: usize) -> Result<i32, KernelError> {
+    i32::try_from(v).map_err(|_| {
+        shape(
+            kernel,
+            format!("`{what}` = {v} does not fit the kernel's int"),
+        )
+    })
+}
+
+impl Gpu {
+    /// Opens device `ordinal` (after [`probe`]); kernels compile on first use for its compute
+    /// capability, cached in [`compile::cache_dir`].
+    pub fn new(ordinal: usize) -> Result<Self, KernelError> {
+        let nvrtc = probe()?;
+        let ctx = CudaContext::new(ordinal).map_err(KernelError::driver(format!(
+            "opening CUDA device {ordinal}"
+        )))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(KernelError::driver("reading the compute capability"))?;
+        let name = ctx
+            .name()
+            .map_err(KernelError::driver("reading the device name"))?;
+        // NVRTC takes the architecture as a 'static str; one small string per opened device.
+        let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
+        let stream = ctx.default_stream();
+        Ok(Gpu {
+            ctx,
+            stream,
+            arch,
+            name,
+            nvrtc,
+            cache: compile::cache_dir().map(PtxCache::new),
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+            compiled: Mutex::new(Vec::new()),
+            canary_row: -1,
+        })
+    }
+
+    /// Test-only plumbing defect for gate canaries: every quantized matvec drops the last
+    /// block of `row`. `None` switches it off.
+    pub fn set_matvec_canary(&mut self, row: Option<usize>) {
+        self.canary_row = row.map_or(-1, |r| r.min(i32::MAX as usize) as i32);
+    }
+
+    pub fn ctx(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    /// The NVRTC architecture, e.g. `compute_90`.
+    pub fn arch(&self) -> &'static str {
+        self.arch
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn nvrtc_version(&self) -> (i32, i32) {
+        self.nvrtc
+    }
+    pub fn cache(&self) -> Option<&PtxCache> {
+        self.cache.as_ref()
+    }
+    /// The families compiled or read from the cache so far.
+    pub fn compiled(&self) -> Vec<CompiledPtx> {
+        self.compiled.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    /// Compiles (or reads from the cache) and loads every family now.
+    pub fn load_all(&self) -> Result<(), KernelError> {
+        for src in sources::ALL {
+            self.module(&src)?;
+        }
+        Ok(())
+    }
+
+    fn module(&self, src: &KernelSource) -> Result<Arc<CudaModule>, KernelError> {
+        if let Some(m) = self
+            .modules
+            .lock()
+            .ok()
+            .and_then(|m| m.get(src.file).cloned())
+        {
+            return Ok(m);
+        }
+        let compiled = compile::compile(src, self.arch, self.cache.as_ref())?;
+        let module = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(compiled.ptx.clone()))
+            .map_err(KernelError::driver(format!("loading module {}", src.file)))?;
+        if let Ok(mut c) = self.compiled.lock() {
+            c.push(compiled);
+        }
+        if let Ok(mut m) = self.modules.lock() {
+            m.insert(src.file, module.clone());
+        }
+        Ok(module)
+    }
+
+    fn func(&self, src: &KernelSource, name: &'static str) -> Result<CudaFunction, KernelError> {
+        if let Some(f) = self
+            .functions
+            .lock()
+            .ok()
+            .and_then(|f| f.get(name).cloned())
+        {
+            return Ok(f);
+        }
+        let f = self
+            .module(src)?
+            .load_function(name)
+            .map_err(KernelError::driver(format!(
+                "looking up kernel {name} in {}",
+                src.file
+            )))?;
+        if let Ok(mut fs) = self.functions.lock() {
+            fs.insert(name, f.clone());
+        }
+        Ok(f)
+    }
+
+    /// Waits for all work on the stream.
+    pub fn synchronize(&self) -> Result<(), KernelError> {
+        self.stream
+            .synchronize()
+            .map_err(KernelError::driver("synchronizing the stream"))
+    }
+
+    /// q8_1 quantization of `y.len()` blocks of `x` (`x` holds at least `32 * y.len()`).
+    pub fn quantize_q8_1(
+        &self,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<BlockQ8_1>,
+    ) -> Result<(), KernelError> {
+        const K: &str = "quantize_q8_1_f32";
+        need(K, "x", x.len(), y.len() * QK)?;
+        let n = int(K, "blocks", y.len())?;
+        let f = self.func(&sources::QUANTIZE, K)?;
+        let cfg = LaunchConfig {
+            grid_dim: ((n as u32).div_ceil(8).max(1), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(y).arg(&n);
+        // SAFETY: the kernel reads 32 * n floats of x and writes n blocks of y; both lengths
+        // were checked above, and the argument types match the kernel's signature.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
+    /// RMS norm of `rows` rows of `cols`: `out = (x * r) * g`.
+    pub fn rmsnorm(
+        &self,
+        x: &CudaSlice<f32>,
+        g: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<(), KernelError> {
+        const K: &str = "rmsnorm_f32";
+        need(K, "x", x.len(), rows * cols)?;
+        need(K, "g", g.len(), cols)?;
+        need(K, "out", out.len(), rows * cols)?;
+        let c = int(K, "cols", cols)?;
+        let f = self.func(&sources::NORM, K)?;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (crate::twin::NORM_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(g).arg(out).arg(&c).arg(&eps);
+        // SAFETY: one block per row reads rows*cols of x, cols of g and writes rows*cols of
+        // out; all three lengths were checked above.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
+    /// Fused tier: q8_1 of `x * g` into `yq` (`rows * cols / 32` blocks) and `r` per row into
+    /// `r_out`, unapplied.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm_quantize_fused(
+        &self,
+        x: &CudaSlice<f32>,
+        g: &CudaSlice<f32>,
+        yq: &mut CudaSlice<BlockQ8_1>,
+        r_out: &mut CudaSlice<f32>,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<(), KernelError> {
+        const K: &str = "rmsnorm_quantize_fused_f32";
+        if !cols.is_multiple_of(QK) {
+            return Err(shape(K, format!("cols = {cols} is not a multiple of 32")));
+        }
+        need(K, "x", x.len(), rows * cols)?;
+        need(K, "g", g.len(), cols)?;
+        need(K, "yq", yq.len(), rows * cols / QK)?;
+        need(K, "r_out", r_out.len(), rows)?;
+        let c = int(K, "cols", cols)?;
+        let f = self.func(&sources::NORM, K)?;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (crate::twin::NORM_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(g).arg(yq).arg(r_out).arg(&c).arg(&eps);
+        // SAFETY: one block per row; reads rows*cols of x and cols of g, writes rows*cols/32
+        // blocks and rows factors; lengths checked above.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
+    /// Quantized matvec of `family`: `y[b] = W · x[b]` for `batch` q8_1 rows (`y`: `batch *
+    /// rows`, row after row). Every batch row has the B = 1 arithmetic.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec(
+        &self,
+        family: MatvecFamily,
+        w: DeviceWeights,
+        rows: usize,
+        cols: usize,
+        x: &CudaSlice<BlockQ8_1>,
+        batch: usize,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<(), KernelError> {
+        let (src, names) = match family {
+            MatvecFamily::Mmvq => (
+                &sources::MATVEC_MMVQ,
+                ["matvec_mmvq_q4_0", "matvec_mmvq_q4_1", "matvec_mmvq_q8_0"],
+            ),
+            MatvecFamily::Dp4a => (
+                &sources::MATVEC_DP4A,
+                ["matvec_dp4a_q4_0", "matvec_dp4a_q4_1", "matvec_dp4a_q8_0"],
+            ),
+        };
+        let (k, wlen) = match w {
+            DeviceWeights::Q4_0(s) => (names[0], s.len()),
+            DeviceWeights::Q4_1(s) => (names[1], s.len()),
+            DeviceWeights::Q8_0(s) => (names[2], s.len()),
+            _ => {
+                return Err(shape(
+                    names[0],
+                    "float weights take f32 activations: call matvec_float".into(),
+                ));
+            }
+        };
+        if !cols.is_multiple_of(QK) || cols == 0 || batch == 0 {
+            return Err(shape(
+                k,
+                format!(
+                    "cols = {cols} must be a positive multiple of 32 and batch = {batch} positive"
+                ),
+            ));
+        }
+        let nb = cols / QK;
+        need(k, "w", wlen, rows * nb)?;
+        need(k, "x", x.len(), batch * nb)?;
+        need(k, "y", y.len(), batch * rows)?;
+        let (r, n, bt) = (
+            int(k, "rows", rows)?,
+            int(k, "cols / 32", nb)?,
+            int(k, "batch", batch)?,
+        );
+        let canary = self.canary_row;
+        let f = self.func(src, k)?;
+        let groups = batch.div_ceil(8) as u32;
+        let cfg = match family {
+            MatvecFamily::Mmvq => LaunchConfig {
+                grid_dim: ((rows as u32).div_ceil(4), groups, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            MatvecFamily::Dp4a => LaunchConfig {
+                grid_dim: (rows as u32, groups, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            },
+        };
+        let mut b = self.stream.launch_builder(&f);
+        match w {
+            DeviceWeights::Q4_0(s) => b.arg(s),
+            DeviceWeights::Q4_1(s) => b.arg(s),
+            DeviceWeights::Q8_0(s) => b.arg(s),
+            _ => unreachable!("float weights returned above"),
+        };
+        b.arg(x).arg(y).arg(&r).arg(&n).arg(&bt).arg(&canary);
+        // SAFETY: the kernel reads rows*nb weight blocks, batch*nb activation blocks and writes
+        // batch*rows floats, all checked above; the grid covers rows and ceil(batch/8) groups
+        // and the kernel bounds-checks both.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {k}")))?;
+        Ok(())
+    }
+
+    /// Float-weight matvec: `y[b] = W · x[b]` for `batch` f32 rows of `cols`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_float(
+        &self,
+        w: DeviceWeights,
+        rows: usize,
+        cols: usize,
+        x: &CudaSlice<f32>,
+        batch: usize,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<(), KernelError> {
+        let (k, wlen) = match w {
+            DeviceWeights::F32(s) => ("matvec_float_f32", s.len()),
+            DeviceWeights::F16(s) => ("matvec_float_f16", s.len()),
+            DeviceWeights::BF16(s) => ("matvec_float_bf16", s.len()),
+            _ => {
+                return Err(shape(
+                    "matvec_float_f32",
+                    "quantized weights take q8_1 activations: call matvec".into(),
+                ));
+            }
+        };
+        need(k, "w", wlen, rows * cols)?;
+        need(k, "x", x.len(), batch * cols)?;
+        need(k, "y", y.len(), batch * rows)?;
+        let (r, c) = (int(k, "rows", rows)?, int(k, "cols", cols)?);
+        let f = self.func(&sources::MATVEC_FLOAT, k)?;
+        let cfg = LaunchConfig {
+            grid_dim: ((rows as u32).div_ceil(4), batch as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        match w {
+            DeviceWeights::F32(s) => b.arg(s),
+            DeviceWeights::F16(s) => b.arg(s),
+            DeviceWeights::BF16(s) => b.arg(s),
+            _ => unreachable!("quantized weights returned above"),
+        };
+        b.arg(x).arg(y).arg(&r).arg(&c);
+        // SAFETY: reads rows*cols weights and batch*cols activations, writes batch*rows
+        // outputs, all checked above; the kernel bounds-checks rows.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {k}")))?;
+        Ok(())
+    }
+
+    /// RoPE in place on `batch` rows of `n_heads * head_dim`, row `b` at position `pos[b]`,
+    /// with an optional per-row post-scale (the fused tier's r). `table` from
+    /// [`crate::twin::rope_table`] must cover every position.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope(
+        &self,
+        x: &mut CudaSlice<f32>,
+        table: &CudaSlice<f32>,
+        post_scale: Option<&CudaSlice<f32>>,
+        pos: &CudaSlice<i32>,
+        batch: usize,
+        n_heads: usize,
+        head_dim: usize,
+        max_pos: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "rope_f32";
+        if !head_dim.is_multiple_of(2) {
+            return Err(shape(K, format!("head_dim = {head_dim} is odd")));
+        }
+        need(K, "x", x.len(), batch * n_heads * head_dim)?;
+        need(K, "pos", pos.len(), batch)?;
+        need(K, "table", table.len(), (max_pos + 1) * head_dim)?;
+        if let Some(s) = post_scale {
+            need(K, "post_scale", s.len(), batch)?;
+        }
+        let (h, d) = (int(K, "n_heads", n_heads)?, int(K, "head_dim", head_dim)?);
+        let pairs = (n_heads * head_dim / 2) as u32;
+        let f = self.func(&sources::ROPE, K)?;
+        let cfg = LaunchConfig {
+            grid_dim: (pairs.div_ceil(EW_THREADS), batch as u32, 1),
+            block_dim: (EW_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let null = 0u64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(table);
+        match post_scale {
+            Some(s) => b.arg(s),
+            None => b.arg(&null),
+        };
+        b.arg(pos).arg(&h).arg(&d);
+        // SAFETY: x, pos and post_scale lengths were checked for `batch` rows; the caller
+        // promises every pos[b] <= max_pos, and the table covers max_pos (checked). A null
+        // post_scale is a null device pointer, which the kernel tests before reading.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
+    fn check_attn(
+        k: &'static str,
+        q: usize,
+        kc: usize,
+        vc: usize,
+        out: usize,
+        s: &AttnShape,
+    ) -> Result<(), KernelError> {
+        if s.n_kv_heads == 0
+            || !s.n_heads.is_multiple_of(s.n_kv_heads)
+            || s.n_tokens == 0
+            || s.head_dim == 0
+        {
+            return Err(shape(
+                k,
+                format!(
+                    "{s:?}: n_heads must be a multiple of n_kv_heads, n_tokens and head_dim positive"
+                ),
+            ));
+        }
+        need(k, "q", q, s.n_heads * s.head_dim)?;
+        need(k, "k_cache", kc, s.n_tokens * s.n_kv_heads * s.head_dim)?;
+        need(k, "v_cache", vc, s.n_tokens * s.n_kv_heads * s.head_dim)?;
+        need(k, "out", out, s.n_heads * s.head_dim)
+    }
+
+    /// One-block-per-head attention; `scratch` holds at least `n_heads * n_tokens` floats.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_naive(
+        &self,
+        q: &CudaSlice<f32>,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        scratch: &mut CudaSlice<f32>,
+        s: &AttnShape,
+        scale: f32,
+    ) -> Result<(), KernelError> {
+        const K: &str = "attention_naive_f32";
+        Self::check_attn(K, q.len(), k.len(), v.len(), out.len(), s)?;
+        need(K, "scratch", scratch.len(), s.n_heads * s.n_tokens)?;
+        let (h, kvh, d, n) = (
+            int(K, "n_heads", s.n_heads)?,
+            int(K, "n_kv_heads", s.n_kv_heads)?,
+            int(K, "head_dim", s.head_dim)?,
+            int(K, "n_tokens", s.n_tokens)?,
+        );
+        let f = self.func(&sources::ATTENTION, K)?;
+        let cfg = LaunchConfig {
+            grid_dim: (s.n_heads as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(q)
+            .arg(k)
+            .arg(v)
+            .arg(out)
+            .arg(scratch)
+            .arg(&h)
+            .arg(&kvh)
+            .arg(&d)
+            .arg(&n)
+            .arg(&n)
+            .arg(&scale);
+        // SAFETY: lengths of q, the caches, out and scratch (n_heads rows of stride n_tokens)
+        // were checked against the shape above.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
+    /// Split-K flash-decoding: partial kernel over 64-token chunks, then the combine.
+    /// `part_o` holds `n_heads * n_chunks * head_dim`, `part_ml` `n_heads * n_chunks * 2`
+    /// floats, `n_chunks = ceil(n_tokens / 64)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_split_k(
+        &self,
+        q: &CudaSlice<f32>,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        part_o: &mut CudaSlice<f32>,
+        part_ml: &mut CudaSlice<f32>,
+        s: &AttnShape,
+        scale: f32,
+    ) -> Result<(), KernelError> {
+        const K: &str = "attention_split_k_f32";
+        const C: &str = "attention_combine_f32";
+        Self::check_attn(K, q.len(), k.len(), v.len(), out.len(), s)?;
+        let chunks = s.n_tokens.div_ceil(SPLIT_K_CHUNK);
+        need(K, "part_o", part_o.len(), s.n_heads * chunks * s.head_dim)?;
+        need(K, "part_ml", part_ml.len(), s.n_heads * chunks * 2)?;
+        let (h, kvh, d, n, nc) = (
+            int(K, "n_heads", s.n_heads)?,
+            int(K, "n_kv_heads", s.n_kv_heads)?,
+            int(K, "head_dim", s.head_dim)?,
+            int(K, "n_tokens", s.n_tokens)?,
+            int(K, "n_chunks", chunks)?,
+        );
+        let f = self.func(&sources::ATTENTION, K)?;
+        let cfg = LaunchConfig {
+            grid_dim: (s.n_heads as u32, chunks as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(q)
+            .arg(k)
+            .arg(v)
+            .arg(&mut *part_o)
+            .arg(&mut *part_ml)
+            .arg(&h)
+            .arg(&kvh)
+            .arg(&d)
+            .arg(&n)
+            .arg(&scale);
+        // SAFETY: q, caches and both partial buffers were checked against the shape and the
+        // chunk count that sizes the grid.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        let fc = self.func(&sources::ATTENTION, C)?;
+        let cfg = LaunchConfig {
+            grid_dim: (s.n_heads as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&fc);
+        b.arg(&*part_o).arg(&*part_ml).arg(out).arg(&nc).arg(&d);
+        // SAFETY: the partial buffers were sized above; out holds n_heads * head_dim.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {C}")))?;
+        Ok(())
+    }
+
+    fn ew_cfg(n: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: ((n as u32).div_ceil(EW_THREADS).max(1), 1, 1),
+            block_dim: (EW_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// SwiGLU over `n` elements in rows of `cols`, optional per-row post-scale.
+    #[allow(clippy::too_many_arguments)]
+    pub fn swiglu(
+        &self,
+        gate: &CudaSlice<f32>,
+        up: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        post_scale: Option<&CudaSlice<f32>>,
+        n: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "swiglu_f32";
+        need(K, "gate", gate.len(), n)?;
+        need(K, "up", up.len(), n)?;
+        need(K, "out", out.len(), n)?;
+        if cols == 0 {
+            return Err(shape(K, "cols = 0".into()));
+        }
+        if let Some(s) = post_scale {
+            need(K, "post_scale", s.len(), n.div_ceil(cols))?;
+        }
+        let (ni, ci) = (int(K, "n", n)?, int(K, "cols", cols)?);
+        let f = self.func(&sources::ELEMENTWISE, K)?;
+        let null = 0u64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(gate).arg(up).arg(out);
+        match post_scale {
+            Some(s) => b.arg(s),
+            None => b.arg(&null),
+        };
+        b.arg(&ni).arg(&ci);
+        // SAFETY: all buffers hold n elements (post_scale one per row), checked above.
+        unsafe { b.launch(Self::ew_cfg(n)) }
+            .map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
+    /// Residual add in place: `x += y` over `n` elements.
+    pub fn add(
+        &self,
+        x: &mut CudaSlice<f32>,
+        y: &CudaSlice<f32>,
+        n: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "add_f32";
+        need(K, "x", x.len(), n)?;
+        need(K, "y", y.len(), n)?;
+        let ni = int(K, "n", n)?;
+        let f = self.func(&sources::ELEMENTWISE, K)?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(y).arg(&ni);
+        // SAFETY: both buffers hold n elements, checked above.
+        unsafe { b.launch(Self::ew_cfg(n)) }
+            .map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
+    /// `y *= s[row]` over `n` elements in rows of `cols` (s: one device factor per row).
+    pub fn scale(
+        &self,
+        y: &mut CudaSlice<f32>,
+        s: &CudaSlice<f32>,
+        n: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "scale_f32";
+        need(K, "y", y.len(), n)?;
+        if cols == 0 {
+            return Err(shape(K, "cols = 0".into()));
+        }
+        need(K, "s", s.len(), n.div_ceil(cols))?;
+        let (ni, ci) = (int(K, "n", n)?, int(K, "cols", cols)?);
+        let f = self.func(&sources::ELEMENTWISE, K)?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(y).arg(s).arg(&ni).arg(&ci);
+        // SAFETY: y holds n elements and s one per row, checked above.
+        unsafe { b.launch(Self::ew_cfg(n)) }
+            .map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
+    /// Stores `row_len` values of `src` at position `pos` of a position-major cache.
+    pub fn kv_store(
+        &self,
+        cache: &mut CudaSlice<f32>,
+        src: &CudaSlice<f32>,
+        post_scale: Option<&CudaSlice<f32>>,
+        pos: usize,
+        row_len: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "kv_store_f32";
+        need(K, "cache", cache.len(), (pos + 1) * row_len)?;
+        need(K, "src", src.len(), row_len)?;
+        let (p, r) = (int(K, "pos", pos)?, int(K, "row_len", row_len)?);
+        let f = self.func(&sources::ELEMENTWISE, K)?;
+        let null = 0u64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(cache).arg(src);
+        match post_scale {
+            Some(s) => b.arg(s),
+            None => b.arg(&null),
+        };
+        b.arg(&p).arg(&r);
+        // SAFETY: the cache covers position pos and src one row, checked above; a null
+        // post_scale is tested by the kernel before reading.
+        unsafe { b.launch(Self::ew_cfg(row_len)) }
+            .map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
+    /// Argmax of `batch` rows of `n` logits into `out` (ties to the lowest index).
+    pub fn argmax(
+        &self,
+        logits: &CudaSlice<f32>,
+        out: &mut CudaSlice<u32>,
+        batch: usize,
+        n: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "argmax_f32";
+        need(K, "logits", logits.len(), batch * n)?;
+        need(K, "out", out.len(), batch)?;
+        let ni = int(K, "n", n)?;
+        let f = self.func(&sources::SAMPLE, K)?;
+        let cfg = LaunchConfig {
+            grid_dim: (batch as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(logits).arg(out).arg(&ni);
+        // SAFETY: batch rows of n logits and batch outputs, checked above.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
+    /// Temperature + top-p sampling of `batch` rows of `n` logits, row `b` keyed by
+    /// `(seed, seq[b], step[b])`; `p_scratch` holds `batch * n` floats.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample(
+        &self,
+        logits: &CudaSlice<f32>,
+        p_scratch: &mut CudaSlice<f32>,
+        out: &mut CudaSlice<u32>,
+        batch: usize,
+        n: usize,
+        temp: f32,
+        top_p: f32,
+        seed: u64,
+        seq: &CudaSlice<u32>,
+        step: &CudaSlice<u32>,
+    ) -> Result<(), KernelError> {
+        const K: &str = "sample_f32";
+        need(K, "logits", logits.len(), batch * n)?;
+        need(K, "p_scratch", p_scratch.len(), batch * n)?;
+        need(K, "out", out.len(), batch)?;
+        need(K, "seq", seq.len(), batch)?;
+        need(K, "step", step.len(), batch)?;
+        let ni = int(K, "n", n)?;
+        let (lo, hi) = (seed as u32, (seed >> 32) as u32);
+        let f = self.func(&sources::SAMPLE, K)?;
+        let cfg = LaunchConfig {
+            grid_dim: (batch as u32, 1, 1),
+            block_dim: (SAMPLE_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(logits)
+            .arg(p_scratch)
+            .arg(out)
+            .arg(&ni)
+            .arg(&temp)
+            .arg(&top_p)
+            .arg(&lo)
+            .arg(&hi)
+            .arg(seq)
+            .arg(step);
+        // SAFETY: every buffer was checked for batch rows of n (or one value per row).
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
+    /// Philox4x32-10 of `n` counters (4 words each) under `key`, for checking the device
+    /// generator against the twin.
+    pub fn philox(
+        &self,
+        ctr: &CudaSlice<u32>,
+        out: &mut CudaSlice<u32>,
+        key: [u32; 2],
+        n: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "philox_u32";
+        need(K, "ctr", ctr.len(), 4 * n)?;
+        need(K, "out", out.len(), 4 * n)?;
+        let ni = int(K, "n", n)?;
+        let f = self.func(&sources::SAMPLE, K)?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(ctr).arg(out).arg(&key[0]).arg(&key[1]).arg(&ni);
+        // SAFETY: ctr and out hold 4 * n words, checked above.
+        unsafe { b.launch(Self::ew_cfg(n)) }
+            .map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,92 @@
+//! The CUDA C sources, embedded at build time: one file per kernel family plus the shared
+//! `common.cuh`. This module owns the list and how a family's compilable text is composed;
+//! compiling and caching belong to [`crate::compile`].
+
+/// The shared header every family is compiled with.
+pub const COMMON: &str = include_str!("../cuda/common.cuh");
+
+/// One `.cu` file of `kernels/cuda/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KernelSource {
+    /// File name inside `kernels/cuda/`, e.g. `matvec_mmvq.cu`.
+    pub file: &'static str,
+    /// The file's text.
+    pub text: &'static str,
+}
+
+macro_rules! family {
+    ($name:ident, $file:literal) => {
+        #[doc = concat!("`kernels/cuda/", $file, "`.")]
+        pub const $name: KernelSource = KernelSource {
+            file: $file,
+            text: include_str!(concat!("../cuda/", $file)),
+        };
+    };
+}
+
+family!(QUANTIZE, "quantize.cu");
+family!(NORM, "norm.cu");
+family!(MATVEC_MMVQ, "matvec_mmvq.cu");
+family!(MATVEC_DP4A, "matvec_dp4a.cu");
+family!(MATVEC_FLOAT, "matvec_float.cu");
+family!(ROPE, "rope.cu");
+family!(ATTENTION, "attention.cu");
+family!(ELEMENTWISE, "elementwise.cu");
+family!(SAMPLE, "sample.cu");
+
+/// Every family, in a fixed order.
+pub const ALL: [KernelSource; 9] = [
+    QUANTIZE,
+    NORM,
+    MATVEC_MMVQ,
+    MATVEC_DP4A,
+    MATVEC_FLOAT,
+    ROPE,
+    ATTENTION,
+    ELEMENTWISE,
+    SAMPLE,
+];
+
+impl KernelSource {
+    /// The text NVRTC compiles: `common.cuh` then the family, each behind a `#line` directive
+    /// so that compiler messages name the original file and line.
+    pub fn composed(&self) -> String {
+        format!(
+            "#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"{}\"\n{}",
+            self.file, self.text
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `extern "C"` kernel is named `<op>_<variant>` and every family is non-empty.
+    #[test]
+    fn families_declare_kernels() {
+        for src in ALL {
+            let names: Vec<&str> = src
+                .text
+                .split("extern \"C\" __global__ void ")
+                .skip(1)
+                .map(|rest| rest.split('(').next().unwrap_or(""))
+                .collect();
+            assert!(!names.is_empty(), "{} declares no kernel", src.file);
+            for n in names {
+                assert!(
+                    n.contains('_'),
+                    "{}: kernel {n} is not <op>_<variant>",
+                    src.file
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn composed_text_marks_file_boundaries() {
+        let text = NORM.composed();
+        assert!(text.starts_with("#line 1 \"common.cuh\"\n"));
+        assert!(text.contains("\n#line 1 \"norm.cu\"\n"));
+    }
+}
