@@ -138,6 +138,22 @@ impl CpuBackend {
         })
     }
 
+    /// Gives the model back (closing every sequence), e.g. to rebuild the backend under
+    /// other doors without reading the file again.
+    pub fn into_model(self) -> LlamaModel {
+        LlamaModel {
+            config: self.config,
+            token_embd: self.token_embd,
+            layers: self
+                .stages
+                .into_iter()
+                .flat_map(|s| s.blocks.into_iter().map(|l| l.w))
+                .collect(),
+            output_norm: self.output_norm,
+            output: self.output,
+        }
+    }
+
     /// The pipeline stages and the layers each owns.
     pub fn stages(&self) -> &[Stage] {
         &self.stages
