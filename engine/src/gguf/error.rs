@@ -64,6 +64,16 @@ pub enum GgufErrorKind {
         need: u64,
         len: u64,
     },
+    #[error(
+        "the header declares {count} {what} at offset {offset}, which cannot fit in the {remaining} bytes left (each takes at least {min_len}); the file is truncated or corrupt"
+    )]
+    ImpossibleCount {
+        what: &'static str,
+        count: u64,
+        min_len: u64,
+        offset: u64,
+        remaining: u64,
+    },
     #[error("{what} at offset {offset} is not valid UTF-8")]
     BadUtf8 { what: String, offset: u64 },
     #[error(
@@ -84,6 +94,8 @@ pub enum GgufErrorKind {
         type_id: u32,
         supported: String,
     },
+    #[error("tensor `{tensor}` has {n_dims} dimensions; ggml tensors have 1 to 4")]
+    BadDims { tensor: String, n_dims: u32 },
     #[error("tensor `{tensor}` has an inconsistent shape {shape:?}: {problem}")]
     BadShape {
         tensor: String,
@@ -101,12 +113,13 @@ pub enum GgufErrorKind {
         alignment: u64,
     },
     #[error(
-        "tensor `{tensor}` spans bytes {start}..{end} but the file is {len} bytes long; the download is probably incomplete, fetch the file again"
+        "tensor `{tensor}` spans bytes {start}..{end} but the file is {len} bytes long: it is truncated (an incomplete download?) or corrupt; fetch it again"
     )]
     TensorPastEnd {
         tensor: String,
-        start: u64,
-        end: u64,
+        /// Wide enough that a hostile offset cannot overflow the arithmetic.
+        start: u128,
+        end: u128,
         len: u64,
     },
     #[error(

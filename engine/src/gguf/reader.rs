@@ -118,20 +118,20 @@ impl<'a> Cursor<'a> {
     }
 
     /// Checks that `count` items of at least `min_len` bytes each can fit in what is left, so
-    /// a corrupt count is reported as truncation before anything is allocated for it.
+    /// a corrupt count is reported before anything is allocated for it.
     fn check_count(
         &self,
         count: u64,
         min_len: u64,
-        what: &dyn Fn() -> String,
+        what: &'static str,
     ) -> Result<(), GgufErrorKind> {
-        let need = count.saturating_mul(min_len);
-        if need > self.remaining() as u64 {
-            return Err(GgufErrorKind::Truncated {
-                what: what(),
+        if count.saturating_mul(min_len) > self.remaining() as u64 {
+            return Err(GgufErrorKind::ImpossibleCount {
+                what,
+                count,
+                min_len,
                 offset: self.pos as u64,
-                need,
-                len: self.buf.len() as u64,
+                remaining: self.remaining() as u64,
             });
         }
         Ok(())
@@ -177,9 +177,22 @@ impl<'a> Cursor<'a> {
                         type_id,
                     })?;
                 let count = self.u64(&|| format!("array length of metadata key `{key}`"))?;
-                self.check_count(count, elem.min_encoded_len(), &|| {
-                    format!("{count} array elements of metadata key `{key}`")
-                })?;
+                if let Err(GgufErrorKind::ImpossibleCount {
+                    count,
+                    min_len,
+                    offset,
+                    remaining,
+                    ..
+                }) = self.check_count(count, elem.min_encoded_len(), "array elements")
+                {
+                    return Err(GgufErrorKind::BadValue {
+                        key: key.to_string(),
+                        value: format!("[{}; {count}]", elem.name()),
+                        problem: format!(
+                            "{count} elements of at least {min_len} bytes cannot fit in the {remaining} bytes left at offset {offset}; the file is truncated or corrupt"
+                        ),
+                    });
+                }
                 let mut items = Vec::with_capacity(count as usize);
                 for _ in 0..count {
                     items.push(self.value(key, elem, depth + 1)?);
@@ -210,7 +223,7 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header, GgufErrorKind> {
     let n_kv = c.u64(&|| "the metadata count".into())?;
     // A key-value pair takes at least 8 (key length) + 4 (type) + 1 bytes; a tensor info at
     // least 8 + 4 + 4 + 8.
-    c.check_count(n_kv, 13, &|| format!("{n_kv} metadata entries"))?;
+    c.check_count(n_kv, 13, "metadata entries")?;
 
     let mut metadata = Vec::with_capacity(n_kv as usize);
     let mut seen = HashSet::new();
@@ -243,17 +256,16 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header, GgufErrorKind> {
         return Err(GgufErrorKind::BadAlignment { value: alignment });
     }
 
-    c.check_count(n_tensors, 24, &|| format!("{n_tensors} tensor infos"))?;
+    c.check_count(n_tensors, 24, "tensor infos")?;
     let mut tensors = Vec::with_capacity(n_tensors as usize);
     let mut names = HashSet::new();
     for i in 0..n_tensors {
         let name = c.string(&|| format!("name of tensor #{i}"))?;
         let n_dims = c.u32(&|| format!("dimension count of tensor `{name}`"))?;
         if n_dims == 0 || n_dims as usize > MAX_DIMS {
-            return Err(GgufErrorKind::BadShape {
+            return Err(GgufErrorKind::BadDims {
                 tensor: name,
-                shape: vec![],
-                problem: format!("{n_dims} dimensions; ggml tensors have 1 to {MAX_DIMS}"),
+                n_dims,
             });
         }
         let mut shape = Vec::with_capacity(n_dims as usize);
@@ -291,21 +303,18 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header, GgufErrorKind> {
     let data_offset = (c.pos as u64).next_multiple_of(alignment);
     let len = buf.len() as u64;
     for t in &mut tensors {
-        let start = data_offset.checked_add(t.offset);
-        let end = start.and_then(|s| s.checked_add(t.n_bytes));
-        match (start, end) {
-            (Some(s), Some(e)) if e <= len => t.start = s,
-            _ => {
-                return Err(GgufErrorKind::TensorPastEnd {
-                    tensor: t.name.clone(),
-                    start: data_offset.saturating_add(t.offset),
-                    end: data_offset
-                        .saturating_add(t.offset)
-                        .saturating_add(t.n_bytes),
-                    len,
-                });
-            }
+        let start = u128::from(data_offset) + u128::from(t.offset);
+        let end = start + u128::from(t.n_bytes);
+        if end > u128::from(len) {
+            return Err(GgufErrorKind::TensorPastEnd {
+                tensor: t.name.clone(),
+                start,
+                end,
+                len,
+            });
         }
+        // end <= len < 2^64, so the start fits too.
+        t.start = start as u64;
     }
     let mut by_start: Vec<&TensorInfo> = tensors.iter().filter(|t| t.n_bytes > 0).collect();
     by_start.sort_by_key(|t| t.start);

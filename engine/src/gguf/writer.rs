@@ -212,7 +212,7 @@ impl<W: Write> GgufStream<W> {
 
     /// Writes the data of the next tensor in table order; `name` and the length must match.
     pub fn write_tensor(&mut self, name: &str, data: &[u8]) -> Result<(), GgufError> {
-        let Some((spec, bytes)) = self.tensors.pop() else {
+        let Some((spec, bytes)) = self.tensors.last() else {
             return Err(GgufError::new(
                 &self.path,
                 GgufErrorKind::Writer(format!(
@@ -220,7 +220,8 @@ impl<W: Write> GgufStream<W> {
                 )),
             ));
         };
-        if spec.name != name || data.len() as u64 != bytes {
+        // A mismatch leaves the stream where it was, so the caller's error is the only effect.
+        if spec.name != name || data.len() as u64 != *bytes {
             return Err(GgufError::new(
                 &self.path,
                 GgufErrorKind::Writer(format!(
@@ -231,6 +232,8 @@ impl<W: Write> GgufStream<W> {
                 )),
             ));
         }
+        let bytes = *bytes;
+        self.tensors.pop();
         let pad = (bytes.next_multiple_of(self.alignment) - bytes) as usize;
         let io = |e| {
             GgufError::new(
