@@ -7,6 +7,7 @@
 //! `MEMRA_GATE_CANARY=1` plants a defect (every quantized matvec drops the last block of row
 //! 0), which kernel-check must report as failures. The environment is read once, here.
 
+pub mod bench;
 pub mod cases;
 pub mod report;
 
@@ -169,7 +170,34 @@ pub fn run(env: &CheckEnv) -> i32 {
     if failed > 0 || sink.broken { 1 } else { 0 }
 }
 
+const USAGE: &str = "usage: kernel-check [bench]\n\
+  (no argument)  every kernel against its host twin, gate protocol; exit 0 pass, 1 fail\n\
+  bench          device time per kernel call at the model geometries, as a table";
+
 /// Entry point of the `kernel-check` binary.
 pub fn main() -> i32 {
-    run(&CheckEnv::from_env())
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        [] => run(&CheckEnv::from_env()),
+        ["bench"] => match Gpu::new(0).and_then(|gpu| bench::run(&gpu)) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("kernel-check bench: {e}");
+                1
+            }
+        },
+        ["-h" | "--help"] => {
+            println!("{USAGE}");
+            0
+        }
+        other => {
+            eprintln!("kernel-check: unexpected arguments {other:?}\n{USAGE}");
+            2
+        }
+    }
 }

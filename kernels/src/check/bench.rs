@@ -1,0 +1,186 @@
+//! `kernel-check bench`: device time per kernel call at the model geometries, as a table.
+//! Each case is timed with CUDA events over repeated launches; quantized weights rotate over
+//! enough copies that the bytes streamed per pass exceed the H200's ~60 MB L2 where memory
+//! allows, so the large shapes measure DRAM bandwidth rather than the cache. Timings are
+//! measured, never asserted.
+
+use cudarc::driver::sys::CUevent_flags;
+
+use super::cases::Rng;
+use crate::blocks::{BlockQ4_1, BlockQ8_0, BlockQ8_1, QK};
+use crate::cuda::{DeviceWeights, Gpu};
+use crate::error::KernelError;
+use crate::twin::{AttnShape, MatvecFamily, SPLIT_K_CHUNK};
+
+type R<T> = Result<T, KernelError>;
+
+const ITERS: usize = 50;
+/// Bytes of weights to rotate through per timing loop.
+const ROTATE_BYTES: usize = 256 << 20;
+
+/// Mean device microseconds of `f` over [`ITERS`] calls after 3 warm-up calls.
+fn time_us(gpu: &Gpu, mut f: impl FnMut(usize) -> R<()>) -> R<f64> {
+    for i in 0..3 {
+        f(i)?;
+    }
+    let ev = |what| {
+        move |e| KernelError::Driver {
+            what: format!("recording the {what} event"),
+            source: e,
+        }
+    };
+    let start = gpu
+        .stream()
+        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(ev("start"))?;
+    for i in 0..ITERS {
+        f(i)?;
+    }
+    let end = gpu
+        .stream()
+        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(ev("end"))?;
+    let ms = start
+        .elapsed_ms(&end)
+        .map_err(KernelError::driver("reading event times"))?;
+    Ok(ms as f64 * 1000.0 / ITERS as f64)
+}
+
+fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    gpu: &Gpu,
+    n: usize,
+) -> R<cudarc::driver::CudaSlice<T>> {
+    gpu.stream()
+        .alloc_zeros(n.max(1))
+        .map_err(KernelError::driver("allocating device memory"))
+}
+
+/// Runs the benchmark and prints its table.
+pub fn run(gpu: &Gpu) -> R<()> {
+    let mut rng = Rng::new(1);
+    println!("| kernel | geometry | B | µs/call | weight GB/s | rotated MB |");
+    println!("|---|---|---|---|---|---|");
+    for (rows, cols) in [
+        (576usize, 576usize),
+        (1536, 576),
+        (576, 1536),
+        (49152, 576),
+        (4096, 4096),
+        (11008, 4096),
+    ] {
+        let nb = cols / QK;
+        let x: Vec<BlockQ8_1> = (0..8 * nb)
+            .map(|_| {
+                let mut qs = [0i8; QK];
+                qs.iter_mut().for_each(|q| *q = (rng.u32() % 255) as i8);
+                BlockQ8_1 {
+                    d: half::f16::from_f32(0.01),
+                    s: half::f16::from_f32(0.1),
+                    qs,
+                }
+            })
+            .collect();
+        let dx = gpu
+            .stream()
+            .clone_htod(&x)
+            .map_err(KernelError::driver("copying activations"))?;
+        for ty in ["q4_1", "q8_0"] {
+            let block_bytes = if ty == "q4_1" { 20 } else { 34 };
+            let bytes = rows * nb * block_bytes;
+            let copies = (ROTATE_BYTES / bytes).clamp(1, 64);
+            // Zeroed blocks are valid weights, and the kernels' time depends on the bytes
+            // they stream, not on the values.
+            let w41: Vec<_> = if ty == "q4_1" {
+                (0..copies)
+                    .map(|_| zeros::<BlockQ4_1>(gpu, rows * nb))
+                    .collect::<R<_>>()?
+            } else {
+                Vec::new()
+            };
+            let w80: Vec<_> = if ty == "q8_0" {
+                (0..copies)
+                    .map(|_| zeros::<BlockQ8_0>(gpu, rows * nb))
+                    .collect::<R<_>>()?
+            } else {
+                Vec::new()
+            };
+            let weights = |i: usize| match ty {
+                "q4_1" => DeviceWeights::Q4_1(&w41[i % copies]),
+                _ => DeviceWeights::Q8_0(&w80[i % copies]),
+            };
+            for fam in [MatvecFamily::Mmvq, MatvecFamily::Dp4a] {
+                for batch in [1usize, 8] {
+                    let mut y = zeros::<f32>(gpu, batch * rows)?;
+                    let us = time_us(gpu, |i| {
+                        gpu.matvec(fam, weights(i), rows, cols, &dx, batch, &mut y)
+                    })?;
+                    println!(
+                        "| matvec_{}_{ty} | {rows}x{cols} | {batch} | {us:.2} | {:.0} | {} |",
+                        fam.name(),
+                        bytes as f64 / us / 1e3,
+                        (bytes * copies) >> 20
+                    );
+                }
+            }
+        }
+    }
+    for cols in [576usize, 4096] {
+        let x = zeros::<f32>(gpu, cols)?;
+        let g = zeros::<f32>(gpu, cols)?;
+        let mut q = zeros::<BlockQ8_1>(gpu, cols / QK)?;
+        let mut r = zeros::<f32>(gpu, 1)?;
+        let us = time_us(gpu, |_| gpu.quantize_q8_1(&x, &mut q))?;
+        println!("| quantize_q8_1_f32 | {cols} | 1 | {us:.2} | | |");
+        let us = time_us(gpu, |_| {
+            gpu.rmsnorm_quantize_fused(&x, &g, &mut q, &mut r, 1, cols, 1e-5)
+        })?;
+        println!("| rmsnorm_quantize_fused_f32 | {cols} | 1 | {us:.2} | | |");
+    }
+    for (nh, nkv, hd, n) in [(9usize, 3usize, 64usize, 2048usize), (32, 8, 128, 4096)] {
+        let s = AttnShape {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            n_tokens: n,
+        };
+        let q = zeros::<f32>(gpu, nh * hd)?;
+        let k = zeros::<f32>(gpu, n * nkv * hd)?;
+        let v = zeros::<f32>(gpu, n * nkv * hd)?;
+        let mut out = zeros::<f32>(gpu, nh * hd)?;
+        let mut scratch = zeros::<f32>(gpu, nh * n)?;
+        let chunks = n.div_ceil(SPLIT_K_CHUNK);
+        let mut po = zeros::<f32>(gpu, nh * chunks * hd)?;
+        let mut pml = zeros::<f32>(gpu, nh * chunks * 2)?;
+        let us = time_us(gpu, |_| {
+            gpu.attention_naive(&q, &k, &v, &mut out, &mut scratch, &s, 0.125)
+        })?;
+        println!("| attention_naive_f32 | {nh}/{nkv}x{hd} n={n} | 1 | {us:.2} | | |");
+        let us = time_us(gpu, |_| {
+            gpu.attention_split_k(&q, &k, &v, &mut out, &mut po, &mut pml, &s, 0.125)
+        })?;
+        println!("| attention_split_k_f32 (+combine) | {nh}/{nkv}x{hd} n={n} | 1 | {us:.2} | | |");
+    }
+    let vocab = 49152;
+    let logits = gpu
+        .stream()
+        .clone_htod(&rng.vec(8 * vocab, 3.0))
+        .map_err(KernelError::driver("copying logits"))?;
+    let mut p = zeros::<f32>(gpu, 8 * vocab)?;
+    let mut tok = zeros::<u32>(gpu, 8)?;
+    let seq = gpu
+        .stream()
+        .clone_htod(&(0..8u32).collect::<Vec<_>>())
+        .map_err(KernelError::driver("copying seqs"))?;
+    let step = zeros::<u32>(gpu, 8)?;
+    let us = time_us(gpu, |_| gpu.argmax(&logits, &mut tok, 1, vocab))?;
+    println!("| argmax_f32 | {vocab} | 1 | {us:.2} | | |");
+    for (temp, top_p) in [(0.7f32, 1.0f32), (0.7, 0.9)] {
+        let us = time_us(gpu, |_| {
+            gpu.sample(
+                &logits, &mut p, &mut tok, 8, vocab, temp, top_p, 7, &seq, &step,
+            )
+        })?;
+        println!("| sample_f32 temp={temp} top_p={top_p} | {vocab} | 8 | {us:.2} | | |");
+    }
+    Ok(())
+}
