@@ -11,3 +11,5 @@ pub mod backend;
 pub mod sampling;
 pub mod synth;
 pub mod tokenizer;
+pub mod engine;
+pub mod bench;

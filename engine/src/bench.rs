@@ -1,0 +1,145 @@
+//! Throughput benchmark of a backend: decode tokens/s at several batch sizes and prefill
+//! tokens/s, printed as a table by `memra-engine bench`.
+//!
+//! It owns the workload (prompt, steps, repetitions, synthetic token ids) and the timing;
+//! it asserts nothing about speed. Which model and backend it runs is the caller's choice.
+
+use std::time::Instant;
+
+use crate::backend::{Backend, EngineError, SeqId};
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct BenchPlan {
+    /// Tokens of the prefill measurement.
+    pub prompt_len: usize,
+    /// Decode steps per measurement (after a short prompt).
+    pub decode_steps: usize,
+    /// Batch sizes of the decode measurements; B=1 runs the single-sequence path.
+    pub batches: Vec<usize>,
+    /// Repetitions; the best (fastest) is reported, as the least disturbed by other load.
+    pub reps: usize,
+}
+
+impl Default for BenchPlan {
+    fn default() -> Self {
+        BenchPlan {
+            prompt_len: 128,
+            decode_steps: 32,
+            batches: vec![1, 8],
+            reps: 3,
+        }
+    }
+}
+
+/// One measured line of the table.
+#[derive(Debug, Clone)]
+pub struct BenchRow {
+    pub what: String,
+    /// Tokens processed per repetition.
+    pub tokens: usize,
+    /// Best wall time of one repetition.
+    pub seconds: f64,
+}
+
+impl BenchRow {
+    pub fn tokens_per_s(&self) -> f64 {
+        self.tokens as f64 / self.seconds
+    }
+}
+
+/// Length of the prompt each decode measurement starts from.
+const DECODE_PROMPT: usize = 8;
+
+fn ids(n: usize, n_vocab: usize, salt: usize) -> Vec<u32> {
+    (0..n)
+        .map(|i| ((i * 7919 + salt * 104_729 + 17) % n_vocab) as u32)
+        .collect()
+}
+
+/// Runs `plan` on `backend` and returns one row per measurement.
+pub fn run(backend: &mut dyn Backend, plan: &BenchPlan) -> Result<Vec<BenchRow>, EngineError> {
+    let n_vocab = backend.config().n_vocab;
+    let mut rows = Vec::new();
+    let reps = plan.reps.max(1);
+
+    let prompt = ids(plan.prompt_len, n_vocab, 0);
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        backend.open_sequence(SeqId(0), plan.prompt_len)?;
+        let t = Instant::now();
+        backend.prime(SeqId(0), &prompt)?;
+        best = best.min(t.elapsed().as_secs_f64());
+        backend.close_sequence(SeqId(0))?;
+    }
+    rows.push(BenchRow {
+        what: format!("prefill (prime, {} tokens)", plan.prompt_len),
+        tokens: plan.prompt_len,
+        seconds: best,
+    });
+
+    for &b in &plan.batches {
+        let seqs: Vec<SeqId> = (0..b as u32).map(SeqId).collect();
+        let mut best = f64::INFINITY;
+        for _ in 0..reps {
+            for &s in &seqs {
+                backend.open_sequence(s, DECODE_PROMPT + plan.decode_steps)?;
+                backend.prime(s, &ids(DECODE_PROMPT, n_vocab, s.0 as usize + 1))?;
+            }
+            let feeds: Vec<Vec<u32>> = (0..plan.decode_steps)
+                .map(|i| ids(b, n_vocab, 1000 + i))
+                .collect();
+            let t = Instant::now();
+            for feed in &feeds {
+                if b == 1 {
+                    backend.decode_step_h(seqs[0], feed[0])?;
+                } else {
+                    backend.decode_step_batch(&seqs, feed)?;
+                }
+            }
+            best = best.min(t.elapsed().as_secs_f64());
+            for &s in &seqs {
+                backend.close_sequence(s)?;
+            }
+        }
+        let path = if b == 1 {
+            "decode_step_h"
+        } else {
+            "decode_step_batch"
+        };
+        rows.push(BenchRow {
+            what: format!("decode B={b} ({path}, {} steps)", plan.decode_steps),
+            tokens: b * plan.decode_steps,
+            seconds: best,
+        });
+    }
+    Ok(rows)
+}
+
+/// The table `memra-engine bench` prints.
+pub fn render(title: &str, rows: &[BenchRow]) -> String {
+    let width = rows.iter().map(|r| r.what.len()).max().unwrap_or(0).max(11);
+    let mut out = format!("{title}\n");
+    out += &format!(
+        "| {:<width$} | {:>7} | {:>9} | {:>9} |\n",
+        "measurement", "tokens", "best s", "tokens/s"
+    );
+    out += &format!(
+        "|{:-<w$}|{:->9}|{:->11}|{:->11}|\n",
+        "",
+        "",
+        "",
+        "",
+        w = width + 2
+    );
+    for r in rows {
+        out += &format!(
+            "| {:<width$} | {:>7} | {:>9.4} | {:>9.1} |\n",
+            r.what,
+            r.tokens,
+            r.seconds,
+            r.tokens_per_s()
+        );
+    }
+    out
+}
