@@ -193,3 +193,19 @@ fn expansion_is_deterministic() {
         ]
     );
 }
+
+#[test]
+fn a_combination_twice_is_a_located_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = "matrix = { a = [\"1\"], include = [{ a = \"2\" }, { a = \"2\" }] }";
+    std::fs::write(dir.path().join("manifest.toml"), manifest(node)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+        .args(["validate", "manifest.toml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("two cells share the id `job[a=2]`"), "{err}");
+    assert!(err.contains("--> manifest.toml:4:6"), "{err}");
+}

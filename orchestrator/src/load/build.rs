@@ -156,9 +156,11 @@ pub fn build(
         for cell in new {
             if let Some(&first) = seen_ids.get(&cell.id.0) {
                 let msg = format!("two cells share the id `{}`", cell.id.0);
+                // Node ids cannot hold `[`, so only one node's combinations can collide,
+                // e.g. an include entry that repeats an existing combination.
                 let help = format!(
-                    "cell {} already has it: make the matrix combinations distinct",
-                    first + 1
+                    "node `{}` expands to this combination twice; make its matrix combinations distinct",
+                    cells[first].node.0
                 );
                 b.err(n.id.as_ref().expect("has id").span(), msg, help);
                 continue;
