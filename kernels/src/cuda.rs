@@ -435,8 +435,9 @@ impl Gpu {
     }
 
     /// RoPE in place on `batch` rows of `n_heads * head_dim`, row `b` at position `pos[b]`,
-    /// with an optional per-row post-scale (the fused tier's r). `table` from
-    /// [`crate::twin::rope_table`] must cover every position.
+    /// with an optional per-row post-scale (the fused tier's r). `table` comes from
+    /// [`crate::twin::rope_table`]; a row whose position lies outside the table is left
+    /// unrotated (the kernel checks, since positions live on the device).
     #[allow(clippy::too_many_arguments)]
     pub fn rope(
         &self,
@@ -447,18 +448,20 @@ impl Gpu {
         batch: usize,
         n_heads: usize,
         head_dim: usize,
-        max_pos: usize,
     ) -> Result<(), KernelError> {
         const K: &str = "rope_f32";
-        if !head_dim.is_multiple_of(2) {
-            return Err(shape(K, format!("head_dim = {head_dim} is odd")));
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
+            return Err(shape(
+                K,
+                format!("head_dim = {head_dim} must be even and positive"),
+            ));
         }
         need(K, "x", x.len(), batch * n_heads * head_dim)?;
         need(K, "pos", pos.len(), batch)?;
-        need(K, "table", table.len(), (max_pos + 1) * head_dim)?;
         if let Some(s) = post_scale {
             need(K, "post_scale", s.len(), batch)?;
         }
+        let n_pos = int(K, "table positions", table.len() / head_dim)?;
         let (h, d) = (int(K, "n_heads", n_heads)?, int(K, "head_dim", head_dim)?);
         let pairs = (n_heads * head_dim / 2) as u32;
         let f = self.func(&sources::ROPE, K)?;
@@ -474,9 +477,9 @@ impl Gpu {
             Some(s) => b.arg(s),
             None => b.arg(&null),
         };
-        b.arg(pos).arg(&h).arg(&d);
-        // SAFETY: x, pos and post_scale lengths were checked for `batch` rows; the caller
-        // promises every pos[b] <= max_pos, and the table covers max_pos (checked). A null
+        b.arg(pos).arg(&h).arg(&d).arg(&n_pos);
+        // SAFETY: x, pos and post_scale lengths were checked for `batch` rows; the kernel
+        // reads the table only for positions below n_pos = table.len() / head_dim. A null
         // post_scale is a null device pointer, which the kernel tests before reading.
         unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
         Ok(())

@@ -366,16 +366,7 @@ pub fn rope(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
             let mut dx = up(gpu, &x)?;
             let dpos = up(gpu, &positions.map(|p| p as i32))?;
             let ds = up(gpu, &scales)?;
-            gpu.rope(
-                &mut dx,
-                &dt,
-                post.then_some(&ds),
-                &dpos,
-                2,
-                heads,
-                hd,
-                n_pos - 1,
-            )?;
+            gpu.rope(&mut dx, &dt, post.then_some(&ds), &dpos, 2, heads, hd)?;
             let tag = if post { "post-scale" } else { "plain" };
             out.push(compare_f32(
                 format!(
