@@ -37,7 +37,7 @@ fn protocol_rows_agree_with_the_exit_code() {
         assert!(stdout.contains("SKIP"), "the reason is printed:\n{stdout}");
         assert_eq!(doors[0]["doors"]["backend"], "none");
     } else {
-        let failed = statuses.iter().any(|s| *s == "fail");
+        let failed = statuses.contains(&"fail");
         assert_eq!(
             out.status.code(),
             Some(if failed { 1 } else { 0 }),
