@@ -199,3 +199,171 @@ fn validate_reports_counts() {
     assert_eq!(code, 0);
     assert_eq!(out, "ok: nightly.toml (6 nodes, 15 cells)\n");
 }
+
+/// Writes one manifest into a fresh folder and returns its JSON plan, or the stderr of
+/// a failed `plan`.
+fn plan_of(manifest: &str) -> Result<serde_json::Value, String> {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("m.toml"), manifest).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+        .args(["plan", "m.toml", "--format", "json"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    if out.status.success() {
+        Ok(serde_json::from_slice(&out.stdout).unwrap())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+#[test]
+fn compare_cells_pair_on_shared_axes() {
+    let p = plan_of(
+        r#"schema = 1
+name = "pairs"
+[[arm]]
+id = "ref"
+run = ["gate"]
+matrix = { batch = ["4", "8"] }
+[[arm]]
+id = "cand"
+run = ["gate"]
+matrix = { batch = ["4", "8"], fa3 = ["0", "1"] }
+[[arm]]
+id = "report"
+needs = ["cmp"]
+run = ["report"]
+[[compare]]
+id = "cmp"
+reference = "ref"
+candidates = ["cand"]
+artifact = "logits.safetensors"
+policy = { argmax = true, min_agree = 0.95 }
+"#,
+    )
+    .unwrap();
+    let cells = p["cells"].as_array().unwrap();
+    let compares: Vec<(String, String, String)> = cells
+        .iter()
+        .filter(|c| c["kind"] == "compare")
+        .map(|c| {
+            let s = |v: &serde_json::Value| v.as_str().unwrap().to_string();
+            (
+                s(&c["id"]),
+                s(&c["compare"]["reference"]),
+                s(&c["compare"]["candidate"]),
+            )
+        })
+        .collect();
+    let want = [
+        (
+            "cmp[candidate=cand,batch=4,fa3=0]",
+            "ref[batch=4]",
+            "cand[batch=4,fa3=0]",
+        ),
+        (
+            "cmp[candidate=cand,batch=4,fa3=1]",
+            "ref[batch=4]",
+            "cand[batch=4,fa3=1]",
+        ),
+        (
+            "cmp[candidate=cand,batch=8,fa3=0]",
+            "ref[batch=8]",
+            "cand[batch=8,fa3=0]",
+        ),
+        (
+            "cmp[candidate=cand,batch=8,fa3=1]",
+            "ref[batch=8]",
+            "cand[batch=8,fa3=1]",
+        ),
+    ];
+    let want: Vec<(String, String, String)> = want
+        .iter()
+        .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+        .collect();
+    assert_eq!(compares, want);
+    // `needs = ["cmp"]` means every compare cell; the report comes after all of them.
+    let report = cells.iter().find(|c| c["id"] == "report").unwrap();
+    assert_eq!(report["needs"].as_array().unwrap().len(), 4);
+    assert_eq!(p["order"].as_array().unwrap().last().unwrap(), "report");
+}
+
+#[test]
+fn defaults_apply_and_nodes_override_them() {
+    let p = plan_of(
+        r#"schema = 1
+name = "defaults"
+[defaults]
+gpus = 2
+timeout = "5m"
+retries = 3
+env = { A = "default", B = "default" }
+tags = ["nightly"]
+[[arm]]
+id = "plain"
+run = ["gate"]
+[[arm]]
+id = "own"
+run = ["gate"]
+gpus = 0
+env = { B = "node" }
+tags = ["quick"]
+"#,
+    )
+    .unwrap();
+    let plain = &p["cells"][0];
+    assert_eq!(
+        (
+            plain["gpus"].as_u64(),
+            plain["timeout_s"].as_f64(),
+            plain["retries"].as_u64()
+        ),
+        (Some(2), Some(300.0), Some(3))
+    );
+    assert_eq!(plain["tags"], serde_json::json!(["nightly"]));
+    let own = &p["cells"][1];
+    assert_eq!(own["gpus"], 0);
+    assert_eq!(own["env"], serde_json::json!({"A": "default", "B": "node"}));
+    assert_eq!(own["tags"], serde_json::json!(["quick"]));
+}
+
+#[test]
+fn root_is_the_git_top_level() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join(".git")).unwrap();
+    std::fs::create_dir_all(dir.path().join("manifests")).unwrap();
+    std::fs::create_dir_all(dir.path().join("env-matrices")).unwrap();
+    std::fs::write(
+        dir.path().join("env-matrices/eq.toml"),
+        "[pins]\nX = \"1\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("manifests/m.toml"),
+        "schema = 1\nname = \"r\"\n[[arm]]\nid = \"a\"\nrun = [\"bin/gate\", \"${root}\"]\nenv_matrix = [\"env-matrices/eq.toml\"]\ncwd = \"work\"\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+        .args(["plan", "m.toml", "--format", "json"])
+        .current_dir(dir.path().join("manifests"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let root = std::fs::canonicalize(dir.path())
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert_eq!(p["root"], root.as_str());
+    assert_eq!(
+        p["cells"][0]["argv"],
+        serde_json::json!([format!("{root}/bin/gate"), root.clone()])
+    );
+    assert_eq!(p["cells"][0]["cwd"], format!("{root}/work"));
+    assert_eq!(p["cells"][0]["env"]["X"], "1");
+}

@@ -185,8 +185,10 @@ pub fn build(
         }
     }
     for (cell, extra) in cells.iter_mut().zip(needs_of) {
+        // A set keeps this linear when a cell needs every cell of a large node.
+        let mut seen: std::collections::HashSet<CellIndex> = cell.needs.iter().copied().collect();
         for x in extra {
-            if !cell.needs.contains(&x) {
+            if seen.insert(x) {
                 cell.needs.push(x);
             }
         }
