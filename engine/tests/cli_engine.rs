@@ -1,0 +1,215 @@
+//! The `memra-engine` binary end to end: every subcommand on a synthesized checkpoint, the
+//! acceptance run on the real model when it is present, and exit code 2 for bad input.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_memra-engine"));
+    for var in memra_engine::doors::DOOR_VARIABLES {
+        c.env_remove(var);
+    }
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn synth_tiny(dir: &Path) -> PathBuf {
+    let path = dir.join("tiny.gguf");
+    let o = run(&[
+        "synth",
+        "--preset",
+        "tiny",
+        "--quant",
+        "q4_1",
+        "--seed",
+        "3",
+        "--out",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("wrote"), "{}", stdout(&o));
+    path
+}
+
+#[test]
+fn subcommands_run_on_a_synthesized_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth_tiny(dir.path());
+    let m = model.to_str().unwrap();
+
+    let o = run(&["info", m]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("architecture: llama"), "{}", stdout(&o));
+
+    let o = run(&["tokenize", m, "--text", "hello world"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ids: Vec<u32> = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert!(!ids.is_empty());
+
+    let generate = |extra: &[&str]| {
+        let mut args = vec!["generate", m, "--prompt", "hello", "--max-tokens", "8"];
+        args.extend_from_slice(extra);
+        let o = run(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(stderr(&o).contains("\"backend\":\"cpu\""), "{}", stderr(&o));
+        stdout(&o)
+    };
+    assert_eq!(generate(&["--temp", "0"]), generate(&["--temp", "0"]));
+    let sampled = generate(&["--temp", "1", "--seed", "5"]);
+    assert_eq!(sampled, generate(&["--temp", "1", "--seed", "5"]));
+
+    // Dump: the F32 tensor `logits` [T, n_vocab] equals the engine's prefill rows.
+    let out = dir.path().join("logits.safetensors");
+    let o = run(&[
+        "dump",
+        m,
+        "--tokens",
+        "5,6,7",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bytes = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor("logits").unwrap();
+    assert_eq!(t.dtype(), safetensors::Dtype::F32);
+    assert_eq!(t.shape(), &[3, 512]);
+    let dumped: Vec<f32> = t
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let mut engine =
+        memra_engine::engine::Engine::open(&model, memra_engine::doors::Doors::default()).unwrap();
+    assert_eq!(dumped, engine.logits(&[5, 6, 7]).unwrap());
+
+    let o = run(&[
+        "bench",
+        m,
+        "--prompt-len",
+        "8",
+        "--steps",
+        "2",
+        "--reps",
+        "1",
+        "--batch",
+        "1,2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = stdout(&o);
+    for line in [
+        "prefill (prime, 8 tokens)",
+        "decode B=1",
+        "decode B=2",
+        "tokens/s",
+    ] {
+        assert!(table.contains(line), "{table}");
+    }
+}
+
+#[test]
+fn bad_input_exits_2_with_a_clear_message() {
+    let o = run(&["generate", "/nonexistent/model.gguf", "--prompt", "x"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("/nonexistent/model.gguf: no such model file"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = run(&["generate", "--prompt"]);
+    assert_eq!(o.status.code(), Some(2));
+
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth_tiny(dir.path());
+    let m = model.to_str().unwrap();
+    let o = bin()
+        .args(["generate", m, "--prompt", "x"])
+        .env("MEMRA_MMVQ", "2")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("MEMRA_MMVQ=\"2\": accepted values are 0, 1"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = bin()
+        .args(["generate", m, "--prompt", "x"])
+        .env("MEMRA_BACKEND", "cuda")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("CUDA backend is not available"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = run(&["generate", m, "--prompt", "x", "--top-p", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("top-p 0 must lie in (0, 1]"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = run(&[
+        "dump",
+        m,
+        "--tokens",
+        "99999",
+        "--out",
+        "/tmp/never.safetensors",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("token 99999 is outside the vocabulary"),
+        "{}",
+        stderr(&o)
+    );
+
+    let not_gguf = dir.path().join("not.gguf");
+    std::fs::write(&not_gguf, b"hello").unwrap();
+    let o = run(&["info", not_gguf.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+/// The acceptance run of issue 3: greedy generation on SmolLM2 is coherent and identical
+/// across runs.
+#[test]
+fn real_model_generates_a_coherent_deterministic_continuation() {
+    let Some(model) = common::real_model() else {
+        return;
+    };
+    let m = model.to_str().unwrap();
+    let args = [
+        "generate",
+        m,
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "16",
+        "--temp",
+        "0",
+    ];
+    let first = run(&args);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let text = stdout(&first);
+    assert!(text.contains("Paris"), "continuation: {text:?}");
+    assert_eq!(text, stdout(&run(&args)));
+}

@@ -1,0 +1,96 @@
+//! The doors a backend reports are the paths that ran, not the pins as given: a refused
+//! tier shows as refused, `MEMRA_BACKEND=cuda` is a clear error in this build, and the report
+//! is the flat `{"doors":…}` row of DESIGN §5.
+
+use std::collections::HashMap;
+
+use memra_engine::backend::{EngineError, open_backend};
+use memra_engine::doors::{BackendChoice, Doors};
+use memra_engine::model::LlamaModel;
+
+fn tiny(quant: &str) -> LlamaModel {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    memra_engine::synth::write_preset("tiny", quant, 41, &path).unwrap();
+    LlamaModel::open(&path).unwrap()
+}
+
+fn pins(pairs: &[(&str, &str)]) -> Doors {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Doors::from_lookup(|k| map.get(k).cloned()).unwrap()
+}
+
+#[test]
+fn defaults_report_the_fused_mmvq_split_k_paths() {
+    let be = open_backend(tiny("q4_1"), &Doors::default()).unwrap();
+    let row = be.doors_report().to_row();
+    assert_eq!(
+        row,
+        serde_json::json!({"doors": {
+            "backend": "cpu", "matvec": "mmvq", "norm": "fused", "attention": "split-k",
+            "b1fast": false, "pp_stages": 1, "pp_devices": "cpu", "pp_splits": "0",
+            "gate_seed": 0, "canary": false
+        }})
+    );
+}
+
+#[test]
+fn the_fused_tier_is_refused_under_dp4a_and_the_report_says_so() {
+    let be = open_backend(tiny("q4_1"), &pins(&[("MEMRA_MMVQ", "0")])).unwrap();
+    let r = be.doors_report();
+    assert_eq!((r.matvec, r.norm), ("dp4a", "separate"));
+
+    let be = open_backend(
+        tiny("q4_1"),
+        &pins(&[
+            ("MEMRA_NO_FUSE_NORMQ", "1"),
+            ("MEMRA_FA3", "0"),
+            ("MEMRA_SERVE_B1FAST", "1"),
+            ("MEMRA_PP_STAGES", "2"),
+            ("MEMRA_GATE_SEED", "7"),
+        ]),
+    )
+    .unwrap();
+    let r = be.doors_report();
+    assert_eq!(
+        (r.matvec, r.norm, r.attention),
+        ("mmvq", "separate", "naive")
+    );
+    assert!(r.b1fast);
+    assert_eq!(
+        (r.pp_stages, r.pp_splits.as_str(), r.gate_seed),
+        (2, "0,2", 7)
+    );
+}
+
+#[test]
+fn float_models_report_the_float_matvec() {
+    let be = open_backend(tiny("f16"), &Doors::default()).unwrap();
+    assert_eq!(be.doors_report().matvec, "float");
+}
+
+#[test]
+fn cuda_is_a_clear_error_and_auto_is_the_cpu() {
+    let doors = pins(&[("MEMRA_BACKEND", "cuda")]);
+    assert_eq!(doors.backend, BackendChoice::Cuda);
+    let err = open_backend(tiny("q4_1"), &doors).err().unwrap();
+    assert!(matches!(err, EngineError::Unavailable(_)));
+    assert!(
+        err.to_string()
+            .contains("CUDA backend is not available in this build/machine"),
+        "{err}"
+    );
+    let be = open_backend(tiny("q4_1"), &pins(&[("MEMRA_BACKEND", "auto")])).unwrap();
+    assert_eq!(be.doors_report().backend, "cpu");
+}
+
+#[test]
+fn a_split_that_does_not_fit_the_model_is_refused_naming_the_pin() {
+    let err = open_backend(tiny("q4_1"), &pins(&[("MEMRA_PP_STAGES", "9")]))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("MEMRA_PP_STAGES=9"), "{err}");
+}
