@@ -1,11 +1,12 @@
-//! Throughput of the host matvec twins at the SmolLM2-135M shapes, one thread, as a table.
-//! The CPU backend runs the model through these functions, so this is its decode ceiling.
+//! Throughput of the host matvec twins at the SmolLM2-135M shapes, one thread, as a table,
+//! and the time of one host sampling draw over the 49152-token vocabulary. The CPU backend
+//! runs the model through these functions, so this is its decode ceiling.
 
 use std::time::Instant;
 
 use half::f16;
 use memra_kernels::blocks::{BlockQ4_1, BlockQ8_0, BlockQ8_1};
-use memra_kernels::twin::{MatvecFamily, WeightRows, matvec, quantize_q8_1};
+use memra_kernels::twin::{MatvecFamily, WeightRows, matvec, quantize_q8_1, sample};
 
 fn main() {
     let mut state = 1u32;
@@ -68,5 +69,22 @@ fn main() {
                 (rows * cols) as f64 / s / 1e9
             );
         }
+    }
+    let logits: Vec<f32> = (0..49152)
+        .map(|_| ((next() >> 8) as f32 / 16_777_216.0 - 0.5) * 12.0)
+        .collect();
+    println!();
+    println!("| sampling (49152 logits) | µs/draw |");
+    println!("|---|---|");
+    for (temp, top_p) in [(0.0f32, 1.0f32), (0.7, 1.0), (0.7, 0.9)] {
+        let reps = 200;
+        let t = Instant::now();
+        let mut acc = 0u32;
+        for step in 0..reps {
+            acc = acc.wrapping_add(sample(&logits, temp, top_p, 7, 0, step));
+        }
+        let us = t.elapsed().as_secs_f64() / reps as f64 * 1e6;
+        println!("| temp {temp} top_p {top_p} | {us:.0} |");
+        std::hint::black_box(acc);
     }
 }
