@@ -168,3 +168,32 @@ fn validate_checks_every_file_given() {
     let (code, _, _) = validate(dir.path(), &["ok.toml"]);
     assert_eq!(code, 0);
 }
+
+#[test]
+fn no_prefix_of_a_manifest_makes_the_loader_panic() {
+    // Every truncation of a valid manifest is either valid or a set of located diagnostics;
+    // none may panic (bad input is never a crash).
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/manifests/good"),
+        dir.path(),
+    );
+    let text = std::fs::read_to_string(dir.path().join("nightly.toml")).unwrap();
+    let path = dir.path().join("cut.toml");
+    let mut failures = 0;
+    for (end, _) in text.char_indices().step_by(3) {
+        std::fs::write(&path, &text[..end]).unwrap();
+        if let Err(d) = memra_orch::load::load_plan(&path) {
+            failures += 1;
+            assert!(!d.is_empty());
+            for diag in &d.0 {
+                assert!(!diag.message.is_empty());
+                assert!(
+                    diag.help.is_some(),
+                    "every diagnostic says how to fix it: {diag}"
+                );
+            }
+        }
+    }
+    assert!(failures > 0);
+}
