@@ -367,3 +367,17 @@ fn root_is_the_git_top_level() {
     assert_eq!(p["cells"][0]["cwd"], format!("{root}/work"));
     assert_eq!(p["cells"][0]["env"]["X"], "1");
 }
+
+#[test]
+fn a_node_cannot_be_its_own_candidate() {
+    let err = plan_of(
+        "schema = 1\nname = \"self\"\n[[arm]]\nid = \"a\"\nrun = [\"gate\"]\n\
+         [[compare]]\nid = \"c\"\nreference = \"a\"\ncandidates = [\"a\"]\nartifact = \"l.safetensors\"\n",
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("names `a` as both reference and candidate"),
+        "{err}"
+    );
+    assert!(err.contains("m.toml:9:15"), "{err}");
+}

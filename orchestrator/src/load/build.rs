@@ -709,6 +709,18 @@ impl Builder<'_, '_> {
             if nodes[cand_node].kind == Some(NodeKind::Compare) {
                 continue;
             }
+            if cand_node == ref_node {
+                let msg = format!(
+                    "compare `{id}` names `{}` as both reference and candidate",
+                    cand.get_ref()
+                );
+                self.err(
+                    cand.span(),
+                    msg,
+                    "compare a node against a different one".into(),
+                );
+                continue;
+            }
             for &c in &node_cells[cand_node] {
                 let cand_cell = &cells[c];
                 let matches: Vec<usize> = if ref_cells.len() == 1 {
