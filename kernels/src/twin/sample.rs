@@ -57,15 +57,13 @@ pub fn uniform_from_philox(w: u32) -> f32 {
 
 /// Index of the largest value, ties to the lowest index. NaN never wins against a number; an
 /// all-NaN (or empty) row gives 0.
+///
+/// Two passes: the maximum (`f32::max` ignores NaN), then the first index holding it. Equal
+/// values compare equal (`-0.0 == 0.0` included), so the first match is the lowest tied
+/// index, as in the device's (value, index) reduction.
 pub fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0usize;
-    for (i, &v) in row.iter().enumerate() {
-        let b = row[best];
-        if v > b || (b.is_nan() && !v.is_nan()) {
-            best = i;
-        }
-    }
-    best as u32
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    row.iter().position(|&v| v == m).unwrap_or(0) as u32
 }
 
 /// Sum of the kept probabilities (`p >= tau`) in the chunked composition, with chunk sums.
@@ -216,6 +214,43 @@ mod tests {
         ];
         for (c, k, want) in kat {
             assert_eq!(philox4x32_10(c, k), want);
+        }
+    }
+
+    /// The scan the device reduction is defined by: a later value wins only when larger, or
+    /// when the current best is NaN.
+    fn argmax_reference(row: &[f32]) -> u32 {
+        let mut best = 0usize;
+        for (i, &v) in row.iter().enumerate() {
+            let b = row[best];
+            if v > b || (b.is_nan() && !v.is_nan()) {
+                best = i;
+            }
+        }
+        best as u32
+    }
+
+    #[test]
+    fn argmax_equals_the_scan_on_awkward_rows() {
+        let specials = [
+            f32::NAN,
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            -0.0,
+            0.0,
+            1.0,
+            -1.0,
+        ];
+        let mut st = 99u32;
+        for _ in 0..2000 {
+            let n = 1 + (st % 9) as usize;
+            let row: Vec<f32> = (0..n)
+                .map(|_| {
+                    st = st.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    specials[(st >> 16) as usize % specials.len()]
+                })
+                .collect();
+            assert_eq!(argmax(&row), argmax_reference(&row), "{row:?}");
         }
     }
 
