@@ -132,6 +132,7 @@ const NVLINK_MAX_LINKS: u32 = 18;
 /// Reads the GPUs through NVML; `Err` carries the note to show (no library, no driver).
 pub fn nvml_listing() -> Result<NvmlListing, String> {
     use nvml_wrapper::Nvml;
+    use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus};
     use nvml_wrapper::error::NvmlError;
     let nvml = Nvml::init().map_err(|e| match e {
         NvmlError::LibloadingError(_)
@@ -148,7 +149,7 @@ pub fn nvml_listing() -> Result<NvmlListing, String> {
         .device_count()
         .map_err(|e| format!("NVML could not count GPUs ({e}): 0 GPUs detected"))?;
     let mut gpus = Vec::new();
-    let mut bus_ids = Vec::new();
+    let mut devices = Vec::new();
     let mut links: Vec<Vec<String>> = Vec::new();
     for index in 0..count {
         let dev = nvml
@@ -166,7 +167,6 @@ pub fn nvml_listing() -> Result<NvmlListing, String> {
                 remote.push(p.bus_id);
             }
         }
-        bus_ids.push(pci_bus_id.clone());
         links.push(remote);
         gpus.push(Gpu {
             index,
@@ -177,14 +177,33 @@ pub fn nvml_listing() -> Result<NvmlListing, String> {
             pci_bus_id,
             nvlink_peers: Vec::new(),
         });
+        devices.push(dev);
     }
-    for (g, remote) in gpus.iter_mut().zip(&links) {
-        let mut peers: Vec<u32> = remote
+    // Two GPUs are NVLink peers when a link of one ends at the other (direct bridges), or
+    // when NVML reports NVLink peer-to-peer between them: behind NVSwitches (HGX boards) a
+    // link's remote end is the switch, not the peer GPU.
+    let bus_ids: Vec<String> = gpus.iter().map(|g| g.pci_bus_id.clone()).collect();
+    for (i, g) in gpus.iter_mut().enumerate() {
+        let mut peers: Vec<u32> = links[i]
             .iter()
-            .filter_map(|b| bus_ids.iter().position(|x| x.eq_ignore_ascii_case(b)))
-            .map(|i| i as u32)
-            .filter(|&i| i != g.index)
+            .filter_map(|b| {
+                bus_ids
+                    .iter()
+                    .position(|x| !x.is_empty() && x.eq_ignore_ascii_case(b))
+            })
+            .map(|j| j as u32)
             .collect();
+        for (j, other) in devices.iter().enumerate() {
+            if j != i
+                && devices[i]
+                    .p2p_status(other, P2pCapabilitiesIndex::NvLink)
+                    .ok()
+                    == Some(P2pStatus::Ok)
+            {
+                peers.push(j as u32);
+            }
+        }
+        peers.retain(|&p| p != g.index);
         peers.sort_unstable();
         peers.dedup();
         g.nvlink_peers = peers;
