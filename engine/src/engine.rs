@@ -18,14 +18,20 @@ use crate::tokenizer::{Tokenizer, TokenizerError};
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     #[error(transparent)]
-    Load(#[from] LoadError),
+    Load(Box<LoadError>),
     #[error("{path}: {source}")]
     Tokenizer {
         path: PathBuf,
-        source: TokenizerError,
+        source: Box<TokenizerError>,
     },
     #[error(transparent)]
     Engine(#[from] EngineError),
+}
+
+impl From<LoadError> for OpenError {
+    fn from(e: LoadError) -> OpenError {
+        OpenError::Load(Box::new(e))
+    }
 }
 
 /// A model ready to run: backend, tokenizer, and the doors it was opened under.
@@ -45,7 +51,7 @@ impl Engine {
         let file = GgufFile::open(path).map_err(LoadError::from)?;
         let tokenizer = Tokenizer::from_gguf(&file).map_err(|source| OpenError::Tokenizer {
             path: path.to_path_buf(),
-            source,
+            source: Box::new(source),
         })?;
         let model = LlamaModel::from_gguf(&file)?;
         drop(file);
@@ -64,7 +70,7 @@ impl Engine {
             .encode(text)
             .map_err(|source| OpenError::Tokenizer {
                 path: self.path.clone(),
-                source,
+                source: Box::new(source),
             })
     }
 

@@ -207,11 +207,16 @@ impl CpuBackend {
             self.token_embd.row_f32(row.token as usize, xr);
         }
         let family = self.family;
-        let split_k = self.doors.fa3;
-        let table = &self.rope_table;
+        let ctx = PassCtx {
+            c: &c,
+            family,
+            tier,
+            split_k: self.doors.fa3,
+            rope_table: &self.rope_table,
+        };
         for stage in &mut self.stages {
             for layer in &mut stage.blocks {
-                layer_forward(&c, family, tier, split_k, table, layer, rows, &mut x)?;
+                layer_forward(&ctx, layer, rows, &mut x)?;
             }
         }
         let sel = &x[logits_rows.start * c.n_embd..logits_rows.end * c.n_embd];
@@ -352,17 +357,29 @@ fn matmul(family: MatvecFamily, w: &Weight, acts: &Acts) -> Result<Vec<f32>, Eng
     Ok(y)
 }
 
-/// One transformer layer over every row, in place on the residual stream `x`.
-fn layer_forward(
-    c: &LlamaConfig,
+/// What every layer of one forward pass shares.
+struct PassCtx<'a> {
+    c: &'a LlamaConfig,
     family: MatvecFamily,
     tier: Tier,
     split_k: bool,
-    table: &[f32],
+    rope_table: &'a [f32],
+}
+
+/// One transformer layer over every row, in place on the residual stream `x`.
+fn layer_forward(
+    ctx: &PassCtx,
     layer: &mut CpuLayer,
     rows: &[RowSpec],
     x: &mut [f32],
 ) -> Result<(), EngineError> {
+    let PassCtx {
+        c,
+        family,
+        tier,
+        split_k,
+        rope_table: table,
+    } = *ctx;
     let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
     let w = &layer.w;
 

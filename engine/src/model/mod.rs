@@ -48,7 +48,7 @@ impl LlamaConfig {
                 ),
             ),
             (
-                self.n_head > 0 && self.n_head_kv > 0 && self.n_head % self.n_head_kv == 0,
+                self.n_head > 0 && self.n_head_kv > 0 && self.n_head.is_multiple_of(self.n_head_kv),
                 format!(
                     "n_head={} must be a positive multiple of n_head_kv={} (grouped-query \
                      attention)",
@@ -56,14 +56,16 @@ impl LlamaConfig {
                 ),
             ),
             (
-                self.head_dim > 0 && self.head_dim % 2 == 0,
+                self.head_dim > 0 && self.head_dim.is_multiple_of(2),
                 format!(
                     "head_dim={} must be even (RoPE rotates pairs)",
                     self.head_dim
                 ),
             ),
             (
-                self.n_embd % 32 == 0 && self.n_ff % 32 == 0 && self.q_dim() % 32 == 0,
+                self.n_embd.is_multiple_of(32)
+                    && self.n_ff.is_multiple_of(32)
+                    && self.q_dim().is_multiple_of(32),
                 format!(
                     "n_embd={}, n_ff={} and n_head*head_dim={} must be multiples of 32 (the \
                      q8_1 activation block)",

@@ -79,7 +79,7 @@ impl Weight {
     ) -> Result<Weight, WeightError> {
         let name = name.into();
         let units = if data.is_quantized() {
-            if cols % QK != 0 {
+            if !cols.is_multiple_of(QK) {
                 return Err(WeightError {
                     name,
                     problem: format!(
