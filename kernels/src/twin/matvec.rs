@@ -100,7 +100,10 @@ impl WeightRows<'_> {
 trait QBlock: Copy {
     fn quarter_sums<const AVX2: bool>(&self, x: &[i8; QK]) -> [i32; 4];
     fn block_contrib(&self, x: &BlockQ8_1, s: i32) -> f32;
-    fn quarter_contrib(&self, x: &BlockQ8_1, sq: i32) -> f32;
+    /// The four quarter contributions. Each block-level factor (`dw*dx`, `mw*sx*0.25`, …) is
+    /// one rounded operation whatever the quarter, so computing it once gives the same bits as
+    /// computing it per quarter, as the GPU does.
+    fn quarter_contribs(&self, x: &BlockQ8_1, s: [i32; 4]) -> [f32; 4];
 }
 
 /// f16 bits to f32, exactly (the same value `half` gives), written without a run-time CPU
@@ -185,8 +188,9 @@ impl QBlock for BlockQ4_0 {
         f16f(self.d) * ((f16f(x.d) * s as f32) - 8.0 * f16f(x.s))
     }
     #[inline(always)]
-    fn quarter_contrib(&self, x: &BlockQ8_1, sq: i32) -> f32 {
-        f16f(self.d) * ((f16f(x.d) * sq as f32) - 2.0 * f16f(x.s))
+    fn quarter_contribs(&self, x: &BlockQ8_1, s: [i32; 4]) -> [f32; 4] {
+        let (dw, dx, t) = (f16f(self.d), f16f(x.d), 2.0 * f16f(x.s));
+        s.map(|sq| dw * ((dx * sq as f32) - t))
     }
 }
 
@@ -200,8 +204,9 @@ impl QBlock for BlockQ4_1 {
         (f16f(self.d) * f16f(x.d)) * s as f32 + f16f(self.m) * f16f(x.s)
     }
     #[inline(always)]
-    fn quarter_contrib(&self, x: &BlockQ8_1, sq: i32) -> f32 {
-        (f16f(self.d) * f16f(x.d)) * sq as f32 + (f16f(self.m) * f16f(x.s)) * 0.25
+    fn quarter_contribs(&self, x: &BlockQ8_1, s: [i32; 4]) -> [f32; 4] {
+        let (a, b) = (f16f(self.d) * f16f(x.d), (f16f(self.m) * f16f(x.s)) * 0.25);
+        s.map(|sq| a * sq as f32 + b)
     }
 }
 
@@ -249,8 +254,9 @@ impl QBlock for BlockQ8_0 {
         (f16f(self.d) * f16f(x.d)) * s as f32
     }
     #[inline(always)]
-    fn quarter_contrib(&self, x: &BlockQ8_1, sq: i32) -> f32 {
-        (f16f(self.d) * f16f(x.d)) * sq as f32
+    fn quarter_contribs(&self, x: &BlockQ8_1, s: [i32; 4]) -> [f32; 4] {
+        let a = f16f(self.d) * f16f(x.d);
+        s.map(|sq| a * sq as f32)
     }
 }
 
@@ -276,8 +282,9 @@ fn row_dp4a<B: QBlock, const AVX2: bool>(w: &[B], x: &[BlockQ8_1]) -> f32 {
     for (wc, xc) in w.chunks(DP4A_THREADS / 4).zip(x.chunks(DP4A_THREADS / 4)) {
         for ((a, wb), xb) in acc.chunks_exact_mut(4).zip(wc).zip(xc) {
             let s = wb.quarter_sums::<AVX2>(&xb.qs);
-            for q in 0..4 {
-                a[q] += wb.quarter_contrib(xb, s[q]);
+            let c = wb.quarter_contribs(xb, s);
+            for (aq, cq) in a.iter_mut().zip(c) {
+                *aq += cq;
             }
         }
     }
@@ -814,6 +821,116 @@ mod tests {
             }
             let err = matvec(MatvecFamily::Mmvq, w, rows, 96, &[], &mut y).unwrap_err();
             assert!(matches!(err, TwinError::Kind { .. }));
+        }
+    }
+
+    /// A literal transcription of the GPU thread layout, element by element, for both
+    /// families: the optimised twins must give the same bits.
+    fn literal(fam: MatvecFamily, w: &WeightRows, r: usize, nb: usize, x: &[BlockQ8_1]) -> f32 {
+        let elem = |b: usize, j: usize| -> (i32, f32, f32) {
+            // (integer weight, scale d, minimum term m or -8 offset marker)
+            match w {
+                WeightRows::Q4_0(w) => {
+                    let blk = &w[r * nb + b];
+                    let n = if j < 16 {
+                        blk.qs[j] & 15
+                    } else {
+                        blk.qs[j - 16] >> 4
+                    };
+                    (n as i32, blk.d.to_f32(), 0.0)
+                }
+                WeightRows::Q4_1(w) => {
+                    let blk = &w[r * nb + b];
+                    let n = if j < 16 {
+                        blk.qs[j] & 15
+                    } else {
+                        blk.qs[j - 16] >> 4
+                    };
+                    (n as i32, blk.d.to_f32(), blk.m.to_f32())
+                }
+                WeightRows::Q8_0(w) => (w[r * nb + b].qs[j] as i32, w[r * nb + b].d.to_f32(), 0.0),
+                _ => unreachable!(),
+            }
+        };
+        let quarter_elems = |q: usize| (0..4).flat_map(move |k| [4 * q + k, 16 + 4 * q + k]);
+        let contrib = |b: usize, elems: &mut dyn Iterator<Item = usize>, share: f32| -> f32 {
+            let xb = &x[b];
+            let (mut sum, mut d, mut m) = (0i32, 0.0, 0.0);
+            for j in elems {
+                let (q, dd, mm) = elem(b, j);
+                sum += q * xb.qs[j] as i32;
+                (d, m) = (dd, mm);
+            }
+            let (dx, sx) = (xb.d.to_f32(), xb.s.to_f32());
+            match w {
+                WeightRows::Q4_0(_) => d * ((dx * sum as f32) - (8.0 * share) * sx),
+                WeightRows::Q4_1(_) if share == 1.0 => (d * dx) * sum as f32 + m * sx,
+                WeightRows::Q4_1(_) => (d * dx) * sum as f32 + (m * sx) * share,
+                _ => (d * dx) * sum as f32,
+            }
+        };
+        match fam {
+            MatvecFamily::Mmvq => {
+                let mut lanes = [0.0f32; 32];
+                for (l, lane) in lanes.iter_mut().enumerate() {
+                    for b in (l..nb).step_by(32) {
+                        *lane += contrib(b, &mut (0..32), 1.0);
+                    }
+                }
+                warp_sum(&mut lanes)
+            }
+            MatvecFamily::Dp4a => {
+                let mut threads = [0.0f32; 128];
+                for (t, th) in threads.iter_mut().enumerate() {
+                    for k in (t..4 * nb).step_by(128) {
+                        *th += contrib(k / 4, &mut quarter_elems(k % 4), 0.25);
+                    }
+                }
+                let w: Vec<f32> = threads
+                    .chunks(32)
+                    .map(|c| warp_sum(&mut c.try_into().unwrap()))
+                    .collect();
+                ((w[0] + w[1]) + w[2]) + w[3]
+            }
+        }
+    }
+
+    #[test]
+    fn optimised_twins_equal_the_literal_thread_layout() {
+        let (rows, cols) = (7, 32 * 45);
+        let nb = cols / 32;
+        let mut rng = Lcg(5);
+        let x: Vec<f32> = (0..cols).map(|_| rng.f() * 3.0).collect();
+        let mut xq = vec![
+            BlockQ8_1 {
+                d: f16::ZERO,
+                s: f16::ZERO,
+                qs: [0; 32]
+            };
+            nb
+        ];
+        quantize_q8_1(&x, &mut xq).unwrap();
+        let q41 = q4_1_rows(&mut rng, rows * nb);
+        let q80 = q8_0_rows(&mut rng, rows * nb);
+        let q40 = q4_0_rows(&mut rng, rows * nb);
+        for w in [
+            WeightRows::Q4_1(&q41),
+            WeightRows::Q8_0(&q80),
+            WeightRows::Q4_0(&q40),
+        ] {
+            for fam in [MatvecFamily::Mmvq, MatvecFamily::Dp4a] {
+                let mut y = vec![0.0; rows];
+                matvec(fam, w, rows, cols, &xq, &mut y).unwrap();
+                for (r, &got) in y.iter().enumerate() {
+                    let want = literal(fam, &w, r, nb, &xq);
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{} {fam:?} row {r}",
+                        w.type_name()
+                    );
+                }
+            }
         }
     }
 
