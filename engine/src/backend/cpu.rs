@@ -315,46 +315,61 @@ fn weight_rows(w: &Weight) -> WeightRows<'_> {
     }
 }
 
-/// `y[b] = W · x[b]` for every activation row, `[batch, w.rows]`. Rows of `W` are split
-/// across threads; each output value is computed by one twin call with the arithmetic of a
-/// single-row matvec, so the split and the batch size never change a bit.
+/// `y[b] = W · x[b]` for every activation row, `[batch, w.rows]`.
 fn matmul(family: MatvecFamily, w: &Weight, acts: &Acts) -> Result<Vec<f32>, EngineError> {
-    let batch = acts.f.len() / w.cols;
-    let rows = w.rows;
-    let wr = weight_rows(w);
-    let mut y = vec![0.0f32; batch * rows];
-    if w.data.is_quantized() {
-        let chunks: Vec<Range<usize>> = (0..rows)
-            .step_by(ROWS_PER_TASK)
-            .map(|s| s..(s + ROWS_PER_TASK).min(rows))
-            .collect();
-        let parts: Vec<Vec<f32>> = chunks
-            .par_iter()
-            .map(|r| {
-                let mut part = vec![0.0f32; batch * r.len()];
-                twin::matvec_batch_rows(family, wr, w.cols, &acts.q, batch, r.clone(), &mut part)
-                    .map(|_| part)
-            })
-            .collect::<Result<_, _>>()
-            .map_err(twin_err)?;
-        for (r, part) in chunks.iter().zip(&parts) {
-            for b in 0..batch {
-                y[b * rows + r.start..b * rows + r.end]
-                    .copy_from_slice(&part[b * r.len()..(b + 1) * r.len()]);
+    Ok(matmul_many(family, &[w], acts)?.remove(0))
+}
+
+/// [`matmul`] for several weights reading the same activations (q, k and v; gate and up),
+/// in one parallel region so the threads meet once instead of once per weight. Rows of each
+/// `W` are split across threads; each output value is one twin call with the arithmetic of
+/// a single-row matvec, so neither the split nor the batch size changes a bit.
+fn matmul_many(
+    family: MatvecFamily,
+    ws: &[&Weight],
+    acts: &Acts,
+) -> Result<Vec<Vec<f32>>, EngineError> {
+    let tasks: Vec<(usize, Range<usize>)> = ws
+        .iter()
+        .enumerate()
+        .flat_map(|(i, w)| {
+            (0..w.rows)
+                .step_by(ROWS_PER_TASK)
+                .map(move |s| (i, s..(s + ROWS_PER_TASK).min(w.rows)))
+        })
+        .collect();
+    let parts: Vec<Vec<f32>> = tasks
+        .par_iter()
+        .map(|(i, r)| {
+            let w = ws[*i];
+            let batch = acts.f.len() / w.cols;
+            let wr = weight_rows(w);
+            let mut part = vec![0.0f32; batch * r.len()];
+            if w.data.is_quantized() {
+                twin::matvec_batch_rows(family, wr, w.cols, &acts.q, batch, r.clone(), &mut part)?;
+            } else {
+                for (yb, xb) in part
+                    .chunks_exact_mut(r.len())
+                    .zip(acts.f.chunks_exact(w.cols))
+                {
+                    twin::matvec_f32_rows(wr, w.cols, xb, r.clone(), yb)?;
+                }
             }
-        }
-    } else {
-        for (yb, xb) in y.chunks_exact_mut(rows).zip(acts.f.chunks_exact(w.cols)) {
-            yb.par_chunks_mut(ROWS_PER_TASK)
-                .enumerate()
-                .try_for_each(|(i, yc)| {
-                    let start = i * ROWS_PER_TASK;
-                    twin::matvec_f32_rows(wr, w.cols, xb, start..start + yc.len(), yc)
-                })
-                .map_err(twin_err)?;
+            Ok(part)
+        })
+        .collect::<Result<_, twin::TwinError>>()
+        .map_err(twin_err)?;
+    let mut ys: Vec<Vec<f32>> = ws
+        .iter()
+        .map(|w| vec![0.0f32; acts.f.len() / w.cols * w.rows])
+        .collect();
+    for ((i, r), part) in tasks.iter().zip(&parts) {
+        let rows = ws[*i].rows;
+        for (b, chunk) in part.chunks_exact(r.len()).enumerate() {
+            ys[*i][b * rows + r.start..b * rows + r.end].copy_from_slice(chunk);
         }
     }
-    Ok(y)
+    Ok(ys)
 }
 
 /// What every layer of one forward pass shares.
@@ -385,9 +400,9 @@ fn layer_forward(
 
     // Attention block.
     let acts = normed_acts(x, &w.attn_norm, c.rms_eps, tier)?;
-    let mut q = matmul(family, &w.wq, &acts)?;
-    let mut k = matmul(family, &w.wk, &acts)?;
-    let v = matmul(family, &w.wv, &acts)?;
+    let [mut q, mut k, v]: [Vec<f32>; 3] = matmul_many(family, &[&w.wq, &w.wk, &w.wv], &acts)?
+        .try_into()
+        .expect("three weights give three outputs");
     for (i, row) in rows.iter().enumerate() {
         let r = acts.scale.as_ref().map(|s| s[i]);
         twin::rope(
@@ -443,8 +458,9 @@ fn layer_forward(
 
     // Feed-forward block.
     let acts = normed_acts(x, &w.ffn_norm, c.rms_eps, tier)?;
-    let gate = matmul(family, &w.w_gate, &acts)?;
-    let up = matmul(family, &w.w_up, &acts)?;
+    let [gate, up]: [Vec<f32>; 2] = matmul_many(family, &[&w.w_gate, &w.w_up], &acts)?
+        .try_into()
+        .expect("two weights give two outputs");
     let mut h = vec![0.0f32; gate.len()];
     for (i, ((g, u), hr)) in gate
         .chunks_exact(c.n_ff)
