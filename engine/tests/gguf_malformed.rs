@@ -69,10 +69,7 @@ fn every_truncation_of_a_real_checkpoint_is_an_error() {
     let cuts = (0..header).chain((header..bytes.len()).step_by(997));
     for cut in cuts {
         let e = err(bytes[..cut].to_vec());
-        assert!(
-            e.contains("truncated"),
-            "cut at {cut}: {e}"
-        );
+        assert!(e.contains("truncated"), "cut at {cut}: {e}");
     }
 }
 

@@ -154,3 +154,29 @@ fn write_is_atomic_and_reports_what_it_wrote() {
         synth::write_preset("tiny", "f32", 0, &dir.path().join("no/such/dir/m.gguf")).unwrap_err();
     assert!(e.to_string().contains("no/such/dir"), "{e}");
 }
+
+/// Prints how long the large presets take to synthesize (run with `--ignored --nocapture`;
+/// set MEMRA_SYNTH_7B=1 to include the ~4 GB llama-7b shape). A measurement, not a check.
+#[test]
+#[ignore]
+fn large_preset_timing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cases = vec![("smollm2-135m", "q4_1"), ("smollm2-135m", "f16")];
+    if std::env::var("MEMRA_SYNTH_7B").is_ok_and(|v| v == "1") {
+        cases.push(("llama-7b", "q4_1"));
+    }
+    println!("threads: {}", rayon::current_num_threads());
+    println!("| preset | type | bytes | seconds | MB/s |");
+    println!("|---|---|---:|---:|---:|");
+    for (preset, quant) in cases {
+        let p = dir.path().join(format!("{preset}-{quant}.gguf"));
+        let s = synth::write_preset(preset, quant, 0, &p).unwrap();
+        println!(
+            "| {preset} | {quant} | {} | {:.2} | {:.0} |",
+            s.file_bytes,
+            s.seconds,
+            s.file_bytes as f64 / 1e6 / s.seconds
+        );
+        std::fs::remove_file(&p).unwrap();
+    }
+}

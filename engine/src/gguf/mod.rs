@@ -7,6 +7,7 @@
 
 mod describe;
 mod error;
+pub mod fuzz;
 mod metadata;
 mod reader;
 mod types;
