@@ -283,17 +283,26 @@ fn errors(r: f32, g: f32) -> (f64, f64) {
     (d, d / r.abs().max(1.0))
 }
 
+/// Index of the first largest value of a row (NaN never wins). Finds the maximum first with
+/// independent lanes, which the compiler vectorizes, then the first index holding it.
 fn argmax(b: &[u8]) -> u64 {
-    let mut best = f32::NEG_INFINITY;
-    let mut at = 0;
-    for (i, c) in b.chunks_exact(4).enumerate() {
-        let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        if v > best {
-            best = v;
-            at = i;
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = b.chunks_exact(4 * LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let v = f32::from_le_bytes([c[4 * l], c[4 * l + 1], c[4 * l + 2], c[4 * l + 3]]);
+            *lane = lane.max(v);
         }
     }
-    at as u64
+    let mut best = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    for c in tail.chunks_exact(4) {
+        best = best.max(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+    }
+    b.chunks_exact(4)
+        .position(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) == best)
+        .unwrap_or(0) as u64
 }
 
 fn compare_row(r: &[u8], g: &[u8], policy: &Policy) -> RowStats {
@@ -422,6 +431,19 @@ mod tests {
         assert_eq!(errors(f32::NAN, f32::NAN), (0.0, 0.0));
         assert_eq!(errors(1.0, f32::NAN).0, f64::INFINITY);
         assert_eq!(errors(f32::INFINITY, f32::INFINITY), (0.0, 0.0));
+    }
+
+    #[test]
+    fn argmax_takes_the_first_maximum_and_ignores_nan() {
+        let mut v = vec![0.0f32; 40];
+        v[33] = 5.0;
+        v[37] = 5.0;
+        v[2] = f32::NAN;
+        assert_eq!(argmax(&bytes(&v)), 33);
+        v[39] = 6.0;
+        assert_eq!(argmax(&bytes(&v)), 39);
+        assert_eq!(argmax(&bytes(&[f32::NAN, f32::NAN])), 0);
+        assert_eq!(argmax(&bytes(&[-1.0, -0.5, -2.0])), 1);
     }
 
     #[test]
