@@ -108,9 +108,35 @@ struct Finished {
 #[derive(Debug, Default)]
 pub struct DigestCache {
     map: Mutex<HashMap<(PathBuf, u64, SystemTime), String>>,
+    /// PATH lookups by (PATH, program name).
+    found: Mutex<HashMap<(std::ffi::OsString, String), Option<PathBuf>>>,
 }
 
 impl DigestCache {
+    /// Finds the program a job runs: a path with a separator relative to the cwd, else the
+    /// first match on the PATH the child will see (its pin, else the inherited one).
+    pub fn resolve(&self, job: &CellJob) -> Option<PathBuf> {
+        let program = job.argv.first()?;
+        if program.contains('/') {
+            return Some(job.cwd.join(program));
+        }
+        let path: std::ffi::OsString = match job.pins.get("PATH") {
+            Some(p) => p.into(),
+            None if job.inherit.iter().any(|n| n == "PATH") => std::env::var_os("PATH")?,
+            None => return None,
+        };
+        let key = (path, program.clone());
+        let mut found = self.found.lock().unwrap_or_else(|p| p.into_inner());
+        found
+            .entry(key)
+            .or_insert_with_key(|(path, program)| {
+                std::env::split_paths(path)
+                    .map(|d| d.join(program))
+                    .find(|p| p.is_file())
+            })
+            .clone()
+    }
+
     pub fn digest(&self, path: &Path) -> Option<FileDigest> {
         let meta = std::fs::metadata(path).ok()?;
         let key = (path.to_path_buf(), meta.len(), meta.modified().ok()?);
@@ -134,6 +160,60 @@ impl DigestCache {
     }
 }
 
+/// A job for a worker thread.
+type Task = Box<dyn FnOnce() + Send>;
+
+/// A fixed set of worker threads, one per slot that can run at once (CPU slots plus GPUs),
+/// so a cell costs a channel send instead of a thread start.
+struct Workers {
+    tx: Option<mpsc::Sender<Task>>,
+    handles: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Workers {
+    fn new(n: usize) -> Workers {
+        let (tx, rx) = mpsc::channel::<Task>();
+        let rx = Arc::new(Mutex::new(rx));
+        let handles = (0..n.max(1))
+            .map(|i| {
+                let rx = Arc::clone(&rx);
+                std::thread::Builder::new()
+                    .name(format!("memra-orch-worker-{i}"))
+                    .spawn(move || {
+                        loop {
+                            let task = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                            match task {
+                                Ok(task) => task(),
+                                Err(_) => return,
+                            }
+                        }
+                    })
+                    .expect("the OS refused to start a worker thread")
+            })
+            .collect();
+        Workers {
+            tx: Some(tx),
+            handles,
+        }
+    }
+
+    fn submit(&self, task: Task) {
+        if let Some(tx) = &self.tx {
+            // The workers live as long as this handle; a send cannot fail while it exists.
+            let _ = tx.send(task);
+        }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.tx = None;
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
 /// The run loop over one plan.
 struct Runner<'a, 'b> {
     plan: &'a Plan,
@@ -152,6 +232,8 @@ struct Runner<'a, 'b> {
     /// Why no new cell starts any more (interrupt, `--fail-fast`).
     stop: Option<String>,
     interrupted: bool,
+    pending: Vec<Event>,
+    workers: Option<Workers>,
 }
 
 /// Runs a plan to the end (or until interrupted) and returns the outcome. Listeners see
@@ -186,6 +268,8 @@ pub fn execute(
         running: 0,
         stop: None,
         interrupted: false,
+        pending: Vec::new(),
+        workers: None,
         listeners,
     };
     runner.emit(&Event::RunStarted {
@@ -195,6 +279,8 @@ pub fn execute(
         cpu_slots: runner.pool.cpu_slots(),
     });
     runner.run();
+    // Joining the workers first: every cell has reported, so they are idle.
+    drop(runner.workers.take());
     let verdicts: Vec<Verdict> = runner
         .state
         .iter()
@@ -211,6 +297,7 @@ pub fn execute(
         elapsed,
         interrupted,
     });
+    runner.flush();
     RunOutcome {
         verdicts,
         counts,
@@ -220,14 +307,24 @@ pub fn execute(
 }
 
 impl Runner<'_, '_> {
+    /// Queues an event; [`Runner::flush`] hands queued events to the listeners. Deferring
+    /// lets the loop start the next cell before a listener writes a receipt, so receipt
+    /// I/O overlaps with running gates instead of delaying them.
     fn emit(&mut self, event: &Event) {
-        for l in self.listeners.iter_mut() {
-            l.on_event(event);
+        self.pending.push(event.clone());
+    }
+
+    fn flush(&mut self) {
+        for event in std::mem::take(&mut self.pending) {
+            for l in self.listeners.iter_mut() {
+                l.on_event(&event);
+            }
         }
     }
 
     fn run(&mut self) {
         let (tx, rx) = mpsc::channel::<Msg>();
+        self.workers = Some(Workers::new(self.pool.cpu_slots() + self.pool.gpu_count()));
         // Cells that can never run are decided before anything starts.
         for i in 0..self.plan.cells.len() {
             let cell = &self.plan.cells[i];
@@ -260,6 +357,7 @@ impl Runner<'_, '_> {
             if self.stop.is_none() {
                 self.dispatch(&tx);
             }
+            self.flush();
             if self.running == 0 {
                 break;
             }
@@ -317,21 +415,19 @@ impl Runner<'_, '_> {
             let tx = tx.clone();
             let kind = plan.cell(cell).kind;
             let policy = plan.cell(cell).compare.as_ref().map(|c| c.policy.clone());
-            std::thread::Builder::new()
-                .name(format!("cell-{}", cell.0))
-                .spawn(move || {
-                    let (receipt, reused) = run_cell(
-                        &placement, job, kind, compare, policy, previous, &*executor, &digests,
-                        &tx, cell,
-                    );
-                    let _ = tx.send(Msg::Done {
-                        cell,
-                        placement,
-                        receipt: Box::new(receipt),
-                        reused,
-                    });
-                })
-                .expect("the OS refused to start a worker thread");
+            let workers = self.workers.as_ref().expect("workers start with the run");
+            workers.submit(Box::new(move || {
+                let (receipt, reused) = run_cell(
+                    &placement, job, kind, compare, policy, previous, &*executor, &digests, &tx,
+                    cell,
+                );
+                let _ = tx.send(Msg::Done {
+                    cell,
+                    placement,
+                    receipt: Box::new(receipt),
+                    reused,
+                });
+            }));
         }
     }
 
@@ -518,6 +614,7 @@ impl Runner<'_, '_> {
             visible_devices,
             binaries,
             inputs: String::new(),
+            program: None,
         }
     }
 
@@ -556,12 +653,11 @@ fn run_cell(
     tx: &mpsc::Sender<Msg>,
     cell: CellIndex,
 ) -> (NodeReceipt, bool) {
-    if kind != NodeKind::Compare
-        && !job.shell
-        && let Some(bin) = resolve_program(&job)
-        && let Some(d) = digests.digest(&bin)
-    {
-        job.binaries.insert(0, d);
+    if kind != NodeKind::Compare && !job.shell {
+        job.program = digests.resolve(&job);
+        if let Some(d) = job.program.as_deref().and_then(|p| digests.digest(p)) {
+            job.binaries.insert(0, d);
+        }
     }
     job.inputs = inputs_digest(&job, policy.as_ref(), compare.as_ref());
     if let Some(path) = previous
@@ -579,23 +675,6 @@ fn run_cell(
         let _ = tx.send(Msg::Attempt(cell, rec.clone()));
     };
     (executor.execute(&job, &mut on_attempt), false)
-}
-
-/// Finds the program a job runs: a path with a separator relative to the cwd, else the
-/// first match on the PATH the child will see (its pin, else the inherited one).
-fn resolve_program(job: &CellJob) -> Option<PathBuf> {
-    let program = job.argv.first()?;
-    if program.contains('/') {
-        return Some(job.cwd.join(program));
-    }
-    let path = match job.pins.get("PATH") {
-        Some(p) => p.clone().into(),
-        None if job.inherit.iter().any(|n| n == "PATH") => std::env::var_os("PATH")?,
-        None => return None,
-    };
-    std::env::split_paths(&path)
-        .map(|d| d.join(program))
-        .find(|p| p.is_file())
 }
 
 /// sha256 over what determines a cell's behaviour: command, pins, cwd, expectations, the

@@ -55,6 +55,10 @@ pub struct CellJob {
     pub node_dir: PathBuf,
     pub binaries: Vec<FileDigest>,
     pub inputs: String,
+    /// The executable `argv[0]` names, when the planner resolved it (absolute); an
+    /// executor on another machine resolves `argv[0]` itself when this is absent.
+    #[serde(default)]
+    pub program: Option<PathBuf>,
 }
 
 /// Runs cells. Implementations must be usable from several threads at once: the runner

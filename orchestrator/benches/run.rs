@@ -1,0 +1,106 @@
+//! Overhead of `memra-orch run` per arm: 1,000 trivial arms (`true`) at `--jobs 2`, next to
+//! the same 1,000 processes spawned by a bare loop on two threads, in the same process.
+//! Prints a table; `cargo bench -p memra-orch --bench run`.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ARMS: usize = 1000;
+const ROUNDS: usize = 3;
+
+fn manifest(dir: &Path) -> std::path::PathBuf {
+    let values: Vec<String> = (0..ARMS).map(|i| format!("\"{i}\"")).collect();
+    let text = format!(
+        "schema = 1\nname = \"bench\"\n\n[[arm]]\nid = \"t\"\nrun = [\"true\"]\ngpus = 0\nmatrix = {{ i = [{}] }}\n",
+        values.join(", ")
+    );
+    let path = dir.join("bench.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// 1,000 `true` processes, two threads spawning and waiting in turn.
+fn bare_loop() -> Duration {
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..ARMS / 2 {
+                    let ok = Command::new("true")
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .status()
+                        .unwrap()
+                        .success();
+                    assert!(ok);
+                }
+            });
+        }
+    });
+    t.elapsed()
+}
+
+/// One `memra-orch run` of the 1,000-arm manifest, receipts into a fresh folder.
+fn orchestrated(manifest: &Path, receipts: &Path) -> Duration {
+    let t = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+        .arg("run")
+        .arg(manifest)
+        .arg("--receipts")
+        .arg(receipts)
+        .args(["--commit", "bench", "--jobs", "2", "--progress", "quiet"])
+        .output()
+        .unwrap();
+    let elapsed = t.elapsed();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    elapsed
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn main() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = manifest(dir.path());
+    let mut bare = Vec::new();
+    let mut orch = Vec::new();
+    for round in 0..ROUNDS {
+        bare.push(bare_loop());
+        orch.push(orchestrated(
+            &manifest,
+            &dir.path().join(format!("receipts-{round}")),
+        ));
+    }
+    let tree = dir.path().join("receipts-0/bench/bench/nodes");
+    let receipts = std::fs::read_dir(&tree).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(receipts, ARMS, "every arm has its receipt folder");
+    let (b, o) = (median(bare), median(orch));
+    let per = |d: Duration| d.as_secs_f64() * 1e3 / ARMS as f64;
+    println!("{ARMS} trivial arms (`true`), 2 parallel, median of {ROUNDS} rounds");
+    println!("| what                                       | wall s | ms per arm |");
+    println!("|--------------------------------------------|-------:|-----------:|");
+    println!(
+        "| bare spawn loop, 2 threads                 | {:>6.3} | {:>10.3} |",
+        b.as_secs_f64(),
+        per(b)
+    );
+    println!(
+        "| memra-orch run --jobs 2 (receipt tree)     | {:>6.3} | {:>10.3} |",
+        o.as_secs_f64(),
+        per(o)
+    );
+    println!(
+        "| orchestration overhead                     | {:>6.3} | {:>10.3} |",
+        (o.saturating_sub(b)).as_secs_f64(),
+        per(o.saturating_sub(b))
+    );
+}
