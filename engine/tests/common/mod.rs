@@ -70,3 +70,49 @@ pub fn synth_model(preset: &str, quant: &str, seed: u64) -> PathBuf {
     }
     path
 }
+
+/// Runs `python3 engine/tests/common/<script>` with `args` and `stdin`, returning its stdout.
+///
+/// Returns `None`, after printing why, when Python or the script's packages (llama.cpp's
+/// `gguf`, `regex`; exit code 2) are missing; any other failure is a test failure.
+pub fn python_check(script: &str, args: &[&Path], stdin: &str) -> Option<String> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/common")
+        .join(script);
+    let mut child = match Command::new("python3")
+        .arg(&path)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("skip: cannot run python3: {e}");
+            return None;
+        }
+    };
+    child
+        .stdin
+        .take()
+        .expect("stdin is piped")
+        .write_all(stdin.as_bytes())
+        .expect("write to the script");
+    let out = child.wait_with_output().expect("wait for the script");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    match out.status.code() {
+        Some(0) => Some(String::from_utf8(out.stdout).expect("the script prints UTF-8")),
+        Some(2) => {
+            eprintln!("skip: {script}: {}", stderr.trim());
+            None
+        }
+        _ => panic!(
+            "{script} failed ({}):\n{}\n{stderr}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout)
+        ),
+    }
+}
