@@ -334,15 +334,22 @@ fn dispatch(command: Command) -> Result<(), Failure> {
 fn bench_model(
     model: Option<PathBuf>,
 ) -> Result<(LlamaModel, String, Option<tempfile::TempDir>), Failure> {
-    let real =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let path = match model {
-        Some(p) => {
+    // models/ of the working directory (where scripts/fetch-model puts it when run from the
+    // repository root), then of the source tree this binary was built from.
+    let name = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    let real = [
+        PathBuf::from(name),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(name),
+    ]
+    .into_iter()
+    .find(|p| p.is_file());
+    let path = match (model, real) {
+        (Some(p), _) => {
             check_model_path(&p)?;
             p
         }
-        None if real.is_file() => real,
-        None => {
+        (None, Some(real)) => real,
+        (None, None) => {
             let dir = tempfile::tempdir().map_err(failed)?;
             let path = dir.path().join("smollm2-135m-q4_1.gguf");
             eprintln!(
