@@ -59,6 +59,50 @@ pub struct Doors {
     pub gate_seed: u64,
     /// `MEMRA_GATE_CANARY`: a planted plumbing defect (one wrong token) gates must catch.
     pub gate_canary: bool,
+    /// `MEMRA_PP_ALLOW_UNSPLIT_BATCH`: lets the unsplit batched body walk a split placement
+    /// (the pipeline gate's localizer); refused otherwise.
+    pub pp_allow_unsplit_batch: bool,
+    /// `MEMRA_GATE_DEFECT`: a test-only planted defect (see [`GateDefect`]); `None` in
+    /// every real run.
+    pub gate_defect: Option<GateDefect>,
+}
+
+/// The test-only defects `MEMRA_GATE_DEFECT` plants so the gate suite can show that each
+/// gate catches the fault it exists for. They are documented as test-only in
+/// `docs/gates.md`; every gate prints a warning line and records `defect` in its doors row
+/// when one is in force, so a receipt can never pass one off as a real run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateDefect {
+    /// The batched path's final rmsnorm sums its squares in reverse order when B ≥ 2: a
+    /// batch-size-dependent reduction (gate2 catches it).
+    BatchReduction,
+    /// Every stage after the first starts one layer late, so the layer at each cut belongs
+    /// to no stage (the pipeline gate's split arm and its localizer both catch it).
+    StageRange,
+    /// The split walk skips the `[B, n_embd]` boundary copy between stages, so a stage
+    /// reads a stale buffer (the split arm catches it, the localizer does not).
+    BoundaryCopy,
+    /// The sampler's counter of a batched row is its position plus its batch row index
+    /// (gate3's sampled streams at B=N vs B=1 catch it).
+    SampleCounter,
+}
+
+impl GateDefect {
+    /// Every defect with its `MEMRA_GATE_DEFECT` value.
+    pub const ALL: [(GateDefect, &'static str); 4] = [
+        (GateDefect::BatchReduction, "batch-reduction"),
+        (GateDefect::StageRange, "stage-range"),
+        (GateDefect::BoundaryCopy, "boundary-copy"),
+        (GateDefect::SampleCounter, "sample-counter"),
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        GateDefect::ALL
+            .iter()
+            .find(|(d, _)| *d == self)
+            .map(|(_, name)| *name)
+            .unwrap_or("unknown")
+    }
 }
 
 impl Default for Doors {
@@ -74,6 +118,8 @@ impl Default for Doors {
             pp_splits: PpSplits::Even,
             gate_seed: 0,
             gate_canary: false,
+            pp_allow_unsplit_batch: false,
+            gate_defect: None,
         }
     }
 }
@@ -107,7 +153,7 @@ impl fmt::Display for DoorsError {
 impl std::error::Error for DoorsError {}
 
 /// Names of every door, in the order of DESIGN §7.
-pub const DOOR_VARIABLES: [&str; 10] = [
+pub const DOOR_VARIABLES: [&str; 12] = [
     "MEMRA_BACKEND",
     "MEMRA_MMVQ",
     "MEMRA_NO_FUSE_NORMQ",
@@ -118,6 +164,8 @@ pub const DOOR_VARIABLES: [&str; 10] = [
     "MEMRA_PP_SPLITS",
     "MEMRA_GATE_SEED",
     "MEMRA_GATE_CANARY",
+    "MEMRA_PP_ALLOW_UNSPLIT_BATCH",
+    "MEMRA_GATE_DEFECT",
 ];
 
 impl Doors {
@@ -153,6 +201,7 @@ impl Doors {
             ("MEMRA_SERVE_B1FAST", &mut doors.serve_b1fast),
             ("MEMRA_GATE_CANARY", &mut doors.gate_canary),
         ];
+        let mut allow_unsplit = false;
         for (name, slot) in flags {
             if let Some(v) = get(name) {
                 match v.trim() {
@@ -164,6 +213,37 @@ impl Doors {
                         problem: "accepted values are 0, 1".into(),
                     }),
                 }
+            }
+        }
+        if let Some(v) = get("MEMRA_PP_ALLOW_UNSPLIT_BATCH") {
+            match v.trim() {
+                "0" => allow_unsplit = false,
+                "1" => allow_unsplit = true,
+                _ => issues.push(DoorIssue {
+                    variable: "MEMRA_PP_ALLOW_UNSPLIT_BATCH",
+                    value: v.clone(),
+                    problem: "accepted values are 0, 1".into(),
+                }),
+            }
+        }
+        doors.pp_allow_unsplit_batch = allow_unsplit;
+        if let Some(v) = get("MEMRA_GATE_DEFECT") {
+            let name = v.trim();
+            match GateDefect::ALL.iter().find(|(_, n)| *n == name) {
+                Some(&(defect, _)) => doors.gate_defect = Some(defect),
+                None if name == "none" => doors.gate_defect = None,
+                None => issues.push(DoorIssue {
+                    variable: "MEMRA_GATE_DEFECT",
+                    value: v.clone(),
+                    problem: format!(
+                        "accepted values are none, {} (test-only planted defects)",
+                        GateDefect::ALL
+                            .iter()
+                            .map(|(_, n)| *n)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                }),
             }
         }
         if let Some(v) = get("MEMRA_GATE_SEED") {
@@ -415,6 +495,8 @@ mod tests {
             ("MEMRA_PP_SPLITS", "7"),
             ("MEMRA_GATE_SEED", "42"),
             ("MEMRA_GATE_CANARY", "1"),
+            ("MEMRA_PP_ALLOW_UNSPLIT_BATCH", "1"),
+            ("MEMRA_GATE_DEFECT", "boundary-copy"),
         ])
         .unwrap();
         assert_eq!(
@@ -430,6 +512,8 @@ mod tests {
                 pp_splits: PpSplits::Cuts(vec![7]),
                 gate_seed: 42,
                 gate_canary: true,
+                pp_allow_unsplit_batch: true,
+                gate_defect: Some(GateDefect::BoundaryCopy),
             }
         );
     }

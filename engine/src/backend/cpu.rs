@@ -8,9 +8,11 @@
 //! (rmsnorm+quantize fused, the norm factor applied as a post-op by RoPE, the KV store, SwiGLU
 //! and the head's scale). The numeric definition of each step is the twins'.
 //!
-//! Layers live in [`Stage`]s, each owning its layers' weights and their KV caches, and the
-//! layer loop runs stage by stage, so `MEMRA_PP_STAGES` splits the model the way a multi-GPU
-//! backend does.
+//! Layers live in [`Stage`]s, each owning its layers' weights, their KV caches and its own
+//! `[B, n_embd]` input buffer, placed by the backend-independent [`StagePlan`]. The split walk
+//! runs stage by stage with an explicit boundary copy from one stage's buffer into the next,
+//! so `MEMRA_PP_STAGES` splits the model the way a multi-GPU backend does; the unsplit walk
+//! ([`Backend::decode_step_batch_unsplit`]) runs the same stage-owned layers as one body.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -19,9 +21,11 @@ use memra_kernels::blocks::{BlockQ8_1, QK};
 use memra_kernels::twin::{self, AttnShape, MatvecFamily, WeightRows};
 use rayon::prelude::*;
 
+use super::stages::{StagePlan, boundary_copy};
 use super::{Backend, EngineError, SeqId, canary_token};
-use crate::doors::{Doors, DoorsReport};
+use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::model::{LayerWeights, LlamaConfig, LlamaModel, Weight, WeightData};
+use crate::sampling::{SamplingParams, sample_token};
 
 /// Which composition a forward pass runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +53,9 @@ pub struct Stage {
     /// The model layers this stage runs.
     pub layers: Range<usize>,
     blocks: Vec<CpuLayer>,
+    /// The stage's `[B, n_embd]` activations: filled by the boundary copy from the previous
+    /// stage (by the embedding on stage 0), updated in place by the stage's layers.
+    input: Vec<f32>,
 }
 
 struct SeqState {
@@ -70,6 +77,19 @@ pub struct CpuBackend {
     rope_table: Vec<f32>,
     seqs: BTreeMap<SeqId, SeqState>,
     quantized: bool,
+    /// The `[B, n_vocab]` logits of the last sampled batched step (the lean tick).
+    parked: Option<Vec<f32>>,
+    /// The load-time stage plan the stages were placed by.
+    plan: StagePlan,
+}
+
+/// How a forward pass walks the stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// Stage by stage, each on its own buffer, with a boundary copy between stages.
+    Split,
+    /// Every stage-owned layer in order on one buffer, no boundary.
+    Unsplit,
 }
 
 /// One row of a forward pass: which sequence, at which position, with which token.
@@ -99,22 +119,23 @@ impl CpuBackend {
         model.validate().map_err(EngineError::Model)?;
         let quantized = model.has_quantized();
         let config = model.config.clone();
-        let ranges = doors
-            .stage_ranges(config.n_layer)
-            .map_err(EngineError::Model)?;
-        let mut layers = model.layers.into_iter();
-        let stages = ranges
-            .into_iter()
-            .map(|range| Stage {
-                blocks: layers
-                    .by_ref()
-                    .take(range.len())
+        let plan = StagePlan::from_doors(&doors, config.n_layer).map_err(EngineError::Model)?;
+        let mut layers: Vec<Option<LayerWeights>> = model.layers.into_iter().map(Some).collect();
+        let stages = plan
+            .stages
+            .iter()
+            .map(|spec| Stage {
+                blocks: spec
+                    .layers
+                    .clone()
+                    .filter_map(|i| layers[i].take())
                     .map(|w| CpuLayer {
                         w,
                         kv: BTreeMap::new(),
                     })
                     .collect(),
-                layers: range,
+                layers: spec.layers.clone(),
+                input: Vec::new(),
             })
             .collect();
         let family = if doors.mmvq {
@@ -134,6 +155,8 @@ impl CpuBackend {
             rope_table,
             seqs: BTreeMap::new(),
             quantized,
+            parked: None,
+            plan,
             config,
         })
     }
@@ -200,6 +223,20 @@ impl CpuBackend {
         tier: Tier,
         logits_rows: Range<usize>,
     ) -> Result<Vec<f32>, EngineError> {
+        self.forward_walk(rows, tier, logits_rows, Walk::Split, false)
+    }
+
+    /// [`CpuBackend::forward`] with the walk over the stages chosen, `batched` saying whether
+    /// the rows are one batched decode step (where the test-only `batch-reduction` defect
+    /// applies).
+    fn forward_walk(
+        &mut self,
+        rows: &[RowSpec],
+        tier: Tier,
+        logits_rows: Range<usize>,
+        walk: Walk,
+        batched: bool,
+    ) -> Result<Vec<f32>, EngineError> {
         let c = self.config.clone();
         let n = rows.len();
         let mut x = vec![0.0f32; n * c.n_embd];
@@ -214,16 +251,48 @@ impl CpuBackend {
             split_k: self.doors.fa3,
             rope_table: &self.rope_table,
         };
-        for stage in &mut self.stages {
-            for layer in &mut stage.blocks {
-                layer_forward(&ctx, layer, rows, &mut x)?;
+        match walk {
+            Walk::Unsplit => {
+                for stage in &mut self.stages {
+                    for layer in &mut stage.blocks {
+                        layer_forward(&ctx, layer, rows, &mut x)?;
+                    }
+                }
+            }
+            Walk::Split => {
+                let skip_copy = self.doors.gate_defect == Some(GateDefect::BoundaryCopy);
+                for s in 0..self.stages.len() {
+                    if s == 0 {
+                        boundary_copy(&x, &mut self.stages[0].input);
+                    } else if skip_copy {
+                        // The planted defect: the stage runs on whatever its buffer held.
+                        self.stages[s].input.resize(x.len(), 0.0);
+                    } else {
+                        let (done, rest) = self.stages.split_at_mut(s);
+                        boundary_copy(&done[s - 1].input, &mut rest[0].input);
+                    }
+                    let stage = &mut self.stages[s];
+                    for layer in &mut stage.blocks {
+                        layer_forward(&ctx, layer, rows, &mut stage.input)?;
+                    }
+                }
+                if let Some(last) = self.stages.last() {
+                    boundary_copy(&last.input, &mut x);
+                }
             }
         }
         let sel = &x[logits_rows.start * c.n_embd..logits_rows.end * c.n_embd];
         if sel.is_empty() {
             return Ok(Vec::new());
         }
-        let acts = normed_acts(sel, &self.output_norm, c.rms_eps, tier)?;
+        let reversed = batched
+            && rows.len() >= 2
+            && self.doors.gate_defect == Some(GateDefect::BatchReduction);
+        let acts = if reversed {
+            reversed_sum_acts(sel, &self.output_norm, c.rms_eps)?
+        } else {
+            normed_acts(sel, &self.output_norm, c.rms_eps, tier)?
+        };
         let mut logits = matmul(family, self.head(), &acts)?;
         post_scale_rows(&mut logits, c.n_vocab, &acts)?;
         Ok(logits)
@@ -267,6 +336,21 @@ fn normed_acts(x: &[f32], g: &[f32], eps: f32, tier: Tier) -> Result<Acts, Engin
             })
         }
     }
+}
+
+/// The test-only `batch-reduction` defect: rmsnorm whose sum of squares runs backwards, a
+/// different reduction order than the twin's, used only when a batched step has B ≥ 2.
+fn reversed_sum_acts(x: &[f32], g: &[f32], eps: f32) -> Result<Acts, EngineError> {
+    let d = g.len();
+    let mut f = vec![0.0f32; x.len()];
+    for (xr, fr) in x.chunks_exact(d).zip(f.chunks_exact_mut(d)) {
+        let ss = xr.iter().rev().fold(0.0f32, |acc, &v| acc + v * v);
+        let r = 1.0 / (ss / d as f32 + eps).sqrt();
+        for ((o, &v), &w) in fr.iter_mut().zip(xr).zip(g) {
+            *o = v * r * w;
+        }
+    }
+    plain_acts(f)
 }
 
 /// Plain activations (no norm, no post-op): the attention output into `wo`, SwiGLU into
@@ -600,6 +684,78 @@ impl Backend for CpuBackend {
         if seqs.len() == 1 && self.doors.serve_b1fast {
             return self.decode_step_h(seqs[0], tokens[0]);
         }
+        self.batch_step(seqs, tokens, Walk::Split)
+    }
+
+    fn decode_step_batch_unsplit(
+        &mut self,
+        seqs: &[SeqId],
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, EngineError> {
+        if self.stages.len() > 1 && !self.doors.pp_allow_unsplit_batch {
+            return Err(EngineError::Unavailable(self.plan().unsplit_refusal()));
+        }
+        self.batch_step(seqs, tokens, Walk::Unsplit)
+    }
+
+    fn parked_logits(&self) -> Result<Vec<f32>, EngineError> {
+        self.parked.clone().ok_or_else(|| {
+            EngineError::Unavailable(
+                "no logits are parked: run decode_step_batch_sampled first".into(),
+            )
+        })
+    }
+
+    /// The lean tick: one batched step whose logits stay parked in the backend
+    /// ([`Backend::parked_logits`]) while only the tokens come back.
+    fn decode_step_batch_sampled(
+        &mut self,
+        seqs: &[SeqId],
+        tokens: &[u32],
+        params: &SamplingParams,
+    ) -> Result<Vec<u32>, EngineError> {
+        params.validate()?;
+        let logits = self.decode_step_batch(seqs, tokens)?;
+        let n_vocab = self.config.n_vocab;
+        let wrong_counter = self.doors.gate_defect == Some(GateDefect::SampleCounter);
+        let out = seqs
+            .iter()
+            .zip(logits.chunks_exact(n_vocab))
+            .enumerate()
+            .map(|(b, (&seq, row))| {
+                let step = self.seq_len(seq)?;
+                // The planted defect keys the stream by the batch row as well as the step.
+                let counter = if wrong_counter { step + b } else { step };
+                sample_token(row, params, seq, counter)
+            })
+            .collect::<Result<Vec<u32>, EngineError>>()?;
+        self.parked = Some(logits);
+        Ok(out)
+    }
+}
+
+impl CpuBackend {
+    /// The load-time stage plan this backend was built with.
+    pub fn plan(&self) -> &StagePlan {
+        &self.plan
+    }
+
+    /// One batched decode step over `walk`: validates every row before any cache moves.
+    fn batch_step(
+        &mut self,
+        seqs: &[SeqId],
+        tokens: &[u32],
+        walk: Walk,
+    ) -> Result<Vec<f32>, EngineError> {
+        if seqs.len() != tokens.len() {
+            return Err(EngineError::BatchShape {
+                seqs: seqs.len(),
+                tokens: tokens.len(),
+            });
+        }
+        if seqs.is_empty() {
+            return Err(EngineError::Empty { what: "batch" });
+        }
         let mut rows = Vec::with_capacity(seqs.len());
         for (b, (&seq, &token)) in seqs.iter().zip(tokens).enumerate() {
             self.check_token(token)?;
@@ -611,7 +767,7 @@ impl Backend for CpuBackend {
             let token = canary_token(&self.doors, token, self.config.n_vocab, last_of_many);
             rows.push(RowSpec { seq, pos, token });
         }
-        let logits = self.forward(&rows, Tier::Separate, 0..rows.len())?;
+        let logits = self.forward_walk(&rows, Tier::Separate, 0..rows.len(), walk, true)?;
         for &seq in seqs {
             self.commit_positions(seq, 1);
         }

@@ -7,6 +7,7 @@
 //! each backend: [`cpu`] builds it from the kernel twins; the CUDA backend from the kernels.
 
 pub mod cpu;
+pub mod stages;
 
 use std::fmt;
 
@@ -100,6 +101,32 @@ pub trait Backend: Send {
         seqs: &[SeqId],
         tokens: &[u32],
     ) -> Result<Vec<f32>, EngineError>;
+
+    /// One decode step of B sequences through the unsplit batched body: every layer in one
+    /// walk, with no stage boundary. On an unsplit model it equals
+    /// [`Backend::decode_step_batch`] bit for bit. On a split placement it is refused with
+    /// [`stages::StagePlan::unsplit_refusal`], before any cache is touched, unless
+    /// `MEMRA_PP_ALLOW_UNSPLIT_BATCH=1`; then it walks the stage-owned weights and caches as
+    /// one body (the pipeline gate's localizer).
+    fn decode_step_batch_unsplit(
+        &mut self,
+        seqs: &[SeqId],
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, EngineError> {
+        let _ = (seqs, tokens);
+        Err(EngineError::Unavailable(
+            "this backend has no unsplit batched walk (decode_step_batch_unsplit)".into(),
+        ))
+    }
+
+    /// The `[B, n_vocab]` logits parked by the last [`Backend::decode_step_batch_sampled`]
+    /// (the lean tick, which returns only tokens), bit-identical to what
+    /// [`Backend::decode_step_batch`] returns for the same step.
+    fn parked_logits(&self) -> Result<Vec<f32>, EngineError> {
+        Err(EngineError::Unavailable(
+            "this backend does not park the logits of a sampled step (parked_logits)".into(),
+        ))
+    }
 
     /// [`Backend::decode_step_h`], then one sampled token.
     fn decode_step_h_sampled(
