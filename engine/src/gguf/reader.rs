@@ -20,6 +20,8 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 pub const MAX_DIMS: usize = 4;
 /// Arrays of arrays are legal GGUF but no real model nests them; a cap keeps recursion bounded.
 const MAX_ARRAY_DEPTH: usize = 4;
+/// Largest number of items allocated ahead of parsing them.
+const PREALLOC_CAP: u64 = 1 << 16;
 
 /// One tensor of the tensor table, with its bounds checked against the file.
 #[derive(Debug, Clone, PartialEq)]
@@ -193,7 +195,9 @@ impl<'a> Cursor<'a> {
                         ),
                     });
                 }
-                let mut items = Vec::with_capacity(count as usize);
+                // Counts were checked against the bytes left, but a value in memory is larger
+                // than its smallest encoding, so the first allocation is capped and grows.
+                let mut items = Vec::with_capacity(count.min(PREALLOC_CAP) as usize);
                 for _ in 0..count {
                     items.push(self.value(key, elem, depth + 1)?);
                 }
@@ -225,7 +229,7 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header, GgufErrorKind> {
     // least 8 + 4 + 4 + 8.
     c.check_count(n_kv, 13, "metadata entries")?;
 
-    let mut metadata = Vec::with_capacity(n_kv as usize);
+    let mut metadata = Vec::with_capacity(n_kv.min(PREALLOC_CAP) as usize);
     let mut seen = HashSet::new();
     for i in 0..n_kv {
         let key = c.string(&|| format!("metadata key #{i}"))?;
@@ -257,7 +261,7 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header, GgufErrorKind> {
     }
 
     c.check_count(n_tensors, 24, "tensor infos")?;
-    let mut tensors = Vec::with_capacity(n_tensors as usize);
+    let mut tensors = Vec::with_capacity(n_tensors.min(PREALLOC_CAP) as usize);
     let mut names = HashSet::new();
     for i in 0..n_tensors {
         let name = c.string(&|| format!("name of tensor #{i}"))?;
