@@ -31,6 +31,19 @@ pub enum Command {
     /// List the GPUs a run would use (NVML, bounded by CUDA_VISIBLE_DEVICES).
     #[command(after_help = EXIT_CODES_HELP)]
     Gpus(GpusArgs),
+    /// Run one cell from a job file and write its receipt: the entry point a cluster
+    /// executor's batch script calls on the compute node.
+    #[command(hide = true)]
+    ExecNode(ExecNodeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ExecNodeArgs {
+    /// A JSON job file (`executor::CellJob`), written outside the node's receipt folder.
+    pub job: PathBuf,
+    /// Time between SIGTERM and SIGKILL when the cell times out or the job is cancelled.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub grace: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Args)]
@@ -138,5 +151,6 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::Plan(args) => crate::load::plan_command(&args),
         Command::Validate(args) => crate::load::validate_command(&args),
         Command::Gpus(args) => crate::gpus::command(&args),
+        Command::ExecNode(args) => crate::run::exec_node_command(&args),
     }
 }

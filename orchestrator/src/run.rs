@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::ExitCode;
-use crate::cli::{ProgressMode, RunArgs};
+use crate::cli::{ExecNodeArgs, ProgressMode, RunArgs};
 use crate::events::{self, Event, Listener, Placement, Verdict};
 use crate::executor::local::{DEFAULT_GRACE, LocalExecutor};
 use crate::executor::{CellJob, Executor};
@@ -941,4 +941,66 @@ fn hostname() -> String {
     }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// The hidden `exec-node` subcommand: runs one cell from a job file through the local
+/// executor, on whatever machine this is, and writes `<node_dir>/receipt.json`. SIGTERM or
+/// SIGINT (a cancelled cluster job) stops the cell's process groups and the receipt says
+/// `cancelled`. Exit code 0 when the receipt was written (its verdict is in the file), 2
+/// for an unreadable job file, 3 when the receipt could not be written.
+pub fn exec_node_command(args: &ExecNodeArgs) -> ExitCode {
+    let job: CellJob = match std::fs::read(&args.job)
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+    {
+        Ok(job) => job,
+        Err(e) => {
+            eprintln!(
+                "memra-orch exec-node: {}: not a readable job file: {e}",
+                args.job.display()
+            );
+            return ExitCode::Usage;
+        }
+    };
+    let interrupt = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        if let Err(e) = signal_hook::flag::register(sig, Arc::clone(&interrupt)) {
+            eprintln!("memra-orch exec-node: cannot install the signal handler: {e}");
+            return ExitCode::Internal;
+        }
+    }
+    let tmp_root = std::env::temp_dir().join(format!("memra-orch-{}", std::process::id()));
+    let executor = Arc::new(LocalExecutor::new(
+        args.grace.unwrap_or(DEFAULT_GRACE),
+        tmp_root.clone(),
+    ));
+    let done = Arc::new(AtomicBool::new(false));
+    // The executor blocks in the cell; a small thread turns a signal into a cancellation.
+    let canceller = {
+        let (executor, interrupt, done) = (
+            Arc::clone(&executor),
+            Arc::clone(&interrupt),
+            Arc::clone(&done),
+        );
+        std::thread::spawn(move || {
+            while !done.load(Ordering::SeqCst) {
+                if interrupt.load(Ordering::SeqCst) {
+                    executor.cancel_all();
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let receipt = executor.execute(&job, &mut |_| {});
+    done.store(true, Ordering::SeqCst);
+    let _ = canceller.join();
+    let _ = std::fs::remove_dir_all(&tmp_root);
+    match crate::receipt::write_json(&job.node_dir.join("receipt.json"), &receipt) {
+        Ok(()) => ExitCode::Ok,
+        Err(e) => {
+            eprintln!("memra-orch exec-node: {e}");
+            ExitCode::Internal
+        }
+    }
 }

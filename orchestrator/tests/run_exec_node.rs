@@ -1,0 +1,79 @@
+//! The hidden `exec-node` entry point a cluster executor calls: one serialised cell job in,
+//! the same receipt the local run writes out.
+
+mod run_support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use memra_orch::executor::CellJob;
+use memra_orch::plan::{Expect, NodeKind};
+use run_support::{gates, read_json};
+
+fn job(node_dir: &std::path::Path, gate: &str) -> CellJob {
+    CellJob {
+        id: "remote[b=1]".into(),
+        node: "remote".into(),
+        kind: NodeKind::Arm,
+        axes: vec![("b".into(), "1".into())],
+        tags: vec![],
+        slug: "remote_b_1_-00000000".into(),
+        argv: vec![gates().join(gate).to_string_lossy().into_owned()],
+        shell: false,
+        cwd: node_dir.parent().unwrap().to_path_buf(),
+        pins: BTreeMap::from([("MEMRA_FA3".to_string(), "0".to_string())]),
+        inherit: vec!["PATH".into()],
+        timeout: Duration::from_secs(30),
+        reps: 1,
+        retries: 0,
+        expect: Expect::Pass,
+        verdict_pass: None,
+        verdict_fail: None,
+        produces: vec![],
+        creates: vec![],
+        gpus: vec![],
+        visible_devices: vec![],
+        node_dir: node_dir.to_path_buf(),
+        binaries: vec![],
+        inputs: "digest".into(),
+        program: None,
+    }
+}
+
+#[test]
+fn exec_node_runs_a_job_file_and_writes_its_receipt() {
+    let dir = tempfile::tempdir().unwrap();
+    let node_dir = dir.path().join("nodes/remote");
+    let job_file = dir.path().join("job.json");
+    std::fs::write(
+        &job_file,
+        serde_json::to_vec(&job(&node_dir, "fail.sh")).unwrap(),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+        .args(["exec-node"])
+        .arg(&job_file)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = read_json(&node_dir.join("receipt.json"));
+    assert_eq!(r["id"], "remote[b=1]");
+    assert_eq!(r["verdict"], "fail");
+    assert_eq!(r["env"]["MEMRA_FA3"], "0");
+    assert_eq!(r["inputs"], "digest");
+    assert!(node_dir.join("attempt-1/stderr.log").is_file());
+
+    std::fs::write(&job_file, "{not json").unwrap();
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+        .args(["exec-node"])
+        .arg(&job_file)
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not a readable job file"));
+}
