@@ -336,4 +336,80 @@ mod tests {
         assert_eq!(ids, [1, 2]);
         assert_eq!(q.len(), 2);
     }
+
+    fn plan(needs: &[&[usize]]) -> Plan {
+        use crate::plan::{Cell, CellId, Expect, NodeId, NodeKind, SourceFile};
+        let cells = needs
+            .iter()
+            .enumerate()
+            .map(|(i, n)| Cell {
+                id: CellId(format!("c{i}")),
+                node: NodeId(format!("c{i}")),
+                kind: NodeKind::Arm,
+                axes: Vec::new(),
+                description: None,
+                tags: Vec::new(),
+                argv: vec!["true".into()],
+                shell: false,
+                cwd: "/".into(),
+                env: Default::default(),
+                gpus: 0,
+                cpus: None,
+                memory: None,
+                timeout: std::time::Duration::from_secs(1),
+                reps: 1,
+                retries: 0,
+                expect: Expect::Pass,
+                verdict: None,
+                produces: Vec::new(),
+                creates: Vec::new(),
+                needs: n.iter().map(|&k| CellIndex(k)).collect(),
+                compare: None,
+            })
+            .collect();
+        Plan {
+            name: "p".into(),
+            description: None,
+            manifest: SourceFile {
+                path: "m".into(),
+                sha256: String::new(),
+            },
+            env_matrices: Vec::new(),
+            root: "/".into(),
+            inherit: Vec::new(),
+            cells,
+        }
+    }
+
+    #[test]
+    fn longest_remaining_path_uses_previous_durations() {
+        // c0 -> c1 -> c2 (a chain), c3 alone but slow last time, c4 never timed.
+        let p = plan(&[&[], &[0], &[1], &[], &[]]);
+        let previous = HashMap::from([
+            ("c0".to_string(), 1.0),
+            ("c1".to_string(), 2.0),
+            ("c2".to_string(), 3.0),
+            ("c3".to_string(), 5.0),
+        ]);
+        let est = estimates(&p, &previous);
+        assert_eq!(est[4], None);
+        let pr = priorities(&p, &est);
+        assert_eq!(pr[2], 3.0);
+        assert_eq!(pr[1], 5.0);
+        assert_eq!(pr[0], 6.0, "the head of the chain carries the whole chain");
+        assert_eq!(pr[3], 5.0);
+        // Unknown durations count as the mean of the known ones.
+        assert_eq!(pr[4], 11.0 / 4.0);
+        let mut q = ReadyQueue::default();
+        for i in [0, 3, 4] {
+            q.push(CellIndex(i), pr[i]);
+        }
+        let mut pool = Pool::new(&Inventory::fake(0), 3);
+        let order: Vec<usize> = q
+            .take_placeable(&mut pool, |_| 0)
+            .iter()
+            .map(|(c, _)| c.0)
+            .collect();
+        assert_eq!(order, [0, 3, 4]);
+    }
 }

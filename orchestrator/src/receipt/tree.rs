@@ -152,8 +152,9 @@ fn process_alive(pid: i32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
-/// The most recent run of this manifest under the receipts folder (by `start` time), other
-/// than the tree the caller is about to write only when `include_same` is false.
+/// The most recent run of this manifest under the receipts folder (by `start` time), any
+/// commit. Called before a run writes its own `run.json`, so an earlier run of the same
+/// commit counts as the previous run.
 pub fn previous_run(receipts: &Path, manifest_name: &str) -> Option<RunReceipt> {
     let mut best: Option<RunReceipt> = None;
     for entry in std::fs::read_dir(receipts).ok()?.flatten() {
@@ -209,5 +210,30 @@ mod tests {
         // A pid that cannot exist: the lock is stale and is taken over.
         std::fs::write(t.lock_file(), "2147483646\n").unwrap();
         let _again = RunLock::acquire(&t).unwrap();
+    }
+
+    #[test]
+    fn previous_run_is_the_latest_of_this_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |commit: &str, name: &str, start: &str, seconds: f64| {
+            let t = Tree::new(dir.path(), commit, name);
+            std::fs::create_dir_all(&t.dir).unwrap();
+            let run = serde_json::json!({
+                "schema": 1, "name": name, "manifest": {"path": "m", "bytes": 0, "sha256": ""},
+                "env_matrices": [], "commit": commit, "commit_sha": null, "dirty": false, "host": "h",
+                "orchestrator_version": "0", "inventory": null, "cpu_slots": 1, "filters": [],
+                "resumed": false, "start": start, "end": start, "seconds": 1.0, "interrupted": false,
+                "counts": {}, "verdict": "pass",
+                "nodes": [{"id": "a", "kind": "arm", "slug": "a-1", "verdict": "pass", "seconds": seconds}]
+            });
+            std::fs::write(t.run_json(), run.to_string()).unwrap();
+        };
+        write("old", "smoke", "2026-11-01T00:00:00Z", 1.0);
+        write("new", "smoke", "2026-11-02T00:00:00Z", 2.0);
+        write("newest", "other", "2026-11-03T00:00:00Z", 3.0);
+        let prev = previous_run(dir.path(), "smoke").unwrap();
+        assert_eq!(prev.commit, "new");
+        assert_eq!(durations(&prev)["a"], 2.0);
+        assert!(previous_run(dir.path(), "missing").is_none());
     }
 }
