@@ -1,7 +1,8 @@
-//! Raw manifest → plan cells: applies `[defaults]`, loads env-matrix files, expands
-//! matrices, substitutes `${…}`, resolves paths against the root, pairs compare cells and
-//! links `needs`. Every problem becomes a located diagnostic; this module does not read the
-//! manifest text itself or render anything (the parent module does).
+//! Raw manifest → plan cells: applies `[defaults]`, expands matrices, substitutes `${…}`,
+//! resolves paths against the root and links `needs`; env-matrix files ([`env_files`]) and
+//! compare pairing ([`compare_cells`]) have their own submodules. Every problem becomes a
+//! located diagnostic; this module does not read the manifest text itself or render anything
+//! (the parent module does).
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -12,13 +13,18 @@ use sha2::{Digest, Sha256};
 
 use crate::diagnostics::{Diagnostic, SourceText};
 use crate::graph::{self, Edge};
-use crate::manifest::{self, Pairs, RawManifest, RawMatrix, RawNode, Sp, kind_header};
+use crate::manifest::{Pairs, RawManifest, RawNode, Sp, kind_header};
 use crate::matrix::{self, Combo};
 use crate::plan::{
-    Cell, CellId, CellIndex, CompareSpec, DEFAULT_INHERIT, Expect, MANIFEST_SCHEMA, NodeId,
-    NodeKind, Plan, Policy, SourceFile, TextVerdict,
+    Cell, CellId, CellIndex, DEFAULT_INHERIT, Expect, MANIFEST_SCHEMA, NodeId, NodeKind, Plan,
+    SourceFile, TextVerdict,
 };
 use crate::subst::{self, Scope};
+
+mod compare_cells;
+mod env_files;
+
+use env_files::EnvMatrix;
 
 /// Timeout of a node that states none, in the manifest or in `[defaults]`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60 * 60);
@@ -27,15 +33,6 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 pub fn sha256_hex(bytes: &[u8]) -> String {
     let digest = Sha256::digest(bytes);
     digest.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// A loaded env-matrix file.
-struct EnvMatrix {
-    /// As written in the manifest (after substitution).
-    written: String,
-    pins: Vec<(String, String)>,
-    combos: Vec<Combo>,
-    axis_names: Vec<String>,
 }
 
 /// Builds the plan; `diags` receives every problem.
@@ -368,100 +365,6 @@ impl Builder<'_, '_> {
         }
     }
 
-    fn env_matrix(
-        &mut self,
-        written: &Sp<String>,
-        vars: &[(String, String)],
-    ) -> Option<std::rc::Rc<EnvMatrix>> {
-        let root_str = self.root_str.clone();
-        let scope = Scope {
-            root: &root_str,
-            node: None,
-            matrix: None,
-            vars,
-        };
-        let path_s = self.subst(written, &scope)?;
-        let abs = self.resolve_path(&path_s);
-        if let Some(cached) = self.env_files.get(&abs) {
-            return cached.clone();
-        }
-        let loaded = self.load_env_matrix(written, &path_s, &abs);
-        self.env_files.insert(abs, loaded.clone());
-        loaded
-    }
-
-    fn load_env_matrix(
-        &mut self,
-        written: &Sp<String>,
-        path_s: &str,
-        abs: &Path,
-    ) -> Option<std::rc::Rc<EnvMatrix>> {
-        let bytes = match std::fs::read(abs) {
-            Ok(b) => b,
-            Err(e) => {
-                let msg = format!(
-                    "cannot read env-matrix file `{path_s}` ({}): {e}",
-                    abs.display()
-                );
-                let help = "paths are relative to the root (the git top-level holding the manifest); fix the path or create the file";
-                self.err(written.span(), msg, help.into());
-                return None;
-            }
-        };
-        let text = match String::from_utf8(bytes.clone()) {
-            Ok(t) => t,
-            Err(_) => {
-                self.err(
-                    written.span(),
-                    format!("env-matrix file `{path_s}` is not UTF-8 text"),
-                    "save it as UTF-8 TOML".into(),
-                );
-                return None;
-            }
-        };
-        let src = SourceText::new(PathBuf::from(path_s), text);
-        let before = self.diags.len();
-        let raw: RawMatrix = manifest::parse_env_matrix(&src, self.diags)?;
-        let combos = matrix::expand(&raw, &src, self.diags);
-        for entry in raw.include.iter().flatten() {
-            if !manifest::is_env_name(entry.0.get_ref()) {
-                let msg = format!(
-                    "`{}` is not a valid environment variable name",
-                    entry.0.get_ref()
-                );
-                self.diags.push(src.diag(
-                    entry.0.span(),
-                    msg,
-                    Some("env-matrix keys become environment variables".into()),
-                ));
-            }
-        }
-        if self.diags.len() > before {
-            return None;
-        }
-        self.sources.push(SourceFile {
-            path: PathBuf::from(path_s),
-            sha256: sha256_hex(&bytes),
-        });
-        let mut axis_names: Vec<String> =
-            raw.axes.iter().map(|(k, _)| k.get_ref().clone()).collect();
-        for (k, _) in raw.include.iter().flatten() {
-            if !axis_names.contains(k.get_ref()) {
-                axis_names.push(k.get_ref().clone());
-            }
-        }
-        Some(std::rc::Rc::new(EnvMatrix {
-            written: path_s.to_string(),
-            pins: raw
-                .pins
-                .iter()
-                .map(|(k, v)| (k.get_ref().clone(), v.get_ref().clone()))
-                .collect(),
-            combos,
-            axis_names,
-        }))
-    }
-
     fn run_cells(
         &mut self,
         raw: &RawNode,
@@ -648,165 +551,6 @@ impl Builder<'_, '_> {
                 needs: Vec::new(),
                 compare: None,
             });
-        }
-        out
-    }
-
-    fn compare_cells(
-        &mut self,
-        raw: &RawNode,
-        defaults: &RawNode,
-        nodes: &[RawNode],
-        ids: &HashMap<&str, usize>,
-        node_cells: &[Vec<usize>],
-        cells: &[Cell],
-    ) -> Vec<Cell> {
-        let n = with_defaults(raw, defaults);
-        let id = n.id.as_ref().expect("checked").get_ref().clone();
-        let mut missing = Vec::new();
-        if n.reference.is_none() {
-            missing.push("`reference = \"node-id\"`");
-        }
-        if n.candidates.as_ref().is_none_or(|c| c.is_empty()) {
-            missing.push("`candidates = [\"node-id\"]`");
-        }
-        if n.artifact.is_none() {
-            missing.push("`artifact = \"logits.safetensors\"`");
-        }
-        if !missing.is_empty() {
-            let msg = format!(
-                "[[compare]] `{id}` is missing {}",
-                missing
-                    .iter()
-                    .map(|m| format!("{}`", m.split(' ').next().unwrap_or(m)))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            self.err(n.span.clone(), msg, format!("add {}", missing.join(", ")));
-            return Vec::new();
-        }
-        let reference = n.reference.as_ref().expect("checked");
-        let artifact = n.artifact.as_ref().expect("checked").get_ref().clone();
-        let policy = n.policy.clone().unwrap_or(Policy::Bitwise);
-        let Some(&ref_node) = ids.get(reference.get_ref().as_str()) else {
-            return Vec::new();
-        };
-        if nodes[ref_node].kind == Some(NodeKind::Compare) {
-            return Vec::new();
-        }
-        let ref_cells = &node_cells[ref_node];
-        let tags: Vec<String> = n
-            .tags
-            .iter()
-            .flatten()
-            .map(|t| t.get_ref().clone())
-            .collect();
-        let mut out = Vec::new();
-        for cand in n.candidates.iter().flatten() {
-            let Some(&cand_node) = ids.get(cand.get_ref().as_str()) else {
-                continue;
-            };
-            if nodes[cand_node].kind == Some(NodeKind::Compare) {
-                continue;
-            }
-            if cand_node == ref_node {
-                let msg = format!(
-                    "compare `{id}` names `{}` as both reference and candidate",
-                    cand.get_ref()
-                );
-                self.err(
-                    cand.span(),
-                    msg,
-                    "compare a node against a different one".into(),
-                );
-                continue;
-            }
-            for &c in &node_cells[cand_node] {
-                let cand_cell = &cells[c];
-                let matches: Vec<usize> = if ref_cells.len() == 1 {
-                    ref_cells.clone()
-                } else {
-                    ref_cells
-                        .iter()
-                        .copied()
-                        .filter(|&r| {
-                            cells[r].axes.iter().all(|(k, v)| {
-                                cand_cell.axes.iter().all(|(ck, cv)| ck != k || cv == v)
-                            })
-                        })
-                        .collect()
-                };
-                if matches.len() != 1 {
-                    let shared: Vec<&str> = cand_cell
-                        .axes
-                        .iter()
-                        .filter(|(k, _)| {
-                            ref_cells
-                                .iter()
-                                .any(|&r| cells[r].axes.iter().any(|(rk, _)| rk == k))
-                        })
-                        .map(|(k, _)| k.as_str())
-                        .collect();
-                    let msg = if matches.is_empty() {
-                        format!(
-                            "compare `{id}`: candidate cell `{}` matches no cell of reference `{}`",
-                            cand_cell.id.0,
-                            reference.get_ref()
-                        )
-                    } else {
-                        let names: Vec<&str> =
-                            matches.iter().map(|&m| cells[m].id.0.as_str()).collect();
-                        format!(
-                            "compare `{id}`: candidate cell `{}` matches {} cells of reference `{}`: {}",
-                            cand_cell.id.0,
-                            matches.len(),
-                            reference.get_ref(),
-                            names.join(", ")
-                        )
-                    };
-                    let help = if shared.is_empty() {
-                        "the reference has several cells but shares no axis with this candidate; give both the axes that should line up, or make the reference one cell".to_string()
-                    } else {
-                        format!(
-                            "cells are paired on their shared axes ({}); make exactly one reference cell match",
-                            shared.join(", ")
-                        )
-                    };
-                    self.err(cand.span(), msg, help);
-                    continue;
-                }
-                let mut axes = vec![("candidate".to_string(), cand.get_ref().clone())];
-                axes.extend(cand_cell.axes.iter().cloned());
-                out.push(Cell {
-                    id: CellId(matrix::cell_id(&id, &axes)),
-                    node: NodeId(id.clone()),
-                    kind: NodeKind::Compare,
-                    axes,
-                    description: n.description.clone(),
-                    tags: tags.clone(),
-                    argv: Vec::new(),
-                    shell: false,
-                    cwd: self.root.to_path_buf(),
-                    env: BTreeMap::new(),
-                    gpus: 0,
-                    cpus: None,
-                    memory: None,
-                    timeout: n.timeout.unwrap_or(DEFAULT_TIMEOUT),
-                    reps: 1,
-                    retries: 0,
-                    expect: n.expect.unwrap_or(Expect::Pass),
-                    verdict: None,
-                    produces: Vec::new(),
-                    creates: Vec::new(),
-                    needs: vec![CellIndex(matches[0]), CellIndex(c)],
-                    compare: Some(CompareSpec {
-                        reference: CellIndex(matches[0]),
-                        candidate: CellIndex(c),
-                        artifact: artifact.clone(),
-                        policy: policy.clone(),
-                    }),
-                });
-            }
         }
         out
     }

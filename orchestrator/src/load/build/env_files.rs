@@ -1,0 +1,118 @@
+//! Env-matrix files for the plan builder: reading each file once (however many nodes name
+//! it), parsing and expanding it, and recording its digest for the receipts. Problems inside
+//! a file point into that file; a file that cannot be read points at the manifest entry
+//! naming it.
+
+use std::path::{Path, PathBuf};
+
+use super::{Builder, sha256_hex};
+use crate::diagnostics::SourceText;
+use crate::manifest::{self, RawMatrix, Sp};
+use crate::matrix::{self, Combo};
+use crate::plan::SourceFile;
+use crate::subst::Scope;
+
+/// A loaded env-matrix file.
+pub(super) struct EnvMatrix {
+    /// As written in the manifest (after substitution).
+    pub(super) written: String,
+    pub(super) pins: Vec<(String, String)>,
+    pub(super) combos: Vec<Combo>,
+    pub(super) axis_names: Vec<String>,
+}
+
+impl Builder<'_, '_> {
+    pub(super) fn env_matrix(
+        &mut self,
+        written: &Sp<String>,
+        vars: &[(String, String)],
+    ) -> Option<std::rc::Rc<EnvMatrix>> {
+        let root_str = self.root_str.clone();
+        let scope = Scope {
+            root: &root_str,
+            node: None,
+            matrix: None,
+            vars,
+        };
+        let path_s = self.subst(written, &scope)?;
+        let abs = self.resolve_path(&path_s);
+        if let Some(cached) = self.env_files.get(&abs) {
+            return cached.clone();
+        }
+        let loaded = self.load_env_matrix(written, &path_s, &abs);
+        self.env_files.insert(abs, loaded.clone());
+        loaded
+    }
+
+    pub(super) fn load_env_matrix(
+        &mut self,
+        written: &Sp<String>,
+        path_s: &str,
+        abs: &Path,
+    ) -> Option<std::rc::Rc<EnvMatrix>> {
+        let bytes = match std::fs::read(abs) {
+            Ok(b) => b,
+            Err(e) => {
+                let msg = format!(
+                    "cannot read env-matrix file `{path_s}` ({}): {e}",
+                    abs.display()
+                );
+                let help = "paths are relative to the root (the git top-level holding the manifest); fix the path or create the file";
+                self.err(written.span(), msg, help.into());
+                return None;
+            }
+        };
+        let text = match String::from_utf8(bytes.clone()) {
+            Ok(t) => t,
+            Err(_) => {
+                self.err(
+                    written.span(),
+                    format!("env-matrix file `{path_s}` is not UTF-8 text"),
+                    "save it as UTF-8 TOML".into(),
+                );
+                return None;
+            }
+        };
+        let src = SourceText::new(PathBuf::from(path_s), text);
+        let before = self.diags.len();
+        let raw: RawMatrix = manifest::parse_env_matrix(&src, self.diags)?;
+        let combos = matrix::expand(&raw, &src, self.diags);
+        for entry in raw.include.iter().flatten() {
+            if !manifest::is_env_name(entry.0.get_ref()) {
+                let msg = format!(
+                    "`{}` is not a valid environment variable name",
+                    entry.0.get_ref()
+                );
+                self.diags.push(src.diag(
+                    entry.0.span(),
+                    msg,
+                    Some("env-matrix keys become environment variables".into()),
+                ));
+            }
+        }
+        if self.diags.len() > before {
+            return None;
+        }
+        self.sources.push(SourceFile {
+            path: PathBuf::from(path_s),
+            sha256: sha256_hex(&bytes),
+        });
+        let mut axis_names: Vec<String> =
+            raw.axes.iter().map(|(k, _)| k.get_ref().clone()).collect();
+        for (k, _) in raw.include.iter().flatten() {
+            if !axis_names.contains(k.get_ref()) {
+                axis_names.push(k.get_ref().clone());
+            }
+        }
+        Some(std::rc::Rc::new(EnvMatrix {
+            written: path_s.to_string(),
+            pins: raw
+                .pins
+                .iter()
+                .map(|(k, v)| (k.get_ref().clone(), v.get_ref().clone()))
+                .collect(),
+            combos,
+            axis_names,
+        }))
+    }
+}
