@@ -92,7 +92,10 @@ pub enum ProgressMode {
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
+    /// The manifest to expand (see docs/manifest.md).
     pub manifest: PathBuf,
+    /// `text`: cells in topological order with kind, GPUs, command, pins and needs; `json`:
+    /// the whole plan, machine-readable; `dot`: a Graphviz digraph.
     #[arg(long, value_enum, default_value_t = PlanFormat::Text)]
     pub format: PlanFormat,
     /// Only cells matching these filters (as for `run`).
@@ -109,14 +112,18 @@ pub enum PlanFormat {
 
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
+    /// Manifests to check; each is loaded in full (with its env-matrix files).
     #[arg(required = true)]
     pub manifests: Vec<PathBuf>,
 }
 
 #[derive(Debug, Args)]
 pub struct GpusArgs {
+    /// `all` (NVML, bounded by CUDA_VISIBLE_DEVICES), `none`, NVML indices (`0,2`, still
+    /// within CUDA_VISIBLE_DEVICES), or `fake:N` for N fake GPUs.
     #[arg(long, default_value = "all", value_parser = parse_gpu_spec)]
     pub gpus: GpuSpec,
+    /// `text` (a table) or `json` (the inventory the receipts record).
     #[arg(long, value_enum, default_value_t = GpusFormat::Text)]
     pub format: GpusFormat,
 }
