@@ -248,3 +248,59 @@ run = ["./no-such-gate"]
         "{missing:#}"
     );
 }
+
+#[test]
+fn setups_check_products_and_skip_when_created() {
+    let f = Fixture::new(
+        r#"
+schema = 1
+name = "setups"
+
+[defaults]
+gpus = 0
+
+[[setup]]
+id = "already-built"
+run = ["{gates}/fail.sh"]
+creates = ["${root}/built.txt"]
+produces = ["${root}/built.txt"]
+
+[[setup]]
+id = "forgets-product"
+run = ["{gates}/pass.sh"]
+produces = ["${root}/never-written.txt"]
+
+[[arm]]
+id = "uses-build"
+needs = ["already-built"]
+run = ["{gates}/pass.sh"]
+"#,
+    );
+    std::fs::write(f.path().join("built.txt"), "binary").unwrap();
+    assert_eq!(f.run(&[]).status.code(), Some(1));
+    let built = f.receipt("already-built");
+    assert_eq!(built["verdict"], "pass");
+    assert!(
+        built["attempts"].as_array().unwrap().is_empty(),
+        "a setup whose creates exist does not run"
+    );
+    assert_eq!(built["produces"][0]["bytes"], 6);
+    let uses = f.receipt("uses-build");
+    assert_eq!(uses["verdict"], "pass");
+    assert!(
+        uses["binaries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["sha256"] == built["produces"][0]["sha256"])
+    );
+    let forgot = f.receipt("forgets-product");
+    assert_eq!(forgot["verdict"], "error");
+    assert!(
+        forgot["reason"]
+            .as_str()
+            .unwrap()
+            .contains("did not produce"),
+        "{forgot:#}"
+    );
+}

@@ -27,6 +27,7 @@ pub struct Progress {
     /// Estimated seconds per cell, and the sum over cells not finished.
     estimates: Vec<f64>,
     remaining_work: f64,
+    have_estimates: bool,
     lanes_per_run: usize,
     gpu_labels: Vec<String>,
     placement: HashMap<CellIndex, Placement>,
@@ -51,6 +52,7 @@ impl Progress {
             not_as_expected: 0,
             estimates: Vec::new(),
             remaining_work: 0.0,
+            have_estimates: false,
             lanes_per_run: 1,
             gpu_labels: inventory
                 .gpus
@@ -63,8 +65,10 @@ impl Progress {
         }
     }
 
+    /// Remaining estimated work spread over every lane; `None` without a previous run,
+    /// since a guess from nothing would only mislead.
     fn eta(&self) -> Option<Duration> {
-        if self.done == 0 && self.remaining_work == 0.0 {
+        if !self.have_estimates {
             return None;
         }
         Some(Duration::from_secs_f64(
@@ -143,6 +147,7 @@ impl Listener for Progress {
                     known.iter().sum::<f64>() / known.len() as f64
                 };
                 self.estimates = estimates.iter().map(|e| e.unwrap_or(fallback)).collect();
+                self.have_estimates = !known.is_empty();
                 self.remaining_work = if known.is_empty() {
                     0.0
                 } else {
