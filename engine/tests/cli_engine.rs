@@ -153,12 +153,13 @@ fn bad_input_exits_2_with_a_clear_message() {
         .env("MEMRA_BACKEND", "cuda")
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("CUDA backend is not available"),
-        "{}",
-        stderr(&o)
-    );
+    // Without a GPU (CI) the CUDA backend cannot start: exit 2, naming the pin and the way
+    // out. On a GPU machine it runs.
+    if o.status.code() != Some(0) {
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains("MEMRA_BACKEND=cuda"), "{}", stderr(&o));
+        assert!(stderr(&o).contains("MEMRA_BACKEND=cpu"), "{}", stderr(&o));
+    }
 
     let o = run(&["generate", m, "--prompt", "x", "--top-p", "0"]);
     assert_eq!(o.status.code(), Some(2));

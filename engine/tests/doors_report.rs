@@ -73,18 +73,22 @@ fn float_models_report_the_float_matvec() {
 }
 
 #[test]
-fn cuda_is_a_clear_error_and_auto_is_the_cpu() {
+fn cuda_without_a_gpu_is_a_clear_error_and_auto_always_opens() {
     let doors = pins(&[("MEMRA_BACKEND", "cuda")]);
     assert_eq!(doors.backend, BackendChoice::Cuda);
-    let err = open_backend(tiny("q4_1"), &doors).err().unwrap();
-    assert!(matches!(err, EngineError::Unavailable(_)));
-    assert!(
-        err.to_string()
-            .contains("CUDA backend is not available in this build/machine"),
-        "{err}"
-    );
+    // Where CUDA cannot start (no GPU or no CUDA libraries, as in CI) the error names the
+    // pin and the way out; on a GPU machine the CUDA backend opens.
+    match open_backend(tiny("q4_1"), &doors) {
+        Ok(be) => assert_eq!(be.doors_report().backend, "cuda"),
+        Err(err) => {
+            assert!(matches!(err, EngineError::Unavailable(_)), "{err:?}");
+            let msg = err.to_string();
+            assert!(msg.contains("MEMRA_BACKEND=cuda"), "{msg}");
+            assert!(msg.contains("MEMRA_BACKEND=cpu"), "{msg}");
+        }
+    }
     let be = open_backend(tiny("q4_1"), &pins(&[("MEMRA_BACKEND", "auto")])).unwrap();
-    assert_eq!(be.doors_report().backend, "cpu");
+    assert!(["cpu", "cuda"].contains(&be.doors_report().backend));
 }
 
 #[test]
