@@ -158,6 +158,6 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::Plan(args) => crate::load::plan_command(&args),
         Command::Validate(args) => crate::load::validate_command(&args),
         Command::Gpus(args) => crate::gpus::command(&args),
-        Command::ExecNode(args) => crate::run::exec_node_command(&args),
+        Command::ExecNode(args) => crate::executor::exec_node::command(&args),
     }
 }

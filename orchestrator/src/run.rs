@@ -8,24 +8,24 @@
 //! finished receipts on `--resume`. It never prints and never writes receipts itself.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::ExitCode;
-use crate::cli::{ExecNodeArgs, ProgressMode, RunArgs};
+use crate::cli::{ProgressMode, RunArgs};
 use crate::events::{self, Event, Listener, Placement, Verdict};
+use crate::executor::inputs::{DigestCache, inputs_digest};
 use crate::executor::local::{DEFAULT_GRACE, LocalExecutor};
-use crate::executor::{CellJob, Executor};
+use crate::executor::{CellJob, Executor, compare};
 use crate::gpus::Inventory;
 use crate::plan::{Cell, CellIndex, NodeKind, Plan};
 use crate::receipt::tree::{self, RunLock, Tree};
 use crate::receipt::writer::ReceiptWriter;
 use crate::receipt::{
-    AttemptRecord, FileDigest, GpuRef, NodeReceipt, RECEIPT_SCHEMA, RUN_SCHEMA, RunReceipt,
-    read_node_receipt, sha256_file, sha256_hex, slug,
+    AttemptRecord, FileDigest, GpuRef, NodeReceipt, RUN_SCHEMA, RunReceipt, read_node_receipt, slug,
 };
 use crate::schedule::{self, Pool, ReadyQueue};
 
@@ -101,63 +101,6 @@ struct Finished {
     produces: Vec<FileDigest>,
     /// Absolute path of the artifacts folder of the last attempt.
     artifacts: Option<PathBuf>,
-}
-
-/// A cache of file digests by (path, size, mtime), so a gate binary shared by a thousand
-/// cells is hashed once.
-#[derive(Debug, Default)]
-pub struct DigestCache {
-    map: Mutex<HashMap<(PathBuf, u64, SystemTime), String>>,
-    /// PATH lookups by (PATH, program name).
-    found: Mutex<HashMap<(std::ffi::OsString, String), Option<PathBuf>>>,
-}
-
-impl DigestCache {
-    /// Finds the program a job runs: a path with a separator relative to the cwd, else the
-    /// first match on the PATH the child will see (its pin, else the inherited one).
-    pub fn resolve(&self, job: &CellJob) -> Option<PathBuf> {
-        let program = job.argv.first()?;
-        if program.contains('/') {
-            return Some(job.cwd.join(program));
-        }
-        let path: std::ffi::OsString = match job.pins.get("PATH") {
-            Some(p) => p.into(),
-            None if job.inherit.iter().any(|n| n == "PATH") => std::env::var_os("PATH")?,
-            None => return None,
-        };
-        let key = (path, program.clone());
-        let mut found = self.found.lock().unwrap_or_else(|p| p.into_inner());
-        found
-            .entry(key)
-            .or_insert_with_key(|(path, program)| {
-                std::env::split_paths(path)
-                    .map(|d| d.join(program))
-                    .find(|p| p.is_file())
-            })
-            .clone()
-    }
-
-    pub fn digest(&self, path: &Path) -> Option<FileDigest> {
-        let meta = std::fs::metadata(path).ok()?;
-        let key = (path.to_path_buf(), meta.len(), meta.modified().ok()?);
-        if let Some(sha) = self.map.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-            return Some(FileDigest {
-                path: path.to_string_lossy().into_owned(),
-                bytes: key.1,
-                sha256: sha.clone(),
-            });
-        }
-        let (bytes, sha256) = sha256_file(path).ok()?;
-        self.map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, sha256.clone());
-        Some(FileDigest {
-            path: path.to_string_lossy().into_owned(),
-            bytes,
-            sha256,
-        })
-    }
 }
 
 /// A job for a worker thread.
@@ -669,7 +612,7 @@ fn run_cell(
     }
     let _ = tx.send(Msg::Started(cell, placement.clone()));
     if let (Some((reference, candidate)), Some(policy)) = (compare, policy) {
-        return (compare_cell(&job, &reference, &candidate, &policy), false);
+        return (compare::run(&job, &reference, &candidate, &policy), false);
     }
     let mut on_attempt = |rec: &AttemptRecord| {
         let _ = tx.send(Msg::Attempt(cell, rec.clone()));
@@ -677,122 +620,11 @@ fn run_cell(
     (executor.execute(&job, &mut on_attempt), false)
 }
 
-/// sha256 over what determines a cell's behaviour: command, pins, cwd, expectations, the
-/// binaries (the program and the needed setups' products) and, for compares, the policy.
-fn inputs_digest(
-    job: &CellJob,
-    policy: Option<&crate::plan::Policy>,
-    compare: Option<&(PathBuf, PathBuf)>,
-) -> String {
-    let value = serde_json::json!({
-        "argv": job.argv,
-        "shell": job.shell,
-        "cwd": job.cwd,
-        "pins": job.pins,
-        "inherit": job.inherit,
-        "expect": job.expect,
-        "reps": job.reps,
-        "verdict": [job.verdict_pass, job.verdict_fail],
-        "binaries": job.binaries.iter().map(|b| (&b.path, &b.sha256)).collect::<Vec<_>>(),
-        "policy": policy,
-        "compare": compare.map(|(r, c)| (r.file_name(), c.file_name())),
-    });
-    sha256_hex(value.to_string().as_bytes())
-}
-
-/// Runs a compare cell in-process: the reference's artifact against the candidate's.
-fn compare_cell(
-    job: &CellJob,
-    reference: &Path,
-    candidate: &Path,
-    policy: &crate::plan::Policy,
-) -> NodeReceipt {
-    let start_wall = SystemTime::now();
-    let started = Instant::now();
-    let report = crate::compare::compare_files(reference, candidate, policy);
-    let (verdict, reason) = if report.passed() {
-        (Verdict::Pass, None)
-    } else {
-        (Verdict::Fail, Some(report.failures.join("; ")))
-    };
-    let seconds = started.elapsed().as_secs_f64();
-    let mut r = base_receipt(
-        job.id.clone(),
-        job.node.clone(),
-        job.kind,
-        &job.slug,
-        verdict,
-        reason.clone(),
-    );
-    r.cell = job.axes.iter().cloned().collect();
-    r.tags = job.tags.clone();
-    r.cwd = job.cwd.to_string_lossy().into_owned();
-    r.inputs = job.inputs.clone();
-    r.expect = job.expect;
-    r.binaries = job.binaries.clone();
-    r.attempts.push(AttemptRecord {
-        n: 1,
-        rep: 1,
-        start: humantime::format_rfc3339_millis(start_wall).to_string(),
-        seconds,
-        exit: None,
-        signal: None,
-        outcome: verdict,
-        reason,
-    });
-    r.compare = serde_json::to_value(&report)
-        .ok()
-        .map(crate::protocol::sorted);
-    r.seconds = seconds;
-    r
-}
-
-fn base_receipt(
-    id: String,
-    node: String,
-    kind: NodeKind,
-    slug: &str,
-    verdict: Verdict,
-    reason: Option<String>,
-) -> NodeReceipt {
-    NodeReceipt {
-        schema: RECEIPT_SCHEMA,
-        id,
-        node,
-        kind,
-        slug: slug.to_string(),
-        cell: BTreeMap::new(),
-        tags: Vec::new(),
-        argv: Vec::new(),
-        shell: false,
-        cwd: String::new(),
-        env: BTreeMap::new(),
-        binaries: Vec::new(),
-        produces: Vec::new(),
-        inputs: String::new(),
-        gpus: Vec::new(),
-        attempts: Vec::new(),
-        verdict,
-        expect: Default::default(),
-        reason,
-        checks: Vec::new(),
-        doors: None,
-        artifacts: Vec::new(),
-        compare: None,
-        seconds: 0.0,
-    }
-}
-
 /// The receipt of a cell that never ran: what it would have run, and why it did not.
 fn static_receipt(c: &Cell, verdict: Verdict, reason: &str) -> NodeReceipt {
-    let mut r = base_receipt(
-        c.id.0.clone(),
-        c.node.0.clone(),
-        c.kind,
-        &slug(&c.id.0),
-        verdict,
-        Some(reason.to_string()),
-    );
+    let mut r = NodeReceipt::new(c.id.0.clone(), c.node.0.clone(), c.kind, slug(&c.id.0));
+    r.verdict = verdict;
+    r.reason = Some(reason.to_string());
     r.cell = c.axes.iter().cloned().collect();
     r.tags = c.tags.clone();
     r.argv = c.argv.clone();
@@ -941,66 +773,4 @@ fn hostname() -> String {
     }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     String::from_utf8_lossy(&buf[..end]).into_owned()
-}
-
-/// The hidden `exec-node` subcommand: runs one cell from a job file through the local
-/// executor, on whatever machine this is, and writes `<node_dir>/receipt.json`. SIGTERM or
-/// SIGINT (a cancelled cluster job) stops the cell's process groups and the receipt says
-/// `cancelled`. Exit code 0 when the receipt was written (its verdict is in the file), 2
-/// for an unreadable job file, 3 when the receipt could not be written.
-pub fn exec_node_command(args: &ExecNodeArgs) -> ExitCode {
-    let job: CellJob = match std::fs::read(&args.job)
-        .map_err(|e| e.to_string())
-        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
-    {
-        Ok(job) => job,
-        Err(e) => {
-            eprintln!(
-                "memra-orch exec-node: {}: not a readable job file: {e}",
-                args.job.display()
-            );
-            return ExitCode::Usage;
-        }
-    };
-    let interrupt = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        if let Err(e) = signal_hook::flag::register(sig, Arc::clone(&interrupt)) {
-            eprintln!("memra-orch exec-node: cannot install the signal handler: {e}");
-            return ExitCode::Internal;
-        }
-    }
-    let tmp_root = std::env::temp_dir().join(format!("memra-orch-{}", std::process::id()));
-    let executor = Arc::new(LocalExecutor::new(
-        args.grace.unwrap_or(DEFAULT_GRACE),
-        tmp_root.clone(),
-    ));
-    let done = Arc::new(AtomicBool::new(false));
-    // The executor blocks in the cell; a small thread turns a signal into a cancellation.
-    let canceller = {
-        let (executor, interrupt, done) = (
-            Arc::clone(&executor),
-            Arc::clone(&interrupt),
-            Arc::clone(&done),
-        );
-        std::thread::spawn(move || {
-            while !done.load(Ordering::SeqCst) {
-                if interrupt.load(Ordering::SeqCst) {
-                    executor.cancel_all();
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        })
-    };
-    let receipt = executor.execute(&job, &mut |_| {});
-    done.store(true, Ordering::SeqCst);
-    let _ = canceller.join();
-    let _ = std::fs::remove_dir_all(&tmp_root);
-    match crate::receipt::write_json(&job.node_dir.join("receipt.json"), &receipt) {
-        Ok(()) => ExitCode::Ok,
-        Err(e) => {
-            eprintln!("memra-orch exec-node: {e}");
-            ExitCode::Internal
-        }
-    }
 }

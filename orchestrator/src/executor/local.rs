@@ -22,7 +22,7 @@ use crate::events::Verdict;
 use crate::plan::{Cell, Expect, NodeKind, TextVerdict};
 use crate::protocol::{self, GateReport, ProcessEnd, Stopped};
 use crate::receipt::{
-    Artifact, AttemptRecord, FileDigest, NodeReceipt, RECEIPT_SCHEMA, attempt_dir_name, sha256_file,
+    Artifact, AttemptRecord, FileDigest, NodeReceipt, attempt_dir_name, sha256_file,
 };
 
 /// Default time between SIGTERM and SIGKILL.
@@ -104,7 +104,7 @@ struct AttemptResult {
 impl Executor for LocalExecutor {
     fn execute(&self, job: &CellJob, on_attempt: &mut dyn FnMut(&AttemptRecord)) -> NodeReceipt {
         let started = Instant::now();
-        let mut receipt = empty_receipt(job);
+        let mut receipt = job.receipt();
         if let Err(e) = reset_dir(&job.node_dir) {
             receipt.verdict = Verdict::Error;
             receipt.reason = Some(e);
@@ -389,35 +389,6 @@ impl LocalExecutor {
             (None, None) => ProcessEnd::NotStarted,
         };
         Ok((end, stopped))
-    }
-}
-
-fn empty_receipt(job: &CellJob) -> NodeReceipt {
-    NodeReceipt {
-        schema: RECEIPT_SCHEMA,
-        id: job.id.clone(),
-        node: job.node.clone(),
-        kind: job.kind,
-        slug: job.slug.clone(),
-        cell: job.axes.iter().cloned().collect(),
-        tags: job.tags.clone(),
-        argv: job.argv.clone(),
-        shell: job.shell,
-        cwd: job.cwd.to_string_lossy().into_owned(),
-        env: BTreeMap::new(),
-        binaries: job.binaries.clone(),
-        produces: Vec::new(),
-        inputs: job.inputs.clone(),
-        gpus: job.gpus.clone(),
-        attempts: Vec::new(),
-        verdict: Verdict::Error,
-        expect: job.expect,
-        reason: None,
-        checks: Vec::new(),
-        doors: None,
-        artifacts: Vec::new(),
-        compare: None,
-        seconds: 0.0,
     }
 }
 

@@ -9,7 +9,10 @@
 //! shared filesystem — and reads that receipt back. Nothing above this module assumes a
 //! local process.
 
+pub mod compare;
 pub mod env;
+pub mod exec_node;
+pub mod inputs;
 pub mod local;
 pub mod process;
 
@@ -71,4 +74,27 @@ pub trait Executor: Send + Sync {
     /// Stops every running attempt (SIGTERM, grace, SIGKILL for local processes) and makes
     /// later `execute` calls return `cancelled` at once.
     fn cancel_all(&self);
+}
+
+impl CellJob {
+    /// A receipt carrying this job's identity, command and digests; the executor fills in
+    /// attempts, verdict and results.
+    pub fn receipt(&self) -> NodeReceipt {
+        let mut r = NodeReceipt::new(
+            self.id.clone(),
+            self.node.clone(),
+            self.kind,
+            self.slug.clone(),
+        );
+        r.cell = self.axes.iter().cloned().collect();
+        r.tags = self.tags.clone();
+        r.argv = self.argv.clone();
+        r.shell = self.shell;
+        r.cwd = self.cwd.to_string_lossy().into_owned();
+        r.binaries = self.binaries.clone();
+        r.inputs = self.inputs.clone();
+        r.gpus = self.gpus.clone();
+        r.expect = self.expect;
+        r
+    }
 }

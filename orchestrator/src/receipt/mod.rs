@@ -112,6 +112,37 @@ pub struct NodeReceipt {
 }
 
 impl NodeReceipt {
+    /// A receipt with the identity of a cell and nothing else yet (verdict `error` until
+    /// someone decides otherwise, so a receipt never claims a pass by default).
+    pub fn new(id: String, node: String, kind: NodeKind, slug: String) -> NodeReceipt {
+        NodeReceipt {
+            schema: RECEIPT_SCHEMA,
+            id,
+            node,
+            kind,
+            slug,
+            cell: BTreeMap::new(),
+            tags: Vec::new(),
+            argv: Vec::new(),
+            shell: false,
+            cwd: String::new(),
+            env: BTreeMap::new(),
+            binaries: Vec::new(),
+            produces: Vec::new(),
+            inputs: String::new(),
+            gpus: Vec::new(),
+            attempts: Vec::new(),
+            verdict: Verdict::Error,
+            expect: Expect::Pass,
+            reason: None,
+            checks: Vec::new(),
+            doors: None,
+            artifacts: Vec::new(),
+            compare: None,
+            seconds: 0.0,
+        }
+    }
+
     /// The folder of the last attempt, relative to the node folder.
     pub fn last_attempt_dir(&self) -> Option<String> {
         self.attempts.last().map(|a| attempt_dir_name(a.n))

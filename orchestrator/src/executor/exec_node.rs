@@ -1,0 +1,74 @@
+//! The hidden `memra-orch exec-node <job.json>` entry point: the compute-node half of a
+//! cluster executor. It runs one serialised [`CellJob`] through the local executor on this
+//! machine and writes the same `receipt.json` a local run writes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use super::local::{DEFAULT_GRACE, LocalExecutor};
+use super::{CellJob, Executor};
+use crate::ExitCode;
+use crate::cli::ExecNodeArgs;
+
+/// The hidden `exec-node` subcommand: runs one cell from a job file through the local
+/// executor, on whatever machine this is, and writes `<node_dir>/receipt.json`. SIGTERM or
+/// SIGINT (a cancelled cluster job) stops the cell's process groups and the receipt says
+/// `cancelled`. Exit code 0 when the receipt was written (its verdict is in the file), 2
+/// for an unreadable job file, 3 when the receipt could not be written.
+pub fn command(args: &ExecNodeArgs) -> ExitCode {
+    let job: CellJob = match std::fs::read(&args.job)
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+    {
+        Ok(job) => job,
+        Err(e) => {
+            eprintln!(
+                "memra-orch exec-node: {}: not a readable job file: {e}",
+                args.job.display()
+            );
+            return ExitCode::Usage;
+        }
+    };
+    let interrupt = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        if let Err(e) = signal_hook::flag::register(sig, Arc::clone(&interrupt)) {
+            eprintln!("memra-orch exec-node: cannot install the signal handler: {e}");
+            return ExitCode::Internal;
+        }
+    }
+    let tmp_root = std::env::temp_dir().join(format!("memra-orch-{}", std::process::id()));
+    let executor = Arc::new(LocalExecutor::new(
+        args.grace.unwrap_or(DEFAULT_GRACE),
+        tmp_root.clone(),
+    ));
+    let done = Arc::new(AtomicBool::new(false));
+    // The executor blocks in the cell; a small thread turns a signal into a cancellation.
+    let canceller = {
+        let (executor, interrupt, done) = (
+            Arc::clone(&executor),
+            Arc::clone(&interrupt),
+            Arc::clone(&done),
+        );
+        std::thread::spawn(move || {
+            while !done.load(Ordering::SeqCst) {
+                if interrupt.load(Ordering::SeqCst) {
+                    executor.cancel_all();
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let receipt = executor.execute(&job, &mut |_| {});
+    done.store(true, Ordering::SeqCst);
+    let _ = canceller.join();
+    let _ = std::fs::remove_dir_all(&tmp_root);
+    match crate::receipt::write_json(&job.node_dir.join("receipt.json"), &receipt) {
+        Ok(()) => ExitCode::Ok,
+        Err(e) => {
+            eprintln!("memra-orch exec-node: {e}");
+            ExitCode::Internal
+        }
+    }
+}
