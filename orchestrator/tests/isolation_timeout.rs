@@ -1,5 +1,5 @@
 //! A timeout stops the whole process group of an attempt: the gate and the grandchild it
-//! started.
+//! started; and nothing a gate leaves behind outlives its attempt.
 
 mod run_support;
 
@@ -45,4 +45,30 @@ timeout = "1s"
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(!alive(pid), "grandchild {pid} survived the timeout");
+}
+
+#[test]
+fn a_background_process_does_not_outlive_its_attempt() {
+    let f = Fixture::new(
+        r#"
+schema = 1
+name = "orphans"
+
+[[arm]]
+id = "orphan"
+run = ["{gates}/orphan.sh"]
+gpus = 0
+"#,
+    );
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    let pid: i32 = std::fs::read_to_string(f.attempt_dir("orphan", 1).join("artifacts/orphan.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!alive(pid), "the gate's background process {pid} survived");
 }
