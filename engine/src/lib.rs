@@ -13,3 +13,4 @@ pub mod synth;
 pub mod tokenizer;
 pub mod engine;
 pub mod bench;
+pub mod gates;

@@ -1,0 +1,647 @@
+//! `decode-batch-gate`: batched decode is exact. gate1 compares the single-sequence path with
+//! the batched path at B=1, gate2 batch rows with the same sequences alone, gate3 device
+//! token choice and sampling with the host; `--mode pp` compares a pipeline split with the
+//! unsplit body, localizing a failure to the split or to the stage-owned placement.
+//!
+//! It owns the flags, the arms and their verdicts. Programs and ledgers come from
+//! [`super::workload`] and [`super::ledger`], the protocol from [`super::protocol`].
+//! `docs/gates.md` says what each check proves and how to read a failure.
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+use serde_json::json;
+
+use super::ledger::{Ledger, host_argmax};
+use super::protocol::{Check, GateError, GateExit, Reporter, Status};
+use super::workload::{Prime, Tick, Trace, prompts, run, run_alone, run_primed};
+use crate::backend::{Backend, open_backend};
+use crate::doors::{Doors, PpSplits};
+use crate::model::LlamaModel;
+use crate::sampling::SamplingParams;
+
+/// What the gate checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// gate1 by argmax agreement (the default pins), gate2, gate3.
+    Config,
+    /// gate1 by bit identity (meaningful under the equalized pins), gate2, gate3.
+    Strict,
+    /// The pipeline split against the unsplit body: split, localizer, epilogue.
+    Pp,
+}
+
+/// Flags of `decode-batch-gate`. Exit status: 0 pass, 1 a check failed, 2 bad flags,
+/// pins or model.
+#[derive(Debug, Parser)]
+#[command(
+    name = "decode-batch-gate",
+    about = "Batched decode exactness gate (gate1 single vs batched, gate2 batch vs alone, \
+             gate3 sampling; --mode pp: pipeline split vs unsplit). Exit 0 pass, 1 fail, 2 \
+             usage or setup error."
+)]
+pub struct Args {
+    /// The GGUF checkpoint.
+    pub model: PathBuf,
+    /// Decode steps per run.
+    #[arg(long, default_value_t = 8)]
+    pub steps: usize,
+    /// Batch size, or a comma-separated list of batch sizes.
+    #[arg(long, default_value = "4")]
+    pub batch: String,
+    #[arg(long, value_enum, default_value_t = Mode::Config)]
+    pub mode: Mode,
+    /// Pipeline stages of the split (pp mode; default MEMRA_PP_STAGES when > 1, else 2).
+    #[arg(long)]
+    pub stages: Option<usize>,
+    /// Repetitions of the split arm (pp mode): one green replay of a race is no evidence.
+    #[arg(long, default_value_t = 2)]
+    pub reps: usize,
+    /// Base prompt length; rows get uneven lengths from plen to plen+4.
+    #[arg(long, default_value_t = 8)]
+    pub plen: usize,
+}
+
+/// Validated settings.
+#[derive(Debug, Clone)]
+struct Settings {
+    steps: usize,
+    batches: Vec<usize>,
+    mode: Mode,
+    stages: Option<usize>,
+    reps: usize,
+    plen: usize,
+}
+
+/// Prompt draws of gate1 in config mode, and how many diverging early make it fail.
+const GATE1_DRAWS: usize = 6;
+const GATE1_FAIL_DRAWS: usize = 4;
+const GATE1_EARLY_STEP: usize = 3;
+
+/// The sampling of gate3: temperature 0.7, no truncation, seed from the doors.
+fn sampled(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.7,
+        top_p: 1.0,
+        seed,
+    }
+}
+
+/// Runs the gate on the process arguments and environment; returns the exit status.
+pub fn main() -> i32 {
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return e.exit_code();
+        }
+    };
+    match run_gate(&args) {
+        Ok(exit) => exit as i32,
+        Err(e) => {
+            eprintln!("decode-batch-gate: {e}");
+            GateExit::Usage as i32
+        }
+    }
+}
+
+fn settings(args: &Args) -> Result<Settings, GateError> {
+    let batches = args
+        .batch
+        .split(',')
+        .map(|b| b.trim().parse::<usize>().ok().filter(|&b| b >= 1))
+        .collect::<Option<Vec<usize>>>()
+        .ok_or_else(|| {
+            GateError::new(format!(
+                "--batch {:?}: give a batch size >= 1 or a comma-separated list, e.g. 1,4,8",
+                args.batch
+            ))
+        })?;
+    if args.steps == 0 {
+        return Err(GateError::new("--steps 0: give at least one decode step"));
+    }
+    if args.reps == 0 {
+        return Err(GateError::new("--reps 0: give at least one repetition"));
+    }
+    if args.plen == 0 {
+        return Err(GateError::new("--plen 0: prompts need at least one token"));
+    }
+    if args.stages.is_some() && args.mode != Mode::Pp {
+        return Err(GateError::new(
+            "--stages only applies to --mode pp; for the other modes split the model with \
+             MEMRA_PP_STAGES",
+        ));
+    }
+    if args.stages.is_some_and(|s| s < 2) {
+        return Err(GateError::new(
+            "--stages must be >= 2: a pipeline split needs at least two stages",
+        ));
+    }
+    Ok(Settings {
+        steps: args.steps,
+        batches,
+        mode: args.mode,
+        stages: args.stages,
+        reps: args.reps,
+        plen: args.plen,
+    })
+}
+
+/// The whole gate: flags, doors and model are read here; errors before the first check are
+/// setup errors (exit 2).
+pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
+    let s = settings(args)?;
+    let doors = Doors::from_env().map_err(|e| GateError::new(format!("bad pins: {e}")))?;
+    let model = LlamaModel::open(&args.model).map_err(|e| {
+        GateError::new(format!(
+            "cannot load the model {}: {e}; pass a llama GGUF checkpoint (memra-engine synth \
+             writes one)",
+            args.model.display()
+        ))
+    })?;
+    let need = s.plen + 4 + s.steps + 1;
+    if need > model.config.n_ctx {
+        return Err(GateError::new(format!(
+            "--plen {} and --steps {} need {need} positions but the model's context is {}; \
+             lower them",
+            s.plen, s.steps, model.config.n_ctx
+        )));
+    }
+    let mut rep = Reporter::from_env("decode-batch-gate");
+    match s.mode {
+        Mode::Config | Mode::Strict => {
+            let mut be = open_backend(model, &doors).map_err(|e| GateError::new(e.to_string()))?;
+            rep.header(&be.doors_report(), &doors, &gate_extra(&s))?;
+            batch_gates(&mut *be, &doors, &s, &mut rep)?;
+        }
+        Mode::Pp => pp_gate(model, &doors, &s, &mut rep)?,
+    }
+    Ok(rep.finish())
+}
+
+fn gate_extra(s: &Settings) -> Vec<(&'static str, serde_json::Value)> {
+    vec![
+        (
+            "mode",
+            json!(match s.mode {
+                Mode::Config => "config",
+                Mode::Strict => "strict",
+                Mode::Pp => "pp",
+            }),
+        ),
+        (
+            "batch",
+            json!(
+                s.batches
+                    .iter()
+                    .map(|b| b.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        ),
+        ("steps", json!(s.steps)),
+    ]
+}
+
+/// An engine error in the middle of an arm is a failed check, not a crash: the arm names it.
+fn engine_fail(name: &str, what: &str, e: impl std::fmt::Display) -> Check {
+    Check::new(
+        name,
+        Status::Fail,
+        format!("{what}: the engine refused: {e}"),
+    )
+}
+
+fn batch_gates(
+    be: &mut dyn Backend,
+    doors: &Doors,
+    s: &Settings,
+    rep: &mut Reporter,
+) -> Result<(), GateError> {
+    let n_vocab = be.config().n_vocab;
+    let c = match gate1(be, doors, s) {
+        Ok(c) => c,
+        Err(e) => engine_fail("gate1", "single-sequence vs batched B=1", e),
+    };
+    rep.check(&c)?;
+    for (i, &b) in s.batches.iter().enumerate() {
+        let ps = prompts(n_vocab, b, s.plen, doors.gate_seed, 0);
+        let name = format!("gate2[B={b}]");
+        match gate2(be, &ps, s.steps) {
+            Ok((ledger, trace)) => {
+                rep.check(&ledger.check(
+                    &name,
+                    &format!("B={b} rows vs the same sequences alone at B=1"),
+                ))?;
+                dump(rep, i, b, &trace, n_vocab)?;
+            }
+            Err(e) => rep.check(&engine_fail(&name, "batched decode", e))?,
+        }
+        let name = format!("gate3[B={b}]");
+        let c = match gate3(be, &ps, s.steps, doors.gate_seed) {
+            Ok(c) => c.named(&name),
+            Err(e) => engine_fail(&name, "sampling", e),
+        };
+        rep.check(&c)?;
+    }
+    Ok(())
+}
+
+/// Writes a trace as `step.<s>` tensors: `logits.safetensors` for the first batch size,
+/// `logits.b<B>.safetensors` for the others.
+fn dump(rep: &Reporter, i: usize, b: usize, t: &Trace, n_vocab: usize) -> Result<(), GateError> {
+    if !rep.wants_artifacts() {
+        return Ok(());
+    }
+    let file = if i == 0 {
+        "logits.safetensors".to_string()
+    } else {
+        format!("logits.b{b}.safetensors")
+    };
+    let tensors: Vec<(String, [usize; 2], &[f32])> = t
+        .logits
+        .iter()
+        .enumerate()
+        .map(|(s, l)| (format!("step.{s}"), [b, n_vocab], l.as_slice()))
+        .collect();
+    rep.artifact(&file, &tensors)
+}
+
+/// gate1: the single-sequence path against the batched path at B=1 on six prompt draws.
+fn gate1(
+    be: &mut dyn Backend,
+    doors: &Doors,
+    s: &Settings,
+) -> Result<Check, crate::backend::EngineError> {
+    let n_vocab = be.config().n_vocab;
+    let draws = prompts(n_vocab, GATE1_DRAWS, s.plen, doors.gate_seed, 1000);
+    let mut ledger = Ledger::default();
+    let mut early = Vec::new();
+    let mut divergence = Vec::new();
+    for (d, prompt) in draws.iter().enumerate() {
+        let p = std::slice::from_ref(prompt);
+        let single = run(be, p, 100, s.steps, Tick::Single)?;
+        let batched = run(be, p, 100, s.steps, Tick::Full(SamplingParams::greedy()))?;
+        if s.mode == Mode::Strict {
+            for (step, (a, b)) in batched.logits.iter().zip(&single.logits).enumerate() {
+                let mut l = Ledger::default();
+                l.logits(Some(step), a, b, n_vocab);
+                if let Some(m) = &mut l.first {
+                    m.row = d;
+                }
+                ledger.absorb(&l);
+            }
+        }
+        let first = single
+            .tokens
+            .iter()
+            .zip(&batched.tokens)
+            .position(|(a, b)| a != b);
+        if let Some(step) = first
+            && step < GATE1_EARLY_STEP
+        {
+            early.push(d);
+        }
+        divergence.push(first.map_or("-".to_string(), |s| s.to_string()));
+    }
+    let div = divergence.join(",");
+    let c = if s.mode == Mode::Strict {
+        ledger
+            .check("gate1", "single-sequence vs batched B=1 (strict)")
+            .metric("divergence_steps", div)
+    } else {
+        let fail = early.len() >= GATE1_FAIL_DRAWS;
+        Check::new(
+            "gate1",
+            if fail { Status::Fail } else { Status::Pass },
+            format!(
+                "argmax agreement single-sequence vs batched B=1 (config): {} of {GATE1_DRAWS} \
+                 draws diverge before step {GATE1_EARLY_STEP} (fails at {GATE1_FAIL_DRAWS}); \
+                 first divergence step per draw: {div}",
+                early.len()
+            ),
+        )
+        .metric("draws", GATE1_DRAWS)
+        .metric("early_divergences", early.len())
+        .metric("divergence_steps", div)
+    };
+    Ok(c)
+}
+
+/// gate2: every row of a B-row batch against the same sequence alone at B=1 through the
+/// same batched program, bit for bit at every step.
+fn gate2(
+    be: &mut dyn Backend,
+    ps: &[Vec<u32>],
+    steps: usize,
+) -> Result<(Ledger, Trace), crate::backend::EngineError> {
+    let greedy = Tick::Full(SamplingParams::greedy());
+    let batched = run(be, ps, 0, steps, greedy)?;
+    let alone = run_alone(be, ps, 0, steps, greedy)?;
+    let n_vocab = be.config().n_vocab;
+    let mut ledger = Ledger::default();
+    for (step, (a, b)) in alone.logits.iter().zip(&batched.logits).enumerate() {
+        ledger.logits(Some(step), a, b, n_vocab);
+    }
+    Ok((ledger, batched))
+}
+
+/// The parts of gate3, each with its own ledger.
+struct Gate3 {
+    parts: Vec<(&'static str, Ledger)>,
+}
+
+impl Gate3 {
+    fn named(self, name: &str) -> Check {
+        let mut all = Ledger::default();
+        let mut bad = Vec::new();
+        for (what, l) in &self.parts {
+            if !l.clean() {
+                bad.push(format!("{what} ({} of {} rows)", l.rows_mismatched, l.rows));
+                if all.first.is_none() {
+                    all.first = l.first;
+                }
+            }
+            all.absorb(l);
+        }
+        let mut c = all.check(name, "sampling");
+        c.message = if bad.is_empty() {
+            format!(
+                "{} agree",
+                self.parts
+                    .iter()
+                    .map(|(w, _)| *w)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )
+        } else {
+            format!("differ: {}", bad.join("; "))
+        };
+        c
+    }
+}
+
+/// gate3: device greedy == host argmax of the same row; a lean tick gives the full tick's
+/// tokens and parks its logits bit for bit; sampled streams at B=N equal those at B=1.
+fn gate3(
+    be: &mut dyn Backend,
+    ps: &[Vec<u32>],
+    steps: usize,
+    seed: u64,
+) -> Result<Gate3, crate::backend::EngineError> {
+    let n_vocab = be.config().n_vocab;
+    let p = sampled(seed);
+    let full = run(be, ps, 0, steps, Tick::Full(p))?;
+    let lean = run(be, ps, 0, steps, Tick::Lean(p))?;
+    let alone = run_alone(be, ps, 0, steps, Tick::Lean(p))?;
+    let greedy = run(be, ps, 0, steps, Tick::Lean(SamplingParams::greedy()))?;
+
+    let mut argmax = Ledger::default();
+    for (step, (logits, toks)) in greedy.logits.iter().zip(&greedy.tokens).enumerate() {
+        let host: Vec<u32> = logits.chunks_exact(n_vocab).map(host_argmax).collect();
+        argmax.tokens(Some(step), &host, toks);
+    }
+    let mut lean_tokens = Ledger::default();
+    let mut parked = Ledger::default();
+    let mut streams = Ledger::default();
+    for step in 0..steps {
+        lean_tokens.tokens(Some(step), &full.tokens[step], &lean.tokens[step]);
+        parked.logits(Some(step), &full.logits[step], &lean.logits[step], n_vocab);
+        streams.tokens(Some(step), &alone.tokens[step], &lean.tokens[step]);
+    }
+    Ok(Gate3 {
+        parts: vec![
+            ("device greedy == host argmax", argmax),
+            ("lean tick tokens == full tick tokens", lean_tokens),
+            ("parked logits == full tick logits", parked),
+            ("sampled streams B=N == B=1", streams),
+        ],
+    })
+}
+
+/// The doors of the split candidate and of the unsplit reference in pp mode.
+fn pp_doors(doors: &Doors, s: &Settings) -> Result<(Doors, Doors), GateError> {
+    let n = match (s.stages, doors.pp_stages) {
+        (Some(n), 1) => n,
+        (Some(n), m) if n == m => n,
+        (Some(n), m) => {
+            return Err(GateError::new(format!(
+                "--stages {n} disagrees with MEMRA_PP_STAGES={m}; give one of them"
+            )));
+        }
+        (None, 1) => 2,
+        (None, m) => m,
+    };
+    let devices = if doors.pp_devices.len() == n {
+        doors.pp_devices.clone()
+    } else {
+        vec![doors.pp_devices.first().copied().unwrap_or(0); n]
+    };
+    let splits = match &doors.pp_splits {
+        PpSplits::Cuts(c) if c.len() + 1 == n => doors.pp_splits.clone(),
+        _ => PpSplits::Even,
+    };
+    let split = Doors {
+        pp_stages: n,
+        pp_devices: devices.clone(),
+        pp_splits: splits,
+        // The localizer walks the unsplit body over this placement: the gate grants itself
+        // the permission on its own candidate only.
+        pp_allow_unsplit_batch: true,
+        ..doors.clone()
+    };
+    // The reference is clean: every planted fault lives in the candidate.
+    let reference = Doors {
+        pp_stages: 1,
+        pp_devices: vec![devices[0]],
+        pp_splits: PpSplits::Even,
+        pp_allow_unsplit_batch: false,
+        gate_canary: false,
+        gate_defect: None,
+        ..doors.clone()
+    };
+    Ok((split, reference))
+}
+
+fn pp_gate(
+    model: LlamaModel,
+    doors: &Doors,
+    s: &Settings,
+    rep: &mut Reporter,
+) -> Result<(), GateError> {
+    let (split_doors, ref_doors) = pp_doors(doors, s)?;
+    let n_vocab = model.config.n_vocab;
+    let open = |m, d: &Doors| open_backend(m, d).map_err(|e| GateError::new(e.to_string()));
+    let mut reference = open(model.clone(), &ref_doors)?;
+    let mut split = open(model, &split_doors)?;
+    let mut extra = gate_extra(s);
+    extra.push(("reps", json!(s.reps)));
+    extra.push((
+        "reference_pp_stages",
+        json!(reference.doors_report().pp_stages),
+    ));
+    rep.header(&split.doors_report(), &split_doors, &extra)?;
+
+    let greedy = Tick::Full(SamplingParams::greedy());
+    let p = sampled(doors.gate_seed);
+    let mut split_l = Ledger::default();
+    let mut local_l = Ledger::default();
+    let mut epi_l = Ledger::default();
+    let mut errors: [Vec<String>; 3] = Default::default();
+    for (i, &b) in s.batches.iter().enumerate() {
+        let ps = prompts(n_vocab, b, s.plen, doors.gate_seed, 0);
+        let refs = (|| {
+            Ok::<_, crate::backend::EngineError>((
+                run(&mut *reference, &ps, 0, s.steps, greedy)?,
+                run(&mut *reference, &ps, 0, s.steps, Tick::Full(p))?,
+            ))
+        })();
+        let (ref_greedy, ref_sampled) = refs.map_err(|e| {
+            GateError::new(format!("the unsplit reference could not run at B={b}: {e}"))
+        })?;
+        for r in 0..s.reps {
+            match run(&mut *split, &ps, 0, s.steps, greedy) {
+                Ok(t) => {
+                    compare(&mut split_l, &ref_greedy, &t, n_vocab, false);
+                    if r == 0 {
+                        dump(rep, i, b, &t, n_vocab)?;
+                    }
+                }
+                Err(e) => errors[0].push(format!("B={b} rep {r}: {e}")),
+            }
+        }
+        // The localizer primes its caches through its own walk, and so does its reference,
+        // so a broken split walk cannot reach it through the prompt.
+        let local =
+            run_primed(&mut *split, &ps, 0, s.steps, Tick::Unsplit, Prime::Steps).and_then(|t| {
+                let r = run_primed(&mut *reference, &ps, 0, s.steps, greedy, Prime::Steps)?;
+                Ok((r, t))
+            });
+        match local {
+            Ok((r, t)) => compare(&mut local_l, &r, &t, n_vocab, false),
+            Err(e) => errors[1].push(format!("B={b}: {e}")),
+        }
+        let lean = (|| {
+            Ok::<_, crate::backend::EngineError>((
+                run(
+                    &mut *split,
+                    &ps,
+                    0,
+                    s.steps,
+                    Tick::Lean(SamplingParams::greedy()),
+                )?,
+                run(&mut *split, &ps, 0, s.steps, Tick::Lean(p))?,
+            ))
+        })();
+        match lean {
+            Ok((g, smp)) => {
+                compare(&mut epi_l, &ref_greedy, &g, n_vocab, true);
+                compare(&mut epi_l, &ref_sampled, &smp, n_vocab, true);
+            }
+            Err(e) => errors[2].push(format!("B={b}: {e}")),
+        }
+    }
+    let split_ok = split_l.clean() && errors[0].is_empty();
+    let local_ok = local_l.clean() && errors[1].is_empty();
+    let diagnosis = match (split_ok, local_ok) {
+        (true, _) => String::new(),
+        (false, true) => {
+            "; the localizer passes, so the stage split (the per-stage walk or its boundary \
+             copies) is at fault"
+                .into()
+        }
+        (false, false) => {
+            "; the localizer fails too, so the stage-owned placement (which layers, weights \
+             and caches each stage holds) is at fault"
+                .into()
+        }
+    };
+    let arms = [
+        (
+            "pp.split",
+            split_l,
+            format!(
+                "split walk vs unsplit reference, {} reps{diagnosis}",
+                s.reps
+            ),
+        ),
+        (
+            "pp.localizer",
+            local_l,
+            "unsplit body walked over the split placement vs unsplit reference".to_string(),
+        ),
+        (
+            "pp.epilogue",
+            epi_l,
+            "last-stage sampling (greedy and T=0.7 tokens) and lean park vs reference".to_string(),
+        ),
+    ];
+    for ((name, ledger, what), errs) in arms.into_iter().zip(errors) {
+        let mut c = ledger.check(name, &what);
+        if !errs.is_empty() {
+            c.status = Status::Fail;
+            c.message = format!("{what}: the engine refused: {}", errs.join("; "));
+        }
+        rep.check(&c)?;
+    }
+    Ok(())
+}
+
+/// Adds one candidate trace to an arm's ledger: logits bit for bit, and with `tokens` the
+/// chosen tokens too.
+fn compare(l: &mut Ledger, reference: &Trace, got: &Trace, n_vocab: usize, tokens: bool) {
+    for (step, (r, g)) in reference.logits.iter().zip(&got.logits).enumerate() {
+        l.logits(Some(step), r, g, n_vocab);
+        if tokens {
+            l.tokens(Some(step), &reference.tokens[step], &got.tokens[step]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Result<Settings, GateError> {
+        let mut argv = vec!["decode-batch-gate", "m.gguf"];
+        argv.extend_from_slice(extra);
+        settings(&Args::try_parse_from(argv).unwrap())
+    }
+
+    #[test]
+    fn flags_are_validated_with_the_fix_named() {
+        assert_eq!(args(&["--batch", "1,4,8"]).unwrap().batches, vec![1, 4, 8]);
+        let e = args(&["--batch", "4,x"]).unwrap_err().to_string();
+        assert!(e.contains("--batch \"4,x\""), "{e}");
+        assert!(args(&["--batch", "0"]).is_err());
+        assert!(args(&["--steps", "0"]).is_err());
+        let e = args(&["--stages", "2"]).unwrap_err().to_string();
+        assert!(e.contains("--mode pp"), "{e}");
+        assert!(args(&["--mode", "pp", "--stages", "1"]).is_err());
+        assert!(args(&["--mode", "pp", "--stages", "3"]).is_ok());
+    }
+
+    #[test]
+    fn pp_reference_is_clean_and_unsplit() {
+        let doors = Doors {
+            gate_canary: true,
+            gate_defect: Some(crate::doors::GateDefect::BoundaryCopy),
+            ..Doors::default()
+        };
+        let s = args(&["--mode", "pp", "--stages", "3"]).unwrap();
+        let (split, reference) = pp_doors(&doors, &s).unwrap();
+        assert_eq!((split.pp_stages, split.pp_devices.len()), (3, 3));
+        assert!(split.gate_canary && split.pp_allow_unsplit_batch);
+        assert_eq!(reference.pp_stages, 1);
+        assert!(!reference.gate_canary && reference.gate_defect.is_none());
+        let staged = Doors {
+            pp_stages: 2,
+            pp_devices: vec![1, 0],
+            ..Doors::default()
+        };
+        assert!(
+            pp_doors(&staged, &s).is_err(),
+            "--stages 3 vs MEMRA_PP_STAGES=2"
+        );
+    }
+}

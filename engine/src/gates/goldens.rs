@@ -1,0 +1,158 @@
+//! Loader goldens: the sha256 of every dequantized tensor of the reference gate's synthesized
+//! checkpoints, minted once into a banked TSV file (`engine/goldens/loader.tsv`) and checked
+//! on every later run, so a change in the loader, the dequantizers or the synthesizer shows
+//! up as a named tensor whose bits moved.
+//!
+//! It owns the file format and the comparison. Which checkpoints are digested is the
+//! reference gate's choice.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use super::protocol::GateError;
+use crate::gguf::GgufFile;
+
+/// Format version written in the file's first line.
+pub const FORMAT: &str = "# memra loader goldens v1";
+
+/// (arm, tensor name) → hex sha256 of the tensor's f32 values, little-endian, storage order.
+pub type Goldens = BTreeMap<(String, String), String>;
+
+/// Digests every tensor of the GGUF file at `path` under `arm`.
+pub fn digest_file(arm: &str, path: &Path) -> Result<Goldens, GateError> {
+    let file = GgufFile::open(path)
+        .map_err(|e| GateError::new(format!("{}: cannot read back: {e}", path.display())))?;
+    let mut out = Goldens::new();
+    for info in file.tensors() {
+        let values = file
+            .dequantize(&info.name)
+            .map_err(|e| GateError::new(format!("{}: {e}", path.display())))?;
+        let mut h = Sha256::new();
+        for v in &values {
+            h.update(v.to_le_bytes());
+        }
+        out.insert((arm.to_string(), info.name.clone()), hex(&h.finalize()));
+    }
+    Ok(out)
+}
+
+/// Lower-case hex of a digest.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes the goldens file (atomically), creating its folder.
+pub fn write(path: &Path, goldens: &Goldens) -> Result<(), GateError> {
+    let fail = |e: std::io::Error| {
+        GateError::new(format!(
+            "{}: cannot write the goldens: {e}; pass --goldens with a writable path",
+            path.display()
+        ))
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(fail)?;
+    }
+    let mut text = format!("{FORMAT}\n# arm\ttensor\tsha256(f32 le)\n");
+    for ((arm, tensor), digest) in goldens {
+        text.push_str(&format!("{arm}\t{tensor}\t{digest}\n"));
+    }
+    let tmp = path.with_extension("tsv.tmp");
+    std::fs::write(&tmp, text).map_err(fail)?;
+    std::fs::rename(&tmp, path).map_err(fail)
+}
+
+/// Reads a goldens file; errors name the file and line.
+pub fn read(path: &Path) -> Result<Goldens, GateError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        GateError::new(format!(
+            "{}: cannot read the loader goldens: {e}; mint them once with --write-goldens (or \
+             pass --goldens FILE; the default is relative to the working directory)",
+            path.display()
+        ))
+    })?;
+    let mut lines = text.lines();
+    if lines.next() != Some(FORMAT) {
+        return Err(GateError::new(format!(
+            "{}:1: not a loader goldens file (expected the line {FORMAT:?}); re-mint it with \
+             --write-goldens",
+            path.display()
+        )));
+    }
+    let mut out = Goldens::new();
+    for (i, line) in lines.enumerate() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let f: Vec<&str> = line.split('\t').collect();
+        if f.len() != 3 || f[2].len() != 64 || !f[2].bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(GateError::new(format!(
+                "{}:{}: expected `arm<TAB>tensor<TAB>64 hex digits`, got {line:?}",
+                path.display(),
+                i + 2
+            )));
+        }
+        out.insert((f[0].to_string(), f[1].to_string()), f[2].to_string());
+    }
+    Ok(out)
+}
+
+/// The differences between banked and current goldens, one line each (empty = identical).
+pub fn diff(banked: &Goldens, current: &Goldens) -> Vec<String> {
+    let mut out = Vec::new();
+    for (key, want) in banked {
+        match current.get(key) {
+            None => out.push(format!("{}/{}: banked but not produced", key.0, key.1)),
+            Some(got) if got != want => out.push(format!(
+                "{}/{}: sha256 {} != banked {}",
+                key.0,
+                key.1,
+                &got[..12],
+                &want[..12]
+            )),
+            Some(_) => {}
+        }
+    }
+    for key in current.keys().filter(|k| !banked.contains_key(*k)) {
+        out.push(format!("{}/{}: produced but not banked", key.0, key.1));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn goldens_round_trip_and_diff_names_the_tensor() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g/loader.tsv");
+        let mut g = Goldens::new();
+        g.insert(
+            ("q8_0".into(), "blk.0.attn_q.weight".into()),
+            "a".repeat(64),
+        );
+        g.insert(("q8_0".into(), "output_norm.weight".into()), "b".repeat(64));
+        write(&path, &g).unwrap();
+        let back = read(&path).unwrap();
+        assert_eq!(back, g);
+        let mut moved = g.clone();
+        moved.insert(
+            ("q8_0".into(), "blk.0.attn_q.weight".into()),
+            "c".repeat(64),
+        );
+        moved.remove(&("q8_0".into(), "output_norm.weight".into()));
+        let d = diff(&g, &moved);
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert!(d[0].starts_with("q8_0/blk.0.attn_q.weight: sha256 cccccccccccc"));
+        assert!(d[1].contains("output_norm.weight: banked but not produced"));
+        std::fs::write(&path, "nope\n").unwrap();
+        assert!(
+            read(&path)
+                .unwrap_err()
+                .to_string()
+                .contains(":1: not a loader goldens")
+        );
+    }
+}

@@ -1,0 +1,15 @@
+//! The gates: programs that check exactness properties of the engine and report through the
+//! gate protocol (DESIGN §5). `decode-batch-gate` ([`decode_batch`]) proves batched decode
+//! and the pipeline split exact; `reference-gate` ([`reference`]) holds every backend to the
+//! host f32 oracle and the loader to its banked goldens.
+//!
+//! This module tree owns the gates' logic; the binaries in `src/bin/` only call `main`. The
+//! engine under test (backends, doors, oracle) lives elsewhere and is used through its public
+//! API, so a gate checks exactly what users run. `docs/gates.md` is the user's guide.
+
+pub mod decode_batch;
+pub mod goldens;
+pub mod ledger;
+pub mod protocol;
+pub mod reference;
+pub mod workload;

@@ -1,0 +1,225 @@
+//! The programs the gates run: synthetic prompts (distinct per row, uneven lengths, offset by
+//! `MEMRA_GATE_SEED`) and decode runs of a batch of sequences through one kind of tick,
+//! recording every step's logits and the tokens chosen.
+//!
+//! It owns how a run drives the [`Backend`] API; what two runs must share (bits, tokens) is
+//! each gate's business, and comparing them is the ledger's.
+
+use crate::backend::{Backend, EngineError, SeqId};
+use crate::sampling::{SamplingParams, sample_token};
+
+use super::ledger::host_argmax;
+
+/// `count` prompts over a vocabulary of `n_vocab`: row `b` has `plen + (3·b mod 5)` tokens,
+/// every token a pure function of (seed, offset + b, position), so rows differ from each
+/// other and from run to run only through the seed.
+pub fn prompts(n_vocab: usize, count: usize, plen: usize, seed: u64, offset: u64) -> Vec<Vec<u32>> {
+    (0..count)
+        .map(|b| {
+            let len = plen + (3 * b) % 5;
+            (0..len)
+                .map(|i| {
+                    let h = mix(seed ^ mix(offset + b as u64) ^ mix(0x5eed_0000 + i as u64));
+                    (h % n_vocab as u64) as u32
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// SplitMix64's finalizer: a well-spread hash of one integer.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// How every decode step of a run is computed and its next tokens chosen.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Tick {
+    /// `decode_step_h` for each row (the single-sequence path), host argmax.
+    Single,
+    /// `decode_step_batch` (the full tick), next tokens drawn on the host from the returned
+    /// logits with these parameters.
+    Full(SamplingParams),
+    /// `decode_step_batch_unsplit` (the unsplit body), host argmax.
+    Unsplit,
+    /// `decode_step_batch_sampled` (the lean tick): tokens from the backend, logits from
+    /// `parked_logits`.
+    Lean(SamplingParams),
+}
+
+/// What a run produced: per decode step, `[B, n_vocab]` logits and the `B` tokens chosen
+/// from them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Trace {
+    pub logits: Vec<Vec<f32>>,
+    pub tokens: Vec<Vec<u32>>,
+}
+
+impl Trace {
+    /// Puts runs of single rows side by side as one `[B, …]` trace (row b = run b).
+    pub fn side_by_side(runs: Vec<Trace>) -> Trace {
+        let steps = runs.first().map_or(0, |r| r.logits.len());
+        let mut out = Trace::default();
+        for s in 0..steps {
+            out.logits
+                .push(runs.iter().flat_map(|r| r.logits[s].clone()).collect());
+            out.tokens
+                .push(runs.iter().flat_map(|r| r.tokens[s].clone()).collect());
+        }
+        out
+    }
+}
+
+/// Runs `prompts` as one batch (row b is `SeqId(b)`) for `steps` decode steps through
+/// `tick`. Each sequence is primed alone; its first decode token is the host's choice from
+/// the prime logits (argmax, or a draw under the tick's parameters), so every tick kind
+/// starts from the same tokens. Sequences are closed afterwards, also on error.
+pub fn run(
+    be: &mut dyn Backend,
+    prompts: &[Vec<u32>],
+    first_id: u32,
+    steps: usize,
+    tick: Tick,
+) -> Result<Trace, EngineError> {
+    run_primed(be, prompts, first_id, steps, tick, Prime::Prefill)
+}
+
+/// How a run fills the caches with its prompts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prime {
+    /// `prime` (the lean prefill) per sequence.
+    Prefill,
+    /// Every prompt token through the tick's own batched step at B=1, so the caches are
+    /// written by the same walk as the decode steps (the pipeline localizer needs this:
+    /// a prefill through a broken split would poison the unsplit walk's caches).
+    Steps,
+}
+
+/// [`run`] with a choice of how the prompts are primed.
+pub fn run_primed(
+    be: &mut dyn Backend,
+    prompts: &[Vec<u32>],
+    first_id: u32,
+    steps: usize,
+    tick: Tick,
+    prime: Prime,
+) -> Result<Trace, EngineError> {
+    let seqs: Vec<SeqId> = (0..prompts.len() as u32)
+        .map(|b| SeqId(first_id + b))
+        .collect();
+    let mut opened = Vec::new();
+    let result = (|| {
+        let mut next = Vec::with_capacity(prompts.len());
+        for (&seq, prompt) in seqs.iter().zip(prompts) {
+            be.open_sequence(seq, prompt.len() + steps + 1)?;
+            opened.push(seq);
+            let logits = match prime {
+                Prime::Prefill => be.prime(seq, prompt)?,
+                Prime::Steps => {
+                    let mut last = Vec::new();
+                    for &t in prompt {
+                        last = step(be, &[seq], &[t], tick)?.0;
+                    }
+                    last
+                }
+            };
+            next.push(choose(&logits, tick, seq, prompt.len())?);
+        }
+        let mut trace = Trace::default();
+        for _ in 0..steps {
+            let (logits, chosen) = step(be, &seqs, &next, tick)?;
+            trace.logits.push(logits);
+            trace.tokens.push(chosen.clone());
+            next = chosen;
+        }
+        Ok(trace)
+    })();
+    for seq in opened {
+        let _ = be.close_sequence(seq);
+    }
+    result
+}
+
+/// [`run`] with every prompt alone at B=1 (same sequence ids), side by side.
+pub fn run_alone(
+    be: &mut dyn Backend,
+    prompts: &[Vec<u32>],
+    first_id: u32,
+    steps: usize,
+    tick: Tick,
+) -> Result<Trace, EngineError> {
+    let runs = prompts
+        .iter()
+        .enumerate()
+        .map(|(b, p)| {
+            run(
+                be,
+                std::slice::from_ref(p),
+                first_id + b as u32,
+                steps,
+                tick,
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Trace::side_by_side(runs))
+}
+
+fn choose(logits: &[f32], tick: Tick, seq: SeqId, pos: usize) -> Result<u32, EngineError> {
+    match tick {
+        Tick::Full(p) | Tick::Lean(p) if p.temperature > 0.0 => sample_token(logits, &p, seq, pos),
+        _ => Ok(host_argmax(logits)),
+    }
+}
+
+fn step(
+    be: &mut dyn Backend,
+    seqs: &[SeqId],
+    tokens: &[u32],
+    tick: Tick,
+) -> Result<(Vec<f32>, Vec<u32>), EngineError> {
+    let n_vocab = be.config().n_vocab;
+    let logits = match tick {
+        Tick::Lean(p) => {
+            let chosen = be.decode_step_batch_sampled(seqs, tokens, &p)?;
+            return Ok((be.parked_logits()?, chosen));
+        }
+        Tick::Single => {
+            let mut all = Vec::with_capacity(seqs.len() * n_vocab);
+            for (&seq, &t) in seqs.iter().zip(tokens) {
+                all.extend(be.decode_step_h(seq, t)?);
+            }
+            all
+        }
+        Tick::Full(_) => be.decode_step_batch(seqs, tokens)?,
+        Tick::Unsplit => be.decode_step_batch_unsplit(seqs, tokens)?,
+    };
+    let chosen = seqs
+        .iter()
+        .zip(logits.chunks_exact(n_vocab))
+        .map(|(&seq, row)| choose(row, tick, seq, be.seq_len(seq)?))
+        .collect::<Result<Vec<u32>, EngineError>>()?;
+    Ok((logits, chosen))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_are_distinct_uneven_and_seeded() {
+        let a = prompts(512, 5, 6, 0, 0);
+        let lens: Vec<usize> = a.iter().map(Vec::len).collect();
+        assert_eq!(lens, vec![6, 9, 7, 10, 8]);
+        for i in 0..a.len() {
+            for j in i + 1..a.len() {
+                assert_ne!(a[i][..6], a[j][..6]);
+            }
+        }
+        assert!(a.iter().flatten().all(|&t| t < 512));
+        assert_ne!(a, prompts(512, 5, 6, 1, 0));
+        assert_eq!(a, prompts(512, 5, 6, 0, 0));
+    }
+}
