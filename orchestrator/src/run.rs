@@ -42,7 +42,8 @@ pub struct RunOptions {
     pub resume: bool,
     /// Seconds per cell id from the previous run of this manifest.
     pub previous: HashMap<String, f64>,
-    /// Set (by a signal handler) to interrupt the run.
+    /// Set (by a signal handler) to interrupt the run; the runner resets it when it acts,
+    /// and a second interrupt stops running cells without waiting for the grace.
     pub interrupt: Arc<AtomicBool>,
 }
 
@@ -292,7 +293,9 @@ impl Runner<'_, '_> {
             }
         }
         loop {
-            if self.opts.interrupt.load(Ordering::SeqCst) && !self.interrupted {
+            // The flag is taken (reset) each time, so a second Ctrl-C is seen as such and
+            // escalates: the executor kills what still runs without waiting for the grace.
+            if self.opts.interrupt.swap(false, Ordering::SeqCst) {
                 self.interrupted = true;
                 self.stop = Some("the run was interrupted".to_string());
                 self.executor.cancel_all();

@@ -72,7 +72,8 @@ pub trait Executor: Send + Sync {
     fn execute(&self, job: &CellJob, on_attempt: &mut dyn FnMut(&AttemptRecord)) -> NodeReceipt;
 
     /// Stops every running attempt (SIGTERM, grace, SIGKILL for local processes) and makes
-    /// later `execute` calls return `cancelled` at once.
+    /// later `execute` calls return `cancelled` at once. A second call stops what is still
+    /// running without waiting for the grace period.
     fn cancel_all(&self);
 }
 

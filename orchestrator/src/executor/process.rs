@@ -106,8 +106,15 @@ impl Watchdog {
     }
 
     /// Cancels the run: every watched group is stopped, and so is any group watched later.
+    /// A second call (a second Ctrl-C) drops the grace period: groups still alive get
+    /// SIGKILL at once.
     pub fn cancel_all(&self) {
-        self.lock().cancelled = true;
+        let mut st = self.lock();
+        if st.cancelled {
+            st.grace = Duration::ZERO;
+        }
+        st.cancelled = true;
+        drop(st);
         self.shared.wake.notify_one();
     }
 
@@ -225,6 +232,30 @@ mod tests {
         let wb = dog.watch(b.id() as i32, Duration::from_secs(60));
         b.wait().unwrap();
         assert_eq!(dog.unwatch(wb), Stopped::Cancelled);
+    }
+
+    #[test]
+    fn a_second_cancel_kills_without_waiting_for_the_grace() {
+        let dog = Watchdog::new(Duration::from_secs(600));
+        let mut child = Command::new("sh")
+            .args(["-c", "trap '' TERM; sleep 30 & wait; sleep 30"])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let w = dog.watch(child.id() as i32, Duration::from_secs(600));
+        // Let the shell install its trap before the first SIGTERM arrives.
+        std::thread::sleep(Duration::from_millis(200));
+        dog.cancel_all();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "SIGTERM is ignored, the grace is long"
+        );
+        let t = Instant::now();
+        dog.cancel_all();
+        child.wait().unwrap();
+        assert!(t.elapsed() < Duration::from_secs(10));
+        assert_eq!(dog.unwatch(w), Stopped::Cancelled);
     }
 
     #[test]
