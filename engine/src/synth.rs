@@ -273,10 +273,28 @@ pub fn write_to<W: Write>(
     }
     let total = gw.file_len();
     let mut stream = gw.begin(w)?;
-    for (tname, shape) in &shapes {
-        let data = tensor_bytes(hp, tname, shape, tensor_type(tname, shape, ty), seed);
-        stream.write_tensor(tname, &data)?;
-    }
+    // The next tensor is generated (on the rayon pool) while this thread writes the previous
+    // one, so a multi-gigabyte checkpoint costs about max(compute, disk) rather than the sum.
+    std::thread::scope(|scope| -> Result<(), SynthError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(1);
+        let shapes = &shapes;
+        scope.spawn(move || {
+            for (tname, shape) in shapes {
+                let data = tensor_bytes(hp, tname, shape, tensor_type(tname, shape, ty), seed);
+                // The receiver is gone only when writing failed; that error is reported there.
+                if tx.send(data).is_err() {
+                    break;
+                }
+            }
+        });
+        for (tname, _) in shapes {
+            // The generator sends one buffer per tensor unless it panicked, in which case the
+            // scope re-raises the panic when it joins.
+            let Ok(data) = rx.recv() else { break };
+            stream.write_tensor(tname, &data)?;
+        }
+        Ok(())
+    })?;
     stream.finish()?;
     Ok(total)
 }
