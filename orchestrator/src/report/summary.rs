@@ -39,14 +39,14 @@ pub fn table(receipts: &[Option<Box<NodeReceipt>>], outcome: &RunOutcome, tree: 
             "verdict", "seconds", "node"
         );
         for (v, s, id, reason) in &rows {
-            let _ = writeln!(
-                out,
+            let row = format!(
                 "{:<9} {:>8.2}  {:<id_w$}  {}",
                 v.as_str(),
                 s,
                 id,
                 one_line(reason, 100)
             );
+            let _ = writeln!(out, "{}", row.trim_end());
         }
         out.push('\n');
     }
@@ -143,6 +143,7 @@ mod tests {
     use super::*;
     use crate::events::count;
     use crate::plan::NodeKind;
+    use crate::receipt::NodeReceipt;
 
     #[test]
     fn markdown_lists_problems_first_and_escapes_pipes() {
@@ -189,5 +190,58 @@ mod tests {
         assert!(b < a, "{md}");
         assert!(md.contains("check x failed more"));
         assert!(md.contains("pass 1, fail 1"));
+    }
+
+    fn receipt(
+        id: &str,
+        verdict: Verdict,
+        seconds: f64,
+        reason: Option<&str>,
+    ) -> Option<Box<NodeReceipt>> {
+        let mut r = NodeReceipt::new(id.into(), id.into(), NodeKind::Arm, format!("{id}-0"));
+        r.verdict = verdict;
+        r.seconds = seconds;
+        r.reason = reason.map(str::to_string);
+        Some(Box::new(r))
+    }
+
+    #[test]
+    fn terminal_table_snapshot() {
+        let receipts = vec![
+            receipt("build", Verdict::Pass, 12.5, None),
+            receipt(
+                "decode-batch[batch=4]",
+                Verdict::Fail,
+                3.25,
+                Some("check gate2 failed: row 1 differs"),
+            ),
+            receipt(
+                "canary",
+                Verdict::Pass,
+                0.5,
+                Some("failed as expected: exit code 1"),
+            ),
+            receipt(
+                "pp[gpus=8]",
+                Verdict::Skipped,
+                0.0,
+                Some("needs 8 GPUs, 4 detected"),
+            ),
+            receipt(
+                "after",
+                Verdict::Blocked,
+                0.0,
+                Some("needs decode-batch[batch=4], which ended fail"),
+            ),
+        ];
+        let verdicts: Vec<Verdict> = receipts.iter().flatten().map(|r| r.verdict).collect();
+        let outcome = RunOutcome {
+            counts: count(verdicts.iter().copied()),
+            verdicts,
+            interrupted: false,
+            elapsed: std::time::Duration::from_millis(16_250),
+        };
+        let tree = Tree::new(std::path::Path::new("/r"), "abc123-dirty", "nightly");
+        insta::assert_snapshot!(table(&receipts, &outcome, &tree));
     }
 }
