@@ -70,7 +70,13 @@ impl fmt::Display for Diagnostic {
             writeln!(f, "{pad} | {lead}{}", "^".repeat(self.width.max(1)))?;
         }
         if let Some(help) = &self.help {
-            writeln!(f, "  = help: {help}")?;
+            // Aligned with the gutter, as rustc does.
+            let pad = " ".repeat(if self.line == 0 {
+                1
+            } else {
+                self.line.to_string().len()
+            });
+            writeln!(f, "{pad} = help: {help}")?;
         }
         Ok(())
     }
