@@ -605,6 +605,15 @@ fn run_cell(
             job.binaries.insert(0, d);
         }
     }
+    // A compare's inputs are the two files it compares: hashing them makes `--resume`
+    // redo the comparison when either side produced different bits.
+    if let Some((reference, candidate)) = &compare {
+        job.binaries.extend(
+            [reference, candidate]
+                .into_iter()
+                .filter_map(|p| digests.digest(p)),
+        );
+    }
     job.inputs = inputs_digest(&job, policy.as_ref(), compare.as_ref());
     if let Some(path) = previous
         && let Ok(Some(old)) = read_node_receipt(&path)
