@@ -218,6 +218,22 @@ fn smoke_tree_is_complete() {
         compare["compare"]["values_compared"].as_u64().unwrap() > 0,
         "{compare:#}"
     );
+    let compared: Vec<&str> = compare["binaries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        compared.len(),
+        2,
+        "both compared files are hashed into the inputs: {compared:?}"
+    );
+    assert!(
+        compared
+            .iter()
+            .all(|p| p.ends_with("artifacts/logits.safetensors"))
+    );
     let shell = by_id("shell");
     assert_eq!(shell["artifacts"][0]["name"], "hello.txt");
     assert_eq!(by_id("gpu-probe")["verdict"], "skipped");
