@@ -164,7 +164,7 @@ pub struct Plan {
     pub env_matrices: Vec<SourceFile>,
     /// The git top-level holding the manifest, else the manifest's folder. Absolute.
     pub root: PathBuf,
-    /// Names taken from the caller's environment ([isolation].inherit).
+    /// Names taken from the caller's environment (`[isolation] inherit`).
     pub inherit: Vec<String>,
     pub cells: Vec<Cell>,
 }
@@ -186,7 +186,7 @@ impl Plan {
     }
 }
 
-/// The default [isolation].inherit list.
+/// The default `[isolation] inherit` list.
 pub const DEFAULT_INHERIT: &[&str] = &[
     "PATH",
     "HOME",

@@ -1,6 +1,6 @@
 //! Raw manifest → plan cells: applies `[defaults]`, expands matrices, substitutes `${…}`,
-//! resolves paths against the root and links `needs`; env-matrix files ([`env_files`]) and
-//! compare pairing ([`compare_cells`]) have their own submodules. Every problem becomes a
+//! resolves paths against the root and links `needs`; env-matrix files (`env_files`) and
+//! compare pairing (`compare_cells`) have their own submodules. Every problem becomes a
 //! located diagnostic; this module does not read the manifest text itself or render anything
 //! (the parent module does).
 
