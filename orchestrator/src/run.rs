@@ -363,10 +363,28 @@ impl Runner<'_, '_> {
             let policy = plan.cell(cell).compare.as_ref().map(|c| c.policy.clone());
             let workers = self.workers.as_ref().expect("workers start with the run");
             workers.submit(Box::new(move || {
-                let (receipt, reused) = run_cell(
-                    &placement, job, kind, compare, policy, previous, &*executor, &digests, &tx,
-                    cell,
-                );
+                let identity = job.receipt();
+                // A bug in a worker must not leave the loop waiting for a cell forever: the
+                // panic becomes this cell's `error` and the run goes on.
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run_cell(
+                        &placement, job, kind, compare, policy, previous, &*executor, &digests,
+                        &tx, cell,
+                    )
+                }));
+                let (receipt, reused) = ran.unwrap_or_else(|panic| {
+                    let what = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default();
+                    let mut r = identity;
+                    r.verdict = Verdict::Error;
+                    r.reason = Some(format!(
+                        "internal error in memra-orch while running this cell ({what}); please report it"
+                    ));
+                    (r, false)
+                });
                 let _ = tx.send(Msg::Done {
                     cell,
                     placement,
