@@ -1,0 +1,204 @@
+//! `reference-gate` end to end through the real binary: green on the synthesized arms with
+//! the banked goldens, the receipt TSV format, the canary, moved or missing goldens, minting,
+//! usage errors, and the real model arm when the checkpoint is present.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+    receipt: String,
+    rows: Vec<Value>,
+}
+
+impl Run {
+    fn status(&self, name: &str) -> &str {
+        self.rows
+            .iter()
+            .find(|r| r["check"] == name)
+            .and_then(|r| r["status"].as_str())
+            .unwrap_or_else(|| panic!("no check {name}: {}", self.stdout))
+    }
+}
+
+/// Runs the gate from the repository root (where the default goldens path resolves).
+fn gate(args: &[&str], env: &[(&str, &str)]) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let receipt = dir.path().join("receipt.tsv");
+    let checks = dir.path().join("checks.jsonl");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_reference-gate"));
+    for var in memra_engine::doors::DOOR_VARIABLES {
+        cmd.env_remove(var);
+    }
+    let out = cmd
+        .current_dir(repo_root())
+        .env("MEMRA_BACKEND", "cpu")
+        .env("MEMRA_ORCH_CHECKS", &checks)
+        .env_remove("MEMRA_ORCH_ARTIFACTS")
+        .arg(&receipt)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        receipt: std::fs::read_to_string(&receipt).unwrap_or_default(),
+        rows: std::fs::read_to_string(&checks)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect(),
+    }
+}
+
+#[test]
+fn synthesized_arms_are_green_against_the_banked_goldens() {
+    let r = gate(&[], &[]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert_eq!(r.status("reference.tiny"), "pass");
+    assert_eq!(r.status("loader-goldens"), "pass");
+    // Quantized arms pass or warn (q8_1 rounding flips), never fail.
+    for arm in ["reference.q8_0", "reference.q4_1"] {
+        assert_ne!(r.status(arm), "fail", "{}", r.stdout);
+    }
+    let lines: Vec<&str> = r.receipt.lines().collect();
+    assert!(lines[0].starts_with("# reference-gate\tbinary_sha256="));
+    let sha = lines[0]
+        .split('\t')
+        .nth(1)
+        .unwrap()
+        .trim_start_matches("binary_sha256=");
+    assert_eq!(sha.len(), 64);
+    assert_eq!(
+        lines[1],
+        "arm\tkind\trow\tmax_abs\tmax_rel\targmax_ref\targmax_got\tverdict"
+    );
+    assert_eq!(*lines.last().unwrap(), "# verdict\tfailures=0");
+    for kind in ["prefill", "decode", "decode-batch", "chunked"] {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with(&format!("tiny\t{kind}\t"))),
+            "no tiny {kind} rows"
+        );
+    }
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.starts_with("# summary\t"))
+            .count(),
+        4,
+        "three arms and the goldens"
+    );
+    // The float arm is within the policy by orders of magnitude.
+    let tiny = r
+        .rows
+        .iter()
+        .find(|c| c["check"] == "reference.tiny")
+        .unwrap();
+    assert!(tiny["metrics"]["max_abs"].as_f64().unwrap() < 1e-4);
+    assert!(r.rows[0]["doors"]["policy"].is_string());
+}
+
+#[test]
+fn the_canary_fails_the_float_arm() {
+    let r = gate(&[], &[("MEMRA_GATE_CANARY", "1")]);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert_eq!(r.status("reference.tiny"), "fail");
+    let last = r.receipt.lines().last().unwrap();
+    assert!(last.starts_with("# verdict\tfailures=") && last != "# verdict\tfailures=0");
+}
+
+#[test]
+fn moved_or_missing_goldens_fail_naming_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let banked = std::fs::read_to_string(repo_root().join("engine/goldens/loader.tsv")).unwrap();
+    let line = banked
+        .lines()
+        .find(|l| l.starts_with("q4_1\tblk.1.ffn_down.weight\t"))
+        .expect("the banked goldens cover q4_1 blk.1.ffn_down.weight");
+    let digest = line.rsplit('\t').next().unwrap();
+    let flipped = format!(
+        "{}{}",
+        if digest.starts_with('0') { "1" } else { "0" },
+        &digest[1..]
+    );
+    let moved = dir.path().join("moved.tsv");
+    std::fs::write(&moved, banked.replace(digest, &flipped)).unwrap();
+    let r = gate(&["--goldens", moved.to_str().unwrap()], &[]);
+    assert_eq!(r.code, 1);
+    assert_eq!(r.status("loader-goldens"), "fail");
+    assert!(
+        r.stdout.contains("q4_1/blk.1.ffn_down.weight: sha256"),
+        "{}",
+        r.stdout
+    );
+
+    let missing = dir.path().join("none.tsv");
+    let r = gate(&["--goldens", missing.to_str().unwrap()], &[]);
+    assert_eq!(r.code, 1);
+    assert!(r.stdout.contains("--write-goldens"), "{}", r.stdout);
+
+    let minted = dir.path().join("new/loader.tsv");
+    let m = minted.to_str().unwrap();
+    assert_eq!(gate(&["--goldens", m, "--write-goldens"], &[]).code, 0);
+    assert_eq!(
+        std::fs::read_to_string(&minted).unwrap(),
+        banked,
+        "minting is deterministic"
+    );
+    assert_eq!(
+        gate(&["--goldens", m], &[]).status("loader-goldens"),
+        "pass"
+    );
+}
+
+#[test]
+fn bad_model_and_flags_exit_2() {
+    let r = gate(&["--model", "/nonexistent.gguf"], &[]);
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("cannot load --model /nonexistent.gguf"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.rows.is_empty());
+    let r = gate(&["--frobnicate"], &[]);
+    assert_eq!(r.code, 2);
+    let r = gate(&[], &[("MEMRA_BACKEND", "tpu")]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("MEMRA_BACKEND=\"tpu\""), "{}", r.stderr);
+}
+
+#[test]
+fn the_real_model_arm_runs_when_the_checkpoint_is_present() {
+    let model = repo_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !model.exists() {
+        eprintln!(
+            "skip: {} is absent (scripts/fetch-model brings it)",
+            model.display()
+        );
+        return;
+    }
+    let r = gate(&["--model", model.to_str().unwrap()], &[]);
+    assert_eq!(r.code, 0, "{}", r.stdout);
+    assert_ne!(r.status("reference.model"), "fail");
+    assert!(
+        r.receipt
+            .lines()
+            .any(|l| l.starts_with("model\tchunked\t19\t"))
+    );
+}
