@@ -109,6 +109,12 @@ fn reps_multiply_the_split_arm() {
             .unwrap()
     };
     assert_eq!(rows(&three), 3 * rows(&one));
+    let (_, _, broken) = pp(&["--reps", "3"], &[("MEMRA_GATE_DEFECT", "boundary-copy")]);
+    let split = broken.iter().find(|c| c["check"] == "pp.split").unwrap();
+    assert_eq!(
+        split["metrics"]["reps_failed"], 3,
+        "a deterministic fault fails every rep"
+    );
 }
 
 #[test]

@@ -496,6 +496,8 @@ fn pp_gate(
     let mut local_l = Ledger::default();
     let mut epi_l = Ledger::default();
     let mut errors: [Vec<String>; 3] = Default::default();
+    // Reps whose split walk differed: a race fails some reps and not others.
+    let mut reps_failed = 0usize;
     for (i, &b) in s.batches.iter().enumerate() {
         let ps = prompts(n_vocab, b, s.plen, doors.gate_seed, 0);
         let refs = (|| {
@@ -510,7 +512,10 @@ fn pp_gate(
         for r in 0..s.reps {
             match run(&mut *split, &ps, 0, s.steps, greedy) {
                 Ok(t) => {
-                    compare(&mut split_l, &ref_greedy, &t, n_vocab, false);
+                    let mut one = Ledger::default();
+                    compare(&mut one, &ref_greedy, &t, n_vocab, false);
+                    reps_failed += usize::from(!one.clean());
+                    split_l.absorb(&one);
                     if r == 0 {
                         dump(rep, i, b, &t, n_vocab)?;
                     }
@@ -569,7 +574,9 @@ fn pp_gate(
             "pp.split",
             split_l,
             format!(
-                "split walk vs unsplit reference, {} reps{diagnosis}",
+                "split walk vs unsplit reference: {reps_failed} of {} runs ({} reps per batch \
+                 size) differ{diagnosis}",
+                s.reps * s.batches.len(),
                 s.reps
             ),
         ),
@@ -586,6 +593,9 @@ fn pp_gate(
     ];
     for ((name, ledger, what), errs) in arms.into_iter().zip(errors) {
         let mut c = ledger.check(name, &what);
+        if name == "pp.split" {
+            c = c.metric("reps_failed", reps_failed);
+        }
         if !errs.is_empty() {
             c.status = Status::Fail;
             c.message = format!("{what}: the engine refused: {}", errs.join("; "));
