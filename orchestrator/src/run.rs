@@ -335,7 +335,8 @@ impl Runner<'_, '_> {
 
     fn make_ready(&mut self, i: CellIndex) {
         self.state[i.0] = State::Ready;
-        self.queue.push(i, self.priority[i.0]);
+        self.queue
+            .push(i, self.priority[i.0], self.plan.cell(i).gpus);
     }
 
     fn dispatch(&mut self, tx: &mpsc::Sender<Msg>) {
@@ -343,9 +344,7 @@ impl Runner<'_, '_> {
             return;
         }
         let plan = self.plan;
-        let started = self
-            .queue
-            .take_placeable(&mut self.pool, |c| plan.cell(c).gpus);
+        let started = self.queue.take_placeable(&mut self.pool);
         for (cell, placement) in started {
             self.state[cell.0] = State::Running;
             self.running += 1;

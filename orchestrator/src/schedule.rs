@@ -188,16 +188,20 @@ pub fn priorities(plan: &Plan, estimates: &[Option<f64>]) -> Vec<f64> {
     out
 }
 
-/// Ready cells, highest priority first; ties go to the earlier cell in plan order.
+/// Ready cells, highest priority first; ties go to the earlier cell in plan order. CPU
+/// cells and GPU cells wait in separate heaps, so a full set of CPU slots costs one look
+/// however many CPU cells wait, and GPU cells are tried only while a GPU is free.
 #[derive(Debug, Default)]
 pub struct ReadyQueue {
-    heap: BinaryHeap<Entry>,
+    cpu: BinaryHeap<Entry>,
+    gpu: BinaryHeap<Entry>,
 }
 
 #[derive(Debug, PartialEq)]
 struct Entry {
     priority: f64,
     cell: CellIndex,
+    gpus: u32,
 }
 
 impl Eq for Entry {}
@@ -217,41 +221,52 @@ impl PartialOrd for Entry {
 }
 
 impl ReadyQueue {
-    pub fn push(&mut self, cell: CellIndex, priority: f64) {
-        self.heap.push(Entry { priority, cell });
+    pub fn push(&mut self, cell: CellIndex, priority: f64, gpus: u32) {
+        let e = Entry {
+            priority,
+            cell,
+            gpus,
+        };
+        if gpus == 0 {
+            self.cpu.push(e)
+        } else {
+            self.gpu.push(e)
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.heap.is_empty()
+        self.cpu.is_empty() && self.gpu.is_empty()
     }
 
     pub fn len(&self) -> usize {
-        self.heap.len()
+        self.cpu.len() + self.gpu.len()
     }
 
-    /// Takes every ready cell that can be placed now, in priority order, leasing its
-    /// resources; cells that do not fit stay queued. A lower-priority cell may start
-    /// before a higher one that waits for more GPUs (backfilling), which keeps GPUs busy.
-    pub fn take_placeable(
-        &mut self,
-        pool: &mut Pool,
-        gpus_of: impl Fn(CellIndex) -> u32,
-    ) -> Vec<(CellIndex, Placement)> {
+    /// Takes every ready cell that can be placed now, in priority order within CPU cells
+    /// and within GPU cells, leasing its resources; cells that do not fit stay queued. A
+    /// lower-priority GPU cell may start before a higher one that waits for more GPUs
+    /// (backfilling), which keeps GPUs busy.
+    pub fn take_placeable(&mut self, pool: &mut Pool) -> Vec<(CellIndex, Placement)> {
         let mut started = Vec::new();
-        let mut waiting = Vec::new();
-        while let Some(e) = self.heap.pop() {
-            match pool.try_lease(gpus_of(e.cell)) {
-                Some(p) => started.push((e.cell, p)),
-                None => {
-                    waiting.push(e);
-                    // Nothing more can start once no CPU slot and no GPU is free.
-                    if pool.cpu_busy.iter().all(|b| *b) && pool.gpu_busy.iter().all(|b| *b) {
-                        break;
-                    }
+        while let Some(e) = self.cpu.peek() {
+            match pool.try_lease(0) {
+                Some(p) => {
+                    started.push((e.cell, p));
+                    self.cpu.pop();
                 }
+                None => break,
             }
         }
-        self.heap.extend(waiting);
+        let mut waiting = Vec::new();
+        while pool.gpu_busy.iter().any(|b| !b)
+            && let Some(e) = self.gpu.pop()
+        {
+            match pool.try_lease(e.gpus) {
+                Some(p) => started.push((e.cell, p)),
+                None => waiting.push(e),
+            }
+        }
+        self.gpu.extend(waiting);
         started
     }
 }
@@ -325,15 +340,19 @@ mod tests {
     #[test]
     fn queue_orders_by_priority_then_plan_order_and_backfills() {
         let mut q = ReadyQueue::default();
-        q.push(CellIndex(0), 1.0);
-        q.push(CellIndex(1), 5.0);
-        q.push(CellIndex(2), 5.0);
-        q.push(CellIndex(3), 9.0);
+        q.push(CellIndex(0), 1.0, 0);
+        q.push(CellIndex(1), 5.0, 0);
+        q.push(CellIndex(2), 5.0, 0);
+        // Cell 3 wants 2 GPUs (it waits), cell 4 one GPU at a lower priority (backfills).
+        q.push(CellIndex(3), 9.0, 2);
+        q.push(CellIndex(4), 2.0, 1);
         let mut pool = Pool::new(&Inventory::fake(1), 2);
-        // Cell 3 wants 2 GPUs (never fits here), the rest are CPU cells.
-        let started = q.take_placeable(&mut pool, |c| if c.0 == 3 { 2 } else { 0 });
+        let started = q.take_placeable(&mut pool);
         let ids: Vec<usize> = started.iter().map(|(c, _)| c.0).collect();
-        assert_eq!(ids, [1, 2]);
+        assert_eq!(ids, [1, 2, 4]);
+        assert_eq!(q.len(), 2);
+        // Nothing is free now: nothing starts, nothing is lost.
+        assert!(q.take_placeable(&mut pool).is_empty());
         assert_eq!(q.len(), 2);
     }
 
@@ -402,11 +421,11 @@ mod tests {
         assert_eq!(pr[4], 11.0 / 4.0);
         let mut q = ReadyQueue::default();
         for i in [0, 3, 4] {
-            q.push(CellIndex(i), pr[i]);
+            q.push(CellIndex(i), pr[i], 0);
         }
         let mut pool = Pool::new(&Inventory::fake(0), 3);
         let order: Vec<usize> = q
-            .take_placeable(&mut pool, |_| 0)
+            .take_placeable(&mut pool)
             .iter()
             .map(|(c, _)| c.0)
             .collect();
