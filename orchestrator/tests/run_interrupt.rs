@@ -60,7 +60,10 @@ run = ["{gates}/pass.sh"]
     assert_eq!(run["interrupted"], true);
     assert!(run["end"].is_string());
     assert_eq!(f.verdict("quick"), "pass");
-    assert_eq!(f.verdict("slow"), "cancelled");
+    let slow = f.receipt("slow");
+    assert_eq!(slow["verdict"], "cancelled");
+    // The running gate was stopped through its process group (SIGTERM = 15).
+    assert_eq!(slow["attempts"][0]["signal"], 15, "{slow:#}");
     assert_eq!(f.verdict("after"), "cancelled");
     assert!(
         f.receipt("after")["reason"]
