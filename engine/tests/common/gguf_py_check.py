@@ -1,13 +1,19 @@
 """Cross-checks memra's GGUF files against llama.cpp's own Python package `gguf` (gguf-py).
 
 Usage: python3 gguf_py_check.py F32_FILE QUANT_FILE...
+       python3 gguf_py_check.py --dequant FILE TENSOR...
 
 For each QUANT_FILE (a synthetic checkpoint of the same preset and seed as F32_FILE), every
 tensor is read with gguf-py's GGUFReader, and the f32 values of F32_FILE are quantized with
 gguf-py's reference quantizers (`gguf.quants.quantize`) to the tensor's type: the bytes must
 be identical. Prints one JSON line per file; exits 1 on any mismatch, 2 when gguf-py is
 missing (the caller skips).
+
+With --dequant, prints a JSON object mapping each TENSOR of FILE to the sha256 of its values
+dequantized by gguf-py (`gguf.quants.dequantize`) as little-endian f32, plus its type and
+shape as gguf-py reads them.
 """
+import hashlib
 import json
 import sys
 
@@ -28,7 +34,25 @@ def tensors(path):
     return r, out
 
 
+def dequant(path, names):
+    _, ts = tensors(path)
+    out = {}
+    for name in names:
+        t = ts[name]
+        values = quants.dequantize(np.asarray(t.data), t.tensor_type).astype("<f4")
+        out[name] = {
+            "type": t.tensor_type.name,
+            "shape": [int(d) for d in t.shape],
+            "offset": int(t.data_offset),
+            "sha256": hashlib.sha256(values.tobytes()).hexdigest(),
+        }
+    print(json.dumps(out))
+
+
 def main():
+    if sys.argv[1] == "--dequant":
+        dequant(sys.argv[2], sys.argv[3:])
+        return
     f32_path, *quant_paths = sys.argv[1:]
     _, ref = tensors(f32_path)
     failed = False
