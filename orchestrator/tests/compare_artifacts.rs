@@ -277,3 +277,31 @@ fn unreadable_files_fail_without_panicking() {
         r.failures
     );
 }
+
+#[test]
+fn dtype_mismatch_fails_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = write(
+        dir.path(),
+        "a.safetensors",
+        &[("logits", vec![1, 4], logits(1, 4))],
+    );
+    // The same tensor stored as F16 (8 bytes for 4 values).
+    let half = [0u8; 8];
+    let view = TensorView::new(Dtype::F16, vec![1, 4], &half).unwrap();
+    let b = dir.path().join("b.safetensors");
+    std::fs::write(&b, serialize([("logits", view)], None).unwrap()).unwrap();
+    let r = compare_files(&a, &b, &Policy::Bitwise);
+    assert!(!r.passed());
+    assert_eq!(
+        r.failures,
+        ["tensor `logits`: dtype differs (reference F32, candidate F16)"]
+    );
+    // Two F16 files are not judged as if they were F32.
+    let r = compare_files(&b, &b, &Policy::Bitwise);
+    assert!(
+        r.failures[0].contains("dtype F16 is not compared"),
+        "{:?}",
+        r.failures
+    );
+}
