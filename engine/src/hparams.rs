@@ -105,6 +105,23 @@ impl LlamaHparams {
             }
         };
         let n_layer = req("block_count")?;
+        // Every layer has its own tensors, so the tensor table bounds the layer count; checking
+        // it first keeps a corrupt count from making the shape list below enormous.
+        let needed = n_layer
+            .checked_mul(LAYER_TENSORS.len())
+            .and_then(|n| n.checked_add(2));
+        if needed.is_none_or(|n| n > file.tensors().len()) {
+            return Err(bad(
+                file,
+                "llama.block_count",
+                n_layer,
+                format!(
+                    "the file has {} tensors, fewer than that many layers need ({} per layer, plus the token embedding and the output norm)",
+                    file.tensors().len(),
+                    LAYER_TENSORS.len()
+                ),
+            ));
+        }
         let n_embd = req("embedding_length")?;
         let n_ff = req("feed_forward_length")?;
         let n_head = req("attention.head_count")?;

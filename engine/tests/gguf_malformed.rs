@@ -203,15 +203,15 @@ fn messages_for_malformed_headers() {
     insta::assert_snapshot!(report);
 }
 
-fn llama_file(skip_key: Option<&str>, override_ff: Option<u32>) -> GgufFile {
+fn llama_file(skip_key: Option<&str>, replace: Option<(&str, u32)>) -> GgufFile {
     let src = GgufFile::open(common::synth_model("tiny", "f32", 0)).unwrap();
     let mut w = GgufWriter::new("edited.gguf");
     for (k, v) in src.metadata() {
         if Some(k.as_str()) == skip_key {
             continue;
         }
-        match (k.as_str(), override_ff) {
-            ("llama.feed_forward_length", Some(e)) => w.add(k, e).unwrap(),
+        match replace {
+            Some((key, value)) if key == k => w.add(k, value).unwrap(),
             _ => w.add(k, v.clone()).unwrap(),
         }
     }
@@ -244,8 +244,15 @@ fn messages_for_bad_llama_metadata() {
         let e = LlamaHparams::from_gguf(&llama_file(Some(key), None)).unwrap_err();
         report += &format!("without {key}: {e}\n");
     }
-    let e = LlamaHparams::from_gguf(&llama_file(None, Some(512))).unwrap_err();
-    report += &format!("n_ff 512 for 384-wide tensors: {e}\n");
+    for (key, value) in [
+        ("llama.feed_forward_length", 512),
+        ("llama.block_count", 5),
+        ("llama.block_count", 1 << 31),
+        ("llama.attention.head_count_kv", 3),
+    ] {
+        let e = LlamaHparams::from_gguf(&llama_file(None, Some((key, value)))).unwrap_err();
+        report += &format!("{key} = {value}: {e}\n");
+    }
     insta::assert_snapshot!(report);
 }
 
