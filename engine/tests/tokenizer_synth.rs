@@ -24,3 +24,47 @@ fn synthetic_vocabulary_encodes_with_its_merges_and_round_trips() {
         assert_eq!(t.decode(&t.encode(text).unwrap()).unwrap(), text);
     }
 }
+
+#[test]
+fn unsupported_or_inconsistent_metadata_is_a_clear_error() {
+    use memra_engine::gguf::MetaValue;
+    let src = common::synth_model("tiny", "q8_0", 0);
+    let err = |key: &str, value: Option<MetaValue>| {
+        Tokenizer::from_gguf(&common::edited(&src, key, value))
+            .unwrap_err()
+            .to_string()
+    };
+    let report = [
+        err("tokenizer.ggml.model", Some("llama".into())),
+        err("tokenizer.ggml.pre", Some("llama-bpe".into())),
+        err("tokenizer.ggml.tokens", None),
+        err(
+            "tokenizer.ggml.merges",
+            Some(MetaValue::string_array(["Ġ e", "nospace"])),
+        ),
+        err(
+            "tokenizer.ggml.merges",
+            Some(MetaValue::string_array(["Ġ zzz"])),
+        ),
+        err(
+            "tokenizer.ggml.token_type",
+            Some(MetaValue::i32_array([3, 3])),
+        ),
+        err("tokenizer.ggml.eos_token_id", Some(MetaValue::U32(512))),
+    ]
+    .join("\n");
+    insta::assert_snapshot!(report);
+}
+
+#[test]
+fn gpt2_and_default_pre_tokenizers_load_and_round_trip() {
+    let src = common::synth_model("tiny", "q8_0", 0);
+    for pre in ["gpt2", "default"] {
+        let f = common::edited(&src, "tokenizer.ggml.pre", Some(pre.into()));
+        let t = Tokenizer::from_gguf(&f).unwrap();
+        let text = "the 2024 <|im_end|> ünï";
+        let ids = t.encode(text).unwrap();
+        assert!(ids.contains(&2), "{pre}: special token parsed");
+        assert_eq!(t.decode(&ids).unwrap(), text, "{pre}");
+    }
+}

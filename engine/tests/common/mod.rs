@@ -116,3 +116,35 @@ pub fn python_check(script: &str, args: &[&Path], stdin: &str) -> Option<String>
         ),
     }
 }
+
+/// A copy of the GGUF file at `src` (in memory, named `edited.gguf`) with metadata `key`
+/// replaced by `value`, or removed when `value` is `None`; tensors are copied unchanged.
+pub fn edited(
+    src: &Path,
+    key: &str,
+    value: Option<memra_engine::gguf::MetaValue>,
+) -> memra_engine::gguf::GgufFile {
+    use memra_engine::gguf::{GgufFile, GgufWriter, TensorSpec};
+    let src = GgufFile::open(src).unwrap();
+    let mut w = GgufWriter::new("edited.gguf");
+    for (k, v) in src.metadata() {
+        match (k == key, &value) {
+            (true, Some(new)) => w.add(k, new.clone()).unwrap(),
+            (true, None) => {}
+            (false, _) => w.add(k, v.clone()).unwrap(),
+        }
+    }
+    for t in src.tensors() {
+        let spec = TensorSpec {
+            name: t.name.clone(),
+            ty: t.ty,
+            shape: t.shape.clone(),
+        };
+        w.add_tensor(spec).unwrap();
+    }
+    let mut s = w.begin(Vec::new()).unwrap();
+    for t in src.tensors() {
+        s.write_tensor(&t.name, src.data_of(t)).unwrap();
+    }
+    GgufFile::from_bytes("edited.gguf", s.finish().unwrap()).unwrap()
+}
