@@ -14,6 +14,17 @@ use serde_json::{Value, json};
 
 use crate::doors::{Doors, DoorsReport};
 
+/// Prints one line of the report. A closed stdout (a pager or `head` that quit) must not
+/// turn a verdict into a crash, so write errors are ignored: the exit status and the check
+/// rows still carry the result.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+pub(crate) use say;
+
 /// Exit status of a gate: 0 every check passed, 1 a check failed, 2 the gate could not run
 /// (bad flags, unreadable model, unwritable output).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -188,7 +199,7 @@ impl Reporter {
         for (k, v) in extra {
             obj[*k] = v.clone();
         }
-        println!("== {} ==", self.gate);
+        say!("== {} ==", self.gate);
         if let Value::Object(map) = &obj {
             let line = map
                 .iter()
@@ -198,17 +209,17 @@ impl Reporter {
                 })
                 .collect::<Vec<_>>()
                 .join(" ");
-            println!("doors: {line}");
+            say!("doors: {line}");
         }
         if let Some(d) = doors.gate_defect {
-            println!(
+            say!(
                 "WARNING: MEMRA_GATE_DEFECT={} plants a test-only defect; this run proves \
                  nothing about the engine",
                 d.as_str()
             );
         }
         if doors.gate_canary {
-            println!("WARNING: MEMRA_GATE_CANARY=1 feeds one wrong token; this gate must FAIL");
+            say!("WARNING: MEMRA_GATE_CANARY=1 feeds one wrong token; this gate must FAIL");
         }
         self.append(&json!({ "doors": obj }))
     }
@@ -224,16 +235,16 @@ impl Reporter {
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
             .join(" ");
-        println!(
+        say!(
             "{:<5} {:<22} {metrics}",
             check.status.as_str().to_uppercase(),
             check.name
         );
         if !check.message.is_empty() {
-            println!("      {}", check.message);
+            say!("      {}", check.message);
         }
         if let Some(m) = &check.first_mismatch {
-            println!("      first mismatch: {m}");
+            say!("      first mismatch: {m}");
         }
         self.append(&check.to_json())
     }
@@ -246,10 +257,10 @@ impl Reporter {
     /// Prints the verdict line and returns the exit status.
     pub fn finish(&self) -> GateExit {
         if self.failures == 0 {
-            println!("ALL GREEN: {}", self.gate);
+            say!("ALL GREEN: {}", self.gate);
             GateExit::Pass
         } else {
-            println!("FAIL: {} ({} failed checks)", self.gate, self.failures);
+            say!("FAIL: {} ({} failed checks)", self.gate, self.failures);
             GateExit::Fail
         }
     }
