@@ -180,3 +180,24 @@ fn large_preset_timing() {
         std::fs::remove_file(&p).unwrap();
     }
 }
+
+/// Tensors above 2^20 elements are generated in several chunks in parallel; the bytes must not
+/// depend on how many threads share them.
+#[test]
+fn multi_chunk_tensors_do_not_depend_on_the_thread_count() {
+    let mut hp = synth::preset("tiny").unwrap().hparams;
+    hp.n_layer = 1;
+    hp.n_embd = 64;
+    hp.n_vocab = 40_000; // a 2.56M-element embedding: three chunks
+    let dir = tempfile::tempdir().unwrap();
+    let write = |threads: usize, name: &str| {
+        let p = dir.path().join(name);
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| synth::write_model("wide", &hp, GgmlType::Q4_1, 3, &p).unwrap());
+        sha256_file(&p)
+    };
+    assert_eq!(write(1, "one.gguf"), write(3, "three.gguf"));
+}
