@@ -77,7 +77,8 @@ pub struct RunArgs {
     /// Progress display: bars on a terminal, one plain line per event otherwise.
     #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
     pub progress: ProgressMode,
-    /// Time between SIGTERM and SIGKILL when a node times out or the run is interrupted.
+    /// Time between SIGTERM and SIGKILL when a node times out or the run is interrupted
+    /// (default: 5s; a second Ctrl-C skips what is left of it).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub grace: Option<std::time::Duration>,
 }
