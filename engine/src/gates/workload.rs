@@ -208,6 +208,54 @@ fn step(
 mod tests {
     use super::*;
 
+    fn tiny_backend() -> Box<dyn Backend> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.gguf");
+        crate::synth::write_preset("tiny", "q8_0", 3, &path).unwrap();
+        let model = crate::model::LlamaModel::open(&path).unwrap();
+        let doors = crate::doors::Doors {
+            backend: crate::doors::BackendChoice::Cpu,
+            ..crate::doors::Doors::default()
+        };
+        crate::backend::open_backend(model, &doors).unwrap()
+    }
+
+    #[test]
+    fn runs_close_their_sequences_also_on_error() {
+        let mut be = tiny_backend();
+        let good = prompts(512, 2, 3, 0, 0);
+        let t = run(&mut *be, &good, 0, 2, Tick::Full(SamplingParams::greedy())).unwrap();
+        assert_eq!(
+            (t.logits.len(), t.logits[1].len(), t.tokens[1].len()),
+            (2, 2 * 512, 2)
+        );
+        // A token outside the vocabulary fails the second prime after the first opened.
+        let bad = vec![vec![1, 2], vec![9999]];
+        assert!(run(&mut *be, &bad, 0, 2, Tick::Single).is_err());
+        assert!(be.seq_len(SeqId(0)).is_err(), "sequence 0 was closed");
+        assert!(
+            run(&mut *be, &good, 0, 1, Tick::Single).is_ok(),
+            "ids reusable"
+        );
+    }
+
+    #[test]
+    fn side_by_side_puts_run_b_in_row_b() {
+        let mut be = tiny_backend();
+        let ps = prompts(512, 3, 4, 9, 0);
+        let alone = run_alone(&mut *be, &ps, 0, 2, Tick::Full(SamplingParams::greedy())).unwrap();
+        let second = run(
+            &mut *be,
+            &ps[1..2],
+            1,
+            2,
+            Tick::Full(SamplingParams::greedy()),
+        )
+        .unwrap();
+        assert_eq!(alone.logits[1][512..1024], second.logits[1][..]);
+        assert_eq!(alone.tokens[1][1], second.tokens[1][0]);
+    }
+
     #[test]
     fn prompts_are_distinct_uneven_and_seeded() {
         let a = prompts(512, 5, 6, 0, 0);
