@@ -35,3 +35,25 @@ extern "C" __global__ void kv_store_f32(float* cache, const float* src, const fl
     const float v = src[i];
     cache[(size_t)pos * row_len + i] = post_scale != 0 ? v * post_scale[0] : v;
 }
+
+// SwiGLU of a batch of rows (grid.y = row b; gate and up at b * stride) with the optional
+// per-row post-scale, quantized to q8_1 at once: one warp per block of 32 outputs. `hf`
+// (nullable) receives the f32 outputs. The values are swiglu_f32's, quantized as
+// quantize_q8_1_f32 would (twin::swiglu then twin::quantize_q8_1).
+extern "C" __global__ void swiglu_q8_1_f32(const float* gate, const float* up, int stride,
+                                           const float* post_scale, float* hf, block_q8_1* hq,
+                                           int n_ff) {
+    const int blk = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31, b = blockIdx.y, nb = n_ff / QK;
+    if (blk >= nb) return;
+    const int i = blk * QK + lane;
+    float g = gate[(size_t)b * stride + i], u = up[(size_t)b * stride + i];
+    if (post_scale != 0) {
+        const float s = post_scale[b];
+        g *= s;
+        u *= s;
+    }
+    const float o = (g / (1.0f + expf(-g))) * u;
+    if (hf != 0) hf[(size_t)b * n_ff + i] = o;
+    quantize_lane(o, hq + (size_t)b * nb + blk, lane);
+}

@@ -18,6 +18,8 @@ __device__ __forceinline__ void dp4a(const B* w, const block_q8_1* x, float* y, 
 #pragma unroll
     for (int j = 0; j < MAX_BATCH; ++j) acc[j] = 0.0f;
     const B* wr = w + (size_t)row * nb;
+    // Unrolled for load-level parallelism; the per-thread order of the adds is unchanged.
+#pragma unroll 4
     for (int k = t; k < 4 * nb_row; k += 128) {
         const int b = k >> 2, q = k & 3;
         const B* wb = wr + b;

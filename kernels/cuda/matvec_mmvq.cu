@@ -20,6 +20,9 @@ __device__ __forceinline__ void mmvq(const B* w, const block_q8_1* x, float* y, 
 #pragma unroll
     for (int j = 0; j < MAX_BATCH; ++j) acc[j] = 0.0f;
     const B* wr = w + (size_t)row * nb;
+    // Unrolling lets the loads of later blocks issue early; each accumulator still adds its
+    // blocks in lane order, so the bits do not change.
+#pragma unroll 4
     for (int b = lane; b < nb_row; b += 32) {
         const B wb = wr[b];
 #pragma unroll

@@ -24,3 +24,47 @@ extern "C" __global__ void rope_f32(float* x, const float* table, const float* p
     pair[0] = a * c - c2 * sn;
     pair[1] = a * sn + c2 * c;
 }
+
+// The engine's attention prologue for a batch of rows (grid.y = row b at position pos[b]):
+// RoPE of q in place and of k into the row's K cache, and v into its V cache, all with the
+// optional per-row post-scale (the fused tier's r). Caches are reached through per-row device
+// pointers (k_cache[b], v_cache[b]) so one launch serves rows of different sequences and a
+// captured graph replays with new positions. Pair j of q (or k) sits at offset 2j of its row,
+// whatever its head. The arithmetic is rope_f32's and kv_store_f32's (twin::rope, then
+// twin::kv_store with no scale for k and the post-scale for v).
+extern "C" __global__ void rope_store_rows_f32(float* q, int q_stride, const float* k,
+                                               int k_stride, const float* v, int v_stride,
+                                               const u64* k_cache, const u64* v_cache,
+                                               const float* table, const float* post_scale,
+                                               const int* pos, int n_head, int n_head_kv,
+                                               int head_dim, int n_pos) {
+    const int half = head_dim >> 1;
+    const int nq = n_head * half, nk = n_head_kv * half, kvd = n_head_kv * head_dim;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const int b = blockIdx.y;
+    const int p = pos[b];
+    if (p < 0 || p >= n_pos || i >= nq + nk + kvd) return;
+    const bool scaled = post_scale != 0;
+    const float s = scaled ? post_scale[b] : 1.0f;
+    if (i < nq + nk) {
+        const bool is_q = i < nq;
+        const int j = is_q ? i : i - nq;
+        const float* src = is_q ? q + (size_t)b * q_stride + 2 * j : k + (size_t)b * k_stride + 2 * j;
+        float a = src[0], c2 = src[1];
+        if (scaled) {
+            a *= s;
+            c2 *= s;
+        }
+        const float* cs = table + (size_t)p * head_dim + 2 * (j % half);
+        const float c = cs[0], sn = cs[1];
+        const float o0 = a * c - c2 * sn, o1 = a * sn + c2 * c;
+        float* dst = is_q ? q + (size_t)b * q_stride + 2 * j
+                          : (float*)k_cache[b] + (size_t)p * kvd + 2 * j;
+        dst[0] = o0;
+        dst[1] = o1;
+    } else {
+        const int e = i - nq - nk;
+        const float val = v[(size_t)b * v_stride + e];
+        ((float*)v_cache[b])[(size_t)p * kvd + e] = scaled ? val * s : val;
+    }
+}

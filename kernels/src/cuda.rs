@@ -17,6 +17,10 @@ use crate::compile::{self, CompiledPtx, PtxCache};
 use crate::error::KernelError;
 use crate::sources::{self, KernelSource};
 use crate::twin::{AttnShape, MatvecFamily, SAMPLE_THREADS, SPLIT_K_CHUNK};
+mod rows;
+
+pub use rows::{AttnRows, RopeStoreArgs, attention_can_quantize};
+
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
     PushKernelArg, ValidAsZeroBits,
@@ -114,7 +118,16 @@ impl Gpu {
             .map_err(KernelError::driver("reading the device name"))?;
         // NVRTC takes the architecture as a 'static str; one small string per opened device.
         let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
-        let stream = ctx.default_stream();
+        // Graph capture needs a stream other than the default one, and cudarc's per-slice
+        // event tracking would make captured launches depend on uncaptured events
+        // (CUDA_ERROR_STREAM_CAPTURE_ISOLATION): switch it off before any allocation and keep
+        // all work on this one stream, which orders it.
+        // SAFETY: called right after creating the context, before anything is allocated or
+        // launched on it; every later operation goes through `stream`.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(KernelError::driver("creating the CUDA stream"))?;
         Ok(Gpu {
             ctx,
             stream,

@@ -33,9 +33,10 @@ family!(ROPE, "rope.cu");
 family!(ATTENTION, "attention.cu");
 family!(ELEMENTWISE, "elementwise.cu");
 family!(SAMPLE, "sample.cu");
+family!(EMBED, "embed.cu");
 
 /// Every family, in a fixed order.
-pub const ALL: [KernelSource; 9] = [
+pub const ALL: [KernelSource; 10] = [
     QUANTIZE,
     NORM,
     MATVEC_MMVQ,
@@ -45,6 +46,7 @@ pub const ALL: [KernelSource; 9] = [
     ATTENTION,
     ELEMENTWISE,
     SAMPLE,
+    EMBED,
 ];
 
 impl KernelSource {

@@ -1,0 +1,510 @@
+//! Launchers of the engine's batched-row kernels: token embedding, the residual add fused
+//! with the norm and the q8_1 quantization, RoPE fused with the KV-cache store, SwiGLU fused
+//! with the quantization, and the attention families over per-row cache pointers.
+//!
+//! These kernels exist so that one decode step is few launches and so that everything that
+//! changes from step to step (tokens, positions, lengths) is read from device memory: a CUDA
+//! graph captured once then replays every step. Their arithmetic is the single-purpose
+//! kernels' (and so the twins'), composed; `docs/numerics.md` says how. Like every launcher
+//! here they check lengths against the geometry and return [`KernelError::Shape`] rather
+//! than launch out of bounds. Device pointers inside the pointer tables cannot be checked
+//! here; the caller owns them (see [`AttnRows`]).
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+use super::{DeviceWeights, EW_THREADS, Gpu, int, need, shape};
+use crate::blocks::{BlockQ8_1, QK};
+use crate::error::KernelError;
+use crate::sources;
+use crate::twin::NORM_THREADS;
+
+/// The per-row inputs of the attention prologue and of attention: positions and the K and V
+/// cache of each row, as device pointers.
+///
+/// The caller guarantees that `k_cache[b]` and `v_cache[b]` point at live f32 caches of at
+/// least `(pos[b] + 1) * kv_dim` floats (in the graph case, for every replay); the launchers
+/// can check only the table lengths.
+pub struct AttnRows<'a> {
+    pub pos: &'a CudaSlice<i32>,
+    pub k_cache: &'a CudaSlice<u64>,
+    pub v_cache: &'a CudaSlice<u64>,
+    pub batch: usize,
+}
+
+/// The model geometry of the attention prologue.
+#[derive(Debug, Clone, Copy)]
+pub struct RopeStoreArgs {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+}
+
+impl RopeStoreArgs {
+    fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+    fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+}
+
+fn check_rows(k: &'static str, rows: &AttnRows) -> Result<(), KernelError> {
+    need(k, "pos", rows.pos.len(), rows.batch)?;
+    need(k, "k_cache", rows.k_cache.len(), rows.batch)?;
+    need(k, "v_cache", rows.v_cache.len(), rows.batch)?;
+    if rows.batch == 0 {
+        return Err(shape(k, "batch = 0".into()));
+    }
+    Ok(())
+}
+
+/// Whether the attention kernels can quantize their output in place of a separate
+/// `quantize_q8_1` launch: every head's values must fill whole warps of the 128-thread block.
+pub fn attention_can_quantize(head_dim: usize) -> bool {
+    head_dim.is_multiple_of(QK) && head_dim > 0 && head_dim <= 128
+}
+
+fn check_outq(
+    k: &'static str,
+    outq: &Option<&mut CudaSlice<BlockQ8_1>>,
+    batch: usize,
+    g: RopeStoreArgs,
+) -> Result<(), KernelError> {
+    if let Some(q) = outq {
+        if !attention_can_quantize(g.head_dim) {
+            return Err(shape(
+                k,
+                format!(
+                    "head_dim = {} cannot be quantized in the attention kernel (needs a \
+                     multiple of 32 up to 128); quantize the output separately",
+                    g.head_dim
+                ),
+            ));
+        }
+        need(k, "outq", q.len(), batch * g.q_dim() / QK)?;
+    }
+    Ok(())
+}
+
+impl Gpu {
+    /// `x[b] = row tokens[b] of w` as f32, for `batch` rows of `cols`.
+    pub fn embed(
+        &self,
+        w: DeviceWeights,
+        vocab: usize,
+        cols: usize,
+        tokens: &CudaSlice<u32>,
+        x: &mut CudaSlice<f32>,
+        batch: usize,
+    ) -> Result<(), KernelError> {
+        let (k, wlen, units) = match w {
+            DeviceWeights::Q4_0(s) => ("embed_q4_0", s.len(), vocab * cols / QK),
+            DeviceWeights::Q4_1(s) => ("embed_q4_1", s.len(), vocab * cols / QK),
+            DeviceWeights::Q8_0(s) => ("embed_q8_0", s.len(), vocab * cols / QK),
+            DeviceWeights::F32(s) => ("embed_f32", s.len(), vocab * cols),
+            DeviceWeights::F16(s) => ("embed_f16", s.len(), vocab * cols),
+            DeviceWeights::BF16(s) => ("embed_bf16", s.len(), vocab * cols),
+        };
+        if !cols.is_multiple_of(QK) || batch == 0 {
+            return Err(shape(
+                k,
+                format!("cols = {cols} must be a multiple of 32 and batch = {batch} positive"),
+            ));
+        }
+        need(k, "w", wlen, units)?;
+        need(k, "tokens", tokens.len(), batch)?;
+        need(k, "x", x.len(), batch * cols)?;
+        let c = int(k, "cols", cols)?;
+        let f = self.func(&sources::EMBED, k)?;
+        let cfg = LaunchConfig {
+            grid_dim: ((cols as u32).div_ceil(EW_THREADS), batch as u32, 1),
+            block_dim: (EW_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        match w {
+            DeviceWeights::Q4_0(s) => b.arg(s),
+            DeviceWeights::Q4_1(s) => b.arg(s),
+            DeviceWeights::Q8_0(s) => b.arg(s),
+            DeviceWeights::F32(s) => b.arg(s),
+            DeviceWeights::F16(s) => b.arg(s),
+            DeviceWeights::BF16(s) => b.arg(s),
+        };
+        b.arg(tokens).arg(x).arg(&c);
+        // SAFETY: the kernel reads rows tokens[b] of a [vocab, cols] matrix (the caller's
+        // tokens are checked against the vocabulary before upload) and writes batch * cols
+        // floats; the lengths were checked above.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {k}")))?;
+        Ok(())
+    }
+
+    /// The norm step of `rows` rows of `cols`: `x += delta` (when given), then q8_1 of
+    /// `(x * r) * g` into `yq` (separate composition, `r_out` `None`) or of `x * g` with `r`
+    /// into `r_out` (fused composition). `xf` receives the quantized f32 values.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rmsnorm_q8_1(
+        &self,
+        x: &mut CudaSlice<f32>,
+        delta: Option<&CudaSlice<f32>>,
+        g: &CudaSlice<f32>,
+        xf: Option<&mut CudaSlice<f32>>,
+        yq: &mut CudaSlice<BlockQ8_1>,
+        r_out: Option<&mut CudaSlice<f32>>,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<(), KernelError> {
+        const K: &str = "add_rmsnorm_q8_1_f32";
+        if !cols.is_multiple_of(QK) || cols == 0 || rows == 0 {
+            return Err(shape(
+                K,
+                format!("cols = {cols} must be a positive multiple of 32, rows = {rows} positive"),
+            ));
+        }
+        need(K, "x", x.len(), rows * cols)?;
+        if let Some(d) = delta {
+            need(K, "delta", d.len(), rows * cols)?;
+        }
+        need(K, "g", g.len(), cols)?;
+        if let Some(f) = &xf {
+            need(K, "xf", f.len(), rows * cols)?;
+        }
+        need(K, "yq", yq.len(), rows * cols / QK)?;
+        if let Some(r) = &r_out {
+            need(K, "r_out", r.len(), rows)?;
+        }
+        let c = int(K, "cols", cols)?;
+        let f = self.func(&sources::NORM, K)?;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (NORM_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let null = 0u64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x);
+        match delta {
+            Some(d) => b.arg(d),
+            None => b.arg(&null),
+        };
+        b.arg(g);
+        match xf {
+            Some(v) => b.arg(v),
+            None => b.arg(&null),
+        };
+        b.arg(yq);
+        match r_out {
+            Some(v) => b.arg(v),
+            None => b.arg(&null),
+        };
+        b.arg(&c).arg(&eps);
+        // SAFETY: one block per row; every buffer was checked for rows * cols values (yq for
+        // rows * cols / 32 blocks, r_out one per row); null optional pointers are tested by
+        // the kernel before use.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
+    /// RoPE and KV store of `rows.batch` rows of `qkv` (`[B][q | k | v]`, row stride
+    /// `q_dim + 2 kv_dim`): q rotated in place, k rotated into `k_cache[b]` and v copied
+    /// into `v_cache[b]` at `pos[b]`, all scaled by `post_scale[b]` when given. `table` comes
+    /// from [`crate::twin::rope_table`].
+    pub fn rope_store_rows(
+        &self,
+        qkv: &mut CudaSlice<f32>,
+        table: &CudaSlice<f32>,
+        post_scale: Option<&CudaSlice<f32>>,
+        rows: &AttnRows,
+        g: RopeStoreArgs,
+    ) -> Result<(), KernelError> {
+        const K: &str = "rope_store_rows_f32";
+        check_rows(K, rows)?;
+        if g.head_dim == 0 || !g.head_dim.is_multiple_of(2) || g.n_head_kv == 0 {
+            return Err(shape(
+                K,
+                format!("{g:?}: head_dim must be even and positive"),
+            ));
+        }
+        let (qd, kvd) = (g.q_dim(), g.kv_dim());
+        let stride = qd + 2 * kvd;
+        need(K, "qkv", qkv.len(), rows.batch * stride)?;
+        if let Some(s) = post_scale {
+            need(K, "post_scale", s.len(), rows.batch)?;
+        }
+        let n_pos = int(K, "table positions", table.len() / g.head_dim)?;
+        let (st, h, hkv, d) = (
+            int(K, "row stride", stride)?,
+            int(K, "n_head", g.n_head)?,
+            int(K, "n_head_kv", g.n_head_kv)?,
+            int(K, "head_dim", g.head_dim)?,
+        );
+        let threads = (qd / 2 + kvd / 2 + kvd) as u32;
+        let f = self.func(&sources::ROPE, K)?;
+        let cfg = LaunchConfig {
+            grid_dim: (threads.div_ceil(EW_THREADS), rows.batch as u32, 1),
+            block_dim: (EW_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // q is written in place while k and v are read from the same buffer (disjoint
+        // columns of each row), so the three are passed as addresses into it.
+        let (base, _sync) = qkv.device_ptr_mut(&self.stream);
+        let (q, k, v) = (base, base + 4 * qd as u64, base + 4 * (qd + kvd) as u64);
+        let null = 0u64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&q).arg(&st).arg(&k).arg(&st).arg(&v).arg(&st);
+        b.arg(rows.k_cache).arg(rows.v_cache).arg(table);
+        match post_scale {
+            Some(s) => b.arg(s),
+            None => b.arg(&null),
+        };
+        b.arg(rows.pos).arg(&h).arg(&hkv).arg(&d).arg(&n_pos);
+        // SAFETY: qkv holds batch rows of `stride` floats (checked), and the three addresses
+        // are column offsets inside each row; positions outside the table are skipped by the
+        // kernel; the cache pointers are the caller's contract (see AttnRows).
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
+    /// SwiGLU of `batch` rows of `gu` (`[B][gate | up]`, `n_ff` each) with the optional
+    /// per-row post-scale, quantized to q8_1 into `hq` (and f32 into `hf` when given).
+    #[allow(clippy::too_many_arguments)]
+    pub fn swiglu_q8_1(
+        &self,
+        gu: &CudaSlice<f32>,
+        post_scale: Option<&CudaSlice<f32>>,
+        hf: Option<&mut CudaSlice<f32>>,
+        hq: &mut CudaSlice<BlockQ8_1>,
+        batch: usize,
+        n_ff: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "swiglu_q8_1_f32";
+        if !n_ff.is_multiple_of(QK) || n_ff == 0 || batch == 0 {
+            return Err(shape(
+                K,
+                format!(
+                    "n_ff = {n_ff} must be a positive multiple of 32, batch = {batch} positive"
+                ),
+            ));
+        }
+        need(K, "gu", gu.len(), batch * 2 * n_ff)?;
+        if let Some(s) = post_scale {
+            need(K, "post_scale", s.len(), batch)?;
+        }
+        if let Some(h) = &hf {
+            need(K, "hf", h.len(), batch * n_ff)?;
+        }
+        need(K, "hq", hq.len(), batch * n_ff / QK)?;
+        let (st, n) = (int(K, "stride", 2 * n_ff)?, int(K, "n_ff", n_ff)?);
+        let f = self.func(&sources::ELEMENTWISE, K)?;
+        let blocks = (n_ff / QK) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks.div_ceil(8), batch as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let gate = gu.slice(..);
+        let up = gu.slice(n_ff..);
+        let null = 0u64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&gate).arg(&up).arg(&st);
+        match post_scale {
+            Some(s) => b.arg(s),
+            None => b.arg(&null),
+        };
+        match hf {
+            Some(h) => b.arg(h),
+            None => b.arg(&null),
+        };
+        b.arg(hq).arg(&n);
+        // SAFETY: gate and up address batch rows of stride 2 * n_ff inside gu (checked); hq
+        // and hf hold batch * n_ff values; null optional pointers are tested by the kernel.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
+    /// Split-K attention of `rows.batch` rows; row b's query is at `q + b * q_stride` (the
+    /// q columns of the qkv buffer) and `out` is `[B][n_head * head_dim]`. `part_o` holds
+    /// `B * n_head * max_chunks * head_dim` and `part_ml` `B * n_head * max_chunks * 2`
+    /// floats; every row's length must fit `max_chunks * 64` (the kernel covers no more).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_split_k_rows(
+        &self,
+        q: &CudaSlice<f32>,
+        q_stride: usize,
+        rows: &AttnRows,
+        out: &mut CudaSlice<f32>,
+        outq: Option<&mut CudaSlice<BlockQ8_1>>,
+        part_o: &mut CudaSlice<f32>,
+        part_ml: &mut CudaSlice<f32>,
+        g: RopeStoreArgs,
+        max_chunks: usize,
+        scale: f32,
+    ) -> Result<(), KernelError> {
+        const K: &str = "attention_split_k_rows_f32";
+        const C: &str = "attention_combine_rows_f32";
+        check_rows(K, rows)?;
+        if g.n_head_kv == 0 || !g.n_head.is_multiple_of(g.n_head_kv) || max_chunks == 0 {
+            return Err(shape(
+                K,
+                format!("{g:?}, max_chunks = {max_chunks}: n_head must be a multiple of n_head_kv"),
+            ));
+        }
+        let bt = rows.batch;
+        need(K, "q", q.len(), (bt - 1) * q_stride + g.q_dim())?;
+        need(K, "out", out.len(), bt * g.q_dim())?;
+        check_outq(K, &outq, bt, g)?;
+        need(
+            K,
+            "part_o",
+            part_o.len(),
+            bt * g.n_head * max_chunks * g.head_dim,
+        )?;
+        need(K, "part_ml", part_ml.len(), bt * g.n_head * max_chunks * 2)?;
+        let (qs, h, hkv, d, mc) = (
+            int(K, "q_stride", q_stride)?,
+            int(K, "n_head", g.n_head)?,
+            int(K, "n_head_kv", g.n_head_kv)?,
+            int(K, "head_dim", g.head_dim)?,
+            int(K, "max_chunks", max_chunks)?,
+        );
+        let f = self.func(&sources::ATTENTION, K)?;
+        let cfg = LaunchConfig {
+            grid_dim: (g.n_head as u32, max_chunks as u32, bt as u32),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(q)
+            .arg(&qs)
+            .arg(rows.k_cache)
+            .arg(rows.v_cache)
+            .arg(rows.pos)
+            .arg(&mut *part_o)
+            .arg(&mut *part_ml)
+            .arg(&h)
+            .arg(&hkv)
+            .arg(&d)
+            .arg(&scale);
+        // SAFETY: q, the partial buffers and the tables were checked for the grid; chunks
+        // beyond a row's length exit; the cache pointers are the caller's contract.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        let fc = self.func(&sources::ATTENTION, C)?;
+        let cfg = LaunchConfig {
+            grid_dim: (g.n_head as u32, bt as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&fc);
+        let null = 0u64;
+        b.arg(&*part_o).arg(&*part_ml).arg(out);
+        match outq {
+            Some(q) => b.arg(q),
+            None => b.arg(&null),
+        };
+        b.arg(rows.pos).arg(&h).arg(&mc).arg(&d);
+        // SAFETY: as above; out holds B * n_head * head_dim floats.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {C}")))?;
+        Ok(())
+    }
+
+    /// One-block-per-head attention of `rows.batch` rows (see
+    /// [`Gpu::attention_split_k_rows`]); `scratch` holds `B * n_head * scratch_stride` floats
+    /// and every row's length must fit `scratch_stride`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_naive_rows(
+        &self,
+        q: &CudaSlice<f32>,
+        q_stride: usize,
+        rows: &AttnRows,
+        out: &mut CudaSlice<f32>,
+        outq: Option<&mut CudaSlice<BlockQ8_1>>,
+        scratch: &mut CudaSlice<f32>,
+        g: RopeStoreArgs,
+        scratch_stride: usize,
+        scale: f32,
+    ) -> Result<(), KernelError> {
+        const K: &str = "attention_naive_rows_f32";
+        check_rows(K, rows)?;
+        if g.n_head_kv == 0 || !g.n_head.is_multiple_of(g.n_head_kv) || scratch_stride == 0 {
+            return Err(shape(
+                K,
+                format!(
+                    "{g:?}, scratch_stride = {scratch_stride}: n_head must be a multiple of n_head_kv"
+                ),
+            ));
+        }
+        let bt = rows.batch;
+        need(K, "q", q.len(), (bt - 1) * q_stride + g.q_dim())?;
+        need(K, "out", out.len(), bt * g.q_dim())?;
+        check_outq(K, &outq, bt, g)?;
+        need(K, "scratch", scratch.len(), bt * g.n_head * scratch_stride)?;
+        let (qs, h, hkv, d, ss) = (
+            int(K, "q_stride", q_stride)?,
+            int(K, "n_head", g.n_head)?,
+            int(K, "n_head_kv", g.n_head_kv)?,
+            int(K, "head_dim", g.head_dim)?,
+            int(K, "scratch_stride", scratch_stride)?,
+        );
+        let f = self.func(&sources::ATTENTION, K)?;
+        let cfg = LaunchConfig {
+            grid_dim: (g.n_head as u32, bt as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(q)
+            .arg(&qs)
+            .arg(rows.k_cache)
+            .arg(rows.v_cache)
+            .arg(rows.pos)
+            .arg(out);
+        let null = 0u64;
+        match outq {
+            Some(q) => b.arg(q),
+            None => b.arg(&null),
+        };
+        b.arg(scratch)
+            .arg(&h)
+            .arg(&hkv)
+            .arg(&d)
+            .arg(&ss)
+            .arg(&scale);
+        // SAFETY: q, out, scratch and the tables were checked for the grid; the cache
+        // pointers are the caller's contract.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
+    /// The device address of a slice, for the pointer tables of [`AttnRows`].
+    pub fn address<T>(&self, s: &CudaSlice<T>) -> u64 {
+        let (p, _sync) = s.device_ptr(&self.stream);
+        p
+    }
+}
+
+impl Gpu {
+    /// q8_1 quantization of the first `n_blocks` blocks of `x` into `y` (the engine's
+    /// buffers are sized for the largest batch and width, so the count is explicit).
+    pub fn quantize_q8_1_n(
+        &self,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<BlockQ8_1>,
+        n_blocks: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "quantize_q8_1_f32";
+        need(K, "x", x.len(), n_blocks * QK)?;
+        need(K, "y", y.len(), n_blocks)?;
+        let n = int(K, "blocks", n_blocks)?;
+        let f = self.func(&sources::QUANTIZE, K)?;
+        let cfg = LaunchConfig {
+            grid_dim: ((n as u32).div_ceil(8).max(1), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(y).arg(&n);
+        // SAFETY: the kernel reads 32 * n floats of x and writes n blocks of y, both checked.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+}
