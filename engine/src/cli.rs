@@ -105,6 +105,10 @@ enum Command {
         /// Decode batch sizes, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "1,8")]
         batch: Vec<usize>,
+        /// GPU table instead: decode tokens/s at every --batch size under each door
+        /// setting, weight GB/s and the device's copy bandwidth (needs a CUDA device).
+        #[arg(long)]
+        door_matrix: bool,
     },
 }
 
@@ -299,6 +303,7 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             steps,
             reps,
             batch,
+            door_matrix,
         } => {
             let doors = doors()?;
             let plan = BenchPlan {
@@ -313,6 +318,9 @@ fn dispatch(command: Command) -> Result<(), Failure> {
                 ));
             }
             let (model, title, _tmp) = bench_model(model)?;
+            if door_matrix {
+                return cuda_door_matrix(model, &title, &doors, &plan);
+            }
             let mut backend = crate::backend::open_backend(model, &doors).map_err(bad)?;
             let report = backend.doors_report().to_json();
             let rows = bench::run(backend.as_mut(), &plan).map_err(engine_failure)?;
@@ -327,6 +335,32 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             Ok(())
         }
     }
+}
+
+/// `bench --door-matrix`: the model uploaded once, then the GPU table of
+/// `backend::cuda::bench`.
+fn cuda_door_matrix(
+    model: LlamaModel,
+    title: &str,
+    doors: &Doors,
+    plan: &BenchPlan,
+) -> Result<(), Failure> {
+    use crate::backend::cuda;
+    let gpu = cuda::open_device(doors)
+        .map_err(|why| bad(format!("bench --door-matrix needs a CUDA device: {why}")))?;
+    let dm = std::sync::Arc::new(cuda::DevModel::upload(gpu, &model).map_err(engine_failure)?);
+    drop(model);
+    let table = cuda::bench::door_matrix(
+        &dm,
+        title,
+        doors,
+        &plan.batches,
+        plan.decode_steps,
+        plan.reps,
+    )
+    .map_err(engine_failure)?;
+    println!("{table}");
+    Ok(())
 }
 
 /// The bench model: the given file, else the real checkpoint in models/, else a synthesized

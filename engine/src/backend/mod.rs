@@ -7,6 +7,7 @@
 //! each backend: [`cpu`] builds it from the kernel twins; the CUDA backend from the kernels.
 
 pub mod cpu;
+pub mod cuda;
 pub mod stages;
 
 use std::fmt;
@@ -159,19 +160,40 @@ pub trait Backend: Send {
     }
 }
 
-/// Opens the backend the doors ask for. `auto` is the CPU backend until the CUDA backend is
-/// part of this build.
+/// Opens the backend the doors ask for: `cpu`; `cuda`, failing with what is missing when no
+/// usable device is there; `auto`, the CUDA backend when a device and the CUDA libraries
+/// are present and the CPU backend otherwise, saying so once per process on stderr.
 pub fn open_backend(model: LlamaModel, doors: &Doors) -> Result<Box<dyn Backend>, EngineError> {
     match doors.backend {
-        BackendChoice::Cpu | BackendChoice::Auto => {
-            Ok(Box::new(cpu::CpuBackend::new(model, doors.clone())?))
-        }
-        BackendChoice::Cuda => Err(EngineError::Unavailable(
-            "MEMRA_BACKEND=cuda: the CUDA backend is not available in this build/machine; \
-             use MEMRA_BACKEND=cpu or auto"
-                .into(),
+        BackendChoice::Cpu => Ok(Box::new(cpu::CpuBackend::new(model, doors.clone())?)),
+        BackendChoice::Cuda => Ok(Box::new(
+            cuda::CudaBackend::new(&model, doors.clone()).map_err(|e| match e {
+                EngineError::Unavailable(why) => EngineError::Unavailable(format!(
+                    "MEMRA_BACKEND=cuda: {why}; use MEMRA_BACKEND=cpu or auto to run on the CPU"
+                )),
+                other => other,
+            })?,
         )),
+        BackendChoice::Auto => match cuda::open_device(doors) {
+            Ok(gpu) => Ok(Box::new(cuda::CudaBackend::on_device(
+                gpu,
+                &model,
+                doors.clone(),
+            )?)),
+            Err(why) => {
+                announce_cpu_fallback(&why);
+                Ok(Box::new(cpu::CpuBackend::new(model, doors.clone())?))
+            }
+        },
     }
+}
+
+/// Prints the reason `MEMRA_BACKEND=auto` runs on the CPU, the first time only.
+fn announce_cpu_fallback(why: &str) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        eprintln!("memra-engine: MEMRA_BACKEND=auto: no usable GPU ({why}); running on the CPU");
+    });
 }
 
 /// The planted plumbing defect of `MEMRA_GATE_CANARY=1` (one wrong token), shared by every

@@ -1,0 +1,905 @@
+//! The CUDA backend: the engine API computed by the kernels of `memra_kernels` on one device,
+//! with the weights resident in their GGUF storage types.
+//!
+//! It owns the device state of a run: the sequences' KV caches, the step buffers, the
+//! per-row tables that say where each row's caches live, and the CUDA graphs of the decode
+//! step. It computes the compositions the CPU backend computes (DESIGN §7): prefill and the
+//! batched path run the separate composition (norm → q8_1 → matvec with every scale inside);
+//! the single-sequence path runs the fused tier when `MEMRA_MMVQ=1` and
+//! `MEMRA_NO_FUSE_NORMQ=0` (norm+quantize fused, r applied by RoPE, the V store, SwiGLU and
+//! the head's scale). Which kernel computes what, and why that is the twins' arithmetic, is
+//! in `docs/numerics.md`; the model upload is in [`weights`].
+//!
+//! Everything a step changes (token ids, positions, hence lengths) lives in device buffers,
+//! so the launches of one decode step are captured once per (rows, tier, attention chunk
+//! bucket) and replayed. Sampled steps ("lean ticks") pick tokens on the device and copy back
+//! only the tokens.
+
+pub mod bench;
+pub mod check;
+mod weights;
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, DriverError, sys};
+use memra_kernels::blocks::{BlockQ8_1, QK};
+use memra_kernels::cuda::{AttnRows, Gpu, RopeStoreArgs, attention_can_quantize};
+use memra_kernels::error::KernelError;
+use memra_kernels::twin::{MatvecFamily, SPLIT_K_CHUNK};
+
+pub use weights::{DevModel, DevWeight};
+
+use super::{Backend, EngineError, SeqId, canary_token};
+use crate::doors::{Doors, DoorsReport};
+use crate::model::{LlamaConfig, LlamaModel};
+use crate::sampling::SamplingParams;
+
+/// Rows of one pass: decode batches and prompt chunks larger than this run as several
+/// passes (rows are independent, so the split changes no bit).
+pub const MAX_ROWS: usize = 64;
+
+/// A device failure as an engine error; out of memory says so and what to do.
+pub(crate) fn device_err(what: &str, e: DriverError) -> EngineError {
+    if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+        EngineError::Unavailable(format!(
+            "out of device memory while {what}; use a smaller model, batch or sequence \
+             capacity, or MEMRA_BACKEND=cpu"
+        ))
+    } else {
+        EngineError::Unavailable(format!("CUDA error while {what}: {e}"))
+    }
+}
+
+fn kernel_err(e: KernelError) -> EngineError {
+    match e {
+        KernelError::Driver { what, source } => device_err(&what, source),
+        other => EngineError::Model(format!("kernel launch refused: {other}")),
+    }
+}
+
+/// Opens the device the doors name (stage 0's), or says why there is none usable: missing
+/// libraries, no device, a pipeline over several devices.
+pub fn open_device(doors: &Doors) -> Result<Gpu, String> {
+    let ordinal = doors.pp_devices.first().copied().unwrap_or(0);
+    if doors.pp_devices.iter().any(|&d| d != ordinal) {
+        return Err(format!(
+            "MEMRA_PP_DEVICES={}: the CUDA backend runs every pipeline stage on one device; \
+             give every stage the same device (e.g. {ordinal},{ordinal}) or use \
+             MEMRA_BACKEND=cpu",
+            doors
+                .pp_devices
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        ));
+    }
+    let gpu = Gpu::new(ordinal).map_err(|e| format!("CUDA device {ordinal}: {e}"))?;
+    gpu.load_all()
+        .map_err(|e| format!("compiling the kernels for {}: {e}", gpu.name()))?;
+    Ok(gpu)
+}
+
+/// Which composition a pass runs (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Tier {
+    Separate,
+    Fused,
+}
+
+/// One row of a pass.
+#[derive(Debug, Clone, Copy)]
+struct RowSpec {
+    seq: SeqId,
+    pos: usize,
+    token: u32,
+}
+
+/// A sequence: its length and its KV caches, one `[capacity, kv_dim]` buffer per layer.
+struct DevSeq {
+    len: usize,
+    capacity: usize,
+    /// Distinguishes a reopened id from the sequence it replaced in the pointer tables.
+    generation: u64,
+    k: Vec<CudaSlice<f32>>,
+    v: Vec<CudaSlice<f32>>,
+}
+
+/// The buffers of one pass, sized for [`MAX_ROWS`] rows and for the longest open sequence.
+/// Graphs capture their addresses, so replacing them drops every graph.
+struct Scratch {
+    max_len: usize,
+    max_chunks: usize,
+    x: CudaSlice<f32>,
+    delta: CudaSlice<f32>,
+    xf: CudaSlice<f32>,
+    hf: CudaSlice<f32>,
+    att: CudaSlice<f32>,
+    xq: CudaSlice<BlockQ8_1>,
+    r: CudaSlice<f32>,
+    qkv: CudaSlice<f32>,
+    gu: CudaSlice<f32>,
+    part_o: CudaSlice<f32>,
+    part_ml: CudaSlice<f32>,
+    naive: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
+    p_scratch: CudaSlice<f32>,
+    tokens: CudaSlice<u32>,
+    pos: CudaSlice<i32>,
+    seq_ids: CudaSlice<u32>,
+    steps: CudaSlice<u32>,
+    picked: CudaSlice<u32>,
+    kptr: Vec<CudaSlice<u64>>,
+    vptr: Vec<CudaSlice<u64>>,
+}
+
+fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    what: &str,
+    n: usize,
+) -> Result<CudaSlice<T>, EngineError> {
+    stream.alloc_zeros::<T>(n.max(1)).map_err(|e| {
+        device_err(
+            &format!("allocating {what} ({} bytes)", n * std::mem::size_of::<T>()),
+            e,
+        )
+    })
+}
+
+impl Scratch {
+    fn new(stream: &Arc<CudaStream>, c: &LlamaConfig, max_len: usize) -> Result<Self, EngineError> {
+        let r = MAX_ROWS;
+        let (d, qd, kvd, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
+        let widest = d.max(qd).max(ff);
+        let max_chunks = max_len.div_ceil(SPLIT_K_CHUNK);
+        Ok(Scratch {
+            max_len,
+            max_chunks,
+            x: alloc(stream, "the residual stream", r * d)?,
+            delta: alloc(stream, "the matvec output", r * d)?,
+            xf: alloc(stream, "the f32 activations", r * d)?,
+            hf: alloc(stream, "the SwiGLU output", r * ff)?,
+            att: alloc(stream, "the attention output", r * qd)?,
+            xq: alloc(stream, "the q8_1 activations", r * widest / QK)?,
+            r: alloc(stream, "the norm factors", r)?,
+            qkv: alloc(stream, "the q/k/v projections", r * (qd + 2 * kvd))?,
+            gu: alloc(stream, "the gate/up projections", r * 2 * ff)?,
+            part_o: alloc(
+                stream,
+                "the split-K partial outputs",
+                r * c.n_head * max_chunks * c.head_dim,
+            )?,
+            part_ml: alloc(
+                stream,
+                "the split-K partial maxima",
+                r * c.n_head * max_chunks * 2,
+            )?,
+            naive: alloc(stream, "the attention scores", r * c.n_head * max_len)?,
+            logits: alloc(stream, "the logits", r * c.n_vocab)?,
+            p_scratch: alloc(stream, "the sampling scratch", r * c.n_vocab)?,
+            tokens: alloc(stream, "the token ids", r)?,
+            pos: alloc(stream, "the positions", r)?,
+            seq_ids: alloc(stream, "the sequence ids", r)?,
+            steps: alloc(stream, "the sampling steps", r)?,
+            picked: alloc(stream, "the picked tokens", r)?,
+            kptr: (0..c.n_layer)
+                .map(|_| alloc(stream, "the K cache table", r))
+                .collect::<Result<_, _>>()?,
+            vptr: (0..c.n_layer)
+                .map(|_| alloc(stream, "the V cache table", r))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+}
+
+/// A captured decode step.
+struct Graph(CudaGraph);
+
+// SAFETY: a CudaGraph holds raw driver handles that must not be used from two threads at
+// once. The backend owns its graphs outright and touches them only through `&mut self`, so
+// moving the backend to another thread moves them with it and never shares them.
+unsafe impl Send for Graph {}
+
+/// What a captured graph depends on besides buffer addresses: the rows, the composition and
+/// the split-K grid (a power of two of chunks, so a growing sequence recaptures rarely).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct GraphKey {
+    rows: usize,
+    tier: Tier,
+    chunks: usize,
+}
+
+/// The CUDA backend. See the module docs.
+pub struct CudaBackend {
+    dm: Arc<DevModel>,
+    doors: Doors,
+    family: MatvecFamily,
+    /// Whether the single-sequence path runs the fused tier (refused under MEMRA_MMVQ=0).
+    fused_single: bool,
+    stages: Vec<Range<usize>>,
+    seqs: BTreeMap<SeqId, DevSeq>,
+    generation: u64,
+    scratch: Option<Scratch>,
+    graphs: HashMap<GraphKey, Graph>,
+    /// The (sequence, generation) of every row the pointer tables hold now.
+    tables_for: Vec<(SeqId, u64)>,
+    use_graphs: bool,
+}
+
+impl CudaBackend {
+    /// Opens the device the doors name and uploads `model` to it.
+    pub fn new(model: &LlamaModel, doors: Doors) -> Result<CudaBackend, EngineError> {
+        let gpu = open_device(&doors).map_err(EngineError::Unavailable)?;
+        Self::on_device(gpu, model, doors)
+    }
+
+    /// Uploads `model` to an opened device.
+    pub fn on_device(
+        gpu: Gpu,
+        model: &LlamaModel,
+        doors: Doors,
+    ) -> Result<CudaBackend, EngineError> {
+        let dm = DevModel::upload(gpu, model)?;
+        Self::with_model(Arc::new(dm), doors)
+    }
+
+    /// A backend under `doors` over a model already on the device (several door settings
+    /// can share one upload).
+    pub fn with_model(dm: Arc<DevModel>, doors: Doors) -> Result<CudaBackend, EngineError> {
+        let stages = doors
+            .stage_ranges(dm.config.n_layer)
+            .map_err(EngineError::Model)?;
+        Ok(CudaBackend {
+            family: if doors.mmvq {
+                MatvecFamily::Mmvq
+            } else {
+                MatvecFamily::Dp4a
+            },
+            fused_single: doors.mmvq && !doors.no_fuse_normq,
+            stages,
+            doors,
+            dm,
+            seqs: BTreeMap::new(),
+            generation: 0,
+            scratch: None,
+            graphs: HashMap::new(),
+            tables_for: Vec::new(),
+            use_graphs: true,
+        })
+    }
+
+    /// The model on the device.
+    pub fn device_model(&self) -> &Arc<DevModel> {
+        &self.dm
+    }
+
+    /// Switches CUDA graphs off (every launch eager) or on; the numbers are the same either
+    /// way, only the launch overhead differs.
+    pub fn set_graphs(&mut self, on: bool) {
+        self.use_graphs = on;
+        self.graphs.clear();
+    }
+
+    /// The device's name.
+    pub fn device_name(&self) -> &str {
+        self.dm.gpu.name()
+    }
+
+    fn check_token(&self, token: u32) -> Result<(), EngineError> {
+        if (token as usize) < self.dm.config.n_vocab {
+            Ok(())
+        } else {
+            Err(EngineError::BadToken {
+                token,
+                n_vocab: self.dm.config.n_vocab,
+            })
+        }
+    }
+
+    fn reserve(&self, seq: SeqId, adding: usize) -> Result<usize, EngineError> {
+        let st = self
+            .seqs
+            .get(&seq)
+            .ok_or(EngineError::UnknownSequence(seq))?;
+        if st.len + adding > st.capacity {
+            return Err(EngineError::CacheFull {
+                seq,
+                len: st.len,
+                capacity: st.capacity,
+                adding,
+            });
+        }
+        Ok(st.len)
+    }
+
+    fn stream(&self) -> Arc<CudaStream> {
+        self.dm.gpu.stream().clone()
+    }
+
+    /// Makes sure the step buffers cover the longest open sequence.
+    fn ensure_scratch(&mut self) -> Result<(), EngineError> {
+        let need = self.seqs.values().map(|s| s.capacity).max().unwrap_or(1);
+        if self.scratch.as_ref().is_some_and(|s| s.max_len >= need) {
+            return Ok(());
+        }
+        // Graphs hold the old addresses; drop them with the buffers.
+        self.graphs.clear();
+        self.tables_for.clear();
+        self.scratch = None;
+        self.scratch = Some(Scratch::new(&self.stream(), &self.dm.config, need)?);
+        Ok(())
+    }
+
+    /// Runs one pass of at most [`MAX_ROWS`] rows, leaving `[rows, n_vocab]` logits in the
+    /// scratch logits buffer. `graph` replays (or captures) the pass as a CUDA graph.
+    fn pass(&mut self, rows: &[RowSpec], tier: Tier, graph: bool) -> Result<(), EngineError> {
+        debug_assert!(!rows.is_empty() && rows.len() <= MAX_ROWS);
+        self.ensure_scratch()?;
+        let stream = self.stream();
+        let n = rows.len();
+        let ids: Vec<(SeqId, u64)> = rows
+            .iter()
+            .map(|r| (r.seq, self.seqs[&r.seq].generation))
+            .collect();
+        let s = self.scratch.as_mut().expect("ensured above");
+        let tokens: Vec<u32> = rows.iter().map(|r| r.token).collect();
+        let pos: Vec<i32> = rows.iter().map(|r| r.pos as i32).collect();
+        let up = |e| device_err("copying the step inputs to the device", e);
+        stream
+            .memcpy_htod(&tokens, &mut s.tokens.slice_mut(..n))
+            .map_err(up)?;
+        stream
+            .memcpy_htod(&pos, &mut s.pos.slice_mut(..n))
+            .map_err(up)?;
+        if self.tables_for != ids {
+            for l in 0..self.dm.config.n_layer {
+                let kp: Vec<u64> = rows
+                    .iter()
+                    .map(|r| self.dm.gpu.address(&self.seqs[&r.seq].k[l]))
+                    .collect();
+                let vp: Vec<u64> = rows
+                    .iter()
+                    .map(|r| self.dm.gpu.address(&self.seqs[&r.seq].v[l]))
+                    .collect();
+                stream
+                    .memcpy_htod(&kp, &mut s.kptr[l].slice_mut(..n))
+                    .map_err(up)?;
+                stream
+                    .memcpy_htod(&vp, &mut s.vptr[l].slice_mut(..n))
+                    .map_err(up)?;
+            }
+            self.tables_for = ids;
+        }
+        let longest = rows.iter().map(|r| r.pos + 1).max().unwrap_or(1);
+        let chunks = longest
+            .div_ceil(SPLIT_K_CHUNK)
+            .next_power_of_two()
+            .min(s.max_chunks);
+        let ctx = PassCtx {
+            dm: &self.dm,
+            family: self.family,
+            split_k: self.doors.fa3,
+            n,
+            tier,
+            chunks,
+        };
+        if !(graph && self.use_graphs) {
+            return encode(&ctx, s).map_err(kernel_err);
+        }
+        let key = GraphKey {
+            rows: n,
+            tier,
+            chunks,
+        };
+        let graph = match self.graphs.entry(key) {
+            std::collections::hash_map::Entry::Occupied(g) => g.into_mut(),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(capture(&stream, &ctx, s)?)
+            }
+        };
+        graph
+            .0
+            .launch()
+            .map_err(|e| device_err("launching the decode graph", e))
+    }
+
+    /// Copies the first `rows` rows of logits back.
+    fn download_logits(&self, rows: usize) -> Result<Vec<f32>, EngineError> {
+        let s = self.scratch.as_ref().expect("a pass ran");
+        let v = self.dm.config.n_vocab;
+        let stream = self.stream();
+        let mut out = vec![0.0f32; rows * v];
+        stream
+            .memcpy_dtoh(&s.logits.slice(..rows * v), &mut out)
+            .map_err(|e| device_err("copying the logits back", e))?;
+        stream
+            .synchronize()
+            .map_err(|e| device_err("finishing the step", e))?;
+        Ok(out)
+    }
+
+    /// Picks one token per row of the last pass on the device and copies back only those.
+    fn pick_tokens(
+        &mut self,
+        rows: &[RowSpec],
+        params: &SamplingParams,
+    ) -> Result<Vec<u32>, EngineError> {
+        params.validate()?;
+        let n = rows.len();
+        let v = self.dm.config.n_vocab;
+        let stream = self.stream();
+        let gpu = &self.dm.gpu;
+        let s = self.scratch.as_mut().expect("a pass ran");
+        if params.temperature == 0.0 {
+            gpu.argmax(&s.logits, &mut s.picked, n, v)
+                .map_err(kernel_err)?;
+        } else {
+            let up = |e| device_err("copying the sampling keys to the device", e);
+            let seqs: Vec<u32> = rows.iter().map(|r| r.seq.0).collect();
+            // The step is the position the sampled token will take.
+            let steps: Vec<u32> = rows.iter().map(|r| r.pos as u32 + 1).collect();
+            stream
+                .memcpy_htod(&seqs, &mut s.seq_ids.slice_mut(..n))
+                .map_err(up)?;
+            stream
+                .memcpy_htod(&steps, &mut s.steps.slice_mut(..n))
+                .map_err(up)?;
+            gpu.sample(
+                &s.logits,
+                &mut s.p_scratch,
+                &mut s.picked,
+                n,
+                v,
+                params.temperature,
+                params.top_p,
+                params.seed,
+                &s.seq_ids,
+                &s.steps,
+            )
+            .map_err(kernel_err)?;
+        }
+        let mut out = vec![0u32; n];
+        stream
+            .memcpy_dtoh(&s.picked.slice(..n), &mut out)
+            .map_err(|e| device_err("copying the picked tokens back", e))?;
+        stream
+            .synchronize()
+            .map_err(|e| device_err("finishing the step", e))?;
+        Ok(out)
+    }
+
+    fn commit(&mut self, seq: SeqId, added: usize) {
+        if let Some(st) = self.seqs.get_mut(&seq) {
+            st.len += added;
+        }
+    }
+
+    /// The rows of a prompt appended to `seq`.
+    fn prompt_rows(&self, seq: SeqId, tokens: &[u32]) -> Result<Vec<RowSpec>, EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::Empty { what: "prompt" });
+        }
+        for &t in tokens {
+            self.check_token(t)?;
+        }
+        let start = self.reserve(seq, tokens.len())?;
+        let n_vocab = self.dm.config.n_vocab;
+        Ok(tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| RowSpec {
+                seq,
+                pos: start + i,
+                token: canary_token(&self.doors, token, n_vocab, start + i == 1),
+            })
+            .collect())
+    }
+
+    /// Prompt rows in passes of [`MAX_ROWS`]; returns the logits of every row, or of the
+    /// last only.
+    fn run_prompt(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        all_logits: bool,
+    ) -> Result<Vec<f32>, EngineError> {
+        let rows = self.prompt_rows(seq, tokens)?;
+        let mut out = Vec::new();
+        let chunks: Vec<&[RowSpec]> = rows.chunks(MAX_ROWS).collect();
+        let last = chunks.len() - 1;
+        for (i, chunk) in chunks.iter().enumerate() {
+            self.pass(chunk, Tier::Separate, false)?;
+            if all_logits {
+                out.extend(self.download_logits(chunk.len())?);
+            } else if i == last {
+                let v = self.dm.config.n_vocab;
+                let l = self.download_logits(chunk.len())?;
+                out.extend_from_slice(&l[(chunk.len() - 1) * v..]);
+            }
+        }
+        self.commit(seq, rows.len());
+        Ok(out)
+    }
+
+    /// The single-sequence row of `seq` fed `token`.
+    fn single_row(&self, seq: SeqId, token: u32) -> Result<(RowSpec, Tier), EngineError> {
+        self.check_token(token)?;
+        let pos = self.reserve(seq, 1)?;
+        let token = canary_token(&self.doors, token, self.dm.config.n_vocab, pos == 1);
+        let tier = if self.fused_single {
+            Tier::Fused
+        } else {
+            Tier::Separate
+        };
+        Ok((RowSpec { seq, pos, token }, tier))
+    }
+
+    /// The batched rows of one step, validated like the CPU backend's.
+    fn batch_rows(&self, seqs: &[SeqId], tokens: &[u32]) -> Result<Vec<RowSpec>, EngineError> {
+        if seqs.len() != tokens.len() {
+            return Err(EngineError::BatchShape {
+                seqs: seqs.len(),
+                tokens: tokens.len(),
+            });
+        }
+        if seqs.is_empty() {
+            return Err(EngineError::Empty { what: "batch" });
+        }
+        let mut rows = Vec::with_capacity(seqs.len());
+        for (b, (&seq, &token)) in seqs.iter().zip(tokens).enumerate() {
+            self.check_token(token)?;
+            if seqs[..b].contains(&seq) {
+                return Err(EngineError::DuplicateInBatch { seq });
+            }
+            let pos = self.reserve(seq, 1)?;
+            let last_of_many = seqs.len() >= 2 && b == seqs.len() - 1;
+            let token = canary_token(&self.doors, token, self.dm.config.n_vocab, last_of_many);
+            rows.push(RowSpec { seq, pos, token });
+        }
+        Ok(rows)
+    }
+}
+
+/// What one pass's launches depend on.
+struct PassCtx<'a> {
+    dm: &'a DevModel,
+    family: MatvecFamily,
+    split_k: bool,
+    n: usize,
+    tier: Tier,
+    chunks: usize,
+}
+
+/// Captures the launches of one pass as a graph.
+fn capture(stream: &Arc<CudaStream>, ctx: &PassCtx, s: &mut Scratch) -> Result<Graph, EngineError> {
+    stream
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        .map_err(|e| device_err("starting the graph capture", e))?;
+    let encoded = encode(ctx, s);
+    // End the capture whatever happened, so the stream is usable again.
+    let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+    encoded.map_err(kernel_err)?;
+    match ended {
+        Ok(Some(g)) => Ok(Graph(g)),
+        Ok(None) => Err(EngineError::Unavailable(
+            "the decode graph capture recorded nothing".into(),
+        )),
+        Err(e) => Err(device_err("instantiating the decode graph", e)),
+    }
+}
+
+/// `y = W · x` for `n` rows: q8_1 activations for quantized weights, f32 for float ones.
+#[allow(clippy::too_many_arguments)]
+fn matvec(
+    gpu: &Gpu,
+    family: MatvecFamily,
+    w: &DevWeight,
+    xq: &CudaSlice<BlockQ8_1>,
+    xf: &CudaSlice<f32>,
+    n: usize,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), KernelError> {
+    if w.quantized() {
+        gpu.matvec(family, w.view(), w.rows, w.cols, xq, n, y)
+    } else {
+        gpu.matvec_float(w.view(), w.rows, w.cols, xf, n, y)
+    }
+}
+
+/// Every launch of one pass, in stream order.
+fn encode(ctx: &PassCtx, s: &mut Scratch) -> Result<(), KernelError> {
+    let dm = ctx.dm;
+    let gpu = &dm.gpu;
+    let c = &dm.config;
+    let (n, fused) = (ctx.n, ctx.tier == Tier::Fused);
+    let (d, qd, kvd, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
+    let geo = RopeStoreArgs {
+        n_head: c.n_head,
+        n_head_kv: c.n_head_kv,
+        head_dim: c.head_dim,
+    };
+    let scale = 1.0 / (c.head_dim as f32).sqrt();
+    let Scratch {
+        x,
+        delta,
+        xf,
+        hf,
+        att,
+        xq,
+        r,
+        qkv,
+        gu,
+        part_o,
+        part_ml,
+        naive,
+        logits,
+        pos,
+        tokens,
+        kptr,
+        vptr,
+        max_len,
+        ..
+    } = s;
+
+    gpu.embed(dm.token_embd.view(), c.n_vocab, d, tokens, x, n)?;
+    for (l, layer) in dm.layers.iter().enumerate() {
+        // Attention block; the previous layer's feed-forward output is added first.
+        gpu.add_rmsnorm_q8_1(
+            x,
+            (l > 0).then_some(&*delta),
+            &layer.attn_norm,
+            (!layer.wqkv.quantized()).then_some(&mut *xf),
+            xq,
+            fused.then_some(&mut *r),
+            n,
+            d,
+            c.rms_eps,
+        )?;
+        matvec(gpu, ctx.family, &layer.wqkv, xq, xf, n, qkv)?;
+        let rows = AttnRows {
+            pos,
+            k_cache: &kptr[l],
+            v_cache: &vptr[l],
+            batch: n,
+        };
+        gpu.rope_store_rows(qkv, &dm.rope_table, fused.then_some(&*r), &rows, geo)?;
+        // The attention kernels quantize their output for a quantized wo when the head
+        // width allows, saving a launch per layer; the blocks are the same either way.
+        let quantize_in_attention = layer.wo.quantized() && attention_can_quantize(c.head_dim);
+        let outq = quantize_in_attention.then_some(&mut *xq);
+        if ctx.split_k {
+            gpu.attention_split_k_rows(
+                qkv,
+                qd + 2 * kvd,
+                &rows,
+                att,
+                outq,
+                part_o,
+                part_ml,
+                geo,
+                ctx.chunks,
+                scale,
+            )?;
+        } else {
+            gpu.attention_naive_rows(
+                qkv,
+                qd + 2 * kvd,
+                &rows,
+                att,
+                outq,
+                naive,
+                geo,
+                *max_len,
+                scale,
+            )?;
+        }
+        if layer.wo.quantized() && !quantize_in_attention {
+            gpu.quantize_q8_1_n(att, xq, n * qd / QK)?;
+        }
+        matvec(gpu, ctx.family, &layer.wo, xq, att, n, delta)?;
+
+        // Feed-forward block.
+        gpu.add_rmsnorm_q8_1(
+            x,
+            Some(&*delta),
+            &layer.ffn_norm,
+            (!layer.w_gu.quantized()).then_some(&mut *xf),
+            xq,
+            fused.then_some(&mut *r),
+            n,
+            d,
+            c.rms_eps,
+        )?;
+        matvec(gpu, ctx.family, &layer.w_gu, xq, xf, n, gu)?;
+        gpu.swiglu_q8_1(
+            gu,
+            fused.then_some(&*r),
+            (!layer.w_down.quantized()).then_some(&mut *hf),
+            xq,
+            n,
+            ff,
+        )?;
+        matvec(gpu, ctx.family, &layer.w_down, xq, hf, n, delta)?;
+    }
+    let head = dm.head();
+    gpu.add_rmsnorm_q8_1(
+        x,
+        Some(&*delta),
+        &dm.output_norm,
+        (!head.quantized()).then_some(&mut *xf),
+        xq,
+        fused.then_some(&mut *r),
+        n,
+        d,
+        c.rms_eps,
+    )?;
+    matvec(gpu, ctx.family, head, xq, xf, n, logits)?;
+    if fused {
+        gpu.scale(logits, r, n * c.n_vocab, c.n_vocab)?;
+    }
+    Ok(())
+}
+
+impl Backend for CudaBackend {
+    fn config(&self) -> &LlamaConfig {
+        &self.dm.config
+    }
+
+    fn doors_report(&self) -> DoorsReport {
+        let d = &self.doors;
+        DoorsReport {
+            backend: "cuda",
+            matvec: if self.dm.quantized {
+                self.family.name()
+            } else {
+                "float"
+            },
+            norm: if self.fused_single {
+                "fused"
+            } else {
+                "separate"
+            },
+            attention: if d.fa3 { "split-k" } else { "naive" },
+            b1fast: d.serve_b1fast,
+            pp_stages: self.stages.len(),
+            pp_devices: d
+                .pp_devices
+                .iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+            pp_splits: self
+                .stages
+                .iter()
+                .map(|s| s.start.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+            gate_seed: d.gate_seed,
+            canary: d.gate_canary,
+        }
+    }
+
+    fn open_sequence(&mut self, seq: SeqId, capacity: usize) -> Result<(), EngineError> {
+        if self.seqs.contains_key(&seq) {
+            return Err(EngineError::SequenceExists(seq));
+        }
+        let c = &self.dm.config;
+        if capacity == 0 || capacity > c.n_ctx {
+            return Err(EngineError::BadCapacity {
+                capacity,
+                n_ctx: c.n_ctx,
+            });
+        }
+        let stream = self.stream();
+        let n = capacity * c.kv_dim();
+        let what = format!("the KV cache of {seq} ({capacity} positions)");
+        let mut k = Vec::with_capacity(c.n_layer);
+        let mut v = Vec::with_capacity(c.n_layer);
+        for _ in 0..c.n_layer {
+            k.push(alloc(&stream, &what, n)?);
+            v.push(alloc(&stream, &what, n)?);
+        }
+        self.generation += 1;
+        self.seqs.insert(
+            seq,
+            DevSeq {
+                len: 0,
+                capacity,
+                generation: self.generation,
+                k,
+                v,
+            },
+        );
+        Ok(())
+    }
+
+    fn close_sequence(&mut self, seq: SeqId) -> Result<(), EngineError> {
+        self.seqs
+            .remove(&seq)
+            .ok_or(EngineError::UnknownSequence(seq))?;
+        Ok(())
+    }
+
+    fn seq_len(&self, seq: SeqId) -> Result<usize, EngineError> {
+        self.seqs
+            .get(&seq)
+            .map(|s| s.len)
+            .ok_or(EngineError::UnknownSequence(seq))
+    }
+
+    fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
+        self.run_prompt(seq, tokens, true)
+    }
+
+    fn prime(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
+        self.run_prompt(seq, tokens, false)
+    }
+
+    fn decode_step_h(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, EngineError> {
+        let (row, tier) = self.single_row(seq, token)?;
+        self.pass(&[row], tier, true)?;
+        let logits = self.download_logits(1)?;
+        self.commit(seq, 1);
+        Ok(logits)
+    }
+
+    fn decode_step_batch(
+        &mut self,
+        seqs: &[SeqId],
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, EngineError> {
+        if seqs.len() == 1 && tokens.len() == 1 && self.doors.serve_b1fast {
+            return self.decode_step_h(seqs[0], tokens[0]);
+        }
+        let rows = self.batch_rows(seqs, tokens)?;
+        let mut out = Vec::with_capacity(rows.len() * self.dm.config.n_vocab);
+        for chunk in rows.chunks(MAX_ROWS) {
+            self.pass(chunk, Tier::Separate, true)?;
+            out.extend(self.download_logits(chunk.len())?);
+        }
+        for &seq in seqs {
+            self.commit(seq, 1);
+        }
+        Ok(out)
+    }
+
+    fn decode_step_h_sampled(
+        &mut self,
+        seq: SeqId,
+        token: u32,
+        params: &SamplingParams,
+    ) -> Result<u32, EngineError> {
+        params.validate()?;
+        let (row, tier) = self.single_row(seq, token)?;
+        self.pass(&[row], tier, true)?;
+        let t = self.pick_tokens(&[row], params)?;
+        self.commit(seq, 1);
+        Ok(t[0])
+    }
+
+    fn decode_step_batch_sampled(
+        &mut self,
+        seqs: &[SeqId],
+        tokens: &[u32],
+        params: &SamplingParams,
+    ) -> Result<Vec<u32>, EngineError> {
+        params.validate()?;
+        if seqs.len() == 1 && tokens.len() == 1 && self.doors.serve_b1fast {
+            return Ok(vec![
+                self.decode_step_h_sampled(seqs[0], tokens[0], params)?,
+            ]);
+        }
+        let rows = self.batch_rows(seqs, tokens)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for chunk in rows.chunks(MAX_ROWS) {
+            self.pass(chunk, Tier::Separate, true)?;
+            out.extend(self.pick_tokens(chunk, params)?);
+        }
+        for &seq in seqs {
+            self.commit(seq, 1);
+        }
+        Ok(out)
+    }
+}
