@@ -84,7 +84,7 @@ fn synthesized_arms_are_green_against_the_banked_goldens() {
     assert_eq!(sha.len(), 64);
     assert_eq!(
         lines[1],
-        "arm\tkind\trow\tmax_abs\tmax_rel\targmax_ref\targmax_got\tverdict"
+        "arm\tkind\trow\tmax_abs\tmax_rel\trel_rms\targmax_ref\targmax_got\tverdict"
     );
     assert_eq!(*lines.last().unwrap(), "# verdict\tfailures=0");
     for kind in ["prefill", "decode", "decode-batch", "chunked"] {
@@ -114,10 +114,13 @@ fn synthesized_arms_are_green_against_the_banked_goldens() {
 }
 
 #[test]
-fn the_canary_fails_the_float_arm() {
+fn the_canary_fails_every_arm() {
     let r = gate(&[], &[("MEMRA_GATE_CANARY", "1")]);
     assert_eq!(r.code, 1, "{}", r.stdout);
-    assert_eq!(r.status("reference.tiny"), "fail");
+    // The float arm by the policy, the quantized arms by their relative RMS bound.
+    for arm in ["reference.tiny", "reference.q8_0", "reference.q4_1"] {
+        assert_eq!(r.status(arm), "fail", "{arm}: {}", r.stdout);
+    }
     let last = r.receipt.lines().last().unwrap();
     assert!(last.starts_with("# verdict\tfailures=") && last != "# verdict\tfailures=0");
 }

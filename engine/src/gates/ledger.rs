@@ -178,14 +178,18 @@ impl Policy {
         let mut v = RowVerdict {
             max_abs: 0.0,
             max_rel: 0.0,
+            rel_rms: 0.0,
             argmax_ref: host_argmax(reference),
             argmax_got: host_argmax(got),
             first_bad: None,
             ok: reference.len() == got.len(),
         };
+        let (mut err2, mut ref2) = (0.0f64, 0.0f64);
         for (i, (&r, &g)) in reference.iter().zip(got).enumerate() {
             let d = (r as f64 - g as f64).abs();
             let d = if d.is_nan() { f64::INFINITY } else { d };
+            err2 += d * d;
+            ref2 += r as f64 * r as f64;
             let rel = d / (r as f64).abs().max(1.0);
             v.max_abs = v.max_abs.max(d);
             v.max_rel = v.max_rel.max(rel);
@@ -193,6 +197,7 @@ impl Policy {
                 v.first_bad = Some(i);
             }
         }
+        v.rel_rms = (err2 / ref2.max(f64::MIN_POSITIVE)).sqrt();
         if v.first_bad.is_some() || v.argmax_ref != v.argmax_got {
             v.ok = false;
         }
@@ -205,6 +210,9 @@ impl Policy {
 pub struct RowVerdict {
     pub max_abs: f64,
     pub max_rel: f64,
+    /// `‖got − ref‖₂ / ‖ref‖₂` over the row: how much of the row moved, where max_abs says
+    /// how far the worst value moved.
+    pub rel_rms: f64,
     pub argmax_ref: u32,
     pub argmax_got: u32,
     /// First element outside both bounds.

@@ -91,9 +91,18 @@ enum Class {
     /// warning, because one q8_1 rounding flip (an activation a few ulps from a rounding tie
     /// landing on the other side in f32 than in the oracle's f64) moves logits by far more
     /// than 0.01 (measured: up to 0.43 on the synthesized arms, 6.9 on SmolLM2 Q4_1, where
-    /// rows without a flip agree to 1e-6). Non-finite values still fail.
+    /// rows without a flip agree to 1e-6). A row still fails when it is not finite or when
+    /// its relative RMS error exceeds [`Q8_REL_RMS_FAIL`]: flips move a small part of a row,
+    /// a wrong kernel or token moves most of it.
     Q8Flips,
 }
+
+/// Relative RMS error (`‖got − ref‖₂ / ‖ref‖₂`) above which a quantized row fails even
+/// though q8_1 flips excuse its max_abs. Measured on the CPU backend: flips reach 0.083 on
+/// the synthesized Q8_0/Q4_1 arms (seeds 0-3) and 0.26 on SmolLM2-135M Q4_1 (seeds 0-2 and
+/// the equalized pins); one wrong prompt token (the canary) gives 0.82-0.92 on the
+/// synthesized arms and 0.65 on the row it enters in SmolLM2.
+pub const Q8_REL_RMS_FAIL: f64 = 0.5;
 
 /// One compared row of the receipt.
 struct Row {
@@ -114,12 +123,13 @@ impl Receipt {
     fn row(&mut self, r: &Row) {
         let _ = writeln!(
             self.text,
-            "{}\t{}\t{}\t{:.3e}\t{:.3e}\t{}\t{}\t{}",
+            "{}\t{}\t{}\t{:.3e}\t{:.3e}\t{:.3e}\t{}\t{}\t{}",
             r.arm,
             r.kind,
             r.row,
             r.v.max_abs,
             r.v.max_rel,
+            r.v.rel_rms,
             r.v.argmax_ref,
             r.v.argmax_got,
             match r.verdict {
@@ -252,7 +262,7 @@ fn receipt_header(doors: &serde_json::Value) -> String {
         .unwrap_or_else(|e| format!("unknown({e})"));
     format!(
         "# reference-gate\tbinary_sha256={sha}\tdoors={doors}\tpolicy=max_abs<=0.01|max_rel<=0.01,argmax\n\
-         arm\tkind\trow\tmax_abs\tmax_rel\targmax_ref\targmax_got\tverdict\n"
+         arm\tkind\trow\tmax_abs\tmax_rel\trel_rms\targmax_ref\targmax_got\tverdict\n"
     )
 }
 
@@ -327,7 +337,12 @@ fn check_arm(
                 let verdict = policy.row(r, g);
                 let status = match (verdict.ok, class) {
                     (true, _) => Status::Pass,
-                    (false, Class::Q8Flips) if g.iter().all(|x| x.is_finite()) => Status::Warn,
+                    (false, Class::Q8Flips)
+                        if g.iter().all(|x| x.is_finite())
+                            && verdict.rel_rms <= Q8_REL_RMS_FAIL =>
+                    {
+                        Status::Warn
+                    }
                     (false, _) => Status::Fail,
                 };
                 let row = Row {
@@ -370,9 +385,10 @@ fn check_arm(
         .count();
     let max_abs = rows.iter().map(|(r, _, _)| r.v.max_abs).fold(0.0, f64::max);
     let max_rel = rows.iter().map(|(r, _, _)| r.v.max_rel).fold(0.0, f64::max);
+    let rel_rms = rows.iter().map(|(r, _, _)| r.v.rel_rms).fold(0.0, f64::max);
     let _ = writeln!(
         receipt.text,
-        "# summary\tarm={arm}\trows={}\tfailures={failures}\twarnings={warnings}\tmax_abs={max_abs:.3e}\tmax_rel={max_rel:.3e}",
+        "# summary\tarm={arm}\trows={}\tfailures={failures}\twarnings={warnings}\tmax_abs={max_abs:.3e}\tmax_rel={max_rel:.3e}\trel_rms={rel_rms:.3e}",
         rows.len()
     );
     let first_bad = rows.iter().find(|(r, _, _)| r.verdict == Status::Fail);
@@ -410,7 +426,8 @@ fn check_arm(
     .metric("failures", failures)
     .metric("warnings", warnings)
     .metric("max_abs", max_abs)
-    .metric("max_rel", max_rel);
+    .metric("max_rel", max_rel)
+    .metric("rel_rms", rel_rms);
     if let Some((r, reference, got)) = shown {
         let index = r.v.first_bad.unwrap_or(r.v.argmax_got as usize);
         check.first_mismatch = Some(Mismatch {
