@@ -558,6 +558,9 @@ fn pp_gate(
     let local_ok = local_l.clean() && errors[1].is_empty();
     let diagnosis = match (split_ok, local_ok) {
         (true, _) => String::new(),
+        (false, false) if !errors[1].is_empty() => {
+            "; the localizer could not run, so the failure is not localized".into()
+        }
         (false, true) => {
             "; the localizer passes, so the stage split (the per-stage walk or its boundary \
              copies) is at fault"
