@@ -114,6 +114,12 @@ pub enum SynthError {
     UnknownPreset { name: String, valid: String },
     #[error("unknown weight type `{name}`; valid types: {valid}")]
     UnknownQuant { name: String, valid: String },
+    #[error("shape spec `{spec}`: bad override `{item}`: {problem}")]
+    BadOverride {
+        spec: String,
+        item: String,
+        problem: String,
+    },
     #[error("cannot synthesize this shape: {0}")]
     BadShape(String),
     #[error("{}: cannot {action}: {source}", path.display())]
@@ -170,6 +176,75 @@ pub fn preset(name: &str) -> Result<Preset, SynthError> {
         })
 }
 
+/// Fields a shape spec may override, in the order error messages list them.
+pub const OVERRIDES: [&str; 11] = [
+    "n_layer",
+    "n_embd",
+    "n_ff",
+    "n_head",
+    "n_head_kv",
+    "head_dim",
+    "n_vocab",
+    "n_ctx",
+    "rope_base",
+    "rms_eps",
+    "tied",
+];
+
+/// Parses a shape spec: a preset name, optionally followed by `:` and comma-separated
+/// overrides, e.g. `tiny:n_layer=8,n_vocab=1024` (pipeline tests that need more layers) or
+/// `smollm2-135m:tied=false`. The shape is checked when it is written.
+pub fn shape_spec(spec: &str) -> Result<LlamaHparams, SynthError> {
+    let (name, overrides) = spec.split_once(':').unwrap_or((spec, ""));
+    let mut hp = preset(name)?.hparams;
+    for item in overrides.split(',').filter(|s| !s.is_empty()) {
+        let bad = |problem: String| SynthError::BadOverride {
+            spec: spec.to_string(),
+            item: item.to_string(),
+            problem,
+        };
+        let (key, value) = item
+            .split_once('=')
+            .ok_or_else(|| bad("expected key=value".into()))?;
+        let int = || {
+            value
+                .parse::<usize>()
+                .map_err(|_| bad(format!("{value:?} is not a non-negative integer")))
+        };
+        let float = || {
+            value
+                .parse::<f32>()
+                .ok()
+                .filter(|v| v.is_finite())
+                .ok_or_else(|| bad(format!("{value:?} is not a finite number")))
+        };
+        match key {
+            "n_layer" => hp.n_layer = int()?,
+            "n_embd" => hp.n_embd = int()?,
+            "n_ff" => hp.n_ff = int()?,
+            "n_head" => hp.n_head = int()?,
+            "n_head_kv" => hp.n_head_kv = int()?,
+            "head_dim" => hp.head_dim = int()?,
+            "n_vocab" => hp.n_vocab = int()?,
+            "n_ctx" => hp.n_ctx = int()?,
+            "rope_base" => hp.rope_base = float()?,
+            "rms_eps" => hp.rms_eps = float()?,
+            "tied" => {
+                hp.tied_output = value
+                    .parse()
+                    .map_err(|_| bad(format!("{value:?} is not true or false")))?
+            }
+            _ => {
+                return Err(bad(format!(
+                    "unknown key; valid keys: {}",
+                    OVERRIDES.join(", ")
+                )));
+            }
+        }
+    }
+    Ok(hp)
+}
+
 /// The weight type named `name` (one of `QUANTS`), or an error listing the valid ones.
 pub fn parse_quant(name: &str) -> Result<GgmlType, SynthError> {
     QUANTS
@@ -182,17 +257,17 @@ pub fn parse_quant(name: &str) -> Result<GgmlType, SynthError> {
         })
 }
 
-/// Writes the preset `preset` with weight type `quant` and `seed` to `out` (atomically: a
-/// temporary file next to it is renamed into place).
+/// Writes the preset (or shape spec, see `shape_spec`) `preset_name` with weight type `quant`
+/// and `seed` to `out` (atomically: a temporary file next to it is renamed into place).
 pub fn write_preset(
     preset_name: &str,
     quant: &str,
     seed: u64,
     out: &Path,
 ) -> Result<SynthSummary, SynthError> {
-    let p = preset(preset_name)?;
+    let hp = shape_spec(preset_name)?;
     let ty = parse_quant(quant)?;
-    write_model(p.name, &p.hparams, ty, seed, out)
+    write_model(preset_name, &hp, ty, seed, out)
 }
 
 /// Writes a synthetic checkpoint of any llama shape to `out` (atomically).
@@ -328,6 +403,16 @@ fn check_shape(hp: &LlamaHparams, ty: GgmlType) -> Result<(), SynthError> {
         return Err(SynthError::BadShape(format!(
             "{} heads / {} KV heads / head_dim {} / {} layers: heads must be a multiple of KV heads, head_dim even, layers ≥ 1",
             hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_layer
+        )));
+    }
+    if hp.n_ctx == 0
+        || !(hp.rms_eps > 0.0 && hp.rms_eps < 1.0)
+        || hp.rope_base.is_nan()
+        || hp.rope_base <= 1.0
+    {
+        return Err(SynthError::BadShape(format!(
+            "n_ctx {} / rms_eps {} / rope_base {}: the context must be ≥ 1, eps in (0, 1), the RoPE base above 1",
+            hp.n_ctx, hp.rms_eps, hp.rope_base
         )));
     }
     Ok(())
@@ -580,6 +665,33 @@ mod tests {
         let var = s2 / n as f64 - mean * mean;
         assert!(mean.abs() < 0.01, "mean {mean}");
         assert!((var - 1.0).abs() < 0.02, "variance {var}");
+    }
+
+    #[test]
+    fn shape_specs_override_preset_fields() {
+        let hp = shape_spec("tiny:n_layer=8,n_vocab=1024,tied=false,rope_base=5e5").unwrap();
+        let tiny = preset("tiny").unwrap().hparams;
+        assert_eq!(
+            hp,
+            LlamaHparams {
+                n_layer: 8,
+                n_vocab: 1024,
+                tied_output: false,
+                rope_base: 5e5,
+                ..tiny.clone()
+            }
+        );
+        assert_eq!(shape_spec("tiny:").unwrap(), tiny);
+        let e = shape_spec("tiny:n_layers=8").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "shape spec `tiny:n_layers=8`: bad override `n_layers=8`: unknown key; valid keys: \
+             n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab, n_ctx, rope_base, rms_eps, tied"
+        );
+        assert!(shape_spec("tiny:n_layer=-1").is_err());
+        assert!(shape_spec("tiny:n_layer").is_err());
+        assert!(shape_spec("tiny:rms_eps=nan").is_err());
+        assert!(shape_spec("huge:n_layer=1").is_err());
     }
 
     #[test]

@@ -201,3 +201,29 @@ fn multi_chunk_tensors_do_not_depend_on_the_thread_count() {
     };
     assert_eq!(write(1, "one.gguf"), write(3, "three.gguf"));
 }
+
+#[test]
+fn shape_specs_write_models_of_that_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("deep.gguf");
+    let spec = "tiny:n_layer=6,n_head=8,n_head_kv=2,head_dim=16,n_vocab=300";
+    synth::write_preset(spec, "q4_0", 1, &p).unwrap();
+    let hp = LlamaHparams::from_gguf(&GgufFile::open(&p).unwrap()).unwrap();
+    assert_eq!(hp, synth::shape_spec(spec).unwrap());
+    assert_eq!((hp.n_layer, hp.q_dim(), hp.kv_dim()), (6, 128, 32));
+    // Shapes the formats cannot hold are refused before anything is written.
+    for (spec, why) in [
+        (
+            "tiny:n_embd=100",
+            "n_embd = 100 is not a positive multiple of q4_0's block of 32",
+        ),
+        ("tiny:n_vocab=100", "n_vocab = 100 is below 259"),
+        ("tiny:n_head_kv=3", "heads must be a multiple of KV heads"),
+        ("tiny:rms_eps=0", "eps in (0, 1)"),
+    ] {
+        let e = synth::write_preset(spec, "q4_0", 1, &p)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(why), "{spec}: {e}");
+    }
+}
