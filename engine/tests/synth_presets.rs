@@ -206,11 +206,12 @@ fn multi_chunk_tensors_do_not_depend_on_the_thread_count() {
 fn shape_specs_write_models_of_that_shape() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("deep.gguf");
-    let spec = "tiny:n_layer=6,n_head=8,n_head_kv=2,head_dim=16,n_vocab=300";
+    // n_head * head_dim (64) differs from n_embd (128), so the file carries key_length.
+    let spec = "tiny:n_layer=6,n_head=8,n_head_kv=2,head_dim=8,n_vocab=300";
     synth::write_preset(spec, "q4_0", 1, &p).unwrap();
     let hp = LlamaHparams::from_gguf(&GgufFile::open(&p).unwrap()).unwrap();
     assert_eq!(hp, synth::shape_spec(spec).unwrap());
-    assert_eq!((hp.n_layer, hp.q_dim(), hp.kv_dim()), (6, 128, 32));
+    assert_eq!((hp.n_layer, hp.q_dim(), hp.kv_dim()), (6, 64, 16));
     // Shapes the formats cannot hold are refused before anything is written.
     for (spec, why) in [
         (
