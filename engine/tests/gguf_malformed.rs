@@ -264,3 +264,17 @@ fn a_missing_file_is_an_error_naming_it() {
         "/nonexistent/model.gguf: cannot open the file: No such file or directory (os error 2)"
     );
 }
+
+#[test]
+fn an_empty_file_or_a_folder_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.gguf");
+    std::fs::write(&empty, b"").unwrap();
+    let e = GgufFile::open(&empty).unwrap_err().to_string();
+    assert!(e.contains("empty.gguf") && e.contains("truncated"), "{e}");
+    let e = GgufFile::open(dir.path()).unwrap_err().to_string();
+    assert!(
+        e.contains(&dir.path().display().to_string()) && e.contains("cannot"),
+        "{e}"
+    );
+}
