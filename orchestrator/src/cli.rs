@@ -44,6 +44,10 @@ pub struct ExecNodeArgs {
     /// Time between SIGTERM and SIGKILL when the cell times out or the job is cancelled.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub grace: Option<std::time::Duration>,
+    /// Take the cell's GPUs from this process's CUDA_VISIBLE_DEVICES (set by the cluster
+    /// scheduler) instead of the job file.
+    #[arg(long)]
+    pub gpus_from_env: bool,
 }
 
 #[derive(Debug, Args)]
@@ -81,6 +85,27 @@ pub struct RunArgs {
     /// (default: 5s; a second Ctrl-C skips what is left of it).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub grace: Option<std::time::Duration>,
+    /// Where nodes run: `local` subprocesses, or `slurm` batch jobs (one per node, through
+    /// `sbatch`; the receipt folder and memra-orch must be on a filesystem the compute nodes
+    /// share; see docs/slurm.md).
+    #[arg(long, value_enum, default_value_t = ExecutorKind::Local)]
+    pub executor: ExecutorKind,
+    /// Slurm partition for the jobs (default: the cluster's default partition).
+    #[arg(long)]
+    pub partition: Option<String>,
+    /// Slurm account to charge the jobs to.
+    #[arg(long)]
+    pub account: Option<String>,
+    /// An extra `sbatch` argument (`--slurm-arg=--qos=nightly`); repeatable; comes after
+    /// memra-orch's own, so it can override them.
+    #[arg(long = "slurm-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub slurm_args: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExecutorKind {
+    Local,
+    Slurm,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -15,10 +15,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::ExitCode;
-use crate::cli::{ProgressMode, RunArgs};
+use crate::cli::{ExecutorKind, ProgressMode, RunArgs};
 use crate::events::{self, Event, Listener, Placement, Verdict};
 use crate::executor::inputs::{DigestCache, inputs_digest};
 use crate::executor::local::{DEFAULT_GRACE, LocalExecutor};
+use crate::executor::slurm::{Resources, SlurmExecutor, SlurmOptions};
 use crate::executor::{CellJob, Executor, compare};
 use crate::gpus::Inventory;
 use crate::plan::{Cell, CellIndex, NodeKind, Plan};
@@ -689,13 +690,17 @@ pub fn command(args: &RunArgs) -> ExitCode {
 
 fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     let usage = |m: String| (ExitCode::Usage, m);
-    let plan = crate::load::load_plan(&args.manifest).map_err(|d| usage(d.to_string()))?;
+    let plan = crate::load::load_plan_with_vars(&args.manifest, &args.vars)
+        .map_err(|d| usage(d.to_string()))?;
     let selected = if args.filters.is_empty() {
         None
     } else {
         Some(crate::plan::select(&plan, &args.filters).map_err(usage)?)
     };
-    let inventory = crate::gpus::detect(&args.gpus);
+    let inventory = match args.executor {
+        ExecutorKind::Local => crate::gpus::detect(&args.gpus),
+        ExecutorKind::Slurm => slurm_slots(args).map_err(usage)?,
+    };
     if let Some(note) = &inventory.note {
         eprintln!("memra-orch: {note}");
     }
@@ -727,7 +732,6 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         .max(1);
     let grace = args.grace.unwrap_or(DEFAULT_GRACE);
     let tmp_root = std::env::temp_dir().join(format!("memra-orch-{}", std::process::id()));
-    let executor: Arc<dyn Executor> = Arc::new(LocalExecutor::new(grace, tmp_root.clone()));
     let opts = RunOptions {
         tree: tree.clone(),
         jobs,
@@ -767,6 +771,13 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         m => m,
     };
     let mut display = crate::report::progress::Progress::new(mode, &plan, &inventory);
+    let executor: Arc<dyn Executor> = match args.executor {
+        ExecutorKind::Local => Arc::new(LocalExecutor::new(grace, tmp_root.clone())),
+        ExecutorKind::Slurm => Arc::new(SlurmExecutor::new(
+            slurm_options(args, &plan, &receipts, &commit.id, grace).map_err(internal)?,
+            Some(display.job_observer()),
+        )),
+    };
     let mut writer = ReceiptWriter::new(tree.clone(), header, plan.cells.len());
     let outcome = {
         let mut listeners: [&mut dyn Listener; 2] = [&mut writer, &mut display];
@@ -782,6 +793,65 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     }
     written.map_err(internal)?;
     Ok(outcome.exit_code())
+}
+
+/// For `--executor slurm`: the GPU slots the run may keep busy at once, one per GPU the
+/// partition has (`--gpus fake:N` sets N by hand). Slurm chooses the real devices; the
+/// slots only bound how many jobs wait in its queue and rule out cells no node could hold.
+fn slurm_slots(args: &RunArgs) -> Result<Inventory, String> {
+    let n = match args.gpus {
+        crate::gpus::GpuSpec::Fake(n) => n,
+        crate::gpus::GpuSpec::None => 0,
+        _ => crate::executor::slurm::cluster_gpus(args.partition.as_deref())?,
+    };
+    let mut inv = Inventory::fake(n);
+    for g in &mut inv.gpus {
+        g.uuid = format!("slurm-slot-{}", g.index);
+        g.name = "a GPU Slurm allocates".to_string();
+    }
+    inv.note = None;
+    Ok(inv)
+}
+
+/// The Slurm executor's settings: job files in `<receipts>/.slurm/<commit>/<manifest>/`,
+/// next to (not inside) the receipt tree, so the tree has the shape of a local run's.
+fn slurm_options(
+    args: &RunArgs,
+    plan: &Plan,
+    receipts: &std::path::Path,
+    commit: &str,
+    grace: Duration,
+) -> Result<SlurmOptions, String> {
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find the memra-orch binary for the Slurm jobs: {e}"))?;
+    let spool = receipts.join(".slurm").join(commit).join(&plan.name);
+    if spool.exists() {
+        std::fs::remove_dir_all(&spool)
+            .map_err(|e| format!("{}: cannot clear old job files: {e}", spool.display()))?;
+    }
+    Ok(SlurmOptions {
+        partition: args.partition.clone(),
+        account: args.account.clone(),
+        extra_args: args.slurm_args.clone(),
+        spool,
+        exe,
+        grace,
+        job_name: format!("memra:{}", plan.name),
+        poll: Duration::from_millis(250),
+        resources: plan
+            .cells
+            .iter()
+            .map(|c| {
+                (
+                    c.id.0.clone(),
+                    Resources {
+                        cpus: c.cpus,
+                        memory: c.memory,
+                    },
+                )
+            })
+            .collect(),
+    })
 }
 
 fn source_digest(s: &crate::plan::SourceFile) -> FileDigest {

@@ -1,6 +1,8 @@
 //! The hidden `memra-orch exec-node <job.json>` entry point: the compute-node half of a
 //! cluster executor. It runs one serialised [`CellJob`] through the local executor on this
-//! machine and writes the same `receipt.json` a local run writes.
+//! machine and writes the same `receipt.json` a local run writes. With `--gpus-from-env`
+//! (what the Slurm executor's batch script passes) the cell's GPUs are the ones the cluster
+//! scheduler exported in CUDA_VISIBLE_DEVICES, not the ones in the job file.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,6 +12,8 @@ use super::local::{DEFAULT_GRACE, LocalExecutor};
 use super::{CellJob, Executor};
 use crate::ExitCode;
 use crate::cli::ExecNodeArgs;
+use crate::gpus::GpuSpec;
+use crate::receipt::GpuRef;
 
 /// The hidden `exec-node` subcommand: runs one cell from a job file through the local
 /// executor, on whatever machine this is, and writes `<node_dir>/receipt.json`. SIGTERM or
@@ -17,7 +21,7 @@ use crate::cli::ExecNodeArgs;
 /// `cancelled`. Exit code 0 when the receipt was written (its verdict is in the file), 2
 /// for an unreadable job file, 3 when the receipt could not be written.
 pub fn command(args: &ExecNodeArgs) -> ExitCode {
-    let job: CellJob = match std::fs::read(&args.job)
+    let mut job: CellJob = match std::fs::read(&args.job)
         .map_err(|e| e.to_string())
         .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
     {
@@ -30,6 +34,10 @@ pub fn command(args: &ExecNodeArgs) -> ExitCode {
             return ExitCode::Usage;
         }
     };
+    if args.gpus_from_env {
+        let cvd = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+        (job.visible_devices, job.gpus) = gpus_from_env(cvd.as_deref());
+    }
     let interrupt = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         if let Err(e) = signal_hook::flag::register(sig, Arc::clone(&interrupt)) {
@@ -71,4 +79,45 @@ pub fn command(args: &ExecNodeArgs) -> ExitCode {
             ExitCode::Internal
         }
     }
+}
+
+/// The GPUs a cluster scheduler gave this job: CUDA_VISIBLE_DEVICES exactly as it was set
+/// (the gate sees the same value) and, per device, the NVML record (UUID, name) when NVML
+/// is present; without NVML a device is recorded by its id alone.
+pub fn gpus_from_env(cvd: Option<&str>) -> (Vec<String>, Vec<GpuRef>) {
+    let ids: Vec<String> = cvd
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    if ids.is_empty() {
+        return (ids, Vec::new());
+    }
+    let nvml = crate::gpus::inventory_from(&GpuSpec::All, crate::gpus::nvml_listing(), cvd);
+    let refs = if nvml.gpus.len() == ids.len() {
+        nvml.gpus
+            .iter()
+            .map(|g| GpuRef {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                name: g.name.clone(),
+            })
+            .collect()
+    } else {
+        ids.iter()
+            .enumerate()
+            .map(|(i, id)| GpuRef {
+                index: id.parse().unwrap_or(i as u32),
+                uuid: if id.starts_with("GPU-") {
+                    id.clone()
+                } else {
+                    String::new()
+                },
+                name: "unknown (no NVML in the job)".to_string(),
+            })
+            .collect()
+    };
+    (ids, refs)
 }

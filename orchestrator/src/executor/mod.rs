@@ -6,8 +6,8 @@
 //! fits the same seam: it serialises the [`CellJob`] (it is plain data), submits a job whose
 //! script calls the hidden `memra-orch exec-node <job.json>` entry point — which runs the
 //! job through the local executor on the compute node and writes the same receipt on the
-//! shared filesystem — and reads that receipt back. Nothing above this module assumes a
-//! local process.
+//! shared filesystem — and reads that receipt back ([`slurm::SlurmExecutor`]). Nothing
+//! above this module assumes a local process.
 
 pub mod compare;
 pub mod env;
@@ -15,6 +15,7 @@ pub mod exec_node;
 pub mod inputs;
 pub mod local;
 pub mod process;
+pub mod slurm;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -3,13 +3,15 @@
 //! showing the running cell and its elapsed time (indicatif). Elsewhere (cron, CI logs): one
 //! plain line per event on stderr. Quiet: nothing.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::ProgressMode;
 use crate::events::{Event, Listener, Placement, Verdict};
+use crate::executor::slurm::{JobNote, JobObserver};
 use crate::gpus::Inventory;
 use crate::plan::{CellIndex, Plan};
 use crate::schedule::DEFAULT_ESTIMATE;
@@ -33,6 +35,15 @@ pub struct Progress {
     placement: HashMap<CellIndex, Placement>,
     started: Instant,
     bars: Option<Bars>,
+    /// The line the Slurm executor's job notes go to in bars mode (set once bars exist).
+    jobs_line: Arc<Mutex<JobsLine>>,
+}
+
+/// Slurm jobs by their last known state, and the bar that shows the counts.
+#[derive(Default)]
+struct JobsLine {
+    states: BTreeMap<String, String>,
+    bar: Option<ProgressBar>,
 }
 
 struct Bars {
@@ -62,7 +73,42 @@ impl Progress {
             placement: HashMap::new(),
             started: Instant::now(),
             bars: None,
+            jobs_line: Arc::new(Mutex::new(JobsLine::default())),
         }
+    }
+
+    /// What the Slurm executor calls when a job changes state: in plain mode a line per
+    /// change (`slurm    <cell> job <id> pending (Resources)`), with bars a line counting
+    /// jobs pending, running and done; quiet shows nothing.
+    pub fn job_observer(&self) -> JobObserver {
+        let mode = self.mode;
+        let line = Arc::clone(&self.jobs_line);
+        Arc::new(move |n: &JobNote| match mode {
+            ProgressMode::Plain => {
+                let why = if n.reason.is_empty() || n.reason == "None" {
+                    String::new()
+                } else {
+                    format!(" ({})", n.reason)
+                };
+                eprintln!("slurm    {} job {} {}{why}", n.cell, n.job_id, n.state);
+            }
+            ProgressMode::Bars => {
+                let mut l = line.lock().unwrap_or_else(|p| p.into_inner());
+                l.states.insert(n.job_id.clone(), n.state.clone());
+                let count = |s: &str| l.states.values().filter(|v| v.as_str() == s).count();
+                let (queued, pending, running) =
+                    (count("submitted"), count("pending"), count("running"));
+                let done = l.states.len() - queued - pending - running;
+                let msg = format!(
+                    "{} submitted, {pending} pending, {running} running, {done} ended",
+                    l.states.len()
+                );
+                if let Some(bar) = &l.bar {
+                    bar.set_message(msg);
+                }
+            }
+            ProgressMode::Auto | ProgressMode::Quiet => {}
+        })
     }
 
     /// Remaining estimated work spread over every lane; `None` without a previous run,
@@ -175,6 +221,13 @@ impl Listener for Progress {
                         let cpu_lines = (0..(*cpu_slots).min(MAX_CPU_LINES))
                             .map(|s| lane_bar(&multi, format!("cpu {s}")))
                             .collect();
+                        {
+                            let mut l =
+                                self.jobs_line.lock().unwrap_or_else(|p| p.into_inner());
+                            let bar = lane_bar(&multi, "slurm".to_string());
+                            bar.set_message("no jobs yet");
+                            l.bar = Some(bar);
+                        }
                         self.bars = Some(Bars {
                             multi,
                             overall,
@@ -283,6 +336,15 @@ impl Listener for Progress {
                 }
             }
             Event::RunFinished { .. } => {
+                if let Some(bar) = self
+                    .jobs_line
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .bar
+                    .take()
+                {
+                    bar.finish_and_clear();
+                }
                 if let Some(b) = self.bars.take() {
                     for bar in b.gpu_lines.iter().chain(&b.cpu_lines) {
                         bar.finish_and_clear();

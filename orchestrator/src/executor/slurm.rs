@@ -1,0 +1,770 @@
+//! The Slurm executor: each placed cell becomes one batch job (`sbatch --parsable`) whose
+//! script runs the hidden `memra-orch exec-node` entry point on the compute node, so a
+//! cell on the cluster goes through the same runner, isolation and gate protocol as a
+//! local one and writes the same `receipt.json` into the shared receipt tree.
+//!
+//! It owns the translation of a cell into `sbatch` arguments (GPUs, time limit, CPUs,
+//! memory, partition, account, extra arguments), the job files in a spool folder next to
+//! the receipt tree, polling job state through `scontrol` (accounting may be off, so never
+//! `sacct`), turning a job that ended without a receipt into a verdict, resubmitting jobs
+//! the cluster lost (node failure, preemption) within the cell's `retries`, and `scancel`
+//! on interrupt. It does not decide when a cell is ready (the run loop does) and does not
+//! judge gates (exec-node does, through the local executor).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{CellJob, Executor};
+use crate::events::Verdict;
+use crate::receipt::{AttemptRecord, NodeReceipt, read_node_receipt};
+
+/// How long a job may keep running after the run was interrupted before the executor stops
+/// waiting for its receipt (Slurm's own KillWait is 30 s by default).
+const CANCEL_WAIT: Duration = Duration::from_secs(60);
+/// How long a receipt may take to become visible on a shared filesystem after the job that
+/// wrote it completed (NFS attribute caches hold stale entries for a few seconds).
+const RECEIPT_WAIT: Duration = Duration::from_secs(10);
+/// Time added to the sum of the attempts' timeouts for the job limit: starting the binary,
+/// hashing artifacts and writing the receipt.
+const JOB_SLACK: Duration = Duration::from_secs(60);
+
+/// Where and how jobs are submitted.
+#[derive(Debug, Clone)]
+pub struct SlurmOptions {
+    pub partition: Option<String>,
+    pub account: Option<String>,
+    /// Passed to `sbatch` as they are, after the executor's own arguments (so they win).
+    pub extra_args: Vec<String>,
+    /// Job files, batch scripts and Slurm's output files; must be on the filesystem the
+    /// compute nodes share with this machine.
+    pub spool: PathBuf,
+    /// The `memra-orch` binary the job runs (shared filesystem).
+    pub exe: PathBuf,
+    /// Grace between SIGTERM and SIGKILL inside the job.
+    pub grace: Duration,
+    /// Prefix of every job name (`memra:<manifest>`), so `squeue -n` finds a run's jobs.
+    pub job_name: String,
+    /// Between two `scontrol` polls of one job.
+    pub poll: Duration,
+    /// CPU and memory requests per cell id, from the manifest.
+    pub resources: HashMap<String, Resources>,
+}
+
+/// A cell's `cpus` and `memory` (bytes), when the manifest states them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Resources {
+    pub cpus: Option<u32>,
+    pub memory: Option<u64>,
+}
+
+/// A job's state as `scontrol show job` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobState {
+    pub state: String,
+    pub reason: String,
+}
+
+/// A change in a job's life, for the progress display.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobNote {
+    pub cell: String,
+    pub job_id: String,
+    /// `submitted`, `pending`, `running`, or the final Slurm state (`COMPLETED`, …).
+    pub state: String,
+    /// Slurm's reason for a pending job (`Resources`, `Priority`), empty otherwise.
+    pub reason: String,
+}
+
+/// Receives job notes; called from the worker threads.
+pub type JobObserver = Arc<dyn Fn(&JobNote) + Send + Sync>;
+
+/// How a job that ended without a receipt is judged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// The cluster lost the job (node failure, preemption, boot failure): resubmit within
+    /// `retries`.
+    Lost,
+    /// A verdict and why.
+    Verdict(Verdict, String),
+}
+
+/// Runs cells as Slurm batch jobs.
+pub struct SlurmExecutor {
+    opts: SlurmOptions,
+    cancelled: AtomicBool,
+    cancel_calls: AtomicU32,
+    /// Jobs submitted and not yet seen to end. Held while submitting, so a cancel either
+    /// sees the new id or stops the submission.
+    active: Mutex<BTreeMap<String, String>>,
+    /// Every job id this executor submitted, in order.
+    submitted: Mutex<Vec<String>>,
+    observer: Option<JobObserver>,
+}
+
+impl std::fmt::Debug for SlurmExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlurmExecutor")
+            .field("opts", &self.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SlurmExecutor {
+    pub fn new(opts: SlurmOptions, observer: Option<JobObserver>) -> SlurmExecutor {
+        SlurmExecutor {
+            opts,
+            cancelled: AtomicBool::new(false),
+            cancel_calls: AtomicU32::new(0),
+            active: Mutex::new(BTreeMap::new()),
+            submitted: Mutex::new(Vec::new()),
+            observer,
+        }
+    }
+
+    /// Every job id submitted so far.
+    pub fn submitted(&self) -> Vec<String> {
+        self.submitted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn note(&self, cell: &str, job_id: &str, state: &str, reason: &str) {
+        if let Some(o) = &self.observer {
+            o(&JobNote {
+                cell: cell.to_string(),
+                job_id: job_id.to_string(),
+                state: state.to_string(),
+                reason: reason.to_string(),
+            });
+        }
+    }
+
+    /// Writes the job file and batch script and submits it; returns the job id.
+    fn submit(&self, job: &CellJob, try_n: u32) -> Result<String, String> {
+        let stem = format!("{}.{try_n}", job.slug);
+        let job_file = self.opts.spool.join(format!("{stem}.json"));
+        let script = self.opts.spool.join(format!("{stem}.sh"));
+        let io = |p: &Path, e: std::io::Error| {
+            format!(
+                "{}: cannot write a Slurm job file: {e}; the receipt folder must be writable \
+                 and shared with the compute nodes",
+                p.display()
+            )
+        };
+        std::fs::create_dir_all(&self.opts.spool).map_err(|e| io(&self.opts.spool, e))?;
+        // The job finds its GPUs in what Slurm exports; the submit host's slot numbers mean
+        // nothing on the compute node.
+        let mut remote = job.clone();
+        remote.gpus.clear();
+        remote.visible_devices.clear();
+        let bytes = serde_json::to_vec_pretty(&remote)
+            .map_err(|e| format!("{}: cannot serialise the job: {e}", job.id))?;
+        std::fs::write(&job_file, bytes).map_err(|e| io(&job_file, e))?;
+        std::fs::write(
+            &script,
+            batch_script(&self.opts.exe, self.opts.grace, &job_file),
+        )
+        .map_err(|e| io(&script, e))?;
+        let gpus = job.gpus.len() as u32;
+        let res = self
+            .opts
+            .resources
+            .get(&job.id)
+            .copied()
+            .unwrap_or_default();
+        let args = sbatch_args(&self.opts, job, gpus, res, &stem, &script);
+        let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+        if self.cancelled.load(Ordering::SeqCst) {
+            return Err(CANCELLED_BEFORE.to_string());
+        }
+        let out = Command::new("sbatch").args(&args).output().map_err(|e| {
+            format!("cannot run sbatch: {e}; is this a Slurm submit host (slurm-client installed)?")
+        })?;
+        if !out.status.success() {
+            return Err(format!(
+                "sbatch {} failed ({}): {}; check the partition, account and --slurm-arg values",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let id = parse_parsable(&String::from_utf8_lossy(&out.stdout)).ok_or_else(|| {
+            format!(
+                "sbatch --parsable printed {:?}, not a job id",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })?;
+        active.insert(id.clone(), job.id.clone());
+        self.submitted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(id.clone());
+        Ok(id)
+    }
+
+    /// Polls a job until it ends; returns its last state (`None` when Slurm forgot it).
+    fn wait(&self, job: &CellJob, id: &str) -> Option<JobState> {
+        let mut last = String::new();
+        let mut cancelled_at: Option<Instant> = None;
+        loop {
+            let state = query(id);
+            if let Some(s) = &state {
+                let shown = match s.state.as_str() {
+                    "PENDING" | "CONFIGURING" => "pending",
+                    "RUNNING" | "COMPLETING" => "running",
+                    other => other,
+                };
+                if shown != last {
+                    last = shown.to_string();
+                    let reason = if shown == "pending" { &s.reason } else { "" };
+                    self.note(&job.id, id, shown, reason);
+                }
+                if is_final(&s.state) {
+                    return state;
+                }
+            } else {
+                return None;
+            }
+            if self.cancelled.load(Ordering::SeqCst) {
+                let t = *cancelled_at.get_or_insert_with(Instant::now);
+                if t.elapsed() > CANCEL_WAIT {
+                    return state;
+                }
+            }
+            std::thread::sleep(self.opts.poll);
+        }
+    }
+}
+
+const CANCELLED_BEFORE: &str = "cancelled: the run was interrupted before this cell was submitted";
+
+impl Executor for SlurmExecutor {
+    fn execute(&self, job: &CellJob, on_attempt: &mut dyn FnMut(&AttemptRecord)) -> NodeReceipt {
+        let started = Instant::now();
+        let receipt_path = job.node_dir.join("receipt.json");
+        let mut lost: Vec<String> = Vec::new();
+        let mut try_n = 0;
+        loop {
+            try_n += 1;
+            let fail = |verdict: Verdict, reason: String| {
+                let mut r = job.receipt();
+                r.gpus.clear();
+                r.verdict = verdict;
+                r.reason = Some(reason);
+                r.seconds = started.elapsed().as_secs_f64();
+                r
+            };
+            if self.cancelled.load(Ordering::SeqCst) {
+                return fail(Verdict::Cancelled, CANCELLED_BEFORE.to_string());
+            }
+            // A receipt left by an earlier try (or run) must not be taken for this job's.
+            if let Err(e) = std::fs::remove_file(&receipt_path)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                return fail(
+                    Verdict::Error,
+                    format!(
+                        "{}: cannot remove the old receipt: {e}",
+                        receipt_path.display()
+                    ),
+                );
+            }
+            let id = match self.submit(job, try_n) {
+                Ok(id) => id,
+                Err(e) if e == CANCELLED_BEFORE => return fail(Verdict::Cancelled, e),
+                Err(e) => return fail(Verdict::Error, e),
+            };
+            self.note(&job.id, &id, "submitted", "");
+            let end = self.wait(job, &id);
+            self.active
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+            let state = end.as_ref().map_or("gone", |s| s.state.as_str());
+            if let Some(mut r) = read_receipt(&receipt_path, state == "COMPLETED") {
+                for a in &r.attempts {
+                    on_attempt(a);
+                }
+                if !lost.is_empty() {
+                    let note = format!("after Slurm lost {}", lost.join(", "));
+                    r.reason = Some(match r.reason.take() {
+                        Some(why) => format!("{why} ({note})"),
+                        None => note,
+                    });
+                }
+                r.seconds = started.elapsed().as_secs_f64();
+                return r;
+            }
+            let output = self.opts.spool.join(format!("{}.{try_n}.out", job.slug));
+            let ending = judge(
+                &id,
+                end.as_ref(),
+                self.cancelled.load(Ordering::SeqCst),
+                &output,
+            );
+            match ending {
+                Ending::Lost if (lost.len() as u32) < job.retries => {
+                    lost.push(format!("job {id} ({state})"));
+                }
+                Ending::Lost => {
+                    lost.push(format!("job {id} ({state})"));
+                    return fail(
+                        Verdict::Error,
+                        format!(
+                            "the cluster lost the job before the node finished: {}; \
+                             raise `retries` or check the partition's nodes (sinfo -R)",
+                            lost.join(", ")
+                        ),
+                    );
+                }
+                Ending::Verdict(v, why) => return fail(v, why),
+            }
+        }
+    }
+
+    fn cancel_all(&self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+        let second = self.cancel_calls.fetch_add(1, Ordering::SeqCst) > 0;
+        let ids: Vec<String> = self
+            .active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        // The first cancel removes pending jobs and signals only the batch step of running
+        // ones, which is exec-node itself: it stops its gate within the grace and writes a
+        // `cancelled` receipt. A plain scancel would SIGTERM the gate directly too, and the
+        // gate would end `crash` before exec-node knew the run was interrupted. A second
+        // cancel has Slurm end what is left at once.
+        let calls: Vec<Vec<&str>> = if second {
+            vec![vec![]]
+        } else {
+            vec![
+                vec!["--state=PENDING"],
+                vec!["--state=RUNNING", "--batch", "--signal=TERM"],
+            ]
+        };
+        for flags in calls {
+            match Command::new("scancel").args(&flags).args(&ids).output() {
+                Ok(out) if out.status.success() => {}
+                Ok(out) => eprintln!(
+                    "memra-orch: scancel {} {} failed: {}; cancel them by hand",
+                    flags.join(" "),
+                    ids.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+                Err(e) => eprintln!(
+                    "memra-orch: cannot run scancel ({e}); cancel jobs {} by hand",
+                    ids.join(" ")
+                ),
+            }
+        }
+    }
+}
+
+/// A receipt exec-node wrote, if any; waits a little for a shared filesystem to show it
+/// when the job completed.
+fn read_receipt(path: &Path, completed: bool) -> Option<NodeReceipt> {
+    let deadline = Instant::now()
+        + if completed {
+            RECEIPT_WAIT
+        } else {
+            Duration::ZERO
+        };
+    loop {
+        if let Ok(Some(r)) = read_node_receipt(path) {
+            return Some(r);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The batch script: nothing but the exec-node call, so the cell's environment is built
+/// by the same code as locally.
+pub fn batch_script(exe: &Path, grace: Duration, job_file: &Path) -> String {
+    format!(
+        "#!/bin/sh\n# Written by memra-orch: runs one cell through exec-node.\nexec {} exec-node --grace {} --gpus-from-env {}\n",
+        shell_quote(&exe.to_string_lossy()),
+        humantime::format_duration(grace),
+        shell_quote(&job_file.to_string_lossy()),
+    )
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The `sbatch` arguments for a cell: GPUs, a time limit covering every attempt, CPUs and
+/// memory when stated, partition and account, then the user's extra arguments.
+pub fn sbatch_args(
+    opts: &SlurmOptions,
+    job: &CellJob,
+    gpus: u32,
+    res: Resources,
+    stem: &str,
+    script: &Path,
+) -> Vec<String> {
+    let mut a = vec![
+        "--parsable".to_string(),
+        format!("--job-name={}:{}", opts.job_name, job.id),
+        format!(
+            "--output={}",
+            opts.spool.join(format!("{stem}.out")).display()
+        ),
+        format!("--chdir={}", job.cwd.display()),
+        // A requeued job would run the cell again behind the run's back; resubmitting is
+        // the executor's decision, within `retries`.
+        "--no-requeue".to_string(),
+        format!("--time={}", time_limit_minutes(job, opts.grace)),
+    ];
+    if gpus > 0 {
+        a.push(format!("--gres=gpu:{gpus}"));
+    }
+    if let Some(c) = res.cpus {
+        a.push(format!("--cpus-per-task={c}"));
+    }
+    if let Some(m) = res.memory {
+        a.push(format!("--mem={}M", m.div_ceil(1 << 20).max(1)));
+    }
+    if let Some(p) = &opts.partition {
+        a.push(format!("--partition={p}"));
+    }
+    if let Some(acc) = &opts.account {
+        a.push(format!("--account={acc}"));
+    }
+    a.extend(opts.extra_args.iter().cloned());
+    a.push(script.to_string_lossy().into_owned());
+    a
+}
+
+/// Minutes (Slurm's unit, rounded up) covering every attempt the cell may make at its full
+/// timeout plus the grace, and some slack for the runner itself.
+pub fn time_limit_minutes(job: &CellJob, grace: Duration) -> u64 {
+    let attempts = u64::from(job.reps.max(1)) * (u64::from(job.retries) + 1);
+    let per = job.timeout + grace;
+    let total = per.as_secs_f64() * attempts as f64 + JOB_SLACK.as_secs_f64();
+    ((total / 60.0).ceil() as u64).max(1)
+}
+
+/// The job id of `sbatch --parsable` output (`123` or `123;cluster`).
+pub fn parse_parsable(out: &str) -> Option<String> {
+    let id = out.trim().split(';').next()?.trim();
+    (!id.is_empty() && id.chars().all(|c| c.is_ascii_digit() || c == '_')).then(|| id.to_string())
+}
+
+/// `JobState` and `Reason` from one line of `scontrol show job -o`.
+pub fn parse_scontrol(line: &str) -> Option<JobState> {
+    let mut state = None;
+    let mut reason = String::new();
+    for field in line.split_whitespace() {
+        if let Some(v) = field.strip_prefix("JobState=") {
+            state = Some(v.to_string());
+        } else if let Some(v) = field.strip_prefix("Reason=") {
+            reason = v.to_string();
+        }
+    }
+    Some(JobState {
+        state: state?,
+        reason,
+    })
+}
+
+/// A job's state, or `None` once Slurm no longer knows it (ended longer than MinJobAge
+/// ago) or scontrol fails.
+fn query(id: &str) -> Option<JobState> {
+    let out = Command::new("scontrol")
+        .args(["show", "job", "-o", id])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    parse_scontrol(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Whether a Slurm job state is one a job does not leave.
+pub fn is_final(state: &str) -> bool {
+    !matches!(
+        state,
+        "PENDING"
+            | "CONFIGURING"
+            | "RUNNING"
+            | "COMPLETING"
+            | "SUSPENDED"
+            | "REQUEUED"
+            | "REQUEUE_HOLD"
+            | "REQUEUE_FED"
+            | "RESIZING"
+            | "SIGNALING"
+            | "STAGE_OUT"
+            | "STOPPED"
+    )
+}
+
+/// Judges a job that ended without writing a receipt.
+pub fn judge(id: &str, end: Option<&JobState>, we_cancelled: bool, output: &Path) -> Ending {
+    let tail = || {
+        let text = std::fs::read_to_string(output).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let from = lines.len().saturating_sub(5);
+        if lines.is_empty() {
+            format!("{} is empty or missing", output.display())
+        } else {
+            format!("{}: {}", output.display(), lines[from..].join(" | "))
+        }
+    };
+    let Some(end) = end else {
+        return Ending::Verdict(
+            Verdict::Error,
+            format!(
+                "slurm job {id} ended without a receipt and Slurm no longer knows it; see {}",
+                tail()
+            ),
+        );
+    };
+    match end.state.as_str() {
+        "NODE_FAIL" | "PREEMPTED" | "BOOT_FAIL" => Ending::Lost,
+        _ if we_cancelled => Ending::Verdict(
+            Verdict::Cancelled,
+            format!(
+                "cancelled: the run was interrupted (slurm job {id} {})",
+                end.state
+            ),
+        ),
+        "CANCELLED" => Ending::Verdict(
+            Verdict::Error,
+            format!("slurm job {id} was cancelled outside this run (scancel); run it again"),
+        ),
+        "TIMEOUT" | "DEADLINE" => Ending::Verdict(
+            Verdict::Timeout,
+            format!(
+                "slurm job {id} hit its time limit ({}) before the node finished",
+                end.state
+            ),
+        ),
+        "OUT_OF_MEMORY" => Ending::Verdict(
+            Verdict::Crash,
+            format!(
+                "slurm job {id} ran out of memory; raise the node's `memory`; {}",
+                tail()
+            ),
+        ),
+        s => Ending::Verdict(
+            Verdict::Error,
+            format!(
+                "slurm job {id} ended {s} without writing a receipt (is memra-orch on a \
+                 filesystem the compute node shares?); {}",
+                tail()
+            ),
+        ),
+    }
+}
+
+/// GPUs Slurm can give jobs in a partition (the default one when `None`): the sum of the
+/// `gpu` GRES of its nodes, from `sinfo`.
+pub fn cluster_gpus(partition: Option<&str>) -> Result<u32, String> {
+    let mut cmd = Command::new("sinfo");
+    cmd.args(["-h", "-N", "-o", "%N %G"]);
+    if let Some(p) = partition {
+        cmd.arg(format!("--partition={p}"));
+    }
+    let out = cmd.output().map_err(|e| {
+        format!("cannot run sinfo: {e}; --executor slurm needs the Slurm client tools on PATH")
+    })?;
+    if !out.status.success() {
+        return Err(format!(
+            "sinfo failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut seen = std::collections::BTreeSet::new();
+    let mut total = 0;
+    for line in text.lines() {
+        let mut parts = line.split_whitespace();
+        let (Some(node), Some(gres)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        // A node in several partitions is listed once per partition.
+        if seen.insert(node.to_string()) {
+            total += gres_gpus(gres);
+        }
+    }
+    Ok(total)
+}
+
+/// GPUs in a GRES string: `gpu:4`, `gpu:a100:2(S:0-1)`, `gpu:2,shard:8`, `(null)`.
+pub fn gres_gpus(gres: &str) -> u32 {
+    gres.split(',')
+        .filter_map(|g| {
+            let g = g.split('(').next()?;
+            let mut parts = g.split(':');
+            (parts.next()? == "gpu").then_some(())?;
+            parts.next_back()?.parse::<u32>().ok()
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Expect, NodeKind};
+
+    fn job() -> CellJob {
+        CellJob {
+            id: "arm[b=1]".into(),
+            node: "arm".into(),
+            kind: NodeKind::Arm,
+            axes: vec![],
+            tags: vec![],
+            slug: "arm_b_1".into(),
+            argv: vec!["true".into()],
+            shell: false,
+            cwd: PathBuf::from("/work"),
+            pins: BTreeMap::new(),
+            inherit: vec![],
+            timeout: Duration::from_secs(90),
+            reps: 2,
+            retries: 1,
+            expect: Expect::Pass,
+            verdict_pass: None,
+            verdict_fail: None,
+            produces: vec![],
+            creates: vec![],
+            gpus: vec![],
+            visible_devices: vec![],
+            node_dir: PathBuf::from("/r/nodes/arm_b_1"),
+            binaries: vec![],
+            inputs: String::new(),
+            program: None,
+        }
+    }
+
+    fn opts() -> SlurmOptions {
+        SlurmOptions {
+            partition: Some("gpu".into()),
+            account: Some("numerics".into()),
+            extra_args: vec!["--qos=nightly".into()],
+            spool: PathBuf::from("/r/.slurm"),
+            exe: PathBuf::from("/bin/memra-orch"),
+            grace: Duration::from_secs(5),
+            job_name: "memra:nightly".into(),
+            poll: Duration::from_millis(100),
+            resources: HashMap::new(),
+        }
+    }
+
+    #[test]
+    fn sbatch_asks_for_what_the_cell_states() {
+        let res = Resources {
+            cpus: Some(8),
+            memory: Some(16 << 30),
+        };
+        let a = sbatch_args(&opts(), &job(), 2, res, "arm_b_1.1", Path::new("/r/x.sh"));
+        // 4 attempts of 95 s plus a minute of slack: 440 s, 8 minutes rounded up.
+        for want in [
+            "--parsable",
+            "--job-name=memra:nightly:arm[b=1]",
+            "--output=/r/.slurm/arm_b_1.1.out",
+            "--chdir=/work",
+            "--no-requeue",
+            "--time=8",
+            "--gres=gpu:2",
+            "--cpus-per-task=8",
+            "--mem=16384M",
+            "--partition=gpu",
+            "--account=numerics",
+        ] {
+            assert!(a.iter().any(|x| x == want), "{want} missing from {a:?}");
+        }
+        // The user's arguments come after the executor's, so they override; the script last.
+        assert_eq!(a[a.len() - 2], "--qos=nightly");
+        assert_eq!(a[a.len() - 1], "/r/x.sh");
+        let cpu = sbatch_args(
+            &SlurmOptions {
+                partition: None,
+                account: None,
+                extra_args: vec![],
+                ..opts()
+            },
+            &job(),
+            0,
+            Resources::default(),
+            "s",
+            Path::new("/s.sh"),
+        );
+        assert!(!cpu.iter().any(|x| x.starts_with("--gres")
+            || x.starts_with("--mem")
+            || x.starts_with("--cpus")
+            || x.starts_with("--partition")
+            || x.starts_with("--account")));
+    }
+
+    #[test]
+    fn parsing_slurm_output() {
+        assert_eq!(parse_parsable("1234\n"), Some("1234".into()));
+        assert_eq!(parse_parsable("77;cluster2"), Some("77".into()));
+        assert_eq!(parse_parsable("sbatch: error"), None);
+        let s =
+            parse_scontrol("JobId=3 JobName=x JobState=PENDING Reason=Resources Dependency=(null)")
+                .unwrap();
+        assert_eq!(s.state, "PENDING");
+        assert_eq!(s.reason, "Resources");
+        assert!(parse_scontrol("slurm_load_jobs error: Invalid job id").is_none());
+        assert_eq!(gres_gpus("gpu:4"), 4);
+        assert_eq!(gres_gpus("gpu:a100:2(S:0-1)"), 2);
+        assert_eq!(gres_gpus("gpu:2,shard:8"), 2);
+        assert_eq!(gres_gpus("(null)"), 0);
+        assert!(is_final("COMPLETED") && is_final("NODE_FAIL") && !is_final("PENDING"));
+    }
+
+    #[test]
+    fn a_job_lost_to_the_cluster_is_retried_and_others_are_judged() {
+        let st = |s: &str| JobState {
+            state: s.into(),
+            reason: String::new(),
+        };
+        let out = Path::new("/nonexistent/x.out");
+        for lost in ["NODE_FAIL", "PREEMPTED", "BOOT_FAIL"] {
+            assert_eq!(judge("9", Some(&st(lost)), false, out), Ending::Lost);
+        }
+        let v = |s: &str, c: bool| match judge("9", Some(&st(s)), c, out) {
+            Ending::Verdict(v, _) => v,
+            Ending::Lost => panic!("{s} is not a loss"),
+        };
+        assert_eq!(v("TIMEOUT", false), Verdict::Timeout);
+        assert_eq!(v("CANCELLED", true), Verdict::Cancelled);
+        assert_eq!(v("CANCELLED", false), Verdict::Error);
+        assert_eq!(v("FAILED", false), Verdict::Error);
+        assert_eq!(v("OUT_OF_MEMORY", false), Verdict::Crash);
+        let Ending::Verdict(_, why) = judge("9", Some(&st("FAILED")), false, out) else {
+            panic!("FAILED is a verdict");
+        };
+        assert!(why.contains("x.out is empty or missing"), "{why}");
+    }
+
+    #[test]
+    fn the_batch_script_quotes_paths() {
+        let s = batch_script(
+            Path::new("/opt/it's/memra-orch"),
+            Duration::from_secs(2),
+            Path::new("/r/j.json"),
+        );
+        assert!(s.starts_with("#!/bin/sh\n"));
+        assert!(s.contains(
+            "exec '/opt/it'\\''s/memra-orch' exec-node --grace 2s --gpus-from-env '/r/j.json'"
+        ));
+    }
+}

@@ -1,0 +1,358 @@
+//! `memra-orch run --executor slurm` against a real single-node Slurm cluster with 4 GPU
+//! slots (`../shared/tools/slurm-single-node start 4`, which these tests call once). Slurm
+//! binds fake `/dev/nvidia*` devices and exports CUDA_VISIBLE_DEVICES as on a GPU node.
+//!
+//! The script needs root; elsewhere (or without the script) every test here skips, saying
+//! why. The tests share one cluster of 4 GPUs, so they run one at a time.
+
+mod run_support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use run_support::{COMMIT, Fixture, epoch, files_under};
+use serde_json::Value;
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/slurm-single-node")
+}
+
+/// Starts the cluster once per test binary and serialises the tests; `None` (after printing
+/// why) when this machine cannot run one.
+fn cluster() -> Option<MutexGuard<'static, ()>> {
+    static STARTED: OnceLock<Result<(), String>> = OnceLock::new();
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let started = STARTED.get_or_init(|| {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("not root; the single-node Slurm script needs root".into());
+        }
+        if !script().is_file() {
+            return Err(format!("{} does not exist", script().display()));
+        }
+        let out = Command::new(script())
+            .args(["start", "4"])
+            .output()
+            .expect("the Slurm script can be started");
+        assert!(
+            out.status.success(),
+            "{} start 4 failed:\n{}\n{}",
+            script().display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    });
+    match started {
+        Ok(()) => Some(ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())),
+        Err(why) => {
+            eprintln!("skipping the Slurm test: {why}");
+            None
+        }
+    }
+}
+
+/// A manifest name no other run on the cluster uses, so `squeue -n` finds this run's jobs.
+fn unique(name: &str) -> String {
+    format!("{name}-{}", std::process::id())
+}
+
+fn slurm(f: &Fixture) -> std::process::Output {
+    f.run(&["--executor", "slurm"])
+}
+
+/// Ids of the jobs of a run that Slurm still lists as pending or running.
+fn live_jobs(manifest: &str) -> Vec<String> {
+    let out = Command::new("squeue")
+        .args(["-h", "-o", "%i %j %T"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&format!("memra:{manifest}:")))
+        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .collect()
+}
+
+fn devices(f: &Fixture, id: &str) -> String {
+    std::fs::read_to_string(f.attempt_dir(id, 1).join("artifacts/devices.txt"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+fn span(r: &Value) -> (f64, f64) {
+    let a = &r["attempts"][0];
+    let start = epoch(a["start"].as_str().unwrap());
+    (start, start + a["seconds"].as_f64().unwrap())
+}
+
+#[test]
+fn gpu_arms_share_the_cluster_on_distinct_devices_in_dag_order() {
+    let Some(_cluster) = cluster() else { return };
+    let name = unique("slurm-gpus");
+    let f = Fixture::new(&format!(
+        r#"
+schema = 1
+name = "{name}"
+
+[[arm]]
+id = "one"
+matrix = {{ i = ["1", "2", "3", "4"] }}
+run = ["{{gates}}/devices.sh", "3"]
+gpus = 1
+
+[[arm]]
+id = "two"
+needs = ["one"]
+run = ["{{gates}}/devices.sh"]
+gpus = 2
+"#
+    ));
+    let out = slurm(&f);
+    assert_eq!(out.status.code(), Some(0));
+    let ones: Vec<String> = (1..=4).map(|i| format!("one[i={i}]")).collect();
+    let mut seen = BTreeSet::new();
+    for id in &ones {
+        let r = f.receipt(id);
+        assert_eq!(r["verdict"], "pass", "{r:#}");
+        let d = devices(&f, id);
+        assert_eq!(r["env"]["CUDA_VISIBLE_DEVICES"], d.as_str());
+        assert_eq!(r["gpus"].as_array().unwrap().len(), 1, "{r:#}");
+        assert!(
+            d.parse::<u32>().is_ok_and(|n| n < 4),
+            "{id} saw {d:?}, not one of Slurm's 4 GPUs"
+        );
+        seen.insert(d);
+    }
+    assert_eq!(seen.len(), 4, "the four arms shared a device: {seen:?}");
+    // All four held their GPU at the same time: each started before any ended.
+    let spans: Vec<(f64, f64)> = ones.iter().map(|id| span(&f.receipt(id))).collect();
+    let last_start = spans.iter().map(|s| s.0).fold(f64::MIN, f64::max);
+    let first_end = spans.iter().map(|s| s.1).fold(f64::MAX, f64::min);
+    assert!(
+        last_start < first_end,
+        "the arms did not run concurrently: {spans:?}"
+    );
+    let two = f.receipt("two");
+    let d = devices(&f, "two");
+    assert_eq!(d.split(',').count(), 2, "two saw {d:?}");
+    assert_eq!(two["gpus"].as_array().unwrap().len(), 2);
+    let last_end = spans.iter().map(|s| s.1).fold(f64::MIN, f64::max);
+    assert!(
+        span(&two).0 >= last_end,
+        "two started before all of `one` ended"
+    );
+    assert!(live_jobs(&name).is_empty());
+}
+
+/// Relative paths of every file of a receipt tree, with the node folders' hash suffixes
+/// kept (slugs are derived from cell ids alone, so they match across runs).
+fn shape(tree: &Path) -> BTreeSet<String> {
+    files_under(tree)
+        .into_iter()
+        .map(|p| p.strip_prefix(tree).unwrap().to_string_lossy().into_owned())
+        .filter(|p| p != ".lock")
+        .collect()
+}
+
+/// Every key path of a JSON value (`attempts.0.start`), values left out.
+fn keys(v: &Value, prefix: &str, out: &mut BTreeSet<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                let p = format!("{prefix}.{k}");
+                out.insert(p.clone());
+                keys(x, &p, out);
+            }
+        }
+        Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                keys(x, &format!("{prefix}.{i}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn local_and_slurm_runs_agree_on_verdicts_and_tree_shape() {
+    let Some(_cluster) = cluster() else { return };
+    let manifest = r#"
+schema = 1
+name = "{name}"
+
+[[setup]]
+id = "broken-build"
+run = ["{gates}/fail.sh"]
+
+[[arm]]
+id = "needs-build"
+needs = ["broken-build"]
+run = ["{gates}/pass.sh"]
+gpus = 1
+
+[[arm]]
+id = "green"
+matrix = { b = ["1", "2"] }
+run = ["{gates}/pass.sh"]
+gpus = 1
+
+[[arm]]
+id = "red"
+run = ["{gates}/fail.sh"]
+gpus = 1
+
+[[arm]]
+id = "canary"
+run = ["{gates}/fail.sh"]
+expect = "fail"
+
+[[arm]]
+id = "after-red"
+needs = ["red"]
+run = ["{gates}/pass.sh"]
+
+[[arm]]
+id = "hang"
+run = ["{gates}/hang.sh"]
+gpus = 1
+timeout = "2s"
+
+[[arm]]
+id = "logits"
+matrix = { side = ["a", "b"] }
+run = ["{gates}/logits.sh"]
+gpus = 1
+"#;
+    let name = unique("slurm-same");
+    let text = manifest.replace("{name}", &name);
+    let local = Fixture::new(&text);
+    let on_slurm = Fixture::new(&text);
+    let lo = local.run(&["--gpus", "fake:4"]);
+    let t = Instant::now();
+    let so = slurm(&on_slurm);
+    assert_eq!(lo.status.code(), Some(1));
+    assert_eq!(so.status.code(), lo.status.code());
+    // The timeout is enforced inside the job, by the same runner as locally.
+    assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
+    let hang = on_slurm.receipt("hang");
+    assert_eq!(hang["verdict"], "timeout");
+    assert_eq!(hang["reason"], "timed out after 2s");
+    assert_eq!(
+        on_slurm.receipt("needs-build")["reason"],
+        "needs broken-build, which ended fail"
+    );
+    assert_eq!(on_slurm.verdict("after-red"), "blocked");
+
+    let verdicts = |f: &Fixture| -> BTreeMap<String, String> {
+        f.run_json()["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                (
+                    n["id"].as_str().unwrap().to_string(),
+                    n["verdict"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(verdicts(&on_slurm), verdicts(&local));
+    assert_eq!(verdicts(&local)["canary"], "pass");
+    assert_eq!(shape(&on_slurm.tree()), shape(&local.tree()));
+    for node in local.run_json()["nodes"].as_array().unwrap() {
+        let id = node["id"].as_str().unwrap();
+        let (mut a, mut b) = (BTreeSet::new(), BTreeSet::new());
+        keys(&local.receipt(id), "", &mut a);
+        keys(&on_slurm.receipt(id), "", &mut b);
+        // The environment differs by what the caller's machine put on the inherit list
+        // only in values; checks, attempts and artifacts must have the same structure.
+        assert_eq!(a, b, "{id}: the receipts differ in shape");
+    }
+    let (mut a, mut b) = (BTreeSet::new(), BTreeSet::new());
+    keys(&local.run_json(), "", &mut a);
+    keys(&on_slurm.run_json(), "", &mut b);
+    let strip = |s: &BTreeSet<String>| -> BTreeSet<String> {
+        s.iter()
+            .filter(|k| !k.starts_with(".inventory."))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(strip(&a), strip(&b), "run.json differs in shape");
+    // The job files live next to the tree, not in it.
+    assert!(
+        on_slurm
+            .path()
+            .join("receipts/.slurm")
+            .join(COMMIT)
+            .join(&name)
+            .is_dir()
+    );
+}
+
+#[test]
+fn ctrl_c_cancels_every_submitted_job() {
+    let Some(_cluster) = cluster() else { return };
+    let name = unique("slurm-cancel");
+    let f = Fixture::new(&format!(
+        r#"
+schema = 1
+name = "{name}"
+
+[[arm]]
+id = "long"
+matrix = {{ i = ["1", "2", "3"] }}
+run = ["{{gates}}/hang.sh"]
+gpus = 1
+timeout = "5m"
+
+[[arm]]
+id = "cpu"
+run = ["{{gates}}/hang.sh"]
+timeout = "5m"
+
+[[arm]]
+id = "later"
+needs = ["long"]
+run = ["{{gates}}/pass.sh"]
+"#
+    ));
+    let mut child = f.command(&["--executor", "slurm"]).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Wait until all four jobs hold their gates: each wrote its grandchild's pid.
+    let pids = |f: &Fixture| -> Vec<PathBuf> {
+        files_under(&f.tree().join("nodes"))
+            .into_iter()
+            .filter(|p| p.ends_with("artifacts/grandchild.pid"))
+            .collect()
+    };
+    while (!f.tree().join("nodes").is_dir() || pids(&f).len() < 4) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(pids(&f).len(), 4, "the four jobs never all started");
+    assert_eq!(live_jobs(&name).len(), 4);
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let t = Instant::now();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(t.elapsed() < Duration::from_secs(45), "{:?}", t.elapsed());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !live_jobs(&name).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        live_jobs(&name).is_empty(),
+        "jobs left: {:?}",
+        live_jobs(&name)
+    );
+    for id in ["long[i=1]", "long[i=2]", "long[i=3]", "cpu", "later"] {
+        assert_eq!(f.verdict(id), "cancelled", "{id}");
+    }
+    let r = f.receipt("long[i=1]");
+    assert_eq!(r["attempts"][0]["signal"], 15, "{r:#}");
+}
