@@ -31,6 +31,20 @@ pub enum Command {
     /// List the GPUs a run would use (NVML, bounded by CUDA_VISIBLE_DEVICES).
     #[command(after_help = EXIT_CODES_HELP)]
     Gpus(GpusArgs),
+    /// Compare two receipt trees: regressions, fixes, bits moved, metric drift, new and
+    /// removed nodes, environment changes (docs/diff.md). Exit 1 when anything regressed.
+    #[command(after_help = DIFF_HELP)]
+    Diff(DiffArgs),
+    /// Show one run (every node, problems first) or one node of it (attempts, checks,
+    /// doors, artifacts, logs).
+    #[command(after_help = EXIT_CODES_HELP)]
+    Show(ShowArgs),
+    /// List the runs under the receipts folder, newest first, with verdict counts.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Ls(LsArgs),
+    /// Delete all but the newest N runs of each manifest from the receipts folder.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Gc(GcArgs),
     /// Run one cell from a job file and write its receipt: the entry point a cluster
     /// executor's batch script calls on the compute node.
     #[command(hide = true)]
@@ -160,6 +174,116 @@ pub enum GpusFormat {
     Json,
 }
 
+/// What `diff`, `show`, `ls` and `gc` accept as a run, for `--help`.
+const DIFF_HELP: &str = "\
+OLD and NEW name receipt trees: a run folder (holding run.json), a commit folder, `latest` or
+`previous` (the newest run and the one before it of the same manifest), or a commit-ish git
+resolves in the current folder (`HEAD~1`, a short sha, a tag; `<sha>-dirty` for a dirty run),
+looked up as <receipts>/<sha>[-dirty]/<manifest>.
+
+Exit codes:
+  0    nothing regressed
+  1    at least one node regressed (was pass or skipped, is now anything else)
+  2    usage error: a run could not be found or read";
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The older run (folder, commit-ish, `latest` or `previous`).
+    pub old: String,
+    /// The newer run (folder, commit-ish, `latest` or `previous`).
+    pub new: String,
+    /// The manifest name, when a commit folder holds runs of several manifests.
+    #[arg(long, value_name = "NAME")]
+    pub manifest: Option<String>,
+    /// Receipts folder (default: `receipts/` at the top of the current git work tree).
+    #[arg(long, value_name = "DIR")]
+    pub receipts: Option<PathBuf>,
+    /// `text` (coloured on a terminal), `markdown` (for a PR comment or mail) or `json`.
+    #[arg(long, value_enum, default_value_t = DiffFormat::Text)]
+    pub format: DiffFormat,
+    /// Colour in text output: `auto` means on a terminal and NO_COLOR unset.
+    #[arg(long, value_enum, default_value_t = ColorMode::Auto)]
+    pub color: ColorMode,
+    /// A check metric drifted when its relative change exceeds this (`0.05` or `5%`).
+    #[arg(long, value_name = "FRACTION", default_value = "5%", value_parser = crate::diff::parse_fraction)]
+    pub metric_rel: f64,
+    /// Absolute metric changes at or below this are noise (lets a metric that was 0 drift).
+    #[arg(long, value_name = "NUMBER", default_value = "1e-12", value_parser = crate::diff::parse_floor)]
+    pub metric_abs: f64,
+    /// Duration changes (node seconds, metrics named `*_seconds`, `*_ms`…) under this are noise.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub duration_abs: std::time::Duration,
+    /// Duration changes under this fraction are noise (`0.2` or `20%`).
+    #[arg(long, value_name = "FRACTION", default_value = "20%", value_parser = crate::diff::parse_fraction)]
+    pub duration_rel: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DiffFormat {
+    Text,
+    Markdown,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ColorMode {
+    Auto,
+    Always,
+    Never,
+}
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The run (folder, commit-ish, `latest` or `previous`).
+    pub run: String,
+    /// A node: its cell id, its slug, or a glob matching exactly one cell id.
+    pub node: Option<String>,
+    /// The manifest name, when a commit folder holds runs of several manifests.
+    #[arg(long, value_name = "NAME")]
+    pub manifest: Option<String>,
+    /// Receipts folder (default: `receipts/` at the top of the current git work tree).
+    #[arg(long, value_name = "DIR")]
+    pub receipts: Option<PathBuf>,
+    /// `text`, or `json` (run.json or the node's receipt.json as stored).
+    #[arg(long, value_enum, default_value_t = ShowFormat::Text)]
+    pub format: ShowFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ShowFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// Only runs of this manifest.
+    #[arg(long, value_name = "NAME")]
+    pub manifest: Option<String>,
+    /// Receipts folder (default: `receipts/` at the top of the current git work tree).
+    #[arg(long, value_name = "DIR")]
+    pub receipts: Option<PathBuf>,
+    /// `text` (a table) or `json`.
+    #[arg(long, value_enum, default_value_t = ShowFormat::Text)]
+    pub format: ShowFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// How many of the newest runs of each manifest to keep (at least 1).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub keep: u64,
+    /// Only runs of this manifest (others are left alone).
+    #[arg(long, value_name = "NAME")]
+    pub manifest: Option<String>,
+    /// Receipts folder (default: `receipts/` at the top of the current git work tree).
+    #[arg(long, value_name = "DIR")]
+    pub receipts: Option<PathBuf>,
+    /// Print what would be deleted, delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
 fn parse_gpu_spec(s: &str) -> Result<GpuSpec, String> {
     s.parse()
 }
@@ -184,6 +308,10 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::Plan(args) => crate::load::plan_command(&args),
         Command::Validate(args) => crate::load::validate_command(&args),
         Command::Gpus(args) => crate::gpus::command(&args),
+        Command::Diff(args) => crate::diff::command(&args),
+        Command::Show(args) => crate::housekeeping::show::command(&args),
+        Command::Ls(args) => crate::housekeeping::ls::command(&args),
+        Command::Gc(args) => crate::housekeeping::gc::command(&args),
         Command::ExecNode(args) => crate::executor::exec_node::command(&args),
     }
 }

@@ -4,9 +4,11 @@
 //! [`plan::Plan`] (cells and their DAG, [`graph`]) → [`schedule`] → runner events ([`run`])
 //! → listeners ([`receipt`], [`report`]) → [`diff`].
 
+pub mod attest;
 pub mod cli;
 pub mod compare;
 pub mod diagnostics;
+pub mod diff;
 pub mod commit;
 pub mod events;
 pub mod executor;
@@ -14,6 +16,7 @@ pub mod exit;
 pub mod gpus;
 pub mod junit;
 pub mod graph;
+pub mod housekeeping;
 pub mod load;
 pub mod manifest;
 pub mod matrix;

@@ -1,6 +1,7 @@
 //! The receipt writer: a run listener that files each node's receipt as soon as the node
 //! finishes, keeps `run.json` current (written at the start with `verdict = "running"`,
-//! rewritten at the end), and renders `summary.md` and `junit.xml` when the run ends.
+//! rewritten at the end), and renders `summary.md` and `junit.xml` when the run ends, after
+//! pin attestation (`attest`) added its warnings to the receipts concerned.
 //!
 //! Every file is written atomically, so a run killed at any point leaves a tree that
 //! `run --resume` can complete.
@@ -100,9 +101,20 @@ impl Listener for ReceiptWriter {
                 self.run.interrupted = *interrupted;
                 let ok = counts.iter().all(|(v, n)| *n == 0 || v.as_expected());
                 self.run.verdict = if ok && !interrupted { "pass" } else { "fail" }.to_string();
+                // Pin attestation needs every cell's doors row, so it runs once all are in;
+                // it only adds warning checks, so receipts filed earlier stay valid until
+                // they are rewritten here.
+                let (findings, changed) = crate::attest::attest(&mut self.receipts);
+                for i in changed {
+                    if let Some(r) = &self.receipts[i] {
+                        let res = write_json(&self.tree.receipt_json(&r.slug), r);
+                        self.record(res);
+                    }
+                }
                 let r = write_json(&self.tree.run_json(), &self.run);
                 self.record(r);
-                let md = crate::report::summary::markdown(&self.run);
+                let mut md = crate::report::summary::markdown(&self.run);
+                md.push_str(&crate::attest::markdown(&findings));
                 let r = write_atomic(&self.tree.summary_md(), md.as_bytes());
                 self.record(r);
                 let r = crate::junit::render(&self.run, &self.receipts)

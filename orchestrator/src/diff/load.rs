@@ -1,0 +1,82 @@
+//! Reading a whole receipt tree into memory for `diff` and `show`: `run.json` and every node
+//! receipt its index names, read in parallel (a 10,000-node tree is 10,000 small files).
+//!
+//! It reads only; where a tree is (commit-ish, folder, `latest`) is `resolve`'s job.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use crate::receipt::tree::Tree;
+use crate::receipt::{NodeIndexEntry, NodeReceipt, RunReceipt, read_json};
+
+/// One node of a loaded run: its index row and, when the run wrote one, its receipt.
+#[derive(Debug, Clone)]
+pub struct LoadedNode {
+    pub entry: NodeIndexEntry,
+    pub receipt: Option<NodeReceipt>,
+}
+
+/// A receipt tree in memory.
+#[derive(Debug, Clone)]
+pub struct LoadedRun {
+    pub dir: PathBuf,
+    pub run: RunReceipt,
+    /// Nodes by cell id.
+    pub nodes: BTreeMap<String, LoadedNode>,
+}
+
+/// Loads the tree at `dir` (the folder holding `run.json`).
+pub fn load(dir: &Path) -> Result<LoadedRun, String> {
+    let tree = Tree {
+        dir: dir.to_path_buf(),
+    };
+    let run: RunReceipt = read_json(&tree.run_json())?.ok_or_else(|| {
+        format!(
+            "{}: no run.json; this folder is not a receipt tree (pass a run folder, a commit or `latest`)",
+            dir.display()
+        )
+    })?;
+    let loaded: Vec<Result<(String, LoadedNode), String>> = run
+        .nodes
+        .par_iter()
+        .map(|entry| {
+            let receipt = match &entry.slug {
+                // The slug comes from a file; a hand-edited one must not lead outside the tree.
+                Some(slug) if is_plain_name(slug) => read_json(&tree.receipt_json(slug))?,
+                Some(slug) => {
+                    return Err(format!(
+                        "{}: node {:?} has slug {slug:?}, which is not a plain folder name; \
+                         the run.json was edited or corrupted",
+                        tree.run_json().display(),
+                        entry.id
+                    ));
+                }
+                None => None,
+            };
+            Ok((
+                entry.id.clone(),
+                LoadedNode {
+                    entry: entry.clone(),
+                    receipt,
+                },
+            ))
+        })
+        .collect();
+    let mut nodes = BTreeMap::new();
+    for item in loaded {
+        let (id, node) = item?;
+        nodes.insert(id, node);
+    }
+    Ok(LoadedRun {
+        dir: dir.to_path_buf(),
+        run,
+        nodes,
+    })
+}
+
+/// A single path component that is not `.` or `..`.
+pub fn is_plain_name(s: &str) -> bool {
+    !s.is_empty() && s != "." && s != ".." && !s.contains('/') && !s.contains('\\')
+}

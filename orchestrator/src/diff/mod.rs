@@ -1,0 +1,633 @@
+//! `memra-orch diff OLD NEW`: what changed between two receipt trees (DESIGN §6,
+//! docs/diff.md). Regressions, fixes, still failing, bits moved (same verdict, different
+//! artifact digests), metric drift, duration drift, doors changes, new and removed nodes,
+//! and environment changes (host, driver, GPUs, binaries).
+//!
+//! This module owns the comparison rules and the `diff` subcommand. Finding trees is
+//! [`resolve`]'s job, reading them [`load`]'s, and printing them [`render`]'s; it never
+//! writes anything.
+
+pub mod load;
+pub mod render;
+pub mod resolve;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::ExitCode;
+use crate::cli::{DiffArgs, DiffFormat};
+use crate::events::Verdict;
+use load::{LoadedNode, LoadedRun};
+
+/// When a change of a number is worth reporting.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Thresholds {
+    /// Check metrics: relative change above which a metric drifted (0.05 = 5 %).
+    pub metric_rel: f64,
+    /// Check metrics: absolute changes at or below this are noise, whatever the relative
+    /// change (this is what lets a metric that was exactly 0 drift at all).
+    pub metric_abs: f64,
+    /// Durations (node seconds and metrics named like durations): changes under this many
+    /// seconds are noise.
+    pub duration_abs: f64,
+    /// Durations: relative changes under this are noise.
+    pub duration_rel: f64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Thresholds {
+        Thresholds {
+            metric_rel: 0.05,
+            metric_abs: 1e-12,
+            duration_abs: 1.0,
+            duration_rel: 0.2,
+        }
+    }
+}
+
+/// The identity of one side of a diff.
+#[derive(Debug, Clone, Serialize)]
+pub struct Side {
+    pub dir: String,
+    pub name: String,
+    pub commit: String,
+    pub start: String,
+    pub verdict: String,
+    pub counts: BTreeMap<Verdict, usize>,
+}
+
+/// A node whose verdict is listed (regression, fix, still failing, other change).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VerdictChange {
+    pub id: String,
+    pub old: Verdict,
+    pub new: Verdict,
+    /// The new side's reason; for fixes the old one's, as `was: …`.
+    pub reason: Option<String>,
+}
+
+/// One artifact whose bytes moved; `None` on the side that did not have it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ArtifactMove {
+    pub name: String,
+    pub old_sha256: Option<String>,
+    pub new_sha256: Option<String>,
+    pub old_bytes: Option<u64>,
+    pub new_bytes: Option<u64>,
+}
+
+/// A node with the same verdict on both sides whose artifacts differ.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BitsMoved {
+    pub id: String,
+    pub verdict: Verdict,
+    pub artifacts: Vec<ArtifactMove>,
+}
+
+/// One check-row value that changed beyond the thresholds. `metric` is the metric's name,
+/// `status` for a check whose status changed, or `(row)` for a check only one side has.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MetricDrift {
+    pub id: String,
+    pub check: String,
+    pub metric: String,
+    pub old: Value,
+    pub new: Value,
+    /// (new − old) / |old| for numbers with a non-zero old value.
+    pub relative: Option<f64>,
+}
+
+/// A node whose wall time changed beyond the duration noise floor.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DurationDrift {
+    pub id: String,
+    pub old_seconds: f64,
+    pub new_seconds: f64,
+}
+
+/// A doors key whose value differs (the code paths the gate reported).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DoorsChange {
+    pub id: String,
+    pub door: String,
+    pub old: Value,
+    pub new: Value,
+}
+
+/// A node only one side has.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeBrief {
+    pub id: String,
+    pub verdict: Verdict,
+}
+
+/// A run-level fact that differs: host, driver, CUDA, GPUs, manifest, a binary.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EnvChange {
+    pub what: String,
+    pub old: Option<String>,
+    pub new: Option<String>,
+}
+
+/// Everything `diff` reports, in the order it prints it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Diff {
+    pub old: Side,
+    pub new: Side,
+    pub thresholds: Thresholds,
+    pub regressions: Vec<VerdictChange>,
+    pub fixes: Vec<VerdictChange>,
+    pub still_failing: Vec<VerdictChange>,
+    /// Verdict changes between two as-expected verdicts (`pass` ↔ `skipped`).
+    pub other_verdict_changes: Vec<VerdictChange>,
+    pub bits_moved: Vec<BitsMoved>,
+    pub metric_drift: Vec<MetricDrift>,
+    pub duration_drift: Vec<DurationDrift>,
+    pub doors_changed: Vec<DoorsChange>,
+    pub new_nodes: Vec<NodeBrief>,
+    pub removed_nodes: Vec<NodeBrief>,
+    pub environment: Vec<EnvChange>,
+}
+
+impl Diff {
+    /// Whether anything regressed (the exit code is 1 then).
+    pub fn regressed(&self) -> bool {
+        !self.regressions.is_empty()
+    }
+
+    /// Whether nothing differs between the two runs under the thresholds. Nodes failing on
+    /// both sides are listed but are no difference: a run diffed with itself is clean.
+    pub fn is_clean(&self) -> bool {
+        self.regressions.is_empty()
+            && self.fixes.is_empty()
+            && self.other_verdict_changes.is_empty()
+            && self.bits_moved.is_empty()
+            && self.metric_drift.is_empty()
+            && self.duration_drift.is_empty()
+            && self.doors_changed.is_empty()
+            && self.new_nodes.is_empty()
+            && self.removed_nodes.is_empty()
+            && self.environment.is_empty()
+    }
+}
+
+fn side(r: &LoadedRun) -> Side {
+    Side {
+        dir: r.dir.to_string_lossy().into_owned(),
+        name: r.run.name.clone(),
+        commit: r.run.commit.clone(),
+        start: r.run.start.clone(),
+        verdict: r.run.verdict.clone(),
+        counts: r.run.counts.clone(),
+    }
+}
+
+/// Compares two loaded runs.
+pub fn diff(old: &LoadedRun, new: &LoadedRun, t: &Thresholds) -> Diff {
+    let mut d = Diff {
+        old: side(old),
+        new: side(new),
+        thresholds: *t,
+        regressions: Vec::new(),
+        fixes: Vec::new(),
+        still_failing: Vec::new(),
+        other_verdict_changes: Vec::new(),
+        bits_moved: Vec::new(),
+        metric_drift: Vec::new(),
+        duration_drift: Vec::new(),
+        doors_changed: Vec::new(),
+        new_nodes: Vec::new(),
+        removed_nodes: Vec::new(),
+        environment: environment(old, new),
+    };
+    for (id, o) in &old.nodes {
+        let Some(n) = new.nodes.get(id) else {
+            d.removed_nodes.push(NodeBrief {
+                id: id.clone(),
+                verdict: o.entry.verdict,
+            });
+            continue;
+        };
+        node(&mut d, id, o, n, t);
+    }
+    for (id, n) in &new.nodes {
+        if !old.nodes.contains_key(id) {
+            d.new_nodes.push(NodeBrief {
+                id: id.clone(),
+                verdict: n.entry.verdict,
+            });
+        }
+    }
+    d
+}
+
+fn node(d: &mut Diff, id: &str, o: &LoadedNode, n: &LoadedNode, t: &Thresholds) {
+    let (ov, nv) = (o.entry.verdict, n.entry.verdict);
+    let change = |reason: Option<String>| VerdictChange {
+        id: id.to_string(),
+        old: ov,
+        new: nv,
+        reason,
+    };
+    match (ov.as_expected(), nv.as_expected()) {
+        (true, false) => d.regressions.push(change(n.entry.reason.clone())),
+        (false, true) => d
+            .fixes
+            .push(change(o.entry.reason.as_ref().map(|r| format!("was: {r}")))),
+        (false, false) => d.still_failing.push(change(n.entry.reason.clone())),
+        (true, true) if ov != nv => d.other_verdict_changes.push(change(n.entry.reason.clone())),
+        (true, true) => {}
+    }
+    if duration_moved(o.entry.seconds, n.entry.seconds, t) {
+        d.duration_drift.push(DurationDrift {
+            id: id.to_string(),
+            old_seconds: o.entry.seconds,
+            new_seconds: n.entry.seconds,
+        });
+    }
+    let (Some(or), Some(nr)) = (&o.receipt, &n.receipt) else {
+        return;
+    };
+    if ov == nv {
+        let artifacts = artifact_moves(&or.artifacts, &nr.artifacts);
+        if !artifacts.is_empty() {
+            d.bits_moved.push(BitsMoved {
+                id: id.to_string(),
+                verdict: nv,
+                artifacts,
+            });
+        }
+    }
+    checks(d, id, &or.checks, &nr.checks, t);
+    let empty = BTreeMap::new();
+    let od = or.doors.as_ref().unwrap_or(&empty);
+    let nd = nr.doors.as_ref().unwrap_or(&empty);
+    let doors: BTreeSet<&String> = od.keys().chain(nd.keys()).collect();
+    for door in doors {
+        let (a, b) = (od.get(door), nd.get(door));
+        if a != b {
+            d.doors_changed.push(DoorsChange {
+                id: id.to_string(),
+                door: door.clone(),
+                old: a.cloned().unwrap_or(Value::Null),
+                new: b.cloned().unwrap_or(Value::Null),
+            });
+        }
+    }
+}
+
+fn artifact_moves(
+    old: &[crate::receipt::Artifact],
+    new: &[crate::receipt::Artifact],
+) -> Vec<ArtifactMove> {
+    let o: BTreeMap<&str, &crate::receipt::Artifact> =
+        old.iter().map(|a| (a.name.as_str(), a)).collect();
+    let n: BTreeMap<&str, &crate::receipt::Artifact> =
+        new.iter().map(|a| (a.name.as_str(), a)).collect();
+    let names: BTreeSet<&str> = o.keys().chain(n.keys()).copied().collect();
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let (a, b) = (o.get(name), n.get(name));
+            if a.map(|x| &x.sha256) == b.map(|x| &x.sha256) {
+                return None;
+            }
+            Some(ArtifactMove {
+                name: name.to_string(),
+                old_sha256: a.map(|x| x.sha256.clone()),
+                new_sha256: b.map(|x| x.sha256.clone()),
+                old_bytes: a.map(|x| x.bytes),
+                new_bytes: b.map(|x| x.bytes),
+            })
+        })
+        .collect()
+}
+
+/// Check rows keyed by (check name, occurrence), so a gate that repeats a check name (once
+/// per rep, say) is compared row by row.
+fn keyed(
+    rows: &[crate::protocol::CheckRow],
+) -> BTreeMap<(String, usize), &crate::protocol::CheckRow> {
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    rows.iter()
+        .map(|r| {
+            let k = seen.entry(r.check.as_str()).or_default();
+            *k += 1;
+            ((r.check.clone(), *k), r)
+        })
+        .collect()
+}
+
+fn checks(
+    d: &mut Diff,
+    id: &str,
+    old: &[crate::protocol::CheckRow],
+    new: &[crate::protocol::CheckRow],
+    t: &Thresholds,
+) {
+    let (o, n) = (keyed(old), keyed(new));
+    let keys: BTreeSet<&(String, usize)> = o.keys().chain(n.keys()).collect();
+    let label = |(name, k): &(String, usize)| {
+        if *k == 1 {
+            name.clone()
+        } else {
+            format!("{name} #{k}")
+        }
+    };
+    let status = |r: &crate::protocol::CheckRow| serde_json::to_value(r.status).unwrap_or_default();
+    for key in keys {
+        let drift = |metric: &str, old: Value, new: Value, relative: Option<f64>| MetricDrift {
+            id: id.to_string(),
+            check: label(key),
+            metric: metric.to_string(),
+            old,
+            new,
+            relative,
+        };
+        let (a, b) = match (o.get(key), n.get(key)) {
+            (Some(a), Some(b)) => (a, b),
+            (a, b) => {
+                d.metric_drift.push(drift(
+                    "(row)",
+                    a.map(|r| status(r)).unwrap_or(Value::Null),
+                    b.map(|r| status(r)).unwrap_or(Value::Null),
+                    None,
+                ));
+                continue;
+            }
+        };
+        if a.status != b.status {
+            d.metric_drift
+                .push(drift("status", status(a), status(b), None));
+        }
+        let names: BTreeSet<&String> = a.metrics.keys().chain(b.metrics.keys()).collect();
+        for m in names {
+            let (x, y) = (a.metrics.get(m), b.metrics.get(m));
+            if let Some(relative) = metric_moved(m, x, y, t) {
+                d.metric_drift.push(drift(
+                    m,
+                    x.cloned().unwrap_or(Value::Null),
+                    y.cloned().unwrap_or(Value::Null),
+                    relative,
+                ));
+            }
+        }
+    }
+}
+
+/// Seconds per unit when a metric's name says it is a duration (`seconds`, `*_s`, `*_ms`,
+/// `*_us`, `*_ns`); such metrics are judged by the duration noise floor, not the metric
+/// thresholds, because timings wobble from run to run.
+fn duration_unit(name: &str) -> Option<f64> {
+    let n = name.to_ascii_lowercase();
+    if n == "seconds" || n.ends_with("_seconds") || n.ends_with("_s") || n.ends_with("_secs") {
+        Some(1.0)
+    } else if n.ends_with("_ms") {
+        Some(1e-3)
+    } else if n.ends_with("_us") {
+        Some(1e-6)
+    } else if n.ends_with("_ns") {
+        Some(1e-9)
+    } else {
+        None
+    }
+}
+
+/// `None` when the metric did not move; `Some(relative change)` when it did.
+fn metric_moved(
+    name: &str,
+    old: Option<&Value>,
+    new: Option<&Value>,
+    t: &Thresholds,
+) -> Option<Option<f64>> {
+    match (old.and_then(Value::as_f64), new.and_then(Value::as_f64)) {
+        (Some(a), Some(b)) => {
+            let relative = (a != 0.0).then(|| (b - a) / a.abs());
+            let moved = match duration_unit(name) {
+                Some(unit) => duration_moved(a * unit, b * unit, t),
+                None => {
+                    let delta = (b - a).abs();
+                    // NaN compares unequal to everything: a metric that became NaN moved.
+                    if a.is_nan() || b.is_nan() {
+                        a.is_nan() != b.is_nan()
+                    } else {
+                        delta > t.metric_abs && relative.is_none_or(|r| r.abs() > t.metric_rel)
+                    }
+                }
+            };
+            moved.then_some(relative)
+        }
+        _ => (old != new).then_some(None),
+    }
+}
+
+fn duration_moved(a: f64, b: f64, t: &Thresholds) -> bool {
+    let delta = (b - a).abs();
+    delta >= t.duration_abs && (a == 0.0 || delta / a.abs() >= t.duration_rel)
+}
+
+/// Run-level facts: host, orchestrator version, driver and CUDA versions, the GPU list,
+/// manifest and env-matrix digests, and every binary (by path) whose digest changed.
+fn environment(old: &LoadedRun, new: &LoadedRun) -> Vec<EnvChange> {
+    let mut out = Vec::new();
+    let mut fact = |what: &str, a: Option<String>, b: Option<String>| {
+        if a != b {
+            out.push(EnvChange {
+                what: what.to_string(),
+                old: a,
+                new: b,
+            });
+        }
+    };
+    let (o, n) = (&old.run, &new.run);
+    fact("host", Some(o.host.clone()), Some(n.host.clone()));
+    fact(
+        "memra-orch version",
+        Some(o.orchestrator_version.clone()),
+        Some(n.orchestrator_version.clone()),
+    );
+    let inv = |r: &crate::receipt::RunReceipt, key: &str| {
+        r.inventory
+            .get(key)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    fact("driver", inv(o, "driver_version"), inv(n, "driver_version"));
+    fact(
+        "CUDA driver",
+        inv(o, "cuda_driver_version"),
+        inv(n, "cuda_driver_version"),
+    );
+    let gpus = |r: &crate::receipt::RunReceipt| {
+        let list: Vec<String> = r
+            .inventory
+            .get("gpus")
+            .and_then(Value::as_array)
+            .map(|gs| {
+                gs.iter()
+                    .map(|g| {
+                        format!(
+                            "{} {}",
+                            g.get("name").and_then(Value::as_str).unwrap_or("?"),
+                            g.get("uuid").and_then(Value::as_str).unwrap_or("?")
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(if list.is_empty() {
+            "none".to_string()
+        } else {
+            list.join(", ")
+        })
+    };
+    fact("GPUs", gpus(o), gpus(n));
+    fact(
+        "manifest sha256",
+        Some(o.manifest.sha256.clone()),
+        Some(n.manifest.sha256.clone()),
+    );
+    let matrices = |r: &crate::receipt::RunReceipt| -> BTreeMap<String, String> {
+        r.env_matrices
+            .iter()
+            .map(|m| (m.path.clone(), m.sha256.clone()))
+            .collect()
+    };
+    let (om, nm) = (matrices(o), matrices(n));
+    for path in om.keys().chain(nm.keys()).collect::<BTreeSet<_>>() {
+        fact(
+            &format!("env-matrix {path}"),
+            om.get(path).cloned(),
+            nm.get(path).cloned(),
+        );
+    }
+    let (ob, nb) = (binaries(old), binaries(new));
+    for (path, a) in &ob {
+        if let Some(b) = nb.get(path) {
+            fact(&format!("binary {path}"), Some(a.clone()), Some(b.clone()));
+        }
+    }
+    out
+}
+
+/// sha256 per binary path over every node receipt; a path seen with several digests within
+/// one run (rebuilt half-way) shows them all.
+fn binaries(run: &LoadedRun) -> BTreeMap<String, String> {
+    let mut seen: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for n in run.nodes.values() {
+        if let Some(r) = &n.receipt {
+            for b in r.binaries.iter().chain(&r.produces) {
+                seen.entry(b.path.clone())
+                    .or_default()
+                    .insert(b.sha256.clone());
+            }
+        }
+    }
+    seen.into_iter()
+        .map(|(p, s)| (p, s.into_iter().collect::<Vec<_>>().join(" ")))
+        .collect()
+}
+
+/// Parses a fraction: `0.05` or `5%`.
+pub fn parse_fraction(s: &str) -> Result<f64, String> {
+    let (num, scale) = match s.trim().strip_suffix('%') {
+        Some(p) => (p, 0.01),
+        None => (s.trim(), 1.0),
+    };
+    num.trim()
+        .parse::<f64>()
+        .ok()
+        .map(|v| v * scale)
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .ok_or_else(|| format!("{s:?}: not a fraction; write 0.05 or 5%"))
+}
+
+/// Parses a non-negative number (an absolute floor).
+pub fn parse_floor(s: &str) -> Result<f64, String> {
+    s.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .ok_or_else(|| format!("{s:?}: not a non-negative number; write for example 1e-9"))
+}
+
+/// The `diff` subcommand.
+pub fn command(args: &DiffArgs) -> ExitCode {
+    match command_inner(args) {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("memra-orch diff: {message}");
+            ExitCode::Usage
+        }
+    }
+}
+
+fn command_inner(args: &DiffArgs) -> Result<ExitCode, String> {
+    let receipts = resolve::receipts_root(args.receipts.as_deref())?;
+    let manifest = args.manifest.as_deref();
+    let old_dir = resolve::resolve(&args.old, &receipts, manifest)?;
+    let new_dir = resolve::resolve(&args.new, &receipts, manifest)?;
+    let (old, new) = rayon::join(|| load::load(&old_dir), || load::load(&new_dir));
+    let (old, new) = (old?, new?);
+    let thresholds = Thresholds {
+        metric_rel: args.metric_rel,
+        metric_abs: args.metric_abs,
+        duration_abs: args.duration_abs.as_secs_f64(),
+        duration_rel: args.duration_rel,
+    };
+    let d = diff(&old, &new, &thresholds);
+    let text = match args.format {
+        DiffFormat::Text => render::text(&d, render::use_color(args.color)),
+        DiffFormat::Markdown => render::markdown(&d),
+        DiffFormat::Json => render::json(&d),
+    };
+    print!("{text}");
+    Ok(if d.regressed() {
+        ExitCode::NotAsExpected
+    } else {
+        ExitCode::Ok
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_thresholds() {
+        let t = Thresholds::default();
+        let v = |x: f64| Some(serde_json::json!(x));
+        let moved = |name: &str, a: f64, b: f64| {
+            metric_moved(name, v(a).as_ref(), v(b).as_ref(), &t).is_some()
+        };
+        assert!(!moved("max_abs", 1.0, 1.04));
+        assert!(moved("max_abs", 1.0, 1.06));
+        assert!(
+            moved("max_abs", 0.0, 1e-7),
+            "a metric leaving exactly 0 moved"
+        );
+        assert!(!moved("max_abs", 0.0, 0.0));
+        assert!(!moved("decode_seconds", 10.0, 10.9), "under 1 s is noise");
+        assert!(!moved("decode_seconds", 10.0, 11.5), "under 20 % is noise");
+        assert!(moved("decode_seconds", 10.0, 12.5));
+        assert!(
+            !moved("step_ms", 100.0, 900.0),
+            "800 ms is under the 1 s floor"
+        );
+        assert!(moved("step_ms", 1000.0, 3000.0));
+        let s = |x: &str| Some(serde_json::json!(x));
+        assert!(metric_moved("dtype", s("f16").as_ref(), s("bf16").as_ref(), &t).is_some());
+        assert!(metric_moved("dtype", s("f16").as_ref(), None, &t).is_some());
+    }
+
+    #[test]
+    fn fractions() {
+        assert_eq!(parse_fraction("5%").unwrap(), 0.05);
+        assert_eq!(parse_fraction("0.2").unwrap(), 0.2);
+        assert!(parse_fraction("-1").is_err());
+        assert!(parse_fraction("x%").unwrap_err().contains("5%"));
+        assert!(parse_floor("nan").is_err());
+    }
+}

@@ -1,0 +1,211 @@
+//! Turning what a user names on the command line into a receipt tree folder: a run folder,
+//! a commit folder, `latest` / `previous`, or a commit-ish that git resolves to a sha whose
+//! `<sha>[-dirty]/<manifest>` lives under the receipts folder. Shared by `diff`, `show`,
+//! `ls` and `gc`, which also use [`list_runs`] to see every run under a receipts folder.
+//!
+//! It reads folder listings and `run.json` files only; it never writes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::receipt::{RunReceipt, read_json};
+
+/// The receipts folder: `--receipts` when given (relative to the current folder), else
+/// `receipts/` at the top of the git work tree of the current folder, else `./receipts`.
+pub fn receipts_root(given: Option<&Path>) -> Result<PathBuf, String> {
+    let cwd = std::env::current_dir()
+        .map_err(|e| format!("cannot read the current folder: {e}; pass --receipts DIR"))?;
+    Ok(match given {
+        Some(p) => cwd.join(p),
+        None => git(&cwd, &["rev-parse", "--show-toplevel"])
+            .map(PathBuf::from)
+            .unwrap_or(cwd)
+            .join("receipts"),
+    })
+}
+
+/// One run found under a receipts folder.
+#[derive(Debug, Clone)]
+pub struct FoundRun {
+    /// `<receipts>/<commit>/<manifest>`.
+    pub dir: PathBuf,
+    /// The commit folder name.
+    pub commit: String,
+    pub run: RunReceipt,
+}
+
+/// Every readable run under `receipts`, newest first (by start time). Folders without a
+/// readable `run.json` are not runs and are left out.
+pub fn list_runs(receipts: &Path) -> Result<Vec<FoundRun>, String> {
+    let commits = std::fs::read_dir(receipts).map_err(|e| {
+        format!(
+            "{}: cannot list the receipts folder: {e}; run `memra-orch run` first or pass --receipts DIR",
+            receipts.display()
+        )
+    })?;
+    let mut runs = Vec::new();
+    for commit in commits.flatten() {
+        let Ok(kind) = commit.file_type() else {
+            continue;
+        };
+        if !kind.is_dir() {
+            continue;
+        }
+        let Ok(manifests) = std::fs::read_dir(commit.path()) else {
+            continue;
+        };
+        for m in manifests.flatten() {
+            if !m.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if let Ok(Some(run)) = read_json::<RunReceipt>(&m.path().join("run.json")) {
+                runs.push(FoundRun {
+                    dir: m.path(),
+                    commit: commit.file_name().to_string_lossy().into_owned(),
+                    run,
+                });
+            }
+        }
+    }
+    runs.sort_by(|a, b| b.run.start.cmp(&a.run.start).then(a.dir.cmp(&b.dir)));
+    Ok(runs)
+}
+
+/// Resolves `spec` to a tree folder:
+/// 1. an existing folder holding `run.json` (a run), or holding run folders (a commit);
+/// 2. `latest` / `previous`: the newest run under `receipts` and the one before it of the
+///    same manifest (`--manifest` narrows both to one manifest);
+/// 3. a commit folder name under `receipts` (`<sha>-dirty`, a `--commit` id, `no-git`);
+/// 4. a commit-ish git resolves in the current folder (`HEAD~1`, a short sha, a tag), with an
+///    optional `-dirty` suffix: `<sha>` is used when it exists, else `<sha>-dirty`.
+pub fn resolve(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<PathBuf, String> {
+    let as_path = Path::new(spec);
+    if as_path.is_dir() {
+        if as_path.join("run.json").is_file() {
+            return Ok(as_path.to_path_buf());
+        }
+        return pick_manifest(as_path, manifest, spec);
+    }
+    if spec == "latest" || spec == "previous" {
+        let runs: Vec<FoundRun> = list_runs(receipts)?
+            .into_iter()
+            .filter(|r| manifest.is_none_or(|m| r.run.name == m))
+            .collect();
+        let latest = runs.first().ok_or_else(|| {
+            format!(
+                "{spec}: no run{} under {}; run `memra-orch run` first or pass --receipts DIR",
+                manifest
+                    .map(|m| format!(" of manifest {m:?}"))
+                    .unwrap_or_default(),
+                receipts.display()
+            )
+        })?;
+        if spec == "latest" {
+            return Ok(latest.dir.clone());
+        }
+        return runs
+            .iter()
+            .skip(1)
+            .find(|r| r.run.name == latest.run.name)
+            .map(|r| r.dir.clone())
+            .ok_or_else(|| {
+                format!(
+                    "previous: only one run of manifest {:?} under {}; name two runs or commits instead",
+                    latest.run.name,
+                    receipts.display()
+                )
+            });
+    }
+    if crate::diff::load::is_plain_name(spec) && receipts.join(spec).is_dir() {
+        return pick_manifest(&receipts.join(spec), manifest, spec);
+    }
+    let (base, dirty) = match spec.strip_suffix("-dirty") {
+        Some(b) => (b, true),
+        None => (spec, false),
+    };
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    let sha = git(
+        &cwd,
+        &[
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            &format!("{base}^{{commit}}"),
+        ],
+    )
+    .ok_or_else(|| {
+        format!(
+            "{spec:?}: not a run folder, not `latest`/`previous`, not a commit folder under {} \
+             and not a commit git knows here; pass a folder, a commit (`HEAD~1`, a short sha) or \
+             `latest`",
+            receipts.display()
+        )
+    })?;
+    let clean = receipts.join(&sha);
+    let dirty_dir = receipts.join(format!("{sha}-dirty"));
+    let dir = if !dirty && clean.is_dir() {
+        clean
+    } else if dirty_dir.is_dir() {
+        dirty_dir
+    } else {
+        return Err(format!(
+            "{spec:?} is commit {sha}, but {} has no receipts for it (looked for {}{}); \
+             run the battery at that commit or pass --receipts DIR",
+            receipts.display(),
+            if dirty { "" } else { "`<sha>` and " },
+            "`<sha>-dirty`"
+        ));
+    };
+    pick_manifest(&dir, manifest, spec)
+}
+
+/// The run folder of `manifest` inside a commit folder, or the only one there is.
+fn pick_manifest(commit_dir: &Path, manifest: Option<&str>, spec: &str) -> Result<PathBuf, String> {
+    let mut names: Vec<String> = std::fs::read_dir(commit_dir)
+        .map_err(|e| format!("{}: cannot list: {e}", commit_dir.display()))?
+        .flatten()
+        .filter(|e| e.path().join("run.json").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    match manifest {
+        Some(m) if names.iter().any(|n| n == m) => Ok(commit_dir.join(m)),
+        Some(m) => Err(format!(
+            "{spec}: {} holds no run of manifest {m:?} (it holds: {}); check --manifest",
+            commit_dir.display(),
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(", ")
+            }
+        )),
+        None => match names.as_slice() {
+            [one] => Ok(commit_dir.join(one)),
+            [] => Err(format!(
+                "{spec}: {} holds no receipt tree (no <manifest>/run.json)",
+                commit_dir.display()
+            )),
+            many => Err(format!(
+                "{spec}: {} holds runs of several manifests ({}); pick one with --manifest NAME",
+                commit_dir.display(),
+                many.join(", ")
+            )),
+        },
+    }
+}
+
+/// Runs git in `dir`; its trimmed stdout when it succeeded.
+fn git(dir: &Path, args: &[&str]) -> Option<String> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+        .filter(|s| !s.is_empty())
+}

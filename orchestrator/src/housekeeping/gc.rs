@@ -1,0 +1,104 @@
+//! `memra-orch gc --keep N`: deletes every receipt tree except the N newest runs (by start
+//! time) of each manifest, then commit folders left empty. A tree is deleted under its run
+//! lock, so a run writing it is never pulled out from under (that tree is kept and named).
+//! Only folders holding a `run.json` are ever deleted: anything else under the receipts
+//! folder is not ours.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::ExitCode;
+use crate::cli::GcArgs;
+use crate::diff::resolve::{FoundRun, list_runs, receipts_root};
+use crate::receipt::tree::{RunLock, Tree};
+
+/// What `gc` decided: trees to delete, newest first within each manifest.
+pub fn plan(runs: &[FoundRun], keep: usize, manifest: Option<&str>) -> Vec<PathBuf> {
+    let mut per_manifest: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut doomed = Vec::new();
+    // `runs` is newest first, so the first `keep` of each manifest survive.
+    for r in runs {
+        if manifest.is_some_and(|m| r.run.name != m) {
+            continue;
+        }
+        let seen = per_manifest.entry(r.run.name.as_str()).or_default();
+        *seen += 1;
+        if *seen > keep {
+            doomed.push(r.dir.clone());
+        }
+    }
+    doomed
+}
+
+/// Deletes one tree under its lock; the commit folder goes too when it is left empty.
+fn delete(dir: &Path) -> Result<(), String> {
+    let tree = Tree {
+        dir: dir.to_path_buf(),
+    };
+    let lock = RunLock::acquire(&tree)?;
+    let parent = dir
+        .parent()
+        .ok_or_else(|| format!("{}: has no parent folder", dir.display()))?;
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // Renamed aside first so that a reader never sees half a tree as a run.
+    let trash = parent.join(format!(".gc-{name}-{}", std::process::id()));
+    std::fs::rename(dir, &trash)
+        .map_err(|e| format!("{}: cannot move aside for deletion: {e}", dir.display()))?;
+    drop(lock);
+    std::fs::remove_dir_all(&trash)
+        .map_err(|e| format!("{}: cannot delete: {e}", trash.display()))?;
+    // Fails (and is meant to) when other manifests' trees are still there.
+    let _ = std::fs::remove_dir(parent);
+    Ok(())
+}
+
+/// The `gc` subcommand.
+pub fn command(args: &GcArgs) -> ExitCode {
+    let receipts = match receipts_root(args.receipts.as_deref()) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("memra-orch gc: {e}");
+            return ExitCode::Usage;
+        }
+    };
+    let runs = match list_runs(&receipts) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("memra-orch gc: {e}");
+            return ExitCode::Usage;
+        }
+    };
+    let keep = usize::try_from(args.keep).unwrap_or(usize::MAX);
+    let doomed = plan(&runs, keep, args.manifest.as_deref());
+    let mut failed = false;
+    for dir in &doomed {
+        if args.dry_run {
+            println!("would delete {}", dir.display());
+            continue;
+        }
+        match delete(dir) {
+            Ok(()) => println!("deleted {}", dir.display()),
+            Err(e) => {
+                eprintln!("memra-orch gc: kept {}: {e}", dir.display());
+                failed = true;
+            }
+        }
+    }
+    println!(
+        "{} of {} runs {}deleted; kept the newest {} per manifest",
+        doomed.len(),
+        runs.len(),
+        if args.dry_run { "would be " } else { "" },
+        args.keep
+    );
+    // A tree kept because a run holds it, or one the file system would not let go, means
+    // the request was not fully met; it is not a fault of memra-orch.
+    if failed {
+        ExitCode::NotAsExpected
+    } else {
+        ExitCode::Ok
+    }
+}

@@ -1,0 +1,266 @@
+//! `memra-orch show RUN [NODE]`: one run (header and a row per node, problems first) or one
+//! node of it (command, pins, attempts, checks, doors, artifacts, where its logs are), as
+//! text or as the stored JSON.
+
+use std::fmt::Write;
+
+use crate::ExitCode;
+use crate::cli::{ShowArgs, ShowFormat};
+use crate::diff::load::{LoadedNode, LoadedRun, load};
+use crate::diff::render::short_commit;
+use crate::diff::resolve::{receipts_root, resolve};
+use crate::receipt::NodeReceipt;
+use crate::receipt::tree::Tree;
+use crate::report::summary::counts_line;
+
+/// The run view: header, then every node, problems first.
+pub fn run_text(run: &LoadedRun) -> String {
+    let r = &run.run;
+    let mut out = String::new();
+    let _ = writeln!(out, "{} at {}", r.name, short_commit(&r.commit));
+    let _ = writeln!(out, "  folder:   {}", run.dir.display());
+    let _ = writeln!(
+        out,
+        "  verdict:  {}{} — {}",
+        r.verdict,
+        if r.interrupted { " (interrupted)" } else { "" },
+        counts_line(&r.counts)
+    );
+    let _ = writeln!(
+        out,
+        "  started:  {}, {} on {}",
+        r.start,
+        r.seconds
+            .map_or("still running or killed".to_string(), |s| format!(
+                "{s:.1}s"
+            )),
+        r.host
+    );
+    let _ = writeln!(
+        out,
+        "  manifest: {} (sha256 {})",
+        r.manifest.path, r.manifest.sha256
+    );
+    let mut nodes: Vec<&LoadedNode> = run.nodes.values().collect();
+    nodes.sort_by_key(|n| (n.entry.verdict.as_expected(), n.entry.id.clone()));
+    let w = nodes
+        .iter()
+        .map(|n| n.entry.id.chars().count())
+        .max()
+        .unwrap_or(4)
+        .clamp(4, 60);
+    let _ = writeln!(
+        out,
+        "\n{:<9} {:>8}  {:<w$}  reason",
+        "verdict", "seconds", "node"
+    );
+    for n in nodes {
+        let warn = if n.receipt.as_ref().is_some_and(crate::attest::has_warning) {
+            " [warning: pin had no effect]"
+        } else {
+            ""
+        };
+        let line = format!(
+            "{:<9} {:>8.2}  {:<w$}  {}{}",
+            n.entry.verdict.as_str(),
+            n.entry.seconds,
+            n.entry.id,
+            n.entry.reason.as_deref().unwrap_or("").replace('\n', " "),
+            warn
+        );
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    out
+}
+
+/// The node view.
+pub fn node_text(run: &LoadedRun, r: &NodeReceipt) -> String {
+    let tree = Tree {
+        dir: run.dir.clone(),
+    };
+    let mut out = String::new();
+    let _ = writeln!(out, "{} ({:?})", r.id, r.kind);
+    let _ = writeln!(out, "  verdict:   {} (expect {:?})", r.verdict, r.expect);
+    if let Some(reason) = &r.reason {
+        let _ = writeln!(
+            out,
+            "  reason:    {}",
+            reason.replace('\n', "\n             ")
+        );
+    }
+    let _ = writeln!(out, "  folder:    {}", tree.node_dir(&r.slug).display());
+    if !r.argv.is_empty() {
+        let _ = writeln!(out, "  command:   {}", r.argv.join(" "));
+        let _ = writeln!(out, "  cwd:       {}", r.cwd);
+    }
+    if !r.cell.is_empty() {
+        let axes: Vec<String> = r.cell.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(out, "  cell:      {}", axes.join(" "));
+    }
+    for g in &r.gpus {
+        let _ = writeln!(out, "  gpu:       {} {} {}", g.index, g.name, g.uuid);
+    }
+    for b in r.binaries.iter().chain(&r.produces) {
+        let _ = writeln!(
+            out,
+            "  binary:    {} ({} bytes, sha256 {})",
+            b.path, b.bytes, b.sha256
+        );
+    }
+    let _ = writeln!(out, "  seconds:   {:.3}", r.seconds);
+    if !r.attempts.is_empty() {
+        let _ = writeln!(out, "\nattempts:");
+        for a in &r.attempts {
+            let line = format!(
+                "  #{} rep {}  {}  {:>8.3}s  exit {}  signal {}  {}  {}",
+                a.n,
+                a.rep,
+                a.start,
+                a.seconds,
+                a.exit.map_or("-".to_string(), |e| e.to_string()),
+                a.signal.map_or("-".to_string(), |s| s.to_string()),
+                a.outcome,
+                a.reason.as_deref().unwrap_or("").replace('\n', " ")
+            );
+            let _ = writeln!(out, "{}", line.trim_end());
+        }
+        if let Some(last) = r.last_attempt_dir() {
+            let _ = writeln!(
+                out,
+                "  logs of the last attempt: {}",
+                tree.node_dir(&r.slug).join(last).display()
+            );
+        }
+    }
+    if !r.checks.is_empty() {
+        let _ = writeln!(out, "\nchecks:");
+        for c in &r.checks {
+            let status = serde_json::to_value(c.status).unwrap_or_default();
+            let mut line = format!("  {:<5} {}", status.as_str().unwrap_or("?"), c.check);
+            if !c.metrics.is_empty() {
+                let m: Vec<String> = c.metrics.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let _ = write!(line, "  {}", m.join(" "));
+            }
+            if let Some(msg) = &c.message {
+                let _ = write!(line, "  — {}", msg.replace('\n', " "));
+            }
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    if let Some(doors) = &r.doors {
+        let _ = writeln!(out, "\ndoors:");
+        for (k, v) in doors {
+            let _ = writeln!(out, "  {k} = {v}");
+        }
+    }
+    if !r.artifacts.is_empty() {
+        let _ = writeln!(out, "\nartifacts:");
+        for a in &r.artifacts {
+            let _ = writeln!(out, "  {}  {} bytes  sha256 {}", a.name, a.bytes, a.sha256);
+        }
+    }
+    if let Some(c) = &r.compare {
+        let _ = writeln!(out, "\ncompare: {c}");
+    }
+    out
+}
+
+/// Finds a node by exact id, by slug, or by a glob over ids (which must match exactly one).
+pub fn find<'a>(run: &'a LoadedRun, query: &str) -> Result<&'a LoadedNode, String> {
+    if let Some(n) = run.nodes.get(query) {
+        return Ok(n);
+    }
+    if let Some(n) = run
+        .nodes
+        .values()
+        .find(|n| n.entry.slug.as_deref() == Some(query))
+    {
+        return Ok(n);
+    }
+    let glob = globset::Glob::new(query).map(|g| g.compile_matcher());
+    let hits: Vec<&LoadedNode> = match &glob {
+        Ok(m) => run
+            .nodes
+            .values()
+            .filter(|n| m.is_match(&n.entry.id))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    match hits.as_slice() {
+        [one] => Ok(one),
+        [] => {
+            let near =
+                crate::diagnostics::did_you_mean(query, run.nodes.keys().map(String::as_str));
+            Err(format!(
+                "{}: no node {query:?}{}; `memra-orch show` without a node lists them",
+                run.dir.display(),
+                near.map(|n| format!(" (did you mean {n:?}?)"))
+                    .unwrap_or_default()
+            ))
+        }
+        many => Err(format!(
+            "{query:?} matches {} nodes ({}{}); name one",
+            many.len(),
+            many.iter()
+                .take(5)
+                .map(|n| n.entry.id.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            if many.len() > 5 { ", …" } else { "" }
+        )),
+    }
+}
+
+/// The `show` subcommand.
+pub fn command(args: &ShowArgs) -> ExitCode {
+    let run = || -> Result<(String, ExitCode), String> {
+        let receipts = receipts_root(args.receipts.as_deref())?;
+        let dir = resolve(&args.run, &receipts, args.manifest.as_deref())?;
+        let run = load(&dir)?;
+        let Some(query) = &args.node else {
+            let code = if run.run.verdict == "pass" {
+                ExitCode::Ok
+            } else {
+                ExitCode::NotAsExpected
+            };
+            let text = match args.format {
+                ShowFormat::Text => run_text(&run),
+                ShowFormat::Json => pretty(&run.run),
+            };
+            return Ok((text, code));
+        };
+        let node = find(&run, query)?;
+        let code = if node.entry.verdict.as_expected() {
+            ExitCode::Ok
+        } else {
+            ExitCode::NotAsExpected
+        };
+        let text = match (&node.receipt, args.format) {
+            (Some(r), ShowFormat::Text) => node_text(&run, r),
+            (Some(r), ShowFormat::Json) => pretty(r),
+            (None, _) => format!(
+                "{}: {} — {}\n(the run wrote no receipt for it: it was not selected by --filter)\n",
+                node.entry.id,
+                node.entry.verdict,
+                node.entry.reason.as_deref().unwrap_or("")
+            ),
+        };
+        Ok((text, code))
+    };
+    match run() {
+        Ok((text, code)) => {
+            print!("{text}");
+            code
+        }
+        Err(e) => {
+            eprintln!("memra-orch show: {e}");
+            ExitCode::Usage
+        }
+    }
+}
+
+fn pretty<T: serde::Serialize>(v: &T) -> String {
+    let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
+    s.push('\n');
+    s
+}
