@@ -28,6 +28,9 @@ use half::{bf16, f16, slice::HalfFloatSliceExt};
 use super::{ShapeError, TwinError, check_len, reduce::warp_sum};
 use crate::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1, QK};
 
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
 /// Threads per row of the dp4a family.
 pub const DP4A_THREADS: usize = 128;
 
@@ -355,8 +358,20 @@ fn quant_rows_avx2<B: QBlock>(
     quant_rows::<B, true>(family, w, nb, xs, rows, y)
 }
 
-/// Picks the widest instruction set the host has; the float composition is the same code.
-fn quant_rows_dispatch<B: QBlock>(
+/// A block type with both the portable form and, on x86-64, the vector form.
+#[cfg(target_arch = "x86_64")]
+trait AnyBlock: QBlock + x86::FastBlock {}
+#[cfg(target_arch = "x86_64")]
+impl<B: QBlock + x86::FastBlock> AnyBlock for B {}
+#[cfg(not(target_arch = "x86_64"))]
+trait AnyBlock: QBlock {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<B: QBlock> AnyBlock for B {}
+
+/// Picks the widest instruction set the host has. The AVX2 + F16C form (`matvec/x86.rs`)
+/// computes each lane's float contribution in vector registers; the AVX2-only form only the
+/// integer sums; both keep the portable float composition bit for bit (see the tests).
+fn quant_rows_dispatch<B: AnyBlock>(
     family: MatvecFamily,
     w: &[B],
     nb: usize,
@@ -364,6 +379,13 @@ fn quant_rows_dispatch<B: QBlock>(
     rows: Range<usize>,
     y: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if x86::available() {
+        // SAFETY: the host supports AVX2 and F16C (checked just above), all `x86::quant_rows`
+        // requires.
+        unsafe { x86::quant_rows(family, w, nb, xs, rows, y) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the host supports AVX2 (checked just above), the only requirement of a
@@ -969,6 +991,183 @@ mod tests {
             return;
         }
         eprintln!("skipped: this host has no AVX2");
+    }
+
+    /// A random f16 scale with a random sign over a wide range of magnitudes, so products
+    /// and sums round in many different ways.
+    fn scale(rng: &mut Lcg) -> f16 {
+        let e = (rng.next() % 18) as i32 - 14;
+        f16::from_f32(rng.f() * 2f32.powi(e))
+    }
+
+    /// Activation rows for the bit-identity tests: even rows come from `quantize_q8_1`
+    /// (what the engine feeds), odd rows are raw random blocks, `-128` included.
+    fn activations(rng: &mut Lcg, batch: usize, nb: usize) -> Vec<BlockQ8_1> {
+        let mut xs = Vec::with_capacity(batch * nb);
+        for b in 0..batch {
+            if b % 2 == 0 {
+                let x: Vec<f32> = (0..nb * 32).map(|_| rng.f() * 5.0).collect();
+                let mut xq = vec![
+                    BlockQ8_1 {
+                        d: f16::ZERO,
+                        s: f16::ZERO,
+                        qs: [0; 32]
+                    };
+                    nb
+                ];
+                quantize_q8_1(&x, &mut xq).unwrap();
+                xs.extend(xq);
+            } else {
+                xs.extend((0..nb).map(|_| {
+                    let mut qs = [0i8; 32];
+                    qs.iter_mut().for_each(|q| *q = rng.next() as i8);
+                    BlockQ8_1 {
+                        d: scale(rng),
+                        s: scale(rng),
+                        qs,
+                    }
+                }));
+            }
+        }
+        xs
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Runs the vector form (if the host has it), the AVX2 integer form (if the host has it)
+    /// and the portable form on the same rows and checks all against the literal layout.
+    fn check_forms<B: AnyBlock>(
+        w: &[B],
+        wr: WeightRows,
+        nb: usize,
+        xs: &[BlockQ8_1],
+        rows: Range<usize>,
+    ) {
+        let batch = xs.len() / nb;
+        let n = rows.len();
+        for fam in [MatvecFamily::Mmvq, MatvecFamily::Dp4a] {
+            let mut want = vec![0.0; batch * n];
+            for b in 0..batch {
+                for (i, r) in rows.clone().enumerate() {
+                    want[b * n + i] = literal(fam, &wr, r, nb, &xs[b * nb..(b + 1) * nb]);
+                }
+            }
+            let what = format!("{} {fam:?} nb {nb} batch {batch}", wr.type_name());
+            let mut portable = vec![0.0; batch * n];
+            quant_rows::<B, false>(fam, w, nb, xs, rows.clone(), &mut portable);
+            assert_eq!(bits(&portable), bits(&want), "portable vs literal, {what}");
+            let mut public = vec![0.0; batch * n];
+            matvec_batch_rows(fam, wr, nb * 32, xs, batch, rows.clone(), &mut public).unwrap();
+            assert_eq!(bits(&public), bits(&want), "dispatched vs literal, {what}");
+            #[cfg(target_arch = "x86_64")]
+            {
+                if x86::available() {
+                    let mut fast = vec![0.0; batch * n];
+                    // SAFETY: AVX2 and F16C were detected just above.
+                    unsafe { x86::quant_rows(fam, w, nb, xs, rows.clone(), &mut fast) };
+                    assert_eq!(bits(&fast), bits(&want), "avx2+f16c vs literal, {what}");
+                } else {
+                    eprintln!("avx2+f16c form skipped: the host lacks AVX2 or F16C");
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    let mut a = vec![0.0; batch * n];
+                    // SAFETY: AVX2 was detected just above.
+                    unsafe { quant_rows_avx2(fam, w, nb, xs, rows.clone(), &mut a) };
+                    assert_eq!(bits(&a), bits(&want), "avx2 vs literal, {what}");
+                }
+            }
+        }
+    }
+
+    /// Every form of the quantized matvec gives the literal thread layout's bits, for all
+    /// three weight types, both families and B = 1, 3, 8, at ragged block counts (a partial
+    /// last group of 8, fewer blocks than lanes, more than one dp4a wrap) and at the model's
+    /// own (576 and 1536 columns).
+    #[test]
+    fn every_form_equals_the_literal_layout_at_ragged_and_real_geometries() {
+        let mut rng = Lcg(2024);
+        for nb in [1usize, 3, 7, 8, 9, 18, 33, 45, 48, 71] {
+            let rows = 5;
+            let q40: Vec<BlockQ4_0> = (0..rows * nb)
+                .map(|_| {
+                    let mut qs = [0u8; 16];
+                    qs.iter_mut().for_each(|b| *b = rng.next() as u8);
+                    BlockQ4_0 {
+                        d: scale(&mut rng),
+                        qs,
+                    }
+                })
+                .collect();
+            let q41: Vec<BlockQ4_1> = (0..rows * nb)
+                .map(|_| {
+                    let mut qs = [0u8; 16];
+                    qs.iter_mut().for_each(|b| *b = rng.next() as u8);
+                    BlockQ4_1 {
+                        d: scale(&mut rng),
+                        m: scale(&mut rng),
+                        qs,
+                    }
+                })
+                .collect();
+            let q80: Vec<BlockQ8_0> = (0..rows * nb)
+                .map(|_| {
+                    let mut qs = [0i8; 32];
+                    qs.iter_mut().for_each(|b| *b = rng.next() as i8);
+                    BlockQ8_0 {
+                        d: scale(&mut rng),
+                        qs,
+                    }
+                })
+                .collect();
+            for batch in [1usize, 3, 8] {
+                let xs = activations(&mut rng, batch, nb);
+                check_forms(&q40, WeightRows::Q4_0(&q40), nb, &xs, 0..rows);
+                check_forms(&q41, WeightRows::Q4_1(&q41), nb, &xs, 1..rows);
+                check_forms(&q80, WeightRows::Q8_0(&q80), nb, &xs, 0..rows - 1);
+            }
+        }
+    }
+
+    /// The model's real shapes, whole matrices (1536 x 576 and 576 x 1536 Q4_1, a 49152-row
+    /// Q8_0 slice), through the public entry points: vector form against the portable form.
+    #[test]
+    fn vector_form_equals_portable_at_model_shapes() {
+        let mut rng = Lcg(11);
+        for (rows, cols) in [(1536usize, 576usize), (576, 1536)] {
+            let nb = cols / 32;
+            let w = q4_1_rows(&mut rng, rows * nb);
+            for batch in [1usize, 3, 8] {
+                let xs = activations(&mut rng, batch, nb);
+                for fam in [MatvecFamily::Mmvq, MatvecFamily::Dp4a] {
+                    let mut got = vec![0.0; batch * rows];
+                    matvec_batch(fam, WeightRows::Q4_1(&w), rows, cols, &xs, batch, &mut got)
+                        .unwrap();
+                    let mut want = vec![0.0; batch * rows];
+                    quant_rows::<BlockQ4_1, false>(fam, &w, nb, &xs, 0..rows, &mut want);
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "Q4_1 {rows}x{cols} {fam:?} B={batch}"
+                    );
+                }
+            }
+        }
+        let (rows, nb) = (49152usize, 18usize);
+        let w = q8_0_rows(&mut rng, 512 * nb);
+        let xs = activations(&mut rng, 1, nb);
+        for fam in [MatvecFamily::Mmvq, MatvecFamily::Dp4a] {
+            let mut got = vec![0.0; 512];
+            matvec_rows(fam, WeightRows::Q8_0(&w), nb * 32, &xs, 0..512, &mut got).unwrap();
+            let mut want = vec![0.0; 512];
+            quant_rows::<BlockQ8_0, false>(fam, &w, nb, &xs, 0..512, &mut want);
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "Q8_0 {rows}-row head slice {fam:?}"
+            );
+        }
     }
 
     #[test]

@@ -1,0 +1,405 @@
+//! The AVX2 + F16C form of the quantized matvec twins: the same float composition as the
+//! portable code in `matvec.rs`, reorganised so eight lanes' float operations run in one AVX
+//! register. It owns only speed; the composition (and its prose) belongs to `matvec.rs`, whose
+//! tests prove this form gives the same bits as the portable one and the literal thread layout.
+//!
+//! Why the bits cannot change:
+//!
+//! * Integer block and quarter sums are exact in any order, so they may be formed with `madd`
+//!   and horizontal adds in whatever grouping is fastest.
+//! * Each lane's (or thread's) float contribution uses the same operations in the same order
+//!   as the portable code, with a separate multiply and add (never a fused multiply-add), and
+//!   IEEE multiplication and addition give the same bits in a vector lane as in a scalar.
+//! * The f16 fields widen exactly whether by F16C or by hand, and `8 * sx`, `2 * sx` are exact
+//!   (a power-of-two factor on a value far from the f32 range limits), so precomputing them
+//!   changes nothing.
+//! * Lane `l` of mmvq still adds blocks `l, l + 32, …` in increasing order, thread `t` of dp4a
+//!   still adds items `t, t + 128, …` in increasing order, and the reduction trees are the
+//!   shared [`warp_sum`] ones.
+//!
+//! A ragged last group (fewer than 8 blocks) runs through the same vector code with the missing
+//! blocks' lanes blended away, so no lane ever adds a value the portable code does not add.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::{DP4A_THREADS, MatvecFamily};
+use crate::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1, QK};
+use crate::twin::warp_sum;
+
+/// Whether this host can run the functions here.
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
+}
+
+/// A weight block type in its vector form.
+///
+/// Every method requires AVX2 and F16C on the host; callers reach them only through
+/// [`quant_rows`], after [`available`] said yes.
+pub(super) trait FastBlock: Copy {
+    /// The block's integer weights as the product step wants them, unpacked once and reused
+    /// for every batch row.
+    type Unpacked: Copy;
+    /// An all-zero unpacked block, for the absent blocks of a ragged group.
+    unsafe fn zero() -> Self::Unpacked;
+    unsafe fn unpack(&self) -> Self::Unpacked;
+    /// Eight i32 partial sums whose total is the block's integer sum `S`.
+    unsafe fn partials(u: &Self::Unpacked, x: &[i8; QK]) -> __m256i;
+    /// From the partials of two blocks, their quarter sums `[S0..S3 of a, S0..S3 of b]`.
+    unsafe fn pair_quarters(a: __m256i, b: __m256i) -> __m256i;
+    fn d_bits(&self) -> u16;
+    /// The `m` field's bits, or 0 for types without one (then unused).
+    fn m_bits(&self) -> u16;
+    /// Per-block factors from `dw`, `mw`, `dx`, `sx` (one block per lane), for mmvq
+    /// (`dp4a = false`, whole-block sums) or dp4a (quarter sums).
+    unsafe fn factors(dw: __m256, mw: __m256, dx: __m256, sx: __m256, dp4a: bool) -> [__m256; 3];
+    /// The contribution from factors (already arranged one per lane) and the integer sum
+    /// converted to f32, in exactly the portable order.
+    unsafe fn contrib(f: &[__m256; 3], s: __m256) -> __m256;
+}
+
+/// Q4 weights: the nibbles unpack to 32 unsigned bytes in element order; `maddubs` forms pair
+/// sums (at most 2 * 15 * 128, no saturation) and `madd` with ones sums runs of four, so
+/// partial `i` is elements `4i..4i+4`: quarter `q` is partial `q` plus partial `q + 4`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn q4_unpack(qs: &[u8; 16]) -> __m256i {
+    // SAFETY: the load reads exactly the 16 bytes of `qs` (unaligned load).
+    let q = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
+    let mask = _mm_set1_epi8(15);
+    let lo = _mm_and_si128(q, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    _mm256_set_m128i(hi, lo)
+}
+
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn q4_partials(w: &__m256i, x: &[i8; QK]) -> __m256i {
+    // SAFETY: the load reads exactly the 32 bytes of `x` (unaligned load).
+    let xv = unsafe { _mm256_loadu_si256(x.as_ptr().cast()) };
+    _mm256_madd_epi16(_mm256_maddubs_epi16(*w, xv), _mm256_set1_epi16(1))
+}
+
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn q4_pair_quarters(a: __m256i, b: __m256i) -> __m256i {
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256(a, b, 0x20),
+        _mm256_permute2x128_si256(a, b, 0x31),
+    )
+}
+
+impl FastBlock for BlockQ4_1 {
+    type Unpacked = __m256i;
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn zero() -> __m256i {
+        _mm256_setzero_si256()
+    }
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn unpack(&self) -> __m256i {
+        // SAFETY: AVX2 is enabled here, as `q4_unpack` needs.
+        unsafe { q4_unpack(&self.qs) }
+    }
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn partials(u: &__m256i, x: &[i8; QK]) -> __m256i {
+        // SAFETY: AVX2 is enabled here, as `q4_partials` needs.
+        unsafe { q4_partials(u, x) }
+    }
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn pair_quarters(a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: AVX2 is enabled here, as `q4_pair_quarters` needs.
+        unsafe { q4_pair_quarters(a, b) }
+    }
+    #[inline(always)]
+    fn d_bits(&self) -> u16 {
+        self.d.to_bits()
+    }
+    #[inline(always)]
+    fn m_bits(&self) -> u16 {
+        self.m.to_bits()
+    }
+    /// mmvq `(dw*dx)*S + mw*sx`; dp4a `(dw*dx)*Sq + (mw*sx)*0.25`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn factors(dw: __m256, mw: __m256, dx: __m256, sx: __m256, dp4a: bool) -> [__m256; 3] {
+        let m = _mm256_mul_ps(mw, sx);
+        let m = if dp4a {
+            _mm256_mul_ps(m, _mm256_set1_ps(0.25))
+        } else {
+            m
+        };
+        [_mm256_mul_ps(dw, dx), m, m]
+    }
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn contrib(f: &[__m256; 3], s: __m256) -> __m256 {
+        _mm256_add_ps(_mm256_mul_ps(f[0], s), f[1])
+    }
+}
+
+impl FastBlock for BlockQ4_0 {
+    type Unpacked = __m256i;
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn zero() -> __m256i {
+        _mm256_setzero_si256()
+    }
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn unpack(&self) -> __m256i {
+        // SAFETY: AVX2 is enabled here, as `q4_unpack` needs.
+        unsafe { q4_unpack(&self.qs) }
+    }
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn partials(u: &__m256i, x: &[i8; QK]) -> __m256i {
+        // SAFETY: AVX2 is enabled here, as `q4_partials` needs.
+        unsafe { q4_partials(u, x) }
+    }
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn pair_quarters(a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: AVX2 is enabled here, as `q4_pair_quarters` needs.
+        unsafe { q4_pair_quarters(a, b) }
+    }
+    #[inline(always)]
+    fn d_bits(&self) -> u16 {
+        self.d.to_bits()
+    }
+    #[inline(always)]
+    fn m_bits(&self) -> u16 {
+        0
+    }
+    /// mmvq `dw*((dx*S) - 8*sx)`; dp4a `dw*((dx*Sq) - 2*sx)`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn factors(dw: __m256, _mw: __m256, dx: __m256, sx: __m256, dp4a: bool) -> [__m256; 3] {
+        let k = _mm256_set1_ps(if dp4a { 2.0 } else { 8.0 });
+        [dw, dx, _mm256_mul_ps(k, sx)]
+    }
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn contrib(f: &[__m256; 3], s: __m256) -> __m256 {
+        _mm256_mul_ps(f[0], _mm256_sub_ps(_mm256_mul_ps(f[1], s), f[2]))
+    }
+}
+
+/// Q8_0 weights sign-extend to i16 (exact for every i8, unlike `maddubs`). Partial `j` is
+/// elements `2j, 2j+1, 16+2j, 16+2j+1`, so quarter `q` is partials `2q` and `2q + 1`.
+impl FastBlock for BlockQ8_0 {
+    type Unpacked = [__m256i; 2];
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn zero() -> [__m256i; 2] {
+        [_mm256_setzero_si256(); 2]
+    }
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn unpack(&self) -> [__m256i; 2] {
+        // SAFETY: each load reads 16 bytes inside the 32-byte `qs` (unaligned loads).
+        unsafe {
+            [
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(self.qs.as_ptr().cast())),
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(self.qs.as_ptr().add(16).cast())),
+            ]
+        }
+    }
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn partials(u: &[__m256i; 2], x: &[i8; QK]) -> __m256i {
+        // SAFETY: each load reads 16 bytes inside the 32-byte `x` (unaligned loads).
+        let (x0, x1) = unsafe {
+            (
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(x.as_ptr().cast())),
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(x.as_ptr().add(16).cast())),
+            )
+        };
+        _mm256_add_epi32(_mm256_madd_epi16(u[0], x0), _mm256_madd_epi16(u[1], x1))
+    }
+    /// `hadd` gives `[a01, a23, b01, b23 | a45, a67, b45, b67]` in pairs of partials, i.e.
+    /// `[a.q0, a.q1, b.q0, b.q1 | a.q2, a.q3, b.q2, b.q3]`; a 64-bit permute orders it.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn pair_quarters(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_permute4x64_epi64(_mm256_hadd_epi32(a, b), 0b11_01_10_00)
+    }
+    #[inline(always)]
+    fn d_bits(&self) -> u16 {
+        self.d.to_bits()
+    }
+    #[inline(always)]
+    fn m_bits(&self) -> u16 {
+        0
+    }
+    /// Both families `(dw*dx)*S`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn factors(
+        dw: __m256,
+        _mw: __m256,
+        dx: __m256,
+        _sx: __m256,
+        _dp4a: bool,
+    ) -> [__m256; 3] {
+        let a = _mm256_mul_ps(dw, dx);
+        [a, a, a]
+    }
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn contrib(f: &[__m256; 3], s: __m256) -> __m256 {
+        _mm256_mul_ps(f[0], s)
+    }
+}
+
+/// Eight blocks' partial vectors to their eight totals `[S0..S7]` (exact integer adds).
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn totals(p: &[__m256i; 8]) -> __m256i {
+    let h01 = _mm256_hadd_epi32(p[0], p[1]);
+    let h23 = _mm256_hadd_epi32(p[2], p[3]);
+    let h45 = _mm256_hadd_epi32(p[4], p[5]);
+    let h67 = _mm256_hadd_epi32(p[6], p[7]);
+    let a = _mm256_hadd_epi32(h01, h23);
+    let b = _mm256_hadd_epi32(h45, h67);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256(a, b, 0x20),
+        _mm256_permute2x128_si256(a, b, 0x31),
+    )
+}
+
+/// `acc[lane..lane + 8] += c` in the lanes `mask` selects; the others keep their bits.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn add_lanes(acc: &mut [f32], lane: usize, c: __m256, mask: __m256) {
+    let dst = &mut acc[lane..lane + 8];
+    // SAFETY: `dst` holds exactly 8 floats (the slice above checked the range).
+    unsafe {
+        let a = _mm256_loadu_ps(dst.as_ptr());
+        let sum = _mm256_blendv_ps(a, _mm256_add_ps(a, c), mask);
+        _mm256_storeu_ps(dst.as_mut_ptr(), sum);
+    }
+}
+
+/// Lane mask with the first `n` (at most 8) of 8 lanes set.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn first_lanes(n: usize) -> __m256 {
+    let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), idx))
+}
+
+/// `y[b * rows.len() + (r - rows.start)] = row(r) · x[b]` for every batch row `b`, with the
+/// weight blocks of each group of 8 unpacked once for all batch rows. `xs` holds `batch` rows
+/// of `nb` blocks; `y` holds `batch * rows.len()` values.
+///
+/// # Safety
+///
+/// The host must support AVX2 and F16C ([`available`]). Slice lengths are checked by the
+/// caller (`check_quant`); an inconsistent length panics on indexing, never reads past a slice.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn quant_rows<B: FastBlock>(
+    family: MatvecFamily,
+    w: &[B],
+    nb: usize,
+    xs: &[BlockQ8_1],
+    rows: Range<usize>,
+    y: &mut [f32],
+) {
+    let n = rows.len();
+    let batch = xs.len() / nb;
+    let dp4a = family == MatvecFamily::Dp4a;
+    // The activation scales widen once per call, padded to whole groups of 8 with zeros (the
+    // padding lanes are blended away).
+    let groups = nb.div_ceil(8);
+    let mut dxs = vec![0.0f32; batch * groups * 8];
+    let mut sxs = vec![0.0f32; batch * groups * 8];
+    for b in 0..batch {
+        for (k, xb) in xs[b * nb..(b + 1) * nb].iter().enumerate() {
+            dxs[b * groups * 8 + k] = xb.d.to_f32();
+            sxs[b * groups * 8 + k] = xb.s.to_f32();
+        }
+    }
+    let lanes = if dp4a { DP4A_THREADS } else { 32 };
+    let mut acc = vec![0.0f32; batch * lanes];
+    // Pair `p` of a group spreads its two blocks' factors over 4 lanes each.
+    // SAFETY (all intrinsics below): AVX2 and F16C are enabled for this function; every
+    // pointer load or store goes through a slice of the exact length it touches.
+    let pair_idx = [
+        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+        _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+        _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5),
+        _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7),
+    ];
+    for (i, r) in rows.enumerate() {
+        let wr = &w[r * nb..(r + 1) * nb];
+        acc.fill(0.0);
+        for g in 0..groups {
+            let g0 = g * 8;
+            let cnt = (nb - g0).min(8);
+            let mut un = [unsafe { B::zero() }; 8];
+            let mut db = [0u16; 8];
+            let mut mb = [0u16; 8];
+            for k in 0..cnt {
+                let blk = &wr[g0 + k];
+                un[k] = unsafe { blk.unpack() };
+                db[k] = blk.d_bits();
+                mb[k] = blk.m_bits();
+            }
+            let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(db.as_ptr().cast()) });
+            let mw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(mb.as_ptr().cast()) });
+            for b in 0..batch {
+                let xg = &xs[b * nb + g0..b * nb + g0 + cnt];
+                let sc = b * groups * 8 + g0;
+                let dx = unsafe { _mm256_loadu_ps(dxs[sc..sc + 8].as_ptr()) };
+                let sx = unsafe { _mm256_loadu_ps(sxs[sc..sc + 8].as_ptr()) };
+                let f = unsafe { B::factors(dw, mw, dx, sx, dp4a) };
+                let mut p = [_mm256_setzero_si256(); 8];
+                for k in 0..cnt {
+                    p[k] = unsafe { B::partials(&un[k], &xg[k].qs) };
+                }
+                let accb = &mut acc[b * lanes..(b + 1) * lanes];
+                if dp4a {
+                    // Block `g0 + 2p` feeds threads `4(g0 + 2p) mod 128 ..`, 8 in a row for
+                    // the pair; `g0` is a multiple of 8, so the 8 never wrap.
+                    for (pi, idx) in pair_idx.iter().enumerate() {
+                        if 2 * pi >= cnt {
+                            break;
+                        }
+                        let q = unsafe { B::pair_quarters(p[2 * pi], p[2 * pi + 1]) };
+                        let s = _mm256_cvtepi32_ps(q);
+                        let fp = f.map(|v| _mm256_permutevar8x32_ps(v, *idx));
+                        let c = unsafe { B::contrib(&fp, s) };
+                        let live = unsafe { first_lanes(4 * (cnt - 2 * pi)) };
+                        let lane = (4 * (g0 + 2 * pi)) % DP4A_THREADS;
+                        unsafe { add_lanes(accb, lane, c, live) };
+                    }
+                } else {
+                    let s = _mm256_cvtepi32_ps(unsafe { totals(&p) });
+                    let c = unsafe { B::contrib(&f, s) };
+                    let live = unsafe { first_lanes(cnt) };
+                    unsafe { add_lanes(accb, g0 % 32, c, live) };
+                }
+            }
+        }
+        for b in 0..batch {
+            let accb = &mut acc[b * lanes..(b + 1) * lanes];
+            y[b * n + i] = if dp4a {
+                let mut warps = [0.0f32; 4];
+                for (ws, lanes) in warps.iter_mut().zip(accb.chunks_exact(32)) {
+                    let mut l = [0.0f32; 32];
+                    l.copy_from_slice(lanes);
+                    *ws = warp_sum(&mut l);
+                }
+                ((warps[0] + warps[1]) + warps[2]) + warps[3]
+            } else {
+                let mut l = [0.0f32; 32];
+                l.copy_from_slice(accb);
+                warp_sum(&mut l)
+            };
+        }
+    }
+}
