@@ -82,6 +82,11 @@ pub struct RunArgs {
     /// repeatable; what a selected cell needs runs too.
     #[arg(long = "filter", value_name = "GLOB|tag:NAME")]
     pub filters: Vec<String>,
+    /// Replace a `[vars]` entry of the manifest with VALUE, taken verbatim (e.g. `--var
+    /// bin=.device/bin` to run prebuilt binaries); repeatable; a NAME the manifest does not
+    /// define is an error. The substituted commands are in the receipts.
+    #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
+    pub vars: Vec<(String, String)>,
     /// Complete the existing receipt tree of this commit without re-running finished nodes.
     #[arg(long)]
     pub resume: bool,
@@ -141,6 +146,9 @@ pub struct PlanArgs {
     /// Only cells matching these filters (as for `run`).
     #[arg(long = "filter", value_name = "GLOB|tag:NAME")]
     pub filters: Vec<String>,
+    /// Replace a `[vars]` entry of the manifest (as for `run`).
+    #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
+    pub vars: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -286,6 +294,16 @@ pub struct GcArgs {
 
 fn parse_gpu_spec(s: &str) -> Result<GpuSpec, String> {
     s.parse()
+}
+
+/// `NAME=VALUE` of `--var`; the value may itself contain `=`.
+fn parse_var(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok((name.to_string(), value.to_string())),
+        _ => Err(format!(
+            "`{s}` is not NAME=VALUE; write e.g. --var bin=.device/bin"
+        )),
+    }
 }
 
 /// Parses the command line and runs the subcommand; returns the exit code.

@@ -16,6 +16,16 @@ use crate::plan::Plan;
 /// Reads, validates and expands a manifest. Every problem in it (and in the env-matrix files
 /// it names) is returned at once; a plan is returned only when there is none.
 pub fn load_plan(path: &Path) -> Result<Plan, Diagnostics> {
+    load_plan_with_vars(path, &[])
+}
+
+/// [`load_plan`] with `[vars]` entries replaced by `overrides` (`NAME`, `VALUE`; the last
+/// of a name wins), as `run --var` and `plan --var` give them. Naming a var the manifest does
+/// not define is an error.
+pub fn load_plan_with_vars(
+    path: &Path,
+    overrides: &[(String, String)],
+) -> Result<Plan, Diagnostics> {
     let bytes = std::fs::read(path).map_err(|e| {
         Diagnostics(vec![Diagnostic::whole_file(
             path,
@@ -34,7 +44,7 @@ pub fn load_plan(path: &Path) -> Result<Plan, Diagnostics> {
     let src = SourceText::new(path.to_path_buf(), text);
     let mut diags = Vec::new();
     let plan = crate::manifest::parse(&src, &mut diags)
-        .and_then(|raw| build::build(&raw, &src, &bytes, &root, &mut diags));
+        .and_then(|raw| build::build(&raw, &src, &bytes, &root, overrides, &mut diags));
     match plan {
         Some(plan) if diags.is_empty() => Ok(plan),
         _ => {
@@ -66,7 +76,7 @@ pub fn find_root(manifest: &Path) -> PathBuf {
 
 /// The `plan` subcommand.
 pub fn plan_command(args: &PlanArgs) -> ExitCode {
-    let plan = match load_plan(&args.manifest) {
+    let plan = match load_plan_with_vars(&args.manifest, &args.vars) {
         Ok(p) => p,
         Err(d) => {
             eprintln!("{d}");

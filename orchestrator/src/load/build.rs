@@ -41,6 +41,7 @@ pub fn build(
     src: &SourceText,
     manifest_bytes: &[u8],
     root: &Path,
+    overrides: &[(String, String)],
     diags: &mut Vec<Diagnostic>,
 ) -> Option<Plan> {
     let mut b = Builder {
@@ -52,7 +53,7 @@ pub fn build(
         sources: Vec::new(),
     };
     b.top_level(raw);
-    let vars = b.vars(&raw.vars);
+    let vars = b.vars(&raw.vars, overrides);
     let env_top = raw.env.clone();
 
     // Node ids first: `needs`, `reference` and `candidates` may name later nodes.
@@ -323,10 +324,31 @@ impl Builder<'_, '_> {
         }
     }
 
-    /// `[vars]` in order; each may use `${root}` and earlier vars.
-    fn vars(&mut self, raw: &Pairs) -> Vec<(String, String)> {
+    /// `[vars]` in order; each may use `${root}` and earlier vars. An override (`run --var
+    /// NAME=VALUE`) replaces the written value verbatim, so later vars built from it see the
+    /// override; one naming no `[vars]` entry is an error, so a typo is never silently unused.
+    fn vars(&mut self, raw: &Pairs, overrides: &[(String, String)]) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = Vec::new();
+        for (name, _) in overrides {
+            if !raw.iter().any(|(k, _)| k.get_ref() == name) {
+                let defined: Vec<&str> = raw.iter().map(|(k, _)| k.get_ref().as_str()).collect();
+                let help = match crate::diagnostics::did_you_mean(name, defined.iter().copied()) {
+                    Some(s) => format!("did you mean `{s}`?"),
+                    None if defined.is_empty() => "this manifest has no [vars]".into(),
+                    None => format!("defined here: {}", defined.join(", ")),
+                };
+                self.diags.push(Diagnostic::whole_file(
+                    &self.src.path,
+                    format!("--var {name}=…: no `{name}` in [vars] to override"),
+                    Some(help),
+                ));
+            }
+        }
         for (k, v) in raw {
+            if let Some((_, value)) = overrides.iter().rev().find(|(n, _)| n == k.get_ref()) {
+                out.push((k.get_ref().clone(), value.clone()));
+                continue;
+            }
             let scope = Scope {
                 root: &self.root_str,
                 node: None,
