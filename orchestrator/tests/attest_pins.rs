@@ -1,0 +1,101 @@
+//! Pin attestation end to end: an arm swept over two pins, one of which the gate reads
+//! (MEMRA_Y lands in its doors row) and one it ignores (MEMRA_X). After the run, every cell
+//! pair that differs only in MEMRA_X carries a `pin had no effect` warning in both receipts,
+//! the summary names it, verdicts are untouched, and MEMRA_Y is never flagged.
+
+mod diff_support;
+
+use diff_support::{HEADER, Repo, have_git};
+use serde_json::Value;
+
+#[test]
+fn a_pin_the_gate_ignores_is_named_in_both_receipts_and_the_summary() {
+    if !have_git() {
+        eprintln!("skipped: git is not available for the scratch repository");
+        return;
+    }
+    let repo = Repo::new();
+    let manifest = format!(
+        "{HEADER}[[arm]]\nid = \"sweep\"\nrun = [\"./gate.sh\", \"pass\", \"0\", \"a\", \"fast\"]\n\
+         env_matrix = [\"pins.toml\"]\n"
+    );
+    let pins = "[axes]\nMEMRA_X = [\"0\", \"1\"]\nMEMRA_Y = [\"a\", \"b\"]\n";
+    let sha = repo.commit(
+        &[("manifest.toml", &manifest), ("pins.toml", pins)],
+        "sweep",
+    );
+    let out = repo.run("manifest.toml");
+    assert_eq!(out.status.code(), Some(0), "warnings do not fail a run");
+    let tree = repo.tree(&sha, "battery");
+    let run: Value =
+        serde_json::from_slice(&std::fs::read(tree.join("run.json")).unwrap()).unwrap();
+    let nodes = run["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 4);
+    for n in nodes {
+        assert_eq!(n["verdict"], "pass");
+        let slug = n["slug"].as_str().unwrap();
+        let r: Value = serde_json::from_slice(
+            &std::fs::read(tree.join("nodes").join(slug).join("receipt.json")).unwrap(),
+        )
+        .unwrap();
+        let warnings: Vec<&Value> = r["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["check"] == "pin had no effect")
+            .collect();
+        assert_eq!(warnings.len(), 1, "{}: {warnings:?}", n["id"]);
+        let w = warnings[0];
+        assert_eq!(w["status"], "warn");
+        assert_eq!(w["pin"], "MEMRA_X");
+        // The partner differs in MEMRA_X only.
+        let partner = w["same_doors_as"].as_str().unwrap();
+        let y = r["cell"]["MEMRA_Y"].as_str().unwrap();
+        assert!(
+            partner.contains(&format!("MEMRA_Y={y}"))
+                || partner.contains(&format!("MEMRA_Y=\"{y}\"")),
+            "{partner}"
+        );
+        assert!(w["message"].as_str().unwrap().contains("MEMRA_X=0"));
+    }
+    let summary = std::fs::read_to_string(tree.join("summary.md")).unwrap();
+    assert!(
+        summary.contains("## Warnings: pin had no effect (2)"),
+        "{summary}"
+    );
+    assert!(summary.contains("pin MEMRA_X had no effect"), "{summary}");
+    assert!(!summary.contains("pin MEMRA_Y"), "{summary}");
+
+    // `show` marks the cells, and a resumed run attests again without doubling the rows.
+    let show = repo.orch(&["show", "latest"]);
+    assert!(String::from_utf8_lossy(&show.stdout).contains("[warning: pin had no effect]"));
+    let again = repo.orch(&[
+        "run",
+        "manifest.toml",
+        "--gpus",
+        "none",
+        "--progress",
+        "quiet",
+        "--resume",
+    ]);
+    assert_eq!(again.status.code(), Some(0));
+    let summary = std::fs::read_to_string(tree.join("summary.md")).unwrap();
+    assert!(summary.contains("(2)"), "{summary}");
+    let any = &nodes[0];
+    let r: Value = serde_json::from_slice(
+        &std::fs::read(
+            tree.join("nodes")
+                .join(any["slug"].as_str().unwrap())
+                .join("receipt.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let count = r["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["check"] == "pin had no effect")
+        .count();
+    assert_eq!(count, 1);
+}
