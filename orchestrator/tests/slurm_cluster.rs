@@ -305,7 +305,7 @@ name = "{name}"
 
 [[arm]]
 id = "long"
-matrix = {{ i = ["1", "2", "3"] }}
+matrix = {{ i = ["1", "2", "3", "4", "5"] }}
 run = ["{{gates}}/hang.sh"]
 gpus = 1
 timeout = "5m"
@@ -321,20 +321,28 @@ needs = ["long"]
 run = ["{{gates}}/pass.sh"]
 "#
     ));
-    let mut child = f.command(&["--executor", "slurm"]).spawn().unwrap();
+    // Five GPU slots for Slurm's four GPUs: one job waits in Slurm's queue, so the
+    // interrupt meets both a pending and running jobs.
+    let mut child = f
+        .command(&["--executor", "slurm", "--gpus", "fake:5"])
+        .spawn()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
-    // Wait until all four jobs hold their gates: each wrote its grandchild's pid.
+    // Wait until the five running jobs hold their gates (each wrote its grandchild's pid)
+    // and the sixth is queued.
     let pids = |f: &Fixture| -> Vec<PathBuf> {
         files_under(&f.tree().join("nodes"))
             .into_iter()
             .filter(|p| p.ends_with("artifacts/grandchild.pid"))
             .collect()
     };
-    while (!f.tree().join("nodes").is_dir() || pids(&f).len() < 4) && Instant::now() < deadline {
+    while (!f.tree().join("nodes").is_dir() || pids(&f).len() < 5 || live_jobs(&name).len() < 6)
+        && Instant::now() < deadline
+    {
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!(pids(&f).len(), 4, "the four jobs never all started");
-    assert_eq!(live_jobs(&name).len(), 4);
+    assert_eq!(pids(&f).len(), 5, "the five jobs never all started");
+    assert_eq!(live_jobs(&name).len(), 6);
     // SAFETY: kill has no memory-safety preconditions.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let t = Instant::now();
@@ -350,9 +358,91 @@ run = ["{{gates}}/pass.sh"]
         "jobs left: {:?}",
         live_jobs(&name)
     );
-    for id in ["long[i=1]", "long[i=2]", "long[i=3]", "cpu", "later"] {
-        assert_eq!(f.verdict(id), "cancelled", "{id}");
+    let mut never_ran = 0;
+    for i in 1..=5 {
+        let r = f.receipt(&format!("long[i={i}]"));
+        assert_eq!(r["verdict"], "cancelled", "{r:#}");
+        match r["attempts"].as_array().unwrap().first() {
+            // The gate was stopped by exec-node, not killed by Slurm behind its back.
+            Some(a) => assert_eq!(a["signal"], 15, "{r:#}"),
+            None => {
+                never_ran += 1;
+                let why = r["reason"].as_str().unwrap();
+                assert!(why.contains("CANCELLED"), "{why}");
+            }
+        }
     }
-    let r = f.receipt("long[i=1]");
-    assert_eq!(r["attempts"][0]["signal"], 15, "{r:#}");
+    assert_eq!(never_ran, 1, "exactly one job was still pending");
+    assert_eq!(f.verdict("cpu"), "cancelled");
+    assert_eq!(f.verdict("later"), "cancelled");
+}
+
+fn hostname() -> String {
+    let out = Command::new("hostname").output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn a_job_lost_to_a_node_failure_is_resubmitted_within_retries() {
+    let Some(_cluster) = cluster() else { return };
+    let name = unique("slurm-lost");
+    let f = Fixture::new(&format!(
+        r#"
+schema = 1
+name = "{name}"
+
+[[arm]]
+id = "retried"
+run = ["{{gates}}/devices.sh", "4"]
+gpus = 1
+retries = 1
+
+[[arm]]
+id = "not-retried"
+run = ["{{gates}}/devices.sh", "4"]
+gpus = 1
+"#
+    ));
+    let mut child = f.command(&["--executor", "slurm"]).spawn().unwrap();
+    let started = |id: &str| {
+        files_under(&f.tree().join("nodes"))
+            .iter()
+            .any(|p| p.ends_with("attempt-1/stdout.log") && p.to_string_lossy().contains(id))
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while (!f.tree().join("nodes").is_dir() || !started("/retried") || !started("/not-retried"))
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(live_jobs(&name).len(), 2, "both jobs run");
+    // The node goes down under the running jobs: Slurm ends them NODE_FAIL.
+    let host = hostname();
+    let down = Command::new("scontrol")
+        .args([
+            "update",
+            &format!("nodename={host}"),
+            "state=down",
+            "reason=memra-orch-test",
+        ])
+        .status()
+        .unwrap();
+    assert!(down.success());
+    // Bring it back (ReturnToService may already have; then this reports an error).
+    std::thread::sleep(Duration::from_secs(1));
+    let _ = Command::new("scontrol")
+        .args(["update", &format!("nodename={host}"), "state=resume"])
+        .output();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(1));
+    let r = f.receipt("retried");
+    assert_eq!(r["verdict"], "pass", "{r:#}");
+    assert!(r["reason"].as_str().unwrap().contains("NODE_FAIL"), "{r:#}");
+    let r = f.receipt("not-retried");
+    assert_eq!(r["verdict"], "error", "{r:#}");
+    let why = r["reason"].as_str().unwrap();
+    assert!(
+        why.contains("the cluster lost the job") && why.contains("NODE_FAIL"),
+        "{why}"
+    );
 }

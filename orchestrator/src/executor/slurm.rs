@@ -286,7 +286,10 @@ impl Executor for SlurmExecutor {
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&id);
             let state = end.as_ref().map_or("gone", |s| s.state.as_str());
-            if let Some(mut r) = read_receipt(&receipt_path, state == "COMPLETED") {
+            // A lost job's exec-node may still have written a receipt as Slurm signalled it
+            // (preemption sends SIGTERM first); what it recorded while dying is no verdict.
+            let lost_now = end.as_ref().is_some_and(|s| is_lost(&s.state));
+            if !lost_now && let Some(mut r) = read_receipt(&receipt_path, state == "COMPLETED") {
                 for a in &r.attempts {
                     on_attempt(a);
                 }
@@ -356,12 +359,26 @@ impl Executor for SlurmExecutor {
         for flags in calls {
             match Command::new("scancel").args(&flags).args(&ids).output() {
                 Ok(out) if out.status.success() => {}
-                Ok(out) => eprintln!(
-                    "memra-orch: scancel {} {} failed: {}; cancel them by hand",
-                    flags.join(" "),
-                    ids.join(" "),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
+                Ok(out) => {
+                    // A job that ended (or was just cancelled by the call before) between
+                    // listing and cancelling is no failure.
+                    let text = String::from_utf8_lossy(&out.stderr);
+                    let real: Vec<&str> = text
+                        .lines()
+                        .filter(|l| {
+                            !l.contains("Invalid job id")
+                                && !l.contains("already completing or completed")
+                        })
+                        .collect();
+                    if !real.is_empty() {
+                        eprintln!(
+                            "memra-orch: scancel {} {} failed: {}; cancel them by hand",
+                            flags.join(" "),
+                            ids.join(" "),
+                            real.join("; ")
+                        );
+                    }
+                }
                 Err(e) => eprintln!(
                     "memra-orch: cannot run scancel ({e}); cancel jobs {} by hand",
                     ids.join(" ")
@@ -513,7 +530,12 @@ pub fn is_final(state: &str) -> bool {
     )
 }
 
-/// Judges a job that ended without writing a receipt.
+/// Whether a final state means the cluster lost the job (not the cell's doing).
+pub fn is_lost(state: &str) -> bool {
+    matches!(state, "NODE_FAIL" | "PREEMPTED" | "BOOT_FAIL")
+}
+
+/// Judges a job that ended without writing a receipt (or was lost, whatever it wrote).
 pub fn judge(id: &str, end: Option<&JobState>, we_cancelled: bool, output: &Path) -> Ending {
     let tail = || {
         let text = std::fs::read_to_string(output).unwrap_or_default();
@@ -535,7 +557,7 @@ pub fn judge(id: &str, end: Option<&JobState>, we_cancelled: bool, output: &Path
         );
     };
     match end.state.as_str() {
-        "NODE_FAIL" | "PREEMPTED" | "BOOT_FAIL" => Ending::Lost,
+        s if is_lost(s) => Ending::Lost,
         _ if we_cancelled => Ending::Verdict(
             Verdict::Cancelled,
             format!(
