@@ -325,63 +325,37 @@ pub(super) unsafe fn quant_rows<B: FastBlock>(
     }
     let lanes = if dp4a { DP4A_THREADS } else { 32 };
     let mut acc = vec![0.0f32; batch * lanes];
-    // Pair `p` of a group spreads its two blocks' factors over 4 lanes each.
-    // SAFETY (all intrinsics below): AVX2 and F16C are enabled for this function; every
-    // pointer load or store goes through a slice of the exact length it touches.
-    let pair_idx = [
-        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
-        _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
-        _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5),
-        _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7),
-    ];
     for (i, r) in rows.enumerate() {
         let wr = &w[r * nb..(r + 1) * nb];
         acc.fill(0.0);
-        for g in 0..groups {
-            let g0 = g * 8;
-            let cnt = (nb - g0).min(8);
-            let mut un = [unsafe { B::zero() }; 8];
-            let mut db = [0u16; 8];
-            let mut mb = [0u16; 8];
-            for k in 0..cnt {
-                let blk = &wr[g0 + k];
-                un[k] = unsafe { blk.unpack() };
-                db[k] = blk.d_bits();
-                mb[k] = blk.m_bits();
-            }
-            let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(db.as_ptr().cast()) });
-            let mw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(mb.as_ptr().cast()) });
-            for b in 0..batch {
-                let xg = &xs[b * nb + g0..b * nb + g0 + cnt];
-                let sc = b * groups * 8 + g0;
-                let dx = unsafe { _mm256_loadu_ps(dxs[sc..sc + 8].as_ptr()) };
-                let sx = unsafe { _mm256_loadu_ps(sxs[sc..sc + 8].as_ptr()) };
-                let f = unsafe { B::factors(dw, mw, dx, sx, dp4a) };
-                let mut p = [_mm256_setzero_si256(); 8];
-                for k in 0..cnt {
-                    p[k] = unsafe { B::partials(&un[k], &xg[k].qs) };
-                }
-                let accb = &mut acc[b * lanes..(b + 1) * lanes];
+        let ctx = Group {
+            xs,
+            nb,
+            dxs: &dxs,
+            sxs: &sxs,
+            stride: groups * 8,
+            lanes,
+        };
+        // Whole groups run with the block count a constant, so their loops unroll and the
+        // lane masks disappear; only a ragged last group takes the masked form.
+        for g0 in (0..nb - nb % 8).step_by(8) {
+            // SAFETY: AVX2 and F16C are enabled for this function, as `group` needs.
+            unsafe {
                 if dp4a {
-                    // Block `g0 + 2p` feeds threads `4(g0 + 2p) mod 128 ..`, 8 in a row for
-                    // the pair; `g0` is a multiple of 8, so the 8 never wrap.
-                    for (pi, idx) in pair_idx.iter().enumerate() {
-                        if 2 * pi >= cnt {
-                            break;
-                        }
-                        let q = unsafe { B::pair_quarters(p[2 * pi], p[2 * pi + 1]) };
-                        let s = _mm256_cvtepi32_ps(q);
-                        let fp = f.map(|v| _mm256_permutevar8x32_ps(v, *idx));
-                        let c = unsafe { B::contrib(&fp, s) };
-                        let live = unsafe { first_lanes(4 * (cnt - 2 * pi)) };
-                        let lane = (4 * (g0 + 2 * pi)) % DP4A_THREADS;
-                        unsafe { add_lanes(accb, lane, c, live) };
-                    }
+                    group::<B, true, true>(&ctx, &wr[g0..g0 + 8], g0, &mut acc);
                 } else {
-                    let s = _mm256_cvtepi32_ps(unsafe { totals(&p) });
-                    let c = unsafe { B::contrib(&f, s) };
-                    let live = unsafe { first_lanes(cnt) };
-                    unsafe { add_lanes(accb, g0 % 32, c, live) };
+                    group::<B, true, false>(&ctx, &wr[g0..g0 + 8], g0, &mut acc);
+                }
+            }
+        }
+        if !nb.is_multiple_of(8) {
+            let g0 = nb - nb % 8;
+            // SAFETY: as above.
+            unsafe {
+                if dp4a {
+                    group::<B, false, true>(&ctx, &wr[g0..], g0, &mut acc);
+                } else {
+                    group::<B, false, false>(&ctx, &wr[g0..], g0, &mut acc);
                 }
             }
         }
@@ -401,5 +375,109 @@ pub(super) unsafe fn quant_rows<B: FastBlock>(
                 warp_sum(&mut l)
             };
         }
+    }
+}
+
+/// What every group of a call shares: the activation rows and their widened scales.
+struct Group<'a> {
+    xs: &'a [BlockQ8_1],
+    nb: usize,
+    dxs: &'a [f32],
+    sxs: &'a [f32],
+    /// Scales per batch row in `dxs` / `sxs` (`nb` rounded up to a multiple of 8).
+    stride: usize,
+    /// Accumulators per batch row in `acc` (32 lanes or 128 threads).
+    lanes: usize,
+}
+
+/// Adds the contributions of the weight blocks `wg` (blocks `g0..g0 + wg.len()` of the row,
+/// `g0` a multiple of 8, at most 8 blocks; exactly 8 when `FULL`) to every batch row's lane
+/// or thread accumulators in `acc`, unpacking each weight block once.
+///
+/// # Safety
+///
+/// The host must support AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn group<B: FastBlock, const FULL: bool, const DP4A: bool>(
+    ctx: &Group,
+    wg: &[B],
+    g0: usize,
+    acc: &mut [f32],
+) {
+    let cnt = if FULL { 8 } else { wg.len().min(8) };
+    let wg = &wg[..cnt];
+    // SAFETY (all intrinsics below): AVX2 and F16C are enabled for this function; every
+    // pointer load or store goes through a slice or array of the exact length it touches.
+    let mut un = [unsafe { B::zero() }; 8];
+    let mut db = [0u16; 8];
+    let mut mb = [0u16; 8];
+    for k in 0..cnt {
+        un[k] = unsafe { wg[k].unpack() };
+        db[k] = wg[k].d_bits();
+        mb[k] = wg[k].m_bits();
+    }
+    let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(db.as_ptr().cast()) });
+    let mw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(mb.as_ptr().cast()) });
+    let batch = ctx.xs.len() / ctx.nb;
+    for b in 0..batch {
+        let xg = &ctx.xs[b * ctx.nb + g0..][..cnt];
+        let sc = b * ctx.stride + g0;
+        let dx = unsafe { _mm256_loadu_ps(ctx.dxs[sc..sc + 8].as_ptr()) };
+        let sx = unsafe { _mm256_loadu_ps(ctx.sxs[sc..sc + 8].as_ptr()) };
+        let f = unsafe { B::factors(dw, mw, dx, sx, DP4A) };
+        let mut p = [_mm256_setzero_si256(); 8];
+        for k in 0..cnt {
+            p[k] = unsafe { B::partials(&un[k], &xg[k].qs) };
+        }
+        let accb = &mut acc[b * ctx.lanes..(b + 1) * ctx.lanes];
+        if DP4A {
+            // Pair `pi` of the group spreads its two blocks' factors over 4 threads each:
+            // block `g0 + 2pi` feeds threads `4(g0 + 2pi) mod 128 ..`, 8 in a row for the
+            // pair; `g0` is a multiple of 8, so the 8 never wrap.
+            let pair_idx = [
+                _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+                _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+                _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5),
+                _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7),
+            ];
+            for (pi, idx) in pair_idx.iter().enumerate() {
+                if 2 * pi >= cnt {
+                    break;
+                }
+                let q = unsafe { B::pair_quarters(p[2 * pi], p[2 * pi + 1]) };
+                let s = _mm256_cvtepi32_ps(q);
+                let fp = f.map(|v| _mm256_permutevar8x32_ps(v, *idx));
+                let c = unsafe { B::contrib(&fp, s) };
+                let lane = (4 * (g0 + 2 * pi)) % DP4A_THREADS;
+                if FULL {
+                    unsafe { add_all(accb, lane, c) };
+                } else {
+                    let live = unsafe { first_lanes(4 * (cnt - 2 * pi)) };
+                    unsafe { add_lanes(accb, lane, c, live) };
+                }
+            }
+        } else {
+            let s = _mm256_cvtepi32_ps(unsafe { totals(&p) });
+            let c = unsafe { B::contrib(&f, s) };
+            if FULL {
+                unsafe { add_all(accb, g0 % 32, c) };
+            } else {
+                let live = unsafe { first_lanes(cnt) };
+                unsafe { add_lanes(accb, g0 % 32, c, live) };
+            }
+        }
+    }
+}
+
+/// `acc[lane..lane + 8] += c`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn add_all(acc: &mut [f32], lane: usize, c: __m256) {
+    let dst = &mut acc[lane..lane + 8];
+    // SAFETY: `dst` holds exactly 8 floats (the slice above checked the range).
+    unsafe {
+        let a = _mm256_loadu_ps(dst.as_ptr());
+        _mm256_storeu_ps(dst.as_mut_ptr(), _mm256_add_ps(a, c));
     }
 }
