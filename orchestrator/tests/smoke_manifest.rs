@@ -1,0 +1,284 @@
+//! The shipped smoke battery, `manifests/smoke.toml`, run end to end the way CI runs it: the
+//! orchestrator half with the fixture gates and the engine half on the CPU backend, with the
+//! engine binaries of this test build (`--var bin=…`, `--var build=…`), and the receipts it
+//! leaves checked node by node.
+
+mod run_support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use memra_orch::receipt::sha256_file;
+use run_support::{gates, read_json};
+use serde_json::Value;
+
+/// The repository root, or `None` (the test then skips, saying why) outside a git checkout:
+/// the manifest's paths resolve against the git top-level (DESIGN §3), and in a source
+/// tarball its root would be `manifests/` instead.
+fn repo_root() -> Option<PathBuf> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(env!("CARGO_MANIFEST_DIR"))
+        .args(["rev-parse", "--show-toplevel"])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// `--var` overrides that point the manifest's engine half at this test build: the folder of
+/// the `memra-orch` binary under test, and a cargo command that builds the engine binaries
+/// into it with the same profile (a no-op when `cargo test --workspace` already built them).
+fn build_vars() -> Vec<String> {
+    let bin = Path::new(env!("CARGO_BIN_EXE_memra-orch"))
+        .parent()
+        .unwrap();
+    let target = bin.parent().unwrap();
+    let profile = match bin.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => "dev",
+        Some(other) => other,
+    };
+    vec![
+        format!("bin={}", bin.display()),
+        format!(
+            "build='{}' build --locked --bins -p memra-engine --profile {profile} --target-dir '{}'",
+            env!("CARGO"),
+            target.display()
+        ),
+    ]
+}
+
+struct Tree {
+    dir: PathBuf,
+    nodes: Vec<Value>,
+}
+
+impl Tree {
+    fn receipt(&self, id: &str) -> Value {
+        let n = self
+            .nodes
+            .iter()
+            .find(|n| n["id"] == id)
+            .unwrap_or_else(|| panic!("run.json has no node {id}"));
+        read_json(
+            &self
+                .dir
+                .join("nodes")
+                .join(n["slug"].as_str().unwrap())
+                .join("receipt.json"),
+        )
+    }
+}
+
+fn check<'a>(receipt: &'a Value, name: &str) -> &'a Value {
+    receipt["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == name)
+        .unwrap_or_else(|| panic!("no check {name} in {receipt:#}"))
+}
+
+#[test]
+fn the_smoke_battery_runs_every_node_as_expected() {
+    let Some(root) = repo_root() else {
+        eprintln!(
+            "skipped: {} is not inside a git checkout",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        return;
+    };
+    let manifest = root.join("manifests/smoke.toml");
+    let receipts = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memra-orch"));
+    cmd.arg("run")
+        .arg(&manifest)
+        .arg("--receipts")
+        .arg(receipts.path())
+        .args([
+            "--commit",
+            "smoke-test",
+            "--progress",
+            "plain",
+            "--gpus",
+            "none",
+        ]);
+    for v in build_vars() {
+        cmd.arg("--var").arg(v);
+    }
+    let out = cmd.output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let dir = receipts.path().join("smoke-test/smoke");
+    let run = read_json(&dir.join("run.json"));
+    assert_eq!(run["schema"], 1);
+    assert_eq!(run["commit"], "smoke-test");
+    assert_eq!(run["verdict"], "pass");
+    assert!(run["end"].is_string() && run["inventory"].is_object());
+    let (_, manifest_sha) = sha256_file(&manifest).unwrap();
+    assert_eq!(run["manifest"]["sha256"], manifest_sha.as_str());
+    assert!(dir.join("summary.md").exists());
+    let junit = std::fs::read_to_string(dir.join("junit.xml")).unwrap();
+    assert!(junit.contains("<testsuite name=\"smoke\""), "{junit}");
+
+    // Every planned cell has a receipt, and every receipt a planned cell.
+    let plan = Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+        .arg("plan")
+        .arg(&manifest)
+        .args(["--format", "json"])
+        .args(build_vars().iter().flat_map(|v| ["--var", v.as_str()]))
+        .output()
+        .unwrap();
+    assert!(plan.status.success());
+    let plan: Value = serde_json::from_slice(&plan.stdout).unwrap();
+    let mut planned: Vec<&str> = plan["order"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    let tree = Tree {
+        dir: dir.clone(),
+        nodes: run["nodes"].as_array().unwrap().clone(),
+    };
+    let mut ran: Vec<&str> = tree
+        .nodes
+        .iter()
+        .map(|n| n["id"].as_str().unwrap())
+        .collect();
+    planned.sort_unstable();
+    ran.sort_unstable();
+    assert_eq!(planned, ran);
+    assert!(ran.len() >= 29, "{ran:?}");
+
+    for n in &tree.nodes {
+        let id = n["id"].as_str().unwrap();
+        let r = tree.receipt(id);
+        assert_eq!(r["schema"], 1);
+        assert_eq!(r["verdict"], n["verdict"]);
+        let expected = if id == "gpu-probe" { "skipped" } else { "pass" };
+        assert_eq!(r["verdict"], expected, "{id}: {r:#}");
+        if r["kind"] == "compare" {
+            continue;
+        }
+        for a in r["attempts"].as_array().unwrap() {
+            let attempt = dir
+                .join("nodes")
+                .join(n["slug"].as_str().unwrap())
+                .join(format!("attempt-{}", a["n"]));
+            for f in ["stdout.log", "stderr.log", "checks.jsonl"] {
+                assert!(attempt.join(f).is_file(), "{} lacks {f}", attempt.display());
+            }
+            assert!(attempt.join("artifacts").is_dir());
+        }
+    }
+
+    // The orchestrator half: matrices, setup products, compares, a shell node, a GPU skip.
+    let protocol = tree.receipt("protocol[seed=1]");
+    assert_eq!(protocol["env"]["MEMRA_GATE_SEED"], "1");
+    assert_eq!(protocol["cell"]["seed"], "1");
+    let (_, gate_sha) = sha256_file(&gates().join("pass.sh")).unwrap();
+    assert_eq!(protocol["binaries"][0]["sha256"], gate_sha.as_str());
+    let product = &tree.receipt("prepare")["produces"][0];
+    assert!(
+        product["path"]
+            .as_str()
+            .unwrap()
+            .ends_with("target/smoke/host.txt")
+    );
+    assert!(
+        protocol["binaries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["sha256"] == product["sha256"]),
+        "the setup's product is hashed into its dependents"
+    );
+    let flaky = tree.receipt("flaky-infra");
+    assert_eq!(flaky["attempts"].as_array().unwrap().len(), 2, "{flaky:#}");
+    let compare = tree.receipt("logits-match[candidate=logits-cand,variant=a]");
+    assert!(compare["compare"]["values_compared"].as_u64().unwrap() > 0);
+    assert_eq!(tree.receipt("shell")["artifacts"][0]["name"], "hello.txt");
+    assert!(
+        tree.receipt("gpu-probe")["reason"]
+            .as_str()
+            .unwrap()
+            .contains("GPU")
+    );
+
+    // The engine half. The build's products and the synthesized model are hashed into the
+    // gates' receipts, so a receipt names the exact binary and model it judged.
+    let build = tree.receipt("build");
+    assert_eq!(build["produces"].as_array().unwrap().len(), 3);
+    let model = &tree.receipt("synth-tiny")["produces"][0];
+    let strict = tree.receipt("decode-strict");
+    for hashed in [&build["produces"][1]["sha256"], &model["sha256"]] {
+        assert!(
+            strict["binaries"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|b| b["sha256"] == *hashed),
+            "{strict:#}"
+        );
+    }
+    // The equalized pins reach the engine: its doors row reports the paths it ran.
+    assert_eq!(strict["env"]["MEMRA_MMVQ"], "0");
+    assert_eq!(strict["env"]["MEMRA_NO_FUSE_NORMQ"], "1");
+    assert_eq!(strict["doors"]["matvec"], "dp4a");
+    assert_eq!(strict["doors"]["mode"], "strict");
+    assert_eq!(check(&strict, "gate1")["status"], "pass");
+    for (cell, family) in [("1", "mmvq"), ("0", "dp4a")] {
+        let r = tree.receipt(&format!("decode-config[MEMRA_MMVQ={cell}]"));
+        assert_eq!(r["doors"]["matvec"], family, "{r:#}");
+        assert_eq!(r["doors"]["backend"], "cpu");
+        assert_eq!(check(&r, "gate2[B=4]")["status"], "pass");
+    }
+    // Negative cells pass only because their gate reported the failure it exists to catch.
+    let strict_default = tree.receipt("decode-strict-default");
+    assert_eq!(strict_default["attempts"][0]["outcome"], "fail");
+    assert_eq!(check(&strict_default, "gate1")["status"], "fail");
+    let canary = tree.receipt("decode-canary");
+    assert_eq!(canary["expect"], "fail");
+    assert_eq!(canary["attempts"][0]["outcome"], "fail");
+    assert_eq!(canary["doors"]["canary"], true);
+    let pp = tree.receipt("decode-pp");
+    assert_eq!(pp["doors"]["mode"], "pp");
+    let reference = tree.receipt("reference");
+    assert_eq!(check(&reference, "loader-goldens")["status"], "pass");
+    assert!(
+        reference["artifacts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["name"] == "receipt.tsv")
+    );
+
+    // One compare per policy, each over real values.
+    let bitwise = &tree.receipt("pp-vs-unsplit[candidate=decode-pp]")["compare"];
+    assert_eq!(bitwise["policy"]["kind"], "bitwise");
+    assert!(
+        bitwise["tensors_compared"].as_u64().unwrap() >= 4,
+        "{bitwise:#}"
+    );
+    assert_eq!(bitwise["mismatches"], 0);
+    let tolerance = &tree.receipt("fa3-vs-naive[candidate=dump-naive]")["compare"];
+    assert_eq!(tolerance["policy"]["kind"], "tolerance");
+    assert_eq!(tolerance["argmax_agree"], tolerance["rows"]);
+    let families = &tree.receipt("mmvq-vs-dp4a[candidate=dump-dp4a]")["compare"];
+    assert_eq!(families["policy"]["kind"], "argmax_agree");
+    assert!(families["values_compared"].as_u64().unwrap() > 0);
+    // The two families are different compositions: their logits differ in the last bits,
+    // which is why this pair is compared by argmax and never bitwise.
+    assert!(
+        families["tensors"][0]["max_abs"].as_f64().unwrap() > 0.0,
+        "{families:#}"
+    );
+}
