@@ -697,6 +697,22 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     } else {
         Some(crate::plan::select(&plan, &args.filters).map_err(usage)?)
     };
+    if args.executor == ExecutorKind::Local {
+        let given: Vec<&str> = [
+            ("--partition", args.partition.is_some()),
+            ("--account", args.account.is_some()),
+            ("--slurm-arg", !args.slurm_args.is_empty()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, set)| set.then_some(flag))
+        .collect();
+        if !given.is_empty() {
+            return Err(usage(format!(
+                "{} only apply to Slurm jobs; add --executor slurm or leave them out",
+                given.join(", ")
+            )));
+        }
+    }
     let inventory = match args.executor {
         ExecutorKind::Local => crate::gpus::detect(&args.gpus),
         ExecutorKind::Slurm => slurm_slots(args).map_err(usage)?,

@@ -218,7 +218,7 @@ run = ["{gates}/pass.sh"]
 
 [[arm]]
 id = "hang"
-run = ["{gates}/hang.sh"]
+run = ["{gates}/wait-for.sh", "/nonexistent/never"]
 gpus = 1
 timeout = "2s"
 
@@ -283,6 +283,38 @@ gpus = 1
             .collect()
     };
     assert_eq!(strip(&a), strip(&b), "run.json differs in shape");
+    // `memra-orch diff` of the two trees finds nothing but timing: the same verdicts, the
+    // same artifact bits, the same doors and nodes. Slurm adds scheduling time to every
+    // node, so durations are left out.
+    let diff = Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+        .arg("diff")
+        .arg(local.tree())
+        .arg(on_slurm.tree())
+        .args(["--format", "json", "--duration-abs", "1h"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&diff.stdout);
+    assert_eq!(
+        diff.status.code(),
+        Some(0),
+        "{text}\n{}",
+        String::from_utf8_lossy(&diff.stderr)
+    );
+    let d: Value = serde_json::from_str(&text).unwrap();
+    for list in [
+        "regressions",
+        "fixes",
+        "other_verdict_changes",
+        "bits_moved",
+        "metric_drift",
+        "doors_changed",
+        "new_nodes",
+        "removed_nodes",
+    ] {
+        assert_eq!(d[list], serde_json::json!([]), "{list}: {text}");
+    }
+    // Both runs fail the same nodes.
+    assert_eq!(d["still_failing"].as_array().unwrap().len(), 5, "{text}");
     // The job files live next to the tree, not in it.
     assert!(
         on_slurm
@@ -444,5 +476,77 @@ gpus = 1
     assert!(
         why.contains("the cluster lost the job") && why.contains("NODE_FAIL"),
         "{why}"
+    );
+}
+
+#[test]
+fn jobs_ask_slurm_for_the_cells_cpus_memory_and_time() {
+    let Some(_cluster) = cluster() else { return };
+    let name = unique("slurm-resources");
+    let f = Fixture::new(&format!(
+        r#"
+schema = 1
+name = "{name}"
+
+[[arm]]
+id = "sized"
+run = ["{{gates}}/pass.sh"]
+gpus = 1
+cpus = 2
+memory = "100M"
+timeout = "3m"
+"#
+    ));
+    let out = slurm(&f);
+    assert_eq!(out.status.code(), Some(0));
+    // The plain log names the job; Slurm keeps an ended job for MinJobAge (300 s).
+    let log = String::from_utf8_lossy(&out.stderr);
+    let id = log
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("slurm    sized job ")?
+                .strip_suffix(" submitted")
+        })
+        .unwrap_or_else(|| panic!("no submission line in {log}"))
+        .to_string();
+    let show = Command::new("scontrol")
+        .args(["show", "job", "-o", &id])
+        .output()
+        .unwrap();
+    let show = String::from_utf8_lossy(&show.stdout);
+    let field = |name: &str| {
+        show.split_whitespace()
+            .find_map(|f| f.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name} in {show}"))
+            .to_string()
+    };
+    assert_eq!(field("JobName"), format!("memra:{name}:sized"));
+    assert_eq!(field("NumCPUs"), "2");
+    assert_eq!(field("MinMemoryNode"), "100M");
+    // One attempt of 3 min, the 1 s grace the fixture passes and a minute of slack: 4 min
+    // 1 s, 5 minutes rounded up.
+    assert_eq!(field("TimeLimit"), "00:05:00");
+    assert!(show.contains("gpu:1"), "{show}");
+    assert_eq!(field("JobState"), "COMPLETED");
+}
+
+#[test]
+fn slurm_options_without_the_slurm_executor_are_refused() {
+    let f = Fixture::new(
+        r#"
+schema = 1
+name = "local-only"
+
+[[arm]]
+id = "a"
+run = ["{gates}/pass.sh"]
+"#,
+    );
+    let out = f.run(&["--partition", "gpu"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--partition") && err.contains("--executor slurm"),
+        "{err}"
     );
 }
