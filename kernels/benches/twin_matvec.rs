@@ -15,6 +15,7 @@ fn main() {
         state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
         state
     };
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     println!(
         "| weights | rows x cols | batch | family | µs/call (best of 15) | ns/block-row | GMAC/s |"
     );
@@ -29,6 +30,10 @@ fn main() {
         ("Q4_1", 1536, 576, 8),
         ("Q4_1", 576, 1536, 8),
     ] {
+        // `cargo bench --bench twin_matvec -- Q8_0` runs only the cases of that weight type.
+        if filter.as_deref().is_some_and(|f| f != ty) {
+            continue;
+        }
         let nb = cols / 32;
         let x: Vec<f32> = (0..batch * cols)
             .map(|_| (next() >> 8) as f32 / 16_777_216.0 - 0.5)

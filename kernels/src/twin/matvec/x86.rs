@@ -410,15 +410,25 @@ unsafe fn group<B: FastBlock, const FULL: bool, const DP4A: bool>(
     // SAFETY (all intrinsics below): AVX2 and F16C are enabled for this function; every
     // pointer load or store goes through a slice or array of the exact length it touches.
     let mut un = [unsafe { B::zero() }; 8];
-    let mut db = [0u16; 8];
-    let mut mb = [0u16; 8];
     for k in 0..cnt {
         un[k] = unsafe { wg[k].unpack() };
-        db[k] = wg[k].d_bits();
-        mb[k] = wg[k].m_bits();
     }
-    let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(db.as_ptr().cast()) });
-    let mw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(mb.as_ptr().cast()) });
+    let (dw, mw) = if FULL {
+        unsafe { scales8(wg) }
+    } else {
+        let mut db = [0u16; 8];
+        let mut mb = [0u16; 8];
+        for k in 0..cnt {
+            db[k] = wg[k].d_bits();
+            mb[k] = wg[k].m_bits();
+        }
+        unsafe {
+            (
+                _mm256_cvtph_ps(_mm_loadu_si128(db.as_ptr().cast())),
+                _mm256_cvtph_ps(_mm_loadu_si128(mb.as_ptr().cast())),
+            )
+        }
+    };
     let batch = ctx.xs.len() / ctx.nb;
     for b in 0..batch {
         let xg = &ctx.xs[b * ctx.nb + g0..][..cnt];
@@ -480,4 +490,35 @@ unsafe fn add_all(acc: &mut [f32], lane: usize, c: __m256) {
         let a = _mm256_loadu_ps(dst.as_ptr());
         _mm256_storeu_ps(dst.as_mut_ptr(), _mm256_add_ps(a, c));
     }
+}
+
+/// The `d` fields of 8 consecutive blocks widened to f32, and for Q4_1 the `m` fields (for
+/// the other types the second vector is meaningless and unused). Every block type starts with
+/// `d`, and Q4_1 continues with `m`, so one 32-bit gather at each block's first byte reads
+/// both; F16C widens them exactly.
+///
+/// # Safety
+///
+/// The host must support AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn scales8<B: FastBlock>(wg: &[B]) -> (__m256, __m256) {
+    let wg = &wg[..8];
+    let size = std::mem::size_of::<B>() as i32;
+    let offsets = _mm256_mullo_epi32(
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        _mm256_set1_epi32(size),
+    );
+    // SAFETY: each gathered 4 bytes start at a block of `wg` (8 blocks, checked above), and
+    // every block type is at least 18 bytes long.
+    let v = unsafe { _mm256_i32gather_epi32::<1>(wg.as_ptr().cast(), offsets) };
+    let d = _mm256_and_si256(v, _mm256_set1_epi32(0xffff));
+    let m = _mm256_srli_epi32(v, 16);
+    // `packus` interleaves by 128-bit half: [d0..d3, m0..m3 | d4..d7, m4..m7]; the 64-bit
+    // permute puts the d's in the low half and the m's in the high half.
+    let dm = _mm256_permute4x64_epi64(_mm256_packus_epi32(d, m), 0b11_01_10_00);
+    (
+        _mm256_cvtph_ps(_mm256_castsi256_si128(dm)),
+        _mm256_cvtph_ps(_mm256_extracti128_si256(dm, 1)),
+    )
 }
