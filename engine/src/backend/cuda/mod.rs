@@ -669,7 +669,10 @@ fn encode(ctx: &PassCtx, s: &mut Scratch) -> Result<(), KernelError> {
         // width allows, saving a launch per layer; the blocks are the same either way.
         let quantize_in_attention = layer.wo.quantized() && attention_can_quantize(c.head_dim);
         let outq = quantize_in_attention.then_some(&mut *xq);
-        if ctx.split_k {
+        // With a single chunk the split-K composition is the one-block-per-head one bit for
+        // bit (the combine multiplies by expf(0) = 1 and adds to 0), so short contexts run the
+        // single kernel and skip the combine launch.
+        if ctx.split_k && ctx.chunks > 1 {
             gpu.attention_split_k_rows(
                 qkv,
                 qd + 2 * kvd,
