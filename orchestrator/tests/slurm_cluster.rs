@@ -10,7 +10,7 @@ mod run_support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use run_support::{COMMIT, Fixture, epoch, files_under};
@@ -20,11 +20,16 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/slurm-single-node")
 }
 
+/// Held while a test uses the cluster. The lock is a file lock, so test runs of other
+/// checkouts or target folders on this machine (which share the one cluster) wait too.
+struct ClusterGuard {
+    _file: std::fs::File,
+}
+
 /// Starts the cluster once per test binary and serialises the tests; `None` (after printing
 /// why) when this machine cannot run one.
-fn cluster() -> Option<MutexGuard<'static, ()>> {
+fn cluster() -> Option<ClusterGuard> {
     static STARTED: OnceLock<Result<(), String>> = OnceLock::new();
-    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
     let started = STARTED.get_or_init(|| {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
@@ -33,6 +38,7 @@ fn cluster() -> Option<MutexGuard<'static, ()>> {
         if !script().is_file() {
             return Err(format!("{} does not exist", script().display()));
         }
+        let _start = lock();
         let out = Command::new(script())
             .args(["start", "4"])
             .output()
@@ -47,12 +53,28 @@ fn cluster() -> Option<MutexGuard<'static, ()>> {
         Ok(())
     });
     match started {
-        Ok(()) => Some(ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())),
+        Ok(()) => Some(lock()),
         Err(why) => {
             eprintln!("skipping the Slurm test: {why}");
             None
         }
     }
+}
+
+fn lock() -> ClusterGuard {
+    use std::os::fd::AsRawFd;
+    let path = std::env::temp_dir().join("memra-orch-slurm-tests.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    // SAFETY: the descriptor is open for the duration of the call; flock blocks until the
+    // lock is ours and it is released when the file is closed.
+    let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(r, 0, "flock {}", path.display());
+    ClusterGuard { _file: file }
 }
 
 /// A manifest name no other run on the cluster uses, so `squeue -n` finds this run's jobs.
@@ -476,6 +498,36 @@ gpus = 1
     assert!(
         why.contains("the cluster lost the job") && why.contains("NODE_FAIL"),
         "{why}"
+    );
+    // The journal next to the tree names every job and how it ended.
+    let journal = std::fs::read_to_string(
+        f.path()
+            .join("receipts/.slurm")
+            .join(COMMIT)
+            .join(&name)
+            .join("jobs.jsonl"),
+    )
+    .unwrap();
+    let mut ends: Vec<(String, u64, String)> = journal
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            assert!(v["job"].as_str().unwrap().parse::<u64>().is_ok(), "{l}");
+            (
+                v["cell"].as_str().unwrap().to_string(),
+                v["try"].as_u64().unwrap(),
+                v["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    ends.sort();
+    assert_eq!(
+        ends,
+        [
+            ("not-retried".to_string(), 1, "NODE_FAIL".to_string()),
+            ("retried".to_string(), 1, "NODE_FAIL".to_string()),
+            ("retried".to_string(), 2, "COMPLETED".to_string()),
+        ]
     );
 }
 

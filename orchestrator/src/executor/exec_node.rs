@@ -121,3 +121,22 @@ pub fn gpus_from_env(cvd: Option<&str>) -> (Vec<String>, Vec<GpuRef>) {
     };
     (ids, refs)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::gpus_from_env;
+
+    #[test]
+    fn gpus_come_from_cuda_visible_devices_as_the_scheduler_set_it() {
+        assert_eq!(gpus_from_env(None), (vec![], vec![]));
+        assert_eq!(gpus_from_env(Some("")), (vec![], vec![]));
+        // Ids no NVML device has (or no NVML at all): recorded by id, in export order.
+        let (ids, refs) = gpus_from_env(Some("97,95"));
+        assert_eq!(ids, ["97", "95"]);
+        assert_eq!(refs.iter().map(|g| g.index).collect::<Vec<_>>(), [97, 95]);
+        assert!(refs.iter().all(|g| g.uuid.is_empty()));
+        let (ids, refs) = gpus_from_env(Some("GPU-0000dead-beef"));
+        assert_eq!(ids, ["GPU-0000dead-beef"]);
+        assert_eq!(refs[0].uuid, "GPU-0000dead-beef");
+    }
+}

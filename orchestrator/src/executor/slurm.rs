@@ -12,6 +12,7 @@
 //! judge gates (exec-node does, through the local executor).
 
 use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -103,7 +104,12 @@ pub struct SlurmExecutor {
     /// Every job id this executor submitted, in order.
     submitted: Mutex<Vec<String>>,
     observer: Option<JobObserver>,
+    /// Serialises appends to the job journal.
+    journal: Mutex<()>,
 }
+
+/// The journal of a run's jobs in the spool folder, one JSON object per line.
+pub const JOBS_FILE: &str = "jobs.jsonl";
 
 impl std::fmt::Debug for SlurmExecutor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -122,6 +128,7 @@ impl SlurmExecutor {
             active: Mutex::new(BTreeMap::new()),
             submitted: Mutex::new(Vec::new()),
             observer,
+            journal: Mutex::new(()),
         }
     }
 
@@ -141,6 +148,34 @@ impl SlurmExecutor {
                 state: state.to_string(),
                 reason: reason.to_string(),
             });
+        }
+    }
+
+    /// Appends a line to `jobs.jsonl` in the spool folder: which Slurm job ran which cell,
+    /// in which try, and how it ended. The receipt tree keeps the shape of a local run, so
+    /// the job ids live next to it, one file per run; a failure to write is reported and
+    /// changes no verdict.
+    fn record(&self, job: &CellJob, try_n: u32, id: &str, state: &str) {
+        let line = serde_json::json!({
+            "cell": job.id,
+            "slug": job.slug,
+            "try": try_n,
+            "job": id,
+            "state": state,
+        });
+        let path = self.opts.spool.join(JOBS_FILE);
+        let _guard = self.journal.lock().unwrap_or_else(|p| p.into_inner());
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| writeln!(f, "{line}"));
+        if let Err(e) = written {
+            eprintln!(
+                "memra-orch: {}: cannot record slurm job {id} of {}: {e}",
+                path.display(),
+                job.id
+            );
         }
     }
 
@@ -286,6 +321,7 @@ impl Executor for SlurmExecutor {
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&id);
             let state = end.as_ref().map_or("gone", |s| s.state.as_str());
+            self.record(job, try_n, &id, state);
             // A lost job's exec-node may still have written a receipt as Slurm signalled it
             // (preemption sends SIGTERM first); what it recorded while dying is no verdict.
             let lost_now = end.as_ref().is_some_and(|s| is_lost(&s.state));
