@@ -32,21 +32,29 @@ pub(super) fn available() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
 }
 
+/// Two consecutive activation blocks' quants arranged for the Q4 product: `lo` is
+/// `[a[0..16] | b[0..16]]` and `hi` is `[a[16..32] | b[16..32]]`, the elements the low and the
+/// high nibbles of a Q4 pair multiply. Built once per call for every activation row.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct XPair {
+    lo: [i8; 32],
+    hi: [i8; 32],
+}
+
 /// A weight block type in its vector form.
 ///
 /// Every method requires AVX2 and F16C on the host; callers reach them only through
 /// [`quant_rows`], after [`available`] said yes.
 pub(super) trait FastBlock: Copy {
-    /// The block's integer weights as the product step wants them, unpacked once and reused
-    /// for every batch row.
-    type Unpacked: Copy;
-    /// An all-zero unpacked block, for the absent blocks of a ragged group.
-    unsafe fn zero() -> Self::Unpacked;
-    unsafe fn unpack(&self) -> Self::Unpacked;
-    /// Eight i32 partial sums whose total is the block's integer sum `S`.
-    unsafe fn partials(u: &Self::Unpacked, x: &[i8; QK]) -> __m256i;
-    /// From the partials of two blocks, their quarter sums `[S0..S3 of a, S0..S3 of b]`.
-    unsafe fn pair_quarters(a: __m256i, b: __m256i) -> __m256i;
+    /// Two consecutive blocks' integer weights as the product step wants them, unpacked once
+    /// and reused for every batch row.
+    type Pair: Copy;
+    /// An all-zero pair, for the absent pairs of a ragged group.
+    unsafe fn zero_pair() -> Self::Pair;
+    unsafe fn unpack_pair(a: &Self, b: &Self) -> Self::Pair;
+    /// The quarter sums `[S0..S3 of a | S0..S3 of b]` of the pair against the activation
+    /// blocks `xa`, `xb`, which `xp` holds rearranged.
+    unsafe fn pair_sums(u: &Self::Pair, xa: &BlockQ8_1, xb: &BlockQ8_1, xp: &XPair) -> __m256i;
     fn d_bits(&self) -> u16;
     /// The `m` field's bits, or 0 for types without one (then unused).
     fn m_bits(&self) -> u16;
@@ -58,61 +66,64 @@ pub(super) trait FastBlock: Copy {
     unsafe fn contrib(f: &[__m256; 3], s: __m256) -> __m256;
 }
 
-/// Q4 weights: the nibbles unpack to 32 unsigned bytes in element order; `maddubs` forms pair
-/// sums (at most 2 * 15 * 128, no saturation) and `madd` with ones sums runs of four, so
-/// partial `i` is elements `4i..4i+4`: quarter `q` is partial `q` plus partial `q + 4`.
+/// A Q4 pair: both blocks' 16 bytes side by side, split into low nibbles (elements `0..16` of
+/// each block) and high nibbles (elements `16..32`).
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn q4_unpack(qs: &[u8; 16]) -> __m256i {
-    // SAFETY: the load reads exactly the 16 bytes of `qs` (unaligned load).
-    let q = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
-    let mask = _mm_set1_epi8(15);
-    let lo = _mm_and_si128(q, mask);
-    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-    _mm256_set_m128i(hi, lo)
+unsafe fn q4_unpack_pair(a: &[u8; 16], b: &[u8; 16]) -> [__m256i; 2] {
+    // SAFETY: each load reads exactly the 16 bytes of its array (unaligned loads).
+    let q = unsafe {
+        _mm256_set_m128i(
+            _mm_loadu_si128(b.as_ptr().cast()),
+            _mm_loadu_si128(a.as_ptr().cast()),
+        )
+    };
+    let mask = _mm256_set1_epi8(15);
+    [
+        _mm256_and_si256(q, mask),
+        _mm256_and_si256(_mm256_srli_epi16(q, 4), mask),
+    ]
 }
 
+/// Q4 quarter sums of a pair: `maddubs` forms `w[j]*x[j] + w[j+1]*x[j+1]` for the low and the
+/// high nibbles (each at most 2 * 15 * 128, no saturation), their i16 sum (at most 7680) holds
+/// elements `2j, 2j+1, 16+2j, 17+2j`, and `madd` with ones joins two of those: lane `i` of each
+/// half is elements `4i..4i+4` and `16+4i..16+4i+4`, quarter `i` of that half's block.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn q4_partials(w: &__m256i, x: &[i8; QK]) -> __m256i {
-    // SAFETY: the load reads exactly the 32 bytes of `x` (unaligned load).
-    let xv = unsafe { _mm256_loadu_si256(x.as_ptr().cast()) };
-    _mm256_madd_epi16(_mm256_maddubs_epi16(*w, xv), _mm256_set1_epi16(1))
-}
-
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn q4_pair_quarters(a: __m256i, b: __m256i) -> __m256i {
-    _mm256_add_epi32(
-        _mm256_permute2x128_si256(a, b, 0x20),
-        _mm256_permute2x128_si256(a, b, 0x31),
-    )
+unsafe fn q4_pair_sums(u: &[__m256i; 2], xp: &XPair) -> __m256i {
+    // SAFETY: each load reads exactly the 32 bytes of its array (unaligned loads).
+    let (xl, xh) = unsafe {
+        (
+            _mm256_loadu_si256(xp.lo.as_ptr().cast()),
+            _mm256_loadu_si256(xp.hi.as_ptr().cast()),
+        )
+    };
+    let s16 = _mm256_add_epi16(
+        _mm256_maddubs_epi16(u[0], xl),
+        _mm256_maddubs_epi16(u[1], xh),
+    );
+    _mm256_madd_epi16(s16, _mm256_set1_epi16(1))
 }
 
 impl FastBlock for BlockQ4_1 {
-    type Unpacked = __m256i;
+    type Pair = [__m256i; 2];
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn zero() -> __m256i {
-        _mm256_setzero_si256()
+    unsafe fn zero_pair() -> [__m256i; 2] {
+        [_mm256_setzero_si256(); 2]
     }
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn unpack(&self) -> __m256i {
-        // SAFETY: AVX2 is enabled here, as `q4_unpack` needs.
-        unsafe { q4_unpack(&self.qs) }
+    unsafe fn unpack_pair(a: &Self, b: &Self) -> [__m256i; 2] {
+        // SAFETY: AVX2 is enabled here, as `q4_unpack_pair` needs.
+        unsafe { q4_unpack_pair(&a.qs, &b.qs) }
     }
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn partials(u: &__m256i, x: &[i8; QK]) -> __m256i {
-        // SAFETY: AVX2 is enabled here, as `q4_partials` needs.
-        unsafe { q4_partials(u, x) }
-    }
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    unsafe fn pair_quarters(a: __m256i, b: __m256i) -> __m256i {
-        // SAFETY: AVX2 is enabled here, as `q4_pair_quarters` needs.
-        unsafe { q4_pair_quarters(a, b) }
+    unsafe fn pair_sums(u: &[__m256i; 2], _: &BlockQ8_1, _: &BlockQ8_1, xp: &XPair) -> __m256i {
+        // SAFETY: AVX2 is enabled here, as `q4_pair_sums` needs.
+        unsafe { q4_pair_sums(u, xp) }
     }
     #[inline(always)]
     fn d_bits(&self) -> u16 {
@@ -142,29 +153,23 @@ impl FastBlock for BlockQ4_1 {
 }
 
 impl FastBlock for BlockQ4_0 {
-    type Unpacked = __m256i;
+    type Pair = [__m256i; 2];
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn zero() -> __m256i {
-        _mm256_setzero_si256()
+    unsafe fn zero_pair() -> [__m256i; 2] {
+        [_mm256_setzero_si256(); 2]
     }
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn unpack(&self) -> __m256i {
-        // SAFETY: AVX2 is enabled here, as `q4_unpack` needs.
-        unsafe { q4_unpack(&self.qs) }
+    unsafe fn unpack_pair(a: &Self, b: &Self) -> [__m256i; 2] {
+        // SAFETY: AVX2 is enabled here, as `q4_unpack_pair` needs.
+        unsafe { q4_unpack_pair(&a.qs, &b.qs) }
     }
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn partials(u: &__m256i, x: &[i8; QK]) -> __m256i {
-        // SAFETY: AVX2 is enabled here, as `q4_partials` needs.
-        unsafe { q4_partials(u, x) }
-    }
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    unsafe fn pair_quarters(a: __m256i, b: __m256i) -> __m256i {
-        // SAFETY: AVX2 is enabled here, as `q4_pair_quarters` needs.
-        unsafe { q4_pair_quarters(a, b) }
+    unsafe fn pair_sums(u: &[__m256i; 2], _: &BlockQ8_1, _: &BlockQ8_1, xp: &XPair) -> __m256i {
+        // SAFETY: AVX2 is enabled here, as `q4_pair_sums` needs.
+        unsafe { q4_pair_sums(u, xp) }
     }
     #[inline(always)]
     fn d_bits(&self) -> u16 {
@@ -188,43 +193,56 @@ impl FastBlock for BlockQ4_0 {
     }
 }
 
-/// Q8_0 weights sign-extend to i16 (exact for every i8, unlike `maddubs`). Partial `j` is
-/// elements `2j, 2j+1, 16+2j, 16+2j+1`, so quarter `q` is partials `2q` and `2q + 1`.
+/// Q8_0 weights sign-extend to i16 (exact for every i8, unlike `maddubs`). Partial `j` of a
+/// block is elements `2j, 2j+1, 16+2j, 16+2j+1`, so quarter `q` is partials `2q` and `2q + 1`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn q8_unpack(w: &[i8; QK]) -> [__m256i; 2] {
+    // SAFETY: each load reads 16 bytes inside the 32-byte `w` (unaligned loads).
+    unsafe {
+        [
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(w.as_ptr().cast())),
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(w.as_ptr().add(16).cast())),
+        ]
+    }
+}
+
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn q8_partials(u: &[__m256i; 2], x: &[i8; QK]) -> __m256i {
+    // SAFETY: AVX2 is enabled here, as `q8_unpack` needs.
+    let xv = unsafe { q8_unpack(x) };
+    _mm256_add_epi32(
+        _mm256_madd_epi16(u[0], xv[0]),
+        _mm256_madd_epi16(u[1], xv[1]),
+    )
+}
+
 impl FastBlock for BlockQ8_0 {
-    type Unpacked = [__m256i; 2];
+    type Pair = [[__m256i; 2]; 2];
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn zero() -> [__m256i; 2] {
-        [_mm256_setzero_si256(); 2]
+    unsafe fn zero_pair() -> [[__m256i; 2]; 2] {
+        [[_mm256_setzero_si256(); 2]; 2]
     }
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn unpack(&self) -> [__m256i; 2] {
-        // SAFETY: each load reads 16 bytes inside the 32-byte `qs` (unaligned loads).
-        unsafe {
-            [
-                _mm256_cvtepi8_epi16(_mm_loadu_si128(self.qs.as_ptr().cast())),
-                _mm256_cvtepi8_epi16(_mm_loadu_si128(self.qs.as_ptr().add(16).cast())),
-            ]
-        }
+    unsafe fn unpack_pair(a: &Self, b: &Self) -> [[__m256i; 2]; 2] {
+        // SAFETY: AVX2 is enabled here, as `q8_unpack` needs.
+        unsafe { [q8_unpack(&a.qs), q8_unpack(&b.qs)] }
     }
+    /// `hadd` of the two blocks' partials gives `[a01, a23, b01, b23 | a45, a67, b45, b67]`,
+    /// i.e. `[a.q0, a.q1, b.q0, b.q1 | a.q2, a.q3, b.q2, b.q3]`; a 64-bit permute orders it.
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn partials(u: &[__m256i; 2], x: &[i8; QK]) -> __m256i {
-        // SAFETY: each load reads 16 bytes inside the 32-byte `x` (unaligned loads).
-        let (x0, x1) = unsafe {
-            (
-                _mm256_cvtepi8_epi16(_mm_loadu_si128(x.as_ptr().cast())),
-                _mm256_cvtepi8_epi16(_mm_loadu_si128(x.as_ptr().add(16).cast())),
-            )
-        };
-        _mm256_add_epi32(_mm256_madd_epi16(u[0], x0), _mm256_madd_epi16(u[1], x1))
-    }
-    /// `hadd` gives `[a01, a23, b01, b23 | a45, a67, b45, b67]` in pairs of partials, i.e.
-    /// `[a.q0, a.q1, b.q0, b.q1 | a.q2, a.q3, b.q2, b.q3]`; a 64-bit permute orders it.
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    unsafe fn pair_quarters(a: __m256i, b: __m256i) -> __m256i {
+    unsafe fn pair_sums(
+        u: &[[__m256i; 2]; 2],
+        xa: &BlockQ8_1,
+        xb: &BlockQ8_1,
+        _: &XPair,
+    ) -> __m256i {
+        // SAFETY: AVX2 is enabled here, as `q8_partials` needs.
+        let (a, b) = unsafe { (q8_partials(&u[0], &xa.qs), q8_partials(&u[1], &xb.qs)) };
         _mm256_permute4x64_epi64(_mm256_hadd_epi32(a, b), 0b11_01_10_00)
     }
     #[inline(always)]
@@ -255,19 +273,17 @@ impl FastBlock for BlockQ8_0 {
     }
 }
 
-/// Eight blocks' partial vectors to their eight totals `[S0..S7]` (exact integer adds).
+/// Four pairs' quarter sums (blocks `2p` and `2p + 1` in pair `p`) to the eight block totals
+/// `[S0..S7]` (exact integer adds): two rounds of `hadd` leave `[S0, S2, S4, S6 | S1, S3, S5,
+/// S7]`, and a permute orders them.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn totals(p: &[__m256i; 8]) -> __m256i {
+unsafe fn totals(p: &[__m256i; 4]) -> __m256i {
     let h01 = _mm256_hadd_epi32(p[0], p[1]);
     let h23 = _mm256_hadd_epi32(p[2], p[3]);
-    let h45 = _mm256_hadd_epi32(p[4], p[5]);
-    let h67 = _mm256_hadd_epi32(p[6], p[7]);
-    let a = _mm256_hadd_epi32(h01, h23);
-    let b = _mm256_hadd_epi32(h45, h67);
-    _mm256_add_epi32(
-        _mm256_permute2x128_si256(a, b, 0x20),
-        _mm256_permute2x128_si256(a, b, 0x31),
+    _mm256_permutevar8x32_epi32(
+        _mm256_hadd_epi32(h01, h23),
+        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7),
     )
 }
 
@@ -323,6 +339,21 @@ pub(super) unsafe fn quant_rows<B: FastBlock>(
             sxs[b * groups * 8 + k] = xb.s.to_f32();
         }
     }
+    // The activation quants rearranged by pairs of blocks for the Q4 product (4 pairs per
+    // group, zero padded), also once per call.
+    let zero_pair = XPair {
+        lo: [0; 32],
+        hi: [0; 32],
+    };
+    let mut xps = vec![zero_pair; batch * groups * 4];
+    for b in 0..batch {
+        for (k, xb) in xs[b * nb..(b + 1) * nb].iter().enumerate() {
+            let xp = &mut xps[b * groups * 4 + k / 2];
+            let h = 16 * (k % 2);
+            xp.lo[h..h + 16].copy_from_slice(&xb.qs[..16]);
+            xp.hi[h..h + 16].copy_from_slice(&xb.qs[16..]);
+        }
+    }
     let lanes = if dp4a { DP4A_THREADS } else { 32 };
     let mut acc = vec![0.0f32; batch * lanes];
     for (i, r) in rows.enumerate() {
@@ -333,6 +364,7 @@ pub(super) unsafe fn quant_rows<B: FastBlock>(
             nb,
             dxs: &dxs,
             sxs: &sxs,
+            xps: &xps,
             stride: groups * 8,
             lanes,
         };
@@ -384,6 +416,8 @@ struct Group<'a> {
     nb: usize,
     dxs: &'a [f32],
     sxs: &'a [f32],
+    /// Rearranged activation pairs, `stride / 2` per batch row.
+    xps: &'a [XPair],
     /// Scales per batch row in `dxs` / `sxs` (`nb` rounded up to a multiple of 8).
     stride: usize,
     /// Accumulators per batch row in `acc` (32 lanes or 128 threads).
@@ -409,9 +443,12 @@ unsafe fn group<B: FastBlock, const FULL: bool, const DP4A: bool>(
     let wg = &wg[..cnt];
     // SAFETY (all intrinsics below): AVX2 and F16C are enabled for this function; every
     // pointer load or store goes through a slice or array of the exact length it touches.
-    let mut un = [unsafe { B::zero() }; 8];
-    for k in 0..cnt {
-        un[k] = unsafe { wg[k].unpack() };
+    let npairs = cnt.div_ceil(2);
+    let mut un = [unsafe { B::zero_pair() }; 4];
+    for (pi, u) in un.iter_mut().enumerate().take(npairs) {
+        // The second block of an odd last pair repeats the first; its lanes are masked off.
+        let (a, b) = (&wg[2 * pi], &wg[(2 * pi + 1).min(cnt - 1)]);
+        *u = unsafe { B::unpack_pair(a, b) };
     }
     let (dw, mw) = if FULL {
         unsafe { scales8(wg) }
@@ -436,9 +473,11 @@ unsafe fn group<B: FastBlock, const FULL: bool, const DP4A: bool>(
         let dx = unsafe { _mm256_loadu_ps(ctx.dxs[sc..sc + 8].as_ptr()) };
         let sx = unsafe { _mm256_loadu_ps(ctx.sxs[sc..sc + 8].as_ptr()) };
         let f = unsafe { B::factors(dw, mw, dx, sx, DP4A) };
-        let mut p = [_mm256_setzero_si256(); 8];
-        for k in 0..cnt {
-            p[k] = unsafe { B::partials(&un[k], &xg[k].qs) };
+        let xpg = &ctx.xps[(b * ctx.stride + g0) / 2..][..4];
+        let mut p = [_mm256_setzero_si256(); 4];
+        for pi in 0..npairs {
+            let (xa, xb) = (&xg[2 * pi], &xg[(2 * pi + 1).min(cnt - 1)]);
+            p[pi] = unsafe { B::pair_sums(&un[pi], xa, xb, &xpg[pi]) };
         }
         let accb = &mut acc[b * ctx.lanes..(b + 1) * ctx.lanes];
         if DP4A {
@@ -452,11 +491,10 @@ unsafe fn group<B: FastBlock, const FULL: bool, const DP4A: bool>(
                 _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7),
             ];
             for (pi, idx) in pair_idx.iter().enumerate() {
-                if 2 * pi >= cnt {
+                if pi >= npairs {
                     break;
                 }
-                let q = unsafe { B::pair_quarters(p[2 * pi], p[2 * pi + 1]) };
-                let s = _mm256_cvtepi32_ps(q);
+                let s = _mm256_cvtepi32_ps(p[pi]);
                 let fp = f.map(|v| _mm256_permutevar8x32_ps(v, *idx));
                 let c = unsafe { B::contrib(&fp, s) };
                 let lane = (4 * (g0 + 2 * pi)) % DP4A_THREADS;
