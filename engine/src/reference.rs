@@ -20,7 +20,14 @@
 
 use rayon::prelude::*;
 
+mod following;
+
+pub use following::{FollowReport, KEPT_MISMATCHES, QuantMismatch, R_WINDOW, TIE_WINDOW};
+
+use crate::backend::SeqId;
+use crate::backend::trace::{ActivationTrace, Composition, Site};
 use crate::model::{LlamaConfig, LlamaModel, Weight};
+use following::Follower;
 
 /// Logits after every position of `tokens`: `[tokens.len(), n_vocab]`, row-major (row `i`
 /// is the distribution of the token following position `i`).
@@ -48,6 +55,74 @@ pub fn forward_with(
     tokens: &[u32],
     acts: Activations,
 ) -> Result<Vec<f32>, String> {
+    let mut quant = match acts {
+        Activations::F32 => Quant::None,
+        Activations::Q8_1 => Quant::Own,
+    };
+    walk(model, tokens, &mut quant)
+}
+
+/// What [`forward_following`] returns: the oracle's logits and what following the trace
+/// found.
+#[derive(Debug, Clone)]
+pub struct Following {
+    /// `[tokens.len(), n_vocab]`, as [`forward`].
+    pub logits: Vec<f32>,
+    pub report: FollowReport,
+}
+
+/// The q8_1 oracle following a backend's rounding only at ties: `tokens` are positions
+/// `0..n` of sequence `seq` in `trace` (recorded with [`crate::backend::Backend::start_trace`]).
+///
+/// Everything is computed by the oracle itself as in [`Activations::Q8_1`]; at each
+/// quantization site its own `(d, s, q)` are compared with the backend's blocks. Identical
+/// values continue; a value one step away where the oracle's own exact value sits on a
+/// rounding tie (see [`following`]) takes the backend's side and counts as a tie followed;
+/// anything else is a hard mismatch in the report, and the oracle continues with its own
+/// value. Where the backend ran the fused tier (the trace says so per site and row) the
+/// oracle quantizes `x·g` and applies its own norm factor after the matvec, as the engine.
+pub fn forward_following(
+    model: &LlamaModel,
+    tokens: &[u32],
+    trace: &ActivationTrace,
+    seq: SeqId,
+) -> Result<Following, String> {
+    let mut quant = Quant::Follow(Follower {
+        trace,
+        seq,
+        report: FollowReport::default(),
+    });
+    let logits = walk(model, tokens, &mut quant)?;
+    let Quant::Follow(f) = quant else {
+        unreachable!("the mode is not changed by the walk")
+    };
+    Ok(Following {
+        logits,
+        report: f.report,
+    })
+}
+
+/// How the oracle meets a quantization site.
+enum Quant<'a> {
+    /// No quantization ([`Activations::F32`]).
+    None,
+    /// Its own q8_1 blocks ([`Activations::Q8_1`]).
+    Own,
+    /// Its own blocks, following a trace at ties.
+    Follow(Follower<'a>),
+}
+
+/// One site's activations for every row: the f32 values float weights read, the q8_1
+/// parts quantized weights read (when quantizing), and each row's norm factor to apply
+/// after the matvec (the fused tier's composition; `None` where the norm was applied first).
+struct SiteActs {
+    f: Vec<f32>,
+    q: Option<Vec<(Vec<f64>, Vec<f64>)>>,
+    r: Vec<Option<f64>>,
+}
+
+/// The oracle's forward pass under `quant`.
+fn walk(model: &LlamaModel, tokens: &[u32], quant: &mut Quant) -> Result<Vec<f32>, String> {
     let c = &model.config;
     if let Some((i, &t)) = tokens
         .iter()
@@ -68,22 +143,50 @@ pub fn forward_with(
         model.token_embd.row_f32(t as usize, row);
     }
 
-    for layer in &model.layers {
-        let xn = rmsnorm_rows(&x, &layer.attn_norm, c.rms_eps);
-        let mut q = matmul(&layer.wq, &xn, acts);
-        let mut k = matmul(&layer.wk, &xn, acts);
-        let v = matmul(&layer.wv, &xn, acts);
+    for (li, layer) in model.layers.iter().enumerate() {
+        let wants_q = [&layer.wq, &layer.wk, &layer.wv]
+            .iter()
+            .any(|w| w.data.is_quantized());
+        let xn = normed_site(
+            quant,
+            &x,
+            &layer.attn_norm,
+            c.rms_eps,
+            li,
+            Site::AttnIn,
+            wants_q,
+        );
+        let mut q = matmul(&layer.wq, &xn);
+        let mut k = matmul(&layer.wk, &xn);
+        let v = matmul(&layer.wv, &xn);
         for pos in 0..n {
             rope(&mut q[pos * c.q_dim()..(pos + 1) * c.q_dim()], pos, c);
             rope(&mut k[pos * c.kv_dim()..(pos + 1) * c.kv_dim()], pos, c);
         }
         let att = attention(&q, &k, &v, n, c);
-        let o = matmul(&layer.wo, &att, acts);
+        let att = plain_site(
+            quant,
+            att,
+            n,
+            li,
+            Site::AttnOut,
+            layer.wo.data.is_quantized(),
+        );
+        let o = matmul(&layer.wo, &att);
         add_into(&mut x, &o);
 
-        let xn = rmsnorm_rows(&x, &layer.ffn_norm, c.rms_eps);
-        let gate = matmul(&layer.w_gate, &xn, acts);
-        let up = matmul(&layer.w_up, &xn, acts);
+        let wants_q = layer.w_gate.data.is_quantized() || layer.w_up.data.is_quantized();
+        let xn = normed_site(
+            quant,
+            &x,
+            &layer.ffn_norm,
+            c.rms_eps,
+            li,
+            Site::FfnIn,
+            wants_q,
+        );
+        let gate = matmul(&layer.w_gate, &xn);
+        let up = matmul(&layer.w_up, &xn);
         let h: Vec<f32> = gate
             .iter()
             .zip(&up)
@@ -92,56 +195,150 @@ pub fn forward_with(
                 (g / (1.0 + (-g).exp()) * u as f64) as f32
             })
             .collect();
-        let down = matmul(&layer.w_down, &h, acts);
+        let h = plain_site(
+            quant,
+            h,
+            n,
+            li,
+            Site::FfnDownIn,
+            layer.w_down.data.is_quantized(),
+        );
+        let down = matmul(&layer.w_down, &h);
         add_into(&mut x, &down);
     }
 
-    let xn = rmsnorm_rows(&x, &model.output_norm, c.rms_eps);
-    Ok(matmul(model.head(), &xn, acts))
+    let head = model.head();
+    let xn = normed_site(
+        quant,
+        &x,
+        &model.output_norm,
+        c.rms_eps,
+        c.n_layer,
+        Site::HeadIn,
+        head.data.is_quantized(),
+    );
+    Ok(matmul(head, &xn))
 }
 
-/// `x · r · g` per row with `r = 1/sqrt(mean(x²) + eps)`.
-fn rmsnorm_rows(x: &[f32], g: &[f32], eps: f32) -> Vec<f32> {
+/// A normed site: per row, `rmsnorm(x)·g` (separate composition), or, where the followed
+/// backend ran the fused tier, `x·g` with the norm factor kept for after the matvec.
+fn normed_site(
+    quant: &mut Quant,
+    x: &[f32],
+    g: &[f32],
+    eps: f32,
+    layer: usize,
+    site: Site,
+    quantized: bool,
+) -> SiteActs {
     let d = g.len();
-    let mut out = vec![0.0f32; x.len()];
-    for (row, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+    let mut f = vec![0.0f32; x.len()];
+    let mut r = Vec::with_capacity(x.len() / d);
+    for (pos, (row, o)) in x.chunks_exact(d).zip(f.chunks_exact_mut(d)).enumerate() {
         let ss: f64 = row.iter().map(|&v| v as f64 * v as f64).sum();
-        let r = 1.0 / (ss / d as f64 + eps as f64).sqrt();
-        for ((o, &v), &g) in o.iter_mut().zip(row).zip(g) {
-            *o = (v as f64 * r * g as f64) as f32;
+        let factor = 1.0 / (ss / d as f64 + eps as f64).sqrt();
+        let fused = match quant {
+            Quant::Follow(fl) => fl.composition(pos, layer, site) == Composition::Fused,
+            _ => false,
+        };
+        if fused {
+            if let Quant::Follow(fl) = quant {
+                fl.check_r(pos, layer, site, factor);
+            }
+            // The product of two f32 values rounded once, as the fused kernel computes it.
+            for ((o, &v), &g) in o.iter_mut().zip(row).zip(g) {
+                *o = (v as f64 * g as f64) as f32;
+            }
+            r.push(Some(factor));
+        } else {
+            for ((o, &v), &g) in o.iter_mut().zip(row).zip(g) {
+                *o = (v as f64 * factor * g as f64) as f32;
+            }
+            r.push(None);
         }
     }
-    out
+    quantize_site(quant, f, r, layer, site, quantized)
 }
 
-/// `y[t] = W · x[t]` for every row `t` of `x` (`[n, cols]` → `[n, rows]`), f64 accumulation.
+/// A site without a norm: the attention output into `wo`, SwiGLU into `w_down`; `n` rows.
+fn plain_site(
+    quant: &mut Quant,
+    x: Vec<f32>,
+    n: usize,
+    layer: usize,
+    site: Site,
+    quantized: bool,
+) -> SiteActs {
+    quantize_site(quant, x, vec![None; n], layer, site, quantized)
+}
+
+/// Adds the q8_1 parts of every row of a site when quantized weights read it and the mode
+/// quantizes.
+fn quantize_site(
+    quant: &mut Quant,
+    f: Vec<f32>,
+    r: Vec<Option<f64>>,
+    layer: usize,
+    site: Site,
+    quantized: bool,
+) -> SiteActs {
+    let width = f.len() / r.len().max(1);
+    let q = match quant {
+        _ if !quantized => None,
+        Quant::None => None,
+        Quant::Own => Some(
+            f.chunks_exact(width)
+                .map(|row| activation_parts(row, true))
+                .collect(),
+        ),
+        Quant::Follow(fl) => Some(
+            f.chunks_exact(width)
+                .enumerate()
+                .map(|(pos, row)| fl.quantize_row(row, pos, layer, site))
+                .collect(),
+        ),
+    };
+    SiteActs { f, q, r }
+}
+
+/// `y[t] = W · x[t]` for every row `t` of a site (`[n, cols]` → `[n, rows]`), f64
+/// accumulation, each row's norm factor applied to the f64 sum where the site keeps one.
 ///
 /// Each weight block is split into its scaled part `a_j` and its constant offset `c`
 /// (q4_0: `d·n_j` and `-8·d`; q4_1: `d·n_j` and `m`; q8_0 and floats: `w_j` and 0), so a
-/// block's product is `Σ a_j·x_j + c·Σ x_j`. Under [`Activations::Q8_1`] the activations of
-/// a quantized weight are its q8_1 blocks: `x_j` becomes `d·q_j` and `Σ x_j` the block's
+/// block's product is `Σ a_j·x_j + c·Σ x_j`. When the site is quantized, a quantized
+/// weight's activations are its q8_1 blocks: `x_j` becomes `d·q_j` and `Σ x_j` the block's
 /// stored float sum `s`, both as f16 — the meaning ggml gives a q4/q8 × q8_1 product.
-fn matmul(w: &Weight, x: &[f32], acts: Activations) -> Vec<f32> {
+fn matmul(w: &Weight, x: &SiteActs) -> Vec<f32> {
     let (a, c) = weight_parts(w);
-    let quantize = acts == Activations::Q8_1 && w.data.is_quantized();
-    let n = x.len() / w.cols;
+    let quantized = w.data.is_quantized();
     let nb = w.cols / 32;
+    let n = x.f.len() / w.cols;
     let mut y = vec![0.0f32; n * w.rows];
     y.par_chunks_exact_mut(w.rows)
-        .zip(x.par_chunks_exact(w.cols))
-        .for_each(|(yt, xt)| {
-            let (xv, sums) = activation_parts(xt, quantize);
+        .zip(x.f.par_chunks_exact(w.cols))
+        .enumerate()
+        .for_each(|(t, (yt, xt))| {
+            let own;
+            let (xv, sums) = match &x.q {
+                Some(q) if quantized => (&q[t].0, &q[t].1),
+                _ => {
+                    own = activation_parts(xt, false);
+                    (&own.0, &own.1)
+                }
+            };
+            let factor = x.r[t].unwrap_or(1.0);
             for (r, out) in yt.iter_mut().enumerate() {
                 let ar = &a[r * w.cols..(r + 1) * w.cols];
-                let mut acc: f64 = ar.iter().zip(&xv).map(|(&p, &q)| p * q).sum();
+                let mut acc: f64 = ar.iter().zip(xv).map(|(&p, &q)| p * q).sum();
                 if let Some(c) = &c {
                     acc += c[r * nb..(r + 1) * nb]
                         .iter()
-                        .zip(&sums)
+                        .zip(sums)
                         .map(|(&p, &q)| p * q)
                         .sum::<f64>();
                 }
-                *out = acc as f32;
+                *out = (acc * factor) as f32;
             }
         });
     y
@@ -325,7 +522,16 @@ mod tests {
     #[test]
     fn rmsnorm_scales_rows_to_unit_rms() {
         let x = vec![3.0, 4.0];
-        let out = rmsnorm_rows(&x, &[1.0, 2.0], 0.0);
+        let out = normed_site(
+            &mut Quant::None,
+            &x,
+            &[1.0, 2.0],
+            0.0,
+            0,
+            Site::AttnIn,
+            false,
+        )
+        .f;
         let r = 1.0 / 12.5f64.sqrt();
         assert!((out[0] as f64 - 3.0 * r).abs() < 1e-6);
         assert!((out[1] as f64 - 8.0 * r).abs() < 1e-6);

@@ -22,6 +22,7 @@ use memra_kernels::twin::{self, AttnShape, MatvecFamily, WeightRows};
 use rayon::prelude::*;
 
 use super::stages::{StagePlan, boundary_copy};
+use super::trace::{ActivationTrace, Composition, Site, SiteKey, SiteRecord};
 use super::{Backend, EngineError, SeqId, canary_token};
 use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::model::{LayerWeights, LlamaConfig, LlamaModel, Weight, WeightData};
@@ -81,6 +82,9 @@ pub struct CpuBackend {
     parked: Option<Vec<f32>>,
     /// The load-time stage plan the stages were placed by.
     plan: StagePlan,
+    /// The activation trace being recorded, when enabled ([`Backend::start_trace`]); with
+    /// `None` no site is copied anywhere.
+    trace: Option<ActivationTrace>,
 }
 
 /// How a forward pass walks the stages.
@@ -158,6 +162,7 @@ impl CpuBackend {
             parked: None,
             plan,
             config,
+            trace: None,
         })
     }
 
@@ -254,8 +259,13 @@ impl CpuBackend {
         match walk {
             Walk::Unsplit => {
                 for stage in &mut self.stages {
-                    for layer in &mut stage.blocks {
-                        layer_forward(&ctx, layer, rows, &mut x)?;
+                    for (j, layer) in stage.blocks.iter_mut().enumerate() {
+                        let rec = Recorder {
+                            trace: self.trace.as_mut(),
+                            layer: stage.layers.start + j,
+                            rows,
+                        };
+                        layer_forward(&ctx, layer, rows, &mut x, rec)?;
                     }
                 }
             }
@@ -272,8 +282,13 @@ impl CpuBackend {
                         boundary_copy(&done[s - 1].input, &mut rest[0].input);
                     }
                     let stage = &mut self.stages[s];
-                    for layer in &mut stage.blocks {
-                        layer_forward(&ctx, layer, rows, &mut stage.input)?;
+                    for (j, layer) in stage.blocks.iter_mut().enumerate() {
+                        let rec = Recorder {
+                            trace: self.trace.as_mut(),
+                            layer: stage.layers.start + j,
+                            rows,
+                        };
+                        layer_forward(&ctx, layer, rows, &mut stage.input, rec)?;
                     }
                 }
                 if let Some(last) = self.stages.last() {
@@ -293,6 +308,12 @@ impl CpuBackend {
         } else {
             normed_acts(sel, &self.output_norm, c.rms_eps, tier)?
         };
+        let mut rec = Recorder {
+            trace: self.trace.as_mut(),
+            layer: c.n_layer,
+            rows: &rows[logits_rows],
+        };
+        rec.record(Site::HeadIn, &acts);
         let mut logits = matmul(family, self.head(), &acts)?;
         post_scale_rows(&mut logits, c.n_vocab, &acts)?;
         Ok(logits)
@@ -461,6 +482,52 @@ fn matmul_many(
     Ok(ys)
 }
 
+/// Where a layer's quantization sites go when tracing: nowhere (`trace: None`, the
+/// default, costing one branch per site) or into the backend's trace.
+struct Recorder<'a> {
+    trace: Option<&'a mut ActivationTrace>,
+    layer: usize,
+    rows: &'a [RowSpec],
+}
+
+impl Recorder<'_> {
+    /// Copies each row's q8_1 blocks (and the fused tier's factor) of one site.
+    fn record(&mut self, site: Site, acts: &Acts) {
+        let Some(trace) = self.trace.as_deref_mut() else {
+            return;
+        };
+        if self.rows.is_empty() || acts.q.is_empty() {
+            return;
+        }
+        let per_row = acts.q.len() / self.rows.len();
+        for (i, (row, blocks)) in self
+            .rows
+            .iter()
+            .zip(acts.q.chunks_exact(per_row))
+            .enumerate()
+        {
+            let r = acts.scale.as_ref().map(|s| s[i]);
+            trace.record(
+                SiteKey {
+                    seq: row.seq,
+                    pos: row.pos,
+                    layer: self.layer,
+                    site,
+                },
+                SiteRecord {
+                    composition: if r.is_some() {
+                        Composition::Fused
+                    } else {
+                        Composition::Separate
+                    },
+                    blocks: blocks.to_vec(),
+                    r,
+                },
+            );
+        }
+    }
+}
+
 /// What every layer of one forward pass shares.
 struct PassCtx<'a> {
     c: &'a LlamaConfig,
@@ -476,6 +543,7 @@ fn layer_forward(
     layer: &mut CpuLayer,
     rows: &[RowSpec],
     x: &mut [f32],
+    mut rec: Recorder,
 ) -> Result<(), EngineError> {
     let PassCtx {
         c,
@@ -489,6 +557,7 @@ fn layer_forward(
 
     // Attention block.
     let acts = normed_acts(x, &w.attn_norm, c.rms_eps, tier)?;
+    rec.record(Site::AttnIn, &acts);
     let [mut q, mut k, v]: [Vec<f32>; 3] = matmul_many(family, &[&w.wq, &w.wk, &w.wv], &acts)?
         .try_into()
         .expect("three weights give three outputs");
@@ -542,11 +611,14 @@ fn layer_forward(
             }
         })
         .map_err(twin_err)?;
-    let o = matmul(family, &w.wo, &plain_acts(att)?)?;
+    let att = plain_acts(att)?;
+    rec.record(Site::AttnOut, &att);
+    let o = matmul(family, &w.wo, &att)?;
     twin::add(x, &o).map_err(twin_err)?;
 
     // Feed-forward block.
     let acts = normed_acts(x, &w.ffn_norm, c.rms_eps, tier)?;
+    rec.record(Site::FfnIn, &acts);
     let [gate, up]: [Vec<f32>; 2] = matmul_many(family, &[&w.w_gate, &w.w_up], &acts)?
         .try_into()
         .expect("two weights give two outputs");
@@ -560,7 +632,9 @@ fn layer_forward(
         let r = acts.scale.as_ref().map(|s| s[i]);
         twin::swiglu(g, u, hr, r).map_err(twin_err)?;
     }
-    let down = matmul(family, &w.w_down, &plain_acts(h)?)?;
+    let h = plain_acts(h)?;
+    rec.record(Site::FfnDownIn, &h);
+    let down = matmul(family, &w.w_down, &h)?;
     twin::add(x, &down).map_err(twin_err)?;
     Ok(())
 }
@@ -701,6 +775,15 @@ impl Backend for CpuBackend {
             return Err(EngineError::Unavailable(self.plan().unsplit_refusal()));
         }
         self.batch_step(seqs, tokens, Walk::Unsplit)
+    }
+
+    fn start_trace(&mut self) -> bool {
+        self.trace.get_or_insert_with(ActivationTrace::new);
+        true
+    }
+
+    fn take_trace(&mut self) -> Option<ActivationTrace> {
+        self.trace.as_mut().map(std::mem::take)
     }
 
     fn parked_logits(&self) -> Result<Vec<f32>, EngineError> {

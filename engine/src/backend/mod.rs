@@ -9,6 +9,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod stages;
+pub mod trace;
 
 use std::fmt;
 
@@ -127,6 +128,19 @@ pub trait Backend: Send {
         Err(EngineError::Unavailable(
             "this backend does not park the logits of a sampled step (parked_logits)".into(),
         ))
+    }
+
+    /// Starts recording an activation trace ([`trace::ActivationTrace`]): the q8_1 blocks
+    /// of every quantization site of every later forward pass, for the tie-following oracle.
+    /// Returns whether this backend can trace; the default cannot.
+    fn start_trace(&mut self) -> bool {
+        false
+    }
+
+    /// The trace recorded since [`Backend::start_trace`] or the last take, leaving an empty
+    /// one recording; `None` when this backend is not tracing.
+    fn take_trace(&mut self) -> Option<trace::ActivationTrace> {
+        None
     }
 
     /// [`Backend::decode_step_h`], then one sampled token.
