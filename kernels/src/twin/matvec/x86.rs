@@ -25,7 +25,6 @@ use std::ops::Range;
 
 use super::{DP4A_THREADS, MatvecFamily};
 use crate::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1, QK};
-use crate::twin::warp_sum;
 
 /// Whether this host can run the functions here.
 pub(super) fn available() -> bool {
@@ -393,18 +392,14 @@ pub(super) unsafe fn quant_rows<B: FastBlock>(
         }
         for b in 0..batch {
             let accb = &mut acc[b * lanes..(b + 1) * lanes];
-            y[b * n + i] = if dp4a {
-                let mut warps = [0.0f32; 4];
-                for (ws, lanes) in warps.iter_mut().zip(accb.chunks_exact(32)) {
-                    let mut l = [0.0f32; 32];
-                    l.copy_from_slice(lanes);
-                    *ws = warp_sum(&mut l);
+            // SAFETY: AVX2 is enabled for this function, as `warp_sum_avx` needs.
+            y[b * n + i] = unsafe {
+                if dp4a {
+                    let w: [f32; 4] = std::array::from_fn(|k| warp_sum_avx(&accb[32 * k..]));
+                    ((w[0] + w[1]) + w[2]) + w[3]
+                } else {
+                    warp_sum_avx(accb)
                 }
-                ((warps[0] + warps[1]) + warps[2]) + warps[3]
-            } else {
-                let mut l = [0.0f32; 32];
-                l.copy_from_slice(accb);
-                warp_sum(&mut l)
             };
         }
     }
@@ -559,4 +554,27 @@ unsafe fn scales8<B: FastBlock>(wg: &[B]) -> (__m256, __m256) {
         _mm256_cvtph_ps(_mm256_castsi256_si128(dm)),
         _mm256_cvtph_ps(_mm256_extracti128_si256(dm, 1)),
     )
+}
+
+/// [`crate::twin::warp_sum`] of `lanes[..32]` in vector registers: every step adds lane
+/// `i + o` to lane `i` for `i < o`, as the fold does, so the bits are the same.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn warp_sum_avx(lanes: &[f32]) -> f32 {
+    let l = &lanes[..32];
+    // SAFETY: the four loads read 8 floats each inside the 32 of `l`.
+    let (a, b, c, d) = unsafe {
+        (
+            _mm256_loadu_ps(l.as_ptr()),
+            _mm256_loadu_ps(l.as_ptr().add(8)),
+            _mm256_loadu_ps(l.as_ptr().add(16)),
+            _mm256_loadu_ps(l.as_ptr().add(24)),
+        )
+    };
+    let o16 = (_mm256_add_ps(a, c), _mm256_add_ps(b, d));
+    let o8 = _mm256_add_ps(o16.0, o16.1);
+    let o4 = _mm_add_ps(_mm256_castps256_ps128(o8), _mm256_extractf128_ps(o8, 1));
+    let o2 = _mm_add_ps(o4, _mm_movehl_ps(o4, o4));
+    let o1 = _mm_add_ss(o2, _mm_shuffle_ps(o2, o2, 1));
+    _mm_cvtss_f32(o1)
 }
