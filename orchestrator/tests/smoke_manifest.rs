@@ -282,3 +282,41 @@ fn the_smoke_battery_runs_every_node_as_expected() {
         "{families:#}"
     );
 }
+
+#[test]
+fn a_var_the_manifest_does_not_define_is_an_error_naming_it() {
+    let Some(root) = repo_root() else {
+        eprintln!(
+            "skipped: {} is not inside a git checkout",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        return;
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+        .arg("plan")
+        .arg(root.join("manifests/smoke.toml"))
+        .args(["--var", "bim=/opt/bin"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no `bim` in [vars]") && stderr.contains("did you mean `bin`?"),
+        "{stderr}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+        .arg("plan")
+        .arg(root.join("manifests/smoke.toml"))
+        .args(["--var", "model=/m/x.gguf", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let dump = plan["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "dump")
+        .unwrap();
+    assert_eq!(dump["argv"][2], "/m/x.gguf", "{dump:#}");
+}
