@@ -13,13 +13,46 @@ pub mod resolve;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ExitCode;
 use crate::cli::{DiffArgs, DiffFormat};
 use crate::events::Verdict;
 use load::{LoadedNode, LoadedRun};
+
+/// What `diff` reads of a node receipt; everything else (environment, argv, attempts) is
+/// skipped while parsing.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct DiffReceipt {
+    #[serde(default)]
+    pub checks: Vec<DiffCheck>,
+    #[serde(default)]
+    pub doors: Option<BTreeMap<String, Value>>,
+    #[serde(default)]
+    pub artifacts: Vec<crate::receipt::Artifact>,
+    #[serde(default)]
+    pub binaries: Vec<crate::receipt::FileDigest>,
+    #[serde(default)]
+    pub produces: Vec<crate::receipt::FileDigest>,
+}
+
+/// What `diff` reads of a check row: its name, status and metrics.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct DiffCheck {
+    pub check: String,
+    pub status: crate::protocol::CheckStatus,
+    #[serde(default)]
+    pub metrics: BTreeMap<String, Value>,
+}
+
+/// A tree as `diff` reads it.
+pub type DiffRun = LoadedRun<DiffReceipt>;
+
+/// Loads a tree for diffing.
+pub fn load_for_diff(dir: &std::path::Path) -> Result<DiffRun, String> {
+    load::load_as(dir)
+}
 
 /// When a change of a number is worth reporting.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -173,7 +206,7 @@ impl Diff {
     }
 }
 
-fn side(r: &LoadedRun) -> Side {
+fn side(r: &DiffRun) -> Side {
     Side {
         dir: r.dir.to_string_lossy().into_owned(),
         name: r.run.name.clone(),
@@ -185,7 +218,7 @@ fn side(r: &LoadedRun) -> Side {
 }
 
 /// Compares two loaded runs.
-pub fn diff(old: &LoadedRun, new: &LoadedRun, t: &Thresholds) -> Diff {
+pub fn diff(old: &DiffRun, new: &DiffRun, t: &Thresholds) -> Diff {
     let mut d = Diff {
         old: side(old),
         new: side(new),
@@ -223,7 +256,13 @@ pub fn diff(old: &LoadedRun, new: &LoadedRun, t: &Thresholds) -> Diff {
     d
 }
 
-fn node(d: &mut Diff, id: &str, o: &LoadedNode, n: &LoadedNode, t: &Thresholds) {
+fn node(
+    d: &mut Diff,
+    id: &str,
+    o: &LoadedNode<DiffReceipt>,
+    n: &LoadedNode<DiffReceipt>,
+    t: &Thresholds,
+) {
     let (ov, nv) = (o.entry.verdict, n.entry.verdict);
     let change = |reason: Option<String>| VerdictChange {
         id: id.to_string(),
@@ -307,9 +346,7 @@ fn artifact_moves(
 
 /// Check rows keyed by (check name, occurrence), so a gate that repeats a check name (once
 /// per rep, say) is compared row by row.
-fn keyed(
-    rows: &[crate::protocol::CheckRow],
-) -> BTreeMap<(String, usize), &crate::protocol::CheckRow> {
+fn keyed(rows: &[DiffCheck]) -> BTreeMap<(String, usize), &DiffCheck> {
     let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
     rows.iter()
         .map(|r| {
@@ -320,13 +357,7 @@ fn keyed(
         .collect()
 }
 
-fn checks(
-    d: &mut Diff,
-    id: &str,
-    old: &[crate::protocol::CheckRow],
-    new: &[crate::protocol::CheckRow],
-    t: &Thresholds,
-) {
+fn checks(d: &mut Diff, id: &str, old: &[DiffCheck], new: &[DiffCheck], t: &Thresholds) {
     let (o, n) = (keyed(old), keyed(new));
     let keys: BTreeSet<&(String, usize)> = o.keys().chain(n.keys()).collect();
     let label = |(name, k): &(String, usize)| {
@@ -336,7 +367,7 @@ fn checks(
             format!("{name} #{k}")
         }
     };
-    let status = |r: &crate::protocol::CheckRow| serde_json::to_value(r.status).unwrap_or_default();
+    let status = |r: &DiffCheck| serde_json::to_value(r.status).unwrap_or_default();
     for key in keys {
         let drift = |metric: &str, old: Value, new: Value, relative: Option<f64>| MetricDrift {
             id: id.to_string(),
@@ -430,7 +461,7 @@ fn duration_moved(a: f64, b: f64, t: &Thresholds) -> bool {
 
 /// Run-level facts: host, orchestrator version, driver and CUDA versions, the GPU list,
 /// manifest and env-matrix digests, and every binary (by path) whose digest changed.
-fn environment(old: &LoadedRun, new: &LoadedRun) -> Vec<EnvChange> {
+fn environment(old: &DiffRun, new: &DiffRun) -> Vec<EnvChange> {
     let mut out = Vec::new();
     let mut fact = |what: &str, a: Option<String>, b: Option<String>| {
         if a != b {
@@ -514,7 +545,7 @@ fn environment(old: &LoadedRun, new: &LoadedRun) -> Vec<EnvChange> {
 
 /// sha256 per binary path over every node receipt; a path seen with several digests within
 /// one run (rebuilt half-way) shows them all.
-fn binaries(run: &LoadedRun) -> BTreeMap<String, String> {
+fn binaries(run: &DiffRun) -> BTreeMap<String, String> {
     let mut seen: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for n in run.nodes.values() {
         if let Some(r) = &n.receipt {
@@ -569,7 +600,7 @@ fn command_inner(args: &DiffArgs) -> Result<ExitCode, String> {
     let manifest = args.manifest.as_deref();
     let old_dir = resolve::resolve(&args.old, &receipts, manifest)?;
     let new_dir = resolve::resolve(&args.new, &receipts, manifest)?;
-    let (old, new) = rayon::join(|| load::load(&old_dir), || load::load(&new_dir));
+    let (old, new) = rayon::join(|| load_for_diff(&old_dir), || load_for_diff(&new_dir));
     let (old, new) = (old?, new?);
     let thresholds = Thresholds {
         metric_rel: args.metric_rel,
