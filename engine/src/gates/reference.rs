@@ -19,7 +19,7 @@ use super::workload::prompts;
 use crate::backend::{Backend, EngineError, SeqId, open_backend};
 use crate::doors::Doors;
 use crate::model::LlamaModel;
-use crate::reference::{self as oracle, Activations};
+use crate::reference::{self as oracle, Activations, FollowReport};
 
 /// Flags of `reference-gate`. Exit status: 0 pass, 1 a row or golden failed, 2 bad flags,
 /// pins, model or unwritable receipt.
@@ -85,10 +85,12 @@ pub fn main() -> i32 {
 /// How an arm's rows against the oracle are judged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Class {
-    /// Float weights: a row outside the policy fails.
+    /// Float weights, or quantized weights against the oracle following the backend's
+    /// activation trace at rounding ties (`oracle::forward_following`): a row outside the
+    /// policy fails.
     Oracle,
-    /// Quantized weights against the oracle's q8_1 mode: a row outside the policy is a
-    /// warning, because one q8_1 rounding flip (an activation a few ulps from a rounding tie
+    /// Quantized weights on a backend that cannot record an activation trace, against the
+    /// oracle's own q8_1 mode: a row outside the policy is a warning, because one q8_1 rounding flip (an activation a few ulps from a rounding tie
     /// landing on the other side in f32 than in the oracle's f64) moves logits by far more
     /// than 0.01 (measured: up to 0.43 on the synthesized arms, 6.9 on SmolLM2 Q4_1, where
     /// rows without a flip agree to 1e-6). A row still fails when it is not finite or when
@@ -193,9 +195,17 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
             Activations::F32
         };
         let tokens = prompts(model.config.n_vocab, 1, PROGRAM_LEN, doors.gate_seed, 2000).remove(0);
-        let want = oracle::forward_with(&model, &tokens, mode)
-            .map_err(|e| GateError::new(format!("the oracle refused the {arm} arm: {e}")))?;
+        // The oracle keeps its own copy: a backend that traces its q8_1 activations gets
+        // the tie-following oracle per program, run after the backend took the weights.
+        let oracle_model = model.clone();
         let mut be = open_backend(model, &doors).map_err(|e| GateError::new(e.to_string()))?;
+        let follow = quantized && be.start_trace();
+        let want = if follow {
+            Vec::new()
+        } else {
+            oracle::forward_with(&oracle_model, &tokens, mode)
+                .map_err(|e| GateError::new(format!("the oracle refused the {arm} arm: {e}")))?
+        };
         if i == 0 {
             rep.header(
                 &be.doors_report(),
@@ -214,6 +224,7 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
                 tokens,
                 want,
                 quantized,
+                follow: follow.then_some(&oracle_model),
             },
             policy,
             &mut receipt,
@@ -266,12 +277,36 @@ fn receipt_header(doors: &serde_json::Value) -> String {
     )
 }
 
-/// What one arm compares: its program and the oracle's rows for it.
-struct ArmInput {
+/// What one arm compares: its program and the oracle's rows for it — computed once
+/// (`want`), or per program by the oracle following that program's trace (`follow`: the
+/// model, when the backend records traces; `want` is then empty).
+struct ArmInput<'a> {
     name: String,
     tokens: Vec<u32>,
     want: Vec<f32>,
     quantized: bool,
+    follow: Option<&'a LlamaModel>,
+}
+
+/// The tie-following oracle's rows for the program `be` just ran on `seq`, with what
+/// following found; `fallback` (the oracle run once) when the arm does not follow.
+fn program_oracle(
+    be: &mut dyn Backend,
+    input: &ArmInput,
+    seq: SeqId,
+    program: &'static str,
+    follows: &mut Vec<(&'static str, FollowReport)>,
+) -> Result<Vec<f32>, EngineError> {
+    let Some(model) = input.follow else {
+        return Ok(input.want.clone());
+    };
+    let trace = be.take_trace().ok_or_else(|| {
+        EngineError::Unavailable("the backend stopped recording its activation trace".into())
+    })?;
+    let f = oracle::forward_following(model, &input.tokens, &trace, seq)
+        .map_err(|e| EngineError::Model(format!("the following oracle refused: {e}")))?;
+    follows.push((program, f.report));
+    Ok(f.logits)
 }
 
 /// One arm: prefill rows, decode-after-prefill rows (single-sequence and batched paths)
@@ -283,17 +318,18 @@ fn check_arm(
     receipt: &mut Receipt,
     rep: &Reporter,
 ) -> Result<Check, EngineError> {
-    let ArmInput {
-        name: arm,
-        tokens,
-        want,
-        quantized,
-    } = input;
-    let (arm, tokens, want, quantized) =
-        (arm.as_str(), tokens.as_slice(), want.as_slice(), *quantized);
+    let (arm, tokens, quantized) = (
+        input.name.as_str(),
+        input.tokens.as_slice(),
+        input.quantized,
+    );
     let v = be.config().n_vocab;
     let seq = SeqId(0);
+    let mut follows = Vec::new();
+    // Whatever ran before this arm is not part of its programs.
+    be.take_trace();
     let one_shot = with_seq(be, seq, tokens.len(), |be| be.prefill(seq, tokens))?;
+    let want_prefill = program_oracle(be, input, seq, "prefill", &mut follows)?;
     rep.artifact(
         &format!("{arm}.safetensors"),
         &[("logits".into(), [tokens.len(), v], one_shot.as_slice())],
@@ -306,6 +342,7 @@ fn check_arm(
         }
         Ok(rows)
     })?;
+    let want_single = program_oracle(be, input, seq, "decode", &mut follows)?;
     let batched = with_seq(be, seq, tokens.len(), |be| {
         let mut rows = be.prefill(seq, &tokens[..PREFILL_LEN])?;
         for &t in &tokens[PREFILL_LEN..] {
@@ -313,6 +350,7 @@ fn check_arm(
         }
         Ok(rows)
     })?;
+    let want_batched = program_oracle(be, input, seq, "decode-batch", &mut follows)?;
     let chunked = with_seq(be, seq, tokens.len(), |be| {
         let mut rows = Vec::new();
         for c in tokens.chunks(CHUNK) {
@@ -322,7 +360,9 @@ fn check_arm(
     })?;
 
     let mut rows = Vec::new();
-    let class = if quantized {
+    // The chunked program is compared with the one-shot prefill, not the oracle.
+    be.take_trace();
+    let class = if quantized && input.follow.is_none() {
         Class::Q8Flips
     } else {
         Class::Oracle
@@ -356,18 +396,17 @@ fn check_arm(
                 rows.push((row, r.to_vec(), g.to_vec()));
             }
         };
-    cmp("prefill", want, &one_shot, 0, class);
-    let tail = &want[PREFILL_LEN * v..];
+    cmp("prefill", &want_prefill, &one_shot, 0, class);
     cmp(
         "decode",
-        tail,
+        &want_single[PREFILL_LEN * v..],
         &single[PREFILL_LEN * v..],
         PREFILL_LEN,
         class,
     );
     cmp(
         "decode-batch",
-        tail,
+        &want_batched[PREFILL_LEN * v..],
         &batched[PREFILL_LEN * v..],
         PREFILL_LEN,
         class,
@@ -375,10 +414,35 @@ fn check_arm(
     // Chunked against one-shot prefill is the engine against itself: no oracle rounding.
     cmp("chunked", &one_shot, &chunked, 0, Class::Oracle);
 
+    // A hard mismatch of the following oracle (a q8_1 value the backend produced that no
+    // rounding tie explains) fails the arm even when the logits happen to agree.
+    let mut ties = 0;
+    let mut mismatches = 0;
+    let mut first_quant = None;
+    for (program, f) in &follows {
+        ties += f.ties_followed;
+        mismatches += f.mismatch_count;
+        let _ = writeln!(
+            receipt.text,
+            "# follow\tarm={arm}\tprogram={program}\tsites={}\tties_followed={}\tmismatches={}{}",
+            f.sites,
+            f.ties_followed,
+            f.mismatch_count,
+            f.mismatches
+                .first()
+                .map(|m| format!("\tfirst={m}"))
+                .unwrap_or_default()
+        );
+        if first_quant.is_none() {
+            first_quant = f.mismatches.first().map(|m| format!("{program}: {m}"));
+        }
+    }
+    receipt.failures += follows.iter().filter(|(_, f)| f.mismatch_count > 0).count();
     let failures = rows
         .iter()
         .filter(|(r, _, _)| r.verdict == Status::Fail)
-        .count();
+        .count()
+        + usize::from(mismatches > 0);
     let warnings = rows
         .iter()
         .filter(|(r, _, _)| r.verdict == Status::Warn)
@@ -404,12 +468,16 @@ fn check_arm(
     let mut check = Check::new(
         format!("reference.{arm}"),
         status,
-        match shown {
-            None => format!(
+        match (shown, &first_quant) {
+            (None, Some(q)) => format!(
+                "{mismatches} q8_1 values differ from the tie-following oracle beyond a \
+                 rounding tie; first: {q}"
+            ),
+            (None, None) => format!(
                 "{} rows (prefill, decode, decode-batch, chunked) within policy",
                 rows.len()
             ),
-            Some((r, _, _)) => format!(
+            (Some((r, _, _)), _) => format!(
                 "{failures} rows fail and {warnings} warn (q8_1 rounding flips) of {}; first: {} \
                  row {} (max_abs {:.3e}, max_rel {:.3e}, argmax ref {} got {})",
                 rows.len(),
@@ -427,7 +495,19 @@ fn check_arm(
     .metric("warnings", warnings)
     .metric("max_abs", max_abs)
     .metric("max_rel", max_rel)
-    .metric("rel_rms", rel_rms);
+    .metric("rel_rms", rel_rms)
+    .metric(
+        "oracle",
+        if input.follow.is_some() {
+            "q8_1-following"
+        } else if quantized {
+            "q8_1"
+        } else {
+            "f32"
+        },
+    )
+    .metric("ties_followed", ties)
+    .metric("quant_mismatches", mismatches);
     if let Some((r, reference, got)) = shown {
         let index = r.v.first_bad.unwrap_or(r.v.argmax_got as usize);
         check.first_mismatch = Some(Mismatch {
