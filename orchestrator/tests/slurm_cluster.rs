@@ -245,10 +245,26 @@ gpus = 1
 timeout = "2s"
 
 [[arm]]
-id = "logits"
-matrix = { side = ["a", "b"] }
-run = ["{gates}/logits.sh"]
+id = "reference"
+run = ["{gates}/logits.sh", "same"]
 gpus = 1
+
+[[arm]]
+id = "twin"
+run = ["{gates}/logits.sh", "same"]
+gpus = 1
+
+[[arm]]
+id = "drifted"
+run = ["{gates}/logits.sh", "other"]
+gpus = 1
+
+# Compares run on the submit host and read both sides from the shared tree.
+[[compare]]
+id = "bits"
+reference = "reference"
+candidates = ["twin", "drifted"]
+artifact = "logits.safetensors"
 "#;
     let name = unique("slurm-same");
     let text = manifest.replace("{name}", &name);
@@ -269,6 +285,8 @@ gpus = 1
         "needs broken-build, which ended fail"
     );
     assert_eq!(on_slurm.verdict("after-red"), "blocked");
+    assert_eq!(on_slurm.verdict("bits[candidate=twin]"), "pass");
+    assert_eq!(on_slurm.verdict("bits[candidate=drifted]"), "fail");
 
     let verdicts = |f: &Fixture| -> BTreeMap<String, String> {
         f.run_json()["nodes"]
@@ -336,7 +354,7 @@ gpus = 1
         assert_eq!(d[list], serde_json::json!([]), "{list}: {text}");
     }
     // Both runs fail the same nodes.
-    assert_eq!(d["still_failing"].as_array().unwrap().len(), 5, "{text}");
+    assert_eq!(d["still_failing"].as_array().unwrap().len(), 6, "{text}");
     // The job files live next to the tree, not in it.
     assert!(
         on_slurm
