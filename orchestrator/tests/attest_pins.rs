@@ -24,8 +24,20 @@ fn a_pin_the_gate_ignores_is_named_in_both_receipts_and_the_summary() {
         &[("manifest.toml", &manifest), ("pins.toml", pins)],
         "sweep",
     );
-    let out = repo.run("manifest.toml");
+    let out = repo.orch(&[
+        "run",
+        "manifest.toml",
+        "--gpus",
+        "none",
+        "--progress",
+        "plain",
+    ]);
     assert_eq!(out.status.code(), Some(0), "warnings do not fail a run");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("warning: 4 cells report \"pin had no effect\""),
+        "{table}"
+    );
     let tree = repo.tree(&sha, "battery");
     let run: Value =
         serde_json::from_slice(&std::fs::read(tree.join("run.json")).unwrap()).unwrap();

@@ -653,6 +653,54 @@ mod tests {
         assert!(metric_moved("dtype", s("f16").as_ref(), None, &t).is_some());
     }
 
+    fn run(driver: &str, gpu: &str, binary_sha: &str) -> DiffRun {
+        let run: crate::receipt::RunReceipt = serde_json::from_value(serde_json::json!({
+            "schema": 1, "name": "m", "manifest": {"path": "m.toml", "bytes": 0, "sha256": "s"},
+            "env_matrices": [], "commit": "c", "commit_sha": null, "dirty": false, "host": "h",
+            "orchestrator_version": "0", "cpu_slots": 1, "filters": [], "resumed": false,
+            "inventory": {"driver_version": driver, "gpus": [{"name": gpu, "uuid": "GPU-1"}]},
+            "start": "t", "end": "t", "seconds": 1.0, "interrupted": false, "counts": {},
+            "verdict": "pass",
+            "nodes": [{"id": "a", "kind": "arm", "slug": "a-1", "verdict": "pass", "seconds": 1.0}]
+        }))
+        .unwrap();
+        let receipt = DiffReceipt {
+            checks: vec![],
+            doors: None,
+            artifacts: vec![],
+            binaries: vec![crate::receipt::FileDigest {
+                path: "/bin/gate".into(),
+                bytes: 1,
+                sha256: binary_sha.into(),
+            }],
+            produces: vec![],
+        };
+        let entry = run.nodes[0].clone();
+        DiffRun {
+            dir: "/r".into(),
+            nodes: BTreeMap::from([(
+                "a".to_string(),
+                LoadedNode {
+                    entry,
+                    receipt: Some(receipt),
+                },
+            )]),
+            run,
+        }
+    }
+
+    #[test]
+    fn environment_names_driver_gpus_and_binaries() {
+        let t = Thresholds::default();
+        let same = diff(&run("550.1", "H200", "aa"), &run("550.1", "H200", "aa"), &t);
+        assert!(same.is_clean(), "{same:?}");
+        let d = diff(&run("550.1", "H200", "aa"), &run("560.2", "H100", "bb"), &t);
+        let what: Vec<&str> = d.environment.iter().map(|e| e.what.as_str()).collect();
+        assert_eq!(what, ["driver", "GPUs", "binary /bin/gate"]);
+        assert_eq!(d.environment[0].new.as_deref(), Some("560.2"));
+        assert!(!d.regressed());
+    }
+
     #[test]
     fn fractions() {
         assert_eq!(parse_fraction("5%").unwrap(), 0.05);

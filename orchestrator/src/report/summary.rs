@@ -50,6 +50,18 @@ pub fn table(receipts: &[Option<Box<NodeReceipt>>], outcome: &RunOutcome, tree: 
         }
         out.push('\n');
     }
+    let warned = receipts
+        .iter()
+        .flatten()
+        .filter(|r| crate::attest::has_warning(r))
+        .count();
+    if warned > 0 {
+        let _ = writeln!(
+            out,
+            "warning: {warned} cells report \"{}\" (their doors rows match a cell with another value of the pin); see summary.md",
+            crate::attest::CHECK
+        );
+    }
     let _ = writeln!(out, "{}", counts_line(&outcome.counts));
     let _ = writeln!(
         out,
