@@ -35,9 +35,17 @@ pub(super) fn available() -> bool {
 /// `[a[0..16] | b[0..16]]` and `hi` is `[a[16..32] | b[16..32]]`, the elements the low and the
 /// high nibbles of a Q4 pair multiply. Built once per call for every activation row.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct XPair {
+pub(super) struct Q4X {
     lo: [i8; 32],
     hi: [i8; 32],
+}
+
+/// Two consecutive activation blocks' quants widened to i16 for the Q8_0 product (`madd`
+/// takes i16), once per call instead of once per weight row.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Q8X {
+    a: [i16; 32],
+    b: [i16; 32],
 }
 
 /// A weight block type in its vector form.
@@ -48,12 +56,17 @@ pub(super) trait FastBlock: Copy {
     /// Two consecutive blocks' integer weights as the product step wants them, unpacked once
     /// and reused for every batch row.
     type Pair: Copy;
+    /// Two consecutive activation blocks as the product step wants them.
+    type XPair: Copy;
+    /// An all-zero activation pair, for padding.
+    const X_ZERO: Self::XPair;
+    /// Writes activation block `x` as block `half` (0 or 1) of the pair `xp`.
+    fn put_x(xp: &mut Self::XPair, half: usize, x: &BlockQ8_1);
     /// An all-zero pair, for the absent pairs of a ragged group.
     unsafe fn zero_pair() -> Self::Pair;
     unsafe fn unpack_pair(a: &Self, b: &Self) -> Self::Pair;
-    /// The quarter sums `[S0..S3 of a | S0..S3 of b]` of the pair against the activation
-    /// blocks `xa`, `xb`, which `xp` holds rearranged.
-    unsafe fn pair_sums(u: &Self::Pair, xa: &BlockQ8_1, xb: &BlockQ8_1, xp: &XPair) -> __m256i;
+    /// The quarter sums `[S0..S3 of a | S0..S3 of b]` of the pair against the activation pair.
+    unsafe fn pair_sums(u: &Self::Pair, xp: &Self::XPair) -> __m256i;
     fn d_bits(&self) -> u16;
     /// The `m` field's bits, or 0 for types without one (then unused).
     fn m_bits(&self) -> u16;
@@ -63,6 +76,12 @@ pub(super) trait FastBlock: Copy {
     /// The contribution from factors (already arranged one per lane) and the integer sum
     /// converted to f32, in exactly the portable order.
     unsafe fn contrib(f: &[__m256; 3], s: __m256) -> __m256;
+}
+
+fn q4_put_x(xp: &mut Q4X, half: usize, x: &BlockQ8_1) {
+    let h = 16 * half;
+    xp.lo[h..h + 16].copy_from_slice(&x.qs[..16]);
+    xp.hi[h..h + 16].copy_from_slice(&x.qs[16..]);
 }
 
 /// A Q4 pair: both blocks' 16 bytes side by side, split into low nibbles (elements `0..16` of
@@ -90,7 +109,7 @@ unsafe fn q4_unpack_pair(a: &[u8; 16], b: &[u8; 16]) -> [__m256i; 2] {
 /// half is elements `4i..4i+4` and `16+4i..16+4i+4`, quarter `i` of that half's block.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn q4_pair_sums(u: &[__m256i; 2], xp: &XPair) -> __m256i {
+unsafe fn q4_pair_sums(u: &[__m256i; 2], xp: &Q4X) -> __m256i {
     // SAFETY: each load reads exactly the 32 bytes of its array (unaligned loads).
     let (xl, xh) = unsafe {
         (
@@ -107,6 +126,15 @@ unsafe fn q4_pair_sums(u: &[__m256i; 2], xp: &XPair) -> __m256i {
 
 impl FastBlock for BlockQ4_1 {
     type Pair = [__m256i; 2];
+    type XPair = Q4X;
+    const X_ZERO: Q4X = Q4X {
+        lo: [0; 32],
+        hi: [0; 32],
+    };
+    #[inline(always)]
+    fn put_x(xp: &mut Q4X, half: usize, x: &BlockQ8_1) {
+        q4_put_x(xp, half, x);
+    }
     #[target_feature(enable = "avx2")]
     #[inline]
     unsafe fn zero_pair() -> [__m256i; 2] {
@@ -120,7 +148,7 @@ impl FastBlock for BlockQ4_1 {
     }
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn pair_sums(u: &[__m256i; 2], _: &BlockQ8_1, _: &BlockQ8_1, xp: &XPair) -> __m256i {
+    unsafe fn pair_sums(u: &[__m256i; 2], xp: &Q4X) -> __m256i {
         // SAFETY: AVX2 is enabled here, as `q4_pair_sums` needs.
         unsafe { q4_pair_sums(u, xp) }
     }
@@ -153,6 +181,15 @@ impl FastBlock for BlockQ4_1 {
 
 impl FastBlock for BlockQ4_0 {
     type Pair = [__m256i; 2];
+    type XPair = Q4X;
+    const X_ZERO: Q4X = Q4X {
+        lo: [0; 32],
+        hi: [0; 32],
+    };
+    #[inline(always)]
+    fn put_x(xp: &mut Q4X, half: usize, x: &BlockQ8_1) {
+        q4_put_x(xp, half, x);
+    }
     #[target_feature(enable = "avx2")]
     #[inline]
     unsafe fn zero_pair() -> [__m256i; 2] {
@@ -166,7 +203,7 @@ impl FastBlock for BlockQ4_0 {
     }
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn pair_sums(u: &[__m256i; 2], _: &BlockQ8_1, _: &BlockQ8_1, xp: &XPair) -> __m256i {
+    unsafe fn pair_sums(u: &[__m256i; 2], xp: &Q4X) -> __m256i {
         // SAFETY: AVX2 is enabled here, as `q4_pair_sums` needs.
         unsafe { q4_pair_sums(u, xp) }
     }
@@ -206,19 +243,20 @@ unsafe fn q8_unpack(w: &[i8; QK]) -> [__m256i; 2] {
     }
 }
 
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn q8_partials(u: &[__m256i; 2], x: &[i8; QK]) -> __m256i {
-    // SAFETY: AVX2 is enabled here, as `q8_unpack` needs.
-    let xv = unsafe { q8_unpack(x) };
-    _mm256_add_epi32(
-        _mm256_madd_epi16(u[0], xv[0]),
-        _mm256_madd_epi16(u[1], xv[1]),
-    )
-}
-
 impl FastBlock for BlockQ8_0 {
     type Pair = [[__m256i; 2]; 2];
+    type XPair = Q8X;
+    const X_ZERO: Q8X = Q8X {
+        a: [0; 32],
+        b: [0; 32],
+    };
+    #[inline(always)]
+    fn put_x(xp: &mut Q8X, half: usize, x: &BlockQ8_1) {
+        let dst = if half == 0 { &mut xp.a } else { &mut xp.b };
+        for (d, &q) in dst.iter_mut().zip(&x.qs) {
+            *d = q as i16;
+        }
+    }
     #[target_feature(enable = "avx2")]
     #[inline]
     unsafe fn zero_pair() -> [[__m256i; 2]; 2] {
@@ -234,14 +272,20 @@ impl FastBlock for BlockQ8_0 {
     /// i.e. `[a.q0, a.q1, b.q0, b.q1 | a.q2, a.q3, b.q2, b.q3]`; a 64-bit permute orders it.
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn pair_sums(
-        u: &[[__m256i; 2]; 2],
-        xa: &BlockQ8_1,
-        xb: &BlockQ8_1,
-        _: &XPair,
-    ) -> __m256i {
-        // SAFETY: AVX2 is enabled here, as `q8_partials` needs.
-        let (a, b) = unsafe { (q8_partials(&u[0], &xa.qs), q8_partials(&u[1], &xb.qs)) };
+    unsafe fn pair_sums(u: &[[__m256i; 2]; 2], xp: &Q8X) -> __m256i {
+        // SAFETY: each load reads 16 i16 inside a 32-element array (unaligned loads).
+        let (a, b) = unsafe {
+            (
+                _mm256_add_epi32(
+                    _mm256_madd_epi16(u[0][0], _mm256_loadu_si256(xp.a.as_ptr().cast())),
+                    _mm256_madd_epi16(u[0][1], _mm256_loadu_si256(xp.a.as_ptr().add(16).cast())),
+                ),
+                _mm256_add_epi32(
+                    _mm256_madd_epi16(u[1][0], _mm256_loadu_si256(xp.b.as_ptr().cast())),
+                    _mm256_madd_epi16(u[1][1], _mm256_loadu_si256(xp.b.as_ptr().add(16).cast())),
+                ),
+            )
+        };
         _mm256_permute4x64_epi64(_mm256_hadd_epi32(a, b), 0b11_01_10_00)
     }
     #[inline(always)]
@@ -340,17 +384,10 @@ pub(super) unsafe fn quant_rows<B: FastBlock>(
     }
     // The activation quants rearranged by pairs of blocks for the Q4 product (4 pairs per
     // group, zero padded), also once per call.
-    let zero_pair = XPair {
-        lo: [0; 32],
-        hi: [0; 32],
-    };
-    let mut xps = vec![zero_pair; batch * groups * 4];
+    let mut xps = vec![B::X_ZERO; batch * groups * 4];
     for b in 0..batch {
         for (k, xb) in xs[b * nb..(b + 1) * nb].iter().enumerate() {
-            let xp = &mut xps[b * groups * 4 + k / 2];
-            let h = 16 * (k % 2);
-            xp.lo[h..h + 16].copy_from_slice(&xb.qs[..16]);
-            xp.hi[h..h + 16].copy_from_slice(&xb.qs[16..]);
+            B::put_x(&mut xps[b * groups * 4 + k / 2], k % 2, xb);
         }
     }
     let lanes = if dp4a { DP4A_THREADS } else { 32 };
@@ -406,13 +443,13 @@ pub(super) unsafe fn quant_rows<B: FastBlock>(
 }
 
 /// What every group of a call shares: the activation rows and their widened scales.
-struct Group<'a> {
+struct Group<'a, X> {
     xs: &'a [BlockQ8_1],
     nb: usize,
     dxs: &'a [f32],
     sxs: &'a [f32],
     /// Rearranged activation pairs, `stride / 2` per batch row.
-    xps: &'a [XPair],
+    xps: &'a [X],
     /// Scales per batch row in `dxs` / `sxs` (`nb` rounded up to a multiple of 8).
     stride: usize,
     /// Accumulators per batch row in `acc` (32 lanes or 128 threads).
@@ -429,7 +466,7 @@ struct Group<'a> {
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
 unsafe fn group<B: FastBlock, const FULL: bool, const DP4A: bool>(
-    ctx: &Group,
+    ctx: &Group<B::XPair>,
     wg: &[B],
     g0: usize,
     acc: &mut [f32],
@@ -463,7 +500,6 @@ unsafe fn group<B: FastBlock, const FULL: bool, const DP4A: bool>(
     };
     let batch = ctx.xs.len() / ctx.nb;
     for b in 0..batch {
-        let xg = &ctx.xs[b * ctx.nb + g0..][..cnt];
         let sc = b * ctx.stride + g0;
         let dx = unsafe { _mm256_loadu_ps(ctx.dxs[sc..sc + 8].as_ptr()) };
         let sx = unsafe { _mm256_loadu_ps(ctx.sxs[sc..sc + 8].as_ptr()) };
@@ -471,8 +507,7 @@ unsafe fn group<B: FastBlock, const FULL: bool, const DP4A: bool>(
         let xpg = &ctx.xps[(b * ctx.stride + g0) / 2..][..4];
         let mut p = [_mm256_setzero_si256(); 4];
         for pi in 0..npairs {
-            let (xa, xb) = (&xg[2 * pi], &xg[(2 * pi + 1).min(cnt - 1)]);
-            p[pi] = unsafe { B::pair_sums(&un[pi], xa, xb, &xpg[pi]) };
+            p[pi] = unsafe { B::pair_sums(&un[pi], &xpg[pi]) };
         }
         let accb = &mut acc[b * ctx.lanes..(b + 1) * ctx.lanes];
         if DP4A {
