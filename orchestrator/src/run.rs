@@ -822,7 +822,7 @@ fn slurm_slots(args: &RunArgs) -> Result<Inventory, String> {
     };
     let mut inv = Inventory::fake(n);
     for g in &mut inv.gpus {
-        g.uuid = format!("slurm-slot-{}", g.index);
+        g.uuid = format!("{}{}", crate::executor::slurm::SLURM_SLOT, g.index);
         g.name = "a GPU Slurm allocates".to_string();
     }
     inv.note = None;

@@ -108,6 +108,9 @@ pub struct SlurmExecutor {
     journal: Mutex<()>,
 }
 
+/// The UUID prefix of the GPU slots a Slurm run schedules on (`slurm-slot-<n>`).
+pub const SLURM_SLOT: &str = "slurm-slot-";
+
 /// The journal of a run's jobs in the spool folder, one JSON object per line.
 pub const JOBS_FILE: &str = "jobs.jsonl";
 

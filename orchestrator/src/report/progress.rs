@@ -11,7 +11,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::ProgressMode;
 use crate::events::{Event, Listener, Placement, Verdict};
-use crate::executor::slurm::{JobNote, JobObserver};
+use crate::executor::slurm::{JobNote, JobObserver, SLURM_SLOT};
 use crate::gpus::Inventory;
 use crate::plan::{CellIndex, Plan};
 use crate::schedule::DEFAULT_ESTIMATE;
@@ -65,10 +65,17 @@ impl Progress {
             remaining_work: 0.0,
             have_estimates: false,
             lanes_per_run: 1,
+            // Under Slurm the lanes are job slots, not devices: the cluster picks the GPUs.
             gpu_labels: inventory
                 .gpus
                 .iter()
-                .map(|g| format!("gpu {}", g.index))
+                .map(|g| {
+                    if g.uuid.starts_with(SLURM_SLOT) {
+                        format!("slot {}", g.index)
+                    } else {
+                        format!("gpu {}", g.index)
+                    }
+                })
                 .collect(),
             placement: HashMap::new(),
             started: Instant::now(),
@@ -222,8 +229,7 @@ impl Listener for Progress {
                             .map(|s| lane_bar(&multi, format!("cpu {s}")))
                             .collect();
                         {
-                            let mut l =
-                                self.jobs_line.lock().unwrap_or_else(|p| p.into_inner());
+                            let mut l = self.jobs_line.lock().unwrap_or_else(|p| p.into_inner());
                             let bar = lane_bar(&multi, "slurm".to_string());
                             bar.set_message("no jobs yet");
                             l.bar = Some(bar);
