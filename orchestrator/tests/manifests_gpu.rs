@@ -257,8 +257,10 @@ fn the_device_battery_runs_the_one_gpu_battery_with_prebuilt_binaries() {
     let bin = test_bin_dir();
     let tmp = tempfile::tempdir().unwrap();
     let results = tmp.path().join("out");
+    // Extra arguments go to `memra-orch run`: keep the synthesized model out of the checkout.
+    let models = format!("models={}", tmp.path().join("models").display());
     let out = Command::new(root.join("scripts/device-battery"))
-        .args(["--gpus", "none"])
+        .args(["--gpus", "none", "--var", &models])
         .env("MEMRA_DEVICE_BIN", &bin)
         .env("MEMRA_DEVICE_RECEIPTS", tmp.path().join("receipts"))
         .env("MEMRA_DEVICE_COMMIT", "device-test")
@@ -305,6 +307,7 @@ fn the_device_battery_runs_the_one_gpu_battery_with_prebuilt_binaries() {
             assert_eq!(r["produces"].as_array().unwrap().len(), 6);
         }
     }
+    assert!(tmp.path().join("models/smollm2-135m-q4_1.gguf").is_file());
 }
 
 #[test]
