@@ -106,6 +106,7 @@ pub struct SlurmExecutor {
     observer: Option<JobObserver>,
     /// Serialises appends to the job journal.
     journal: Mutex<()>,
+    snapshot: Mutex<Snapshot>,
 }
 
 /// The UUID prefix of the GPU slots a Slurm run schedules on (`slurm-slot-<n>`).
@@ -132,6 +133,7 @@ impl SlurmExecutor {
             submitted: Mutex::new(Vec::new()),
             observer,
             journal: Mutex::new(()),
+            snapshot: Mutex::new(Snapshot::default()),
         }
     }
 
@@ -249,35 +251,95 @@ impl SlurmExecutor {
     fn wait(&self, job: &CellJob, id: &str) -> Option<JobState> {
         let mut last = String::new();
         let mut cancelled_at: Option<Instant> = None;
+        let mut failing_since: Option<Instant> = None;
         loop {
-            let state = query(id);
-            if let Some(s) = &state {
-                let shown = match s.state.as_str() {
-                    "PENDING" | "CONFIGURING" => "pending",
-                    "RUNNING" | "COMPLETING" => "running",
-                    other => other,
+            let state = match self.state_of(id) {
+                Query::Known(s) => s,
+                Query::Forgotten => return None,
+                Query::Failed(e) => {
+                    // slurmctld restarting or overloaded: keep asking for a while rather
+                    // than judge a job that may still be running.
+                    let t = *failing_since.get_or_insert_with(Instant::now);
+                    if t.elapsed() > QUERY_PATIENCE {
+                        eprintln!("memra-orch: giving up on slurm job {id} of {}: {e}", job.id);
+                        return None;
+                    }
+                    std::thread::sleep(self.opts.poll);
+                    continue;
+                }
+            };
+            failing_since = None;
+            let shown = match state.state.as_str() {
+                "PENDING" | "CONFIGURING" => "pending",
+                "RUNNING" | "COMPLETING" => "running",
+                other => other,
+            };
+            if shown != last {
+                last = shown.to_string();
+                let reason = if shown == "pending" {
+                    state.reason.as_str()
+                } else {
+                    ""
                 };
-                if shown != last {
-                    last = shown.to_string();
-                    let reason = if shown == "pending" { &s.reason } else { "" };
-                    self.note(&job.id, id, shown, reason);
-                }
-                if is_final(&s.state) {
-                    return state;
-                }
-            } else {
-                return None;
+                self.note(&job.id, id, shown, reason);
+            }
+            if is_final(&state.state) {
+                return Some(state);
             }
             if self.cancelled.load(Ordering::SeqCst) {
                 let t = *cancelled_at.get_or_insert_with(Instant::now);
                 if t.elapsed() > CANCEL_WAIT {
-                    return state;
+                    return Some(state);
                 }
             }
             std::thread::sleep(self.opts.poll);
         }
     }
+
+    /// A job's state from one `squeue` call for every active job, refreshed at most once
+    /// per poll interval whatever the number of jobs, so a large run costs slurmctld one
+    /// request per interval; a job the snapshot lacks (just submitted, or squeue failed)
+    /// is asked about with `scontrol`.
+    fn state_of(&self, id: &str) -> Query {
+        let mut snap = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
+        if snap.at.is_none_or(|t| t.elapsed() >= self.opts.poll) {
+            let ids: Vec<String> = self
+                .active
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .keys()
+                .cloned()
+                .collect();
+            snap.states = squeue(&ids).unwrap_or_default();
+            snap.at = Some(Instant::now());
+        }
+        if let Some(s) = snap.states.get(id) {
+            return Query::Known(s.clone());
+        }
+        drop(snap);
+        query(id)
+    }
 }
+
+/// The last `squeue` snapshot of the active jobs.
+#[derive(Debug, Default)]
+struct Snapshot {
+    at: Option<Instant>,
+    states: HashMap<String, JobState>,
+}
+
+/// What asking Slurm about a job gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Query {
+    Known(JobState),
+    /// Slurm no longer knows the job (it ended longer than MinJobAge ago).
+    Forgotten,
+    /// The command failed; the job may be fine.
+    Failed(String),
+}
+
+/// How long Slurm may fail to answer about a job before the executor stops waiting.
+const QUERY_PATIENCE: Duration = Duration::from_secs(300);
 
 const CANCELLED_BEFORE: &str = "cancelled: the run was interrupted before this cell was submitted";
 
@@ -537,17 +599,55 @@ pub fn parse_scontrol(line: &str) -> Option<JobState> {
     })
 }
 
-/// A job's state, or `None` once Slurm no longer knows it (ended longer than MinJobAge
-/// ago) or scontrol fails.
-fn query(id: &str) -> Option<JobState> {
-    let out = Command::new("scontrol")
+/// One job's state through `scontrol show job` (which also knows jobs that ended within
+/// MinJobAge, without accounting).
+fn query(id: &str) -> Query {
+    let out = match Command::new("scontrol")
         .args(["show", "job", "-o", id])
         .output()
-        .ok()?;
-    if !out.status.success() {
-        return None;
+    {
+        Ok(out) => out,
+        Err(e) => return Query::Failed(format!("cannot run scontrol: {e}")),
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("Invalid job id") {
+        return Query::Forgotten;
     }
-    parse_scontrol(&String::from_utf8_lossy(&out.stdout))
+    if !out.status.success() {
+        return Query::Failed(format!("scontrol show job {id}: {}", stderr.trim()));
+    }
+    match parse_scontrol(&String::from_utf8_lossy(&out.stdout)) {
+        Some(s) => Query::Known(s),
+        None => Query::Failed(format!("scontrol show job {id} printed no JobState")),
+    }
+}
+
+/// States of the given jobs through one `squeue` call (`--states=all` keeps jobs that just
+/// ended in the listing); `None` when squeue fails (one unknown id fails the whole call).
+fn squeue(ids: &[String]) -> Option<HashMap<String, JobState>> {
+    if ids.is_empty() {
+        return Some(HashMap::new());
+    }
+    let out = Command::new("squeue")
+        .args(["-h", "--states=all", "-o", "%i %T %r", "-j", &ids.join(",")])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| parse_squeue(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// Lines of `squeue -h -o "%i %T %r"`: job id, state, reason.
+pub fn parse_squeue(text: &str) -> HashMap<String, JobState> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let id = f.next()?.to_string();
+            let state = f.next()?.to_string();
+            let reason = f.collect::<Vec<_>>().join(" ");
+            Some((id, JobState { state, reason }))
+        })
+        .collect()
 }
 
 /// Whether a Slurm job state is one a job does not leave.
@@ -784,6 +884,10 @@ mod tests {
         assert_eq!(s.state, "PENDING");
         assert_eq!(s.reason, "Resources");
         assert!(parse_scontrol("slurm_load_jobs error: Invalid job id").is_none());
+        let q = parse_squeue("12 RUNNING None\n13 PENDING Resources\n");
+        assert_eq!(q["12"].state, "RUNNING");
+        assert_eq!(q["13"].reason, "Resources");
+        assert_eq!(q.len(), 2);
         assert_eq!(gres_gpus("gpu:4"), 4);
         assert_eq!(gres_gpus("gpu:a100:2(S:0-1)"), 2);
         assert_eq!(gres_gpus("gpu:2,shard:8"), 2);
