@@ -20,6 +20,11 @@
 //! whatever the family: lane `l` accumulates `w[j]*x[j]` for `j = l, l+32, …`, then the
 //! butterfly. The batched forms compute every batch row with exactly this arithmetic, so a row
 //! of a batch is bit-identical to the same row computed alone.
+//!
+//! The portable code here is the reference. On x86-64 hosts with AVX2 and F16C (detected at
+//! run time) the quantized rows run through `matvec/x86.rs`, which performs the same float
+//! operations eight lanes at a time and reuses each unpacked weight block across batch rows;
+//! the tests hold every form to the literal thread-layout transcription bit for bit.
 
 use std::ops::Range;
 
