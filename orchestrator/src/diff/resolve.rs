@@ -209,3 +209,62 @@ fn git(dir: &Path, args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
         .filter(|s| !s.is_empty())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_json(dir: &Path, name: &str, start: &str) {
+        std::fs::create_dir_all(dir).unwrap();
+        let run = serde_json::json!({
+            "schema": 1, "name": name, "manifest": {"path": "m", "bytes": 0, "sha256": ""},
+            "env_matrices": [], "commit": "c", "commit_sha": null, "dirty": false, "host": "h",
+            "orchestrator_version": "0", "inventory": null, "cpu_slots": 1, "filters": [],
+            "resumed": false, "start": start, "end": start, "seconds": 1.0,
+            "interrupted": false, "counts": {}, "verdict": "pass", "nodes": []
+        });
+        std::fs::write(dir.join("run.json"), run.to_string()).unwrap();
+    }
+
+    #[test]
+    fn commit_folders_latest_previous_and_manifest_choice() {
+        let tmp = tempfile::tempdir().unwrap();
+        let r = tmp.path();
+        run_json(&r.join("c1/smoke"), "smoke", "2026-11-01T00:00:00Z");
+        run_json(&r.join("c2/smoke"), "smoke", "2026-11-02T00:00:00Z");
+        run_json(&r.join("c2/nightly"), "nightly", "2026-11-03T00:00:00Z");
+        // Not a run: no run.json.
+        std::fs::create_dir_all(r.join("c3/empty")).unwrap();
+        assert_eq!(resolve("c1", r, None).unwrap(), r.join("c1/smoke"));
+        let err = resolve("c2", r, None).unwrap_err();
+        assert!(
+            err.contains("nightly, smoke") && err.contains("--manifest"),
+            "{err}"
+        );
+        assert_eq!(resolve("c2", r, Some("smoke")).unwrap(), r.join("c2/smoke"));
+        assert!(
+            resolve("c3", r, None)
+                .unwrap_err()
+                .contains("no receipt tree")
+        );
+        assert_eq!(resolve("latest", r, None).unwrap(), r.join("c2/nightly"));
+        let err = resolve("previous", r, None).unwrap_err();
+        assert!(
+            err.contains("only one run of manifest \"nightly\""),
+            "{err}"
+        );
+        assert_eq!(
+            resolve("latest", r, Some("smoke")).unwrap(),
+            r.join("c2/smoke")
+        );
+        assert_eq!(
+            resolve("previous", r, Some("smoke")).unwrap(),
+            r.join("c1/smoke")
+        );
+        let runs = list_runs(r).unwrap();
+        assert_eq!(runs.len(), 3);
+        assert_eq!(runs[0].commit, "c2");
+        let folder = r.join("c1/smoke");
+        assert_eq!(resolve(folder.to_str().unwrap(), r, None).unwrap(), folder);
+    }
+}
