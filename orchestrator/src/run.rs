@@ -830,7 +830,8 @@ fn slurm_slots(args: &RunArgs) -> Result<Inventory, String> {
 }
 
 /// The Slurm executor's settings: job files in `<receipts>/.slurm/<commit>/<manifest>/`,
-/// next to (not inside) the receipt tree, so the tree has the shape of a local run's.
+/// next to (not inside) the receipt tree, so the tree has the shape of a local run's;
+/// cleared at the start of a run unless it resumes.
 fn slurm_options(
     args: &RunArgs,
     plan: &Plan,
@@ -841,7 +842,8 @@ fn slurm_options(
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find the memra-orch binary for the Slurm jobs: {e}"))?;
     let spool = receipts.join(".slurm").join(commit).join(&plan.name);
-    if spool.exists() {
+    // `--resume` completes the earlier run, so its journal of jobs grows instead.
+    if spool.exists() && !args.resume {
         std::fs::remove_dir_all(&spool)
             .map_err(|e| format!("{}: cannot clear old job files: {e}", spool.display()))?;
     }

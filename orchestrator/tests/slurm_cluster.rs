@@ -620,3 +620,43 @@ run = ["{gates}/pass.sh"]
         "{err}"
     );
 }
+
+#[test]
+fn resume_keeps_finished_receipts_and_the_job_journal() {
+    let Some(_cluster) = cluster() else { return };
+    let name = unique("slurm-resume");
+    let f = Fixture::new(&format!(
+        r#"
+schema = 1
+name = "{name}"
+
+[[arm]]
+id = "green"
+run = ["{{gates}}/pass.sh"]
+gpus = 1
+
+[[arm]]
+id = "red"
+run = ["{{gates}}/fail.sh"]
+"#
+    ));
+    let journal = f
+        .path()
+        .join("receipts/.slurm")
+        .join(COMMIT)
+        .join(&name)
+        .join("jobs.jsonl");
+    assert_eq!(slurm(&f).status.code(), Some(1));
+    let first = std::fs::read_to_string(&journal).unwrap();
+    assert_eq!(first.lines().count(), 2, "{first}");
+    let again = f.run(&["--executor", "slurm", "--resume"]);
+    assert_eq!(again.status.code(), Some(1));
+    let log = String::from_utf8_lossy(&again.stderr);
+    assert!(!log.contains(" submitted"), "{log}");
+    assert_eq!(
+        log.matches("[kept from the earlier run]").count(),
+        2,
+        "{log}"
+    );
+    assert_eq!(std::fs::read_to_string(&journal).unwrap(), first);
+}
