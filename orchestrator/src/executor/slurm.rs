@@ -101,8 +101,6 @@ pub struct SlurmExecutor {
     /// Jobs submitted and not yet seen to end. Held while submitting, so a cancel either
     /// sees the new id or stops the submission.
     active: Mutex<BTreeMap<String, String>>,
-    /// Every job id this executor submitted, in order.
-    submitted: Mutex<Vec<String>>,
     observer: Option<JobObserver>,
     /// Serialises appends to the job journal.
     journal: Mutex<()>,
@@ -130,19 +128,10 @@ impl SlurmExecutor {
             cancelled: AtomicBool::new(false),
             cancel_calls: AtomicU32::new(0),
             active: Mutex::new(BTreeMap::new()),
-            submitted: Mutex::new(Vec::new()),
             observer,
             journal: Mutex::new(()),
             snapshot: Mutex::new(Snapshot::default()),
         }
-    }
-
-    /// Every job id submitted so far.
-    pub fn submitted(&self) -> Vec<String> {
-        self.submitted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
     }
 
     fn note(&self, cell: &str, job_id: &str, state: &str, reason: &str) {
@@ -240,10 +229,6 @@ impl SlurmExecutor {
             )
         })?;
         active.insert(id.clone(), job.id.clone());
-        self.submitted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(id.clone());
         Ok(id)
     }
 
@@ -345,7 +330,6 @@ const CANCELLED_BEFORE: &str = "cancelled: the run was interrupted before this c
 
 impl Executor for SlurmExecutor {
     fn execute(&self, job: &CellJob, on_attempt: &mut dyn FnMut(&AttemptRecord)) -> NodeReceipt {
-        let started = Instant::now();
         let receipt_path = job.node_dir.join("receipt.json");
         let mut lost: Vec<String> = Vec::new();
         let mut try_n = 0;
@@ -356,7 +340,6 @@ impl Executor for SlurmExecutor {
                 r.gpus.clear();
                 r.verdict = verdict;
                 r.reason = Some(reason);
-                r.seconds = started.elapsed().as_secs_f64();
                 r
             };
             if self.cancelled.load(Ordering::SeqCst) {
@@ -401,7 +384,8 @@ impl Executor for SlurmExecutor {
                         None => note,
                     });
                 }
-                r.seconds = started.elapsed().as_secs_f64();
+                // `seconds` stays exec-node's: the attempts' wall time, not time in the queue,
+                // so durations and ETAs compare with local runs.
                 return r;
             }
             let output = self.opts.spool.join(format!("{}.{try_n}.out", job.slug));
