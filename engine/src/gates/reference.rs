@@ -2,8 +2,10 @@
 //! oracle under one tolerance policy, on synthesized checkpoints read back through the full
 //! loader and on a real model when given; plus the loader goldens.
 //!
-//! It owns the arms, the receipt TSV and the verdict. The oracle is `crate::reference`, the
-//! policy and ledgers `super::ledger`, the goldens file `super::goldens`.
+//! It owns the arms, the receipt TSV and the verdict. The oracle is `crate::reference` —
+//! for quantized arms on a backend that records its activation trace, the oracle following
+//! that trace at q8_1 rounding ties, one run per program — the policy and ledgers
+//! `super::ledger`, the goldens file `super::goldens`.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
