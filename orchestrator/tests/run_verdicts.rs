@@ -304,3 +304,63 @@ run = ["{gates}/pass.sh"]
         "{forgot:#}"
     );
 }
+
+#[test]
+fn negative_compares_pass_only_when_the_artifacts_differ() {
+    let f = Fixture::new(
+        r#"
+schema = 1
+name = "negative-compares"
+
+[defaults]
+gpus = 0
+
+[[arm]]
+id = "ref"
+run = ["{gates}/logits.sh", "same"]
+
+[[arm]]
+id = "same"
+run = ["{gates}/logits.sh", "same"]
+
+[[arm]]
+id = "moved"
+run = ["{gates}/logits.sh", "moved"]
+
+[[compare]]
+id = "door-moved-bits"
+reference = "ref"
+candidates = ["moved"]
+artifact = "logits.safetensors"
+expect = "fail"
+
+[[compare]]
+id = "door-did-nothing"
+reference = "ref"
+candidates = ["same"]
+artifact = "logits.safetensors"
+expect = "fail"
+"#,
+    );
+    let out = f.run(&[]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the negative compare that agreed fails the run"
+    );
+
+    let moved = f.receipt("door-moved-bits[candidate=moved]");
+    assert_eq!(moved["verdict"], "pass");
+    assert_eq!(moved["expect"], "fail");
+    let reason = moved["reason"].as_str().unwrap();
+    assert!(reason.starts_with("failed as expected: "), "{reason}");
+    assert_eq!(
+        moved["attempts"][0]["outcome"], "fail",
+        "the attempt keeps the raw outcome"
+    );
+
+    let nothing = f.receipt("door-did-nothing[candidate=same]");
+    assert_eq!(nothing["verdict"], "fail");
+    let reason = nothing["reason"].as_str().unwrap();
+    assert!(reason.contains("expect = \"fail\""), "{reason}");
+}

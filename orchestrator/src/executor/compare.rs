@@ -7,7 +7,7 @@ use std::time::{Instant, SystemTime};
 
 use super::CellJob;
 use crate::events::Verdict;
-use crate::plan::Policy;
+use crate::plan::{Expect, Policy};
 use crate::receipt::{AttemptRecord, NodeReceipt};
 
 /// Runs a compare cell in-process: the reference's artifact against the candidate's.
@@ -15,10 +15,30 @@ pub fn run(job: &CellJob, reference: &Path, candidate: &Path, policy: &Policy) -
     let start_wall = SystemTime::now();
     let started = Instant::now();
     let report = crate::compare::compare_files(reference, candidate, policy);
-    let (verdict, reason) = if report.passed() {
+    let (outcome, raw_reason) = if report.passed() {
         (Verdict::Pass, None)
     } else {
         (Verdict::Fail, Some(report.failures.join("; ")))
+    };
+    // A negative compare (`expect = "fail"`, e.g. "this door must move some bit") is as
+    // expected iff the comparison failed, exactly as for a gate.
+    let (verdict, reason) = match (job.expect, outcome) {
+        (Expect::Fail, Verdict::Fail) => (
+            Verdict::Pass,
+            Some(format!(
+                "failed as expected: {}",
+                raw_reason.as_deref().unwrap_or("the artifacts differ")
+            )),
+        ),
+        (Expect::Fail, _) => (
+            Verdict::Fail,
+            Some(
+                "expect = \"fail\" but the artifacts agree under the policy; the difference \
+                 this compare exists to show went missing"
+                    .to_string(),
+            ),
+        ),
+        (Expect::Pass, v) => (v, raw_reason.clone()),
     };
     let seconds = started.elapsed().as_secs_f64();
     let mut r = job.receipt();
@@ -32,8 +52,8 @@ pub fn run(job: &CellJob, reference: &Path, candidate: &Path, policy: &Policy) -
         seconds,
         exit: None,
         signal: None,
-        outcome: verdict,
-        reason,
+        outcome,
+        reason: raw_reason,
     });
     r.compare = serde_json::to_value(&report)
         .ok()
