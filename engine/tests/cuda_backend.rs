@@ -1,6 +1,8 @@
 //! The CUDA backend: backend selection and its errors everywhere, and on a GPU the backend
 //! against the CPU backend (the same compositions up to `exp`), batch rows against the same
-//! sequence alone, the equalized paths, and lean ticks against host token choice.
+//! sequence alone, the equalized paths, lean ticks against host token choice, parked logits
+//! against the batched logits, and pipeline stages on one device: the split walk against the
+//! unsplit walk, bit for bit, and the unsplit walk's refusal on a split model.
 //!
 //! GPU tests print why and return when no usable GPU is present (no driver, no CUDA
 //! libraries, no device), so CI without a GPU stays green; `cuda-check` is the full
@@ -8,8 +10,9 @@
 
 use memra_engine::backend::cpu::CpuBackend;
 use memra_engine::backend::cuda::{self, CudaBackend};
+use memra_engine::backend::stages::StagePlan;
 use memra_engine::backend::{Backend, EngineError, SeqId, open_backend};
-use memra_engine::doors::{BackendChoice, Doors};
+use memra_engine::doors::{BackendChoice, Doors, GateDefect};
 use memra_engine::model::LlamaModel;
 use memra_engine::sampling::{SamplingParams, sample_token};
 use memra_kernels::twin::argmax;
@@ -236,5 +239,201 @@ fn cuda_lean_ticks_pick_the_hosts_tokens() {
         }
         be.close_sequence(a).unwrap();
         be.close_sequence(b).unwrap();
+    }
+}
+
+/// `n` sequences from `first` on, each opened and fed its own prompt (the same prompts for
+/// the same `n`, whatever `first`).
+fn open_fed(be: &mut dyn Backend, first: u32, n: u32, capacity: usize) -> Vec<SeqId> {
+    let v = be.config().n_vocab;
+    (0..n)
+        .map(|i| {
+            let s = SeqId(first + i);
+            be.open_sequence(s, capacity).unwrap();
+            be.prefill(s, &tokens(v, 100 + i, 2 + (i as usize % 5)))
+                .unwrap();
+            s
+        })
+        .collect()
+}
+
+#[test]
+fn cuda_parked_logits_are_the_batched_logits_bit_for_bit() {
+    if !gpu_present("cuda_parked_logits_are_the_batched_logits_bit_for_bit") {
+        return;
+    }
+    let model = synth("tiny", "q4_1");
+    let v = model.config.n_vocab;
+    let params = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.8,
+        seed: 5,
+    };
+    for b1fast in [false, true] {
+        let doors = Doors {
+            backend: BackendChoice::Cuda,
+            serve_b1fast: b1fast,
+            ..Doors::default()
+        };
+        let mut be = CudaBackend::new(&model, doors).unwrap();
+        let err = be.parked_logits().unwrap_err().to_string();
+        assert!(
+            err.contains("no logits are parked: run decode_step_batch_sampled first"),
+            "{err}"
+        );
+        for batch in [1u32, 5, cuda::MAX_ROWS as u32 + 3] {
+            // Twin sequence sets fed the same prompts: one takes the full step, the other
+            // the lean tick.
+            let full = open_fed(&mut be, 0, batch, 16);
+            let lean = open_fed(&mut be, 1000, batch, 16);
+            for step in 0..3 {
+                let feed = tokens(v, 40 + step, batch as usize);
+                let logits = be.decode_step_batch(&full, &feed).unwrap();
+                let picked = be.decode_step_batch_sampled(&lean, &feed, &params).unwrap();
+                let parked = be.parked_logits().unwrap();
+                assert_eq!(
+                    bits(&parked),
+                    bits(&logits),
+                    "b1fast {b1fast}, B={batch}, step {step}: parked logits differ"
+                );
+                for (b, &s) in lean.iter().enumerate() {
+                    let row = &logits[b * v..(b + 1) * v];
+                    let host = sample_token(row, &params, s, be.seq_len(s).unwrap()).unwrap();
+                    assert_eq!(picked[b], host, "b1fast {b1fast}, B={batch}, row {b}");
+                }
+            }
+            for s in full.into_iter().chain(lean) {
+                be.close_sequence(s).unwrap();
+            }
+        }
+    }
+}
+
+/// Doors that split the tiny model into `stages` stages on device 0.
+fn split(base: &Doors, stages: usize, allow_unsplit: bool) -> Doors {
+    Doors {
+        pp_stages: stages,
+        pp_devices: vec![0; stages],
+        pp_allow_unsplit_batch: allow_unsplit,
+        ..base.clone()
+    }
+}
+
+/// The logits of one fixed program: a prefill longer than one pass, three single-sequence
+/// steps, three batched steps through `decode_step_batch` and the same three steps of twin
+/// sequences (same prompts, same tokens) through `decode_step_batch_unsplit`.
+fn staged_program(be: &mut CudaBackend) -> Vec<Vec<f32>> {
+    let v = be.config().n_vocab;
+    let mut out = Vec::new();
+    let long = tokens(v, 7, cuda::MAX_ROWS + 6);
+    be.open_sequence(SeqId(0), 96).unwrap();
+    out.push(be.prefill(SeqId(0), &long).unwrap());
+    for &t in &tokens(v, 8, 3) {
+        out.push(be.decode_step_h(SeqId(0), t).unwrap());
+    }
+    let seqs = open_fed(be, 10, 3, 32);
+    let twins = open_fed(be, 20, 3, 32);
+    for step in 0..3 {
+        out.push(
+            be.decode_step_batch(&seqs, &tokens(v, 60 + step, 3))
+                .unwrap(),
+        );
+    }
+    for step in 0..3 {
+        let feed = tokens(v, 60 + step, 3);
+        out.push(be.decode_step_batch_unsplit(&twins, &feed).unwrap());
+    }
+    out
+}
+
+#[test]
+fn cuda_split_walk_equals_the_unsplit_walk_bit_for_bit() {
+    if !gpu_present("cuda_split_walk_equals_the_unsplit_walk_bit_for_bit") {
+        return;
+    }
+    let model = synth("tiny", "q4_1");
+    for base in combos() {
+        let mut whole = CudaBackend::new(&model, base.clone()).unwrap();
+        let want = staged_program(&mut whole);
+        // On an unsplit model the unsplit walk is the batched step.
+        assert_eq!(bits(&want[4..7].concat()), bits(&want[7..10].concat()));
+        for stages in [2, 3] {
+            let doors = split(&base, stages, true);
+            let mut be = CudaBackend::new(&model, doors.clone()).unwrap();
+            let report = be.doors_report();
+            assert_eq!(report.pp_stages, stages);
+            assert_eq!(report.pp_devices, vec!["0"; stages].join(","));
+            let got = staged_program(&mut be);
+            for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                assert_eq!(
+                    bits(a),
+                    bits(b),
+                    "{doors:?}: output {i} of the program differs from the unsplit model"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn cuda_split_walk_really_copies_at_the_boundary() {
+    if !gpu_present("cuda_split_walk_really_copies_at_the_boundary") {
+        return;
+    }
+    // Under the planted boundary-copy defect the later stage runs on its own stale buffer,
+    // so the split walk must leave the unsplit one; were the stages not real, it would not.
+    let model = synth("tiny", "q4_1");
+    let base = Doors {
+        backend: BackendChoice::Cuda,
+        gate_defect: Some(GateDefect::BoundaryCopy),
+        ..Doors::default()
+    };
+    let mut be = CudaBackend::new(&model, split(&base, 2, true)).unwrap();
+    let v = model.config.n_vocab;
+    let seqs = open_fed(&mut be, 0, 3, 16);
+    let twins = open_fed(&mut be, 10, 3, 16);
+    let feed = tokens(v, 3, 3);
+    let split_walk = be.decode_step_batch(&seqs, &feed).unwrap();
+    let unsplit_walk = be.decode_step_batch_unsplit(&twins, &feed).unwrap();
+    assert_ne!(bits(&split_walk), bits(&unsplit_walk));
+}
+
+#[test]
+fn cuda_unsplit_walk_on_a_split_model_is_refused_without_the_pin() {
+    if !gpu_present("cuda_unsplit_walk_on_a_split_model_is_refused_without_the_pin") {
+        return;
+    }
+    let model = synth("tiny", "q4_1");
+    let v = model.config.n_vocab;
+    let base = Doors {
+        backend: BackendChoice::Cuda,
+        ..Doors::default()
+    };
+    for stages in [2, 3] {
+        let doors = split(&base, stages, false);
+        let mut be = CudaBackend::new(&model, doors.clone()).unwrap();
+        let seqs = open_fed(&mut be, 0, 3, 16);
+        let lens: Vec<usize> = seqs.iter().map(|&s| be.seq_len(s).unwrap()).collect();
+        let err = be
+            .decode_step_batch_unsplit(&seqs, &tokens(v, 1, 3))
+            .unwrap_err();
+        let want = StagePlan::from_doors(&doors, model.config.n_layer)
+            .unwrap()
+            .unsplit_refusal();
+        let EngineError::Unavailable(msg) = err else {
+            panic!("expected Unavailable, got {err:?}");
+        };
+        assert_eq!(msg, want);
+        let after: Vec<usize> = seqs.iter().map(|&s| be.seq_len(s).unwrap()).collect();
+        assert_eq!(after, lens, "the refusal touched no cache");
+        // The split walk still runs, and with the pin the unsplit walk runs as well.
+        be.decode_step_batch(&seqs, &tokens(v, 1, 3)).unwrap();
+        let mut pinned = CudaBackend::new(&model, split(&base, stages, true)).unwrap();
+        let seqs = open_fed(&mut pinned, 0, 3, 16);
+        pinned
+            .decode_step_batch_unsplit(&seqs, &tokens(v, 1, 3))
+            .unwrap();
+        let after: Vec<usize> = seqs.iter().map(|&s| pinned.seq_len(s).unwrap()).collect();
+        assert_eq!(after, lens.iter().map(|l| l + 1).collect::<Vec<_>>());
     }
 }

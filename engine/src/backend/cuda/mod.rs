@@ -12,8 +12,14 @@
 //!
 //! Everything a step changes (token ids, positions, hence lengths) lives in device buffers,
 //! so the launches of one decode step are captured once per (rows, tier, attention chunk
-//! bucket) and replayed. Sampled steps ("lean ticks") pick tokens on the device and copy back
-//! only the tokens.
+//! bucket, walk) and replayed. Sampled steps ("lean ticks") pick tokens on the device and copy
+//! back only the tokens, parking their logits in a device buffer for
+//! [`Backend::parked_logits`].
+//!
+//! Pipeline stages (`MEMRA_PP_STAGES`) all live on the one device. The split walk hands the
+//! residual stream from one stage to the next with an explicit device-to-device copy into a
+//! stage-owned buffer and continues from that buffer; the unsplit walk
+//! ([`Backend::decode_step_batch_unsplit`]) runs every stage-owned layer on one buffer.
 
 pub mod bench;
 pub mod check;
@@ -31,8 +37,9 @@ use memra_kernels::twin::{MatvecFamily, SPLIT_K_CHUNK};
 
 pub use weights::{DevModel, DevWeight};
 
+use super::stages::StagePlan;
 use super::{Backend, EngineError, SeqId, canary_token};
-use crate::doors::{Doors, DoorsReport};
+use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::model::{LlamaConfig, LlamaModel};
 use crate::sampling::SamplingParams;
 
@@ -89,6 +96,16 @@ enum Tier {
     Fused,
 }
 
+/// How a pass walks the pipeline stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Walk {
+    /// Stage by stage, each stage after the first on its own buffers, filled by a boundary
+    /// copy from the previous stage's.
+    Split,
+    /// Every stage-owned layer in order on one set of buffers, no boundary.
+    Unsplit,
+}
+
 /// One row of a pass.
 #[derive(Debug, Clone, Copy)]
 struct RowSpec {
@@ -133,6 +150,10 @@ struct Scratch {
     picked: CudaSlice<u32>,
     kptr: Vec<CudaSlice<u64>>,
     vptr: Vec<CudaSlice<u64>>,
+    /// The residual stream owned by every stage after the first: `(x, delta)`, each
+    /// `[MAX_ROWS, n_embd]`. At a boundary the stream is `x` plus the last block's pending
+    /// `delta` (the next norm adds it), so the hand-over copies both.
+    stage_bufs: Vec<(CudaSlice<f32>, CudaSlice<f32>)>,
 }
 
 fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
@@ -149,7 +170,12 @@ fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
 }
 
 impl Scratch {
-    fn new(stream: &Arc<CudaStream>, c: &LlamaConfig, max_len: usize) -> Result<Self, EngineError> {
+    fn new(
+        stream: &Arc<CudaStream>,
+        c: &LlamaConfig,
+        max_len: usize,
+        n_stages: usize,
+    ) -> Result<Self, EngineError> {
         let r = MAX_ROWS;
         let (d, qd, kvd, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
         let widest = d.max(qd).max(ff);
@@ -190,6 +216,14 @@ impl Scratch {
             vptr: (0..c.n_layer)
                 .map(|_| alloc(stream, "the V cache table", r))
                 .collect::<Result<_, _>>()?,
+            stage_bufs: (1..n_stages)
+                .map(|_| {
+                    Ok((
+                        alloc(stream, "a stage's residual stream", r * d)?,
+                        alloc(stream, "a stage's pending residual update", r * d)?,
+                    ))
+                })
+                .collect::<Result<_, EngineError>>()?,
         })
     }
 }
@@ -203,12 +237,14 @@ struct Graph(CudaGraph);
 unsafe impl Send for Graph {}
 
 /// What a captured graph depends on besides buffer addresses: the rows, the composition and
-/// the split-K grid (a power of two of chunks, so a growing sequence recaptures rarely).
+/// the split-K grid (a power of two of chunks, so a growing sequence recaptures rarely), and
+/// the walk (a split graph holds the boundary copies an unsplit one lacks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct GraphKey {
     rows: usize,
     tier: Tier,
     chunks: usize,
+    walk: Walk,
 }
 
 /// The CUDA backend. See the module docs.
@@ -218,7 +254,14 @@ pub struct CudaBackend {
     family: MatvecFamily,
     /// Whether the single-sequence path runs the fused tier (refused under MEMRA_MMVQ=0).
     fused_single: bool,
+    /// The load-time stage plan; every stage runs on this backend's device.
+    plan: StagePlan,
+    /// The layers each stage walks (the plan's ranges).
     stages: Vec<Range<usize>>,
+    /// The device buffer holding the logits of the last sampled batched step, reused while
+    /// large enough, and how many rows of it are parked (`None`: nothing parked).
+    parked: Option<CudaSlice<f32>>,
+    parked_rows: Option<usize>,
     seqs: BTreeMap<SeqId, DevSeq>,
     generation: u64,
     scratch: Option<Scratch>,
@@ -248,9 +291,8 @@ impl CudaBackend {
     /// A backend under `doors` over a model already on the device (several door settings
     /// can share one upload).
     pub fn with_model(dm: Arc<DevModel>, doors: Doors) -> Result<CudaBackend, EngineError> {
-        let stages = doors
-            .stage_ranges(dm.config.n_layer)
-            .map_err(EngineError::Model)?;
+        let plan = StagePlan::from_doors(&doors, dm.config.n_layer).map_err(EngineError::Model)?;
+        let stages = plan.stages.iter().map(|s| s.layers.clone()).collect();
         Ok(CudaBackend {
             family: if doors.mmvq {
                 MatvecFamily::Mmvq
@@ -258,7 +300,10 @@ impl CudaBackend {
                 MatvecFamily::Dp4a
             },
             fused_single: doors.mmvq && !doors.no_fuse_normq,
+            plan,
             stages,
+            parked: None,
+            parked_rows: None,
             doors,
             dm,
             seqs: BTreeMap::new(),
@@ -328,13 +373,24 @@ impl CudaBackend {
         self.graphs.clear();
         self.tables_for.clear();
         self.scratch = None;
-        self.scratch = Some(Scratch::new(&self.stream(), &self.dm.config, need)?);
+        self.scratch = Some(Scratch::new(
+            &self.stream(),
+            &self.dm.config,
+            need,
+            self.stages.len(),
+        )?);
         Ok(())
     }
 
     /// Runs one pass of at most [`MAX_ROWS`] rows, leaving `[rows, n_vocab]` logits in the
     /// scratch logits buffer. `graph` replays (or captures) the pass as a CUDA graph.
-    fn pass(&mut self, rows: &[RowSpec], tier: Tier, graph: bool) -> Result<(), EngineError> {
+    fn pass(
+        &mut self,
+        rows: &[RowSpec],
+        tier: Tier,
+        walk: Walk,
+        graph: bool,
+    ) -> Result<(), EngineError> {
         debug_assert!(!rows.is_empty() && rows.len() <= MAX_ROWS);
         self.ensure_scratch()?;
         let stream = self.stream();
@@ -384,6 +440,9 @@ impl CudaBackend {
             n,
             tier,
             chunks,
+            stages: &self.stages,
+            walk,
+            skip_boundary_copy: self.doors.gate_defect == Some(GateDefect::BoundaryCopy),
         };
         if !(graph && self.use_graphs) {
             return encode(&ctx, s).map_err(kernel_err);
@@ -392,6 +451,7 @@ impl CudaBackend {
             rows: n,
             tier,
             chunks,
+            walk,
         };
         let graph = match self.graphs.entry(key) {
             std::collections::hash_map::Entry::Occupied(g) => g.into_mut(),
@@ -418,6 +478,33 @@ impl CudaBackend {
             .synchronize()
             .map_err(|e| device_err("finishing the step", e))?;
         Ok(out)
+    }
+
+    /// Makes the parked-logits buffer hold at least `rows` rows and marks nothing parked
+    /// until the step that fills it completes.
+    fn begin_parking(&mut self, rows: usize) -> Result<(), EngineError> {
+        self.parked_rows = None;
+        let need = rows * self.dm.config.n_vocab;
+        if self.parked.as_ref().is_none_or(|b| b.len() < need) {
+            self.parked = None;
+            self.parked = Some(alloc(&self.stream(), "the parked logits", need)?);
+        }
+        Ok(())
+    }
+
+    /// Copies the `rows` logits rows of the last pass into the parked buffer at row
+    /// `offset`, on the device and in stream order (before the sampler runs).
+    fn park_chunk(&mut self, offset: usize, rows: usize) -> Result<(), EngineError> {
+        let v = self.dm.config.n_vocab;
+        let stream = self.stream();
+        let s = self.scratch.as_ref().expect("a pass ran");
+        let dst = self.parked.as_mut().expect("begin_parking allocated it");
+        stream
+            .memcpy_dtod(
+                &s.logits.slice(..rows * v),
+                &mut dst.slice_mut(offset * v..(offset + rows) * v),
+            )
+            .map_err(|e| device_err("parking the logits of a sampled step", e))
     }
 
     /// Picks one token per row of the last pass on the device and copies back only those.
@@ -510,7 +597,7 @@ impl CudaBackend {
         let chunks: Vec<&[RowSpec]> = rows.chunks(MAX_ROWS).collect();
         let last = chunks.len() - 1;
         for (i, chunk) in chunks.iter().enumerate() {
-            self.pass(chunk, Tier::Separate, false)?;
+            self.pass(chunk, Tier::Separate, Walk::Split, false)?;
             if all_logits {
                 out.extend(self.download_logits(chunk.len())?);
             } else if i == last {
@@ -534,6 +621,30 @@ impl CudaBackend {
             Tier::Separate
         };
         Ok((RowSpec { seq, pos, token }, tier))
+    }
+
+    /// One batched decode step over `walk`: validates every row before any cache moves.
+    fn batch_step(
+        &mut self,
+        seqs: &[SeqId],
+        tokens: &[u32],
+        walk: Walk,
+    ) -> Result<Vec<f32>, EngineError> {
+        let rows = self.batch_rows(seqs, tokens)?;
+        let mut out = Vec::with_capacity(rows.len() * self.dm.config.n_vocab);
+        for chunk in rows.chunks(MAX_ROWS) {
+            self.pass(chunk, Tier::Separate, walk, true)?;
+            out.extend(self.download_logits(chunk.len())?);
+        }
+        for &seq in seqs {
+            self.commit(seq, 1);
+        }
+        Ok(out)
+    }
+
+    /// The load-time stage plan this backend was built with.
+    pub fn plan(&self) -> &StagePlan {
+        &self.plan
     }
 
     /// The batched rows of one step, validated like the CPU backend's.
@@ -570,6 +681,12 @@ struct PassCtx<'a> {
     n: usize,
     tier: Tier,
     chunks: usize,
+    /// The layers of every stage, in order.
+    stages: &'a [Range<usize>],
+    walk: Walk,
+    /// The test-only `boundary-copy` defect: a split walk's stage runs on whatever its
+    /// buffers held instead of the previous stage's output.
+    skip_boundary_copy: bool,
 }
 
 /// Captures the launches of one pass as a graph.
@@ -640,96 +757,138 @@ fn encode(ctx: &PassCtx, s: &mut Scratch) -> Result<(), KernelError> {
         kptr,
         vptr,
         max_len,
+        stage_bufs,
         ..
     } = s;
+    // The residual stream the walk is on now: the scratch's for the first stage, a stage's
+    // own buffers after each boundary copy of a split walk.
+    let (mut x, mut delta) = (x, delta);
+    let mut stage_bufs = stage_bufs.iter_mut();
+    // Whether a layer ran yet, i.e. whether `delta` holds a pending update to add.
+    let mut walked = false;
 
     gpu.embed(dm.token_embd.view(), c.n_vocab, d, tokens, x, n)?;
-    for (l, layer) in dm.layers.iter().enumerate() {
-        // Attention block; the previous layer's feed-forward output is added first.
-        gpu.add_rmsnorm_q8_1(
-            x,
-            (l > 0).then_some(&*delta),
-            &layer.attn_norm,
-            (!layer.wqkv.quantized()).then_some(&mut *xf),
-            xq,
-            fused.then_some(&mut *r),
-            n,
-            d,
-            c.rms_eps,
-        )?;
-        matvec(gpu, ctx.family, &layer.wqkv, xq, xf, n, qkv)?;
-        let rows = AttnRows {
-            pos,
-            k_cache: &kptr[l],
-            v_cache: &vptr[l],
-            batch: n,
-        };
-        gpu.rope_store_rows(qkv, &dm.rope_table, fused.then_some(&*r), &rows, geo)?;
-        // The attention kernels quantize their output for a quantized wo when the head
-        // width allows, saving a launch per layer; the blocks are the same either way.
-        let quantize_in_attention = layer.wo.quantized() && attention_can_quantize(c.head_dim);
-        let outq = quantize_in_attention.then_some(&mut *xq);
-        // With a single chunk the split-K composition is the one-block-per-head one bit for
-        // bit (the combine multiplies by expf(0) = 1 and adds to 0), so short contexts run the
-        // single kernel and skip the combine launch.
-        if ctx.split_k && ctx.chunks > 1 {
-            gpu.attention_split_k_rows(
-                qkv,
-                qd + 2 * kvd,
-                &rows,
-                att,
-                outq,
-                part_o,
-                part_ml,
-                geo,
-                ctx.chunks,
-                scale,
-            )?;
-        } else {
-            gpu.attention_naive_rows(
-                qkv,
-                qd + 2 * kvd,
-                &rows,
-                att,
-                outq,
-                naive,
-                geo,
-                *max_len,
-                scale,
-            )?;
+    for (si, range) in ctx.stages.iter().enumerate() {
+        if si > 0 && ctx.walk == Walk::Split {
+            let Some((sx, sd)) = stage_bufs.next() else {
+                return Err(KernelError::Shape {
+                    kernel: "stage boundary copy",
+                    message: format!(
+                        "stage {si} has no buffers ({} stages, {} stage buffers)",
+                        ctx.stages.len(),
+                        si - 1
+                    ),
+                });
+            };
+            if !ctx.skip_boundary_copy {
+                let m = n * d;
+                let stream = gpu.stream();
+                stream
+                    .memcpy_dtod(&x.slice(..m), &mut sx.slice_mut(..m))
+                    .map_err(|source| KernelError::Driver {
+                        what: format!("copying the residual stream into stage {si}"),
+                        source,
+                    })?;
+                if walked {
+                    stream
+                        .memcpy_dtod(&delta.slice(..m), &mut sd.slice_mut(..m))
+                        .map_err(|source| KernelError::Driver {
+                            what: format!("copying the pending residual update into stage {si}"),
+                            source,
+                        })?;
+                }
+            }
+            (x, delta) = (sx, sd);
         }
-        if layer.wo.quantized() && !quantize_in_attention {
-            gpu.quantize_q8_1_n(att, xq, n * qd / QK)?;
-        }
-        matvec(gpu, ctx.family, &layer.wo, xq, att, n, delta)?;
+        for l in range.clone() {
+            let layer = &dm.layers[l];
+            // Attention block; the previous layer's feed-forward output is added first.
+            gpu.add_rmsnorm_q8_1(
+                x,
+                walked.then_some(&*delta),
+                &layer.attn_norm,
+                (!layer.wqkv.quantized()).then_some(&mut *xf),
+                xq,
+                fused.then_some(&mut *r),
+                n,
+                d,
+                c.rms_eps,
+            )?;
+            matvec(gpu, ctx.family, &layer.wqkv, xq, xf, n, qkv)?;
+            let rows = AttnRows {
+                pos,
+                k_cache: &kptr[l],
+                v_cache: &vptr[l],
+                batch: n,
+            };
+            gpu.rope_store_rows(qkv, &dm.rope_table, fused.then_some(&*r), &rows, geo)?;
+            // The attention kernels quantize their output for a quantized wo when the head
+            // width allows, saving a launch per layer; the blocks are the same either way.
+            let quantize_in_attention = layer.wo.quantized() && attention_can_quantize(c.head_dim);
+            let outq = quantize_in_attention.then_some(&mut *xq);
+            // With a single chunk the split-K composition is the one-block-per-head one bit for
+            // bit (the combine multiplies by expf(0) = 1 and adds to 0), so short contexts run the
+            // single kernel and skip the combine launch.
+            if ctx.split_k && ctx.chunks > 1 {
+                gpu.attention_split_k_rows(
+                    qkv,
+                    qd + 2 * kvd,
+                    &rows,
+                    att,
+                    outq,
+                    part_o,
+                    part_ml,
+                    geo,
+                    ctx.chunks,
+                    scale,
+                )?;
+            } else {
+                gpu.attention_naive_rows(
+                    qkv,
+                    qd + 2 * kvd,
+                    &rows,
+                    att,
+                    outq,
+                    naive,
+                    geo,
+                    *max_len,
+                    scale,
+                )?;
+            }
+            if layer.wo.quantized() && !quantize_in_attention {
+                gpu.quantize_q8_1_n(att, xq, n * qd / QK)?;
+            }
+            matvec(gpu, ctx.family, &layer.wo, xq, att, n, delta)?;
 
-        // Feed-forward block.
-        gpu.add_rmsnorm_q8_1(
-            x,
-            Some(&*delta),
-            &layer.ffn_norm,
-            (!layer.w_gu.quantized()).then_some(&mut *xf),
-            xq,
-            fused.then_some(&mut *r),
-            n,
-            d,
-            c.rms_eps,
-        )?;
-        matvec(gpu, ctx.family, &layer.w_gu, xq, xf, n, gu)?;
-        gpu.swiglu_q8_1(
-            gu,
-            fused.then_some(&*r),
-            (!layer.w_down.quantized()).then_some(&mut *hf),
-            xq,
-            n,
-            ff,
-        )?;
-        matvec(gpu, ctx.family, &layer.w_down, xq, hf, n, delta)?;
+            // Feed-forward block.
+            gpu.add_rmsnorm_q8_1(
+                x,
+                Some(&*delta),
+                &layer.ffn_norm,
+                (!layer.w_gu.quantized()).then_some(&mut *xf),
+                xq,
+                fused.then_some(&mut *r),
+                n,
+                d,
+                c.rms_eps,
+            )?;
+            matvec(gpu, ctx.family, &layer.w_gu, xq, xf, n, gu)?;
+            gpu.swiglu_q8_1(
+                gu,
+                fused.then_some(&*r),
+                (!layer.w_down.quantized()).then_some(&mut *hf),
+                xq,
+                n,
+                ff,
+            )?;
+            matvec(gpu, ctx.family, &layer.w_down, xq, hf, n, delta)?;
+            walked = true;
+        }
     }
     let head = dm.head();
     gpu.add_rmsnorm_q8_1(
         x,
-        Some(&*delta),
+        walked.then_some(&*delta),
         &dm.output_norm,
         (!head.quantized()).then_some(&mut *xf),
         xq,
@@ -767,18 +926,8 @@ impl Backend for CudaBackend {
             attention: if d.fa3 { "split-k" } else { "naive" },
             b1fast: d.serve_b1fast,
             pp_stages: self.stages.len(),
-            pp_devices: d
-                .pp_devices
-                .iter()
-                .map(|x| x.to_string())
-                .collect::<Vec<_>>()
-                .join(","),
-            pp_splits: self
-                .stages
-                .iter()
-                .map(|s| s.start.to_string())
-                .collect::<Vec<_>>()
-                .join(","),
+            pp_devices: self.plan.devices_text(),
+            pp_splits: self.plan.splits_text(),
             gate_seed: d.gate_seed,
             canary: d.gate_canary,
         }
@@ -842,7 +991,7 @@ impl Backend for CudaBackend {
 
     fn decode_step_h(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, EngineError> {
         let (row, tier) = self.single_row(seq, token)?;
-        self.pass(&[row], tier, true)?;
+        self.pass(&[row], tier, Walk::Split, true)?;
         let logits = self.download_logits(1)?;
         self.commit(seq, 1);
         Ok(logits)
@@ -856,15 +1005,34 @@ impl Backend for CudaBackend {
         if seqs.len() == 1 && tokens.len() == 1 && self.doors.serve_b1fast {
             return self.decode_step_h(seqs[0], tokens[0]);
         }
-        let rows = self.batch_rows(seqs, tokens)?;
-        let mut out = Vec::with_capacity(rows.len() * self.dm.config.n_vocab);
-        for chunk in rows.chunks(MAX_ROWS) {
-            self.pass(chunk, Tier::Separate, true)?;
-            out.extend(self.download_logits(chunk.len())?);
+        self.batch_step(seqs, tokens, Walk::Split)
+    }
+
+    fn decode_step_batch_unsplit(
+        &mut self,
+        seqs: &[SeqId],
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, EngineError> {
+        if self.plan.is_split() && !self.doors.pp_allow_unsplit_batch {
+            return Err(EngineError::Unavailable(self.plan.unsplit_refusal()));
         }
-        for &seq in seqs {
-            self.commit(seq, 1);
-        }
+        self.batch_step(seqs, tokens, Walk::Unsplit)
+    }
+
+    fn parked_logits(&self) -> Result<Vec<f32>, EngineError> {
+        let (Some(buf), Some(rows)) = (self.parked.as_ref(), self.parked_rows) else {
+            return Err(EngineError::Unavailable(
+                "no logits are parked: run decode_step_batch_sampled first".into(),
+            ));
+        };
+        let stream = self.stream();
+        let mut out = vec![0.0f32; rows * self.dm.config.n_vocab];
+        stream
+            .memcpy_dtoh(&buf.slice(..out.len()), &mut out)
+            .map_err(|e| device_err("copying the parked logits back", e))?;
+        stream
+            .synchronize()
+            .map_err(|e| device_err("finishing the parked logits copy", e))?;
         Ok(out)
     }
 
@@ -876,7 +1044,7 @@ impl Backend for CudaBackend {
     ) -> Result<u32, EngineError> {
         params.validate()?;
         let (row, tier) = self.single_row(seq, token)?;
-        self.pass(&[row], tier, true)?;
+        self.pass(&[row], tier, Walk::Split, true)?;
         let t = self.pick_tokens(&[row], params)?;
         self.commit(seq, 1);
         Ok(t[0])
@@ -890,19 +1058,28 @@ impl Backend for CudaBackend {
     ) -> Result<Vec<u32>, EngineError> {
         params.validate()?;
         if seqs.len() == 1 && tokens.len() == 1 && self.doors.serve_b1fast {
-            return Ok(vec![
-                self.decode_step_h_sampled(seqs[0], tokens[0], params)?,
-            ]);
+            // The single-sequence route, parking its one row like the batched route.
+            let (row, tier) = self.single_row(seqs[0], tokens[0])?;
+            self.begin_parking(1)?;
+            self.pass(&[row], tier, Walk::Split, true)?;
+            self.park_chunk(0, 1)?;
+            let t = self.pick_tokens(&[row], params)?;
+            self.commit(seqs[0], 1);
+            self.parked_rows = Some(1);
+            return Ok(t);
         }
         let rows = self.batch_rows(seqs, tokens)?;
+        self.begin_parking(rows.len())?;
         let mut out = Vec::with_capacity(rows.len());
-        for chunk in rows.chunks(MAX_ROWS) {
-            self.pass(chunk, Tier::Separate, true)?;
+        for (i, chunk) in rows.chunks(MAX_ROWS).enumerate() {
+            self.pass(chunk, Tier::Separate, Walk::Split, true)?;
+            self.park_chunk(i * MAX_ROWS, chunk.len())?;
             out.extend(self.pick_tokens(chunk, params)?);
         }
         for &seq in seqs {
             self.commit(seq, 1);
         }
+        self.parked_rows = Some(rows.len());
         Ok(out)
     }
 }
