@@ -141,7 +141,15 @@ fn the_nightly_plans_pp_on_two_gpus_in_both_orders_with_canaries_and_compares() 
             "{matrices:?}"
         );
     }
-    assert_eq!(cells_of(&plan, "decode-config").len(), 8);
+    assert_eq!(cells_of(&plan, "decode-config").len(), 4);
+    // The B=1 shortcut sweeps only under the equalized pins; under the default pins it is
+    // asserted to break batch invariance (a negative cell).
+    let b1fast = cells_of(&plan, "decode-b1fast");
+    assert_eq!(b1fast.len(), 2);
+    for c in &b1fast {
+        assert_eq!(c["env"]["MEMRA_MMVQ"], "0");
+        assert_eq!(c["env"]["MEMRA_NO_FUSE_NORMQ"], "1");
+    }
     let canaries: Vec<&str> = plan["cells"]
         .as_array()
         .unwrap()
@@ -153,6 +161,7 @@ fn the_nightly_plans_pp_on_two_gpus_in_both_orders_with_canaries_and_compares() 
         "kernel-check-canary",
         "decode-strict-default",
         "decode-canary",
+        "decode-b1fast-fused",
         "doors-switch",
     ] {
         assert!(canaries.contains(&n), "{canaries:?}");
