@@ -1,6 +1,6 @@
 // matvec_dp4a.cu: quantized weights x q8_1 activations, 128 threads per row (one row per thread
 // block). Item k = 4b + q (block b, quarter q) goes to thread k mod 128; each of the 4 warps
-// reduces with the xor butterfly, then thread 0 adds ((w0 + w1) + w2) + w3 from shared memory.
+// reduces with the xor butterfly, then thread 0 adds (w0 + w1) + (w2 + w3) from shared memory.
 // Grid: (rows, ceil(batch/8)); each weight quarter is read once for up to MAX_BATCH activation
 // rows, every batch row with exactly the B = 1 arithmetic. Twin: twin::matvec
 // (MatvecFamily::Dp4a). `canary_row` as in matvec_mmvq.cu.
@@ -39,7 +39,7 @@ __device__ __forceinline__ void dp4a(const B* w, const block_q8_1* x, float* y, 
         }
     }
     __syncthreads();
-    if (t < nbat) y[(size_t)(b0 + t) * rows + row] = ((sh[t][0] + sh[t][1]) + sh[t][2]) + sh[t][3];
+    if (t < nbat) y[(size_t)(b0 + t) * rows + row] = (sh[t][0] + sh[t][1]) + (sh[t][2] + sh[t][3]);
 }
 
 extern "C" __global__ void matvec_dp4a_q4_0(const block_q4_0* w, const block_q8_1* x, float* y,

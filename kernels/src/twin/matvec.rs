@@ -13,7 +13,7 @@
 //! * **dp4a** (128 threads per row): item `k = 4b + q` (block `b`, quarter `q`) goes to thread
 //!   `k mod 128`, which adds its contribution from the quarter sum `Sq`:
 //!   Q8_0 `(dw*dx)*Sq`; Q4_1 `(dw*dx)*Sq + (mw*sx)*0.25`; Q4_0 `dw*((dx*Sq) - 2*sx)`. Each of
-//!   the 4 warps reduces with the butterfly, then `((w0 + w1) + w2) + w3` through shared memory.
+//!   the 4 warps reduces with the butterfly, then `(w0 + w1) + (w2 + w3)` through shared memory.
 //!
 //! `dw`, `mw` (weights) and `dx`, `sx` (q8_1 `d` and `s`) are the f16 fields widened to f32.
 //! Float weights (F32/F16/BF16, widened exactly) meet f32 activations in one composition
@@ -302,7 +302,7 @@ fn row_dp4a<B: QBlock, const AVX2: bool>(w: &[B], x: &[BlockQ8_1]) -> f32 {
         l.copy_from_slice(lanes);
         *wsum = warp_sum(&mut l);
     }
-    ((warps[0] + warps[1]) + warps[2]) + warps[3]
+    (warps[0] + warps[1]) + (warps[2] + warps[3])
 }
 
 /// One float row: lane accumulators, then the butterfly.
@@ -917,7 +917,7 @@ mod tests {
                     .chunks(32)
                     .map(|c| warp_sum(&mut c.try_into().unwrap()))
                     .collect();
-                ((w[0] + w[1]) + w[2]) + w[3]
+                (w[0] + w[1]) + (w[2] + w[3])
             }
         }
     }

@@ -433,7 +433,7 @@ pub(super) unsafe fn quant_rows<B: FastBlock>(
             y[b * n + i] = unsafe {
                 if dp4a {
                     let w: [f32; 4] = std::array::from_fn(|k| warp_sum_avx(&accb[32 * k..]));
-                    ((w[0] + w[1]) + w[2]) + w[3]
+                    (w[0] + w[1]) + (w[2] + w[3])
                 } else {
                     warp_sum_avx(accb)
                 }
