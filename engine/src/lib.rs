@@ -1,16 +1,16 @@
 //! memra-engine: a llama-architecture GGUF inference engine (CPU and CUDA backends).
 
+pub mod backend;
+pub mod bench;
 pub mod cli;
 pub mod doors;
-pub mod model;
-pub mod reference;
+pub mod engine;
+pub mod gates;
 pub mod gguf;
 pub mod hparams;
+pub mod model;
 pub mod quant;
-pub mod backend;
+pub mod reference;
 pub mod sampling;
 pub mod synth;
 pub mod tokenizer;
-pub mod engine;
-pub mod bench;
-pub mod gates;

@@ -311,7 +311,11 @@ pub fn main() -> i32 {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
-            let code = if e.use_stderr() { ExitCode::Usage } else { ExitCode::Ok };
+            let code = if e.use_stderr() {
+                ExitCode::Usage
+            } else {
+                ExitCode::Ok
+            };
             let _ = e.print();
             return code.code();
         }

@@ -6,17 +6,17 @@
 
 pub mod attest;
 pub mod cli;
+pub mod commit;
 pub mod compare;
 pub mod diagnostics;
 pub mod diff;
-pub mod commit;
 pub mod events;
 pub mod executor;
 pub mod exit;
 pub mod gpus;
-pub mod junit;
 pub mod graph;
 pub mod housekeeping;
+pub mod junit;
 pub mod load;
 pub mod manifest;
 pub mod matrix;
