@@ -308,7 +308,27 @@ artifact = "logits.safetensors"
         let id = node["id"].as_str().unwrap();
         let (mut a, mut b) = (BTreeSet::new(), BTreeSet::new());
         keys(&local.receipt(id), "", &mut a);
-        keys(&on_slurm.receipt(id), "", &mut b);
+        let slurm_receipt = on_slurm.receipt(id);
+        keys(&slurm_receipt, "", &mut b);
+        // A Slurm receipt names the jobs that ran its cell (compare cells run on the submit
+        // host and name none); that key is the one a local receipt lacks.
+        if slurm_receipt["kind"] != "compare" && slurm_receipt["verdict"] != "blocked" {
+            let jobs = slurm_receipt["slurm_jobs"].as_array();
+            assert!(
+                jobs.is_some_and(|j| !j.is_empty()
+                    && j.iter().all(|x| x
+                        .as_str()
+                        .unwrap()
+                        .split(' ')
+                        .next()
+                        .unwrap()
+                        .parse::<u64>()
+                        .is_ok())),
+                "{id}: no job ids in {slurm_receipt}"
+            );
+        }
+        assert!(a.iter().all(|k| !k.starts_with(".slurm_jobs")));
+        b.retain(|k| !k.starts_with(".slurm_jobs"));
         // The environment differs by what the caller's machine put on the inherit list
         // only in values; checks, attempts and artifacts must have the same structure.
         assert_eq!(a, b, "{id}: the receipts differ in shape");
@@ -510,6 +530,16 @@ gpus = 1
     let r = f.receipt("retried");
     assert_eq!(r["verdict"], "pass", "{r:#}");
     assert!(r["reason"].as_str().unwrap().contains("NODE_FAIL"), "{r:#}");
+    // The receipt names both submissions: the lost job, then the one that ran the cell.
+    let jobs: Vec<&str> = r["slurm_jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j.as_str().unwrap())
+        .collect();
+    assert_eq!(jobs.len(), 2, "{r:#}");
+    assert!(jobs[0].ends_with(" NODE_FAIL"), "{jobs:?}");
+    assert!(jobs[1].ends_with(" COMPLETED"), "{jobs:?}");
     let r = f.receipt("not-retried");
     assert_eq!(r["verdict"], "error", "{r:#}");
     let why = r["reason"].as_str().unwrap();

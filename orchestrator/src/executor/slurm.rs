@@ -330,89 +330,10 @@ const CANCELLED_BEFORE: &str = "cancelled: the run was interrupted before this c
 
 impl Executor for SlurmExecutor {
     fn execute(&self, job: &CellJob, on_attempt: &mut dyn FnMut(&AttemptRecord)) -> NodeReceipt {
-        let receipt_path = job.node_dir.join("receipt.json");
-        let mut lost: Vec<String> = Vec::new();
-        let mut try_n = 0;
-        loop {
-            try_n += 1;
-            let fail = |verdict: Verdict, reason: String| {
-                let mut r = job.receipt();
-                r.gpus.clear();
-                r.verdict = verdict;
-                r.reason = Some(reason);
-                r
-            };
-            if self.cancelled.load(Ordering::SeqCst) {
-                return fail(Verdict::Cancelled, CANCELLED_BEFORE.to_string());
-            }
-            // A receipt left by an earlier try (or run) must not be taken for this job's.
-            if let Err(e) = std::fs::remove_file(&receipt_path)
-                && e.kind() != std::io::ErrorKind::NotFound
-            {
-                return fail(
-                    Verdict::Error,
-                    format!(
-                        "{}: cannot remove the old receipt: {e}",
-                        receipt_path.display()
-                    ),
-                );
-            }
-            let id = match self.submit(job, try_n) {
-                Ok(id) => id,
-                Err(e) if e == CANCELLED_BEFORE => return fail(Verdict::Cancelled, e),
-                Err(e) => return fail(Verdict::Error, e),
-            };
-            self.note(&job.id, &id, "submitted", "");
-            let end = self.wait(job, &id);
-            self.active
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&id);
-            let state = end.as_ref().map_or("gone", |s| s.state.as_str());
-            self.record(job, try_n, &id, state);
-            // A lost job's exec-node may still have written a receipt as Slurm signalled it
-            // (preemption sends SIGTERM first); what it recorded while dying is no verdict.
-            let lost_now = end.as_ref().is_some_and(|s| is_lost(&s.state));
-            if !lost_now && let Some(mut r) = read_receipt(&receipt_path, state == "COMPLETED") {
-                for a in &r.attempts {
-                    on_attempt(a);
-                }
-                if !lost.is_empty() {
-                    let note = format!("after Slurm lost {}", lost.join(", "));
-                    r.reason = Some(match r.reason.take() {
-                        Some(why) => format!("{why} ({note})"),
-                        None => note,
-                    });
-                }
-                // `seconds` stays exec-node's: the attempts' wall time, not time in the queue,
-                // so durations and ETAs compare with local runs.
-                return r;
-            }
-            let output = self.opts.spool.join(format!("{}.{try_n}.out", job.slug));
-            let ending = judge(
-                &id,
-                end.as_ref(),
-                self.cancelled.load(Ordering::SeqCst),
-                &output,
-            );
-            match ending {
-                Ending::Lost if (lost.len() as u32) < job.retries => {
-                    lost.push(format!("job {id} ({state})"));
-                }
-                Ending::Lost => {
-                    lost.push(format!("job {id} ({state})"));
-                    return fail(
-                        Verdict::Error,
-                        format!(
-                            "the cluster lost the job before the node finished: {}; \
-                             raise `retries` or check the partition's nodes (sinfo -R)",
-                            lost.join(", ")
-                        ),
-                    );
-                }
-                Ending::Verdict(v, why) => return fail(v, why),
-            }
-        }
+        let mut jobs = Vec::new();
+        let mut r = self.execute_jobs(job, on_attempt, &mut jobs);
+        r.slurm_jobs = jobs;
+        r
     }
 
     fn cancel_all(&self) {
@@ -468,6 +389,102 @@ impl Executor for SlurmExecutor {
                     "memra-orch: cannot run scancel ({e}); cancel jobs {} by hand",
                     ids.join(" ")
                 ),
+            }
+        }
+    }
+}
+
+impl SlurmExecutor {
+    /// Submits the cell until it ends (resubmitting jobs the cluster lost, within
+    /// `retries`), collecting every job id and end state into `jobs`.
+    fn execute_jobs(
+        &self,
+        job: &CellJob,
+        on_attempt: &mut dyn FnMut(&AttemptRecord),
+        jobs: &mut Vec<String>,
+    ) -> NodeReceipt {
+        let receipt_path = job.node_dir.join("receipt.json");
+        let mut lost: Vec<String> = Vec::new();
+        let mut try_n = 0;
+        loop {
+            try_n += 1;
+            let fail = |verdict: Verdict, reason: String| {
+                let mut r = job.receipt();
+                r.gpus.clear();
+                r.verdict = verdict;
+                r.reason = Some(reason);
+                r
+            };
+            if self.cancelled.load(Ordering::SeqCst) {
+                return fail(Verdict::Cancelled, CANCELLED_BEFORE.to_string());
+            }
+            // A receipt left by an earlier try (or run) must not be taken for this job's.
+            if let Err(e) = std::fs::remove_file(&receipt_path)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                return fail(
+                    Verdict::Error,
+                    format!(
+                        "{}: cannot remove the old receipt: {e}",
+                        receipt_path.display()
+                    ),
+                );
+            }
+            let id = match self.submit(job, try_n) {
+                Ok(id) => id,
+                Err(e) if e == CANCELLED_BEFORE => return fail(Verdict::Cancelled, e),
+                Err(e) => return fail(Verdict::Error, e),
+            };
+            self.note(&job.id, &id, "submitted", "");
+            let end = self.wait(job, &id);
+            self.active
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+            let state = end.as_ref().map_or("gone", |s| s.state.as_str());
+            self.record(job, try_n, &id, state);
+            jobs.push(format!("{id} {state}"));
+            // A lost job's exec-node may still have written a receipt as Slurm signalled it
+            // (preemption sends SIGTERM first); what it recorded while dying is no verdict.
+            let lost_now = end.as_ref().is_some_and(|s| is_lost(&s.state));
+            if !lost_now && let Some(mut r) = read_receipt(&receipt_path, state == "COMPLETED") {
+                for a in &r.attempts {
+                    on_attempt(a);
+                }
+                if !lost.is_empty() {
+                    let note = format!("after Slurm lost {}", lost.join(", "));
+                    r.reason = Some(match r.reason.take() {
+                        Some(why) => format!("{why} ({note})"),
+                        None => note,
+                    });
+                }
+                // `seconds` stays exec-node's: the attempts' wall time, not time in the queue,
+                // so durations and ETAs compare with local runs.
+                return r;
+            }
+            let output = self.opts.spool.join(format!("{}.{try_n}.out", job.slug));
+            let ending = judge(
+                &id,
+                end.as_ref(),
+                self.cancelled.load(Ordering::SeqCst),
+                &output,
+            );
+            match ending {
+                Ending::Lost if (lost.len() as u32) < job.retries => {
+                    lost.push(format!("job {id} ({state})"));
+                }
+                Ending::Lost => {
+                    lost.push(format!("job {id} ({state})"));
+                    return fail(
+                        Verdict::Error,
+                        format!(
+                            "the cluster lost the job before the node finished: {}; \
+                             raise `retries` or check the partition's nodes (sinfo -R)",
+                            lost.join(", ")
+                        ),
+                    );
+                }
+                Ending::Verdict(v, why) => return fail(v, why),
             }
         }
     }

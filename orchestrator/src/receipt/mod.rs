@@ -109,6 +109,10 @@ pub struct NodeReceipt {
     pub compare: Option<Value>,
     /// Wall seconds of all attempts.
     pub seconds: f64,
+    /// The cluster jobs that ran this cell (`<job id> <end state>`, one per submission, in
+    /// order), for executors that place work on a cluster; absent for local runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slurm_jobs: Vec<String>,
 }
 
 impl NodeReceipt {
@@ -140,6 +144,7 @@ impl NodeReceipt {
             artifacts: Vec::new(),
             compare: None,
             seconds: 0.0,
+            slurm_jobs: Vec::new(),
         }
     }
 
