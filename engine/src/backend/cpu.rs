@@ -23,7 +23,7 @@ use rayon::prelude::*;
 
 use super::stages::{StagePlan, boundary_copy};
 use super::trace::{ActivationTrace, Composition, Site, SiteKey, SiteRecord};
-use super::{Backend, EngineError, SeqId, canary_token};
+use super::{Backend, EngineError, RowSpec, SeqId, batch_rows, canary_token, check_token};
 use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::model::{LayerWeights, LlamaConfig, LlamaModel, Weight, WeightData};
 use crate::sampling::{SamplingParams, sample_token};
@@ -94,14 +94,6 @@ enum Walk {
     Split,
     /// Every stage-owned layer in order on one buffer, no boundary.
     Unsplit,
-}
-
-/// One row of a forward pass: which sequence, at which position, with which token.
-#[derive(Debug, Clone, Copy)]
-struct RowSpec {
-    seq: SeqId,
-    pos: usize,
-    token: u32,
 }
 
 /// The activations of a batch of rows in the two forms the matvecs take: f32 (float
@@ -189,17 +181,6 @@ impl CpuBackend {
 
     fn head(&self) -> &Weight {
         self.output.as_ref().unwrap_or(&self.token_embd)
-    }
-
-    fn check_token(&self, token: u32) -> Result<(), EngineError> {
-        if (token as usize) < self.config.n_vocab {
-            Ok(())
-        } else {
-            Err(EngineError::BadToken {
-                token,
-                n_vocab: self.config.n_vocab,
-            })
-        }
     }
 
     /// Reserves `adding` positions of `seq`, returning the first.
@@ -733,7 +714,7 @@ impl Backend for CpuBackend {
     }
 
     fn decode_step_h(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, EngineError> {
-        self.check_token(token)?;
+        check_token(token, self.config.n_vocab)?;
         let pos = self.reserve(seq, 1)?;
         let token = canary_token(&self.doors, token, self.config.n_vocab, pos == 1);
         let tier = if self.fused_single {
@@ -835,26 +816,9 @@ impl CpuBackend {
         tokens: &[u32],
         walk: Walk,
     ) -> Result<Vec<f32>, EngineError> {
-        if seqs.len() != tokens.len() {
-            return Err(EngineError::BatchShape {
-                seqs: seqs.len(),
-                tokens: tokens.len(),
-            });
-        }
-        if seqs.is_empty() {
-            return Err(EngineError::Empty { what: "batch" });
-        }
-        let mut rows = Vec::with_capacity(seqs.len());
-        for (b, (&seq, &token)) in seqs.iter().zip(tokens).enumerate() {
-            self.check_token(token)?;
-            if seqs[..b].contains(&seq) {
-                return Err(EngineError::DuplicateInBatch { seq });
-            }
-            let pos = self.reserve(seq, 1)?;
-            let last_of_many = seqs.len() >= 2 && b == seqs.len() - 1;
-            let token = canary_token(&self.doors, token, self.config.n_vocab, last_of_many);
-            rows.push(RowSpec { seq, pos, token });
-        }
+        let rows = batch_rows(seqs, tokens, &self.doors, self.config.n_vocab, |seq| {
+            self.reserve(seq, 1)
+        })?;
         let logits = self.forward_walk(&rows, Tier::Separate, 0..rows.len(), walk, true)?;
         for &seq in seqs {
             self.commit_positions(seq, 1);
@@ -871,7 +835,7 @@ impl CpuBackend {
             return Err(EngineError::Empty { what: "prompt" });
         }
         for &t in tokens {
-            self.check_token(t)?;
+            check_token(t, self.config.n_vocab)?;
         }
         let start = self.reserve(seq, tokens.len())?;
         Ok(tokens

@@ -174,6 +174,58 @@ pub trait Backend: Send {
     }
 }
 
+/// One row of a forward pass: which sequence, at which position, with which token. Shared by
+/// the backends so both read a batch the same way.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowSpec {
+    pub(crate) seq: SeqId,
+    pub(crate) pos: usize,
+    pub(crate) token: u32,
+}
+
+/// Refuses a token outside the vocabulary.
+pub(crate) fn check_token(token: u32, n_vocab: usize) -> Result<(), EngineError> {
+    if (token as usize) < n_vocab {
+        Ok(())
+    } else {
+        Err(EngineError::BadToken { token, n_vocab })
+    }
+}
+
+/// The rows of one batched decode step, validated before any cache moves: one token per
+/// sequence, no sequence twice, every token in the vocabulary, and room in every cache
+/// (`reserve(seq)` returns the position the row takes, or why it cannot). The canary rule
+/// ([`canary_token`]) applies to the last row of a batch of two or more.
+pub(crate) fn batch_rows(
+    seqs: &[SeqId],
+    tokens: &[u32],
+    doors: &Doors,
+    n_vocab: usize,
+    reserve: impl Fn(SeqId) -> Result<usize, EngineError>,
+) -> Result<Vec<RowSpec>, EngineError> {
+    if seqs.len() != tokens.len() {
+        return Err(EngineError::BatchShape {
+            seqs: seqs.len(),
+            tokens: tokens.len(),
+        });
+    }
+    if seqs.is_empty() {
+        return Err(EngineError::Empty { what: "batch" });
+    }
+    let mut rows = Vec::with_capacity(seqs.len());
+    for (b, (&seq, &token)) in seqs.iter().zip(tokens).enumerate() {
+        check_token(token, n_vocab)?;
+        if seqs[..b].contains(&seq) {
+            return Err(EngineError::DuplicateInBatch { seq });
+        }
+        let pos = reserve(seq)?;
+        let last_of_many = seqs.len() >= 2 && b == seqs.len() - 1;
+        let token = canary_token(doors, token, n_vocab, last_of_many);
+        rows.push(RowSpec { seq, pos, token });
+    }
+    Ok(rows)
+}
+
 /// Opens the backend the doors ask for: `cpu`; `cuda`, failing with what is missing when no
 /// usable device is there; `auto`, the CUDA backend when a device and the CUDA libraries
 /// are present and the CPU backend otherwise, saying so once per process on stderr.

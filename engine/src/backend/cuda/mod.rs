@@ -38,7 +38,7 @@ use memra_kernels::twin::{MatvecFamily, SPLIT_K_CHUNK};
 pub use weights::{DevModel, DevWeight};
 
 use super::stages::StagePlan;
-use super::{Backend, EngineError, SeqId, canary_token};
+use super::{Backend, EngineError, RowSpec, SeqId, batch_rows, canary_token, check_token};
 use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::model::{LlamaConfig, LlamaModel};
 use crate::sampling::SamplingParams;
@@ -104,14 +104,6 @@ enum Walk {
     Split,
     /// Every stage-owned layer in order on one set of buffers, no boundary.
     Unsplit,
-}
-
-/// One row of a pass.
-#[derive(Debug, Clone, Copy)]
-struct RowSpec {
-    seq: SeqId,
-    pos: usize,
-    token: u32,
 }
 
 /// A sequence: its length and its KV caches, one `[capacity, kv_dim]` buffer per layer.
@@ -330,17 +322,6 @@ impl CudaBackend {
     /// The device's name.
     pub fn device_name(&self) -> &str {
         self.dm.gpu.name()
-    }
-
-    fn check_token(&self, token: u32) -> Result<(), EngineError> {
-        if (token as usize) < self.dm.config.n_vocab {
-            Ok(())
-        } else {
-            Err(EngineError::BadToken {
-                token,
-                n_vocab: self.dm.config.n_vocab,
-            })
-        }
     }
 
     fn reserve(&self, seq: SeqId, adding: usize) -> Result<usize, EngineError> {
@@ -569,7 +550,7 @@ impl CudaBackend {
             return Err(EngineError::Empty { what: "prompt" });
         }
         for &t in tokens {
-            self.check_token(t)?;
+            check_token(t, self.dm.config.n_vocab)?;
         }
         let start = self.reserve(seq, tokens.len())?;
         let n_vocab = self.dm.config.n_vocab;
@@ -612,7 +593,7 @@ impl CudaBackend {
 
     /// The single-sequence row of `seq` fed `token`.
     fn single_row(&self, seq: SeqId, token: u32) -> Result<(RowSpec, Tier), EngineError> {
-        self.check_token(token)?;
+        check_token(token, self.dm.config.n_vocab)?;
         let pos = self.reserve(seq, 1)?;
         let token = canary_token(&self.doors, token, self.dm.config.n_vocab, pos == 1);
         let tier = if self.fused_single {
@@ -649,27 +630,9 @@ impl CudaBackend {
 
     /// The batched rows of one step, validated like the CPU backend's.
     fn batch_rows(&self, seqs: &[SeqId], tokens: &[u32]) -> Result<Vec<RowSpec>, EngineError> {
-        if seqs.len() != tokens.len() {
-            return Err(EngineError::BatchShape {
-                seqs: seqs.len(),
-                tokens: tokens.len(),
-            });
-        }
-        if seqs.is_empty() {
-            return Err(EngineError::Empty { what: "batch" });
-        }
-        let mut rows = Vec::with_capacity(seqs.len());
-        for (b, (&seq, &token)) in seqs.iter().zip(tokens).enumerate() {
-            self.check_token(token)?;
-            if seqs[..b].contains(&seq) {
-                return Err(EngineError::DuplicateInBatch { seq });
-            }
-            let pos = self.reserve(seq, 1)?;
-            let last_of_many = seqs.len() >= 2 && b == seqs.len() - 1;
-            let token = canary_token(&self.doors, token, self.dm.config.n_vocab, last_of_many);
-            rows.push(RowSpec { seq, pos, token });
-        }
-        Ok(rows)
+        batch_rows(seqs, tokens, &self.doors, self.dm.config.n_vocab, |seq| {
+            self.reserve(seq, 1)
+        })
     }
 }
 
