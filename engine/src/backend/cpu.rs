@@ -23,7 +23,9 @@ use rayon::prelude::*;
 
 use super::stages::{StagePlan, boundary_copy};
 use super::trace::{ActivationTrace, Composition, Site, SiteKey, SiteRecord};
-use super::{Backend, EngineError, RowSpec, SeqId, batch_rows, canary_token, check_token};
+use super::{
+    Backend, EngineError, RowSpec, SeqId, batch_rows, canary_token, check_token, reserve_positions,
+};
 use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::model::{LayerWeights, LlamaConfig, LlamaModel, Weight, WeightData};
 use crate::sampling::{SamplingParams, sample_token};
@@ -189,15 +191,7 @@ impl CpuBackend {
             .seqs
             .get(&seq)
             .ok_or(EngineError::UnknownSequence(seq))?;
-        if st.len + adding > st.capacity {
-            return Err(EngineError::CacheFull {
-                seq,
-                len: st.len,
-                capacity: st.capacity,
-                adding,
-            });
-        }
-        Ok(st.len)
+        reserve_positions(seq, st.len, st.capacity, adding)
     }
 
     /// Runs `rows` through the model with composition `tier`, appending each row's K and V

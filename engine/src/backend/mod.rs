@@ -192,6 +192,25 @@ pub(crate) fn check_token(token: u32, n_vocab: usize) -> Result<(), EngineError>
     }
 }
 
+/// Room for `adding` more positions in `seq`, which holds `len` of `capacity`: the first new
+/// position, or why there is none. Looking the sequence up is the backend's.
+pub(crate) fn reserve_positions(
+    seq: SeqId,
+    len: usize,
+    capacity: usize,
+    adding: usize,
+) -> Result<usize, EngineError> {
+    if len + adding > capacity {
+        return Err(EngineError::CacheFull {
+            seq,
+            len,
+            capacity,
+            adding,
+        });
+    }
+    Ok(len)
+}
+
 /// The rows of one batched decode step, validated before any cache moves: one token per
 /// sequence, no sequence twice, every token in the vocabulary, and room in every cache
 /// (`reserve(seq)` returns the position the row takes, or why it cannot). The canary rule

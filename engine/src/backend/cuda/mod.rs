@@ -38,7 +38,9 @@ use memra_kernels::twin::{MatvecFamily, SPLIT_K_CHUNK};
 pub use weights::{DevModel, DevWeight};
 
 use super::stages::StagePlan;
-use super::{Backend, EngineError, RowSpec, SeqId, batch_rows, canary_token, check_token};
+use super::{
+    Backend, EngineError, RowSpec, SeqId, batch_rows, canary_token, check_token, reserve_positions,
+};
 use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::model::{LlamaConfig, LlamaModel};
 use crate::sampling::SamplingParams;
@@ -329,15 +331,7 @@ impl CudaBackend {
             .seqs
             .get(&seq)
             .ok_or(EngineError::UnknownSequence(seq))?;
-        if st.len + adding > st.capacity {
-            return Err(EngineError::CacheFull {
-                seq,
-                len: st.len,
-                capacity: st.capacity,
-                adding,
-            });
-        }
-        Ok(st.len)
+        reserve_positions(seq, st.len, st.capacity, adding)
     }
 
     fn stream(&self) -> Arc<CudaStream> {
