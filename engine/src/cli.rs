@@ -346,9 +346,13 @@ fn cuda_door_matrix(
     plan: &BenchPlan,
 ) -> Result<(), Failure> {
     use crate::backend::cuda;
-    let gpu = cuda::open_device(doors)
+    let gpus = cuda::open_devices(doors)
         .map_err(|why| bad(format!("bench --door-matrix needs a CUDA device: {why}")))?;
-    let dm = std::sync::Arc::new(cuda::DevModel::upload(gpu, &model).map_err(engine_failure)?);
+    let stages = crate::backend::stages::StagePlan::from_doors(doors, model.config.n_layer)
+        .map_err(|why| bad(format!("bench --door-matrix: {why}")))?;
+    let dm = std::sync::Arc::new(
+        cuda::DevModel::upload_placed(gpus, &model, &stages).map_err(engine_failure)?,
+    );
     drop(model);
     let table = cuda::bench::door_matrix(
         &dm,

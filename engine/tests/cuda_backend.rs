@@ -1,12 +1,15 @@
 //! The CUDA backend: backend selection and its errors everywhere, and on a GPU the backend
 //! against the CPU backend (the same compositions up to `exp`), batch rows against the same
 //! sequence alone, the equalized paths, lean ticks against host token choice, parked logits
-//! against the batched logits, and pipeline stages on one device: the split walk against the
-//! unsplit walk, bit for bit, and the unsplit walk's refusal on a split model.
+//! against the batched logits, and pipeline stages: on one device the split walk against the
+//! unsplit walk, bit for bit, and the unsplit walk's refusal on a split model; over two
+//! devices (both orders, and a device that comes back) the split walk, the unsplit walk,
+//! lean ticks and parked logits against one device, bit for bit, and the boundary-copy
+//! defect caught; a missing device ordinal named with the fix.
 //!
 //! GPU tests print why and return when no usable GPU is present (no driver, no CUDA
-//! libraries, no device), so CI without a GPU stays green; `cuda-check` is the full
-//! acceptance run on a GPU machine.
+//! libraries, no device), or when a test needs two devices and the machine has one, so CI
+//! without a GPU stays green; `cuda-check` is the full acceptance run on a GPU machine.
 
 use memra_engine::backend::cpu::CpuBackend;
 use memra_engine::backend::cuda::{self, CudaBackend};
@@ -85,17 +88,99 @@ fn backend_auto_runs_on_the_gpu_or_falls_back_to_the_cpu() {
     assert_eq!(be.doors_report().backend, want);
 }
 
+/// The number of CUDA devices here, or why it cannot be counted.
+fn device_count() -> Result<usize, String> {
+    memra_kernels::cuda::probe().map_err(|e| e.to_string())?;
+    cudarc::driver::CudaContext::device_count()
+        .map(|c| c.max(0) as usize)
+        .map_err(|e| e.to_string())
+}
+
+/// Whether this machine has two CUDA devices; prints the reason when not.
+fn two_devices(test: &str) -> bool {
+    if !gpu_present(test) {
+        return false;
+    }
+    match device_count() {
+        Ok(n) if n >= 2 => true,
+        Ok(n) => {
+            eprintln!("{test}: skipped, it needs 2 CUDA devices and this machine has {n}");
+            false
+        }
+        Err(why) => {
+            eprintln!("{test}: skipped, the CUDA devices cannot be counted: {why}");
+            false
+        }
+    }
+}
+
 #[test]
-fn pipeline_over_two_devices_is_refused_with_the_fix() {
+fn pipeline_on_a_missing_device_names_the_ordinal_and_the_fix() {
+    if !gpu_present("pipeline_on_a_missing_device_names_the_ordinal_and_the_fix") {
+        return;
+    }
+    // The first ordinal past the last device: missing on every machine.
+    let missing = device_count().unwrap();
+    let doors = Doors {
+        backend: BackendChoice::Cuda,
+        pp_stages: 2,
+        pp_devices: vec![0, missing],
+        ..Doors::default()
+    };
+    let why = cuda::open_devices(&doors).err().unwrap();
+    assert!(why.contains(&format!("CUDA device {missing} ")), "{why}");
+    assert!(why.contains("invalid device ordinal"), "{why}");
+    assert!(
+        why.contains(&format!("MEMRA_PP_DEVICES=0,{missing}")),
+        "{why}"
+    );
+    assert!(
+        why.contains(&format!("this machine has {missing} CUDA device(s)")),
+        "{why}"
+    );
+    assert!(why.contains("MEMRA_BACKEND=cpu"), "{why}");
+    // The backend says the same, prefixed by the pin that chose it.
+    let err = open_backend(synth("tiny", "q4_1"), &doors).err().unwrap();
+    let EngineError::Unavailable(msg) = err else {
+        panic!("expected Unavailable, got {err:?}");
+    };
+    assert!(msg.starts_with("MEMRA_BACKEND=cuda: "), "{msg}");
+    assert!(msg.contains(&why), "{msg}");
+    // The primary alone still opens.
+    assert!(cuda::open_device(&doors).is_ok());
+}
+
+#[test]
+fn a_model_on_one_device_refuses_doors_that_place_it_on_two() {
+    if !gpu_present("a_model_on_one_device_refuses_doors_that_place_it_on_two") {
+        return;
+    }
+    let model = synth("tiny", "q4_1");
+    let gpu = cuda::open_device(&Doors::default()).unwrap();
+    let dm = std::sync::Arc::new(cuda::DevModel::upload(gpu, &model).unwrap());
     let doors = Doors {
         backend: BackendChoice::Cuda,
         pp_stages: 2,
         pp_devices: vec![0, 1],
         ..Doors::default()
     };
-    let why = cuda::open_device(&doors).err().unwrap();
-    assert!(why.contains("MEMRA_PP_DEVICES=0,1"), "{why}");
-    assert!(why.contains("same device"), "{why}");
+    let half = StagePlan::from_doors(&doors, model.config.n_layer)
+        .unwrap()
+        .stages[1]
+        .layers
+        .start;
+    // Refused before any device is touched, so one GPU suffices.
+    let err = CudaBackend::with_model(dm.clone(), doors).err().unwrap();
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!(
+            "layer {half} is on device 0 but the plan runs it on device 1"
+        )),
+        "{msg}"
+    );
+    assert!(msg.contains("DevModel::upload_placed"), "{msg}");
+    // Stages that all stay on the model's device are fine.
+    CudaBackend::with_model(dm, split(&Doors::default(), 2, false)).unwrap();
 }
 
 /// Door combinations of the numeric doors.
@@ -319,30 +404,50 @@ fn split(base: &Doors, stages: usize, allow_unsplit: bool) -> Doors {
     }
 }
 
-/// The logits of one fixed program: a prefill longer than one pass, three single-sequence
-/// steps, three batched steps through `decode_step_batch` and the same three steps of twin
-/// sequences (same prompts, same tokens) through `decode_step_batch_unsplit`.
-fn staged_program(be: &mut CudaBackend) -> Vec<Vec<f32>> {
+/// The outputs of one fixed program, as bits: a prefill longer than one pass (0), three
+/// single-sequence steps (1..4), three batched steps through `decode_step_batch` (4..7),
+/// with `unsplit` the same three steps of twin sequences (same prompts, same tokens)
+/// through `decode_step_batch_unsplit` (7..10), then three sampled batched steps of another
+/// twin set, each followed by its parked logits, and one greedy single-sequence lean tick.
+fn staged_program(be: &mut CudaBackend, unsplit: bool) -> Vec<Vec<u32>> {
     let v = be.config().n_vocab;
     let mut out = Vec::new();
     let long = tokens(v, 7, cuda::MAX_ROWS + 6);
     be.open_sequence(SeqId(0), 96).unwrap();
-    out.push(be.prefill(SeqId(0), &long).unwrap());
+    out.push(bits(&be.prefill(SeqId(0), &long).unwrap()));
     for &t in &tokens(v, 8, 3) {
-        out.push(be.decode_step_h(SeqId(0), t).unwrap());
+        out.push(bits(&be.decode_step_h(SeqId(0), t).unwrap()));
     }
     let seqs = open_fed(be, 10, 3, 32);
     let twins = open_fed(be, 20, 3, 32);
-    for step in 0..3 {
-        out.push(
-            be.decode_step_batch(&seqs, &tokens(v, 60 + step, 3))
-                .unwrap(),
-        );
-    }
+    let leans = open_fed(be, 30, 3, 32);
     for step in 0..3 {
         let feed = tokens(v, 60 + step, 3);
-        out.push(be.decode_step_batch_unsplit(&twins, &feed).unwrap());
+        out.push(bits(&be.decode_step_batch(&seqs, &feed).unwrap()));
     }
+    if unsplit {
+        for step in 0..3 {
+            let feed = tokens(v, 60 + step, 3);
+            out.push(bits(&be.decode_step_batch_unsplit(&twins, &feed).unwrap()));
+        }
+    }
+    let params = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.8,
+        seed: 11,
+    };
+    for step in 0..3 {
+        let feed = tokens(v, 60 + step, 3);
+        out.push(
+            be.decode_step_batch_sampled(&leans, &feed, &params)
+                .unwrap(),
+        );
+        out.push(bits(&be.parked_logits().unwrap()));
+    }
+    let greedy = SamplingParams::greedy();
+    out.push(vec![
+        be.decode_step_h_sampled(SeqId(0), 5, &greedy).unwrap(),
+    ]);
     out
 }
 
@@ -354,24 +459,127 @@ fn cuda_split_walk_equals_the_unsplit_walk_bit_for_bit() {
     let model = synth("tiny", "q4_1");
     for base in combos() {
         let mut whole = CudaBackend::new(&model, base.clone()).unwrap();
-        let want = staged_program(&mut whole);
-        // On an unsplit model the unsplit walk is the batched step.
-        assert_eq!(bits(&want[4..7].concat()), bits(&want[7..10].concat()));
+        let want = staged_program(&mut whole, true);
+        // On an unsplit model the unsplit walk is the batched step, and the parked logits
+        // of the lean ticks (twins of the batched sequences) are the batched logits.
+        assert_eq!(want[4..7], want[7..10]);
+        assert_eq!(
+            [&want[11], &want[13], &want[15]],
+            [&want[4], &want[5], &want[6]]
+        );
         for stages in [2, 3] {
             let doors = split(&base, stages, true);
             let mut be = CudaBackend::new(&model, doors.clone()).unwrap();
             let report = be.doors_report();
             assert_eq!(report.pp_stages, stages);
             assert_eq!(report.pp_devices, vec!["0"; stages].join(","));
-            let got = staged_program(&mut be);
+            let got = staged_program(&mut be, true);
             for (i, (a, b)) in want.iter().zip(&got).enumerate() {
                 assert_eq!(
-                    bits(a),
-                    bits(b),
+                    a, b,
                     "{doors:?}: output {i} of the program differs from the unsplit model"
                 );
             }
         }
+    }
+}
+
+/// Doors that put `devices.len()` stages on `devices`, the unsplit walk allowed.
+fn over(base: &Doors, devices: &[usize]) -> Doors {
+    Doors {
+        pp_stages: devices.len(),
+        pp_devices: devices.to_vec(),
+        pp_allow_unsplit_batch: true,
+        ..base.clone()
+    }
+}
+
+#[test]
+fn cuda_stages_over_two_devices_equal_one_device_bit_for_bit() {
+    if !two_devices("cuda_stages_over_two_devices_equal_one_device_bit_for_bit") {
+        return;
+    }
+    let model = synth("tiny", "q4_1");
+    for base in combos() {
+        let mut whole = CudaBackend::new(&model, base.clone()).unwrap();
+        let want = staged_program(&mut whole, true);
+        for devices in [&[0, 1][..], &[1, 0], &[0, 1, 0]] {
+            for graphs in [true, false] {
+                let doors = over(&base, devices);
+                let mut be = CudaBackend::new(&model, doors.clone()).unwrap();
+                be.set_graphs(graphs);
+                let report = be.doors_report();
+                assert_eq!(report.pp_stages, devices.len());
+                let listed: Vec<String> = devices.iter().map(|d| d.to_string()).collect();
+                assert_eq!(report.pp_devices, listed.join(","));
+                let (a, b) = (devices[0], devices[1]);
+                let reach = be.device_model().peer.on(0, 1);
+                let got = if reach {
+                    staged_program(&mut be, true)
+                } else {
+                    // Without peer access the unsplit walk is refused, naming both devices;
+                    // the split walk still runs.
+                    let seqs = open_fed(&mut be, 90, 2, 16);
+                    let err = be
+                        .decode_step_batch_unsplit(&seqs, &tokens(model.config.n_vocab, 1, 2))
+                        .unwrap_err()
+                        .to_string();
+                    let off = format!("peer access from device {a} to device {b} is off");
+                    assert!(err.contains(&off), "{err}");
+                    for s in seqs {
+                        be.close_sequence(s).unwrap();
+                    }
+                    let mut got = staged_program(&mut be, false);
+                    got.splice(7..7, want[7..10].iter().cloned());
+                    eprintln!("devices {devices:?}: no peer access, unsplit walk not compared");
+                    got
+                };
+                assert_eq!(want.len(), got.len());
+                for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+                    assert_eq!(
+                        w, g,
+                        "{doors:?}, graphs {graphs}: output {i} of the program differs from \
+                         one device"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cuda_boundary_copy_between_devices_is_real() {
+    if !two_devices("cuda_boundary_copy_between_devices_is_real") {
+        return;
+    }
+    // Under the planted boundary-copy defect the stage on the second device runs on its own
+    // never-written buffers, so the split walk must leave the one-device result.
+    let model = synth("tiny", "q4_1");
+    let v = model.config.n_vocab;
+    let base = Doors {
+        backend: BackendChoice::Cuda,
+        ..Doors::default()
+    };
+    let feed = tokens(v, 3, 3);
+    let mut whole = CudaBackend::new(&model, base.clone()).unwrap();
+    let seqs = open_fed(&mut whole, 0, 3, 16);
+    let want = whole.decode_step_batch(&seqs, &feed).unwrap();
+    for devices in [[0, 1], [1, 0]] {
+        let sound = over(&base, &devices);
+        let defective = Doors {
+            gate_defect: Some(GateDefect::BoundaryCopy),
+            ..sound.clone()
+        };
+        let mut be = CudaBackend::new(&model, sound).unwrap();
+        let seqs = open_fed(&mut be, 0, 3, 16);
+        assert_eq!(
+            bits(&be.decode_step_batch(&seqs, &feed).unwrap()),
+            bits(&want)
+        );
+        let mut be = CudaBackend::new(&model, defective).unwrap();
+        let seqs = open_fed(&mut be, 0, 3, 16);
+        let got = be.decode_step_batch(&seqs, &feed).unwrap();
+        assert_ne!(bits(&got), bits(&want), "devices {devices:?}");
     }
 }
 

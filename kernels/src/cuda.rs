@@ -17,8 +17,10 @@ use crate::compile::{self, CompiledPtx, PtxCache};
 use crate::error::KernelError;
 use crate::sources::{self, KernelSource};
 use crate::twin::{AttnShape, MatvecFamily, SAMPLE_THREADS, SPLIT_K_CHUNK};
+mod peer;
 mod rows;
 
+pub use peer::{Fence, copy_peer};
 pub use rows::{AttnRows, RopeStoreArgs, attention_can_quantize};
 
 use cudarc::driver::{

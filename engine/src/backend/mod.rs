@@ -259,9 +259,9 @@ pub fn open_backend(model: LlamaModel, doors: &Doors) -> Result<Box<dyn Backend>
                 other => other,
             })?,
         )),
-        BackendChoice::Auto => match cuda::open_device(doors) {
-            Ok(gpu) => Ok(Box::new(cuda::CudaBackend::on_device(
-                gpu,
+        BackendChoice::Auto => match cuda::open_devices(doors) {
+            Ok(gpus) => Ok(Box::new(cuda::CudaBackend::on_devices(
+                gpus,
                 &model,
                 doors.clone(),
             )?)),

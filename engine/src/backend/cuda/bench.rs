@@ -51,10 +51,10 @@ pub fn door_settings(base: &Doors) -> Vec<(String, Doors)> {
     out
 }
 
-/// Device-to-device copy bandwidth in bytes/s (read + written) over `bytes`-sized buffers,
-/// the best of `reps` timed copies.
+/// Device-to-device copy bandwidth of the primary device in bytes/s (read + written) over
+/// `bytes`-sized buffers, the best of `reps` timed copies.
 pub fn copy_bandwidth(dm: &DevModel, bytes: usize, reps: usize) -> Result<f64, EngineError> {
-    let stream = dm.gpu.stream().clone();
+    let stream = dm.primary().stream().clone();
     let err = |what: &str| {
         let what = what.to_string();
         move |e| device_err(&what, e)
@@ -186,7 +186,7 @@ pub fn door_matrix(
         "memra-engine bench --door-matrix: {title} on {}\n\
          weights read per step: {:.1} MB; device-to-device copy of 1 GiB (read + written), \
          best of 10: {:.0} GB/s; {steps} timed steps after {WARM} warm-up steps, best of {reps}\n",
-        dm.gpu.name(),
+        dm.device_names(),
         wbytes / 1e6,
         copy / 1e9
     );

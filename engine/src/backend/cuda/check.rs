@@ -22,8 +22,9 @@ use memra_kernels::check::report::{CheckRow, Mismatch, Status, compare_f32, comp
 use memra_kernels::twin;
 use serde_json::json;
 
-use super::{CudaBackend, DevModel, open_device};
+use super::{CudaBackend, DevModel, open_devices, upload_for};
 use crate::backend::cpu::CpuBackend;
+use crate::backend::stages::StagePlan;
 use crate::backend::{Backend, EngineError, SeqId};
 use crate::doors::Doors;
 use crate::model::LlamaModel;
@@ -526,7 +527,7 @@ pub fn main() -> i32 {
         "cuda-check: the CUDA backend against the host oracle and itself (seed {}, canary {})",
         base.gate_seed, base.gate_canary
     );
-    let gpu = match open_device(&base) {
+    let gpus = match open_devices(&base) {
         Ok(g) => g,
         Err(why) => {
             println!("cuda-check: SKIP: no usable GPU: {why}");
@@ -537,8 +538,10 @@ pub fn main() -> i32 {
             return if sink.failed > 0 { 1 } else { 0 };
         }
     };
-    println!("device: {} ({})", gpu.name(), gpu.arch());
-    let mut gpu = Some(gpu);
+    for g in &gpus {
+        println!("device {}: {} ({})", g.ordinal(), g.name(), g.arch());
+    }
+    let mut gpus = Some(gpus);
     let dir = match tempfile::tempdir() {
         Ok(d) => d,
         Err(e) => {
@@ -569,15 +572,18 @@ pub fn main() -> i32 {
                 continue;
             }
         };
-        // The first model takes the device opened above; later ones open it again.
-        let dev = match gpu.take().map_or_else(|| open_device(&base), Ok) {
+        // The first model takes the devices opened above; later ones open them again.
+        let devs = match gpus.take().map_or_else(|| open_devices(&base), Ok) {
             Ok(g) => g,
             Err(e) => {
                 sink.row(CheckRow::error(format!("cuda-check/{label}/device"), e));
                 continue;
             }
         };
-        let dm = match DevModel::upload(dev, &model) {
+        let placed = StagePlan::from_doors(&base, model.config.n_layer)
+            .map_err(EngineError::Model)
+            .and_then(|plan| DevModel::upload_placed(devs, &model, &plan));
+        let dm = match placed {
             Ok(dm) => Arc::new(dm),
             Err(e) => {
                 sink.row(fail(format!("cuda-check/{label}/upload"), e));
@@ -587,10 +593,7 @@ pub fn main() -> i32 {
         let model1 = first_layer(&model);
         let one = oracle(&model1, &program)
             .map_err(EngineError::Model)
-            .and_then(|w| {
-                let dev = open_device(&base).map_err(EngineError::Unavailable)?;
-                Ok((Arc::new(DevModel::upload(dev, &model1)?), w))
-            });
+            .and_then(|w| Ok((Arc::new(upload_for(&base, &model1)?), w)));
         let one = match one {
             Ok(o) => Some(o),
             Err(e) => {

@@ -1,5 +1,5 @@
-//! The CUDA backend: the engine API computed by the kernels of `memra_kernels` on one device,
-//! with the weights resident in their GGUF storage types.
+//! The CUDA backend: the engine API computed by the kernels of `memra_kernels` on one or
+//! more devices, with the weights resident in their GGUF storage types.
 //!
 //! It owns the device state of a run: the sequences' KV caches, the step buffers, the
 //! per-row tables that say where each row's caches live, and the CUDA graphs of the decode
@@ -8,7 +8,7 @@
 //! the single-sequence path runs the fused tier when `MEMRA_MMVQ=1` and
 //! `MEMRA_NO_FUSE_NORMQ=0` (norm+quantize fused, r applied by RoPE, the V store, SwiGLU and
 //! the head's scale). Which kernel computes what, and why that is the twins' arithmetic, is
-//! in `docs/numerics.md`; the model upload is in [`weights`].
+//! in `docs/numerics.md`; the model upload and its placement are in [`weights`].
 //!
 //! Everything a step changes (token ids, positions, hence lengths) lives in device buffers,
 //! so the launches of one decode step are captured once per (rows, tier, attention chunk
@@ -16,10 +16,17 @@
 //! back only the tokens, parking their logits in a device buffer for
 //! [`Backend::parked_logits`].
 //!
-//! Pipeline stages (`MEMRA_PP_STAGES`) all live on the one device. The split walk hands the
-//! residual stream from one stage to the next with an explicit device-to-device copy into a
-//! stage-owned buffer and continues from that buffer; the unsplit walk
-//! ([`Backend::decode_step_batch_unsplit`]) runs every stage-owned layer on one buffer.
+//! Pipeline stages (`MEMRA_PP_STAGES`) live on the devices `MEMRA_PP_DEVICES` names; stage
+//! 0's device is the primary and holds the embedding, the last stage's device holds the
+//! output norm and the head, runs the device sampling and hands the host the tokens. Each
+//! layer's weights, KV caches and cache tables live on its stage's device, and each device
+//! has its own step buffers. Consecutive stages on one device form a segment, captured as
+//! one graph on that device's stream. The split walk hands the residual stream from one
+//! stage to the next with an explicit copy into a stage-owned buffer: a device-to-device
+//! copy inside a segment, a peer copy between segments, ordered by events (see
+//! [`CudaBackend::hand_over`]). The unsplit walk ([`Backend::decode_step_batch_unsplit`])
+//! runs every stage-owned layer on the primary's buffers, reading the other devices'
+//! weights and caches through peer access; it is refused where peer access is off.
 
 pub mod bench;
 pub mod check;
@@ -31,11 +38,11 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, DriverError, sys};
 use memra_kernels::blocks::{BlockQ8_1, QK};
-use memra_kernels::cuda::{AttnRows, Gpu, RopeStoreArgs, attention_can_quantize};
+use memra_kernels::cuda::{AttnRows, Fence, Gpu, RopeStoreArgs, attention_can_quantize, copy_peer};
 use memra_kernels::error::KernelError;
 use memra_kernels::twin::{MatvecFamily, SPLIT_K_CHUNK};
 
-pub use weights::{DevModel, DevWeight};
+pub use weights::{DevModel, DevWeight, PeerAccess, Placement};
 
 use super::stages::StagePlan;
 use super::{
@@ -68,27 +75,70 @@ fn kernel_err(e: KernelError) -> EngineError {
     }
 }
 
-/// Opens the device the doors name (stage 0's), or says why there is none usable: missing
-/// libraries, no device, a pipeline over several devices.
-pub fn open_device(doors: &Doors) -> Result<Gpu, String> {
-    let ordinal = doors.pp_devices.first().copied().unwrap_or(0);
-    if doors.pp_devices.iter().any(|&d| d != ordinal) {
-        return Err(format!(
-            "MEMRA_PP_DEVICES={}: the CUDA backend runs every pipeline stage on one device; \
-             give every stage the same device (e.g. {ordinal},{ordinal}) or use \
-             MEMRA_BACKEND=cpu",
-            doors
-                .pp_devices
-                .iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        ));
+/// The device ordinals of the doors' stages, each once, in stage order.
+fn distinct_devices(doors: &Doors) -> Vec<usize> {
+    let mut out: Vec<usize> = Vec::new();
+    for &d in &doors.pp_devices {
+        if !out.contains(&d) {
+            out.push(d);
+        }
     }
-    let gpu = Gpu::new(ordinal).map_err(|e| format!("CUDA device {ordinal}: {e}"))?;
+    if out.is_empty() {
+        out.push(0);
+    }
+    out
+}
+
+/// Opens device `ordinal` with its kernels loaded; a failure names the ordinal, the
+/// devices this machine has when that is known, and the fix.
+fn open_ordinal(ordinal: usize, doors: &Doors) -> Result<Gpu, String> {
+    let gpu = Gpu::new(ordinal).map_err(|e| {
+        let list = doors
+            .pp_devices
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        // Only ask for the count when the libraries loaded: cudarc panics without them.
+        let count = memra_kernels::cuda::probe()
+            .ok()
+            .and_then(|_| cudarc::driver::CudaContext::device_count().ok());
+        match count {
+            Some(c) if ordinal >= c.max(0) as usize => format!(
+                "CUDA device {ordinal} (MEMRA_PP_DEVICES={list}): {e}; this machine has {c} \
+                 CUDA device(s), ordinals 0..{}: name only those in MEMRA_PP_DEVICES, or use \
+                 MEMRA_BACKEND=cpu",
+                c.max(1) - 1
+            ),
+            _ => format!("CUDA device {ordinal}: {e}"),
+        }
+    })?;
     gpu.load_all()
         .map_err(|e| format!("compiling the kernels for {}: {e}", gpu.name()))?;
     Ok(gpu)
+}
+
+/// Opens the primary device the doors name (stage 0's), or says why there is none usable:
+/// missing libraries, no device, an ordinal the machine does not have.
+pub fn open_device(doors: &Doors) -> Result<Gpu, String> {
+    open_ordinal(distinct_devices(doors)[0], doors)
+}
+
+/// Opens every device the doors' stages name, once each, in stage order: slot 0 is stage
+/// 0's device (the primary), and the slots match [`Placement::of`] for the doors' plan.
+pub fn open_devices(doors: &Doors) -> Result<Vec<Gpu>, String> {
+    distinct_devices(doors)
+        .into_iter()
+        .map(|o| open_ordinal(o, doors))
+        .collect()
+}
+
+/// Opens the devices the doors' stage plan names and uploads `model` where the plan puts
+/// it.
+pub fn upload_for(doors: &Doors, model: &LlamaModel) -> Result<DevModel, EngineError> {
+    let plan = StagePlan::from_doors(doors, model.config.n_layer).map_err(EngineError::Model)?;
+    let gpus = open_devices(doors).map_err(EngineError::Unavailable)?;
+    DevModel::upload_placed(gpus, model, &plan)
 }
 
 /// Which composition a pass runs (see the module docs).
@@ -104,11 +154,34 @@ enum Walk {
     /// Stage by stage, each stage after the first on its own buffers, filled by a boundary
     /// copy from the previous stage's.
     Split,
-    /// Every stage-owned layer in order on one set of buffers, no boundary.
+    /// Every stage-owned layer in order on the primary's buffers, no boundary.
     Unsplit,
 }
 
-/// A sequence: its length and its KV caches, one `[capacity, kv_dim]` buffer per layer.
+/// Consecutive stages on one device: the unit of a captured graph and of a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Segment {
+    stages: Range<usize>,
+    slot: usize,
+}
+
+/// Groups consecutive stages with the same slot (`stage_slot[s]`) into segments.
+fn segments(stage_slot: &[usize]) -> Vec<Segment> {
+    let mut out: Vec<Segment> = Vec::new();
+    for (s, &slot) in stage_slot.iter().enumerate() {
+        match out.last_mut() {
+            Some(seg) if seg.slot == slot => seg.stages.end = s + 1,
+            _ => out.push(Segment {
+                stages: s..s + 1,
+                slot,
+            }),
+        }
+    }
+    out
+}
+
+/// A sequence: its length and its KV caches, one `[capacity, kv_dim]` buffer per layer on
+/// that layer's device.
 struct DevSeq {
     len: usize,
     capacity: usize,
@@ -118,8 +191,8 @@ struct DevSeq {
     v: Vec<CudaSlice<f32>>,
 }
 
-/// The buffers of one pass, sized for [`MAX_ROWS`] rows and for the longest open sequence.
-/// Graphs capture their addresses, so replacing them drops every graph.
+/// The buffers of one pass on one device, sized for [`MAX_ROWS`] rows and for the longest
+/// open sequence. Graphs capture their addresses, so replacing them drops every graph.
 struct Scratch {
     max_len: usize,
     max_chunks: usize,
@@ -142,12 +215,20 @@ struct Scratch {
     seq_ids: CudaSlice<u32>,
     steps: CudaSlice<u32>,
     picked: CudaSlice<u32>,
+    /// The residual stream owned by every stage after the first that runs on this device,
+    /// by stage index: `(x, delta)`, each `[MAX_ROWS, n_embd]`. At a boundary the stream is
+    /// `x` plus the last block's pending `delta` (the next norm adds it), so the hand-over
+    /// copies both.
+    stage_bufs: Vec<Option<(CudaSlice<f32>, CudaSlice<f32>)>>,
+}
+
+/// Every device's step buffers and the per-layer cache tables.
+struct Buffers {
+    /// One per slot of the model's placement.
+    slots: Vec<Scratch>,
+    /// Per layer, on that layer's device: the address of each row's K and V cache.
     kptr: Vec<CudaSlice<u64>>,
     vptr: Vec<CudaSlice<u64>>,
-    /// The residual stream owned by every stage after the first: `(x, delta)`, each
-    /// `[MAX_ROWS, n_embd]`. At a boundary the stream is `x` plus the last block's pending
-    /// `delta` (the next norm adds it), so the hand-over copies both.
-    stage_bufs: Vec<(CudaSlice<f32>, CudaSlice<f32>)>,
 }
 
 fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
@@ -164,11 +245,12 @@ fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
 }
 
 impl Scratch {
+    /// The buffers of one device; `owns_stage[s]` says whether stage `s` runs here.
     fn new(
         stream: &Arc<CudaStream>,
         c: &LlamaConfig,
         max_len: usize,
-        n_stages: usize,
+        owns_stage: &[bool],
     ) -> Result<Self, EngineError> {
         let r = MAX_ROWS;
         let (d, qd, kvd, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
@@ -204,21 +286,32 @@ impl Scratch {
             seq_ids: alloc(stream, "the sequence ids", r)?,
             steps: alloc(stream, "the sampling steps", r)?,
             picked: alloc(stream, "the picked tokens", r)?,
-            kptr: (0..c.n_layer)
-                .map(|_| alloc(stream, "the K cache table", r))
-                .collect::<Result<_, _>>()?,
-            vptr: (0..c.n_layer)
-                .map(|_| alloc(stream, "the V cache table", r))
-                .collect::<Result<_, _>>()?,
-            stage_bufs: (1..n_stages)
-                .map(|_| {
-                    Ok((
+            stage_bufs: owns_stage
+                .iter()
+                .enumerate()
+                .map(|(s, &here)| {
+                    if s == 0 || !here {
+                        return Ok(None);
+                    }
+                    Ok(Some((
                         alloc(stream, "a stage's residual stream", r * d)?,
                         alloc(stream, "a stage's pending residual update", r * d)?,
-                    ))
+                    )))
                 })
                 .collect::<Result<_, EngineError>>()?,
         })
+    }
+
+    /// The residual stream a segment leaves behind after stage `last`: the scratch's own
+    /// for stage 0, the stage's buffers after that.
+    fn stream_after(&self, last: usize) -> Option<(&CudaSlice<f32>, &CudaSlice<f32>)> {
+        if last == 0 {
+            return Some((&self.x, &self.delta));
+        }
+        self.stage_bufs
+            .get(last)
+            .and_then(Option::as_ref)
+            .map(|(x, d)| (x, d))
     }
 }
 
@@ -232,13 +325,23 @@ unsafe impl Send for Graph {}
 
 /// What a captured graph depends on besides buffer addresses: the rows, the composition and
 /// the split-K grid (a power of two of chunks, so a growing sequence recaptures rarely), and
-/// the walk (a split graph holds the boundary copies an unsplit one lacks).
+/// the walk (a split graph holds the boundary copies an unsplit one lacks). Each key holds
+/// one graph per segment of the walk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct GraphKey {
     rows: usize,
     tier: Tier,
     chunks: usize,
     walk: Walk,
+}
+
+/// The events of one boundary between segments on different devices.
+struct Handoff {
+    /// On the receiving device: recorded before the copy, so the copy waits until the
+    /// receiver's earlier work (the previous pass over its stage buffers) is done.
+    ready: Fence,
+    /// On the sending device: recorded after the copy; the receiver waits for it.
+    copied: Fence,
 }
 
 /// The CUDA backend. See the module docs.
@@ -248,31 +351,42 @@ pub struct CudaBackend {
     family: MatvecFamily,
     /// Whether the single-sequence path runs the fused tier (refused under MEMRA_MMVQ=0).
     fused_single: bool,
-    /// The load-time stage plan; every stage runs on this backend's device.
+    /// The load-time stage plan.
     plan: StagePlan,
     /// The layers each stage walks (the plan's ranges).
     stages: Vec<Range<usize>>,
+    /// The device slot of every stage (an index into `dm.gpus`).
+    stage_slot: Vec<usize>,
+    /// The stages grouped by device, in walk order.
+    segments: Vec<Segment>,
+    /// `handoffs[k - 1]` orders the copy from segment `k - 1` into segment `k`.
+    handoffs: Vec<Handoff>,
+    /// One fence per slot, for the unsplit walk's joins with the other devices.
+    joins: Vec<Fence>,
+    /// The slot whose scratch holds the logits of the last pass.
+    logits_slot: usize,
     /// The device buffer holding the logits of the last sampled batched step, reused while
-    /// large enough, and how many rows of it are parked (`None`: nothing parked).
+    /// large enough, and how many rows of it are parked (`None`: nothing parked). It lives
+    /// on the head's device.
     parked: Option<CudaSlice<f32>>,
     parked_rows: Option<usize>,
     seqs: BTreeMap<SeqId, DevSeq>,
     generation: u64,
-    scratch: Option<Scratch>,
-    graphs: HashMap<GraphKey, Graph>,
+    scratch: Option<Buffers>,
+    graphs: HashMap<GraphKey, Vec<Graph>>,
     /// The (sequence, generation) of every row the pointer tables hold now.
     tables_for: Vec<(SeqId, u64)>,
     use_graphs: bool,
 }
 
 impl CudaBackend {
-    /// Opens the device the doors name and uploads `model` to it.
+    /// Opens the devices the doors name and uploads `model` where their stage plan puts it.
     pub fn new(model: &LlamaModel, doors: Doors) -> Result<CudaBackend, EngineError> {
-        let gpu = open_device(&doors).map_err(EngineError::Unavailable)?;
-        Self::on_device(gpu, model, doors)
+        let gpus = open_devices(&doors).map_err(EngineError::Unavailable)?;
+        Self::on_devices(gpus, model, doors)
     }
 
-    /// Uploads `model` to an opened device.
+    /// Uploads `model` to one opened device; the doors' stages must all name it.
     pub fn on_device(
         gpu: Gpu,
         model: &LlamaModel,
@@ -282,10 +396,65 @@ impl CudaBackend {
         Self::with_model(Arc::new(dm), doors)
     }
 
-    /// A backend under `doors` over a model already on the device (several door settings
-    /// can share one upload).
+    /// Uploads `model` to the devices [`open_devices`] opened for the same doors.
+    pub fn on_devices(
+        gpus: Vec<Gpu>,
+        model: &LlamaModel,
+        doors: Doors,
+    ) -> Result<CudaBackend, EngineError> {
+        let plan =
+            StagePlan::from_doors(&doors, model.config.n_layer).map_err(EngineError::Model)?;
+        let dm = DevModel::upload_placed(gpus, model, &plan)?;
+        Self::with_model(Arc::new(dm), doors)
+    }
+
+    /// A backend under `doors` over a model already on the devices (several door settings
+    /// can share one upload). The doors' plan must put every layer, the embedding and the
+    /// head on the device that holds it.
     pub fn with_model(dm: Arc<DevModel>, doors: Doors) -> Result<CudaBackend, EngineError> {
         let plan = StagePlan::from_doors(&doors, dm.config.n_layer).map_err(EngineError::Model)?;
+        let want = Placement::of(&plan);
+        if let Some(why) = dm.placement.mismatch(&want) {
+            return Err(EngineError::Model(format!(
+                "the model was uploaded for another stage placement than the doors ask for \
+                 ({plan}): {why}; upload it with DevModel::upload_placed under the same doors"
+            )));
+        }
+        let stage_slot: Vec<usize> = plan
+            .stages
+            .iter()
+            .map(|s| {
+                dm.placement
+                    .ordinals
+                    .iter()
+                    .position(|&o| o == s.device)
+                    .ok_or_else(|| {
+                        EngineError::Model(format!(
+                            "stage device {} is not among the model's devices {:?}; upload \
+                             the model with DevModel::upload_placed under the same doors",
+                            s.device, dm.placement.ordinals
+                        ))
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        let segments = segments(&stage_slot);
+        let handoffs = segments
+            .windows(2)
+            .map(|w| {
+                Ok(Handoff {
+                    ready: dm.gpus[w[1].slot].fence().map_err(kernel_err)?,
+                    copied: dm.gpus[w[0].slot].fence().map_err(kernel_err)?,
+                })
+            })
+            .collect::<Result<_, EngineError>>()?;
+        let joins = if dm.gpus.len() > 1 {
+            dm.gpus
+                .iter()
+                .map(|g| g.fence().map_err(kernel_err))
+                .collect::<Result<_, _>>()?
+        } else {
+            Vec::new()
+        };
         let stages = plan.stages.iter().map(|s| s.layers.clone()).collect();
         Ok(CudaBackend {
             family: if doors.mmvq {
@@ -296,6 +465,11 @@ impl CudaBackend {
             fused_single: doors.mmvq && !doors.no_fuse_normq,
             plan,
             stages,
+            stage_slot,
+            segments,
+            handoffs,
+            joins,
+            logits_slot: 0,
             parked: None,
             parked_rows: None,
             doors,
@@ -309,7 +483,7 @@ impl CudaBackend {
         })
     }
 
-    /// The model on the device.
+    /// The model on the devices.
     pub fn device_model(&self) -> &Arc<DevModel> {
         &self.dm
     }
@@ -321,9 +495,14 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
-    /// The device's name.
+    /// The primary device's name.
     pub fn device_name(&self) -> &str {
-        self.dm.gpu.name()
+        self.dm.primary().name()
+    }
+
+    /// Every device's name and ordinal, the primary first.
+    pub fn device_names(&self) -> String {
+        self.dm.device_names()
     }
 
     fn reserve(&self, seq: SeqId, adding: usize) -> Result<usize, EngineError> {
@@ -334,31 +513,58 @@ impl CudaBackend {
         reserve_positions(seq, st.len, st.capacity, adding)
     }
 
-    fn stream(&self) -> Arc<CudaStream> {
-        self.dm.gpu.stream().clone()
+    fn stream(&self, slot: usize) -> Arc<CudaStream> {
+        self.dm.gpus[slot].stream().clone()
+    }
+
+    /// The slot of the head: the last stage's device.
+    fn head_slot(&self) -> usize {
+        self.dm.placement.head_slot
     }
 
     /// Makes sure the step buffers cover the longest open sequence.
     fn ensure_scratch(&mut self) -> Result<(), EngineError> {
         let need = self.seqs.values().map(|s| s.capacity).max().unwrap_or(1);
-        if self.scratch.as_ref().is_some_and(|s| s.max_len >= need) {
+        if self
+            .scratch
+            .as_ref()
+            .is_some_and(|b| b.slots.iter().all(|s| s.max_len >= need))
+        {
             return Ok(());
         }
         // Graphs hold the old addresses; drop them with the buffers.
         self.graphs.clear();
         self.tables_for.clear();
         self.scratch = None;
-        self.scratch = Some(Scratch::new(
-            &self.stream(),
-            &self.dm.config,
-            need,
-            self.stages.len(),
-        )?);
+        let c = &self.dm.config;
+        let slots = (0..self.dm.gpus.len())
+            .map(|slot| {
+                let owns: Vec<bool> = self.stage_slot.iter().map(|&s| s == slot).collect();
+                Scratch::new(&self.stream(slot), c, need, &owns)
+            })
+            .collect::<Result<_, _>>()?;
+        let table = |what: &str| -> Result<Vec<CudaSlice<u64>>, EngineError> {
+            (0..c.n_layer)
+                .map(|l| {
+                    alloc(
+                        &self.stream(self.dm.placement.layer_slot[l]),
+                        what,
+                        MAX_ROWS,
+                    )
+                })
+                .collect()
+        };
+        self.scratch = Some(Buffers {
+            slots,
+            kptr: table("the K cache table")?,
+            vptr: table("the V cache table")?,
+        });
         Ok(())
     }
 
     /// Runs one pass of at most [`MAX_ROWS`] rows, leaving `[rows, n_vocab]` logits in the
-    /// scratch logits buffer. `graph` replays (or captures) the pass as a CUDA graph.
+    /// scratch logits buffer of `self.logits_slot`. `graph` replays (or captures) the pass as
+    /// CUDA graphs, one per segment.
     fn pass(
         &mut self,
         rows: &[RowSpec],
@@ -368,37 +574,48 @@ impl CudaBackend {
     ) -> Result<(), EngineError> {
         debug_assert!(!rows.is_empty() && rows.len() <= MAX_ROWS);
         self.ensure_scratch()?;
-        let stream = self.stream();
         let n = rows.len();
         let ids: Vec<(SeqId, u64)> = rows
             .iter()
             .map(|r| (r.seq, self.seqs[&r.seq].generation))
             .collect();
-        let s = self.scratch.as_mut().expect("ensured above");
+        let dm = self.dm.clone();
+        let bufs = self.scratch.as_mut().expect("ensured above");
         let tokens: Vec<u32> = rows.iter().map(|r| r.token).collect();
         let pos: Vec<i32> = rows.iter().map(|r| r.pos as i32).collect();
         let up = |e| device_err("copying the step inputs to the device", e);
-        stream
-            .memcpy_htod(&tokens, &mut s.tokens.slice_mut(..n))
-            .map_err(up)?;
-        stream
-            .memcpy_htod(&pos, &mut s.pos.slice_mut(..n))
-            .map_err(up)?;
+        // The unsplit walk runs on the primary alone; the split walk on every device.
+        let running = match walk {
+            Walk::Split => dm.gpus.len(),
+            Walk::Unsplit => 1,
+        };
+        for (slot, s) in bufs.slots.iter_mut().enumerate().take(running) {
+            let stream = dm.gpus[slot].stream();
+            stream
+                .memcpy_htod(&tokens, &mut s.tokens.slice_mut(..n))
+                .map_err(up)?;
+            stream
+                .memcpy_htod(&pos, &mut s.pos.slice_mut(..n))
+                .map_err(up)?;
+        }
         if self.tables_for != ids {
-            for l in 0..self.dm.config.n_layer {
+            // Each table is written on its own device's stream, where the split walk reads
+            // it; the unsplit walk's reads from the primary are ordered by its join below.
+            for l in 0..dm.config.n_layer {
+                let gpu = &dm.gpus[dm.placement.layer_slot[l]];
                 let kp: Vec<u64> = rows
                     .iter()
-                    .map(|r| self.dm.gpu.address(&self.seqs[&r.seq].k[l]))
+                    .map(|r| gpu.address(&self.seqs[&r.seq].k[l]))
                     .collect();
                 let vp: Vec<u64> = rows
                     .iter()
-                    .map(|r| self.dm.gpu.address(&self.seqs[&r.seq].v[l]))
+                    .map(|r| gpu.address(&self.seqs[&r.seq].v[l]))
                     .collect();
-                stream
-                    .memcpy_htod(&kp, &mut s.kptr[l].slice_mut(..n))
+                gpu.stream()
+                    .memcpy_htod(&kp, &mut bufs.kptr[l].slice_mut(..n))
                     .map_err(up)?;
-                stream
-                    .memcpy_htod(&vp, &mut s.vptr[l].slice_mut(..n))
+                gpu.stream()
+                    .memcpy_htod(&vp, &mut bufs.vptr[l].slice_mut(..n))
                     .map_err(up)?;
             }
             self.tables_for = ids;
@@ -407,20 +624,37 @@ impl CudaBackend {
         let chunks = longest
             .div_ceil(SPLIT_K_CHUNK)
             .next_power_of_two()
-            .min(s.max_chunks);
+            .min(bufs.slots[0].max_chunks);
+        let all_stages = [Segment {
+            stages: 0..self.stages.len(),
+            slot: 0,
+        }];
+        let segs: &[Segment] = match walk {
+            Walk::Split => &self.segments,
+            Walk::Unsplit => &all_stages,
+        };
         let ctx = PassCtx {
-            dm: &self.dm,
+            dm: &dm,
             family: self.family,
             split_k: self.doors.fa3,
             n,
             tier,
             chunks,
             stages: &self.stages,
+            n_segments: segs.len(),
             walk,
             skip_boundary_copy: self.doors.gate_defect == Some(GateDefect::BoundaryCopy),
+            kptr: &bufs.kptr,
+            vptr: &bufs.vptr,
         };
-        if !(graph && self.use_graphs) {
-            return encode(&ctx, s).map_err(kernel_err);
+        let cross_device_unsplit = walk == Walk::Unsplit && dm.gpus.len() > 1;
+        if cross_device_unsplit {
+            // The primary reads and writes the other devices' caches and reads their
+            // tables: it starts after everything queued on them so far.
+            for (fence, gpu) in self.joins.iter().zip(&dm.gpus).skip(1) {
+                fence.record(gpu).map_err(kernel_err)?;
+                fence.wait(&dm.gpus[0]).map_err(kernel_err)?;
+            }
         }
         let key = GraphKey {
             rows: n,
@@ -428,41 +662,76 @@ impl CudaBackend {
             chunks,
             walk,
         };
-        let graph = match self.graphs.entry(key) {
-            std::collections::hash_map::Entry::Occupied(g) => g.into_mut(),
-            std::collections::hash_map::Entry::Vacant(slot) => {
-                slot.insert(capture(&stream, &ctx, s)?)
+        let replay = graph && self.use_graphs;
+        if replay && !self.graphs.contains_key(&key) {
+            let captured = segs
+                .iter()
+                .enumerate()
+                .map(|(k, seg)| capture(&ctx, k, seg, &mut bufs.slots[seg.slot]))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.graphs.insert(key, captured);
+        }
+        for (k, seg) in segs.iter().enumerate() {
+            if k > 0 {
+                hand_over(
+                    &ctx,
+                    &self.handoffs[k - 1],
+                    &segs[k - 1],
+                    seg,
+                    &mut bufs.slots,
+                )?;
             }
-        };
-        graph
-            .0
-            .launch()
-            .map_err(|e| device_err("launching the decode graph", e))
+            if replay {
+                self.graphs[&key][k]
+                    .0
+                    .launch()
+                    .map_err(|e| device_err("launching the decode graph", e))?;
+            } else {
+                encode(&ctx, k, seg, &mut bufs.slots[seg.slot]).map_err(kernel_err)?;
+            }
+        }
+        if cross_device_unsplit {
+            // Later work on the other devices (their table uploads, a split pass over their
+            // caches) starts after the primary's reads and writes of their memory.
+            self.joins[0].record(&dm.gpus[0]).map_err(kernel_err)?;
+            for gpu in &dm.gpus[1..] {
+                self.joins[0].wait(gpu).map_err(kernel_err)?;
+            }
+        }
+        self.logits_slot = segs.last().map_or(0, |s| s.slot);
+        Ok(())
     }
 
     /// Copies the first `rows` rows of logits back.
     fn download_logits(&self, rows: usize) -> Result<Vec<f32>, EngineError> {
-        let s = self.scratch.as_ref().expect("a pass ran");
+        let bufs = self.scratch.as_ref().expect("a pass ran");
+        let s = &bufs.slots[self.logits_slot];
         let v = self.dm.config.n_vocab;
-        let stream = self.stream();
+        let stream = self.stream(self.logits_slot);
         let mut out = vec![0.0f32; rows * v];
         stream
             .memcpy_dtoh(&s.logits.slice(..rows * v), &mut out)
             .map_err(|e| device_err("copying the logits back", e))?;
+        // The logits' device is the end of the pass's event chain, so this covers every
+        // earlier segment too.
         stream
             .synchronize()
             .map_err(|e| device_err("finishing the step", e))?;
         Ok(out)
     }
 
-    /// Makes the parked-logits buffer hold at least `rows` rows and marks nothing parked
-    /// until the step that fills it completes.
+    /// Makes the parked-logits buffer (on the head's device) hold at least `rows` rows and
+    /// marks nothing parked until the step that fills it completes.
     fn begin_parking(&mut self, rows: usize) -> Result<(), EngineError> {
         self.parked_rows = None;
         let need = rows * self.dm.config.n_vocab;
         if self.parked.as_ref().is_none_or(|b| b.len() < need) {
             self.parked = None;
-            self.parked = Some(alloc(&self.stream(), "the parked logits", need)?);
+            self.parked = Some(alloc(
+                &self.stream(self.head_slot()),
+                "the parked logits",
+                need,
+            )?);
         }
         Ok(())
     }
@@ -470,9 +739,18 @@ impl CudaBackend {
     /// Copies the `rows` logits rows of the last pass into the parked buffer at row
     /// `offset`, on the device and in stream order (before the sampler runs).
     fn park_chunk(&mut self, offset: usize, rows: usize) -> Result<(), EngineError> {
+        if self.logits_slot != self.head_slot() {
+            return Err(EngineError::Model(format!(
+                "the logits to park are on device slot {} but the parked buffer on the head's \
+                 slot {}; only split passes park their logits",
+                self.logits_slot,
+                self.head_slot()
+            )));
+        }
         let v = self.dm.config.n_vocab;
-        let stream = self.stream();
-        let s = self.scratch.as_ref().expect("a pass ran");
+        let stream = self.stream(self.logits_slot);
+        let bufs = self.scratch.as_ref().expect("a pass ran");
+        let s = &bufs.slots[self.logits_slot];
         let dst = self.parked.as_mut().expect("begin_parking allocated it");
         stream
             .memcpy_dtod(
@@ -482,7 +760,8 @@ impl CudaBackend {
             .map_err(|e| device_err("parking the logits of a sampled step", e))
     }
 
-    /// Picks one token per row of the last pass on the device and copies back only those.
+    /// Picks one token per row of the last pass on the logits' device and copies back only
+    /// those.
     fn pick_tokens(
         &mut self,
         rows: &[RowSpec],
@@ -491,9 +770,10 @@ impl CudaBackend {
         params.validate()?;
         let n = rows.len();
         let v = self.dm.config.n_vocab;
-        let stream = self.stream();
-        let gpu = &self.dm.gpu;
-        let s = self.scratch.as_mut().expect("a pass ran");
+        let slot = self.logits_slot;
+        let stream = self.stream(slot);
+        let gpu = &self.dm.gpus[slot];
+        let s = &mut self.scratch.as_mut().expect("a pass ran").slots[slot];
         if params.temperature == 0.0 {
             gpu.argmax(&s.logits, &mut s.picked, n, v)
                 .map_err(kernel_err)?;
@@ -617,6 +897,30 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// Refuses the unsplit walk, before anything runs, when the primary cannot access
+    /// every other device's memory: the walk runs each layer on the primary and reads the
+    /// weights, KV caches and cache tables where they live.
+    fn check_unsplit_reach(&self) -> Result<(), EngineError> {
+        let gpus = &self.dm.gpus;
+        for (slot, other) in gpus.iter().enumerate().skip(1) {
+            if !self.dm.peer.on(0, slot) {
+                return Err(EngineError::Unavailable(format!(
+                    "refused: the unsplit batched body runs every layer on CUDA device {} \
+                     (stage 0's) and reads the weights and KV caches of device {} in place, \
+                     but peer access from device {} to device {} is off \
+                     (cuDeviceCanAccessPeer reports no peer path between them); run \
+                     decode_step_batch (the split walk, which copies between devices), or \
+                     place the stages on devices with peer access; no cache was touched",
+                    gpus[0].ordinal(),
+                    other.ordinal(),
+                    gpus[0].ordinal(),
+                    other.ordinal()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The load-time stage plan this backend was built with.
     pub fn plan(&self) -> &StagePlan {
         &self.plan
@@ -640,18 +944,32 @@ struct PassCtx<'a> {
     chunks: usize,
     /// The layers of every stage, in order.
     stages: &'a [Range<usize>],
+    /// The segments of this walk (one for the unsplit walk); the last runs the head.
+    n_segments: usize,
     walk: Walk,
     /// The test-only `boundary-copy` defect: a split walk's stage runs on whatever its
     /// buffers held instead of the previous stage's output.
     skip_boundary_copy: bool,
+    /// Per layer, on that layer's device: the rows' cache addresses.
+    kptr: &'a [CudaSlice<u64>],
+    vptr: &'a [CudaSlice<u64>],
 }
 
-/// Captures the launches of one pass as a graph.
-fn capture(stream: &Arc<CudaStream>, ctx: &PassCtx, s: &mut Scratch) -> Result<Graph, EngineError> {
+impl PassCtx<'_> {
+    /// Whether a layer runs before stage `stage`, i.e. whether the residual stream there
+    /// has a pending `delta` to add.
+    fn walked_before(&self, stage: usize) -> bool {
+        self.stages[..stage].iter().any(|r| !r.is_empty())
+    }
+}
+
+/// Captures the launches of segment `k` of one pass as a graph on its device's stream.
+fn capture(ctx: &PassCtx, k: usize, seg: &Segment, s: &mut Scratch) -> Result<Graph, EngineError> {
+    let stream = ctx.dm.gpus[seg.slot].stream();
     stream
         .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
         .map_err(|e| device_err("starting the graph capture", e))?;
-    let encoded = encode(ctx, s);
+    let encoded = encode(ctx, k, seg, s);
     // End the capture whatever happened, so the stream is usable again.
     let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0));
     encoded.map_err(kernel_err)?;
@@ -661,6 +979,73 @@ fn capture(stream: &Arc<CudaStream>, ctx: &PassCtx, s: &mut Scratch) -> Result<G
             "the decode graph capture recorded nothing".into(),
         )),
         Err(e) => Err(device_err("instantiating the decode graph", e)),
+    }
+}
+
+/// Hands the residual stream of segment `from` (its last stage's output) to the first stage
+/// of segment `to` on another device, eagerly between the two segments' launches:
+///
+/// 1. the receiver records `ready`, and the sender waits for it: the receiver's earlier
+///    work, which may still read the stage buffers about to be overwritten, comes first;
+/// 2. the sender copies `x` (and the pending `delta` once a layer ran) into the receiving
+///    stage's buffers with a peer copy queued after the sending segment on its own stream;
+/// 3. the sender records `copied`, and the receiver waits for it before its segment.
+///
+/// Under the boundary-copy defect nothing is copied and nothing ordered: the receiving
+/// stage runs on whatever its buffers held.
+fn hand_over(
+    ctx: &PassCtx,
+    handoff: &Handoff,
+    from: &Segment,
+    to: &Segment,
+    slots: &mut [Scratch],
+) -> Result<(), EngineError> {
+    if ctx.skip_boundary_copy {
+        return Ok(());
+    }
+    let (src_gpu, dst_gpu) = (&ctx.dm.gpus[from.slot], &ctx.dm.gpus[to.slot]);
+    let (last, first) = (from.stages.end - 1, to.stages.start);
+    let (src, dst) = pair_mut(slots, from.slot, to.slot).ok_or_else(|| {
+        EngineError::Model(format!(
+            "stage {last} and stage {first} are on the same device slot {}, yet in different \
+             segments",
+            from.slot
+        ))
+    })?;
+    let missing = |stage: usize| {
+        EngineError::Model(format!(
+            "stage {stage} has no residual buffers on its device ({} stages)",
+            ctx.stages.len()
+        ))
+    };
+    let (sx, sd) = src.stream_after(last).ok_or_else(|| missing(last))?;
+    let (dx, dd) = dst
+        .stage_bufs
+        .get_mut(first)
+        .and_then(Option::as_mut)
+        .ok_or_else(|| missing(first))?;
+    let m = ctx.n * ctx.dm.config.n_embd;
+    handoff.ready.record(dst_gpu).map_err(kernel_err)?;
+    handoff.ready.wait(src_gpu).map_err(kernel_err)?;
+    copy_peer(src_gpu, &sx.slice(..m), dst_gpu, &mut dx.slice_mut(..m)).map_err(kernel_err)?;
+    if ctx.walked_before(first) {
+        copy_peer(src_gpu, &sd.slice(..m), dst_gpu, &mut dd.slice_mut(..m)).map_err(kernel_err)?;
+    }
+    handoff.copied.record(src_gpu).map_err(kernel_err)?;
+    handoff.copied.wait(dst_gpu).map_err(kernel_err)
+}
+
+/// `&v[a]` and `&mut v[b]` for `a != b`.
+fn pair_mut<T>(v: &mut [T], a: usize, b: usize) -> Option<(&T, &mut T)> {
+    if a == b || a >= v.len() || b >= v.len() {
+        return None;
+    }
+    if a < b {
+        let (lo, hi) = v.split_at_mut(b);
+        Some((&lo[a], &mut hi[0]))
+    } else {
+        let (lo, hi) = v.split_at_mut(a);
+        Some((&hi[0], &mut lo[b]))
     }
 }
 
@@ -682,10 +1067,14 @@ fn matvec(
     }
 }
 
-/// Every launch of one pass, in stream order.
-fn encode(ctx: &PassCtx, s: &mut Scratch) -> Result<(), KernelError> {
+/// Every launch of segment `k` of one pass, in stream order on the segment's device: the
+/// embedding when the segment holds stage 0, its stages' layers (with the same-device
+/// boundary copies of a split walk between them) and the head when it is the last segment.
+/// The unsplit walk is one segment on the primary over every stage.
+fn encode(ctx: &PassCtx, k: usize, seg: &Segment, s: &mut Scratch) -> Result<(), KernelError> {
     let dm = ctx.dm;
-    let gpu = &dm.gpu;
+    let gpu = &dm.gpus[seg.slot];
+    let rope_table = &dm.rope_tables[seg.slot];
     let c = &dm.config;
     let (n, fused) = (ctx.n, ctx.tier == Tier::Fused);
     let (d, qd, kvd, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
@@ -711,32 +1100,43 @@ fn encode(ctx: &PassCtx, s: &mut Scratch) -> Result<(), KernelError> {
         logits,
         pos,
         tokens,
-        kptr,
-        vptr,
         max_len,
         stage_bufs,
         ..
     } = s;
+    let mut stage_bufs: Vec<Option<&mut (CudaSlice<f32>, CudaSlice<f32>)>> =
+        stage_bufs.iter_mut().map(Option::as_mut).collect();
+    let mut buffers_of = |si: usize| {
+        stage_bufs
+            .get_mut(si)
+            .and_then(Option::take)
+            .map(|b| (&mut b.0, &mut b.1))
+            .ok_or_else(|| KernelError::Shape {
+                kernel: "stage boundary copy",
+                message: format!(
+                    "stage {si} has no buffers on CUDA device {} ({} stages)",
+                    gpu.ordinal(),
+                    ctx.stages.len()
+                ),
+            })
+    };
     // The residual stream the walk is on now: the scratch's for the first stage, a stage's
-    // own buffers after each boundary copy of a split walk.
-    let (mut x, mut delta) = (x, delta);
-    let mut stage_bufs = stage_bufs.iter_mut();
+    // own buffers after each boundary of a split walk (filled by the peer copy of
+    // `hand_over` when the segment starts after stage 0).
+    let (mut x, mut delta) = if seg.stages.start == 0 || ctx.walk == Walk::Unsplit {
+        (x, delta)
+    } else {
+        buffers_of(seg.stages.start)?
+    };
     // Whether a layer ran yet, i.e. whether `delta` holds a pending update to add.
-    let mut walked = false;
+    let mut walked = ctx.walk == Walk::Split && ctx.walked_before(seg.stages.start);
 
-    gpu.embed(dm.token_embd.view(), c.n_vocab, d, tokens, x, n)?;
-    for (si, range) in ctx.stages.iter().enumerate() {
-        if si > 0 && ctx.walk == Walk::Split {
-            let Some((sx, sd)) = stage_bufs.next() else {
-                return Err(KernelError::Shape {
-                    kernel: "stage boundary copy",
-                    message: format!(
-                        "stage {si} has no buffers ({} stages, {} stage buffers)",
-                        ctx.stages.len(),
-                        si - 1
-                    ),
-                });
-            };
+    if seg.stages.start == 0 {
+        gpu.embed(dm.token_embd.view(), c.n_vocab, d, tokens, x, n)?;
+    }
+    for si in seg.stages.clone() {
+        if si > seg.stages.start && ctx.walk == Walk::Split {
+            let (sx, sd) = buffers_of(si)?;
             if !ctx.skip_boundary_copy {
                 let m = n * d;
                 let stream = gpu.stream();
@@ -757,7 +1157,7 @@ fn encode(ctx: &PassCtx, s: &mut Scratch) -> Result<(), KernelError> {
             }
             (x, delta) = (sx, sd);
         }
-        for l in range.clone() {
+        for l in ctx.stages[si].clone() {
             let layer = &dm.layers[l];
             // Attention block; the previous layer's feed-forward output is added first.
             gpu.add_rmsnorm_q8_1(
@@ -774,11 +1174,11 @@ fn encode(ctx: &PassCtx, s: &mut Scratch) -> Result<(), KernelError> {
             matvec(gpu, ctx.family, &layer.wqkv, xq, xf, n, qkv)?;
             let rows = AttnRows {
                 pos,
-                k_cache: &kptr[l],
-                v_cache: &vptr[l],
+                k_cache: &ctx.kptr[l],
+                v_cache: &ctx.vptr[l],
                 batch: n,
             };
-            gpu.rope_store_rows(qkv, &dm.rope_table, fused.then_some(&*r), &rows, geo)?;
+            gpu.rope_store_rows(qkv, rope_table, fused.then_some(&*r), &rows, geo)?;
             // The attention kernels quantize their output for a quantized wo when the head
             // width allows, saving a launch per layer; the blocks are the same either way.
             let quantize_in_attention = layer.wo.quantized() && attention_can_quantize(c.head_dim);
@@ -842,6 +1242,10 @@ fn encode(ctx: &PassCtx, s: &mut Scratch) -> Result<(), KernelError> {
             walked = true;
         }
     }
+    if k + 1 < ctx.n_segments {
+        // A later segment, on another device, continues from this residual stream.
+        return Ok(());
+    }
     let head = dm.head();
     gpu.add_rmsnorm_q8_1(
         x,
@@ -901,12 +1305,13 @@ impl Backend for CudaBackend {
                 n_ctx: c.n_ctx,
             });
         }
-        let stream = self.stream();
         let n = capacity * c.kv_dim();
         let what = format!("the KV cache of {seq} ({capacity} positions)");
         let mut k = Vec::with_capacity(c.n_layer);
         let mut v = Vec::with_capacity(c.n_layer);
-        for _ in 0..c.n_layer {
+        for l in 0..c.n_layer {
+            // Each layer's caches live on the device that runs the layer.
+            let stream = self.stream(self.dm.placement.layer_slot[l]);
             k.push(alloc(&stream, &what, n)?);
             v.push(alloc(&stream, &what, n)?);
         }
@@ -973,6 +1378,7 @@ impl Backend for CudaBackend {
         if self.plan.is_split() && !self.doors.pp_allow_unsplit_batch {
             return Err(EngineError::Unavailable(self.plan.unsplit_refusal()));
         }
+        self.check_unsplit_reach()?;
         self.batch_step(seqs, tokens, Walk::Unsplit)
     }
 
@@ -982,7 +1388,7 @@ impl Backend for CudaBackend {
                 "no logits are parked: run decode_step_batch_sampled first".into(),
             ));
         };
-        let stream = self.stream();
+        let stream = self.stream(self.head_slot());
         let mut out = vec![0.0f32; rows * self.dm.config.n_vocab];
         stream
             .memcpy_dtoh(&buf.slice(..out.len()), &mut out)
@@ -1038,5 +1444,66 @@ impl Backend for CudaBackend {
         }
         self.parked_rows = Some(rows.len());
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(stages: Range<usize>, slot: usize) -> Segment {
+        Segment { stages, slot }
+    }
+
+    #[test]
+    fn consecutive_stages_on_one_device_form_one_segment() {
+        // One device: today's single graph.
+        assert_eq!(segments(&[0, 0, 0]), vec![seg(0..3, 0)]);
+        assert_eq!(segments(&[0]), vec![seg(0..1, 0)]);
+        assert_eq!(segments(&[0, 1]), vec![seg(0..1, 0), seg(1..2, 1)]);
+        assert_eq!(segments(&[0, 0, 1, 1]), vec![seg(0..2, 0), seg(2..4, 1)]);
+        // A device that comes back later is a new segment on the same slot.
+        assert_eq!(
+            segments(&[0, 1, 0]),
+            vec![seg(0..1, 0), seg(1..2, 1), seg(2..3, 0)]
+        );
+    }
+
+    #[test]
+    fn segments_follow_the_placement_of_a_plan() {
+        let doors = Doors {
+            pp_stages: 4,
+            pp_devices: vec![1, 1, 0, 0],
+            ..Doors::default()
+        };
+        let plan = StagePlan::from_doors(&doors, 8).unwrap();
+        let p = Placement::of(&plan);
+        assert_eq!(p.ordinals, vec![1, 0]);
+        assert_eq!(segments(&p.stage_slot), vec![seg(0..2, 0), seg(2..4, 1)]);
+    }
+
+    #[test]
+    fn the_distinct_devices_keep_stage_order() {
+        let doors = |devices: Vec<usize>| Doors {
+            pp_stages: devices.len(),
+            pp_devices: devices,
+            ..Doors::default()
+        };
+        assert_eq!(distinct_devices(&doors(vec![1, 0])), vec![1, 0]);
+        assert_eq!(distinct_devices(&doors(vec![0, 0, 0])), vec![0]);
+        assert_eq!(distinct_devices(&doors(vec![2, 0, 2, 1])), vec![2, 0, 1]);
+        assert_eq!(distinct_devices(&doors(Vec::new())), vec![0]);
+    }
+
+    #[test]
+    fn pair_mut_refuses_one_slot_twice() {
+        let mut v = vec![1, 2, 3];
+        assert!(pair_mut(&mut v, 1, 1).is_none());
+        assert!(pair_mut(&mut v, 0, 3).is_none());
+        let (a, b) = pair_mut(&mut v, 2, 0).unwrap();
+        *b += *a;
+        let (a, b) = pair_mut(&mut v, 0, 1).unwrap();
+        *b += *a;
+        assert_eq!(v, vec![4, 6, 3]);
     }
 }
