@@ -40,6 +40,11 @@ impl Gpu {
     /// Lets kernels on this device access `peer`'s memory when the hardware allows it;
     /// returns whether access is on afterwards (`false`: the pair has no peer path, and
     /// copies between them still work through [`copy_peer`], staged by the driver).
+    ///
+    /// Two grants are needed: context peer access covers `cuMemAlloc` memory, and the
+    /// access list of `peer`'s memory pool covers stream-ordered allocations
+    /// (`cuMemAllocAsync`, which cudarc uses wherever the device supports pools); context
+    /// peer access alone leaves pool memory unreachable.
     pub fn enable_peer_access(&self, peer: &Gpu) -> Result<bool, KernelError> {
         if !self.can_access_peer(peer)? {
             return Ok(false);
@@ -62,12 +67,37 @@ impl Gpu {
             sys::cudaError_enum::CUDA_SUCCESS
             // Primary contexts are shared per device, so another opening of the same pair
             // in this process may have enabled it already.
-            | sys::cudaError_enum::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(true),
-            other => Err(KernelError::Driver {
-                what: what(),
-                source: cudarc::driver::DriverError(other),
-            }),
+            | sys::cudaError_enum::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {}
+            other => {
+                return Err(KernelError::Driver {
+                    what: what(),
+                    source: cudarc::driver::DriverError(other),
+                });
+            }
         }
+        if peer.ctx.has_async_alloc() {
+            let pool_what = || format!("{} (its memory pool)", what());
+            let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+            // SAFETY: `pool` is a valid out-pointer and the device handle is live.
+            unsafe { sys::cuDeviceGetMemPool(&mut pool, peer.ctx.cu_device()) }
+                .result()
+                .map_err(KernelError::driver(pool_what()))?;
+            let access = sys::CUmemAccessDesc {
+                location: sys::CUmemLocation {
+                    type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                    id: self.ctx.cu_device(),
+                },
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // SAFETY: `pool` is `peer`'s current pool (where its stream-ordered allocations
+            // come from), `access` is one valid descriptor naming another device, and the
+            // pair can access each other (checked above). The grant covers the pool's
+            // existing and future allocations.
+            unsafe { sys::cuMemPoolSetAccess(pool, &access, 1) }
+                .result()
+                .map_err(KernelError::driver(pool_what()))?;
+        }
+        Ok(true)
     }
 
     /// A new fence of this device (an event without timing).
