@@ -991,8 +991,9 @@ fn capture(ctx: &PassCtx, k: usize, seg: &Segment, s: &mut Scratch) -> Result<Gr
 ///    stage's buffers with a peer copy queued after the sending segment on its own stream;
 /// 3. the sender records `copied`, and the receiver waits for it before its segment.
 ///
-/// Under the boundary-copy defect nothing is copied and nothing ordered: the receiving
-/// stage runs on whatever its buffers held.
+/// Under the boundary-copy defect the copies are left out but the events stay, so the
+/// receiving stage runs on whatever its buffers held while the pass still ends, as ever,
+/// on the head's stream after every earlier segment.
 fn hand_over(
     ctx: &PassCtx,
     handoff: &Handoff,
@@ -1000,9 +1001,6 @@ fn hand_over(
     to: &Segment,
     slots: &mut [Scratch],
 ) -> Result<(), EngineError> {
-    if ctx.skip_boundary_copy {
-        return Ok(());
-    }
     let (src_gpu, dst_gpu) = (&ctx.dm.gpus[from.slot], &ctx.dm.gpus[to.slot]);
     let (last, first) = (from.stages.end - 1, to.stages.start);
     let (src, dst) = pair_mut(slots, from.slot, to.slot).ok_or_else(|| {
@@ -1027,9 +1025,12 @@ fn hand_over(
     let m = ctx.n * ctx.dm.config.n_embd;
     handoff.ready.record(dst_gpu).map_err(kernel_err)?;
     handoff.ready.wait(src_gpu).map_err(kernel_err)?;
-    copy_peer(src_gpu, &sx.slice(..m), dst_gpu, &mut dx.slice_mut(..m)).map_err(kernel_err)?;
-    if ctx.walked_before(first) {
-        copy_peer(src_gpu, &sd.slice(..m), dst_gpu, &mut dd.slice_mut(..m)).map_err(kernel_err)?;
+    if !ctx.skip_boundary_copy {
+        copy_peer(src_gpu, &sx.slice(..m), dst_gpu, &mut dx.slice_mut(..m)).map_err(kernel_err)?;
+        if ctx.walked_before(first) {
+            copy_peer(src_gpu, &sd.slice(..m), dst_gpu, &mut dd.slice_mut(..m))
+                .map_err(kernel_err)?;
+        }
     }
     handoff.copied.record(src_gpu).map_err(kernel_err)?;
     handoff.copied.wait(dst_gpu).map_err(kernel_err)
