@@ -54,6 +54,7 @@ extern "C" __global__ void attention_naive_f32(const float* q, const float* k, c
                                                float* out, float* scratch, int n_heads,
                                                int n_kv_heads, int head_dim, int n_tokens,
                                                int scratch_stride, float scale) {
+    PDL_ENTRY;
     __shared__ float sh[32];
     const int h = blockIdx.x;
     const int kvh = h / (n_heads / n_kv_heads);
@@ -75,6 +76,7 @@ extern "C" __global__ void attention_split_k_f32(const float* q, const float* k,
                                                  float* part_o, float* part_ml, int n_heads,
                                                  int n_kv_heads, int head_dim, int n_tokens,
                                                  float scale) {
+    PDL_ENTRY;
     __shared__ float sh[32];
     __shared__ float s[SPLIT_K_CHUNK];
     const int h = blockIdx.x, c = blockIdx.y, n_chunks = gridDim.y;
@@ -100,6 +102,7 @@ extern "C" __global__ void attention_split_k_f32(const float* q, const float* k,
 // One block per head; thread d combines the chunks in order.
 extern "C" __global__ void attention_combine_f32(const float* part_o, const float* part_ml,
                                                  float* out, int n_chunks, int head_dim) {
+    PDL_ENTRY;
     const int h = blockIdx.x;
     const float* ml = part_ml + (size_t)h * n_chunks * 2;
     float big_m = __int_as_float(0xff800000);
@@ -128,6 +131,7 @@ extern "C" __global__ void attention_split_k_rows_f32(const float* q, int q_stri
                                                       float* part_ml, int n_heads,
                                                       int n_kv_heads, int head_dim,
                                                       float scale) {
+    PDL_ENTRY;
     __shared__ float sh[32];
     __shared__ float s[SPLIT_K_CHUNK];
     const int h = blockIdx.x, c = blockIdx.y, max_chunks = gridDim.y, b = blockIdx.z;
@@ -163,6 +167,7 @@ extern "C" __global__ void attention_combine_rows_f32(const float* part_o, const
                                                       float* out, block_q8_1* outq,
                                                       const int* pos, int n_heads,
                                                       int max_chunks, int head_dim) {
+    PDL_ENTRY;
     const int h = blockIdx.x, b = blockIdx.y;
     const int n_chunks = (pos[b] + SPLIT_K_CHUNK) / SPLIT_K_CHUNK;
     const size_t base = ((size_t)b * n_heads + h) * max_chunks;
@@ -185,19 +190,26 @@ extern "C" __global__ void attention_combine_rows_f32(const float* part_o, const
 
 // Grid (n_heads, B); scratch: [B][n_heads][scratch_stride] with scratch_stride >= every
 // row's length. outq as in attention_combine_rows_f32.
+#define NAIVE_SHARED 1024
 extern "C" __global__ void attention_naive_rows_f32(const float* q, int q_stride,
                                                     const u64* k_cache, const u64* v_cache,
                                                     const int* pos, float* out,
                                                     block_q8_1* outq, float* scratch,
                                                     int n_heads, int n_kv_heads, int head_dim,
                                                     int scratch_stride, float scale) {
+    PDL_ENTRY;
     __shared__ float sh[32];
     const int h = blockIdx.x, b = blockIdx.y;
     const int n_tokens = pos[b] + 1;
     const float* k = (const float*)k_cache[b];
     const float* v = (const float*)v_cache[b];
     const int kvh = h / (n_heads / n_kv_heads);
-    float* s = scratch + ((size_t)b * n_heads + h) * scratch_stride;
+    // Scores of contexts up to NAIVE_SHARED tokens stay in shared memory (the same values,
+    // nearer); longer ones use the row's scratch.
+    __shared__ float s_shared[NAIVE_SHARED];
+    float* s = n_tokens <= NAIVE_SHARED
+                   ? s_shared
+                   : scratch + ((size_t)b * n_heads + h) * scratch_stride;
     attn_scores(q + (size_t)b * q_stride + (size_t)h * head_dim, k, s, 0, n_tokens, kvh,
                 n_kv_heads, head_dim, scale);
     float m, l;

@@ -10,6 +10,24 @@ typedef unsigned int u32;
 typedef int i32;
 typedef unsigned long long u64;
 
+// Programmatic dependent launch (kernels/src/cuda/launch.rs): every kernel starts with
+// PDL_ENTRY. The wait blocks until the previous kernel in the stream has finished and its
+// writes are visible, so nothing below it can see a stale activation or overwrite one still
+// being read; the trigger lets the next kernel's blocks be scheduled as soon as all of this
+// kernel's blocks have started. Without the launch attribute both are no-ops, and before
+// sm_90 they do not exist.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_ENTRY                                                                          \
+    do {                                                                                   \
+        asm volatile("griddepcontrol.wait;" ::: "memory");                                 \
+        asm volatile("griddepcontrol.launch_dependents;" :::);                             \
+    } while (0)
+#else
+#define PDL_ENTRY \
+    do {          \
+    } while (0)
+#endif
+
 #define QK 32
 
 struct block_q4_0 { u16 d; u8 qs[QK / 2]; };

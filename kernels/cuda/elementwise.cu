@@ -5,6 +5,7 @@
 // post_scale (nullable): one factor per row of `cols` elements.
 extern "C" __global__ void swiglu_f32(const float* gate, const float* up, float* out,
                                       const float* post_scale, int n, int cols) {
+    PDL_ENTRY;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = gate[i], u = up[i];
@@ -17,12 +18,14 @@ extern "C" __global__ void swiglu_f32(const float* gate, const float* up, float*
 }
 
 extern "C" __global__ void add_f32(float* x, const float* y, int n) {
+    PDL_ENTRY;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = x[i] + y[i];
 }
 
 // s: one factor per row of `cols` elements (the fused tier's r on the output head).
 extern "C" __global__ void scale_f32(float* y, const float* s, int n, int cols) {
+    PDL_ENTRY;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = y[i] * s[i / cols];
 }
@@ -30,6 +33,7 @@ extern "C" __global__ void scale_f32(float* y, const float* s, int n, int cols) 
 // Stores one token's row_len values at position pos of a position-major cache.
 extern "C" __global__ void kv_store_f32(float* cache, const float* src, const float* post_scale,
                                         int pos, int row_len) {
+    PDL_ENTRY;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= row_len) return;
     const float v = src[i];
@@ -43,6 +47,7 @@ extern "C" __global__ void kv_store_f32(float* cache, const float* src, const fl
 extern "C" __global__ void swiglu_q8_1_f32(const float* gate, const float* up, int stride,
                                            const float* post_scale, float* hf, block_q8_1* hq,
                                            int n_ff) {
+    PDL_ENTRY;
     const int blk = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31, b = blockIdx.y, nb = n_ff / QK;
     if (blk >= nb) return;

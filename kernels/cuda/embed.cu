@@ -30,31 +30,37 @@ __device__ __forceinline__ float deq_bf16(const u16* w, size_t row, int cols, in
 }
 
 extern "C" __global__ void embed_q4_0(const block_q4_0* w, const u32* tokens, float* x, int cols) {
+    PDL_ENTRY;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= cols) return;
     x[(size_t)blockIdx.y * cols + i] = deq(w, (size_t)tokens[blockIdx.y], cols, i);
 }
 extern "C" __global__ void embed_q4_1(const block_q4_1* w, const u32* tokens, float* x, int cols) {
+    PDL_ENTRY;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= cols) return;
     x[(size_t)blockIdx.y * cols + i] = deq(w, (size_t)tokens[blockIdx.y], cols, i);
 }
 extern "C" __global__ void embed_q8_0(const block_q8_0* w, const u32* tokens, float* x, int cols) {
+    PDL_ENTRY;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= cols) return;
     x[(size_t)blockIdx.y * cols + i] = deq(w, (size_t)tokens[blockIdx.y], cols, i);
 }
 extern "C" __global__ void embed_f32(const float* w, const u32* tokens, float* x, int cols) {
+    PDL_ENTRY;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= cols) return;
     x[(size_t)blockIdx.y * cols + i] = deq(w, (size_t)tokens[blockIdx.y], cols, i);
 }
 extern "C" __global__ void embed_f16(const u16* w, const u32* tokens, float* x, int cols) {
+    PDL_ENTRY;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= cols) return;
     x[(size_t)blockIdx.y * cols + i] = deq_f16(w, (size_t)tokens[blockIdx.y], cols, i);
 }
 extern "C" __global__ void embed_bf16(const u16* w, const u32* tokens, float* x, int cols) {
+    PDL_ENTRY;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= cols) return;
     x[(size_t)blockIdx.y * cols + i] = deq_bf16(w, (size_t)tokens[blockIdx.y], cols, i);

@@ -44,13 +44,16 @@ __device__ __forceinline__ void dp4a(const B* w, const block_q8_1* x, float* y, 
 
 extern "C" __global__ void matvec_dp4a_q4_0(const block_q4_0* w, const block_q8_1* x, float* y,
                                             int rows, int nb, int batch, int canary_row) {
+    PDL_ENTRY;
     dp4a(w, x, y, rows, nb, batch, canary_row);
 }
 extern "C" __global__ void matvec_dp4a_q4_1(const block_q4_1* w, const block_q8_1* x, float* y,
                                             int rows, int nb, int batch, int canary_row) {
+    PDL_ENTRY;
     dp4a(w, x, y, rows, nb, batch, canary_row);
 }
 extern "C" __global__ void matvec_dp4a_q8_0(const block_q8_0* w, const block_q8_1* x, float* y,
                                             int rows, int nb, int batch, int canary_row) {
+    PDL_ENTRY;
     dp4a(w, x, y, rows, nb, batch, canary_row);
 }

@@ -21,14 +21,17 @@ __device__ __forceinline__ void mv_float(const W* w, const float* x, float* y, i
 
 extern "C" __global__ void matvec_float_f32(const float* w, const float* x, float* y, int rows,
                                             int cols) {
+    PDL_ENTRY;
     mv_float(w, x, y, rows, cols);
 }
 extern "C" __global__ void matvec_float_f16(const u16* w, const float* x, float* y, int rows,
                                             int cols) {
+    PDL_ENTRY;
     mv_float(w, x, y, rows, cols);
 }
 extern "C" __global__ void matvec_float_bf16(const u16* w, const float* x, float* y, int rows,
                                              int cols) {
+    PDL_ENTRY;
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;

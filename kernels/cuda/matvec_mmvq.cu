@@ -1,41 +1,98 @@
-// matvec_mmvq.cu: quantized weights x q8_1 activations, one warp of 32 per row, 4 rows per
-// thread block (128 threads). Lane l takes blocks l, l+32, ... and accumulates their float
-// contributions; the warp reduces with the xor butterfly. Grid: (ceil(rows/4), ceil(batch/8)).
+// matvec_mmvq.cu: quantized weights x q8_1 activations, one warp of 32 per row, 8 rows per
+// thread block (256 threads). Lane l takes blocks l, l+32, ... and accumulates their float
+// contributions; the warp reduces with the xor butterfly. Grid: (ceil(rows/8), ceil(batch/8)).
 // Each weight block is read once for up to MAX_BATCH activation rows; every batch row keeps its
 // own accumulator with exactly the B = 1 arithmetic. Twin: twin::matvec (MatvecFamily::Mmvq).
 //
 // `canary_row` >= 0 drops the last block of that row (test-only plumbing defect for the gate
 // canary); pass -1 otherwise.
 
+// The loads are arranged for bandwidth without touching the arithmetic: the block's
+// activation rows are first copied into shared memory with coalesced 32-bit loads (when
+// `x_smem` is set; the launcher sizes the dynamic shared memory for them), so the per-lane
+// block reads that follow cost one shared-memory wavefront each instead of several global
+// ones, and a Q4_1 weight block, 4-byte aligned, is read as five 32-bit words.
+
+// A weight block read from global memory: the plain copy, or five words for Q4_1.
 template <typename B>
+__device__ __forceinline__ B load_block(const B* p) {
+    return *p;
+}
+template <>
+__device__ __forceinline__ block_q4_1 load_block(const block_q4_1* p) {
+    union {
+        block_q4_1 b;
+        u32 w[5];
+    } u;
+    const u32* s = (const u32*)p;
+#pragma unroll
+    for (int i = 0; i < 5; ++i) u.w[i] = s[i];
+    return u.b;
+}
+
+// Up to MMVQ_PREFETCH weight blocks per lane are loaded before the programmatic-launch
+// wait: weights never change, so their DRAM latency overlaps the previous kernel's tail
+// (the activations are read only after the wait). SMEM selects the shared-memory copy of
+// the activations, so those reads compile to shared loads.
+#define MMVQ_PREFETCH 4
+
+// One weight block against the nbat activation rows: acc[j] += its contribution.
+template <typename B>
+__device__ __forceinline__ void mmvq_block(const B& wb, const block_q8_1* xs, int b, int nb,
+                                           int nbat, float* acc) {
+#pragma unroll
+    for (int j = 0; j < MAX_BATCH; ++j) {
+        if (j < nbat) {
+            const block_q8_1* xb = xs + (size_t)j * nb + b;
+            int s = 0;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) s += quarter_sum(&wb, xb, q);
+            acc[j] += block_contrib(&wb, xb, s);
+        }
+    }
+}
+
+template <typename B, bool SMEM>
 __device__ __forceinline__ void mmvq(const B* w, const block_q8_1* x, float* y, int rows,
                                      int nb, int batch, int canary_row) {
+    extern __shared__ u32 x_shared[];
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= rows) return;
+    const bool live = row < rows;
+    const int nb_row = !live ? 0 : row == canary_row ? nb - 1 : nb;
+    const B* wr = w + (size_t)(live ? row : 0) * nb;
+    B pre[MMVQ_PREFETCH];
+#pragma unroll
+    for (int u = 0; u < MMVQ_PREFETCH; ++u) {
+        const int b = lane + 32 * u;
+        if (b < nb_row) pre[u] = load_block(wr + b);
+    }
+    PDL_ENTRY;
     const int b0 = blockIdx.y * MAX_BATCH;
     const int nbat = min(MAX_BATCH, batch - b0);
-    const int nb_row = row == canary_row ? nb - 1 : nb;
+    const block_q8_1* xg = x + (size_t)b0 * nb;
+    if (SMEM) {
+        // The nbat rows are contiguous: nbat * nb blocks of 9 words each.
+        const u32* src = (const u32*)xg;
+        const int words = nbat * nb * 9;
+        for (int i = threadIdx.x; i < words; i += blockDim.x) x_shared[i] = src[i];
+        __syncthreads();
+    }
+    if (!live) return;
+    const block_q8_1* xs = SMEM ? (const block_q8_1*)x_shared : xg;
     float acc[MAX_BATCH];
 #pragma unroll
     for (int j = 0; j < MAX_BATCH; ++j) acc[j] = 0.0f;
-    const B* wr = w + (size_t)row * nb;
-    // Unrolling lets the loads of later blocks issue early; each accumulator still adds its
-    // blocks in lane order, so the bits do not change.
-#pragma unroll 4
-    for (int b = lane; b < nb_row; b += 32) {
-        const B wb = wr[b];
+    // Each accumulator adds its blocks in lane order (b = lane, lane + 32, ...): first the
+    // prefetched ones, then the rest, so the bits do not change.
 #pragma unroll
-        for (int j = 0; j < MAX_BATCH; ++j) {
-            if (j < nbat) {
-                const block_q8_1* xb = x + (size_t)(b0 + j) * nb + b;
-                int s = 0;
-#pragma unroll
-                for (int q = 0; q < 4; ++q) s += quarter_sum(&wb, xb, q);
-                acc[j] += block_contrib(&wb, xb, s);
-            }
-        }
+    for (int u = 0; u < MMVQ_PREFETCH; ++u) {
+        const int b = lane + 32 * u;
+        if (b < nb_row) mmvq_block(pre[u], xs, b, nb, nbat, acc);
     }
+#pragma unroll 4
+    for (int b = lane + 32 * MMVQ_PREFETCH; b < nb_row; b += 32)
+        mmvq_block(load_block(wr + b), xs, b, nb, nbat, acc);
 #pragma unroll
     for (int j = 0; j < MAX_BATCH; ++j) {
         if (j < nbat) {
@@ -46,14 +103,26 @@ __device__ __forceinline__ void mmvq(const B* w, const block_q8_1* x, float* y, 
 }
 
 extern "C" __global__ void matvec_mmvq_q4_0(const block_q4_0* w, const block_q8_1* x, float* y,
-                                            int rows, int nb, int batch, int canary_row) {
-    mmvq(w, x, y, rows, nb, batch, canary_row);
+                                            int rows, int nb, int batch, int canary_row,
+                                            int x_smem) {
+    if (x_smem)
+        mmvq<block_q4_0, true>(w, x, y, rows, nb, batch, canary_row);
+    else
+        mmvq<block_q4_0, false>(w, x, y, rows, nb, batch, canary_row);
 }
 extern "C" __global__ void matvec_mmvq_q4_1(const block_q4_1* w, const block_q8_1* x, float* y,
-                                            int rows, int nb, int batch, int canary_row) {
-    mmvq(w, x, y, rows, nb, batch, canary_row);
+                                            int rows, int nb, int batch, int canary_row,
+                                            int x_smem) {
+    if (x_smem)
+        mmvq<block_q4_1, true>(w, x, y, rows, nb, batch, canary_row);
+    else
+        mmvq<block_q4_1, false>(w, x, y, rows, nb, batch, canary_row);
 }
 extern "C" __global__ void matvec_mmvq_q8_0(const block_q8_0* w, const block_q8_1* x, float* y,
-                                            int rows, int nb, int batch, int canary_row) {
-    mmvq(w, x, y, rows, nb, batch, canary_row);
+                                            int rows, int nb, int batch, int canary_row,
+                                            int x_smem) {
+    if (x_smem)
+        mmvq<block_q8_0, true>(w, x, y, rows, nb, batch, canary_row);
+    else
+        mmvq<block_q8_0, false>(w, x, y, rows, nb, batch, canary_row);
 }

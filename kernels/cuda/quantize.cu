@@ -2,6 +2,7 @@
 // block. Twin: twin::quantize_q8_1.
 
 extern "C" __global__ void quantize_q8_1_f32(const float* x, block_q8_1* y, int n_blocks) {
+    PDL_ENTRY;
     const int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (b >= n_blocks) return;

@@ -6,6 +6,7 @@
 
 extern "C" __global__ void rope_f32(float* x, const float* table, const float* post_scale,
                                     const int* pos, int n_heads, int head_dim, int n_pos) {
+    PDL_ENTRY;
     const int half = head_dim >> 1;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_heads * half) return;
@@ -38,6 +39,7 @@ extern "C" __global__ void rope_store_rows_f32(float* q, int q_stride, const flo
                                                const float* table, const float* post_scale,
                                                const int* pos, int n_head, int n_head_kv,
                                                int head_dim, int n_pos) {
+    PDL_ENTRY;
     const int half = head_dim >> 1;
     const int nq = n_head * half, nk = n_head_kv * half, kvd = n_head_kv * head_dim;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -36,6 +36,7 @@ __device__ __forceinline__ u32 block_argmax(const float* row, int n, float* shv,
 }
 
 extern "C" __global__ void argmax_f32(const float* logits, u32* out, int n) {
+    PDL_ENTRY;
     __shared__ float shv[32];
     __shared__ u32 shi[32];
     const u32 r = block_argmax(logits + (size_t)blockIdx.x * n, n, shv, shi);
@@ -54,6 +55,7 @@ __device__ __forceinline__ void philox4x32_10(u32 c[4], u32 k0, u32 k1) {
 
 // Exposed for kernel-check: out[i] = philox(counter = ctr[4i..4i+4], key = (k0, k1)).
 extern "C" __global__ void philox_u32(const u32* ctr, u32* out, u32 k0, u32 k1, int n) {
+    PDL_ENTRY;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     u32 c[4] = {ctr[4 * i], ctr[4 * i + 1], ctr[4 * i + 2], ctr[4 * i + 3]};
@@ -85,6 +87,7 @@ __device__ __forceinline__ float mass(const float* p, int lo, int hi, float tau,
 extern "C" __global__ void sample_f32(const float* logits, float* p_scratch, u32* out, int n,
                                       float temp, float top_p, u32 seed_lo, u32 seed_hi,
                                       const u32* seq, const u32* step) {
+    PDL_ENTRY;
     __shared__ float shv[32];
     __shared__ u32 shi[32];
     __shared__ float sums[SAMPLE_THREADS];

@@ -17,15 +17,16 @@ use crate::compile::{self, CompiledPtx, PtxCache};
 use crate::error::KernelError;
 use crate::sources::{self, KernelSource};
 use crate::twin::{AttnShape, MatvecFamily, SAMPLE_THREADS, SPLIT_K_CHUNK};
-mod peer;
+mod launch;
 mod rows;
 
-pub use peer::{Fence, copy_peer};
+pub use launch::{KernelArg, Launch};
+
 pub use rows::{AttnRows, RopeStoreArgs, attention_can_quantize};
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
-    PushKernelArg, ValidAsZeroBits,
+    ValidAsZeroBits,
 };
 
 // SAFETY: the block types are `#[repr(C)]` plain data of f16/u8/i8 fields with the exact size
@@ -51,6 +52,12 @@ pub fn probe() -> Result<(i32, i32), KernelError> {
     }
     compile::nvrtc_version()
 }
+
+/// Rows (warps) per thread block of the mmvq matvec.
+const MMVQ_ROWS: u32 = 8;
+
+/// Dynamic shared memory a launch may use without opting in.
+const DEFAULT_DYNAMIC_SMEM: usize = 48 * 1024;
 
 /// Threads per block of the elementwise kernels.
 const EW_THREADS: u32 = 256;
@@ -79,6 +86,8 @@ pub struct Gpu {
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     compiled: Mutex<Vec<CompiledPtx>>,
     canary_row: i32,
+    /// Whether launches carry the programmatic-dependent-launch attribute ([`launch`]).
+    pdl: bool,
 }
 
 fn shape(kernel: &'static str, message: String) -> KernelError {
@@ -141,6 +150,7 @@ impl Gpu {
             functions: Mutex::new(HashMap::new()),
             compiled: Mutex::new(Vec::new()),
             canary_row: -1,
+            pdl: std::env::var("MEMRA_PDL").map_or(true, |v| v.trim() != "0"),
         })
     }
 
@@ -148,6 +158,45 @@ impl Gpu {
     /// block of `row`. `None` switches it off.
     pub fn set_matvec_canary(&mut self, row: Option<usize>) {
         self.canary_row = row.map_or(-1, |r| r.min(i32::MAX as usize) as i32);
+    }
+
+    /// Programmatic dependent launch on or off (on unless `MEMRA_PDL=0` at [`Gpu::new`]).
+    /// A performance switch only: every kernel waits for its predecessor's results either
+    /// way, so the bits do not change.
+    pub fn set_pdl(&mut self, on: bool) {
+        self.pdl = on;
+    }
+
+    /// Whether launches use programmatic dependent launch.
+    pub fn pdl(&self) -> bool {
+        self.pdl
+    }
+
+    /// Whether `f` may take `bytes` of dynamic shared memory, opting in above the default
+    /// 48 KiB (up to what the device allows per block). A refusal is not an error: the
+    /// caller then launches the variant without shared memory.
+    fn allow_dynamic_smem(&self, f: &CudaFunction, bytes: usize) -> bool {
+        use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+        if bytes <= DEFAULT_DYNAMIC_SMEM {
+            return true;
+        }
+        let limit = self
+            .ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_or(DEFAULT_DYNAMIC_SMEM, |v| v.max(0) as usize);
+        // The opt-in is set to the device's limit, never lowered, so a graph captured with
+        // a larger launch stays valid whatever is launched later.
+        bytes <= limit
+            && f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                limit as i32,
+            )
+            .is_ok()
+    }
+
+    /// A launch of `f` on this device's stream.
+    fn launcher<'a>(&'a self, f: &'a CudaFunction) -> Launch<'a> {
+        Launch::new(&self.stream, f, self.pdl)
     }
 
     pub fn ctx(&self) -> &Arc<CudaContext> {
@@ -249,7 +298,7 @@ impl Gpu {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         b.arg(x).arg(y).arg(&n);
         // SAFETY: the kernel reads 32 * n floats of x and writes n blocks of y; both lengths
         // were checked above, and the argument types match the kernel's signature.
@@ -278,7 +327,7 @@ impl Gpu {
             block_dim: (crate::twin::NORM_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         b.arg(x).arg(g).arg(out).arg(&c).arg(&eps);
         // SAFETY: one block per row reads rows*cols of x, cols of g and writes rows*cols of
         // out; all three lengths were checked above.
@@ -314,7 +363,7 @@ impl Gpu {
             block_dim: (crate::twin::NORM_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         b.arg(x).arg(g).arg(yq).arg(r_out).arg(&c).arg(&eps);
         // SAFETY: one block per row; reads rows*cols of x and cols of g, writes rows*cols/32
         // blocks and rows factors; lengths checked above.
@@ -376,11 +425,15 @@ impl Gpu {
         let canary = self.canary_row;
         let f = self.func(src, k)?;
         let groups = batch.div_ceil(8) as u32;
+        // mmvq stages the group's activation rows in shared memory when they fit the
+        // opt-in limit (see matvec_mmvq.cu); otherwise it reads them from global memory.
+        let x_bytes = batch.min(8) * nb * std::mem::size_of::<BlockQ8_1>();
+        let x_smem = family == MatvecFamily::Mmvq && self.allow_dynamic_smem(&f, x_bytes);
         let cfg = match family {
             MatvecFamily::Mmvq => LaunchConfig {
-                grid_dim: ((rows as u32).div_ceil(4), groups, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
+                grid_dim: ((rows as u32).div_ceil(MMVQ_ROWS), groups, 1),
+                block_dim: (32 * MMVQ_ROWS, 1, 1),
+                shared_mem_bytes: if x_smem { x_bytes as u32 } else { 0 },
             },
             MatvecFamily::Dp4a => LaunchConfig {
                 grid_dim: (rows as u32, groups, 1),
@@ -388,7 +441,7 @@ impl Gpu {
                 shared_mem_bytes: 0,
             },
         };
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         match w {
             DeviceWeights::Q4_0(s) => b.arg(s),
             DeviceWeights::Q4_1(s) => b.arg(s),
@@ -396,6 +449,9 @@ impl Gpu {
             _ => unreachable!("float weights returned above"),
         };
         b.arg(x).arg(y).arg(&r).arg(&n).arg(&bt).arg(&canary);
+        if family == MatvecFamily::Mmvq {
+            b.arg(&i32::from(x_smem));
+        }
         // SAFETY: the kernel reads rows*nb weight blocks, batch*nb activation blocks and writes
         // batch*rows floats, all checked above; the grid covers rows and ceil(batch/8) groups
         // and the kernel bounds-checks both.
@@ -435,7 +491,7 @@ impl Gpu {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         match w {
             DeviceWeights::F32(s) => b.arg(s),
             DeviceWeights::F16(s) => b.arg(s),
@@ -486,7 +542,7 @@ impl Gpu {
             shared_mem_bytes: 0,
         };
         let null = 0u64;
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         b.arg(x).arg(table);
         match post_scale {
             Some(s) => b.arg(s),
@@ -553,7 +609,7 @@ impl Gpu {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         b.arg(q)
             .arg(k)
             .arg(v)
@@ -605,12 +661,12 @@ impl Gpu {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         b.arg(q)
             .arg(k)
             .arg(v)
-            .arg(&mut *part_o)
-            .arg(&mut *part_ml)
+            .arg(&*part_o)
+            .arg(&*part_ml)
             .arg(&h)
             .arg(&kvh)
             .arg(&d)
@@ -625,7 +681,7 @@ impl Gpu {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&fc);
+        let mut b = self.launcher(&fc);
         b.arg(&*part_o).arg(&*part_ml).arg(out).arg(&nc).arg(&d);
         // SAFETY: the partial buffers were sized above; out holds n_heads * head_dim.
         unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {C}")))?;
@@ -664,7 +720,7 @@ impl Gpu {
         let (ni, ci) = (int(K, "n", n)?, int(K, "cols", cols)?);
         let f = self.func(&sources::ELEMENTWISE, K)?;
         let null = 0u64;
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         b.arg(gate).arg(up).arg(out);
         match post_scale {
             Some(s) => b.arg(s),
@@ -689,7 +745,7 @@ impl Gpu {
         need(K, "y", y.len(), n)?;
         let ni = int(K, "n", n)?;
         let f = self.func(&sources::ELEMENTWISE, K)?;
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         b.arg(x).arg(y).arg(&ni);
         // SAFETY: both buffers hold n elements, checked above.
         unsafe { b.launch(Self::ew_cfg(n)) }
@@ -713,7 +769,7 @@ impl Gpu {
         need(K, "s", s.len(), n.div_ceil(cols))?;
         let (ni, ci) = (int(K, "n", n)?, int(K, "cols", cols)?);
         let f = self.func(&sources::ELEMENTWISE, K)?;
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         b.arg(y).arg(s).arg(&ni).arg(&ci);
         // SAFETY: y holds n elements and s one per row, checked above.
         unsafe { b.launch(Self::ew_cfg(n)) }
@@ -736,7 +792,7 @@ impl Gpu {
         let (p, r) = (int(K, "pos", pos)?, int(K, "row_len", row_len)?);
         let f = self.func(&sources::ELEMENTWISE, K)?;
         let null = 0u64;
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         b.arg(cache).arg(src);
         match post_scale {
             Some(s) => b.arg(s),
@@ -768,7 +824,7 @@ impl Gpu {
             block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         b.arg(logits).arg(out).arg(&ni);
         // SAFETY: batch rows of n logits and batch outputs, checked above.
         unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
@@ -805,7 +861,7 @@ impl Gpu {
             block_dim: (SAMPLE_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         b.arg(logits)
             .arg(p_scratch)
             .arg(out)
@@ -835,7 +891,7 @@ impl Gpu {
         need(K, "out", out.len(), 4 * n)?;
         let ni = int(K, "n", n)?;
         let f = self.func(&sources::SAMPLE, K)?;
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         b.arg(ctr).arg(out).arg(&key[0]).arg(&key[1]).arg(&ni);
         // SAFETY: ctr and out hold 4 * n words, checked above.
         unsafe { b.launch(Self::ew_cfg(n)) }

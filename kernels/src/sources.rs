@@ -85,6 +85,23 @@ mod tests {
         }
     }
 
+    /// Every kernel waits for its predecessor (PDL_ENTRY, directly or in the mmvq body):
+    /// one kernel without the wait would let the next one run ahead of a result it needs.
+    #[test]
+    fn every_kernel_waits_for_its_predecessor() {
+        for src in ALL {
+            for body in src.text.split("extern \"C\" __global__ void ").skip(1) {
+                let name = body.split('(').next().unwrap_or("");
+                assert!(
+                    body.contains("PDL_ENTRY;") || body.contains("mmvq<"),
+                    "{}: kernel {name} has no PDL_ENTRY",
+                    src.file
+                );
+            }
+        }
+        assert!(MATVEC_MMVQ.text.contains("PDL_ENTRY;"));
+    }
+
     #[test]
     fn composed_text_marks_file_boundaries() {
         let text = NORM.composed();

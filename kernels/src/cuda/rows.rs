@@ -10,7 +10,7 @@
 //! than launch out of bounds. Device pointers inside the pointer tables cannot be checked
 //! here; the caller owns them (see [`AttnRows`]).
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use super::{DeviceWeights, EW_THREADS, Gpu, int, need, shape};
 use crate::blocks::{BlockQ8_1, QK};
@@ -121,7 +121,7 @@ impl Gpu {
             block_dim: (EW_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         match w {
             DeviceWeights::Q4_0(s) => b.arg(s),
             DeviceWeights::Q4_1(s) => b.arg(s),
@@ -181,7 +181,7 @@ impl Gpu {
             shared_mem_bytes: 0,
         };
         let null = 0u64;
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         b.arg(x);
         match delta {
             Some(d) => b.arg(d),
@@ -250,7 +250,7 @@ impl Gpu {
         let (base, _sync) = qkv.device_ptr_mut(&self.stream);
         let (q, k, v) = (base, base + 4 * qd as u64, base + 4 * (qd + kvd) as u64);
         let null = 0u64;
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         b.arg(&q).arg(&st).arg(&k).arg(&st).arg(&v).arg(&st);
         b.arg(rows.k_cache).arg(rows.v_cache).arg(table);
         match post_scale {
@@ -305,7 +305,7 @@ impl Gpu {
         let gate = gu.slice(..);
         let up = gu.slice(n_ff..);
         let null = 0u64;
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         b.arg(&gate).arg(&up).arg(&st);
         match post_scale {
             Some(s) => b.arg(s),
@@ -373,14 +373,14 @@ impl Gpu {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         b.arg(q)
             .arg(&qs)
             .arg(rows.k_cache)
             .arg(rows.v_cache)
             .arg(rows.pos)
-            .arg(&mut *part_o)
-            .arg(&mut *part_ml)
+            .arg(&*part_o)
+            .arg(&*part_ml)
             .arg(&h)
             .arg(&hkv)
             .arg(&d)
@@ -394,7 +394,7 @@ impl Gpu {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&fc);
+        let mut b = self.launcher(&fc);
         let null = 0u64;
         b.arg(&*part_o).arg(&*part_ml).arg(out);
         match outq {
@@ -451,7 +451,7 @@ impl Gpu {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         b.arg(q)
             .arg(&qs)
             .arg(rows.k_cache)
@@ -501,7 +501,7 @@ impl Gpu {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launcher(&f);
         b.arg(x).arg(y).arg(&n);
         // SAFETY: the kernel reads 32 * n floats of x and writes n blocks of y, both checked.
         unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
