@@ -18,10 +18,12 @@ use crate::error::KernelError;
 use crate::sources::{self, KernelSource};
 use crate::twin::{AttnShape, MatvecFamily, SAMPLE_THREADS, SPLIT_K_CHUNK};
 mod launch;
+mod peer;
 mod rows;
 
 pub use launch::{KernelArg, Launch};
 
+pub use peer::{Fence, copy_peer};
 pub use rows::{AttnRows, RopeStoreArgs, attention_can_quantize};
 
 use cudarc::driver::{
