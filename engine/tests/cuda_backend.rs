@@ -5,7 +5,12 @@
 //! unsplit walk, bit for bit, and the unsplit walk's refusal on a split model; over two
 //! devices (both orders, and a device that comes back) the split walk, the unsplit walk,
 //! lean ticks and parked logits against one device, bit for bit, and the boundary-copy
-//! defect caught; a missing device ordinal named with the fix.
+//! defect caught; a missing device ordinal named with the fix. Activation traces: the CUDA
+//! trace against the CPU trace (same sites, compositions and widths; bit for bit where no
+//! `exp` is upstream), against the tie-following oracle in every door combination (tiny
+//! presets and the SmolLM2-135M shape), a tampered block caught, logits unmoved by tracing,
+//! and split stages or two devices recording the one-stage trace bit for bit; the harness
+//! itself runs on the CPU backend without a GPU.
 //!
 //! GPU tests print why and return when no usable GPU is present (no driver, no CUDA
 //! libraries, no device), or when a test needs two devices and the machine has one, so CI
@@ -14,10 +19,13 @@
 use memra_engine::backend::cpu::CpuBackend;
 use memra_engine::backend::cuda::{self, CudaBackend};
 use memra_engine::backend::stages::StagePlan;
+use memra_engine::backend::trace::{ActivationTrace, Composition, Site, SiteKey};
 use memra_engine::backend::{Backend, EngineError, SeqId, open_backend};
 use memra_engine::doors::{BackendChoice, Doors, GateDefect};
 use memra_engine::model::LlamaModel;
+use memra_engine::reference::{self, FollowReport};
 use memra_engine::sampling::{SamplingParams, sample_token};
+use memra_kernels::blocks::BlockQ8_1;
 use memra_kernels::twin::argmax;
 
 fn synth(preset: &str, quant: &str) -> LlamaModel {
@@ -409,7 +417,7 @@ fn split(base: &Doors, stages: usize, allow_unsplit: bool) -> Doors {
 /// with `unsplit` the same three steps of twin sequences (same prompts, same tokens)
 /// through `decode_step_batch_unsplit` (7..10), then three sampled batched steps of another
 /// twin set, each followed by its parked logits, and one greedy single-sequence lean tick.
-fn staged_program(be: &mut CudaBackend, unsplit: bool) -> Vec<Vec<u32>> {
+fn staged_program(be: &mut dyn Backend, unsplit: bool) -> Vec<Vec<u32>> {
     let v = be.config().n_vocab;
     let mut out = Vec::new();
     let long = tokens(v, 7, cuda::MAX_ROWS + 6);
@@ -643,5 +651,478 @@ fn cuda_unsplit_walk_on_a_split_model_is_refused_without_the_pin() {
             .unwrap();
         let after: Vec<usize> = seqs.iter().map(|&s| pinned.seq_len(s).unwrap()).collect();
         assert_eq!(after, lens.iter().map(|l| l + 1).collect::<Vec<_>>());
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Activation traces: the CUDA backend records the q8_1 blocks of every quantization site,
+// as the CPU backend does, so the reference gate judges it by the tie-following oracle.
+
+/// The acceptance bound of the quantized paths against the following oracle (the reference
+/// policy's max_abs).
+const FOLLOW_TOL: f32 = 1e-2;
+
+/// Which calls produce a traced program's rows of sequence 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// Every row by one prefill.
+    Prefill,
+    /// The first half primed (only its last row's logits), the rest by `decode_step_h`.
+    Prime,
+    /// Half by prefill, the rest by `decode_step_h` (the fused tier where the doors allow).
+    Single,
+    /// Half by prefill, the rest by batched steps next to sequence 1 (its own program).
+    Batched,
+}
+
+const PATHS: [Path; 4] = [Path::Prefill, Path::Prime, Path::Single, Path::Batched];
+
+impl Path {
+    /// The first program row the returned logits belong to.
+    fn first_row(self, program: &[u32]) -> usize {
+        match self {
+            Path::Prime => program.len() / 2 - 1,
+            _ => 0,
+        }
+    }
+}
+
+/// Runs `program` on sequence 0 of `be` along `path`, tracing when `trace` is set; returns
+/// sequence 0's logits rows (from `path.first_row` on) and the trace (`None` untraced).
+fn traced_run(
+    be: &mut dyn Backend,
+    program: &[u32],
+    path: Path,
+    trace: bool,
+) -> (Vec<f32>, Option<ActivationTrace>) {
+    if trace {
+        assert!(be.start_trace(), "the backend records activation traces");
+        // Whatever ran before is not part of this program.
+        be.take_trace();
+    }
+    let (seq, other) = (SeqId(0), SeqId(1));
+    let v = be.config().n_vocab;
+    let half = program.len() / 2;
+    be.open_sequence(seq, program.len()).unwrap();
+    let rows = match path {
+        Path::Prefill => be.prefill(seq, program).unwrap(),
+        Path::Prime | Path::Single => {
+            let mut rows = if path == Path::Prime {
+                be.prime(seq, &program[..half]).unwrap()
+            } else {
+                be.prefill(seq, &program[..half]).unwrap()
+            };
+            for &t in &program[half..] {
+                rows.extend(be.decode_step_h(seq, t).unwrap());
+            }
+            rows
+        }
+        Path::Batched => {
+            let others = tokens(v, 77, program.len());
+            be.open_sequence(other, program.len()).unwrap();
+            be.prefill(other, &others[..half]).unwrap();
+            let mut rows = be.prefill(seq, &program[..half]).unwrap();
+            for (&t, &u) in program[half..].iter().zip(&others[half..]) {
+                let out = be.decode_step_batch(&[other, seq], &[u, t]).unwrap();
+                rows.extend_from_slice(&out[v..]);
+            }
+            be.close_sequence(other).unwrap();
+            rows
+        }
+    };
+    be.close_sequence(seq).unwrap();
+    let trace = trace.then(|| be.take_trace().expect("tracing was started"));
+    (rows, trace)
+}
+
+/// One q8_1 block as bits: `d`, `s` and the 32 quants.
+type BlockBits = (u16, u16, [i8; 32]);
+
+fn block_bits(b: &BlockQ8_1) -> BlockBits {
+    (b.d.to_bits(), b.s.to_bits(), b.qs)
+}
+
+/// One recorded site as bits, for bit-for-bit comparisons of whole traces.
+type SiteBits = (SiteKey, Composition, Option<u32>, Vec<BlockBits>);
+
+fn trace_bits(t: &ActivationTrace) -> Vec<SiteBits> {
+    t.iter()
+        .map(|(k, r)| {
+            (
+                *k,
+                r.composition,
+                r.r.map(f32::to_bits),
+                r.blocks.iter().map(block_bits).collect(),
+            )
+        })
+        .collect()
+}
+
+/// Whether a site's inputs involve no `exp` (the one operation the CUDA kernels do not
+/// share with the CPU twins): layer 0's attention input at every position, and at a
+/// sequence's position 0 also layer 0's attention output (a softmax over one score is
+/// `expf(0) / expf(0) = 1` on both sides) and the feed-forward input computed from it.
+/// Everything later reads an attention output over several scores or a SwiGLU output.
+fn exp_free(k: &SiteKey) -> bool {
+    k.layer == 0 && (k.site == Site::AttnIn || (k.pos == 0 && k.site != Site::FfnDownIn))
+}
+
+#[test]
+fn cuda_trace_equals_the_cpu_trace_where_the_compositions_are_mirrored() {
+    if !gpu_present("cuda_trace_equals_the_cpu_trace_where_the_compositions_are_mirrored") {
+        return;
+    }
+    // The equalized pins (MEMRA_MMVQ=0 MEMRA_NO_FUSE_NORMQ=1: dp4a, separate norm
+    // everywhere) and the default pins (mmvq, the fused tier on the single-sequence path).
+    let pins = [
+        Doors {
+            backend: BackendChoice::Cuda,
+            mmvq: false,
+            no_fuse_normq: true,
+            ..Doors::default()
+        },
+        Doors {
+            backend: BackendChoice::Cuda,
+            ..Doors::default()
+        },
+    ];
+    // q4_1 is the quantized case; f32 checks the float-weight sites (an attention output
+    // the CUDA backend quantizes only for the trace).
+    for quant in ["q4_1", "f32"] {
+        let model = synth("tiny", quant);
+        let program = tokens(model.config.n_vocab, 21, 16);
+        for doors in &pins {
+            let mut cpu = CpuBackend::new(model.clone(), doors.clone()).unwrap();
+            let mut gpu = CudaBackend::new(&model, doors.clone()).unwrap();
+            for path in PATHS {
+                let what = format!("tiny {quant} {path:?} under {doors:?}");
+                let (_, want) = traced_run(&mut cpu, &program, path, true);
+                let (_, got) = traced_run(&mut gpu, &program, path, true);
+                let (want, got) = (want.unwrap(), got.unwrap());
+                // The same sites, in the same compositions and widths.
+                let keys = |t: &ActivationTrace| t.iter().map(|(k, _)| *k).collect::<Vec<_>>();
+                assert_eq!(keys(&want), keys(&got), "{what}: the recorded sites differ");
+                let (mut exact, mut same, mut total) = (0usize, 0usize, 0usize);
+                let mut r_differ = 0usize;
+                for ((k, w), (_, g)) in want.iter().zip(got.iter()) {
+                    assert_eq!(w.composition, g.composition, "{what}: {k:?}");
+                    assert_eq!(w.blocks.len(), g.blocks.len(), "{what}: {k:?}");
+                    assert_eq!(w.r.is_some(), g.r.is_some(), "{what}: {k:?}");
+                    let wb: Vec<BlockBits> = w.blocks.iter().map(block_bits).collect();
+                    let gb: Vec<BlockBits> = g.blocks.iter().map(block_bits).collect();
+                    let (wr, gr) = (w.r.map(f32::to_bits), g.r.map(f32::to_bits));
+                    if exp_free(k) {
+                        assert_eq!(wb, gb, "{what}: {k:?} has no exp upstream, yet differs");
+                        assert_eq!(wr, gr, "{what}: {k:?} norm factor");
+                        exact += 1;
+                    } else {
+                        total += wb.len();
+                        same += wb.iter().zip(&gb).filter(|(a, b)| a == b).count();
+                        r_differ += usize::from(wr != gr);
+                    }
+                }
+                assert!(exact > 0, "{what}: no exp-free site was compared");
+                eprintln!(
+                    "{what}: {} sites, {exact} exp-free sites bit-identical; after exp, \
+                     {same} of {total} blocks bit-identical, {r_differ} norm factors differ",
+                    want.len()
+                );
+            }
+        }
+    }
+}
+
+/// How one program's rows compare with the oracle following the CUDA trace.
+#[derive(Debug)]
+struct Followed {
+    max_abs: f32,
+    worst_row: usize,
+    argmax_rows: Vec<usize>,
+    report: FollowReport,
+}
+
+impl Followed {
+    fn clean(&self) -> bool {
+        self.max_abs <= FOLLOW_TOL && self.argmax_rows.is_empty() && self.report.mismatch_count == 0
+    }
+}
+
+/// Compares `got` (rows `first..` of `program`) with the oracle following `trace`.
+fn follow(
+    model: &LlamaModel,
+    program: &[u32],
+    trace: &ActivationTrace,
+    got: &[f32],
+    first: usize,
+) -> Followed {
+    let v = model.config.n_vocab;
+    let f = reference::forward_following(model, program, trace, SeqId(0)).unwrap();
+    let want = &f.logits[first * v..];
+    assert_eq!(want.len(), got.len(), "row counts differ");
+    let mut o = Followed {
+        max_abs: 0.0,
+        worst_row: 0,
+        argmax_rows: Vec::new(),
+        report: f.report,
+    };
+    for (i, (w, g)) in want.chunks_exact(v).zip(got.chunks_exact(v)).enumerate() {
+        let m = w
+            .iter()
+            .zip(g)
+            .map(|(a, b)| (a - b).abs())
+            .fold(
+                0.0f32,
+                |m, d| {
+                    if d.is_nan() { f32::INFINITY } else { m.max(d) }
+                },
+            );
+        if m > o.max_abs {
+            o.max_abs = m;
+            o.worst_row = first + i;
+        }
+        if argmax(w) != argmax(g) {
+            o.argmax_rows.push(first + i);
+        }
+    }
+    o
+}
+
+/// Builds a backend of one kind over a model under doors.
+type MakeBackend = fn(&LlamaModel, Doors) -> Box<dyn Backend>;
+
+fn make_cuda(model: &LlamaModel, doors: Doors) -> Box<dyn Backend> {
+    Box::new(CudaBackend::new(model, doors).unwrap())
+}
+
+fn make_cpu(model: &LlamaModel, doors: Doors) -> Box<dyn Backend> {
+    Box::new(CpuBackend::new(model.clone(), doors).unwrap())
+}
+
+/// Every path of `model` on the backend `make` builds, in every door combination, against
+/// the oracle following that backend's trace.
+fn follow_all(name: &str, model: &LlamaModel, program: &[u32], make: MakeBackend) {
+    let mut worst = 0.0f32;
+    for doors in combos() {
+        let mut be = make(model, doors.clone());
+        for path in PATHS {
+            let (rows, trace) = traced_run(&mut *be, program, path, true);
+            let trace = trace.unwrap();
+            let o = follow(model, program, &trace, &rows, path.first_row(program));
+            assert!(
+                o.clean(),
+                "{name} {path:?} under {doors:?}: max_abs {} at row {}, argmax rows {:?}, {} \
+                 mismatches, first {:?}",
+                o.max_abs,
+                o.worst_row,
+                o.argmax_rows,
+                o.report.mismatch_count,
+                o.report.mismatches.first()
+            );
+            assert!(o.report.sites > 0, "{name} {path:?}: nothing was compared");
+            worst = worst.max(o.max_abs);
+            eprintln!(
+                "{name} {path:?} mmvq={} no_fuse_normq={} fa3={}: max_abs {:.3e}, ties followed \
+                 {} (q {}, d {}, s {}), {} sites, {} untraced",
+                doors.mmvq,
+                doors.no_fuse_normq,
+                doors.fa3,
+                o.max_abs,
+                o.report.ties_followed,
+                o.report.ties_q,
+                o.report.ties_d,
+                o.report.ties_s,
+                o.report.sites,
+                o.report.untraced
+            );
+        }
+    }
+    eprintln!("{name}: worst max_abs {worst:.3e}");
+}
+
+#[test]
+fn cuda_trace_meets_the_following_oracle_on_tiny_in_every_door_combination() {
+    if !gpu_present("cuda_trace_meets_the_following_oracle_on_tiny_in_every_door_combination") {
+        return;
+    }
+    for quant in ["q4_1", "q8_0", "q4_0"] {
+        let model = synth("tiny", quant);
+        let program = tokens(model.config.n_vocab, 8, 32);
+        follow_all(&format!("tiny {quant}"), &model, &program, make_cuda);
+    }
+}
+
+#[test]
+fn cuda_trace_meets_the_following_oracle_on_the_smollm2_shape_in_every_door_combination() {
+    if !gpu_present(
+        "cuda_trace_meets_the_following_oracle_on_the_smollm2_shape_in_every_door_combination",
+    ) {
+        return;
+    }
+    let model = synth("smollm2-135m", "q4_1");
+    let program = tokens(model.config.n_vocab, 8, 32);
+    follow_all("smollm2-135m q4_1", &model, &program, make_cuda);
+}
+
+#[test]
+fn a_tampered_cuda_trace_is_a_mismatch_not_a_tie() {
+    if !gpu_present("a_tampered_cuda_trace_is_a_mismatch_not_a_tie") {
+        return;
+    }
+    tampered_trace_is_one_mismatch(make_cuda);
+}
+
+/// The canary of the trace comparison: one block of a clean trace moved two steps is
+/// reported as exactly that hard mismatch.
+fn tampered_trace_is_one_mismatch(make: MakeBackend) {
+    let model = synth("tiny", "q4_0");
+    let program = tokens(model.config.n_vocab, 3, 32);
+    let doors = Doors {
+        backend: BackendChoice::Cuda,
+        ..Doors::default()
+    };
+    let mut be = make(&model, doors);
+    let (rows, trace) = traced_run(&mut *be, &program, Path::Prefill, true);
+    let mut trace = trace.unwrap();
+    // The untampered trace is clean, so the one planted change is the one mismatch.
+    let o = follow(&model, &program, &trace, &rows, 0);
+    assert!(o.clean(), "{o:?}");
+    let key = SiteKey {
+        seq: SeqId(0),
+        pos: 4,
+        layer: 1,
+        site: Site::FfnDownIn,
+    };
+    let rec = trace.get_mut(&key).expect("the site was recorded");
+    // Two steps away can never be a tie.
+    let q = rec.blocks[0].qs[0];
+    rec.blocks[0].qs[0] = if q > 0 { q - 2 } else { q + 2 };
+    let o = follow(&model, &program, &trace, &rows, 0);
+    assert_eq!(o.report.mismatch_count, 1, "{o:?}");
+    let m = &o.report.mismatches[0];
+    assert_eq!(
+        (m.layer, m.site, m.pos, m.block, m.element, m.field),
+        (1, Site::FfnDownIn, 4, 0, Some(0), "q")
+    );
+}
+
+#[test]
+fn the_trace_harness_passes_and_catches_on_the_cpu_backend() {
+    // The harness of the CUDA trace tests (every path, the following oracle, the tampered
+    // block, a program traced and untraced) run on the CPU backend, which records the trace the CUDA backend mirrors: it
+    // must pass a sound backend and catch the planted change, here without a GPU.
+    let model = synth("tiny", "q4_1");
+    let program = tokens(model.config.n_vocab, 8, 32);
+    follow_all("cpu tiny q4_1", &model, &program, make_cpu);
+    tampered_trace_is_one_mismatch(make_cpu);
+    tracing_leaves_every_output_unchanged(make_cpu);
+}
+
+/// [`staged_program`] with tracing on: its outputs and its trace, as bits.
+fn traced_staged_program(be: &mut dyn Backend, unsplit: bool) -> (Vec<Vec<u32>>, Vec<SiteBits>) {
+    assert!(be.start_trace());
+    let out = staged_program(be, unsplit);
+    let trace = be.take_trace().expect("tracing was started");
+    assert!(!trace.is_empty(), "the program recorded no site");
+    (out, trace_bits(&trace))
+}
+
+#[test]
+fn cuda_tracing_leaves_every_output_unchanged() {
+    if !gpu_present("cuda_tracing_leaves_every_output_unchanged") {
+        return;
+    }
+    // Untraced steps replay CUDA graphs; traced ones run eagerly and copy every site back.
+    // Neither may move a bit of the logits, the lean ticks' tokens or the parked logits.
+    tracing_leaves_every_output_unchanged(make_cuda);
+}
+
+/// [`staged_program`] untraced and traced on fresh backends `make` builds, bit for bit, and
+/// one traced step after the trace was taken.
+fn tracing_leaves_every_output_unchanged(make: MakeBackend) {
+    for quant in ["q4_1", "f32"] {
+        let model = synth("tiny", quant);
+        for doors in combos() {
+            let mut plain = make(&model, doors.clone());
+            let want = staged_program(&mut *plain, true);
+            let mut traced = make(&model, doors.clone());
+            let (got, _) = traced_staged_program(&mut *traced, true);
+            assert_eq!(want.len(), got.len());
+            for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+                assert_eq!(w, g, "{quant} {doors:?}: output {i} moved under tracing");
+            }
+            // Taking the trace leaves an empty one recording: one more step records its
+            // own row's sites and nothing else, each layer's four and the head's.
+            let pos = traced.seq_len(SeqId(0)).unwrap();
+            traced.decode_step_h(SeqId(0), 7).unwrap();
+            let step = traced.take_trace().unwrap();
+            let n_layer = model.config.n_layer;
+            assert_eq!(step.len(), 4 * n_layer + 1, "{quant} {doors:?}");
+            assert!(
+                step.iter().all(|(k, _)| k.seq == SeqId(0) && k.pos == pos),
+                "{quant} {doors:?}: a site of another row was recorded"
+            );
+            let head = SiteKey {
+                seq: SeqId(0),
+                pos,
+                layer: n_layer,
+                site: Site::HeadIn,
+            };
+            assert!(
+                step.get(&head).is_some(),
+                "{quant} {doors:?}: no head input"
+            );
+        }
+    }
+}
+
+#[test]
+fn cuda_trace_of_split_stages_equals_one_stage_bit_for_bit() {
+    if !gpu_present("cuda_trace_of_split_stages_equals_one_stage_bit_for_bit") {
+        return;
+    }
+    // The split walk records each site from the stage buffers it ran on; the trace must be
+    // the unsplit model's, site for site.
+    let model = synth("tiny", "q4_1");
+    for base in combos() {
+        let mut whole = CudaBackend::new(&model, base.clone()).unwrap();
+        let (want_out, want) = traced_staged_program(&mut whole, true);
+        for stages in [2, 3] {
+            let doors = split(&base, stages, true);
+            let mut be = CudaBackend::new(&model, doors.clone()).unwrap();
+            let (out, got) = traced_staged_program(&mut be, true);
+            assert_eq!(want_out, out, "{doors:?}: outputs differ");
+            assert_eq!(want.len(), got.len(), "{doors:?}: site counts differ");
+            for (w, g) in want.iter().zip(&got) {
+                assert_eq!(w, g, "{doors:?}: site {:?} differs from one stage", w.0);
+            }
+        }
+    }
+}
+
+#[test]
+fn cuda_trace_over_two_devices_equals_one_device_bit_for_bit() {
+    if !two_devices("cuda_trace_over_two_devices_equals_one_device_bit_for_bit") {
+        return;
+    }
+    // Each segment's sites are copied from its own device's step buffers, on its own
+    // stream; the trace must be the one-device trace, site for site.
+    let model = synth("tiny", "q4_1");
+    for base in combos() {
+        let mut whole = CudaBackend::new(&model, base.clone()).unwrap();
+        let (_, want_split) = traced_staged_program(&mut whole, false);
+        let mut whole = CudaBackend::new(&model, base.clone()).unwrap();
+        let (_, want_all) = traced_staged_program(&mut whole, true);
+        for devices in [&[0, 1][..], &[1, 0], &[0, 1, 0]] {
+            let doors = over(&base, devices);
+            let mut be = CudaBackend::new(&model, doors.clone()).unwrap();
+            // The unsplit walk needs peer access; without it only the split walk runs.
+            let unsplit = be.device_model().peer.on(0, 1);
+            let (_, got) = traced_staged_program(&mut be, unsplit);
+            let want = if unsplit { &want_all } else { &want_split };
+            assert_eq!(want.len(), got.len(), "{doors:?}: site counts differ");
+            for (w, g) in want.iter().zip(&got) {
+                assert_eq!(w, g, "{doors:?}: site {:?} differs from one device", w.0);
+            }
+        }
     }
 }

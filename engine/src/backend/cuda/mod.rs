@@ -16,6 +16,13 @@
 //! back only the tokens, parking their logits in a device buffer for
 //! [`Backend::parked_logits`].
 //!
+//! While an activation trace is recorded ([`Backend::start_trace`]) every pass runs eagerly
+//! (a graph cannot stop to copy) and copies each quantization site back right after the
+//! launch that produced it, on that launch's stream: the q8_1 blocks of each row and, in the
+//! fused tier, its norm factor. It records the sites the CPU backend records, in the same
+//! compositions, including the attention output in front of a float `wo`, quantized only for
+//! the trace. Without a trace each site costs one branch.
+//!
 //! Pipeline stages (`MEMRA_PP_STAGES`) live on the devices `MEMRA_PP_DEVICES` names; stage
 //! 0's device is the primary and holds the embedding, the last stage's device holds the
 //! output norm and the head, runs the device sampling and hands the host the tokens. Each
@@ -45,6 +52,7 @@ use memra_kernels::twin::{MatvecFamily, SPLIT_K_CHUNK};
 pub use weights::{DevModel, DevWeight, PeerAccess, Placement};
 
 use super::stages::StagePlan;
+use super::trace::{ActivationTrace, Composition, Site, SiteKey, SiteRecord};
 use super::{
     Backend, EngineError, RowSpec, SeqId, batch_rows, canary_token, check_token, reserve_positions,
 };
@@ -377,6 +385,9 @@ pub struct CudaBackend {
     /// The (sequence, generation) of every row the pointer tables hold now.
     tables_for: Vec<(SeqId, u64)>,
     use_graphs: bool,
+    /// The activation trace being recorded, when enabled ([`Backend::start_trace`]); with
+    /// `None` no site is copied anywhere and the decode steps replay their graphs.
+    trace: Option<ActivationTrace>,
 }
 
 impl CudaBackend {
@@ -480,6 +491,7 @@ impl CudaBackend {
             graphs: HashMap::new(),
             tables_for: Vec::new(),
             use_graphs: true,
+            trace: None,
         })
     }
 
@@ -564,13 +576,17 @@ impl CudaBackend {
 
     /// Runs one pass of at most [`MAX_ROWS`] rows, leaving `[rows, n_vocab]` logits in the
     /// scratch logits buffer of `self.logits_slot`. `graph` replays (or captures) the pass as
-    /// CUDA graphs, one per segment.
+    /// CUDA graphs, one per segment, unless a trace is being recorded: then every launch is
+    /// eager, since a graph cannot stop to copy a site back. `head` are the rows whose
+    /// logits the caller keeps, the rows whose head input a trace records (as the CPU
+    /// backend records the head input of the rows it computes logits for).
     fn pass(
         &mut self,
         rows: &[RowSpec],
         tier: Tier,
         walk: Walk,
         graph: bool,
+        head: Range<usize>,
     ) -> Result<(), EngineError> {
         debug_assert!(!rows.is_empty() && rows.len() <= MAX_ROWS);
         self.ensure_scratch()?;
@@ -662,7 +678,12 @@ impl CudaBackend {
             chunks,
             walk,
         };
-        let replay = graph && self.use_graphs;
+        let replay = graph && self.use_graphs && self.trace.is_none();
+        let mut tap = Tap {
+            trace: self.trace.as_mut(),
+            rows,
+            head,
+        };
         if replay && !self.graphs.contains_key(&key) {
             let captured = segs
                 .iter()
@@ -687,7 +708,7 @@ impl CudaBackend {
                     .launch()
                     .map_err(|e| device_err("launching the decode graph", e))?;
             } else {
-                encode(&ctx, k, seg, &mut bufs.slots[seg.slot]).map_err(kernel_err)?;
+                encode(&ctx, k, seg, &mut bufs.slots[seg.slot], &mut tap).map_err(kernel_err)?;
             }
         }
         if cross_device_unsplit {
@@ -852,7 +873,15 @@ impl CudaBackend {
         let chunks: Vec<&[RowSpec]> = rows.chunks(MAX_ROWS).collect();
         let last = chunks.len() - 1;
         for (i, chunk) in chunks.iter().enumerate() {
-            self.pass(chunk, Tier::Separate, Walk::Split, false)?;
+            // Prefill keeps every row's logits, priming only the prompt's last.
+            let head = if all_logits {
+                0..chunk.len()
+            } else if i == last {
+                chunk.len() - 1..chunk.len()
+            } else {
+                0..0
+            };
+            self.pass(chunk, Tier::Separate, Walk::Split, false, head)?;
             if all_logits {
                 out.extend(self.download_logits(chunk.len())?);
             } else if i == last {
@@ -888,7 +917,7 @@ impl CudaBackend {
         let rows = self.batch_rows(seqs, tokens)?;
         let mut out = Vec::with_capacity(rows.len() * self.dm.config.n_vocab);
         for chunk in rows.chunks(MAX_ROWS) {
-            self.pass(chunk, Tier::Separate, walk, true)?;
+            self.pass(chunk, Tier::Separate, walk, true, 0..chunk.len())?;
             out.extend(self.download_logits(chunk.len())?);
         }
         for &seq in seqs {
@@ -963,13 +992,113 @@ impl PassCtx<'_> {
     }
 }
 
+/// Where a pass's quantization sites go: nowhere (`trace: None`, the default, costing one
+/// branch per site) or into the backend's activation trace, one record per row.
+struct Tap<'a> {
+    trace: Option<&'a mut ActivationTrace>,
+    /// The pass's rows, in the order of the step buffers.
+    rows: &'a [RowSpec],
+    /// The rows whose head input is recorded (see [`CudaBackend::pass`]).
+    head: Range<usize>,
+}
+
+impl Tap<'_> {
+    /// A tap that records nothing.
+    fn off() -> Tap<'static> {
+        Tap {
+            trace: None,
+            rows: &[],
+            head: 0..0,
+        }
+    }
+
+    /// Whether sites are being recorded.
+    fn on(&self) -> bool {
+        self.trace.is_some()
+    }
+
+    /// Copies one site back and records each row's blocks: the first `rows * width / 32`
+    /// blocks of `xq` and, in the fused composition, the first `rows` norm factors of `r`.
+    /// The copies are queued on `gpu`'s stream, the stream whose launches produced the site,
+    /// and waited for before the next launch is queued, so they see exactly this site.
+    fn record(
+        &mut self,
+        gpu: &Gpu,
+        layer: usize,
+        site: Site,
+        xq: &CudaSlice<BlockQ8_1>,
+        width: usize,
+        r: Option<&CudaSlice<f32>>,
+    ) -> Result<(), KernelError> {
+        let Some(trace) = self.trace.as_deref_mut() else {
+            return Ok(());
+        };
+        let keep = if site == Site::HeadIn {
+            self.head.clone()
+        } else {
+            0..self.rows.len()
+        };
+        if keep.is_empty() {
+            return Ok(());
+        }
+        let n = self.rows.len();
+        let per_row = width / QK;
+        let driver = |source| KernelError::Driver {
+            what: format!("copying the {site} activations of layer {layer} back for the trace"),
+            source,
+        };
+        let stream = gpu.stream();
+        let empty = BlockQ8_1 {
+            d: half::f16::ZERO,
+            s: half::f16::ZERO,
+            qs: [0; QK],
+        };
+        let mut blocks = vec![empty; n * per_row];
+        stream
+            .memcpy_dtoh(&xq.slice(..n * per_row), &mut blocks)
+            .map_err(driver)?;
+        let factors = match r {
+            Some(r) => {
+                let mut f = vec![0.0f32; n];
+                stream.memcpy_dtoh(&r.slice(..n), &mut f).map_err(driver)?;
+                Some(f)
+            }
+            None => None,
+        };
+        stream.synchronize().map_err(driver)?;
+        for i in keep {
+            let row = &self.rows[i];
+            let r = factors.as_ref().map(|f| f[i]);
+            trace.record(
+                SiteKey {
+                    seq: row.seq,
+                    pos: row.pos,
+                    layer,
+                    site,
+                },
+                SiteRecord {
+                    composition: if r.is_some() {
+                        Composition::Fused
+                    } else {
+                        Composition::Separate
+                    },
+                    blocks: blocks[i * per_row..(i + 1) * per_row].to_vec(),
+                    r,
+                },
+            );
+        }
+        Ok(())
+    }
+}
+
 /// Captures the launches of segment `k` of one pass as a graph on its device's stream.
 fn capture(ctx: &PassCtx, k: usize, seg: &Segment, s: &mut Scratch) -> Result<Graph, EngineError> {
     let stream = ctx.dm.gpus[seg.slot].stream();
     stream
         .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
         .map_err(|e| device_err("starting the graph capture", e))?;
-    let encoded = encode(ctx, k, seg, s);
+    // A captured graph records nothing: tracing passes never capture.
+    let encoded = encode(ctx, k, seg, s, &mut Tap::off());
     // End the capture whatever happened, so the stream is usable again.
     let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0));
     encoded.map_err(kernel_err)?;
@@ -1071,8 +1200,15 @@ fn matvec(
 /// Every launch of segment `k` of one pass, in stream order on the segment's device: the
 /// embedding when the segment holds stage 0, its stages' layers (with the same-device
 /// boundary copies of a split walk between them) and the head when it is the last segment.
-/// The unsplit walk is one segment on the primary over every stage.
-fn encode(ctx: &PassCtx, k: usize, seg: &Segment, s: &mut Scratch) -> Result<(), KernelError> {
+/// The unsplit walk is one segment on the primary over every stage. With `tap` on, each
+/// quantization site is copied back after the launch that produced it (eager passes only).
+fn encode(
+    ctx: &PassCtx,
+    k: usize,
+    seg: &Segment,
+    s: &mut Scratch,
+    tap: &mut Tap,
+) -> Result<(), KernelError> {
     let dm = ctx.dm;
     let gpu = &dm.gpus[seg.slot];
     let rope_table = &dm.rope_tables[seg.slot];
@@ -1172,6 +1308,7 @@ fn encode(ctx: &PassCtx, k: usize, seg: &Segment, s: &mut Scratch) -> Result<(),
                 d,
                 c.rms_eps,
             )?;
+            tap.record(gpu, l, Site::AttnIn, xq, d, fused.then_some(&*r))?;
             matvec(gpu, ctx.family, &layer.wqkv, xq, xf, n, qkv)?;
             let rows = AttnRows {
                 pos,
@@ -1213,9 +1350,12 @@ fn encode(ctx: &PassCtx, k: usize, seg: &Segment, s: &mut Scratch) -> Result<(),
                     scale,
                 )?;
             }
-            if layer.wo.quantized() && !quantize_in_attention {
+            // A float wo reads `att` itself; the trace still holds the quantized attention
+            // output there, as the CPU backend records it for every weight type.
+            if (layer.wo.quantized() || tap.on()) && !quantize_in_attention {
                 gpu.quantize_q8_1_n(att, xq, n * qd / QK)?;
             }
+            tap.record(gpu, l, Site::AttnOut, xq, qd, None)?;
             matvec(gpu, ctx.family, &layer.wo, xq, att, n, delta)?;
 
             // Feed-forward block.
@@ -1230,6 +1370,7 @@ fn encode(ctx: &PassCtx, k: usize, seg: &Segment, s: &mut Scratch) -> Result<(),
                 d,
                 c.rms_eps,
             )?;
+            tap.record(gpu, l, Site::FfnIn, xq, d, fused.then_some(&*r))?;
             matvec(gpu, ctx.family, &layer.w_gu, xq, xf, n, gu)?;
             gpu.swiglu_q8_1(
                 gu,
@@ -1239,6 +1380,7 @@ fn encode(ctx: &PassCtx, k: usize, seg: &Segment, s: &mut Scratch) -> Result<(),
                 n,
                 ff,
             )?;
+            tap.record(gpu, l, Site::FfnDownIn, xq, ff, None)?;
             matvec(gpu, ctx.family, &layer.w_down, xq, hf, n, delta)?;
             walked = true;
         }
@@ -1259,6 +1401,7 @@ fn encode(ctx: &PassCtx, k: usize, seg: &Segment, s: &mut Scratch) -> Result<(),
         d,
         c.rms_eps,
     )?;
+    tap.record(gpu, c.n_layer, Site::HeadIn, xq, d, fused.then_some(&*r))?;
     matvec(gpu, ctx.family, head, xq, xf, n, logits)?;
     if fused {
         gpu.scale(logits, r, n * c.n_vocab, c.n_vocab)?;
@@ -1354,7 +1497,7 @@ impl Backend for CudaBackend {
 
     fn decode_step_h(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, EngineError> {
         let (row, tier) = self.single_row(seq, token)?;
-        self.pass(&[row], tier, Walk::Split, true)?;
+        self.pass(&[row], tier, Walk::Split, true, 0..1)?;
         let logits = self.download_logits(1)?;
         self.commit(seq, 1);
         Ok(logits)
@@ -1383,6 +1526,15 @@ impl Backend for CudaBackend {
         self.batch_step(seqs, tokens, Walk::Unsplit)
     }
 
+    fn start_trace(&mut self) -> bool {
+        self.trace.get_or_insert_with(ActivationTrace::new);
+        true
+    }
+
+    fn take_trace(&mut self) -> Option<ActivationTrace> {
+        self.trace.as_mut().map(std::mem::take)
+    }
+
     fn parked_logits(&self) -> Result<Vec<f32>, EngineError> {
         let (Some(buf), Some(rows)) = (self.parked.as_ref(), self.parked_rows) else {
             return Err(EngineError::Unavailable(
@@ -1408,7 +1560,7 @@ impl Backend for CudaBackend {
     ) -> Result<u32, EngineError> {
         params.validate()?;
         let (row, tier) = self.single_row(seq, token)?;
-        self.pass(&[row], tier, Walk::Split, true)?;
+        self.pass(&[row], tier, Walk::Split, true, 0..1)?;
         let t = self.pick_tokens(&[row], params)?;
         self.commit(seq, 1);
         Ok(t[0])
@@ -1425,7 +1577,7 @@ impl Backend for CudaBackend {
             // The single-sequence route, parking its one row like the batched route.
             let (row, tier) = self.single_row(seqs[0], tokens[0])?;
             self.begin_parking(1)?;
-            self.pass(&[row], tier, Walk::Split, true)?;
+            self.pass(&[row], tier, Walk::Split, true, 0..1)?;
             self.park_chunk(0, 1)?;
             let t = self.pick_tokens(&[row], params)?;
             self.commit(seqs[0], 1);
@@ -1436,7 +1588,7 @@ impl Backend for CudaBackend {
         self.begin_parking(rows.len())?;
         let mut out = Vec::with_capacity(rows.len());
         for (i, chunk) in rows.chunks(MAX_ROWS).enumerate() {
-            self.pass(chunk, Tier::Separate, Walk::Split, true)?;
+            self.pass(chunk, Tier::Separate, Walk::Split, true, 0..chunk.len())?;
             self.park_chunk(i * MAX_ROWS, chunk.len())?;
             out.extend(self.pick_tokens(chunk, params)?);
         }
