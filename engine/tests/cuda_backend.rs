@@ -9,8 +9,9 @@
 //! trace against the CPU trace (same sites, compositions and widths; bit for bit where no
 //! `exp` is upstream), against the tie-following oracle in every door combination (tiny
 //! presets and the SmolLM2-135M shape), a tampered block caught, logits unmoved by tracing,
-//! and split stages or two devices recording the one-stage trace bit for bit; the harness
-//! itself runs on the CPU backend without a GPU.
+//! split stages or two devices recording the one-stage trace bit for bit, and
+//! `reference-gate` on the GPU under the strict policy; the harness itself runs on the CPU
+//! backend without a GPU.
 //!
 //! GPU tests print why and return when no usable GPU is present (no driver, no CUDA
 //! libraries, no device), or when a test needs two devices and the machine has one, so CI
@@ -1124,5 +1125,81 @@ fn cuda_trace_over_two_devices_equals_one_device_bit_for_bit() {
                 assert_eq!(w, g, "{doors:?}: site {:?} differs from one device", w.0);
             }
         }
+    }
+}
+
+/// The check rows (`MEMRA_ORCH_CHECKS` lines) and exit status of `reference-gate` run from
+/// the repository root on the CUDA backend, with the extra environment `env`.
+fn reference_gate_on_cuda(env: &[(&str, &str)]) -> (i32, String, Vec<serde_json::Value>) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let dir = tempfile::tempdir().unwrap();
+    let checks = dir.path().join("checks.jsonl");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_reference-gate"));
+    for var in memra_engine::doors::DOOR_VARIABLES {
+        cmd.env_remove(var);
+    }
+    let out = cmd
+        .current_dir(&root)
+        .env("MEMRA_BACKEND", "cuda")
+        .env("MEMRA_ORCH_CHECKS", &checks)
+        .env_remove("MEMRA_ORCH_ARTIFACTS")
+        .arg(dir.path().join("receipt.tsv"))
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let rows = std::fs::read_to_string(&checks)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text, rows)
+}
+
+#[test]
+fn cuda_reference_gate_judges_quantized_arms_by_the_following_oracle() {
+    if !gpu_present("cuda_reference_gate_judges_quantized_arms_by_the_following_oracle") {
+        return;
+    }
+    // The gate end to end on the GPU: the quantized arms follow the CUDA trace under the
+    // strict policy (no relative-RMS screen), and the canary fails them by hard mismatches.
+    let arm = |rows: &[serde_json::Value], name: &str| -> serde_json::Value {
+        rows.iter()
+            .find(|c| c["check"] == name)
+            .unwrap_or_else(|| panic!("no check {name}"))
+            .clone()
+    };
+    let (code, text, rows) = reference_gate_on_cuda(&[]);
+    assert_eq!(code, 0, "{text}");
+    for name in ["reference.q8_0", "reference.q4_1"] {
+        let c = arm(&rows, name);
+        assert_eq!(c["status"], "pass", "{c}");
+        assert_eq!(c["metrics"]["oracle"], "q8_1-following", "{c}");
+        assert_eq!(c["metrics"]["quant_mismatches"], 0, "{c}");
+        assert_eq!(c["metrics"]["warnings"], 0, "{c}");
+        assert!(c["metrics"]["max_abs"].as_f64().unwrap() <= 1e-2, "{c}");
+        eprintln!(
+            "{name} on CUDA: max_abs {}, ties followed {}",
+            c["metrics"]["max_abs"], c["metrics"]["ties_followed"]
+        );
+    }
+    assert_eq!(arm(&rows, "reference.tiny")["status"], "pass");
+    let (code, text, rows) = reference_gate_on_cuda(&[("MEMRA_GATE_CANARY", "1")]);
+    assert_eq!(code, 1, "{text}");
+    for name in ["reference.q8_0", "reference.q4_1"] {
+        let c = arm(&rows, name);
+        assert_eq!(c["status"], "fail", "{c}");
+        assert_eq!(c["metrics"]["oracle"], "q8_1-following", "{c}");
+        assert!(
+            c["metrics"]["quant_mismatches"].as_u64().unwrap() > 0,
+            "{c}"
+        );
     }
 }
