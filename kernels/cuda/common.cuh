@@ -97,6 +97,28 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
     return warp_max(t);
 }
 
+// exp(x) in exactly the operations of twin::exp_mirrored (kernels/src/twin/sample.rs; this
+// file is compiled with --fmad=false), so sampling picks the same token as its twin where
+// expf and the host's exp could differ by an ulp at a boundary. See the twin for the method.
+__device__ __forceinline__ float exp_mirrored(float x) {
+    if (x != x) return x;
+    if (x < __int_as_float(0xc2cff5c3)) return 0.0f;
+    if (x > __int_as_float(0x42b170a4)) return __int_as_float(0x7f800000);
+    const float k = roundf(x * __int_as_float(0x3fb8aa3b));
+    const float r = (x - k * __int_as_float(0x3f317200)) - k * __int_as_float(0x35bfbe8e);
+    float p = __int_as_float(0x39500d01);
+    p = p * r + __int_as_float(0x3ab60b61);
+    p = p * r + __int_as_float(0x3c088889);
+    p = p * r + __int_as_float(0x3d2aaaab);
+    p = p * r + __int_as_float(0x3e2aaaab);
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int ki = (int)k;
+    if (ki >= -126) return p * __int_as_float((ki + 127) << 23);
+    return (p * __int_as_float((ki + 127 + 64) << 23)) * __int_as_float((127 - 64) << 23);
+}
+
 // One q8_1 block from the lane's value (all 32 lanes of the warp call this together).
 __device__ __forceinline__ void quantize_lane(float xi, block_q8_1* out, int lane) {
     const float amax = warp_max(fabsf(xi));

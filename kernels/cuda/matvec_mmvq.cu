@@ -30,11 +30,20 @@ __device__ __forceinline__ block_q4_1 load_block(const block_q4_1* p) {
     return u.b;
 }
 
-// Up to MMVQ_PREFETCH weight blocks per lane are loaded before the programmatic-launch
+// Up to Prefetch<B>::n weight blocks per lane are loaded before the programmatic-launch
 // wait: weights never change, so their DRAM latency overlaps the previous kernel's tail
 // (the activations are read only after the wait). SMEM selects the shared-memory copy of
 // the activations, so those reads compile to shared loads.
-#define MMVQ_PREFETCH 4
+// Q8_0 blocks (34 bytes, 17 halfword loads) prefetch one block: four cost so many registers
+// that fewer blocks stay resident, which measured slower on the 49152-row head.
+template <typename B>
+struct Prefetch {
+    static constexpr int n = 4;
+};
+template <>
+struct Prefetch<block_q8_0> {
+    static constexpr int n = 1;
+};
 
 // One weight block against the nbat activation rows: acc[j] += its contribution.
 template <typename B>
@@ -61,9 +70,10 @@ __device__ __forceinline__ void mmvq(const B* w, const block_q8_1* x, float* y, 
     const bool live = row < rows;
     const int nb_row = !live ? 0 : row == canary_row ? nb - 1 : nb;
     const B* wr = w + (size_t)(live ? row : 0) * nb;
-    B pre[MMVQ_PREFETCH];
+    constexpr int NPRE = Prefetch<B>::n;
+    B pre[NPRE];
 #pragma unroll
-    for (int u = 0; u < MMVQ_PREFETCH; ++u) {
+    for (int u = 0; u < NPRE; ++u) {
         const int b = lane + 32 * u;
         if (b < nb_row) pre[u] = load_block(wr + b);
     }
@@ -86,12 +96,12 @@ __device__ __forceinline__ void mmvq(const B* w, const block_q8_1* x, float* y, 
     // Each accumulator adds its blocks in lane order (b = lane, lane + 32, ...): first the
     // prefetched ones, then the rest, so the bits do not change.
 #pragma unroll
-    for (int u = 0; u < MMVQ_PREFETCH; ++u) {
+    for (int u = 0; u < NPRE; ++u) {
         const int b = lane + 32 * u;
         if (b < nb_row) mmvq_block(pre[u], xs, b, nb, nbat, acc);
     }
 #pragma unroll 4
-    for (int b = lane + 32 * MMVQ_PREFETCH; b < nb_row; b += 32)
+    for (int b = lane + 32 * NPRE; b < nb_row; b += 32)
         mmvq_block(load_block(wr + b), xs, b, nb, nbat, acc);
 #pragma unroll
     for (int j = 0; j < MAX_BATCH; ++j) {

@@ -15,8 +15,13 @@ __device__ __forceinline__ bool beats(float v, u32 i, float bv, u32 bi) {
 __device__ __forceinline__ u32 block_argmax(const float* row, int n, float* shv, u32* shi) {
     float bv = __int_as_float(0x7fc00000);
     u32 bi = 0xffffffffu;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        if (beats(row[i], (u32)i, bv, bi)) { bv = row[i]; bi = (u32)i; }
+    // Unrolled so several loads are in flight; the (value, index) order is total, so the
+    // winner does not depend on the visiting order.
+#pragma unroll 8
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = row[i];
+        if (beats(v, (u32)i, bv, bi)) { bv = v; bi = (u32)i; }
+    }
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
         const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -51,6 +56,13 @@ __device__ __forceinline__ void philox4x32_10(u32 c[4], u32 k0, u32 k1) {
         const u32 n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
         c[0] = n0; c[1] = lo1; c[2] = n2; c[3] = lo0;
     }
+}
+
+// Exposed for kernel-check: out[i] = exp_mirrored(x[i]).
+extern "C" __global__ void exp_mirrored_f32(const float* x, float* out, int n) {
+    PDL_ENTRY;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = exp_mirrored(x[i]);
 }
 
 // Exposed for kernel-check: out[i] = philox(counter = ctr[4i..4i+4], key = (k0, k1)).
@@ -105,7 +117,7 @@ extern "C" __global__ void sample_f32(const float* logits, float* p_scratch, u32
     float m = __int_as_float(0xff800000);
     for (int i = lo; i < hi; ++i) m = fmaxf(m, l[i]);
     m = block_max(m, shv);
-    for (int i = lo; i < hi; ++i) p[i] = expf((l[i] - m) / temp);
+    for (int i = lo; i < hi; ++i) p[i] = exp_mirrored((l[i] - m) / temp);
     const float all = mass(p, lo, hi, 0.0f, sums, &total);
     u32 tau_bits = 0;
     if (top_p < 1.0f) {

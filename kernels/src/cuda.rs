@@ -879,6 +879,26 @@ impl Gpu {
         Ok(())
     }
 
+    /// `out[i] = exp_mirrored(x[i])` for `n` values (the sampler's exp; for kernel-check).
+    pub fn exp_mirrored(
+        &self,
+        x: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        n: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "exp_mirrored_f32";
+        need(K, "x", x.len(), n)?;
+        need(K, "out", out.len(), n)?;
+        let ni = int(K, "n", n)?;
+        let f = self.func(&sources::SAMPLE, K)?;
+        let mut b = self.launcher(&f);
+        b.arg(x).arg(out).arg(&ni);
+        // SAFETY: x and out hold n floats, checked above.
+        unsafe { b.launch(Self::ew_cfg(n)) }
+            .map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
     /// Philox4x32-10 of `n` counters (4 words each) under `key`, for checking the device
     /// generator against the twin.
     pub fn philox(

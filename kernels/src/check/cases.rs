@@ -576,6 +576,36 @@ pub fn sampling(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
         4,
     ));
 
+    // The sampler's exp against its twin over the whole domain it sees (x <= 0 after the
+    // max is subtracted) plus the edges: zero, the subnormal range, the cut-offs, NaN.
+    let mut xs: Vec<f32> = (0..1 << 16).map(|i| -110.0 * i as f32 / 65535.0).collect();
+    xs.extend(rng.vec(1 << 14, 20.0));
+    xs.extend([
+        0.0,
+        -0.0,
+        -87.3,
+        -103.9,
+        -103.99,
+        88.7,
+        88.8,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ]);
+    let want: Vec<u32> = xs
+        .iter()
+        .map(|&x| twin::exp_mirrored(x).to_bits())
+        .collect();
+    let dx = up(gpu, &xs)?;
+    let mut de = zeros::<f32>(gpu, xs.len())?;
+    gpu.exp_mirrored(&dx, &mut de, xs.len())?;
+    let got: Vec<u32> = down(gpu, &de)?.iter().map(|v| v.to_bits()).collect();
+    out.push(compare_u32(
+        format!("kernel-check/exp_mirrored_f32/{}-values", xs.len()),
+        &want,
+        &got,
+        1,
+    ));
+
     let batch = 8;
     let logits = rng.vec(batch * vocab, 2.5);
     let dl = up(gpu, &logits)?;

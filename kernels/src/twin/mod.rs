@@ -2,8 +2,8 @@
 //! kernel in `kernels/cuda/` (same operation order, same reduction trees, no fused
 //! multiply-add), so a GPU result can be compared with its twin bit for bit wherever the
 //! composition is mirrored. The one place the two sides cannot agree bit for bit is `exp`
-//! (softmax in attention and sampling, SiLU in SwiGLU): the GPU uses `expf`, the twin
-//! `f32::exp`.
+//! in attention's softmax and SwiGLU's SiLU: the GPU uses `expf`, the twin `f32::exp`.
+//! Sampling, whose token choice must match exactly, uses [`exp_mirrored`] on both sides.
 //!
 //! This module owns the numeric definition of every kernel; `docs/numerics.md` is its prose
 //! form. It does not own scheduling: row-range entry points let the caller parallelise.
@@ -31,7 +31,9 @@ pub use norm::{NORM_THREADS, rms_factor, rmsnorm, rmsnorm_quantize_fused};
 pub use quantize::quantize_q8_1;
 pub use reduce::{block_sum, warp_sum};
 pub use rope::{rope, rope_table};
-pub use sample::{SAMPLE_THREADS, argmax, philox4x32_10, sample, uniform_from_philox};
+pub use sample::{
+    SAMPLE_THREADS, argmax, exp_mirrored, philox4x32_10, sample, uniform_from_philox,
+};
 
 /// A twin refused its arguments.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
