@@ -45,12 +45,12 @@ struct Prefetch<block_q8_0> {
     static constexpr int n = 1;
 };
 
-// One weight block against the nbat activation rows: acc[j] += its contribution.
-template <typename B>
+// One weight block against the nbat (<= NB) activation rows: acc[j] += its contribution.
+template <typename B, int NB>
 __device__ __forceinline__ void mmvq_block(const B& wb, const block_q8_1* xs, int b, int nb,
                                            int nbat, float* acc) {
 #pragma unroll
-    for (int j = 0; j < MAX_BATCH; ++j) {
+    for (int j = 0; j < NB; ++j) {
         if (j < nbat) {
             const block_q8_1* xb = xs + (size_t)j * nb + b;
             int s = 0;
@@ -61,7 +61,11 @@ __device__ __forceinline__ void mmvq_block(const B& wb, const block_q8_1* xs, in
     }
 }
 
-template <typename B, bool SMEM>
+// NB is the most batch rows one thread block serves (its accumulators per lane): MAX_BATCH
+// for the batched kernels, 1 for the matvec_mmvq_b1_* kernels of single-row passes, whose
+// code is a fraction of the size (the instruction fetch of a cold kernel shows in a decode
+// step of short launches). A row's arithmetic is the same for every NB.
+template <typename B, bool SMEM, int NB>
 __device__ __forceinline__ void mmvq(const B* w, const block_q8_1* x, float* y, int rows,
                                      int nb, int batch, int canary_row) {
     extern __shared__ u32 x_shared[];
@@ -78,8 +82,8 @@ __device__ __forceinline__ void mmvq(const B* w, const block_q8_1* x, float* y, 
         if (b < nb_row) pre[u] = load_block(wr + b);
     }
     PDL_ENTRY;
-    const int b0 = blockIdx.y * MAX_BATCH;
-    const int nbat = min(MAX_BATCH, batch - b0);
+    const int b0 = blockIdx.y * NB;
+    const int nbat = min(NB, batch - b0);
     const block_q8_1* xg = x + (size_t)b0 * nb;
     if (SMEM) {
         // The nbat rows are contiguous: nbat * nb blocks of 9 words each.
@@ -90,21 +94,21 @@ __device__ __forceinline__ void mmvq(const B* w, const block_q8_1* x, float* y, 
     }
     if (!live) return;
     const block_q8_1* xs = SMEM ? (const block_q8_1*)x_shared : xg;
-    float acc[MAX_BATCH];
+    float acc[NB];
 #pragma unroll
-    for (int j = 0; j < MAX_BATCH; ++j) acc[j] = 0.0f;
+    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
     // Each accumulator adds its blocks in lane order (b = lane, lane + 32, ...): first the
     // prefetched ones, then the rest, so the bits do not change.
 #pragma unroll
     for (int u = 0; u < NPRE; ++u) {
         const int b = lane + 32 * u;
-        if (b < nb_row) mmvq_block(pre[u], xs, b, nb, nbat, acc);
+        if (b < nb_row) mmvq_block<B, NB>(pre[u], xs, b, nb, nbat, acc);
     }
 #pragma unroll 4
     for (int b = lane + 32 * NPRE; b < nb_row; b += 32)
-        mmvq_block(load_block(wr + b), xs, b, nb, nbat, acc);
+        mmvq_block<B, NB>(load_block(wr + b), xs, b, nb, nbat, acc);
 #pragma unroll
-    for (int j = 0; j < MAX_BATCH; ++j) {
+    for (int j = 0; j < NB; ++j) {
         if (j < nbat) {
             const float v = warp_sum(acc[j]);
             if (lane == 0) y[(size_t)(b0 + j) * rows + row] = v;
@@ -116,23 +120,48 @@ extern "C" __global__ void matvec_mmvq_q4_0(const block_q4_0* w, const block_q8_
                                             int rows, int nb, int batch, int canary_row,
                                             int x_smem) {
     if (x_smem)
-        mmvq<block_q4_0, true>(w, x, y, rows, nb, batch, canary_row);
+        mmvq<block_q4_0, true, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row);
     else
-        mmvq<block_q4_0, false>(w, x, y, rows, nb, batch, canary_row);
+        mmvq<block_q4_0, false, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row);
 }
 extern "C" __global__ void matvec_mmvq_q4_1(const block_q4_1* w, const block_q8_1* x, float* y,
                                             int rows, int nb, int batch, int canary_row,
                                             int x_smem) {
     if (x_smem)
-        mmvq<block_q4_1, true>(w, x, y, rows, nb, batch, canary_row);
+        mmvq<block_q4_1, true, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row);
     else
-        mmvq<block_q4_1, false>(w, x, y, rows, nb, batch, canary_row);
+        mmvq<block_q4_1, false, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row);
 }
 extern "C" __global__ void matvec_mmvq_q8_0(const block_q8_0* w, const block_q8_1* x, float* y,
                                             int rows, int nb, int batch, int canary_row,
                                             int x_smem) {
     if (x_smem)
-        mmvq<block_q8_0, true>(w, x, y, rows, nb, batch, canary_row);
+        mmvq<block_q8_0, true, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row);
     else
-        mmvq<block_q8_0, false>(w, x, y, rows, nb, batch, canary_row);
+        mmvq<block_q8_0, false, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row);
+}
+// Single-row passes (batch == 1, one row group).
+extern "C" __global__ void matvec_mmvq_b1_q4_0(const block_q4_0* w, const block_q8_1* x, float* y,
+                                            int rows, int nb, int batch, int canary_row,
+                                            int x_smem) {
+    if (x_smem)
+        mmvq<block_q4_0, true, 1>(w, x, y, rows, nb, batch, canary_row);
+    else
+        mmvq<block_q4_0, false, 1>(w, x, y, rows, nb, batch, canary_row);
+}
+extern "C" __global__ void matvec_mmvq_b1_q4_1(const block_q4_1* w, const block_q8_1* x, float* y,
+                                            int rows, int nb, int batch, int canary_row,
+                                            int x_smem) {
+    if (x_smem)
+        mmvq<block_q4_1, true, 1>(w, x, y, rows, nb, batch, canary_row);
+    else
+        mmvq<block_q4_1, false, 1>(w, x, y, rows, nb, batch, canary_row);
+}
+extern "C" __global__ void matvec_mmvq_b1_q8_0(const block_q8_0* w, const block_q8_1* x, float* y,
+                                            int rows, int nb, int batch, int canary_row,
+                                            int x_smem) {
+    if (x_smem)
+        mmvq<block_q8_0, true, 1>(w, x, y, rows, nb, batch, canary_row);
+    else
+        mmvq<block_q8_0, false, 1>(w, x, y, rows, nb, batch, canary_row);
 }

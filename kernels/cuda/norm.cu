@@ -44,12 +44,15 @@ extern "C" __global__ void rmsnorm_quantize_fused_f32(const float* x, const floa
 //
 // Thread t owns elements t, t + 256, t + 512, ... in all three phases: the add, the sum of
 // squares (rms_factor's order) and the quantization (warp w quantizes blocks w, w + 8, ...,
-// whose lane-l element is again t + 256k). Rows up to NORM_REG_COLS keep those elements in
-// registers, so x, delta and g are read once, all loads in flight together; wider rows take
-// the same steps through memory. Every value is the one the twins' add, rmsnorm and quantize
-// produce in sequence.
+// whose lane-l element is again t + 256k). Rows up to NORM_REG_COLS (1024) keep those
+// elements in registers, so x, delta and g are read once, all loads in flight together;
+// wider rows take the same steps through memory. Every value is the one the twins' add,
+// rmsnorm and quantize produce in sequence. NORM_REG is 4 rather than 16: the smaller code
+// made the SmolLM2-shape decode step faster on the H200 (a cold kernel's instruction fetch
+// shows in a step of short launches), while 4096-wide rows (llama-7B) now take the memory
+// path, which measured slower there.
 #define NORM_THREADS 256
-#define NORM_REG 16
+#define NORM_REG 4
 #define NORM_REG_COLS (NORM_THREADS * NORM_REG)
 
 extern "C" __global__ void add_rmsnorm_q8_1_f32(float* x, const float* delta, const float* g,

@@ -387,6 +387,15 @@ impl Gpu {
         y: &mut CudaSlice<f32>,
     ) -> Result<(), KernelError> {
         let (src, names) = match family {
+            // A single row takes the one-row kernels (smaller code, the same arithmetic).
+            MatvecFamily::Mmvq if batch == 1 => (
+                &sources::MATVEC_MMVQ,
+                [
+                    "matvec_mmvq_b1_q4_0",
+                    "matvec_mmvq_b1_q4_1",
+                    "matvec_mmvq_b1_q8_0",
+                ],
+            ),
             MatvecFamily::Mmvq => (
                 &sources::MATVEC_MMVQ,
                 ["matvec_mmvq_q4_0", "matvec_mmvq_q4_1", "matvec_mmvq_q8_0"],
