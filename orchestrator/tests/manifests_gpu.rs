@@ -320,6 +320,71 @@ fn the_device_battery_runs_the_one_gpu_battery_with_prebuilt_binaries() {
 }
 
 #[test]
+fn the_device_battery_runs_the_nightly_on_a_stand_in_for_the_real_checkpoint() {
+    let root = root_or_skip!();
+    let bin = test_bin_dir();
+    let tmp = tempfile::tempdir().unwrap();
+    let results = tmp.path().join("out");
+    let models = format!("models={}", tmp.path().join("models").display());
+    let out = Command::new(root.join("scripts/device-battery"))
+        .args(["--gpus", "none", "--var", &models])
+        .env("MEMRA_DEVICE_BIN", &bin)
+        .env("MEMRA_DEVICE_MANIFEST", "manifests/h100-nightly.toml")
+        .env("MEMRA_DEVICE_STANDIN", "1")
+        .env("MEMRA_DEVICE_RECEIPTS", tmp.path().join("receipts"))
+        .env("MEMRA_DEVICE_COMMIT", "device-test")
+        .env("OUT", &results)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0));
+    let standin = tmp.path().join("receipts/standin/smollm2-135m-q4_1-seed1.gguf");
+    assert!(stdout.contains("run on a synthesized stand-in"), "{stdout}");
+    assert!(standin.is_file());
+    // Filed under the manifest's own name, and the fetch was not attempted: the stand-in
+    // is what `creates` found.
+    let tree = tmp.path().join("receipts/device-test/h100-nightly");
+    let run = read_json(&tree.join("run.json"));
+    assert_eq!(run["verdict"], "pass");
+    assert!(results.join("receipts/device-test/h100-nightly/run.json").is_file());
+    let fetch = run["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == "fetch-model")
+        .expect("the nightly has a fetch-model setup");
+    let r = read_json(
+        &tree
+            .join("nodes")
+            .join(fetch["slug"].as_str().unwrap())
+            .join("receipt.json"),
+    );
+    assert_eq!(r["verdict"], "pass", "{r:#}");
+    assert!(
+        r["attempts"].as_array().unwrap().is_empty(),
+        "fetch-model ran although its output existed: {r:#}"
+    );
+}
+
+#[test]
+fn the_device_battery_names_a_missing_manifest() {
+    let root = root_or_skip!();
+    let bin = test_bin_dir();
+    let out = Command::new(root.join("scripts/device-battery"))
+        .env("MEMRA_DEVICE_BIN", &bin)
+        .env("MEMRA_DEVICE_MANIFEST", "manifests/nope.toml")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("manifests/nope.toml") && stderr.contains("h100-nightly"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn the_device_battery_names_missing_binaries() {
     let root = root_or_skip!();
     let tmp = tempfile::tempdir().unwrap();
