@@ -339,7 +339,9 @@ fn the_device_battery_runs_the_nightly_on_a_stand_in_for_the_real_checkpoint() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     eprintln!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(0));
-    let standin = tmp.path().join("receipts/standin/smollm2-135m-q4_1-seed1.gguf");
+    let standin = tmp
+        .path()
+        .join("receipts/standin/smollm2-135m-q4_1-seed1.gguf");
     assert!(stdout.contains("run on a synthesized stand-in"), "{stdout}");
     assert!(standin.is_file());
     // Filed under the manifest's own name, and the fetch was not attempted: the stand-in
@@ -347,7 +349,11 @@ fn the_device_battery_runs_the_nightly_on_a_stand_in_for_the_real_checkpoint() {
     let tree = tmp.path().join("receipts/device-test/h100-nightly");
     let run = read_json(&tree.join("run.json"));
     assert_eq!(run["verdict"], "pass");
-    assert!(results.join("receipts/device-test/h100-nightly/run.json").is_file());
+    assert!(
+        results
+            .join("receipts/device-test/h100-nightly/run.json")
+            .is_file()
+    );
     let fetch = run["nodes"]
         .as_array()
         .unwrap()
