@@ -170,9 +170,94 @@ pub fn run(env: &CheckEnv) -> i32 {
     if failed > 0 || sink.broken { 1 } else { 0 }
 }
 
-const USAGE: &str = "usage: kernel-check [bench]\n\
+const USAGE: &str = "usage: kernel-check [bench | compile [--arch ARCH]]\n\
   (no argument)  every kernel against its host twin, gate protocol; exit 0 pass, 1 fail\n\
-  bench          device time per kernel call at the model geometries, as a table";
+  bench          device time per kernel call at the model geometries, as a table\n\
+  compile        every kernel family through NVRTC (no GPU needed; ARCH default compute_90),\n\
+                 no FMA contraction where the twins mirror the composition, and a planted\n\
+                 compile error that must be rejected; exit 0 pass, 1 fail, 2 no NVRTC";
+
+/// `kernel-check compile`: every family compiled by NVRTC for `arch`, without the disk
+/// cache. A family whose text uses no `expf` must contain no FMA (the twins cannot mirror a
+/// contraction); the canary, a source with an undefined name on its line 3, must be rejected
+/// with that file and line. Needs libnvrtc only (`scripts/fetch-nvrtc` on machines without
+/// CUDA).
+fn compile_all(arch: &'static str) -> i32 {
+    use crate::compile::{compile, nvrtc_version};
+    use crate::error::KernelError;
+    use crate::sources::{ALL, KernelSource};
+    let version = match nvrtc_version() {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!(
+                "kernel-check compile: {e}; on a machine without CUDA, \
+                 `LD_LIBRARY_PATH=$(scripts/fetch-nvrtc) kernel-check compile` brings NVRTC 13.0"
+            );
+            return 2;
+        }
+    };
+    println!(
+        "kernel-check compile: {} families for {arch} with NVRTC {}.{}",
+        ALL.len(),
+        version.0,
+        version.1
+    );
+    let mut failed = 0;
+    for src in ALL {
+        match compile(&src, arch, None) {
+            Ok(c) => {
+                let kernels = c.ptx.matches(".entry").count();
+                let fma = !src.text.contains("expf(") && c.ptx.contains("fma.rn.f32");
+                if fma {
+                    failed += 1;
+                    println!(
+                        "FAIL compile/{}: the PTX holds fma.rn.f32 although the family uses no \
+                         expf; --fmad=false must keep every multiply and add separate",
+                        src.file
+                    );
+                } else {
+                    println!(
+                        "PASS compile/{} kernels={kernels} ptx_bytes={}",
+                        src.file,
+                        c.ptx.len()
+                    );
+                }
+            }
+            Err(e) => {
+                failed += 1;
+                println!("FAIL compile/{}: {e}", src.file);
+            }
+        }
+    }
+    let canary = KernelSource {
+        file: "canary.cu",
+        text: "// the compile check's planted defect\n\
+               extern \"C\" __global__ void canary_f32(float* x) {\n    \
+               x[0] = undefined_name;\n}\n",
+    };
+    match compile(&canary, arch, None) {
+        Err(KernelError::Compile { file, line, .. }) if file == "canary.cu" && line == 3 => {
+            println!("PASS compile/canary rejected as expected at canary.cu:3");
+        }
+        other => {
+            failed += 1;
+            println!(
+                "FAIL compile/canary: expected a compile error at canary.cu:3, got {}",
+                match other {
+                    Ok(_) => "a successful compile".to_string(),
+                    Err(e) => e.to_string(),
+                }
+            );
+        }
+    }
+    if failed == 0 {
+        println!("kernel-check compile: ALL GREEN");
+        0
+    } else {
+        println!("kernel-check compile: {failed} failed");
+        1
+    }
+}
 
 /// Entry point of the `kernel-check` binary.
 pub fn main() -> i32 {
@@ -191,6 +276,18 @@ pub fn main() -> i32 {
                 1
             }
         },
+        ["compile"] => compile_all("compute_90"),
+        ["compile", "--arch", arch] => {
+            if !arch.starts_with("compute_") {
+                eprintln!(
+                    "kernel-check compile: --arch {arch} is not an NVRTC virtual architecture; \
+                     give one like compute_90"
+                );
+                return 2;
+            }
+            // NVRTC takes the architecture as a 'static str; one small string per run.
+            compile_all(Box::leak(arch.to_string().into_boxed_str()))
+        }
         ["-h" | "--help"] => {
             println!("{USAGE}");
             0
