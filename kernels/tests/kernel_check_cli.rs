@@ -72,5 +72,23 @@ fn unknown_arguments_exit_2_with_usage() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("usage: kernel-check [bench]"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("usage: kernel-check [bench | compile [--arch ARCH]]"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn compile_with_a_bad_arch_exits_2_naming_it() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kernel-check"))
+        .args(["compile", "--arch", "sm_90"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--arch sm_90") && stderr.contains("compute_90"),
+        "{stderr}"
+    );
 }
