@@ -17,6 +17,9 @@
 //! libraries, no device), or when a test needs two devices and the machine has one, so CI
 //! without a GPU stays green; `cuda-check` is the full acceptance run on a GPU machine.
 
+mod common;
+
+use common::judge_following;
 use memra_engine::backend::cpu::CpuBackend;
 use memra_engine::backend::cuda::{self, CudaBackend};
 use memra_engine::backend::stages::StagePlan;
@@ -24,7 +27,6 @@ use memra_engine::backend::trace::{ActivationTrace, Composition, Site, SiteKey};
 use memra_engine::backend::{Backend, EngineError, SeqId, open_backend};
 use memra_engine::doors::{BackendChoice, Doors, GateDefect};
 use memra_engine::model::LlamaModel;
-use memra_engine::reference::{self, FollowReport};
 use memra_engine::sampling::{SamplingParams, sample_token};
 use memra_kernels::blocks::BlockQ8_1;
 use memra_kernels::twin::argmax;
@@ -659,10 +661,6 @@ fn cuda_unsplit_walk_on_a_split_model_is_refused_without_the_pin() {
 // Activation traces: the CUDA backend records the q8_1 blocks of every quantization site,
 // as the CPU backend does, so the reference gate judges it by the tie-following oracle.
 
-/// The acceptance bound of the quantized paths against the following oracle (the reference
-/// policy's max_abs).
-const FOLLOW_TOL: f32 = 1e-2;
-
 /// Which calls produce a traced program's rows of sequence 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Path {
@@ -833,61 +831,6 @@ fn cuda_trace_equals_the_cpu_trace_where_the_compositions_are_mirrored() {
     }
 }
 
-/// How one program's rows compare with the oracle following the CUDA trace.
-#[derive(Debug)]
-struct Followed {
-    max_abs: f32,
-    worst_row: usize,
-    argmax_rows: Vec<usize>,
-    report: FollowReport,
-}
-
-impl Followed {
-    fn clean(&self) -> bool {
-        self.max_abs <= FOLLOW_TOL && self.argmax_rows.is_empty() && self.report.mismatch_count == 0
-    }
-}
-
-/// Compares `got` (rows `first..` of `program`) with the oracle following `trace`.
-fn follow(
-    model: &LlamaModel,
-    program: &[u32],
-    trace: &ActivationTrace,
-    got: &[f32],
-    first: usize,
-) -> Followed {
-    let v = model.config.n_vocab;
-    let f = reference::forward_following(model, program, trace, SeqId(0)).unwrap();
-    let want = &f.logits[first * v..];
-    assert_eq!(want.len(), got.len(), "row counts differ");
-    let mut o = Followed {
-        max_abs: 0.0,
-        worst_row: 0,
-        argmax_rows: Vec::new(),
-        report: f.report,
-    };
-    for (i, (w, g)) in want.chunks_exact(v).zip(got.chunks_exact(v)).enumerate() {
-        let m = w
-            .iter()
-            .zip(g)
-            .map(|(a, b)| (a - b).abs())
-            .fold(
-                0.0f32,
-                |m, d| {
-                    if d.is_nan() { f32::INFINITY } else { m.max(d) }
-                },
-            );
-        if m > o.max_abs {
-            o.max_abs = m;
-            o.worst_row = first + i;
-        }
-        if argmax(w) != argmax(g) {
-            o.argmax_rows.push(first + i);
-        }
-    }
-    o
-}
-
 /// Builds a backend of one kind over a model under doors.
 type MakeBackend = fn(&LlamaModel, Doors) -> Box<dyn Backend>;
 
@@ -908,7 +851,14 @@ fn follow_all(name: &str, model: &LlamaModel, program: &[u32], make: MakeBackend
         for path in PATHS {
             let (rows, trace) = traced_run(&mut *be, program, path, true);
             let trace = trace.unwrap();
-            let o = follow(model, program, &trace, &rows, path.first_row(program));
+            let o = judge_following(
+                model,
+                program,
+                &trace,
+                SeqId(0),
+                &rows,
+                path.first_row(program),
+            );
             assert!(
                 o.clean(),
                 "{name} {path:?} under {doors:?}: max_abs {} at row {}, argmax rows {:?}, {} \
@@ -985,7 +935,7 @@ fn tampered_trace_is_one_mismatch(make: MakeBackend) {
     let (rows, trace) = traced_run(&mut *be, &program, Path::Prefill, true);
     let mut trace = trace.unwrap();
     // The untampered trace is clean, so the one planted change is the one mismatch.
-    let o = follow(&model, &program, &trace, &rows, 0);
+    let o = judge_following(&model, &program, &trace, SeqId(0), &rows, 0);
     assert!(o.clean(), "{o:?}");
     let key = SiteKey {
         seq: SeqId(0),
@@ -997,7 +947,7 @@ fn tampered_trace_is_one_mismatch(make: MakeBackend) {
     // Two steps away can never be a tie.
     let q = rec.blocks[0].qs[0];
     rec.blocks[0].qs[0] = if q > 0 { q - 2 } else { q + 2 };
-    let o = follow(&model, &program, &trace, &rows, 0);
+    let o = judge_following(&model, &program, &trace, SeqId(0), &rows, 0);
     assert_eq!(o.report.mismatch_count, 1, "{o:?}");
     let m = &o.report.mismatches[0];
     assert_eq!(

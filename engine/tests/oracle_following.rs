@@ -7,15 +7,12 @@
 
 mod common;
 
+use common::{Followed, judge_following};
+
 use memra_engine::backend::trace::{ActivationTrace, Site, SiteKey};
 use memra_engine::backend::{Backend, SeqId, cpu::CpuBackend};
 use memra_engine::doors::{Doors, GateDefect};
 use memra_engine::model::{LlamaModel, WeightData};
-use memra_engine::reference::{self, FollowReport};
-use memra_kernels::twin::argmax;
-
-/// The acceptance bound of the quantized paths against the following oracle.
-const TOL: f32 = 1e-2;
 
 const PROGRAM: usize = 32;
 const PREFILL: usize = 16;
@@ -36,64 +33,6 @@ fn program(n_vocab: usize, seed: u32) -> Vec<u32> {
             (s >> 8) % n_vocab as u32
         })
         .collect()
-}
-
-/// How one program's rows compare with the following oracle.
-#[derive(Debug)]
-struct Outcome {
-    max_abs: f32,
-    worst_row: usize,
-    argmax_rows: Vec<usize>,
-    report: FollowReport,
-}
-
-impl Outcome {
-    fn clean(&self) -> bool {
-        self.max_abs <= TOL && self.argmax_rows.is_empty() && self.report.mismatch_count == 0
-    }
-}
-
-/// Compares `got` (rows `first..`) with the oracle following `trace` for sequence `seq`.
-fn judge(
-    model: &LlamaModel,
-    tokens: &[u32],
-    trace: &ActivationTrace,
-    seq: SeqId,
-    got: &[f32],
-    first: usize,
-) -> Outcome {
-    let n_vocab = model.config.n_vocab;
-    let f = reference::forward_following(model, tokens, trace, seq).unwrap();
-    let want = &f.logits[first * n_vocab..];
-    assert_eq!(want.len(), got.len(), "row counts differ");
-    let mut o = Outcome {
-        max_abs: 0.0,
-        worst_row: 0,
-        argmax_rows: vec![],
-        report: f.report,
-    };
-    for (r, (w, g)) in want
-        .chunks_exact(n_vocab)
-        .zip(got.chunks_exact(n_vocab))
-        .enumerate()
-    {
-        let m = w
-            .iter()
-            .zip(g)
-            .map(|(a, b)| (a - b).abs())
-            .fold(
-                0.0f32,
-                |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) },
-            );
-        if m > o.max_abs {
-            o.max_abs = m;
-            o.worst_row = first + r;
-        }
-        if argmax(w) != argmax(g) {
-            o.argmax_rows.push(first + r);
-        }
-    }
-    o
 }
 
 /// Which rows a program produces.
@@ -154,7 +93,7 @@ fn check_all(
         let mut be = CpuBackend::new(model.clone(), doors.clone()).unwrap();
         for path in [Path::Prefill, Path::Single, Path::Batched] {
             let (rows, trace) = run(&mut be, tokens, path);
-            let o = judge(model, tokens, &trace, SeqId(0), &rows, 0);
+            let o = judge_following(model, tokens, &trace, SeqId(0), &rows, 0);
             assert!(
                 o.clean(),
                 "{name} {path:?} under {doors:?}: max_abs {} at row {}, argmax rows {:?}, \
@@ -232,11 +171,11 @@ fn the_real_model_meets_the_bound_in_every_door_combination() {
 }
 
 /// A defect door planted in the engine, run through the programs it affects.
-fn defect_caught(model: &LlamaModel, doors: Doors, path: Path) -> Outcome {
+fn defect_caught(model: &LlamaModel, doors: Doors, path: Path) -> Followed {
     let tokens = program(model.config.n_vocab, 3);
     let mut be = CpuBackend::new(model.clone(), doors).unwrap();
     let (rows, trace) = run(&mut be, &tokens, path);
-    judge(model, &tokens, &trace, SeqId(0), &rows, 0)
+    judge_following(model, &tokens, &trace, SeqId(0), &rows, 0)
 }
 
 #[test]
@@ -279,7 +218,7 @@ fn a_perturbed_weight_block_is_caught() {
     }
     let mut be = CpuBackend::new(broken, Doors::default()).unwrap();
     let (rows, trace) = run(&mut be, &tokens, Path::Prefill);
-    let o = judge(&model, &tokens, &trace, SeqId(0), &rows, 0);
+    let o = judge_following(&model, &tokens, &trace, SeqId(0), &rows, 0);
     assert!(o.report.mismatch_count > 0 && !o.clean(), "{o:?}");
 }
 
@@ -313,7 +252,7 @@ fn a_stale_cache_entry_before_the_program_is_caught() {
     }
     shifted = trace;
     let n_vocab = model.config.n_vocab;
-    let o = judge(&model, &tokens, &shifted, seq, &rows[n_vocab..], 0);
+    let o = judge_following(&model, &tokens, &shifted, seq, &rows[n_vocab..], 0);
     assert!(o.report.mismatch_count > 0 && !o.clean(), "{o:?}");
 }
 
@@ -333,7 +272,7 @@ fn a_tampered_trace_is_a_mismatch_not_a_tie() {
     // Two steps away can never be a tie.
     let q = rec.blocks[0].qs[0];
     rec.blocks[0].qs[0] = if q > 0 { q - 2 } else { q + 2 };
-    let o = judge(&model, &tokens, &trace, SeqId(0), &rows, 0);
+    let o = judge_following(&model, &tokens, &trace, SeqId(0), &rows, 0);
     assert_eq!(o.report.mismatch_count, 1, "{o:?}");
     let m = &o.report.mismatches[0];
     assert_eq!(

@@ -148,3 +148,66 @@ pub fn edited(
     }
     GgufFile::from_bytes("edited.gguf", s.finish().unwrap()).unwrap()
 }
+
+/// The strict policy of the tie-following oracle: a row passes within this absolute error.
+pub const FOLLOW_TOL: f32 = 1e-2;
+
+/// How one program's rows compare with the oracle following a backend's trace.
+#[derive(Debug)]
+pub struct Followed {
+    pub max_abs: f32,
+    pub worst_row: usize,
+    pub argmax_rows: Vec<usize>,
+    pub report: memra_engine::reference::FollowReport,
+}
+
+impl Followed {
+    /// Within [`FOLLOW_TOL`], every argmax equal and no hard mismatch in the trace.
+    pub fn clean(&self) -> bool {
+        self.max_abs <= FOLLOW_TOL && self.argmax_rows.is_empty() && self.report.mismatch_count == 0
+    }
+}
+
+/// Compares `got` (rows `first..` of `tokens`) with the oracle following `trace` for `seq`.
+pub fn judge_following(
+    model: &memra_engine::model::LlamaModel,
+    tokens: &[u32],
+    trace: &memra_engine::backend::trace::ActivationTrace,
+    seq: memra_engine::backend::SeqId,
+    got: &[f32],
+    first: usize,
+) -> Followed {
+    use memra_kernels::twin::argmax;
+    let n_vocab = model.config.n_vocab;
+    let f = memra_engine::reference::forward_following(model, tokens, trace, seq).unwrap();
+    let want = &f.logits[first * n_vocab..];
+    assert_eq!(want.len(), got.len(), "row counts differ");
+    let mut o = Followed {
+        max_abs: 0.0,
+        worst_row: 0,
+        argmax_rows: vec![],
+        report: f.report,
+    };
+    for (r, (w, g)) in want
+        .chunks_exact(n_vocab)
+        .zip(got.chunks_exact(n_vocab))
+        .enumerate()
+    {
+        let m = w
+            .iter()
+            .zip(g)
+            .map(|(a, b)| (a - b).abs())
+            .fold(
+                0.0f32,
+                |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) },
+            );
+        if m > o.max_abs {
+            o.max_abs = m;
+            o.worst_row = first + r;
+        }
+        if argmax(w) != argmax(g) {
+            o.argmax_rows.push(first + r);
+        }
+    }
+    o
+}
