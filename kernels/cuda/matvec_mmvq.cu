@@ -116,52 +116,45 @@ __device__ __forceinline__ void mmvq(const B* w, const block_q8_1* x, float* y, 
     }
 }
 
+// The entry points: the shared-memory or the global-memory activations, as the launcher
+// decided (it sizes the dynamic shared memory only when they fit).
+template <typename B, int NB>
+__device__ __forceinline__ void mmvq_entry(const B* w, const block_q8_1* x, float* y, int rows,
+                                           int nb, int batch, int canary_row, int x_smem) {
+    if (x_smem)
+        mmvq<B, true, NB>(w, x, y, rows, nb, batch, canary_row);
+    else
+        mmvq<B, false, NB>(w, x, y, rows, nb, batch, canary_row);
+}
+
 extern "C" __global__ void matvec_mmvq_q4_0(const block_q4_0* w, const block_q8_1* x, float* y,
                                             int rows, int nb, int batch, int canary_row,
                                             int x_smem) {
-    if (x_smem)
-        mmvq<block_q4_0, true, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row);
-    else
-        mmvq<block_q4_0, false, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row);
+    mmvq_entry<block_q4_0, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row, x_smem);
 }
 extern "C" __global__ void matvec_mmvq_q4_1(const block_q4_1* w, const block_q8_1* x, float* y,
                                             int rows, int nb, int batch, int canary_row,
                                             int x_smem) {
-    if (x_smem)
-        mmvq<block_q4_1, true, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row);
-    else
-        mmvq<block_q4_1, false, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row);
+    mmvq_entry<block_q4_1, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row, x_smem);
 }
 extern "C" __global__ void matvec_mmvq_q8_0(const block_q8_0* w, const block_q8_1* x, float* y,
                                             int rows, int nb, int batch, int canary_row,
                                             int x_smem) {
-    if (x_smem)
-        mmvq<block_q8_0, true, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row);
-    else
-        mmvq<block_q8_0, false, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row);
+    mmvq_entry<block_q8_0, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row, x_smem);
 }
 // Single-row passes (batch == 1, one row group).
 extern "C" __global__ void matvec_mmvq_b1_q4_0(const block_q4_0* w, const block_q8_1* x, float* y,
                                             int rows, int nb, int batch, int canary_row,
                                             int x_smem) {
-    if (x_smem)
-        mmvq<block_q4_0, true, 1>(w, x, y, rows, nb, batch, canary_row);
-    else
-        mmvq<block_q4_0, false, 1>(w, x, y, rows, nb, batch, canary_row);
+    mmvq_entry<block_q4_0, 1>(w, x, y, rows, nb, batch, canary_row, x_smem);
 }
 extern "C" __global__ void matvec_mmvq_b1_q4_1(const block_q4_1* w, const block_q8_1* x, float* y,
                                             int rows, int nb, int batch, int canary_row,
                                             int x_smem) {
-    if (x_smem)
-        mmvq<block_q4_1, true, 1>(w, x, y, rows, nb, batch, canary_row);
-    else
-        mmvq<block_q4_1, false, 1>(w, x, y, rows, nb, batch, canary_row);
+    mmvq_entry<block_q4_1, 1>(w, x, y, rows, nb, batch, canary_row, x_smem);
 }
 extern "C" __global__ void matvec_mmvq_b1_q8_0(const block_q8_0* w, const block_q8_1* x, float* y,
                                             int rows, int nb, int batch, int canary_row,
                                             int x_smem) {
-    if (x_smem)
-        mmvq<block_q8_0, true, 1>(w, x, y, rows, nb, batch, canary_row);
-    else
-        mmvq<block_q8_0, false, 1>(w, x, y, rows, nb, batch, canary_row);
+    mmvq_entry<block_q8_0, 1>(w, x, y, rows, nb, batch, canary_row, x_smem);
 }
