@@ -9,7 +9,7 @@
 //! Layouts are the twins' (see [`crate::twin`]): batched activations and outputs are row after
 //! row, the KV cache is position-major `[t][kv_head][d]`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use crate::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1, QK};
@@ -21,7 +21,7 @@ mod launch;
 mod peer;
 mod rows;
 
-pub use launch::{KernelArg, Launch};
+use launch::Launch;
 
 pub use peer::{Fence, copy_peer};
 pub use rows::{AttnRows, RopeStoreArgs, attention_can_quantize};
@@ -88,8 +88,14 @@ pub struct Gpu {
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     compiled: Mutex<Vec<CompiledPtx>>,
     canary_row: i32,
-    /// Whether launches carry the programmatic-dependent-launch attribute ([`launch`]).
+    /// Whether launches carry the programmatic-dependent-launch attribute ([`launch`]):
+    /// on unless `MEMRA_PDL=0` when the device is opened. A performance switch only: every
+    /// kernel waits for its predecessor's results either way, so the bits do not change.
     pdl: bool,
+    /// The most dynamic shared memory one block may opt into on this device.
+    smem_optin: usize,
+    /// The kernels whose dynamic shared memory limit is already raised to `smem_optin`.
+    opted_in: Mutex<HashSet<&'static str>>,
 }
 
 fn shape(kernel: &'static str, message: String) -> KernelError {
@@ -126,6 +132,11 @@ impl Gpu {
         let (major, minor) = ctx
             .compute_capability()
             .map_err(KernelError::driver("reading the compute capability"))?;
+        let smem_optin = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_or(DEFAULT_DYNAMIC_SMEM, |v| v.max(0) as usize);
         let name = ctx
             .name()
             .map_err(KernelError::driver("reading the device name"))?;
@@ -153,6 +164,8 @@ impl Gpu {
             compiled: Mutex::new(Vec::new()),
             canary_row: -1,
             pdl: std::env::var("MEMRA_PDL").map_or(true, |v| v.trim() != "0"),
+            smem_optin,
+            opted_in: Mutex::new(HashSet::new()),
         })
     }
 
@@ -162,38 +175,35 @@ impl Gpu {
         self.canary_row = row.map_or(-1, |r| r.min(i32::MAX as usize) as i32);
     }
 
-    /// Programmatic dependent launch on or off (on unless `MEMRA_PDL=0` at [`Gpu::new`]).
-    /// A performance switch only: every kernel waits for its predecessor's results either
-    /// way, so the bits do not change.
-    pub fn set_pdl(&mut self, on: bool) {
-        self.pdl = on;
-    }
-
-    /// Whether launches use programmatic dependent launch.
-    pub fn pdl(&self) -> bool {
-        self.pdl
-    }
-
-    /// Whether `f` may take `bytes` of dynamic shared memory, opting in above the default
-    /// 48 KiB (up to what the device allows per block). A refusal is not an error: the
+    /// Whether kernel `name` (function `f`) may take `bytes` of dynamic shared memory,
+    /// opting in above the default 48 KiB up to what the device allows per block. The
+    /// opt-in is set once per kernel, to the device's limit, so a graph captured with a
+    /// larger launch stays valid whatever is launched later. A refusal is not an error: the
     /// caller then launches the variant without shared memory.
-    fn allow_dynamic_smem(&self, f: &CudaFunction, bytes: usize) -> bool {
-        use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+    fn allow_dynamic_smem(&self, name: &'static str, f: &CudaFunction, bytes: usize) -> bool {
+        use cudarc::driver::sys::CUfunction_attribute;
         if bytes <= DEFAULT_DYNAMIC_SMEM {
             return true;
         }
-        let limit = self
-            .ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            .map_or(DEFAULT_DYNAMIC_SMEM, |v| v.max(0) as usize);
-        // The opt-in is set to the device's limit, never lowered, so a graph captured with
-        // a larger launch stays valid whatever is launched later.
-        bytes <= limit
-            && f.set_attribute(
+        if bytes > self.smem_optin {
+            return false;
+        }
+        let Ok(mut opted) = self.opted_in.lock() else {
+            return false;
+        };
+        if opted.contains(name) {
+            return true;
+        }
+        let ok = f
+            .set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                limit as i32,
+                self.smem_optin as i32,
             )
-            .is_ok()
+            .is_ok();
+        if ok {
+            opted.insert(name);
+        }
+        ok
     }
 
     /// A launch of `f` on this device's stream.
@@ -439,7 +449,7 @@ impl Gpu {
         // mmvq stages the group's activation rows in shared memory when they fit the
         // opt-in limit (see matvec_mmvq.cu); otherwise it reads them from global memory.
         let x_bytes = batch.min(8) * nb * std::mem::size_of::<BlockQ8_1>();
-        let x_smem = family == MatvecFamily::Mmvq && self.allow_dynamic_smem(&f, x_bytes);
+        let x_smem = family == MatvecFamily::Mmvq && self.allow_dynamic_smem(k, &f, x_bytes);
         let cfg = match family {
             MatvecFamily::Mmvq => LaunchConfig {
                 grid_dim: ((rows as u32).div_ceil(MMVQ_ROWS), groups, 1),

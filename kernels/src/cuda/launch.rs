@@ -8,7 +8,7 @@
 //! producer is done. What PDL hides is the launch latency and the block ramp-up between two
 //! dependent kernels, which dominate the small kernels of a decode step. The arithmetic is
 //! untouched, so the bits are the same with PDL on or off (`MEMRA_PDL=0` switches it off for
-//! comparison; see [`super::Gpu::set_pdl`]).
+//! comparison).
 //!
 //! cudarc's launch builder has no launch attributes, hence this small builder of our own. It
 //! owns nothing beyond one launch: the argument words and the call.
@@ -23,7 +23,7 @@ use cudarc::driver::{
 /// A kernel argument as the 8-byte word the driver reads (device pointers are 8 bytes;
 /// 4-byte scalars sit in the low bytes, which is where a little-endian read of their size
 /// finds them).
-pub trait KernelArg {
+pub(crate) trait KernelArg {
     fn word(&self, stream: &CudaStream) -> u64;
 }
 
@@ -64,7 +64,7 @@ impl KernelArg for f32 {
 }
 
 /// One launch being assembled: the function, the stream and the argument words in order.
-pub struct Launch<'a> {
+pub(crate) struct Launch<'a> {
     stream: &'a CudaStream,
     func: &'a CudaFunction,
     words: Vec<u64>,
@@ -82,7 +82,7 @@ impl<'a> Launch<'a> {
     }
 
     /// Appends the next kernel argument.
-    pub fn arg<A: KernelArg + ?Sized>(&mut self, a: &A) -> &mut Self {
+    pub(crate) fn arg<A: KernelArg + ?Sized>(&mut self, a: &A) -> &mut Self {
         self.words.push(a.word(self.stream));
         self
     }
@@ -93,7 +93,7 @@ impl<'a> Launch<'a> {
     /// # Safety
     /// The arguments must be the kernel's parameters in order, each of its type, and the
     /// kernel must stay inside the buffers it is given for this grid.
-    pub unsafe fn launch(&mut self, cfg: LaunchConfig) -> Result<(), DriverError> {
+    pub(crate) unsafe fn launch(&mut self, cfg: LaunchConfig) -> Result<(), DriverError> {
         self.stream.context().bind_to_thread()?;
         let mut params: Vec<*mut c_void> = self
             .words
