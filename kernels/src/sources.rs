@@ -85,7 +85,8 @@ mod tests {
         }
     }
 
-    /// Every kernel waits for its predecessor (PDL_ENTRY, directly or in the mmvq body):
+    /// Every kernel waits for its predecessor (PDL_ENTRY, directly or in the mmvq body that
+    /// mmvq_entry runs):
     /// one kernel without the wait would let the next one run ahead of a result it needs.
     #[test]
     fn every_kernel_waits_for_its_predecessor() {
@@ -93,7 +94,7 @@ mod tests {
             for body in src.text.split("extern \"C\" __global__ void ").skip(1) {
                 let name = body.split('(').next().unwrap_or("");
                 assert!(
-                    body.contains("PDL_ENTRY;") || body.contains("mmvq<"),
+                    body.contains("PDL_ENTRY;") || body.contains("mmvq_entry<"),
                     "{}: kernel {name} has no PDL_ENTRY",
                     src.file
                 );
