@@ -2,10 +2,59 @@
 // ([t][kv_head][d]), query head h reading KV head h / (n_heads / n_kv_heads). Two families
 // (MEMRA_FA3): attention_naive_f32 (one 128-thread block per head) and split-K
 // (attention_split_k_f32 per 64-token chunk, then attention_combine_f32). Twins:
-// twin::attention_naive, twin::attention_split_k. Only expf differs from the twins.
+// twin::attention_naive, twin::attention_split_k. Only expf differs from the twins. The
+// batched rows forms serve the engine; their decode forms (attention_rope_*_rows_f32, at the
+// end) also do rope_store_rows_f32's RoPE and KV store, so a decode layer needs no separate
+// prologue launch.
 
 #define ATTN_THREADS 128
 #define SPLIT_K_CHUNK 64
+
+// Where the K and V rows of one (row, KV head) are: the cache (position-major, row t at
+// t * stride + off), optionally with a shared-memory copy of the rows [pre0, pre1) and the
+// current token's row `cur` (cur < 0: none) computed by the block itself. The same values
+// wherever they are read from, so the source of a row never changes a bit.
+struct KvRows {
+    const float* k;
+    const float* v;
+    size_t stride, off;
+    int head_dim;
+    const float* pk;
+    const float* pv;
+    int pre0, pre1;
+    const float* ck;
+    const float* cv;
+    int cur;
+    __device__ __forceinline__ const float* krow(int t) const {
+        if (t == cur) return ck;
+        if (t >= pre0 && t < pre1) return pk + (size_t)(t - pre0) * head_dim;
+        return k + (size_t)t * stride + off;
+    }
+    __device__ __forceinline__ const float* vrow(int t) const {
+        if (t == cur) return cv;
+        if (t >= pre0 && t < pre1) return pv + (size_t)(t - pre0) * head_dim;
+        return v + (size_t)t * stride + off;
+    }
+};
+
+// The rows of KV head kvh straight from the cache.
+__device__ __forceinline__ KvRows cache_rows(const float* k, const float* v, int kvh,
+                                             int n_kv_heads, int head_dim) {
+    KvRows r;
+    r.k = k;
+    r.v = v;
+    r.stride = (size_t)n_kv_heads * head_dim;
+    r.off = (size_t)kvh * head_dim;
+    r.head_dim = head_dim;
+    r.pk = 0;
+    r.pv = 0;
+    r.pre0 = 0;
+    r.pre1 = 0;
+    r.ck = 0;
+    r.cv = 0;
+    r.cur = -1;
+    return r;
+}
 
 // The value loops below are unrolled (#pragma unroll 8) so the loads of several tokens are in
 // flight at once; the adds into each accumulator keep their token order, so the bits do not
@@ -13,20 +62,28 @@
 //
 // Scores s[t - t0] = dot(q_h, k_t) * scale for t in [t0, t1): warp w takes tokens t0 + w,
 // t0 + w + 4, ...; lane l accumulates d = l, l+32, ...; then the butterfly.
-__device__ __forceinline__ void attn_scores(const float* qh, const float* k, float* s, int t0,
-                                            int t1, int kvh, int n_kv_heads, int head_dim,
-                                            float scale) {
+__device__ __forceinline__ void attn_scores(const float* qh, const KvRows& kv, float* s, int t0,
+                                            int t1, float scale) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     // Unrolled so the key loads of several tokens are in flight together; every score is
     // still its own warp reduction, so the bits do not change.
 #pragma unroll 4
     for (int t = t0 + warp; t < t1; t += nwarps) {
-        const float* kt = k + ((size_t)t * n_kv_heads + kvh) * head_dim;
+        const float* kt = kv.krow(t);
         float acc = 0.0f;
-        for (int d = lane; d < head_dim; d += 32) acc += qh[d] * kt[d];
+        for (int d = lane; d < kv.head_dim; d += 32) acc += qh[d] * kt[d];
         acc = warp_sum(acc);
         if (lane == 0) s[t - t0] = acc * scale;
     }
+}
+
+// Thread d's weighted value sum over [t0, t1) in token order (s indexed from t0).
+__device__ __forceinline__ float attn_values(const float* s, const KvRows& kv, int t0, int t1,
+                                             int d) {
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int t = t0; t < t1; ++t) acc += s[t - t0] * kv.vrow(t)[d];
+    return acc;
 }
 
 // Over the n scores in s: m = max, s[i] = expf(s[i] - m), l = block_sum (thread i takes
@@ -49,6 +106,36 @@ __device__ __forceinline__ void attn_softmax(float* s, int n, float* sh, float* 
     *l_out = l;
 }
 
+// The rest of a split-K chunk after its scores: softmax over the chunk, then the unnormalised
+// value sums into part_o[pc] and (m, l) into part_ml[pc].
+__device__ __forceinline__ void split_k_tail(float* s, const KvRows& kv, int t0, int t1,
+                                             float* sh, float* part_o, float* part_ml,
+                                             size_t pc, int head_dim) {
+    float m, l;
+    attn_softmax(s, t1 - t0, sh, &m, &l);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
+        part_o[pc * head_dim + d] = attn_values(s, kv, t0, t1, d);
+    if (threadIdx.x == 0) {
+        part_ml[pc * 2] = m;
+        part_ml[pc * 2 + 1] = l;
+    }
+}
+
+// The rest of a one-block-per-head row after its scores: softmax, value sums over l into
+// out[o0 + d], and (outq non-null) their q8_1 blocks.
+__device__ __forceinline__ void naive_tail(float* s, const KvRows& kv, int n_tokens, float* sh,
+                                           float* out, block_q8_1* outq, size_t o0,
+                                           int head_dim) {
+    float m, l;
+    attn_softmax(s, n_tokens, sh, &m, &l);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        const size_t i = o0 + d;
+        const float val = attn_values(s, kv, 0, n_tokens, d) / l;
+        out[i] = val;
+        if (outq != 0) quantize_lane(val, outq + i / QK, threadIdx.x & 31);
+    }
+}
+
 // scratch: n_heads * scratch_stride floats (scratch_stride >= n_tokens) for the scores.
 extern "C" __global__ void attention_naive_f32(const float* q, const float* k, const float* v,
                                                float* out, float* scratch, int n_heads,
@@ -59,16 +146,12 @@ extern "C" __global__ void attention_naive_f32(const float* q, const float* k, c
     const int h = blockIdx.x;
     const int kvh = h / (n_heads / n_kv_heads);
     float* s = scratch + (size_t)h * scratch_stride;
-    attn_scores(q + (size_t)h * head_dim, k, s, 0, n_tokens, kvh, n_kv_heads, head_dim, scale);
+    const KvRows kv = cache_rows(k, v, kvh, n_kv_heads, head_dim);
+    attn_scores(q + (size_t)h * head_dim, kv, s, 0, n_tokens, scale);
     float m, l;
     attn_softmax(s, n_tokens, sh, &m, &l);
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float acc = 0.0f;
-#pragma unroll 8
-        for (int t = 0; t < n_tokens; ++t)
-            acc += s[t] * v[((size_t)t * n_kv_heads + kvh) * head_dim + d];
-        out[(size_t)h * head_dim + d] = acc / l;
-    }
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
+        out[(size_t)h * head_dim + d] = attn_values(s, kv, 0, n_tokens, d) / l;
 }
 
 // Grid (n_heads, n_chunks). part_o: [n_heads][n_chunks][head_dim]; part_ml: [n_heads][n_chunks][2].
@@ -82,21 +165,9 @@ extern "C" __global__ void attention_split_k_f32(const float* q, const float* k,
     const int h = blockIdx.x, c = blockIdx.y, n_chunks = gridDim.y;
     const int kvh = h / (n_heads / n_kv_heads);
     const int t0 = c * SPLIT_K_CHUNK, t1 = min(t0 + SPLIT_K_CHUNK, n_tokens);
-    attn_scores(q + (size_t)h * head_dim, k, s, t0, t1, kvh, n_kv_heads, head_dim, scale);
-    float m, l;
-    attn_softmax(s, t1 - t0, sh, &m, &l);
-    const size_t pc = (size_t)h * n_chunks + c;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float acc = 0.0f;
-#pragma unroll 8
-        for (int t = t0; t < t1; ++t)
-            acc += s[t - t0] * v[((size_t)t * n_kv_heads + kvh) * head_dim + d];
-        part_o[pc * head_dim + d] = acc;
-    }
-    if (threadIdx.x == 0) {
-        part_ml[pc * 2] = m;
-        part_ml[pc * 2 + 1] = l;
-    }
+    const KvRows kv = cache_rows(k, v, kvh, n_kv_heads, head_dim);
+    attn_scores(q + (size_t)h * head_dim, kv, s, t0, t1, scale);
+    split_k_tail(s, kv, t0, t1, sh, part_o, part_ml, (size_t)h * n_chunks + c, head_dim);
 }
 
 // One block per head; thread d combines the chunks in order.
@@ -142,22 +213,10 @@ extern "C" __global__ void attention_split_k_rows_f32(const float* q, int q_stri
     const float* k = (const float*)k_cache[b];
     const float* v = (const float*)v_cache[b];
     const int kvh = h / (n_heads / n_kv_heads);
-    attn_scores(q + (size_t)b * q_stride + (size_t)h * head_dim, k, s, t0, t1, kvh, n_kv_heads,
-                head_dim, scale);
-    float m, l;
-    attn_softmax(s, t1 - t0, sh, &m, &l);
-    const size_t pc = ((size_t)b * n_heads + h) * max_chunks + c;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float acc = 0.0f;
-#pragma unroll 8
-        for (int t = t0; t < t1; ++t)
-            acc += s[t - t0] * v[((size_t)t * n_kv_heads + kvh) * head_dim + d];
-        part_o[pc * head_dim + d] = acc;
-    }
-    if (threadIdx.x == 0) {
-        part_ml[pc * 2] = m;
-        part_ml[pc * 2 + 1] = l;
-    }
+    const KvRows kv = cache_rows(k, v, kvh, n_kv_heads, head_dim);
+    attn_scores(q + (size_t)b * q_stride + (size_t)h * head_dim, kv, s, t0, t1, scale);
+    split_k_tail(s, kv, t0, t1, sh, part_o, part_ml,
+                 ((size_t)b * n_heads + h) * max_chunks + c, head_dim);
 }
 
 // Grid (n_heads, B); out: [B][n_heads * head_dim].
@@ -210,18 +269,226 @@ extern "C" __global__ void attention_naive_rows_f32(const float* q, int q_stride
     float* s = n_tokens <= NAIVE_SHARED
                    ? s_shared
                    : scratch + ((size_t)b * n_heads + h) * scratch_stride;
-    attn_scores(q + (size_t)b * q_stride + (size_t)h * head_dim, k, s, 0, n_tokens, kvh,
-                n_kv_heads, head_dim, scale);
-    float m, l;
-    attn_softmax(s, n_tokens, sh, &m, &l);
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float acc = 0.0f;
-#pragma unroll 8
-        for (int t = 0; t < n_tokens; ++t)
-            acc += s[t] * v[((size_t)t * n_kv_heads + kvh) * head_dim + d];
-        const size_t i = ((size_t)b * n_heads + h) * head_dim + d;
-        const float val = acc / l;
-        out[i] = val;
-        if (outq != 0) quantize_lane(val, outq + i / QK, threadIdx.x & 31);
+    const KvRows kv = cache_rows(k, v, kvh, n_kv_heads, head_dim);
+    attn_scores(q + (size_t)b * q_stride + (size_t)h * head_dim, kv, s, 0, n_tokens, scale);
+    naive_tail(s, kv, n_tokens, sh, out, outq, ((size_t)b * n_heads + h) * head_dim, head_dim);
+}
+
+// Decode forms that also do the attention prologue (rope_store_rows_f32 in rope.cu), for a
+// pass whose rows are all different sequences: row b's q, k and v are the columns of the qkv
+// matvec's output at qkv + b * qkv_stride ([q (n_heads * head_dim) | k | v (kv_dim each)]).
+// Each block rotates its query head and its KV head's key of the current token, and takes the
+// current token's value, with the optional per-row post-scale r (the fused tier's), in exactly
+// rope_store_rows_f32's expressions, so every value is the same bit for bit; the attention
+// arithmetic is the rows kernels' above. The current token's k and v are used from shared
+// memory, never re-read from the cache slot (no order holds between the blocks that write it
+// and the others). Exactly one block per (row, KV head) stores them into the caches at pos[b]:
+// the first query head of the KV head's group (for split-K, in the chunk holding pos[b]).
+//
+// Only valid when no row reads a cache slot another row of the same launch writes: a prompt
+// pass (rows of one sequence at consecutive positions) keeps rope_store_rows_f32 and the
+// kernels above. A position outside the table's n_pos rows writes nothing (the unfused pair
+// leaves q unrotated and the slot unwritten there; the engine's table covers every position
+// of its caches).
+//
+// Programmatic dependent launch (see PDL_ENTRY in common.cuh): when a block of this kernel
+// starts, every block of the previous kernel (the qkv matvec) has executed its own
+// griddepcontrol.wait, so the kernel before that one has completed, and so has everything
+// earlier in the stream. Before the wait a block may therefore read what the previous kernel
+// does not write: pos[b] and the cache pointer tables (uploaded before the pass), the RoPE
+// table (constant), and the cache rows of positions < pos[b] (written by earlier passes; this
+// launch writes only position pos[b], and no block reads that slot). qkv and post_scale are
+// read only after the wait: the matvec writes the former, and the latter's producer may move
+// next to this kernel as launches are fused.
+#define ATTN_MAX_HEAD_DIM 256
+#define ATTN_PREFETCH_FLOATS 8192
+
+// Copies the K and V rows [t0, min(t1, t0 + cap)) of kv into pk / pv (each
+// ATTN_PREFETCH_FLOATS / 2 floats, 16-byte aligned) and points kv at the copies. The caller
+// synchronizes the block before the copies are read. Each thread issues the loads of up to
+// four float4 of K and of V before it stores any, so they are in flight together (the block
+// runs this before the PDL wait, while the previous kernel still computes).
+#define PREFETCH_UNROLL 4
+__device__ __forceinline__ void prefetch_rows(KvRows& kv, float* pk, float* pv, int t0,
+                                              int t1) {
+    const int hd = kv.head_dim;
+    const int n = max(0, min(t1 - t0, (ATTN_PREFETCH_FLOATS / 2) / hd));
+    if ((hd & 3) == 0 && (((u64)kv.k | (u64)kv.v) & 15) == 0) {
+        // Rows start at multiples of head_dim floats, so with 16-byte aligned caches every
+        // row is too.
+        const int hd4 = hd >> 2, total = n * hd4;
+        for (int i0 = threadIdx.x; i0 < total; i0 += PREFETCH_UNROLL * blockDim.x) {
+            float4 a[PREFETCH_UNROLL], c[PREFETCH_UNROLL];
+#pragma unroll
+            for (int u = 0; u < PREFETCH_UNROLL; ++u) {
+                const int i = i0 + u * blockDim.x;
+                if (i < total) {
+                    const int t = i / hd4, d4 = i - t * hd4;
+                    const size_t at = (size_t)(t0 + t) * kv.stride + kv.off;
+                    a[u] = ((const float4*)(kv.k + at))[d4];
+                    c[u] = ((const float4*)(kv.v + at))[d4];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < PREFETCH_UNROLL; ++u) {
+                const int i = i0 + u * blockDim.x;
+                if (i < total) {
+                    ((float4*)pk)[i] = a[u];
+                    ((float4*)pv)[i] = c[u];
+                }
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
+            const int t = i / hd, d = i - t * hd;
+            const size_t at = (size_t)(t0 + t) * kv.stride + kv.off + d;
+            pk[i] = kv.k[at];
+            pv[i] = kv.v[at];
+        }
     }
+    kv.pk = pk;
+    kv.pv = pv;
+    kv.pre0 = t0;
+    kv.pre1 = t0 + n;
+}
+
+// One RoPE pair as rope_store_rows_f32 computes it: optional post-scale, then the rotation.
+__device__ __forceinline__ void rope_pair(const float* src, float* dst, bool scaled, float r,
+                                          float c, float sn) {
+    float a = src[0], c2 = src[1];
+    if (scaled) {
+        a *= r;
+        c2 *= r;
+    }
+    dst[0] = a * c - c2 * sn;
+    dst[1] = a * sn + c2 * c;
+}
+
+// The current token of row b after the wait: thread j < head_dim / 2 rotates pair j of the
+// query head into qh and (with_kv) of the key into kc; the value (scaled) goes into vc. The
+// writer also stores k and v at position p of the row's caches. (c, sn) is thread j's table
+// entry, loaded before the wait.
+__device__ __forceinline__ void rope_current(const float* qkv_row, int n_heads, int n_kv_heads,
+                                             int head_dim, int h, int kvh,
+                                             const float* post_scale, int b, float c, float sn,
+                                             bool with_kv, bool writer, float* k_dst,
+                                             float* v_dst, float* qh, float* kc, float* vc) {
+    const int half = head_dim >> 1, j = threadIdx.x;
+    const int q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim;
+    const bool scaled = post_scale != 0;
+    const float r = scaled ? post_scale[b] : 1.0f;
+    if (j < half) {
+        rope_pair(qkv_row + (size_t)h * head_dim + 2 * j, qh + 2 * j, scaled, r, c, sn);
+        if (with_kv) {
+            rope_pair(qkv_row + q_dim + (size_t)kvh * head_dim + 2 * j, kc + 2 * j, scaled, r, c,
+                      sn);
+            if (writer) {
+                k_dst[2 * j] = kc[2 * j];
+                k_dst[2 * j + 1] = kc[2 * j + 1];
+            }
+        }
+    }
+    if (with_kv) {
+        const float* vs = qkv_row + q_dim + kv_dim + (size_t)kvh * head_dim;
+        for (int e = j; e < head_dim; e += blockDim.x) {
+            const float val = vs[e];
+            const float w = scaled ? val * r : val;
+            vc[e] = w;
+            if (writer) v_dst[e] = w;
+        }
+    }
+}
+
+// Grid (n_heads, B), 128 threads (head_dim <= 2 * 128); outq and scratch as in
+// attention_naive_rows_f32.
+extern "C" __global__ void attention_rope_naive_rows_f32(
+    const float* qkv, int qkv_stride, const u64* k_cache, const u64* v_cache,
+    const float* table, const float* post_scale, const int* pos, float* out, block_q8_1* outq,
+    float* scratch, int n_heads, int n_kv_heads, int head_dim, int n_pos, int scratch_stride,
+    float scale) {
+    __shared__ float sh[32];
+    __shared__ float s_shared[NAIVE_SHARED];
+    __shared__ __align__(16) float pk[ATTN_PREFETCH_FLOATS / 2];
+    __shared__ __align__(16) float pv[ATTN_PREFETCH_FLOATS / 2];
+    __shared__ float qh[ATTN_MAX_HEAD_DIM], kc[ATTN_MAX_HEAD_DIM], vc[ATTN_MAX_HEAD_DIM];
+    const int h = blockIdx.x, b = blockIdx.y;
+    const int group = n_heads / n_kv_heads, kvh = h / group;
+    // Before the wait (see the PDL argument above): position, caches, table, earlier rows.
+    const int p = pos[b];
+    const bool in_table = p >= 0 && p < n_pos;
+    float* k = (float*)k_cache[b];
+    float* v = (float*)v_cache[b];
+    KvRows kv = cache_rows(k, v, kvh, n_kv_heads, head_dim);
+    float c = 0.0f, sn = 0.0f;
+    if (in_table) {
+        prefetch_rows(kv, pk, pv, 0, p);
+        if ((int)threadIdx.x < head_dim >> 1) {
+            c = table[(size_t)p * head_dim + 2 * threadIdx.x];
+            sn = table[(size_t)p * head_dim + 2 * threadIdx.x + 1];
+        }
+    }
+    PDL_ENTRY;
+    if (!in_table) return;
+    const size_t at = (size_t)p * n_kv_heads * head_dim + (size_t)kvh * head_dim;
+    rope_current(qkv + (size_t)b * qkv_stride, n_heads, n_kv_heads, head_dim, h, kvh,
+                 post_scale, b, c, sn, true, h % group == 0, k + at, v + at, qh, kc, vc);
+    kv.ck = kc;
+    kv.cv = vc;
+    kv.cur = p;
+    __syncthreads();
+    const int n_tokens = p + 1;
+    float* s = n_tokens <= NAIVE_SHARED
+                   ? s_shared
+                   : scratch + ((size_t)b * n_heads + h) * scratch_stride;
+    attn_scores(qh, kv, s, 0, n_tokens, scale);
+    naive_tail(s, kv, n_tokens, sh, out, outq, ((size_t)b * n_heads + h) * head_dim, head_dim);
+}
+
+// Grid (n_heads, max_chunks, B), 128 threads (head_dim <= 2 * 128); chunks past a row's
+// length exit; part_o and part_ml as in attention_split_k_rows_f32, combined by
+// attention_combine_rows_f32. Every chunk rotates the query; only the chunk holding pos[b]
+// takes the current token's k and v.
+extern "C" __global__ void attention_rope_split_k_rows_f32(
+    const float* qkv, int qkv_stride, const u64* k_cache, const u64* v_cache,
+    const float* table, const float* post_scale, const int* pos, float* part_o,
+    float* part_ml, int n_heads, int n_kv_heads, int head_dim, int n_pos, float scale) {
+    __shared__ float sh[32];
+    __shared__ float s[SPLIT_K_CHUNK];
+    __shared__ __align__(16) float pk[ATTN_PREFETCH_FLOATS / 2];
+    __shared__ __align__(16) float pv[ATTN_PREFETCH_FLOATS / 2];
+    __shared__ float qh[ATTN_MAX_HEAD_DIM], kc[ATTN_MAX_HEAD_DIM], vc[ATTN_MAX_HEAD_DIM];
+    const int h = blockIdx.x, c = blockIdx.y, max_chunks = gridDim.y, b = blockIdx.z;
+    const int group = n_heads / n_kv_heads, kvh = h / group;
+    // Before the wait (see the PDL argument above): position, caches, table, earlier rows.
+    const int p = pos[b];
+    const int t0 = c * SPLIT_K_CHUNK;
+    const bool live = p >= 0 && p < n_pos && t0 <= p;
+    const int t1 = min(t0 + SPLIT_K_CHUNK, p + 1);
+    const bool has_cur = live && p < t1;
+    float* k = (float*)k_cache[b];
+    float* v = (float*)v_cache[b];
+    KvRows kv = cache_rows(k, v, kvh, n_kv_heads, head_dim);
+    float cs = 0.0f, sn = 0.0f;
+    if (live) {
+        prefetch_rows(kv, pk, pv, t0, min(t1, p));
+        if ((int)threadIdx.x < head_dim >> 1) {
+            cs = table[(size_t)p * head_dim + 2 * threadIdx.x];
+            sn = table[(size_t)p * head_dim + 2 * threadIdx.x + 1];
+        }
+    }
+    PDL_ENTRY;
+    if (!live) return;
+    const size_t at = (size_t)p * n_kv_heads * head_dim + (size_t)kvh * head_dim;
+    rope_current(qkv + (size_t)b * qkv_stride, n_heads, n_kv_heads, head_dim, h, kvh,
+                 post_scale, b, cs, sn, has_cur, has_cur && h % group == 0, k + at, v + at, qh,
+                 kc, vc);
+    if (has_cur) {
+        kv.ck = kc;
+        kv.cv = vc;
+        kv.cur = p;
+    }
+    __syncthreads();
+    attn_scores(qh, kv, s, t0, t1, scale);
+    split_k_tail(s, kv, t0, t1, sh, part_o, part_ml,
+                 ((size_t)b * n_heads + h) * max_chunks + c, head_dim);
 }

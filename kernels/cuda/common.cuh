@@ -152,15 +152,28 @@ __device__ __forceinline__ int quarter_sum(const block_q8_0* w, const block_q8_1
                   __dp4a(load_i32_a2(w->qs + 4 * q), load_i32_a4(x->qs + 4 * q), 0));
 }
 
-// Float contribution of a whole block (mmvq) from its integer sum s.
+// Float contribution of a whole block (mmvq) from its integer sum, given the widened scales:
+// wd, wm of the weight block (wm unused by Q4_0 and Q8_0), xd, xs of the activation block,
+// and sf = (float)s, exact (|s| < 2^24). The warp-per-row kernels and the tensor-core batched
+// kernel both go through these, so a block's float composition is one definition whichever
+// computed its integer sum.
+__device__ __forceinline__ float contrib_q4_0(float wd, float, float xd, float xs, float sf) {
+    return wd * ((xd * sf) - 8.0f * xs);
+}
+__device__ __forceinline__ float contrib_q4_1(float wd, float wm, float xd, float xs, float sf) {
+    return (wd * xd) * sf + wm * xs;
+}
+__device__ __forceinline__ float contrib_q8_0(float wd, float, float xd, float, float sf) {
+    return (wd * xd) * sf;
+}
 __device__ __forceinline__ float block_contrib(const block_q4_0* w, const block_q8_1* x, int s) {
-    return h2f(w->d) * ((h2f(x->d) * (float)s) - 8.0f * h2f(x->s));
+    return contrib_q4_0(h2f(w->d), 0.0f, h2f(x->d), h2f(x->s), (float)s);
 }
 __device__ __forceinline__ float block_contrib(const block_q4_1* w, const block_q8_1* x, int s) {
-    return (h2f(w->d) * h2f(x->d)) * (float)s + h2f(w->m) * h2f(x->s);
+    return contrib_q4_1(h2f(w->d), h2f(w->m), h2f(x->d), h2f(x->s), (float)s);
 }
 __device__ __forceinline__ float block_contrib(const block_q8_0* w, const block_q8_1* x, int s) {
-    return (h2f(w->d) * h2f(x->d)) * (float)s;
+    return contrib_q8_0(h2f(w->d), 0.0f, h2f(x->d), 0.0f, (float)s);
 }
 
 // Float contribution of one quarter (dp4a) from its integer sum sq.
@@ -173,3 +186,72 @@ __device__ __forceinline__ float quarter_contrib(const block_q4_1* w, const bloc
 __device__ __forceinline__ float quarter_contrib(const block_q8_0* w, const block_q8_1* x, int sq) {
     return (h2f(w->d) * h2f(x->d)) * (float)sq;
 }
+
+// The engine's norm step (residual add, RMS factor, q8_1) of one row, shared by
+// add_rmsnorm_q8_1_f32 (norm.cu) and the single-row matvec's norm prologue (matvec_mmvq.cu).
+#define NORM_THREADS 256
+#define NORM_REG 4
+#define NORM_REG_COLS (NORM_THREADS * NORM_REG)
+// 4096-wide rows (llama-7B) in registers: a separate instantiation, so the narrow kernel's
+// code stays small.
+#define NORM_WIDE_REG 16
+
+// One row of the norm step held in registers by a block of NORM_THREADS threads: thread t
+// owns elements t, t + 256, t + 512, ... in all three phases: the add, the sum of squares
+// (rms_factor's order) and the quantization (warp w quantizes blocks w, w + 8, ..., whose
+// lane-l element is again t + 256k). Rows of at most 256 * REG elements.
+template <int REG>
+struct NormRow {
+    float v[REG], gv[REG];
+
+    // The norm weights never change, so a matvec may load them before its PDL wait.
+    __device__ __forceinline__ void load_g(const float* g, int cols) {
+#pragma unroll
+        for (int k = 0; k < REG; ++k) {
+            const int i = threadIdx.x + k * NORM_THREADS;
+            if (i < cols) gv[k] = g[i];
+        }
+    }
+
+    // v = x + delta (delta nullable), written to x_out (nullable); returns the RMS factor.
+    __device__ __forceinline__ float add_rms(const float* xr, const float* dr, float* x_out,
+                                             int cols, float eps, float* sh) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < REG; ++k) {
+            const int i = threadIdx.x + k * NORM_THREADS;
+            if (i < cols) {
+                v[k] = xr[i];
+                if (dr != 0) v[k] = v[k] + dr[i];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < REG; ++k) {
+            const int i = threadIdx.x + k * NORM_THREADS;
+            if (i < cols) {
+                if (x_out != 0) x_out[i] = v[k];
+                acc += v[k] * v[k];
+            }
+        }
+        const float sum = block_sum(acc, sh);
+        return 1.0f / sqrtf(sum / (float)cols + eps);
+    }
+
+    // q8_1 of (v * r) * g (separate tier) or of v * g (fused tier) into qrow; the f32
+    // values to frow when given. Block b = warp + 8k holds element t + 256k; a warp's blocks
+    // are all present or all absent, so every quantize_lane call has its full warp.
+    __device__ __forceinline__ void quantize(float r, bool fused, block_q8_1* qrow, float* frow,
+                                             int cols) {
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        const int nb = cols / QK;
+#pragma unroll
+        for (int k = 0; k < REG; ++k) {
+            const int b = warp + k * (NORM_THREADS / 32);
+            if (b < nb) {
+                const float y = fused ? v[k] * gv[k] : (v[k] * r) * gv[k];
+                if (frow != 0) frow[b * QK + lane] = y;
+                quantize_lane(y, qrow + b, lane);
+            }
+        }
+    }
+};

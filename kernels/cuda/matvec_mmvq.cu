@@ -6,6 +6,10 @@
 //
 // `canary_row` >= 0 drops the last block of that row (test-only plumbing defect for the gate
 // canary); pass -1 otherwise.
+//
+// The single-row kernels have a variant whose staging computes the activation row from the
+// residual stream (the norm prologue, matvec_mmvq_b1_norm_*), so a decode step of a narrow
+// model needs fewer launches; the batched rows have a tensor-core form (matvec_mmvq_mma_*).
 
 // The loads are arranged for bandwidth without touching the arithmetic: the block's
 // activation rows are first copied into shared memory with coalesced 32-bit loads (when
@@ -61,13 +65,58 @@ __device__ __forceinline__ void mmvq_block(const B& wb, const block_q8_1* xs, in
     }
 }
 
-// NB is the most batch rows one thread block serves (its accumulators per lane): MAX_BATCH
-// for the batched kernels, 1 for the matvec_mmvq_b1_* kernels of single-row passes, whose
-// code is a fraction of the size (the instruction fetch of a cold kernel shows in a decode
-// step of short launches). A row's arithmetic is the same for every NB.
-template <typename B, bool SMEM, int NB>
+// ---------------------------------------------------------------------------------------
+// The norm prologue. The engine's norm step (residual add, RMS factor, q8_1; NormRow in
+// common.cuh, shared with add_rmsnorm_q8_1_f32 in norm.cu) can run as the staging of a
+// single-row matvec: for a narrow model every block of the matvec computes its q8_1
+// activation row itself instead of copying it, which removes the launch that produced it.
+// The values are the same operations in the same order either way, so the blocks are the
+// same bits.
+
+// ---------------------------------------------------------------------------------------
+// Staging: what a thread block of the matvec puts into shared memory before its rows run.
+// `prefetch` runs before the PDL wait (weights only), the call after it. The copy stages
+// only when the launcher says the rows fit in shared memory (`x_smem`); a stage with
+// `always_smem` runs regardless, since the prologues exist only in the staged form.
+
+// The plain copy of the block's nbat activation rows (contiguous: nblocks blocks of 9 words).
+struct StageCopy {
+    static constexpr bool always_smem = false;
+    __device__ __forceinline__ void prefetch() {}
+    __device__ __forceinline__ void operator()(u32* dst, const block_q8_1* src, int nblocks) {
+        const u32* s = (const u32*)src;
+        const int words = nblocks * 9;
+        for (int i = threadIdx.x; i < words; i += blockDim.x) dst[i] = s[i];
+    }
+};
+
+// The norm step of one row (add_rmsnorm_q8_1_f32's register path), computed by every block.
+// Block 0 alone writes the side outputs: the updated residual to x_out (never x itself,
+// which the other blocks are still reading) and, in the fused tier (r_out set), r.
+template <int REG>
+struct StageNorm {
+    static constexpr bool always_smem = true;
+    const float *x, *delta, *g;
+    float *x_out, *r_out;
+    int cols;
+    float eps;
+    NormRow<REG> row;
+    __device__ __forceinline__ StageNorm(const float* x_, const float* delta_, const float* g_,
+                                         float* x_out_, float* r_out_, int cols_, float eps_)
+        : x(x_), delta(delta_), g(g_), x_out(x_out_), r_out(r_out_), cols(cols_), eps(eps_) {}
+    __device__ __forceinline__ void prefetch() { row.load_g(g, cols); }
+    __device__ __forceinline__ void operator()(u32* dst, const block_q8_1*, int) {
+        __shared__ float sh[32];
+        const bool first = blockIdx.x == 0;
+        const float r = row.add_rms(x, delta, first ? x_out : 0, cols, eps, sh);
+        row.quantize(r, r_out != 0, (block_q8_1*)dst, 0, cols);
+        if (first && r_out != 0 && threadIdx.x == 0) r_out[0] = r;
+    }
+};
+
+template <typename B, bool SMEM, int NB, typename Stage>
 __device__ __forceinline__ void mmvq(const B* w, const block_q8_1* x, float* y, int rows,
-                                     int nb, int batch, int canary_row) {
+                                     int nb, int batch, int canary_row, Stage& stage) {
     extern __shared__ u32 x_shared[];
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -81,15 +130,13 @@ __device__ __forceinline__ void mmvq(const B* w, const block_q8_1* x, float* y, 
         const int b = lane + 32 * u;
         if (b < nb_row) pre[u] = load_block(wr + b);
     }
+    stage.prefetch();
     PDL_ENTRY;
     const int b0 = blockIdx.y * NB;
     const int nbat = min(NB, batch - b0);
     const block_q8_1* xg = x + (size_t)b0 * nb;
     if (SMEM) {
-        // The nbat rows are contiguous: nbat * nb blocks of 9 words each.
-        const u32* src = (const u32*)xg;
-        const int words = nbat * nb * 9;
-        for (int i = threadIdx.x; i < words; i += blockDim.x) x_shared[i] = src[i];
+        stage(x_shared, xg, nbat * nb);
         __syncthreads();
     }
     if (!live) return;
@@ -117,14 +164,16 @@ __device__ __forceinline__ void mmvq(const B* w, const block_q8_1* x, float* y, 
 }
 
 // The entry points: the shared-memory or the global-memory activations, as the launcher
-// decided (it sizes the dynamic shared memory only when they fit).
-template <typename B, int NB>
+// decided (it sizes the dynamic shared memory only when they fit); a prologue stage is
+// always staged.
+template <typename B, int NB, typename Stage = StageCopy>
 __device__ __forceinline__ void mmvq_entry(const B* w, const block_q8_1* x, float* y, int rows,
-                                           int nb, int batch, int canary_row, int x_smem) {
-    if (x_smem)
-        mmvq<B, true, NB>(w, x, y, rows, nb, batch, canary_row);
+                                           int nb, int batch, int canary_row, int x_smem,
+                                           Stage stage = Stage()) {
+    if (Stage::always_smem || x_smem)
+        mmvq<B, true, NB>(w, x, y, rows, nb, batch, canary_row, stage);
     else
-        mmvq<B, false, NB>(w, x, y, rows, nb, batch, canary_row);
+        mmvq<B, false, NB>(w, x, y, rows, nb, batch, canary_row, stage);
 }
 
 extern "C" __global__ void matvec_mmvq_q4_0(const block_q4_0* w, const block_q8_1* x, float* y,
@@ -157,4 +206,338 @@ extern "C" __global__ void matvec_mmvq_b1_q8_0(const block_q8_0* w, const block_
                                             int rows, int nb, int batch, int canary_row,
                                             int x_smem) {
     mmvq_entry<block_q8_0, 1>(w, x, y, rows, nb, batch, canary_row, x_smem);
+}
+// Single-row passes whose activation row is computed by a prologue (see "Row prologues").
+// Norm: x (f32 row of nb * 32), delta (nullable), g; the updated residual goes to x_out and,
+// when r_out is set (fused tier), r to r_out[0] — both by block 0. The launcher keeps
+// nb * 32 <= NORM_REG_COLS and 256 threads per block.
+extern "C" __global__ void matvec_mmvq_b1_norm_q4_0(const block_q4_0* w, float* y, int rows,
+                                                   int nb, int canary_row, const float* x,
+                                                   const float* delta, const float* g,
+                                                   float* x_out, float* r_out, float eps) {
+    mmvq_entry<block_q4_0, 1>(w, 0, y, rows, nb, 1, canary_row, 1,
+                              StageNorm<NORM_REG>(x, delta, g, x_out, r_out, nb * QK, eps));
+}
+extern "C" __global__ void matvec_mmvq_b1_norm_q4_1(const block_q4_1* w, float* y, int rows,
+                                                   int nb, int canary_row, const float* x,
+                                                   const float* delta, const float* g,
+                                                   float* x_out, float* r_out, float eps) {
+    mmvq_entry<block_q4_1, 1>(w, 0, y, rows, nb, 1, canary_row, 1,
+                              StageNorm<NORM_REG>(x, delta, g, x_out, r_out, nb * QK, eps));
+}
+extern "C" __global__ void matvec_mmvq_b1_norm_q8_0(const block_q8_0* w, float* y, int rows,
+                                                   int nb, int canary_row, const float* x,
+                                                   const float* delta, const float* g,
+                                                   float* x_out, float* r_out, float eps) {
+    mmvq_entry<block_q8_0, 1>(w, 0, y, rows, nb, 1, canary_row, 1,
+                              StageNorm<NORM_REG>(x, delta, g, x_out, r_out, nb * QK, eps));
+}
+// ---------------------------------------------------------------------------------------------
+// The tensor-core batched form (batch > 1 on sm_80+): the same composition, bit for bit, as
+// the warp-per-row kernels above, with each block's integer sum taken from an int8 MMA.
+//
+// mma.m16n8k32.s8 multiplies a 16 x 32 weight tile (16 rows, one quant block each) by a
+// 32 x 8 activation tile (one q8_1 block of 8 batch rows): every product entry is exactly one
+// block's integer sum s (integers, so exact), the very value quarter_sum's dp4a chain gives.
+// The float side then has to repeat the warp kernel's order for each (row, batch row):
+//   * "lane" class c (0..31) accumulates, from 0.0f, contrib(block b) for b = c, c+32, ... in
+//     increasing b: here, per class, a register accumulator fed in the same order;
+//   * the xor butterfly then combines the 32 class values as the tree whose level o pairs
+//     c with c + o (o = 16, 8, 4, 2, 1). Visiting the classes in 5-bit bit-reversed order
+//     (0, 16, 8, 24, 4, ...) turns that tree into adjacent pairs: warp q of the block owns the
+//     eight classes at bit-reversed positions 8q..8q+7, folds them as ((l0+l1)+(l2+l3)) +
+//     ((l4+l5)+(l6+l7)), and the four warps' results meet as (S0+S1)+(S2+S3).
+// Float addition is commutative bit for bit, so the operand order inside each pair is free.
+//
+// Geometry: a block of 4 warps (128 threads) owns a tile of 16 weight rows x 16 batch rows;
+// grid (ceil(batch/16), ceil(rows/16)), batch tiles fastest so the blocks sharing a weight
+// tile run together and read it from L2. The weights and activations of 32 consecutive
+// blocks (one per class) are staged in shared memory per step with asynchronous copies, the
+// next step's while this one computes, the weights of the first step before the
+// programmatic-launch wait. Row strides are padded to 4 mod 32 words so that the fragment
+// loads of the 8 row groups fall in distinct banks.
+
+#define MMA_ROWS 16
+#define MMA_BATCH 16
+#define MMA_THREADS 128
+#define MMA_XS_WORDS (32 * 9 + 4)
+
+template <typename B>
+struct MmaTile {
+    static constexpr int raw_words = (32 * (int)sizeof(B) + 3) / 4;
+    static constexpr int row_words = raw_words + (36 - raw_words % 32) % 32;
+};
+
+// Weight fragments of one block for rows g (a0, a2) and g + 8 (a1, a3): elements 4t..4t+3
+// and 16+4t..16+4t+3 of the block, i.e. quarter t (see quarter_sum); the block's widened
+// scales (d, m; m = 0 where the type has none); its float composition.
+template <typename B>
+struct MmaOps;
+template <>
+struct MmaOps<block_q4_0> {
+    static __device__ __forceinline__ void frag(const u8* r0, const u8* r1, int t, int a[4]) {
+        const int v0 = load_i32_a2(r0 + 2 + 4 * t), v1 = load_i32_a2(r1 + 2 + 4 * t);
+        a[0] = v0 & 0x0F0F0F0F;
+        a[1] = v1 & 0x0F0F0F0F;
+        a[2] = (v0 >> 4) & 0x0F0F0F0F;
+        a[3] = (v1 >> 4) & 0x0F0F0F0F;
+    }
+    static __device__ __forceinline__ float2 scales(const u8* blk) {
+        return make_float2(h2f(*(const u16*)blk), 0.0f);
+    }
+    static __device__ __forceinline__ float contrib(float2 w, float2 x, float sf) {
+        return contrib_q4_0(w.x, w.y, x.x, x.y, sf);
+    }
+};
+template <>
+struct MmaOps<block_q4_1> {
+    static __device__ __forceinline__ void frag(const u8* r0, const u8* r1, int t, int a[4]) {
+        const int v0 = load_i32_a4(r0 + 4 + 4 * t), v1 = load_i32_a4(r1 + 4 + 4 * t);
+        a[0] = v0 & 0x0F0F0F0F;
+        a[1] = v1 & 0x0F0F0F0F;
+        a[2] = (v0 >> 4) & 0x0F0F0F0F;
+        a[3] = (v1 >> 4) & 0x0F0F0F0F;
+    }
+    static __device__ __forceinline__ float2 scales(const u8* blk) {
+        const u32 dm = *(const u32*)blk;
+        return make_float2(h2f((u16)dm), h2f((u16)(dm >> 16)));
+    }
+    static __device__ __forceinline__ float contrib(float2 w, float2 x, float sf) {
+        return contrib_q4_1(w.x, w.y, x.x, x.y, sf);
+    }
+};
+template <>
+struct MmaOps<block_q8_0> {
+    static __device__ __forceinline__ void frag(const u8* r0, const u8* r1, int t, int a[4]) {
+        a[0] = load_i32_a2(r0 + 2 + 4 * t);
+        a[1] = load_i32_a2(r1 + 2 + 4 * t);
+        a[2] = load_i32_a2(r0 + 18 + 4 * t);
+        a[3] = load_i32_a2(r1 + 18 + 4 * t);
+    }
+    static __device__ __forceinline__ float2 scales(const u8* blk) {
+        return make_float2(h2f(*(const u16*)blk), 0.0f);
+    }
+    static __device__ __forceinline__ float contrib(float2 w, float2 x, float sf) {
+        return contrib_q8_0(w.x, w.y, x.x, x.y, sf);
+    }
+};
+
+// sf = A (16 x 32 s8) x B (32 x 8 s8) as exact floats. The integer accumulator starts at
+// the bit pattern of 1.5 * 2^23, whose unit in the last place is 1, so for |s| < 2^22 (a
+// block's sum is at most 32 * 128 * 127 in magnitude) the result's bits read as a float are
+// exactly 1.5 * 2^23 + s, and one subtraction gives (float)s exactly: the same value as the
+// integer-to-float conversion, without the conversion's low issue rate.
+#define MMA_BIAS_BITS 0x4B400000
+__device__ __forceinline__ void mma_s8(float sf[4], const int a[4], int b0, int b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    int s[4];
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%10,%10,%10};"
+        : "=r"(s[0]), "=r"(s[1]), "=r"(s[2]), "=r"(s[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(MMA_BIAS_BITS));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sf[i] = __int_as_float(s[i]) - __int_as_float(MMA_BIAS_BITS);
+#else
+    __trap();  // the launcher picks this form only on sm_80 and newer
+#endif
+}
+
+// Copies n runs of `bytes` bytes (even), run i from src + i * src_stride bytes to
+// dst + i * dst_words words (dst rows are 16-byte aligned). When every run starts 4-aligned
+// the copies are asynchronous cp.async of the widest unit (16, 8 or 4 bytes) the addresses
+// allow, all in flight at once (the caller commits and waits for the group); otherwise (Q4_0
+// / Q8_0 rows of an odd block count) synchronous halfwords.
+// Warp w copies rows w, w + 4, ...; its lanes the row's units.
+template <int UNIT>
+__device__ __forceinline__ void mma_stage_async(u32* dst, int dst_words, const u8* src,
+                                                size_t src_stride, int n, int bytes) {
+    const int per = bytes / UNIT, lane = threadIdx.x & 31;
+    for (int r = threadIdx.x >> 5; r < n; r += MMA_THREADS / 32) {
+        const u32 d0 = (u32)__cvta_generic_to_shared(dst + (size_t)r * dst_words);
+        const u8* s0 = src + (size_t)r * src_stride;
+        for (int c = lane; c < per; c += 32) {
+            const u32 d = d0 + c * UNIT;
+            const u8* s = s0 + c * UNIT;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+            if (UNIT == 16)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(s)
+                             : "memory");
+            else if (UNIT == 8)
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(s)
+                             : "memory");
+            else
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(s)
+                             : "memory");
+#endif
+        }
+    }
+}
+
+__device__ __forceinline__ void mma_stage(u32* dst, int dst_words, const u8* src,
+                                          size_t src_stride, int n, int bytes) {
+    const size_t align = (size_t)src | src_stride | (size_t)bytes;
+    if ((align & 15) == 0) return mma_stage_async<16>(dst, dst_words, src, src_stride, n, bytes);
+    if ((align & 7) == 0) return mma_stage_async<8>(dst, dst_words, src, src_stride, n, bytes);
+    if ((align & 3) == 0) return mma_stage_async<4>(dst, dst_words, src, src_stride, n, bytes);
+    const int per = bytes >> 1, lane = threadIdx.x & 31;
+    for (int r = threadIdx.x >> 5; r < n; r += MMA_THREADS / 32)
+        for (int c = lane; c < per; c += 32)
+            ((u16*)(dst + (size_t)r * dst_words))[c] =
+                ((const u16*)(src + (size_t)r * src_stride))[c];
+}
+
+__device__ __forceinline__ void mma_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits until at most `pending` (0 or 1) committed groups of this thread are in flight.
+__device__ __forceinline__ void mma_wait(int pending) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (pending)
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
+    else
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
+// Shared memory: two buffers (the step being computed, the next being copied), each the
+// weight tile then the activation tile as copied, then one set of the step's scales widened
+// to f32 pairs (MMA_SC_STRIDE floats per row, so the eight row groups' loads take distinct
+// banks). The launcher sizes it (mma_smem_bytes in kernels/src/cuda.rs).
+#define MMA_SC_STRIDE (32 * 2 + 2)
+template <typename B>
+struct MmaSmem {
+    static constexpr int w_words = MMA_ROWS * MmaTile<B>::row_words;
+    static constexpr int buf_words = w_words + MMA_BATCH * MMA_XS_WORDS;
+    static constexpr int sc_words = (MMA_ROWS + MMA_BATCH) * MMA_SC_STRIDE;
+};
+
+template <typename B>
+__device__ __forceinline__ void mmvq_mma(const B* w, const block_q8_1* x, float* y, int rows,
+                                         int nb, int batch, int canary_row) {
+    constexpr int WW = MmaTile<B>::row_words;
+    extern __shared__ u32 mma_shared[];
+    float* wsc = (float*)(mma_shared + 2 * MmaSmem<B>::buf_words);  // [16 rows][32] (d, m)
+    float* xsc = wsc + MMA_ROWS * MMA_SC_STRIDE;                     // [16 rows][32] (d, s)
+    const int lane = threadIdx.x & 31, q = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * MMA_BATCH, r0 = blockIdx.y * MMA_ROWS;
+    const int nrows = min(MMA_ROWS, rows - r0), nbat = min(MMA_BATCH, batch - n0);
+    const int nb_r0 = r0 + g == canary_row ? nb - 1 : nb;
+    const int nb_r1 = r0 + g + 8 == canary_row ? nb - 1 : nb;
+    const u8* wt = (const u8*)(w + (size_t)r0 * nb);
+    const size_t wstride = (size_t)nb * sizeof(B);
+    const u8* xt = (const u8*)(x + (size_t)n0 * nb);
+    const size_t xstride = (size_t)nb * 36;
+
+    float acc[8][8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+#pragma unroll
+        for (int p = 0; p < 8; ++p) acc[k][p] = 0.0f;
+
+    // Step 0's weights are copied before the programmatic-launch wait (weights never
+    // change; the activations are the previous kernel's output).
+    mma_stage(mma_shared, WW, wt, wstride, nrows, min(32, nb) * (int)sizeof(B));
+    PDL_ENTRY;
+    mma_stage(mma_shared + MmaSmem<B>::w_words, MMA_XS_WORDS, xt, xstride, nbat,
+              min(32, nb) * 36);
+    mma_commit();
+    for (int j = 0, step = 0; j < nb; j += 32, ++step) {
+        const int nblk = min(32, nb - j);
+        const bool more = j + 32 < nb;
+        if (more) {
+            // The next step's copies go to the other buffer, whose last reader finished
+            // before the barrier that ended the previous step.
+            u32* nbuf = mma_shared + ((step + 1) & 1) * MmaSmem<B>::buf_words;
+            const int nn = min(32, nb - j - 32);
+            mma_stage(nbuf, WW, wt + (size_t)(j + 32) * sizeof(B), wstride, nrows,
+                      nn * (int)sizeof(B));
+            mma_stage(nbuf + MmaSmem<B>::w_words, MMA_XS_WORDS, xt + (size_t)(j + 32) * 36,
+                      xstride, nbat, nn * 36);
+            mma_commit();
+        }
+        mma_wait(more ? 1 : 0);
+        __syncthreads();
+        const u32* wsm = mma_shared + (step & 1) * MmaSmem<B>::buf_words;
+        const u32* xsm = wsm + MmaSmem<B>::w_words;
+        // Widen the step's scales once for the block (rows past the tile hold whatever
+        // the buffer held; their results are never stored).
+        for (int i = threadIdx.x; i < MMA_ROWS * 32; i += MMA_THREADS) {
+            const int r = i >> 5, c = i & 31;
+            *(float2*)(wsc + r * MMA_SC_STRIDE + 2 * c) =
+                MmaOps<B>::scales((const u8*)(wsm + r * WW) + c * sizeof(B));
+            const u32 ds = xsm[r * MMA_XS_WORDS + 9 * c];
+            *(float2*)(xsc + r * MMA_SC_STRIDE + 2 * c) =
+                make_float2(h2f((u16)ds), h2f((u16)(ds >> 16)));
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const int c = (int)(__brev((u32)(8 * q + k)) >> 27);
+            if (c >= nblk) continue;  // the same for the whole warp
+            int a[4];
+            MmaOps<B>::frag((const u8*)(wsm + g * WW) + c * sizeof(B),
+                            (const u8*)(wsm + (g + 8) * WW) + c * sizeof(B), t, a);
+            const float2 w0 = *(const float2*)(wsc + g * MMA_SC_STRIDE + 2 * c);
+            const float2 w1 = *(const float2*)(wsc + (g + 8) * MMA_SC_STRIDE + 2 * c);
+            const bool live0 = j + c < nb_r0, live1 = j + c < nb_r1;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const u32* xb = xsm + (8 * h + g) * MMA_XS_WORDS + 9 * c;
+                float sf[4];
+                mma_s8(sf, a, (int)xb[1 + t], (int)xb[5 + t]);
+                const float2 x0 = *(const float2*)(xsc + (8 * h + 2 * t) * MMA_SC_STRIDE + 2 * c);
+                const float2 x1 =
+                    *(const float2*)(xsc + (8 * h + 2 * t + 1) * MMA_SC_STRIDE + 2 * c);
+                if (live0) {
+                    acc[k][4 * h + 0] += MmaOps<B>::contrib(w0, x0, sf[0]);
+                    acc[k][4 * h + 1] += MmaOps<B>::contrib(w0, x1, sf[1]);
+                }
+                if (live1) {
+                    acc[k][4 * h + 2] += MmaOps<B>::contrib(w1, x0, sf[2]);
+                    acc[k][4 * h + 3] += MmaOps<B>::contrib(w1, x1, sf[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    // The warp's subtree, then the four subtrees through shared memory.
+    float* red = (float*)mma_shared;  // [4 warps][8 pairs][32 lanes]
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+        const float v = ((acc[0][p] + acc[1][p]) + (acc[2][p] + acc[3][p])) +
+                        ((acc[4][p] + acc[5][p]) + (acc[6][p] + acc[7][p]));
+        red[(q * 8 + p) * 32 + lane] = v;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        const int p = 2 * q + u;
+        const float v = (red[p * 32 + lane] + red[(8 + p) * 32 + lane]) +
+                        (red[(16 + p) * 32 + lane] + red[(24 + p) * 32 + lane]);
+        // Pair p: batch half h = p / 4, entry e = p % 4 of the mma result.
+        const int h = p >> 2, e = p & 3;
+        const int n = 8 * h + 2 * t + (e & 1), r = g + 8 * (e >> 1);
+        if (n < nbat && r < nrows) y[(size_t)(n0 + n) * rows + r0 + r] = v;
+    }
+}
+
+extern "C" __global__ void matvec_mmvq_mma_q4_0(const block_q4_0* w, const block_q8_1* x,
+                                                float* y, int rows, int nb, int batch,
+                                                int canary_row) {
+    mmvq_mma<block_q4_0>(w, x, y, rows, nb, batch, canary_row);
+}
+extern "C" __global__ void matvec_mmvq_mma_q4_1(const block_q4_1* w, const block_q8_1* x,
+                                                float* y, int rows, int nb, int batch,
+                                                int canary_row) {
+    mmvq_mma<block_q4_1>(w, x, y, rows, nb, batch, canary_row);
+}
+extern "C" __global__ void matvec_mmvq_mma_q8_0(const block_q8_0* w, const block_q8_1* x,
+                                                float* y, int rows, int nb, int batch,
+                                                int canary_row) {
+    mmvq_mma<block_q8_0>(w, x, y, rows, nb, batch, canary_row);
 }

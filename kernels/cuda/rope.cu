@@ -32,7 +32,10 @@ extern "C" __global__ void rope_f32(float* x, const float* table, const float* p
 // pointers (k_cache[b], v_cache[b]) so one launch serves rows of different sequences and a
 // captured graph replays with new positions. Pair j of q (or k) sits at offset 2j of its row,
 // whatever its head. The arithmetic is rope_f32's and kv_store_f32's (twin::rope, then
-// twin::kv_store with no scale for k and the post-scale for v).
+// twin::kv_store with no scale for k and the post-scale for v). Decode passes (every row its
+// own sequence) skip this launch: attention_rope_*_rows_f32 in attention.cu do the same
+// arithmetic inside the attention kernel; prompt passes, whose rows read the slots earlier
+// rows of the same launch write, keep it.
 extern "C" __global__ void rope_store_rows_f32(float* q, int q_stride, const float* k,
                                                int k_stride, const float* v, int v_stride,
                                                const u64* k_cache, const u64* v_cache,

@@ -12,7 +12,10 @@ __device__ __forceinline__ bool beats(float v, u32 i, float bv, u32 bi) {
     return v > bv || (v == bv && i < bi);
 }
 
-__device__ __forceinline__ u32 block_argmax(const float* row, int n, float* shv, u32* shi) {
+// The block's best (value, index) over row[i] for i in [0, n), indices reported as base + i;
+// (NaN, 0xffffffff) when n = 0. Every thread gets the result.
+__device__ __forceinline__ void block_argmax_pair(const float* row, int n, u32 base, float* shv,
+                                                  u32* shi, float* v_out, u32* i_out) {
     float bv = __int_as_float(0x7fc00000);
     u32 bi = 0xffffffffu;
     // Unrolled so several loads are in flight; the (value, index) order is total, so the
@@ -20,7 +23,7 @@ __device__ __forceinline__ u32 block_argmax(const float* row, int n, float* shv,
 #pragma unroll 8
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const float v = row[i];
-        if (beats(v, (u32)i, bv, bi)) { bv = v; bi = (u32)i; }
+        if (beats(v, base + (u32)i, bv, bi)) { bv = v; bi = base + (u32)i; }
     }
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
@@ -34,18 +37,71 @@ __device__ __forceinline__ u32 block_argmax(const float* row, int n, float* shv,
     if (threadIdx.x == 0) {
         for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
             if (beats(shv[w], shi[w], bv, bi)) { bv = shv[w]; bi = shi[w]; }
-        shi[0] = bi == 0xffffffffu ? 0 : bi;
+        shv[0] = bv;
+        shi[0] = bi;
     }
     __syncthreads();
-    return shi[0];
+    *v_out = shv[0];
+    *i_out = shi[0];
 }
 
-extern "C" __global__ void argmax_f32(const float* logits, u32* out, int n) {
+__device__ __forceinline__ u32 block_argmax(const float* row, int n, float* shv, u32* shi) {
+    float v;
+    u32 i;
+    block_argmax_pair(row, n, 0, shv, shi, &v, &i);
+    return i == 0xffffffffu ? 0 : i;
+}
+
+// Grid (chunks, batch): block c of row b finds the best of elements [c * ARGMAX_CHUNK, ...)
+// and stores it in the row's partials; the block that finishes last (counted in the row's
+// counter) takes the best of the partials, writes the token and resets the counter for the
+// next launch. The (value, index) order is total, so the token is the one a single pass over
+// the row picks. scratch per row: [counter, chunk values (as bits), chunk indices].
+#define ARGMAX_THREADS 256
+#define ARGMAX_CHUNK (ARGMAX_THREADS * 8)
+extern "C" __global__ void argmax_f32(const float* logits, u32* out, u32* scratch, int n) {
     PDL_ENTRY;
     __shared__ float shv[32];
     __shared__ u32 shi[32];
-    const u32 r = block_argmax(logits + (size_t)blockIdx.x * n, n, shv, shi);
-    if (threadIdx.x == 0) out[blockIdx.x] = r;
+    __shared__ bool last;
+    const int c = blockIdx.x, nch = gridDim.x, b = blockIdx.y;
+    const int lo = c * ARGMAX_CHUNK, len = min(ARGMAX_CHUNK, n - lo);
+    u32* counter = scratch + (size_t)b * (1 + 2 * nch);
+    u32* pv = counter + 1;
+    u32* pi = pv + nch;
+    float v;
+    u32 i;
+    block_argmax_pair(logits + (size_t)b * n + lo, len, (u32)lo, shv, shi, &v, &i);
+    if (threadIdx.x == 0) {
+        pv[c] = __float_as_uint(v);
+        pi[c] = i;
+        __threadfence();
+        last = atomicAdd(counter, 1u) == (u32)(nch - 1);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float bv = __int_as_float(0x7fc00000);
+    u32 bi = 0xffffffffu;
+    for (int k = threadIdx.x; k < nch; k += blockDim.x) {
+        const float kv = __uint_as_float(__ldcg(pv + k));
+        const u32 ki = __ldcg(pi + k);
+        if (beats(kv, ki, bv, bi)) { bv = kv; bi = ki; }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (beats(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) { shv[warp] = bv; shi[warp] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
+            if (beats(shv[w], shi[w], bv, bi)) { bv = shv[w]; bi = shi[w]; }
+        out[b] = bi == 0xffffffffu ? 0 : bi;
+        *counter = 0;
+    }
 }
 
 __device__ __forceinline__ void philox4x32_10(u32 c[4], u32 k0, u32 k1) {

@@ -57,6 +57,32 @@ pub fn probe() -> Result<(i32, i32), KernelError> {
 
 /// Rows (warps) per thread block of the mmvq matvec.
 const MMVQ_ROWS: u32 = 8;
+/// The tensor-core batched mmvq tile (matvec_mmvq.cu): weight rows and batch rows per block,
+/// and its threads (one warp per quarter of the 32 lane classes).
+const MMA_ROWS: usize = 16;
+const MMA_BATCH: usize = 16;
+const MMA_THREADS: u32 = 128;
+/// argmax_f32 (sample.cu): threads per block and elements per block.
+const ARGMAX_THREADS: u32 = 256;
+const ARGMAX_CHUNK: usize = ARGMAX_THREADS as usize * 8;
+
+/// Words of scratch [`Gpu::argmax`] needs for `batch` rows of `n` logits: per row a counter
+/// and each chunk's best value and index.
+pub fn argmax_scratch_len(batch: usize, n: usize) -> usize {
+    batch * (1 + 2 * n.div_ceil(ARGMAX_CHUNK))
+}
+
+/// Dynamic shared memory of the tensor-core batched mmvq kernel for weight blocks of
+/// `block_bytes`: two buffers, each 16 weight rows of 32 blocks and 16 activation rows of 32
+/// q8_1 blocks, rows padded to 4 mod 32 words, then the widened scales of 16 + 16 rows of 32
+/// blocks, rows padded to 66 floats (`MmaTile` and `MmaSmem` in matvec_mmvq.cu).
+fn mma_smem_bytes(block_bytes: usize) -> usize {
+    let padded = |raw: usize| raw + (36 - raw % 32) % 32;
+    let w_words = MMA_ROWS * padded((32 * block_bytes).div_ceil(4));
+    let x_words = MMA_BATCH * (32 * 9 + 4);
+    let scale_words = (MMA_ROWS + MMA_BATCH) * (32 * 2 + 2);
+    (2 * (w_words + x_words) + scale_words) * 4
+}
 
 /// Dynamic shared memory a launch may use without opting in.
 const DEFAULT_DYNAMIC_SMEM: usize = 48 * 1024;
@@ -81,6 +107,12 @@ pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     arch: &'static str,
+    /// Whether batched mmvq matvecs take the int8 tensor-core form: the device has the MMA
+    /// (sm_80 and newer) and `MEMRA_MMA=0` did not switch it off when the device was opened.
+    /// A performance switch only, like `pdl`: both forms compute the same bits.
+    int8_mma: std::sync::atomic::AtomicBool,
+    /// Whether the device has the int8 MMA at all.
+    has_int8_mma: bool,
     name: String,
     nvrtc: (i32, i32),
     cache: Option<PtxCache>,
@@ -156,6 +188,10 @@ impl Gpu {
             ctx,
             stream,
             arch,
+            int8_mma: std::sync::atomic::AtomicBool::new(
+                major >= 8 && std::env::var("MEMRA_MMA").map_or(true, |v| v.trim() != "0"),
+            ),
+            has_int8_mma: major >= 8,
             name,
             nvrtc,
             cache: compile::cache_dir().map(PtxCache::new),
@@ -167,6 +203,20 @@ impl Gpu {
             smem_optin,
             opted_in: Mutex::new(HashSet::new()),
         })
+    }
+
+    /// Switches the tensor-core form of batched mmvq matvecs on (where the device has the
+    /// int8 MMA) or off; kernel-check runs both forms. Returns whether it is on.
+    pub fn set_int8_mma(&self, on: bool) -> bool {
+        let on = on && self.has_int8_mma;
+        self.int8_mma
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        on
+    }
+
+    /// Whether batched mmvq matvecs take the tensor-core form now.
+    pub fn int8_mma(&self) -> bool {
+        self.int8_mma.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Test-only plumbing defect for gate canaries: every quantized matvec drops the last
@@ -383,6 +433,26 @@ impl Gpu {
         Ok(())
     }
 
+    /// The kernels of `family` for (Q4_0, Q4_1, Q8_0) weights: a single row takes the one-row
+    /// kernels (smaller code, the same arithmetic), several the batched ones, `mma` their
+    /// tensor-core form.
+    fn matvec_names(&self, family: MatvecFamily, batch: usize, mma: bool) -> [&'static str; 3] {
+        match family {
+            MatvecFamily::Mmvq if batch == 1 => [
+                "matvec_mmvq_b1_q4_0",
+                "matvec_mmvq_b1_q4_1",
+                "matvec_mmvq_b1_q8_0",
+            ],
+            MatvecFamily::Mmvq if mma => [
+                "matvec_mmvq_mma_q4_0",
+                "matvec_mmvq_mma_q4_1",
+                "matvec_mmvq_mma_q8_0",
+            ],
+            MatvecFamily::Mmvq => ["matvec_mmvq_q4_0", "matvec_mmvq_q4_1", "matvec_mmvq_q8_0"],
+            MatvecFamily::Dp4a => ["matvec_dp4a_q4_0", "matvec_dp4a_q4_1", "matvec_dp4a_q8_0"],
+        }
+    }
+
     /// Quantized matvec of `family`: `y[b] = W · x[b]` for `batch` q8_1 rows (`y`: `batch *
     /// rows`, row after row). Every batch row has the B = 1 arithmetic.
     #[allow(clippy::too_many_arguments)]
@@ -396,25 +466,31 @@ impl Gpu {
         batch: usize,
         y: &mut CudaSlice<f32>,
     ) -> Result<(), KernelError> {
-        let (src, names) = match family {
-            // A single row takes the one-row kernels (smaller code, the same arithmetic).
-            MatvecFamily::Mmvq if batch == 1 => (
-                &sources::MATVEC_MMVQ,
-                [
-                    "matvec_mmvq_b1_q4_0",
-                    "matvec_mmvq_b1_q4_1",
-                    "matvec_mmvq_b1_q8_0",
-                ],
-            ),
-            MatvecFamily::Mmvq => (
-                &sources::MATVEC_MMVQ,
-                ["matvec_mmvq_q4_0", "matvec_mmvq_q4_1", "matvec_mmvq_q8_0"],
-            ),
-            MatvecFamily::Dp4a => (
-                &sources::MATVEC_DP4A,
-                ["matvec_dp4a_q4_0", "matvec_dp4a_q4_1", "matvec_dp4a_q8_0"],
-            ),
+        // Several rows on a device with int8 MMA take the tensor-core form: the same
+        // composition, bit for bit (matvec_mmvq.cu says how), at a fraction of the
+        // instructions per weight block. It needs its shared memory; without it the warp
+        // form runs.
+        let (ty, block_bytes) = match w {
+            DeviceWeights::Q4_0(_) => (0, std::mem::size_of::<BlockQ4_0>()),
+            DeviceWeights::Q4_1(_) => (1, std::mem::size_of::<BlockQ4_1>()),
+            DeviceWeights::Q8_0(_) => (2, std::mem::size_of::<BlockQ8_0>()),
+            _ => (0, 0),
         };
+        let mma_bytes = mma_smem_bytes(block_bytes);
+        let mut mma =
+            family == MatvecFamily::Mmvq && batch > 1 && block_bytes > 0 && self.int8_mma();
+        if mma {
+            let k = self.matvec_names(family, batch, true)[ty];
+            let f = self.func(&sources::MATVEC_MMVQ, k)?;
+            mma = self.allow_dynamic_smem(k, &f, mma_bytes);
+        }
+        let (src, names) = (
+            match family {
+                MatvecFamily::Mmvq => &sources::MATVEC_MMVQ,
+                MatvecFamily::Dp4a => &sources::MATVEC_DP4A,
+            },
+            self.matvec_names(family, batch, mma),
+        );
         let (k, wlen) = match w {
             DeviceWeights::Q4_0(s) => (names[0], s.len()),
             DeviceWeights::Q4_1(s) => (names[1], s.len()),
@@ -449,8 +525,18 @@ impl Gpu {
         // mmvq stages the group's activation rows in shared memory when they fit the
         // opt-in limit (see matvec_mmvq.cu); otherwise it reads them from global memory.
         let x_bytes = batch.min(8) * nb * std::mem::size_of::<BlockQ8_1>();
-        let x_smem = family == MatvecFamily::Mmvq && self.allow_dynamic_smem(k, &f, x_bytes);
+        let x_smem =
+            family == MatvecFamily::Mmvq && !mma && self.allow_dynamic_smem(k, &f, x_bytes);
         let cfg = match family {
+            _ if mma => LaunchConfig {
+                grid_dim: (
+                    batch.div_ceil(MMA_BATCH) as u32,
+                    rows.div_ceil(MMA_ROWS) as u32,
+                    1,
+                ),
+                block_dim: (MMA_THREADS, 1, 1),
+                shared_mem_bytes: mma_bytes as u32,
+            },
             MatvecFamily::Mmvq => LaunchConfig {
                 grid_dim: ((rows as u32).div_ceil(MMVQ_ROWS), groups, 1),
                 block_dim: (32 * MMVQ_ROWS, 1, 1),
@@ -470,7 +556,7 @@ impl Gpu {
             _ => unreachable!("float weights returned above"),
         };
         b.arg(x).arg(y).arg(&r).arg(&n).arg(&bt).arg(&canary);
-        if family == MatvecFamily::Mmvq {
+        if family == MatvecFamily::Mmvq && !mma {
             b.arg(&i32::from(x_smem));
         }
         // SAFETY: the kernel reads rows*nb weight blocks, batch*nb activation blocks and writes
@@ -827,27 +913,38 @@ impl Gpu {
         Ok(())
     }
 
-    /// Argmax of `batch` rows of `n` logits into `out` (ties to the lowest index).
+    /// Greedy pick of `batch` rows of `n` logits into `out`: the largest value, ties to the
+    /// lower index, NaN never winning. `scratch` holds [`argmax_scratch_len`] words, zeroed
+    /// when allocated; every launch leaves it zeroed again (its counters).
     pub fn argmax(
         &self,
         logits: &CudaSlice<f32>,
         out: &mut CudaSlice<u32>,
+        scratch: &mut CudaSlice<u32>,
         batch: usize,
         n: usize,
     ) -> Result<(), KernelError> {
         const K: &str = "argmax_f32";
+        if n == 0 || batch == 0 {
+            return Err(shape(
+                K,
+                format!("batch = {batch} and n = {n} must be positive"),
+            ));
+        }
         need(K, "logits", logits.len(), batch * n)?;
         need(K, "out", out.len(), batch)?;
+        need(K, "scratch", scratch.len(), argmax_scratch_len(batch, n))?;
         let ni = int(K, "n", n)?;
         let f = self.func(&sources::SAMPLE, K)?;
         let cfg = LaunchConfig {
-            grid_dim: (batch as u32, 1, 1),
-            block_dim: (1024, 1, 1),
+            grid_dim: (n.div_ceil(ARGMAX_CHUNK) as u32, batch as u32, 1),
+            block_dim: (ARGMAX_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut b = self.launcher(&f);
-        b.arg(logits).arg(out).arg(&ni);
-        // SAFETY: batch rows of n logits and batch outputs, checked above.
+        b.arg(logits).arg(out).arg(scratch).arg(&ni);
+        // SAFETY: batch rows of n logits, batch outputs and the scratch's per-row counter and
+        // chunk partials, all checked above.
         unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
         Ok(())
     }
@@ -938,5 +1035,31 @@ impl Gpu {
         unsafe { b.launch(Self::ew_cfg(n)) }
             .map_err(KernelError::driver(format!("launching {K}")))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The launchers' tile constants and buffer sizes agree with the kernels'.
+    #[test]
+    fn tile_constants_match_the_kernel_sources() {
+        let text = sources::MATVEC_MMVQ.text;
+        assert!(text.contains(&format!("#define MMA_ROWS {MMA_ROWS}\n")));
+        assert!(text.contains(&format!("#define MMA_BATCH {MMA_BATCH}\n")));
+        assert!(text.contains(&format!("#define MMA_THREADS {MMA_THREADS}\n")));
+        assert!(text.contains("#define MMA_XS_WORDS (32 * 9 + 4)\n"));
+        assert!(text.contains("#define MMA_SC_STRIDE (32 * 2 + 2)\n"));
+        let sample = sources::SAMPLE.text;
+        assert!(sample.contains(&format!("#define ARGMAX_THREADS {ARGMAX_THREADS}\n")));
+        assert!(sample.contains("#define ARGMAX_CHUNK (ARGMAX_THREADS * 8)\n"));
+        assert_eq!(argmax_scratch_len(2, 49152), 2 * (1 + 2 * 24));
+        // Q4_1 and Q4_0 rows pad to 164 words, Q8_0 rows to 292, activation rows are 292,
+        // and 32 rows of scales take 66 floats each.
+        let scales = 32 * 66 * 4;
+        assert_eq!(mma_smem_bytes(20), 2 * (16 * 164 + 16 * 292) * 4 + scales);
+        assert_eq!(mma_smem_bytes(18), 2 * (16 * 164 + 16 * 292) * 4 + scales);
+        assert_eq!(mma_smem_bytes(34), 2 * (16 * 292 + 16 * 292) * 4 + scales);
     }
 }

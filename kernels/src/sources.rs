@@ -85,8 +85,8 @@ mod tests {
         }
     }
 
-    /// Every kernel waits for its predecessor (PDL_ENTRY, directly or in the mmvq body that
-    /// mmvq_entry runs):
+    /// Every kernel waits for its predecessor (PDL_ENTRY, directly or in the mmvq bodies that
+    /// mmvq_entry and mmvq_mma run):
     /// one kernel without the wait would let the next one run ahead of a result it needs.
     #[test]
     fn every_kernel_waits_for_its_predecessor() {
@@ -94,7 +94,9 @@ mod tests {
             for body in src.text.split("extern \"C\" __global__ void ").skip(1) {
                 let name = body.split('(').next().unwrap_or("");
                 assert!(
-                    body.contains("PDL_ENTRY;") || body.contains("mmvq_entry<"),
+                    body.contains("PDL_ENTRY;")
+                        || body.contains("mmvq_entry<")
+                        || body.contains("mmvq_mma<"),
                     "{}: kernel {name} has no PDL_ENTRY",
                     src.file
                 );

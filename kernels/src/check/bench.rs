@@ -69,7 +69,7 @@ pub fn run(gpu: &Gpu) -> R<()> {
         (11008, 4096),
     ] {
         let nb = cols / QK;
-        let x: Vec<BlockQ8_1> = (0..8 * nb)
+        let x: Vec<BlockQ8_1> = (0..64 * nb)
             .map(|_| {
                 let mut qs = [0i8; QK];
                 qs.iter_mut().for_each(|q| *q = (rng.u32() % 255) as i8);
@@ -108,20 +108,34 @@ pub fn run(gpu: &Gpu) -> R<()> {
                 "q4_1" => DeviceWeights::Q4_1(&w41[i % copies]),
                 _ => DeviceWeights::Q8_0(&w80[i % copies]),
             };
-            for fam in [MatvecFamily::Mmvq, MatvecFamily::Dp4a] {
-                for batch in [1usize, 8] {
+            // The mmvq family's batched rows in both forms: the tensor-core one ("mma",
+            // where the device has it) and the warp-per-row one.
+            let initial_mma = gpu.int8_mma();
+            let forms = [
+                (MatvecFamily::Mmvq, true),
+                (MatvecFamily::Mmvq, false),
+                (MatvecFamily::Dp4a, false),
+            ];
+            for (fam, mma) in forms {
+                for batch in [1usize, 8, 64] {
+                    if mma && (batch == 1 || !gpu.set_int8_mma(true)) {
+                        continue;
+                    }
+                    gpu.set_int8_mma(mma);
                     let mut y = zeros::<f32>(gpu, batch * rows)?;
                     let us = time_us(gpu, |i| {
                         gpu.matvec(fam, weights(i), rows, cols, &dx, batch, &mut y)
                     })?;
                     println!(
-                        "| matvec_{}_{ty} | {rows}x{cols} | {batch} | {us:.2} | {:.0} | {} |",
+                        "| matvec_{}{}_{ty} | {rows}x{cols} | {batch} | {us:.2} | {:.0} | {} |",
                         fam.name(),
+                        if mma { "_mma" } else { "" },
                         bytes as f64 / us / 1e3,
                         (bytes * copies) >> 20
                     );
                 }
             }
+            gpu.set_int8_mma(initial_mma);
         }
     }
     for cols in [576usize, 4096] {
@@ -172,7 +186,10 @@ pub fn run(gpu: &Gpu) -> R<()> {
         .clone_htod(&(0..8u32).collect::<Vec<_>>())
         .map_err(KernelError::driver("copying seqs"))?;
     let step = zeros::<u32>(gpu, 8)?;
-    let us = time_us(gpu, |_| gpu.argmax(&logits, &mut tok, 1, vocab))?;
+    let mut scratch = zeros::<u32>(gpu, crate::cuda::argmax_scratch_len(1, vocab))?;
+    let us = time_us(gpu, |_| {
+        gpu.argmax(&logits, &mut tok, &mut scratch, 1, vocab)
+    })?;
     println!("| argmax_f32 | {vocab} | 1 | {us:.2} | | |");
     for (temp, top_p) in [(0.7f32, 1.0f32), (0.7, 0.9)] {
         let us = time_us(gpu, |_| {

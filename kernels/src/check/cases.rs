@@ -11,7 +11,7 @@ use half::{bf16, f16};
 
 use super::report::{CheckRow, compare_f32, compare_u32};
 use crate::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1, QK};
-use crate::cuda::{DeviceWeights, Gpu};
+use crate::cuda::{AttnRows, DeviceWeights, Gpu, RopeStoreArgs};
 use crate::error::KernelError;
 use crate::twin::{self, AttnShape, MatvecFamily, WeightRows};
 
@@ -216,15 +216,22 @@ fn q4_1_blocks(rng: &mut Rng, n: usize) -> Vec<BlockQ4_1> {
 
 /// Every quantized type, both families, batched and B = 1, at the real and ragged shapes.
 pub fn matvec(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
+    let initial_mma = gpu.int8_mma();
+    let out = matvec_forms(gpu, rng);
+    gpu.set_int8_mma(initial_mma);
+    out
+}
+
+fn matvec_forms(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
     let mut out = Vec::new();
     let geoms: [(usize, usize, &[usize]); 9] = [
         (576, 576, &[1, 3, 8, 64]),
         (1536, 576, &[1, 3, 8, 64]),
         (576, 1536, &[1, 3, 8, 64]),
         (49152, 576, &[1, 3, 8]),
-        (4096, 4096, &[1, 3]),
-        (11008, 4096, &[1, 3]),
-        (4096, 11008, &[1, 3, 8]),
+        (4096, 4096, &[1, 3, 16]),
+        (11008, 4096, &[1, 3, 64]),
+        (4096, 11008, &[1, 3, 8, 17]),
         (1003, 32 * 37, &[1, 3, 8, 64]),
         (5, 96, &[1, 3, 8, 64]),
     ];
@@ -257,8 +264,25 @@ pub fn matvec(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
             ("q8_0", WeightRows::Q8_0(&q80), DeviceWeights::Q8_0(&d80)),
         ];
         for (ty, hw, dw) in kinds {
-            for fam in [MatvecFamily::Mmvq, MatvecFamily::Dp4a] {
-                let kernel = format!("matvec_{}_{ty}", fam.name());
+            // The mmvq family's batched rows run in both forms where the device has the
+            // tensor-core one (its name carries "mma"); the warp form is the fallback of
+            // older devices and of MEMRA_MMA=0.
+            let forms: &[(MatvecFamily, bool)] = if gpu.set_int8_mma(true) {
+                &[
+                    (MatvecFamily::Mmvq, true),
+                    (MatvecFamily::Mmvq, false),
+                    (MatvecFamily::Dp4a, false),
+                ]
+            } else {
+                &[(MatvecFamily::Mmvq, false), (MatvecFamily::Dp4a, false)]
+            };
+            for &(fam, mma) in forms {
+                gpu.set_int8_mma(mma);
+                let kernel = if mma {
+                    format!("matvec_{}_mma_{ty}", fam.name())
+                } else {
+                    format!("matvec_{}_{ty}", fam.name())
+                };
                 let want = twin_batch(fam, hw, rows, cols, &xq, bmax);
                 let mut last = Vec::new();
                 for &b in batches {
@@ -436,6 +460,285 @@ pub fn attention(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
     Ok(out)
 }
 
+/// Which attention family a fused decode check runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Family {
+    Naive,
+    SplitK,
+}
+
+/// The device outputs of one decode attention (fused or unfused) over fresh copies of the
+/// caches: `out`, its q8_1 blocks and every row's K and V cache afterwards.
+struct DecodeOut {
+    out: Vec<f32>,
+    outq: Vec<BlockQ8_1>,
+    caches: Vec<f32>,
+}
+
+/// The inputs of one fused decode check: B rows of one qkv buffer, each with its own caches
+/// (filled for the positions before its own; its own slot holds NaN so that a kernel that
+/// reads it before writing it fails).
+struct DecodeCase {
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    positions: Vec<usize>,
+    qkv: Vec<f32>,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    table: Vec<f32>,
+    scales: Vec<f32>,
+}
+
+impl DecodeCase {
+    fn stride(&self) -> usize {
+        (self.nh + 2 * self.nkv) * self.hd
+    }
+    fn kvd(&self) -> usize {
+        self.nkv * self.hd
+    }
+
+    /// The twin composition of row b: `twin::rope` of q and k, `twin::kv_store` of k (no
+    /// scale) and v (the post-scale), then the family's attention twin. Returns the output
+    /// and the row's caches after the store.
+    fn twin_row(&self, b: usize, post: bool, family: Family) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let (nh, nkv, hd, p) = (self.nh, self.nkv, self.hd, self.positions[b]);
+        let (qd, kvd) = (nh * hd, self.kvd());
+        let row = &self.qkv[b * self.stride()..(b + 1) * self.stride()];
+        let s = post.then_some(self.scales[b]);
+        let mut q = row[..qd].to_vec();
+        let mut k = row[qd..qd + kvd].to_vec();
+        twin::rope(&mut q, p, &self.table, nh, hd, s).expect("shapes fit");
+        twin::rope(&mut k, p, &self.table, nkv, hd, s).expect("shapes fit");
+        let (mut kc, mut vc) = (self.k[b].clone(), self.v[b].clone());
+        twin::kv_store(&mut kc, p, &k, None).expect("shapes fit");
+        twin::kv_store(&mut vc, p, &row[qd + kvd..], s).expect("shapes fit");
+        let shape = AttnShape {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            n_tokens: p + 1,
+        };
+        let n = (p + 1) * kvd;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut out = vec![0.0; qd];
+        match family {
+            Family::Naive => twin::attention_naive(&q, &kc[..n], &vc[..n], &shape, scale, &mut out),
+            Family::SplitK => {
+                twin::attention_split_k(&q, &kc[..n], &vc[..n], &shape, scale, &mut out)
+            }
+        }
+        .expect("shapes fit");
+        (out, kc, vc)
+    }
+
+    /// Runs the fused kernel (`fused`) or `rope_store_rows` then the unfused kernel.
+    fn run(&self, gpu: &Gpu, post: bool, family: Family, fused: bool) -> R<DecodeOut> {
+        let (nh, hd, bt) = (self.nh, self.hd, self.positions.len());
+        let qd = nh * hd;
+        let g = RopeStoreArgs {
+            n_head: nh,
+            n_head_kv: self.nkv,
+            head_dim: hd,
+        };
+        let longest = self.positions.iter().max().map_or(1, |p| p + 1);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut dqkv = up(gpu, &self.qkv)?;
+        let dt = up(gpu, &self.table)?;
+        let ds = up(gpu, &self.scales)?;
+        let post_scale = post.then_some(&ds);
+        let dk = self.k.iter().map(|c| up(gpu, c)).collect::<R<Vec<_>>>()?;
+        let dv = self.v.iter().map(|c| up(gpu, c)).collect::<R<Vec<_>>>()?;
+        let kp: Vec<u64> = dk.iter().map(|c| gpu.address(c)).collect();
+        let vp: Vec<u64> = dv.iter().map(|c| gpu.address(c)).collect();
+        let pos: Vec<i32> = self.positions.iter().map(|&p| p as i32).collect();
+        let (dpos, dkp, dvp) = (up(gpu, &pos)?, up(gpu, &kp)?, up(gpu, &vp)?);
+        let rows = AttnRows {
+            pos: &dpos,
+            k_cache: &dkp,
+            v_cache: &dvp,
+            batch: bt,
+        };
+        let mut out = zeros::<f32>(gpu, bt * qd)?;
+        let mut outq = zeros::<BlockQ8_1>(gpu, bt * qd / QK)?;
+        if !fused {
+            gpu.rope_store_rows(&mut dqkv, &dt, post_scale, &rows, g)?;
+        }
+        match family {
+            Family::Naive => {
+                let mut scratch = zeros::<f32>(gpu, bt * nh * longest)?;
+                if fused {
+                    gpu.attention_rope_naive_rows(
+                        &dqkv,
+                        &dt,
+                        post_scale,
+                        &rows,
+                        &mut out,
+                        Some(&mut outq),
+                        &mut scratch,
+                        g,
+                        longest,
+                        scale,
+                    )?;
+                } else {
+                    gpu.attention_naive_rows(
+                        &dqkv,
+                        self.stride(),
+                        &rows,
+                        &mut out,
+                        Some(&mut outq),
+                        &mut scratch,
+                        g,
+                        longest,
+                        scale,
+                    )?;
+                }
+            }
+            Family::SplitK => {
+                // One chunk more than the longest row needs: the chunks past every row's
+                // length must exit without writing.
+                let chunks = longest.div_ceil(twin::SPLIT_K_CHUNK) + 1;
+                let mut po = zeros::<f32>(gpu, bt * nh * chunks * hd)?;
+                let mut pml = zeros::<f32>(gpu, bt * nh * chunks * 2)?;
+                if fused {
+                    gpu.attention_rope_split_k_rows(
+                        &dqkv,
+                        &dt,
+                        post_scale,
+                        &rows,
+                        &mut out,
+                        Some(&mut outq),
+                        &mut po,
+                        &mut pml,
+                        g,
+                        chunks,
+                        scale,
+                    )?;
+                } else {
+                    gpu.attention_split_k_rows(
+                        &dqkv,
+                        self.stride(),
+                        &rows,
+                        &mut out,
+                        Some(&mut outq),
+                        &mut po,
+                        &mut pml,
+                        g,
+                        chunks,
+                        scale,
+                    )?;
+                }
+            }
+        }
+        let mut caches = Vec::new();
+        for (k, v) in dk.iter().zip(&dv) {
+            caches.extend(down(gpu, k)?);
+            caches.extend(down(gpu, v)?);
+        }
+        Ok(DecodeOut {
+            out: down(gpu, &out)?,
+            outq: down(gpu, &outq)?,
+            caches,
+        })
+    }
+}
+
+/// The decode attention kernels that do the RoPE and KV store themselves
+/// (`attention_rope_naive_rows_f32`, `attention_rope_split_k_rows_f32`): against the twin
+/// composition (`twin::rope`, `twin::kv_store`, then the attention twin; tolerance as the
+/// attention checks, caches bitwise), and bit for bit against `rope_store_rows_f32`
+/// followed by the unfused rows kernel on the device (output, its q8_1 blocks, caches). Rows
+/// of one launch sit at different positions, up to several split-K chunks and past the
+/// naive kernel's shared score buffer (1024 tokens).
+pub fn attention_rope_rows(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
+    let mut out = Vec::new();
+    let tol = 2e-5;
+    let cases: [(usize, usize, usize, &[usize]); 4] = [
+        (9, 3, 64, &[0, 17, 64, 200, 1100]),
+        (9, 3, 64, &[9]),
+        (32, 32, 128, &[5, 65, 130]),
+        (32, 32, 128, &[63]),
+    ];
+    for (nh, nkv, hd, positions) in cases {
+        let kvd = nkv * hd;
+        let n_pos = 2048;
+        let caches = |rng: &mut Rng| -> Vec<Vec<f32>> {
+            positions
+                .iter()
+                .map(|&p| {
+                    let mut c = rng.vec((p + 1) * kvd, 1.0);
+                    c[p * kvd..].fill(f32::NAN);
+                    c
+                })
+                .collect()
+        };
+        let (k, v) = (caches(rng), caches(rng));
+        let case = DecodeCase {
+            nh,
+            nkv,
+            hd,
+            positions: positions.to_vec(),
+            qkv: rng.vec(positions.len() * (nh + 2 * nkv) * hd, 1.0),
+            k,
+            v,
+            table: twin::rope_table(hd, 10_000.0, n_pos),
+            scales: (0..positions.len()).map(|b| 0.6 + 0.2 * b as f32).collect(),
+        };
+        let pos_tag = positions
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join("+");
+        for family in [Family::Naive, Family::SplitK] {
+            for post in [false, true] {
+                let name = match family {
+                    Family::Naive => "attention_rope_naive_rows_f32",
+                    Family::SplitK => "attention_rope_split_k_rows_f32",
+                };
+                let tag = if post { "post-scale" } else { "plain" };
+                let at = format!("kernel-check/{name}/{nh}/{nkv}x{hd}/pos={pos_tag}/{tag}");
+                let fused = case.run(gpu, post, family, true)?;
+                let unfused = case.run(gpu, post, family, false)?;
+                let (mut want, mut want_caches) = (Vec::new(), Vec::new());
+                for b in 0..positions.len() {
+                    let (o, kc, vc) = case.twin_row(b, post, family);
+                    want.extend(o);
+                    want_caches.extend(kc);
+                    want_caches.extend(vc);
+                }
+                out.push(compare_f32(
+                    format!("{at}/vs-twin"),
+                    &want,
+                    &fused.out,
+                    hd,
+                    Some(tol),
+                ));
+                out.push(compare_f32(
+                    format!("{at}/kv-store-vs-twin"),
+                    &want_caches,
+                    &fused.caches,
+                    kvd,
+                    None,
+                ));
+                out.push(compare_f32(
+                    format!("{at}/vs-unfused"),
+                    &unfused.out,
+                    &fused.out,
+                    hd,
+                    None,
+                ));
+                out.push(compare_u32(
+                    format!("{at}/q8_1-vs-unfused"),
+                    &q8_words(&unfused.outq),
+                    &q8_words(&fused.outq),
+                    34,
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// SwiGLU (tolerance: SiLU's exp), residual add, scale and KV store (bitwise).
 pub fn elementwise(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
     let mut out = Vec::new();
@@ -527,14 +830,34 @@ pub fn sampling(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
     logits[3 * vocab..4 * vocab].fill(0.25);
     let dl = up(gpu, &logits)?;
     let mut dout = zeros::<u32>(gpu, batch)?;
-    gpu.argmax(&dl, &mut dout, batch, vocab)?;
+    let mut scratch = zeros::<u32>(gpu, crate::cuda::argmax_scratch_len(batch, vocab))?;
     let want: Vec<u32> = logits.chunks(vocab).map(twin::argmax).collect();
-    out.push(compare_u32(
-        format!("kernel-check/argmax_f32/{batch}x{vocab}"),
-        &want,
-        &down(gpu, &dout)?,
-        batch,
-    ));
+    // Twice over the same scratch: the second launch relies on the first leaving its
+    // counters at zero.
+    for pass in 1..=2 {
+        gpu.argmax(&dl, &mut dout, &mut scratch, batch, vocab)?;
+        out.push(compare_u32(
+            format!("kernel-check/argmax_f32/{batch}x{vocab}/launch-{pass}"),
+            &want,
+            &down(gpu, &dout)?,
+            batch,
+        ));
+    }
+    // Rows shorter than one chunk and ragged at the end, and the winner in the last chunk.
+    for n in [5usize, 2048 * 3 + 17] {
+        let mut l = rng.vec(batch * n, 3.0);
+        l[n - 1] = 90.0;
+        let dl = up(gpu, &l)?;
+        let mut scratch = zeros::<u32>(gpu, crate::cuda::argmax_scratch_len(batch, n))?;
+        gpu.argmax(&dl, &mut dout, &mut scratch, batch, n)?;
+        let want: Vec<u32> = l.chunks(n).map(twin::argmax).collect();
+        out.push(compare_u32(
+            format!("kernel-check/argmax_f32/{batch}x{n}"),
+            &want,
+            &down(gpu, &dout)?,
+            batch,
+        ));
+    }
 
     let kat: [([u32; 4], [u32; 2]); 3] = [
         ([0; 4], [0; 2]),
@@ -633,6 +956,225 @@ pub fn sampling(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
             &got,
             batch,
         ));
+    }
+    Ok(out)
+}
+
+/// Weights of every quantized type for `rows × nb` blocks (the shapes of [`matvec_forms`]).
+fn weights3(rng: &mut Rng, n: usize) -> (Vec<BlockQ4_0>, Vec<BlockQ4_1>, Vec<BlockQ8_0>) {
+    let q41 = q4_1_blocks(rng, n);
+    let q40 = q41.iter().map(|b| BlockQ4_0 { d: b.d, qs: b.qs }).collect();
+    let q80 = q41
+        .iter()
+        .map(|b| {
+            let mut qs = [0i8; QK];
+            qs.iter_mut().for_each(|q| *q = (rng.u32() % 255) as i8);
+            BlockQ8_0 {
+                d: f16::from_f32(b.d.to_f32() * 0.1),
+                qs,
+            }
+        })
+        .collect();
+    (q40, q41, q80)
+}
+
+/// The twins' norm step of one row: `v = x + delta` (when given), then q8_1 of
+/// `rmsnorm(v)` (separate tier, `r` None) or `rmsnorm_quantize_fused(v)` and its `r`.
+fn twin_norm_step(
+    x: &[f32],
+    delta: Option<&[f32]>,
+    g: &[f32],
+    fused: bool,
+) -> (Vec<f32>, Vec<BlockQ8_1>, Option<f32>) {
+    let mut v = x.to_vec();
+    if let Some(d) = delta {
+        twin::add(&mut v, d).expect("lengths fit");
+    }
+    if fused {
+        let mut q = quantize_host(&vec![0.0; v.len()]);
+        let r = twin::rmsnorm_quantize_fused(&v, g, 1e-5, &mut q).expect("lengths fit");
+        (v, q, Some(r))
+    } else {
+        let mut y = vec![0.0; v.len()];
+        twin::rmsnorm(&v, g, 1e-5, &mut y).expect("lengths fit");
+        (v, quantize_host(&y), None)
+    }
+}
+
+/// The norm step (`add_rmsnorm_q8_1_f32`, its wide form and its memory path) against the
+/// twins' add + rmsnorm + quantize composition, both tiers, 3 rows with a residual update.
+pub fn norm_step(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
+    let mut out = Vec::new();
+    let nrows = 3;
+    // 576 and 96: registers of the narrow kernel; 1184 and 4096: the wide kernel; 11008:
+    // the narrow kernel's memory path.
+    for cols in [576usize, 96, 32 * 37, 4096, 11008] {
+        let kernel = if cols > Gpu::NORM_PROLOGUE_MAX_COLS && cols <= Gpu::NORM_WIDE_MAX_COLS {
+            "add_rmsnorm_q8_1_wide_f32"
+        } else {
+            "add_rmsnorm_q8_1_f32"
+        };
+        let x = rng.vec(nrows * cols, 2.0);
+        let delta = rng.vec(nrows * cols, 0.5);
+        let g: Vec<f32> = (0..cols).map(|_| 1.0 + 0.3 * rng.f()).collect();
+        let (dd, dg) = (up(gpu, &delta)?, up(gpu, &g)?);
+        for fused in [false, true] {
+            let tier = if fused { "fused" } else { "separate" };
+            let geo = format!("{nrows}x{cols}/{tier}");
+            let mut dx = up(gpu, &x)?;
+            let mut dq = zeros::<BlockQ8_1>(gpu, nrows * cols / QK)?;
+            let mut dr = zeros::<f32>(gpu, nrows)?;
+            let mut dxf = zeros::<f32>(gpu, nrows * cols)?;
+            gpu.add_rmsnorm_q8_1(
+                &mut dx,
+                Some(&dd),
+                &dg,
+                Some(&mut dxf),
+                &mut dq,
+                fused.then_some(&mut dr),
+                nrows,
+                cols,
+                1e-5,
+            )?;
+            let (mut wv, mut wq, mut wr) = (Vec::new(), Vec::new(), Vec::new());
+            for r in 0..nrows {
+                let span = r * cols..(r + 1) * cols;
+                let (v, q, rf) = twin_norm_step(&x[span.clone()], Some(&delta[span]), &g, fused);
+                wv.extend(v);
+                wq.extend(q);
+                wr.extend(rf);
+            }
+            out.push(compare_f32(
+                format!("kernel-check/{kernel}/x/{geo}"),
+                &wv,
+                &down(gpu, &dx)?,
+                cols,
+                None,
+            ));
+            out.push(compare_u32(
+                format!("kernel-check/{kernel}/q/{geo}"),
+                &q8_words(&wq),
+                &q8_words(&down(gpu, &dq)?),
+                34,
+            ));
+            if fused {
+                out.push(compare_f32(
+                    format!("kernel-check/{kernel}/r/{geo}"),
+                    &wr,
+                    &down(gpu, &dr)?,
+                    1,
+                    None,
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The single-row matvecs with a norm prologue, bit for bit against the launches they
+/// replace (the standalone norm step, then the single-row matvec) and against the twins'
+/// composition: at the SmolLM2 shapes (576 → 960 qkv, 3072 gate/up, 49152 head) and a ragged
+/// one, both tiers, with and without a pending residual update.
+pub fn row_prologues(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
+    let mut out = Vec::new();
+    for (rows, cols) in [
+        (960usize, 576usize),
+        (3072, 576),
+        (49152, 576),
+        (1003, 32 * 23),
+    ] {
+        let nb = cols / QK;
+        let (q40, q41, q80) = weights3(rng, rows * nb);
+        let (d40, d41, d80) = (up(gpu, &q40)?, up(gpu, &q41)?, up(gpu, &q80)?);
+        let x = rng.vec(cols, 2.0);
+        let delta = rng.vec(cols, 0.5);
+        let g: Vec<f32> = (0..cols).map(|_| 1.0 + 0.3 * rng.f()).collect();
+        let (dd, dg) = (up(gpu, &delta)?, up(gpu, &g)?);
+        let kinds = [
+            ("q4_0", WeightRows::Q4_0(&q40), DeviceWeights::Q4_0(&d40)),
+            ("q4_1", WeightRows::Q4_1(&q41), DeviceWeights::Q4_1(&d41)),
+            ("q8_0", WeightRows::Q8_0(&q80), DeviceWeights::Q8_0(&d80)),
+        ];
+        for (ty, hw, dw) in kinds {
+            for fused in [false, true] {
+                for with_delta in [false, true] {
+                    let geo = format!(
+                        "{rows}x{cols}/{}/delta={}",
+                        if fused { "fused" } else { "separate" },
+                        if with_delta { "set" } else { "null" }
+                    );
+                    let name = format!("kernel-check/matvec_mmvq_b1_norm_{ty}/{geo}");
+                    let dl = with_delta.then_some(&dd);
+                    // The launches the prologue replaces.
+                    let mut sx = up(gpu, &x)?;
+                    let mut sq = zeros::<BlockQ8_1>(gpu, nb)?;
+                    let mut sr = zeros::<f32>(gpu, 1)?;
+                    gpu.add_rmsnorm_q8_1(
+                        &mut sx,
+                        dl,
+                        &dg,
+                        None,
+                        &mut sq,
+                        fused.then_some(&mut sr),
+                        1,
+                        cols,
+                        1e-5,
+                    )?;
+                    let mut sy = zeros::<f32>(gpu, rows)?;
+                    gpu.matvec(MatvecFamily::Mmvq, dw, rows, cols, &sq, 1, &mut sy)?;
+                    // The prologue.
+                    let dx = up(gpu, &x)?;
+                    let mut px = zeros::<f32>(gpu, cols)?;
+                    let mut pr = zeros::<f32>(gpu, 1)?;
+                    let mut py = zeros::<f32>(gpu, rows)?;
+                    gpu.matvec_norm_b1(
+                        dw,
+                        rows,
+                        cols,
+                        &dx,
+                        dl,
+                        &dg,
+                        1e-5,
+                        &mut px,
+                        fused.then_some(&mut pr),
+                        &mut py,
+                    )?;
+                    let got = down(gpu, &py)?;
+                    out.push(compare_f32(
+                        format!("{name}/y==separate-launches"),
+                        &down(gpu, &sy)?,
+                        &got,
+                        rows,
+                        None,
+                    ));
+                    let (v, q, r) = twin_norm_step(&x, with_delta.then_some(&delta[..]), &g, fused);
+                    let want = twin_batch(MatvecFamily::Mmvq, hw, rows, cols, &q, 1);
+                    out.push(compare_f32(
+                        format!("{name}/y==twins"),
+                        &want,
+                        &got,
+                        rows,
+                        None,
+                    ));
+                    out.push(compare_f32(
+                        format!("{name}/x_out==twin-add"),
+                        &v,
+                        &down(gpu, &px)?,
+                        cols,
+                        None,
+                    ));
+                    if let Some(r) = r {
+                        out.push(compare_f32(
+                            format!("{name}/r==twin"),
+                            &[r],
+                            &down(gpu, &pr)?,
+                            1,
+                            None,
+                        ));
+                    }
+                }
+            }
+        }
     }
     Ok(out)
 }

@@ -1,6 +1,8 @@
 //! Launchers of the engine's batched-row kernels: token embedding, the residual add fused
 //! with the norm and the q8_1 quantization, RoPE fused with the KV-cache store, SwiGLU fused
-//! with the quantization, and the attention families over per-row cache pointers.
+//! with the quantization, and the attention families over per-row cache pointers (with a
+//! decode form of each that does the RoPE and KV store itself). The single-row matvecs that
+//! compute the norm step themselves as a prologue are launched here too.
 //!
 //! These kernels exist so that one decode step is few launches and so that everything that
 //! changes from step to step (tokens, positions, lengths) is read from device memory: a CUDA
@@ -12,7 +14,7 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
-use super::{DeviceWeights, EW_THREADS, Gpu, int, need, shape};
+use super::{DeviceWeights, EW_THREADS, Gpu, MMVQ_ROWS, int, need, shape};
 use crate::blocks::{BlockQ8_1, QK};
 use crate::error::KernelError;
 use crate::sources;
@@ -45,6 +47,17 @@ impl RopeStoreArgs {
     }
     fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+
+    /// Whether the attention kernels can do the RoPE and KV store themselves
+    /// ([`Gpu::attention_rope_naive_rows`], [`Gpu::attention_rope_split_k_rows`]): an even
+    /// head of at most 256 values and whole groups of query heads per KV head.
+    pub fn rope_fusable(&self) -> bool {
+        self.head_dim > 0
+            && self.head_dim.is_multiple_of(2)
+            && self.head_dim <= FUSED_ATTN_MAX_HEAD_DIM
+            && self.n_head_kv > 0
+            && self.n_head.is_multiple_of(self.n_head_kv)
     }
 }
 
@@ -84,6 +97,55 @@ fn check_outq(
         need(k, "outq", q.len(), batch * g.q_dim() / QK)?;
     }
     Ok(())
+}
+
+/// The threads of an attention block (`attention.cu` assumes 128).
+const ATTN_THREADS: u32 = 128;
+
+/// The widest head the fused attention kernels take: one thread per RoPE pair of a
+/// 128-thread block (`ATTN_MAX_HEAD_DIM` in `attention.cu`).
+const FUSED_ATTN_MAX_HEAD_DIM: usize = 256;
+
+/// The integer arguments of a fused RoPE + attention launch, checked.
+struct FusedArgs {
+    stride: i32,
+    n_head: i32,
+    n_head_kv: i32,
+    head_dim: i32,
+    n_pos: i32,
+}
+
+fn check_fused(
+    k: &'static str,
+    qkv: &CudaSlice<f32>,
+    table: &CudaSlice<f32>,
+    post_scale: Option<&CudaSlice<f32>>,
+    rows: &AttnRows,
+    g: RopeStoreArgs,
+) -> Result<FusedArgs, KernelError> {
+    check_rows(k, rows)?;
+    if !g.rope_fusable() {
+        return Err(shape(
+            k,
+            format!(
+                "{g:?}: head_dim must be even, positive and at most {FUSED_ATTN_MAX_HEAD_DIM}, \
+                 and n_head a multiple of n_head_kv; run rope_store_rows and the unfused \
+                 attention for other shapes"
+            ),
+        ));
+    }
+    let stride = g.q_dim() + 2 * g.kv_dim();
+    need(k, "qkv", qkv.len(), rows.batch * stride)?;
+    if let Some(s) = post_scale {
+        need(k, "post_scale", s.len(), rows.batch)?;
+    }
+    Ok(FusedArgs {
+        stride: int(k, "row stride", stride)?,
+        n_head: int(k, "n_head", g.n_head)?,
+        n_head_kv: int(k, "n_head_kv", g.n_head_kv)?,
+        head_dim: int(k, "head_dim", g.head_dim)?,
+        n_pos: int(k, "table positions", table.len() / g.head_dim)?,
+    })
 }
 
 impl Gpu {
@@ -174,7 +236,15 @@ impl Gpu {
             need(K, "r_out", r.len(), rows)?;
         }
         let c = int(K, "cols", cols)?;
-        let f = self.func(&sources::NORM, K)?;
+        // Rows up to 1024 (SmolLM2's 576) and up to 4096 (llama-7B's 4096) each keep their
+        // elements in registers, in kernels of their own size; wider rows take the narrow
+        // kernel's memory path. The bits are the same in all three.
+        let k = if cols > Self::NORM_PROLOGUE_MAX_COLS && cols <= Self::NORM_WIDE_MAX_COLS {
+            "add_rmsnorm_q8_1_wide_f32"
+        } else {
+            K
+        };
+        let f = self.func(&sources::NORM, k)?;
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
             block_dim: (NORM_THREADS as u32, 1, 1),
@@ -201,7 +271,7 @@ impl Gpu {
         // SAFETY: one block per row; every buffer was checked for rows * cols values (yq for
         // rows * cols / 32 blocks, r_out one per row); null optional pointers are tested by
         // the kernel before use.
-        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {k}")))?;
         Ok(())
     }
 
@@ -319,6 +389,128 @@ impl Gpu {
         // SAFETY: gate and up address batch rows of stride 2 * n_ff inside gu (checked); hq
         // and hf hold batch * n_ff values; null optional pointers are tested by the kernel.
         unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
+    /// The widest row the norm step keeps in registers in its narrow kernel, and the widest a
+    /// single-row matvec computes as its norm prologue (`NORM_REG_COLS` in common.cuh).
+    pub const NORM_PROLOGUE_MAX_COLS: usize = 1024;
+    /// The widest row of the norm step's wide kernel (`NORM_WIDE_REG` = 16 per thread).
+    pub const NORM_WIDE_MAX_COLS: usize = 4096;
+    /// Checks a single-row prologue matvec's weights and widths; returns the kernel name,
+    /// `cols / 32` and the weights' length in blocks.
+    fn prologue_kernel(
+        names: [&'static str; 3],
+        w: DeviceWeights,
+        rows: usize,
+        cols: usize,
+        max_cols: usize,
+    ) -> Result<(&'static str, usize), KernelError> {
+        let (k, wlen) = match w {
+            DeviceWeights::Q4_0(s) => (names[0], s.len()),
+            DeviceWeights::Q4_1(s) => (names[1], s.len()),
+            DeviceWeights::Q8_0(s) => (names[2], s.len()),
+            _ => {
+                return Err(shape(
+                    names[0],
+                    "float weights have no q8_1 prologue: run the standalone norm, then \
+                     matvec_float"
+                        .into(),
+                ));
+            }
+        };
+        if !cols.is_multiple_of(QK) || cols == 0 || cols > max_cols || rows == 0 {
+            return Err(shape(
+                k,
+                format!(
+                    "cols = {cols} must be a positive multiple of 32 up to {max_cols} and rows = \
+                     {rows} positive; wider rows take the standalone kernel and Gpu::matvec"
+                ),
+            ));
+        }
+        need(k, "w", wlen, rows * (cols / QK))?;
+        Ok((k, cols / QK))
+    }
+
+    /// The thread blocks of a single-row mmvq matvec over `rows` rows, each staging one
+    /// q8_1 row of `nb` blocks.
+    fn b1_config(rows: usize, nb: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: ((rows as u32).div_ceil(MMVQ_ROWS), 1, 1),
+            block_dim: (32 * MMVQ_ROWS, 1, 1),
+            shared_mem_bytes: (nb * std::mem::size_of::<BlockQ8_1>()) as u32,
+        }
+    }
+
+    /// A single-row mmvq matvec `y = W · q8_1(norm(x + delta))` whose every thread block
+    /// computes the norm step of [`Gpu::add_rmsnorm_q8_1`] itself (same bits) instead of
+    /// reading a quantized row: `x + delta` (delta optional) goes to `x_out` (a buffer other
+    /// than `x`, which the other blocks still read), and in the fused tier (`r_out` given)
+    /// q8_1 of `x * g` is multiplied and `r` stored to `r_out[0]`; otherwise q8_1 of
+    /// `(x * r) * g`. `cols` is at most [`Gpu::NORM_PROLOGUE_MAX_COLS`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_norm_b1(
+        &self,
+        w: DeviceWeights,
+        rows: usize,
+        cols: usize,
+        x: &CudaSlice<f32>,
+        delta: Option<&CudaSlice<f32>>,
+        g: &CudaSlice<f32>,
+        eps: f32,
+        x_out: &mut CudaSlice<f32>,
+        r_out: Option<&mut CudaSlice<f32>>,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<(), KernelError> {
+        let (k, nb) = Self::prologue_kernel(
+            [
+                "matvec_mmvq_b1_norm_q4_0",
+                "matvec_mmvq_b1_norm_q4_1",
+                "matvec_mmvq_b1_norm_q8_0",
+            ],
+            w,
+            rows,
+            cols,
+            Self::NORM_PROLOGUE_MAX_COLS,
+        )?;
+        need(k, "x", x.len(), cols)?;
+        if let Some(d) = delta {
+            need(k, "delta", d.len(), cols)?;
+        }
+        need(k, "g", g.len(), cols)?;
+        need(k, "x_out", x_out.len(), cols)?;
+        if let Some(r) = &r_out {
+            need(k, "r_out", r.len(), 1)?;
+        }
+        need(k, "y", y.len(), rows)?;
+        let (r, n) = (int(k, "rows", rows)?, int(k, "cols / 32", nb)?);
+        let canary = self.canary_row;
+        let f = self.func(&sources::MATVEC_MMVQ, k)?;
+        let null = 0u64;
+        let mut b = self.launcher(&f);
+        match w {
+            DeviceWeights::Q4_0(s) => b.arg(s),
+            DeviceWeights::Q4_1(s) => b.arg(s),
+            DeviceWeights::Q8_0(s) => b.arg(s),
+            _ => unreachable!("float weights are refused by prologue_kernel"),
+        };
+        b.arg(y).arg(&r).arg(&n).arg(&canary).arg(x);
+        match delta {
+            Some(d) => b.arg(d),
+            None => b.arg(&null),
+        };
+        b.arg(g).arg(x_out);
+        match r_out {
+            Some(v) => b.arg(v),
+            None => b.arg(&null),
+        };
+        b.arg(&eps);
+        // SAFETY: the kernel reads rows * nb weight blocks and cols values of x, delta and g,
+        // writes rows values of y, cols of x_out and one r (block 0); all checked above, null
+        // optional pointers are tested by the kernel. The dynamic shared memory holds the
+        // staged row (nb blocks, below the 48 KiB default for cols <= 1024).
+        unsafe { b.launch(Self::b1_config(rows, nb)) }
+            .map_err(KernelError::driver(format!("launching {k}")))?;
         Ok(())
     }
 
@@ -472,6 +664,156 @@ impl Gpu {
         // SAFETY: q, out, scratch and the tables were checked for the grid; the cache
         // pointers are the caller's contract.
         unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
+    /// One-block-per-head attention of `rows.batch` decode rows that also does
+    /// [`Gpu::rope_store_rows`]'s work: each row's q, k and v are read from `qkv` (`[B][q | k |
+    /// v]`, as the qkv matvec leaves them), rotated (and scaled by `post_scale[b]` when
+    /// given) in the attention kernel, and the current token's k and v are stored into the
+    /// row's caches at `pos[b]`. The numbers are those of `rope_store_rows` followed by
+    /// [`Gpu::attention_naive_rows`], bit for bit; `qkv` is left as it is (q is not rotated in
+    /// place). Valid only when every row is a different sequence (a decode step): no row may
+    /// read a cache slot another row of the launch writes, which the launcher cannot check.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_rope_naive_rows(
+        &self,
+        qkv: &CudaSlice<f32>,
+        table: &CudaSlice<f32>,
+        post_scale: Option<&CudaSlice<f32>>,
+        rows: &AttnRows,
+        out: &mut CudaSlice<f32>,
+        outq: Option<&mut CudaSlice<BlockQ8_1>>,
+        scratch: &mut CudaSlice<f32>,
+        g: RopeStoreArgs,
+        scratch_stride: usize,
+        scale: f32,
+    ) -> Result<(), KernelError> {
+        const K: &str = "attention_rope_naive_rows_f32";
+        let fa = check_fused(K, qkv, table, post_scale, rows, g)?;
+        if scratch_stride == 0 {
+            return Err(shape(K, "scratch_stride = 0".into()));
+        }
+        let bt = rows.batch;
+        need(K, "out", out.len(), bt * g.q_dim())?;
+        check_outq(K, &outq, bt, g)?;
+        need(K, "scratch", scratch.len(), bt * g.n_head * scratch_stride)?;
+        let ss = int(K, "scratch_stride", scratch_stride)?;
+        let f = self.func(&sources::ATTENTION, K)?;
+        let cfg = LaunchConfig {
+            grid_dim: (g.n_head as u32, bt as u32, 1),
+            block_dim: (ATTN_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let null = 0u64;
+        let mut b = self.launcher(&f);
+        b.arg(qkv)
+            .arg(&fa.stride)
+            .arg(rows.k_cache)
+            .arg(rows.v_cache)
+            .arg(table);
+        match post_scale {
+            Some(s) => b.arg(s),
+            None => b.arg(&null),
+        };
+        b.arg(rows.pos).arg(out);
+        match outq {
+            Some(q) => b.arg(q),
+            None => b.arg(&null),
+        };
+        b.arg(scratch)
+            .arg(&fa.n_head)
+            .arg(&fa.n_head_kv)
+            .arg(&fa.head_dim)
+            .arg(&fa.n_pos)
+            .arg(&ss)
+            .arg(&scale);
+        // SAFETY: qkv, out, scratch, post_scale and the tables were checked for the grid;
+        // positions outside the RoPE table write nothing; the cache pointers (and that no
+        // two rows share a cache) are the caller's contract.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
+    /// Split-K attention of `rows.batch` decode rows that also does
+    /// [`Gpu::rope_store_rows`]'s work, as [`Gpu::attention_rope_naive_rows`] does for the
+    /// one-block-per-head family: bit for bit `rope_store_rows` followed by
+    /// [`Gpu::attention_split_k_rows`] (whose partial buffers and combine it shares). The
+    /// chunk holding `pos[b]` stores the current token's k and v.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_rope_split_k_rows(
+        &self,
+        qkv: &CudaSlice<f32>,
+        table: &CudaSlice<f32>,
+        post_scale: Option<&CudaSlice<f32>>,
+        rows: &AttnRows,
+        out: &mut CudaSlice<f32>,
+        outq: Option<&mut CudaSlice<BlockQ8_1>>,
+        part_o: &mut CudaSlice<f32>,
+        part_ml: &mut CudaSlice<f32>,
+        g: RopeStoreArgs,
+        max_chunks: usize,
+        scale: f32,
+    ) -> Result<(), KernelError> {
+        const K: &str = "attention_rope_split_k_rows_f32";
+        const C: &str = "attention_combine_rows_f32";
+        let fa = check_fused(K, qkv, table, post_scale, rows, g)?;
+        if max_chunks == 0 {
+            return Err(shape(K, "max_chunks = 0".into()));
+        }
+        let bt = rows.batch;
+        need(K, "out", out.len(), bt * g.q_dim())?;
+        check_outq(K, &outq, bt, g)?;
+        need(
+            K,
+            "part_o",
+            part_o.len(),
+            bt * g.n_head * max_chunks * g.head_dim,
+        )?;
+        need(K, "part_ml", part_ml.len(), bt * g.n_head * max_chunks * 2)?;
+        let mc = int(K, "max_chunks", max_chunks)?;
+        let f = self.func(&sources::ATTENTION, K)?;
+        let cfg = LaunchConfig {
+            grid_dim: (g.n_head as u32, max_chunks as u32, bt as u32),
+            block_dim: (ATTN_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let null = 0u64;
+        let mut b = self.launcher(&f);
+        b.arg(qkv)
+            .arg(&fa.stride)
+            .arg(rows.k_cache)
+            .arg(rows.v_cache)
+            .arg(table);
+        match post_scale {
+            Some(s) => b.arg(s),
+            None => b.arg(&null),
+        };
+        b.arg(rows.pos)
+            .arg(&*part_o)
+            .arg(&*part_ml)
+            .arg(&fa.n_head)
+            .arg(&fa.n_head_kv)
+            .arg(&fa.head_dim)
+            .arg(&fa.n_pos)
+            .arg(&scale);
+        // SAFETY: as in attention_rope_naive_rows; chunks beyond a row's length exit.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        let fc = self.func(&sources::ATTENTION, C)?;
+        let cfg = LaunchConfig {
+            grid_dim: (g.n_head as u32, bt as u32, 1),
+            block_dim: (ATTN_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.launcher(&fc);
+        b.arg(&*part_o).arg(&*part_ml).arg(out);
+        match outq {
+            Some(q) => b.arg(q),
+            None => b.arg(&null),
+        };
+        b.arg(rows.pos).arg(&fa.n_head).arg(&mc).arg(&fa.head_dim);
+        // SAFETY: as above; out holds B * n_head * head_dim floats.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {C}")))?;
         Ok(())
     }
 

@@ -39,7 +39,7 @@ pub mod bench;
 pub mod check;
 mod weights;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -205,6 +205,11 @@ struct Scratch {
     max_len: usize,
     max_chunks: usize,
     x: CudaSlice<f32>,
+    /// The residual stream's second buffer for single-row passes: a matvec that computes
+    /// the norm step as its prologue writes the updated stream here, since its other thread
+    /// blocks still read the first. The walk flips between the two at each such norm, twice
+    /// per layer, so every layer ends in the buffer it started in.
+    x_alt: CudaSlice<f32>,
     delta: CudaSlice<f32>,
     xf: CudaSlice<f32>,
     hf: CudaSlice<f32>,
@@ -223,6 +228,8 @@ struct Scratch {
     seq_ids: CudaSlice<u32>,
     steps: CudaSlice<u32>,
     picked: CudaSlice<u32>,
+    /// The greedy pick's per-row counters and chunk partials (zero between launches).
+    argmax_scratch: CudaSlice<u32>,
     /// The residual stream owned by every stage after the first that runs on this device,
     /// by stage index: `(x, delta)`, each `[MAX_ROWS, n_embd]`. At a boundary the stream is
     /// `x` plus the last block's pending `delta` (the next norm adds it), so the hand-over
@@ -268,6 +275,7 @@ impl Scratch {
             max_len,
             max_chunks,
             x: alloc(stream, "the residual stream", r * d)?,
+            x_alt: alloc(stream, "the single-row residual stream's second buffer", d)?,
             delta: alloc(stream, "the matvec output", r * d)?,
             xf: alloc(stream, "the f32 activations", r * d)?,
             hf: alloc(stream, "the SwiGLU output", r * ff)?,
@@ -294,6 +302,11 @@ impl Scratch {
             seq_ids: alloc(stream, "the sequence ids", r)?,
             steps: alloc(stream, "the sampling steps", r)?,
             picked: alloc(stream, "the picked tokens", r)?,
+            argmax_scratch: alloc(
+                stream,
+                "the greedy pick's scratch",
+                memra_kernels::cuda::argmax_scratch_len(r, c.n_vocab),
+            )?,
             stage_bufs: owns_stage
                 .iter()
                 .enumerate()
@@ -341,6 +354,10 @@ struct GraphKey {
     tier: Tier,
     chunks: usize,
     walk: Walk,
+    /// Whether the attention launches do the RoPE and KV store ([`PassCtx::fuse_rope`]): a
+    /// graph captured with the separate `rope_store_rows` launch never replays for a pass
+    /// that may skip it, nor the other way round.
+    fuse_rope: bool,
 }
 
 /// The events of one boundary between segments on different devices.
@@ -649,6 +666,16 @@ impl CudaBackend {
             Walk::Split => &self.segments,
             Walk::Unsplit => &all_stages,
         };
+        // A decode step (every row its own sequence) lets the attention kernels rotate and
+        // store the current token themselves; a prompt pass, whose rows read the cache slots
+        // of the rows before them in the same pass, keeps the separate rope_store_rows launch.
+        let c = &dm.config;
+        let geometry = RopeStoreArgs {
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim: c.head_dim,
+        };
+        let fuse_rope = distinct_sequences(rows) && geometry.rope_fusable();
         let ctx = PassCtx {
             dm: &dm,
             family: self.family,
@@ -662,6 +689,7 @@ impl CudaBackend {
             skip_boundary_copy: self.doors.gate_defect == Some(GateDefect::BoundaryCopy),
             kptr: &bufs.kptr,
             vptr: &bufs.vptr,
+            fuse_rope,
         };
         let cross_device_unsplit = walk == Walk::Unsplit && dm.gpus.len() > 1;
         if cross_device_unsplit {
@@ -677,6 +705,7 @@ impl CudaBackend {
             tier,
             chunks,
             walk,
+            fuse_rope,
         };
         let replay = graph && self.use_graphs && self.trace.is_none();
         let mut tap = Tap {
@@ -796,7 +825,7 @@ impl CudaBackend {
         let gpu = &self.dm.gpus[slot];
         let s = &mut self.scratch.as_mut().expect("a pass ran").slots[slot];
         if params.temperature == 0.0 {
-            gpu.argmax(&s.logits, &mut s.picked, n, v)
+            gpu.argmax(&s.logits, &mut s.picked, &mut s.argmax_scratch, n, v)
                 .map_err(kernel_err)?;
         } else {
             let up = |e| device_err("copying the sampling keys to the device", e);
@@ -963,6 +992,12 @@ impl CudaBackend {
     }
 }
 
+/// Whether no two rows of a pass belong to the same sequence.
+fn distinct_sequences(rows: &[RowSpec]) -> bool {
+    let seqs: BTreeSet<SeqId> = rows.iter().map(|r| r.seq).collect();
+    seqs.len() == rows.len()
+}
+
 /// What one pass's launches depend on.
 struct PassCtx<'a> {
     dm: &'a DevModel,
@@ -982,6 +1017,12 @@ struct PassCtx<'a> {
     /// Per layer, on that layer's device: the rows' cache addresses.
     kptr: &'a [CudaSlice<u64>],
     vptr: &'a [CudaSlice<u64>],
+    /// Whether the attention kernels do the RoPE and the KV store of the current token
+    /// (`attention_rope_*_rows`) instead of a `rope_store_rows` launch before them. Only
+    /// when every row of the pass is a different sequence: the fused kernels use the
+    /// current token's k and v from their own registers, so a row reading a slot another
+    /// row of the same launch writes (a prompt pass) would read it unwritten.
+    fuse_rope: bool,
 }
 
 impl PassCtx<'_> {
@@ -1197,6 +1238,39 @@ fn matvec(
     }
 }
 
+/// Whether single-row matvecs compute their norm step as a prologue (see [`encode`]):
+/// `MEMRA_PROLOGUES`, read once per process, `0` switches it off, `1` or unset leaves it on.
+/// A performance switch for comparisons like `MEMRA_PDL`, not a door: both compute the same
+/// bits. Another value is reported on stderr and leaves the default.
+///
+/// Measured in one run on the H200 (SmolLM2-shape Q4_1, B = 1, graphs, fused tier): off
+/// 1,810–1,823 tokens/s, on 1,911. In isolation (ncu) a prologue matvec takes 5.5 µs against
+/// 3.7 + 3.4 for the two launches it replaces. The same prologue for SwiGLU (every block
+/// computing the 1,536-wide SwiGLU row before the down projection) measured slower, 1,703
+/// alone and 1,823–1,836 with the norms: the launch it saves mostly overlapped already under
+/// programmatic dependent launch, and each block ran its six blocks of 32 values in turn
+/// where the standalone kernel runs them side by side. On the head, the 6,144 blocks would
+/// each recompute the norm (1,768 with all three). Neither is kept.
+fn norm_prologues_enabled() -> bool {
+    static SETTING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SETTING.get_or_init(|| match std::env::var("MEMRA_PROLOGUES") {
+        Ok(v) => parse_prologues(&v).unwrap_or_else(|| {
+            eprintln!("MEMRA_PROLOGUES={v}: expected 0 (off) or 1 (on); keeping the default, on");
+            true
+        }),
+        Err(_) => true,
+    })
+}
+
+/// The `MEMRA_PROLOGUES` value: `Some(on)`, or `None` when it is neither 0 nor 1.
+fn parse_prologues(v: &str) -> Option<bool> {
+    match v.trim() {
+        "0" => Some(false),
+        "1" => Some(true),
+        _ => None,
+    }
+}
+
 /// Every launch of segment `k` of one pass, in stream order on the segment's device: the
 /// embedding when the segment holds stage 0, its stages' layers (with the same-device
 /// boundary copies of a split walk between them) and the head when it is the last segment.
@@ -1223,6 +1297,7 @@ fn encode(
     let scale = 1.0 / (c.head_dim as f32).sqrt();
     let Scratch {
         x,
+        x_alt,
         delta,
         xf,
         hf,
@@ -1267,6 +1342,17 @@ fn encode(
     };
     // Whether a layer ran yet, i.e. whether `delta` holds a pending update to add.
     let mut walked = ctx.walk == Walk::Split && ctx.walked_before(seg.stages.start);
+    // Single-row passes of the mmvq family compute the norm steps inside the matvecs that
+    // consume them (a launch structure, not a numeric door: the blocks are the standalone
+    // kernel's bits under both tiers, see docs/numerics.md), for quantized weights and rows
+    // within the prologue's width, unless `MEMRA_PROLOGUES=0`. Traced passes keep the
+    // standalone kernels, whose outputs are the sites the trace copies back.
+    let prologues =
+        n == 1 && ctx.family == MatvecFamily::Mmvq && !tap.on() && norm_prologues_enabled();
+    // The buffer the next prologue norm writes the updated stream to; it swaps with `x`.
+    let mut x_alt = x_alt;
+    let norm_prologue =
+        |w: &DevWeight| prologues && w.quantized() && d <= Gpu::NORM_PROLOGUE_MAX_COLS;
 
     if seg.stages.start == 0 {
         gpu.embed(dm.token_embd.view(), c.n_vocab, d, tokens, x, n)?;
@@ -1296,35 +1382,64 @@ fn encode(
         }
         for l in ctx.stages[si].clone() {
             let layer = &dm.layers[l];
+            // Both norms of a layer take the prologue or neither, so the residual stream
+            // flips buffers an even number of times and the layer ends where it started
+            // (the boundary copies and `hand_over` read it there).
+            let fuse_norms = norm_prologue(&layer.wqkv) && norm_prologue(&layer.w_gu);
             // Attention block; the previous layer's feed-forward output is added first.
-            gpu.add_rmsnorm_q8_1(
-                x,
-                walked.then_some(&*delta),
-                &layer.attn_norm,
-                (!layer.wqkv.quantized()).then_some(&mut *xf),
-                xq,
-                fused.then_some(&mut *r),
-                n,
-                d,
-                c.rms_eps,
-            )?;
-            tap.record(gpu, l, Site::AttnIn, xq, d, fused.then_some(&*r))?;
-            matvec(gpu, ctx.family, &layer.wqkv, xq, xf, n, qkv)?;
+            if fuse_norms {
+                gpu.matvec_norm_b1(
+                    layer.wqkv.view(),
+                    layer.wqkv.rows,
+                    d,
+                    x,
+                    walked.then_some(&*delta),
+                    &layer.attn_norm,
+                    c.rms_eps,
+                    x_alt,
+                    fused.then_some(&mut *r),
+                    qkv,
+                )?;
+                std::mem::swap(&mut x, &mut x_alt);
+            } else {
+                gpu.add_rmsnorm_q8_1(
+                    x,
+                    walked.then_some(&*delta),
+                    &layer.attn_norm,
+                    (!layer.wqkv.quantized()).then_some(&mut *xf),
+                    xq,
+                    fused.then_some(&mut *r),
+                    n,
+                    d,
+                    c.rms_eps,
+                )?;
+                tap.record(gpu, l, Site::AttnIn, xq, d, fused.then_some(&*r))?;
+                matvec(gpu, ctx.family, &layer.wqkv, xq, xf, n, qkv)?;
+            }
             let rows = AttnRows {
                 pos,
                 k_cache: &ctx.kptr[l],
                 v_cache: &ctx.vptr[l],
                 batch: n,
             };
-            gpu.rope_store_rows(qkv, rope_table, fused.then_some(&*r), &rows, geo)?;
+            let post_scale = fused.then_some(&*r);
+            if !ctx.fuse_rope {
+                gpu.rope_store_rows(qkv, rope_table, post_scale, &rows, geo)?;
+            }
             // The attention kernels quantize their output for a quantized wo when the head
             // width allows, saving a launch per layer; the blocks are the same either way.
             let quantize_in_attention = layer.wo.quantized() && attention_can_quantize(c.head_dim);
             let outq = quantize_in_attention.then_some(&mut *xq);
             // With a single chunk the split-K composition is the one-block-per-head one bit for
             // bit (the combine multiplies by expf(0) = 1 and adds to 0), so short contexts run the
-            // single kernel and skip the combine launch.
-            if ctx.split_k && ctx.chunks > 1 {
+            // single kernel and skip the combine launch. The fused forms compute exactly what
+            // rope_store_rows followed by the unfused kernel computes.
+            if ctx.split_k && ctx.chunks > 1 && ctx.fuse_rope {
+                gpu.attention_rope_split_k_rows(
+                    qkv, rope_table, post_scale, &rows, att, outq, part_o, part_ml, geo,
+                    ctx.chunks, scale,
+                )?;
+            } else if ctx.split_k && ctx.chunks > 1 {
                 gpu.attention_split_k_rows(
                     qkv,
                     qd + 2 * kvd,
@@ -1336,6 +1451,10 @@ fn encode(
                     geo,
                     ctx.chunks,
                     scale,
+                )?;
+            } else if ctx.fuse_rope {
+                gpu.attention_rope_naive_rows(
+                    qkv, rope_table, post_scale, &rows, att, outq, naive, geo, *max_len, scale,
                 )?;
             } else {
                 gpu.attention_naive_rows(
@@ -1359,19 +1478,35 @@ fn encode(
             matvec(gpu, ctx.family, &layer.wo, xq, att, n, delta)?;
 
             // Feed-forward block.
-            gpu.add_rmsnorm_q8_1(
-                x,
-                Some(&*delta),
-                &layer.ffn_norm,
-                (!layer.w_gu.quantized()).then_some(&mut *xf),
-                xq,
-                fused.then_some(&mut *r),
-                n,
-                d,
-                c.rms_eps,
-            )?;
-            tap.record(gpu, l, Site::FfnIn, xq, d, fused.then_some(&*r))?;
-            matvec(gpu, ctx.family, &layer.w_gu, xq, xf, n, gu)?;
+            if fuse_norms {
+                gpu.matvec_norm_b1(
+                    layer.w_gu.view(),
+                    layer.w_gu.rows,
+                    d,
+                    x,
+                    Some(&*delta),
+                    &layer.ffn_norm,
+                    c.rms_eps,
+                    x_alt,
+                    fused.then_some(&mut *r),
+                    gu,
+                )?;
+                std::mem::swap(&mut x, &mut x_alt);
+            } else {
+                gpu.add_rmsnorm_q8_1(
+                    x,
+                    Some(&*delta),
+                    &layer.ffn_norm,
+                    (!layer.w_gu.quantized()).then_some(&mut *xf),
+                    xq,
+                    fused.then_some(&mut *r),
+                    n,
+                    d,
+                    c.rms_eps,
+                )?;
+                tap.record(gpu, l, Site::FfnIn, xq, d, fused.then_some(&*r))?;
+                matvec(gpu, ctx.family, &layer.w_gu, xq, xf, n, gu)?;
+            }
             gpu.swiglu_q8_1(
                 gu,
                 fused.then_some(&*r),
@@ -1646,6 +1781,14 @@ mod tests {
         assert_eq!(distinct_devices(&doors(vec![0, 0, 0])), vec![0]);
         assert_eq!(distinct_devices(&doors(vec![2, 0, 2, 1])), vec![2, 0, 1]);
         assert_eq!(distinct_devices(&doors(Vec::new())), vec![0]);
+    }
+
+    #[test]
+    fn prologue_setting_takes_0_and_1_only() {
+        assert_eq!(parse_prologues("0"), Some(false));
+        assert_eq!(parse_prologues(" 1 "), Some(true));
+        assert_eq!(parse_prologues("norm"), None);
+        assert_eq!(parse_prologues(""), None);
     }
 
     #[test]
