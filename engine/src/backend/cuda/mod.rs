@@ -1783,6 +1783,21 @@ mod tests {
         assert_eq!(distinct_devices(&doors(Vec::new())), vec![0]);
     }
 
+    /// A prompt pass (rows of one sequence) must keep the separate RoPE/KV-store launch: its
+    /// rows read cache slots that earlier rows of the same launch write.
+    #[test]
+    fn only_passes_of_distinct_sequences_fuse_rope_into_attention() {
+        let row = |seq: u32, pos: usize| RowSpec {
+            seq: SeqId(seq),
+            pos,
+            token: 1,
+        };
+        assert!(distinct_sequences(&[row(0, 5)]));
+        assert!(distinct_sequences(&[row(0, 5), row(3, 9), row(1, 0)]));
+        assert!(!distinct_sequences(&[row(2, 0), row(2, 1), row(2, 2)]));
+        assert!(!distinct_sequences(&[row(0, 4), row(1, 7), row(0, 5)]));
+    }
+
     #[test]
     fn prologue_setting_takes_0_and_1_only() {
         assert_eq!(parse_prologues("0"), Some(false));
