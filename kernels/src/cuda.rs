@@ -479,10 +479,13 @@ impl Gpu {
         let mma_bytes = mma_smem_bytes(block_bytes);
         let mut mma =
             family == MatvecFamily::Mmvq && batch > 1 && block_bytes > 0 && self.int8_mma();
+        // The tensor-core kernel's handle, looked up once: reused for the launch below.
+        let mut mma_f = None;
         if mma {
             let k = self.matvec_names(family, batch, true)[ty];
             let f = self.func(&sources::MATVEC_MMVQ, k)?;
             mma = self.allow_dynamic_smem(k, &f, mma_bytes);
+            mma_f = mma.then_some(f);
         }
         let (src, names) = (
             match family {
@@ -520,7 +523,10 @@ impl Gpu {
             int(k, "batch", batch)?,
         );
         let canary = self.canary_row;
-        let f = self.func(src, k)?;
+        let f = match mma_f {
+            Some(f) => f,
+            None => self.func(src, k)?,
+        };
         let groups = batch.div_ceil(8) as u32;
         // mmvq stages the group's activation rows in shared memory when they fit the
         // opt-in limit (see matvec_mmvq.cu); otherwise it reads them from global memory.

@@ -244,19 +244,7 @@ fn matvec_forms(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
         let singles: Vec<CudaSlice<BlockQ8_1>> = (0..bmax)
             .map(|b| up(gpu, &xq[b * nb..(b + 1) * nb]))
             .collect::<R<_>>()?;
-        let q41 = q4_1_blocks(rng, rows * nb);
-        let q40: Vec<BlockQ4_0> = q41.iter().map(|b| BlockQ4_0 { d: b.d, qs: b.qs }).collect();
-        let q80: Vec<BlockQ8_0> = q41
-            .iter()
-            .map(|b| {
-                let mut qs = [0i8; QK];
-                qs.iter_mut().for_each(|q| *q = (rng.u32() % 255) as i8);
-                BlockQ8_0 {
-                    d: f16::from_f32(b.d.to_f32() * 0.1),
-                    qs,
-                }
-            })
-            .collect();
+        let (q40, q41, q80) = weights3(rng, rows * nb);
         let (d40, d41, d80) = (up(gpu, &q40)?, up(gpu, &q41)?, up(gpu, &q80)?);
         let kinds = [
             ("q4_0", WeightRows::Q4_0(&q40), DeviceWeights::Q4_0(&d40)),
