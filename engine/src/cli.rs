@@ -109,6 +109,10 @@ enum Command {
         /// setting, weight GB/s and the device's copy bandwidth (needs a CUDA device).
         #[arg(long)]
         door_matrix: bool,
+        /// With --door-matrix: only the door settings whose label contains this text, e.g.
+        /// "mmvq=1 nofuse=0 fa3=1" (the labels are the table's first column).
+        #[arg(long, requires = "door_matrix")]
+        only: Option<String>,
     },
 }
 
@@ -304,6 +308,7 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             reps,
             batch,
             door_matrix,
+            only,
         } => {
             let doors = doors()?;
             let plan = BenchPlan {
@@ -319,7 +324,7 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             }
             let (model, title, _tmp) = bench_model(model)?;
             if door_matrix {
-                return cuda_door_matrix(model, &title, &doors, &plan);
+                return cuda_door_matrix(model, &title, &doors, &plan, only.as_deref());
             }
             let mut backend = crate::backend::open_backend(model, &doors).map_err(bad)?;
             let report = backend.doors_report().to_json();
@@ -344,8 +349,21 @@ fn cuda_door_matrix(
     title: &str,
     doors: &Doors,
     plan: &BenchPlan,
+    only: Option<&str>,
 ) -> Result<(), Failure> {
     use crate::backend::cuda;
+    let labels: Vec<String> = cuda::bench::door_settings(doors)
+        .into_iter()
+        .map(|(label, _)| label)
+        .collect();
+    if let Some(o) = only
+        && !labels.iter().any(|l| l.contains(o))
+    {
+        return Err(bad(format!(
+            "--only {o:?} matches no door setting; the settings are: {}",
+            labels.join(", ")
+        )));
+    }
     let gpus = cuda::open_devices(doors)
         .map_err(|why| bad(format!("bench --door-matrix needs a CUDA device: {why}")))?;
     let stages = crate::backend::stages::StagePlan::from_doors(doors, model.config.n_layer)
@@ -361,6 +379,7 @@ fn cuda_door_matrix(
         &plan.batches,
         plan.decode_steps,
         plan.reps,
+        only,
     )
     .map_err(engine_failure)?;
     println!("{table}");

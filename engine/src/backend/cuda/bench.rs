@@ -148,8 +148,9 @@ pub fn time_decode(
     Ok(best)
 }
 
-/// Measures every door setting at every batch size (plus B=1 without graphs under the
-/// first setting) and renders the table.
+/// Measures every door setting (those whose label contains `only`, when given) at every
+/// batch size, plus B=1 without graphs under the first of them, and renders the table.
+#[allow(clippy::too_many_arguments)]
 pub fn door_matrix(
     dm: &Arc<DevModel>,
     title: &str,
@@ -157,11 +158,15 @@ pub fn door_matrix(
     batches: &[usize],
     steps: usize,
     reps: usize,
+    only: Option<&str>,
 ) -> Result<String, EngineError> {
     let copy = copy_bandwidth(dm, 1 << 30, 10)?;
     let wbytes = dm.step_weight_bytes() as f64;
     let mut cells = Vec::new();
-    let settings = door_settings(base);
+    let settings: Vec<(String, Doors)> = door_settings(base)
+        .into_iter()
+        .filter(|(label, _)| only.is_none_or(|o| label.contains(o)))
+        .collect();
     for (label, doors) in &settings {
         for &b in batches {
             let step_s = time_decode(dm, doors, true, b, steps, reps)?;
