@@ -17,9 +17,24 @@
 // block reads that follow cost one shared-memory wavefront each instead of several global
 // ones, and a Q4_1 weight block, 4-byte aligned, is read as five 32-bit words.
 
-// A weight block read from global memory: the plain copy, or five words for Q4_1.
+// A weight block read from global memory into registers: the plain copy, five words for
+// Q4_1, and for Q8_0 (34 bytes, 2-byte aligned) nine aligned words funnel-shifted into the
+// scale and eight words of quants (q8_0_regs) instead of seventeen halfword loads.
+struct q8_0_regs {
+    u32 d;      // the f16 scale in the low half
+    int qs[8];  // quants 4i .. 4i+3 in word i
+};
 template <typename B>
-__device__ __forceinline__ B load_block(const B* p) {
+struct Loaded {
+    typedef B type;
+};
+template <>
+struct Loaded<block_q8_0> {
+    typedef q8_0_regs type;
+};
+
+template <typename B>
+__device__ __forceinline__ typename Loaded<B>::type load_block(const B* p) {
     return *p;
 }
 template <>
@@ -33,25 +48,61 @@ __device__ __forceinline__ block_q4_1 load_block(const block_q4_1* p) {
     for (int i = 0; i < 5; ++i) u.w[i] = s[i];
     return u.b;
 }
+// The block starts at byte 0 or 2 of the aligned word w[0]. At 0: d is w[0]'s low half and
+// quant word i is the high half of w[i] with the low half of w[i + 1] (of w[8] only its low
+// half, the block's last two bytes, is read). At 2: d is w[0]'s high half and quant word i
+// is w[i + 1] (w[0]'s low half is the previous block's last two bytes). No byte outside
+// the block is read except those two, which belong to the same tensor.
+template <>
+__device__ __forceinline__ q8_0_regs load_block(const block_q8_0* p) {
+    const size_t a = (size_t)p;
+    const u32* w = (const u32*)(a & ~(size_t)3);
+    const bool at2 = (a & 2) != 0;
+    u32 v[9];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = w[i];
+    v[8] = at2 ? w[8] : (u32)((const u16*)w)[16];
+    q8_0_regs r;
+    r.d = at2 ? v[0] >> 16 : v[0] & 0xFFFFu;
+    const u32 sh = at2 ? 32 : 16;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r.qs[i] = (int)__funnelshift_rc(v[i], v[i + 1], sh);
+    return r;
+}
+// quarter_sum and block_contrib (common.cuh) of a Q8_0 block held as q8_0_regs: the same
+// integers and the same float composition.
+__device__ __forceinline__ int quarter_sum(const q8_0_regs* w, const block_q8_1* x, int q) {
+    return __dp4a(w->qs[4 + q], load_i32_a4(x->qs + 16 + 4 * q),
+                  __dp4a(w->qs[q], load_i32_a4(x->qs + 4 * q), 0));
+}
+__device__ __forceinline__ float block_contrib(const q8_0_regs* w, const block_q8_1* x, int s) {
+    return contrib_q8_0(h2f((u16)w->d), 0.0f, h2f(x->d), 0.0f, (float)s);
+}
 
 // Up to Prefetch<B>::n weight blocks per lane are loaded before the programmatic-launch
 // wait: weights never change, so their DRAM latency overlaps the previous kernel's tail
 // (the activations are read only after the wait). SMEM selects the shared-memory copy of
 // the activations, so those reads compile to shared loads.
-// Q8_0 blocks (34 bytes, 17 halfword loads) prefetch one block: four cost so many registers
-// that fewer blocks stay resident, which measured slower on the 49152-row head.
+// Q8_0 blocks (nine registers each) prefetch one: on the 49152-row head, where a lane has
+// one block, the smaller register file kept the step a little faster than two.
+// After the wait, the rest of a lane's blocks are loaded `chunk` at a time, all of a chunk's
+// loads issued before any of its arithmetic, so a long row (the 11008-wide down projection)
+// keeps as many bytes in flight as the prefetch did.
 template <typename B>
 struct Prefetch {
     static constexpr int n = 4;
+    static constexpr int chunk = 4;
 };
 template <>
 struct Prefetch<block_q8_0> {
     static constexpr int n = 1;
+    static constexpr int chunk = 4;
 };
 
-// One weight block against the nbat (<= NB) activation rows: acc[j] += its contribution.
-template <typename B, int NB>
-__device__ __forceinline__ void mmvq_block(const B& wb, const block_q8_1* xs, int b, int nb,
+// One weight block (as loaded) against the nbat (<= NB) activation rows: acc[j] += its
+// contribution.
+template <typename L, int NB>
+__device__ __forceinline__ void mmvq_block(const L& wb, const block_q8_1* xs, int b, int nb,
                                            int nbat, float* acc) {
 #pragma unroll
     for (int j = 0; j < NB; ++j) {
@@ -62,6 +113,23 @@ __device__ __forceinline__ void mmvq_block(const B& wb, const block_q8_1* xs, in
             for (int q = 0; q < 4; ++q) s += quarter_sum(&wb, xb, q);
             acc[j] += block_contrib(&wb, xb, s);
         }
+    }
+}
+
+// The lane's blocks b, b + 32, ... below nb_row, in that order, `chunk` loads at a time.
+template <typename B, int NB>
+__device__ __forceinline__ void mmvq_rest(const B* wr, int b, int nb_row, const block_q8_1* xs,
+                                          int nb, int nbat, float* acc) {
+    constexpr int C = Prefetch<B>::chunk;
+    typedef typename Loaded<B>::type L;
+    for (; b < nb_row; b += 32 * C) {
+        L cur[C];
+#pragma unroll
+        for (int u = 0; u < C; ++u)
+            if (b + 32 * u < nb_row) cur[u] = load_block(wr + b + 32 * u);
+#pragma unroll
+        for (int u = 0; u < C; ++u)
+            if (b + 32 * u < nb_row) mmvq_block<L, NB>(cur[u], xs, b + 32 * u, nb, nbat, acc);
     }
 }
 
@@ -116,7 +184,8 @@ struct StageNorm {
 
 template <typename B, bool SMEM, int NB, typename Stage>
 __device__ __forceinline__ void mmvq(const B* w, const block_q8_1* x, float* y, int rows,
-                                     int nb, int batch, int canary_row, Stage& stage) {
+                                     int nb, int batch, int canary_row, const float* post,
+                                     Stage& stage) {
     extern __shared__ u32 x_shared[];
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -124,7 +193,8 @@ __device__ __forceinline__ void mmvq(const B* w, const block_q8_1* x, float* y, 
     const int nb_row = !live ? 0 : row == canary_row ? nb - 1 : nb;
     const B* wr = w + (size_t)(live ? row : 0) * nb;
     constexpr int NPRE = Prefetch<B>::n;
-    B pre[NPRE];
+    typedef typename Loaded<B>::type L;
+    L pre[NPRE];
 #pragma unroll
     for (int u = 0; u < NPRE; ++u) {
         const int b = lane + 32 * u;
@@ -149,15 +219,15 @@ __device__ __forceinline__ void mmvq(const B* w, const block_q8_1* x, float* y, 
 #pragma unroll
     for (int u = 0; u < NPRE; ++u) {
         const int b = lane + 32 * u;
-        if (b < nb_row) mmvq_block<B, NB>(pre[u], xs, b, nb, nbat, acc);
+        if (b < nb_row) mmvq_block<L, NB>(pre[u], xs, b, nb, nbat, acc);
     }
-#pragma unroll 4
-    for (int b = lane + 32 * NPRE; b < nb_row; b += 32)
-        mmvq_block<B, NB>(load_block(wr + b), xs, b, nb, nbat, acc);
+    mmvq_rest<B, NB>(wr, lane + 32 * NPRE, nb_row, xs, nb, nbat, acc);
 #pragma unroll
     for (int j = 0; j < NB; ++j) {
         if (j < nbat) {
-            const float v = warp_sum(acc[j]);
+            float v = warp_sum(acc[j]);
+            // The post-scale of the fused tier's head (scale_f32's one multiply, folded in).
+            if (post != 0) v = v * post[b0 + j];
             if (lane == 0) y[(size_t)(b0 + j) * rows + row] = v;
         }
     }
@@ -169,11 +239,11 @@ __device__ __forceinline__ void mmvq(const B* w, const block_q8_1* x, float* y, 
 template <typename B, int NB, typename Stage = StageCopy>
 __device__ __forceinline__ void mmvq_entry(const B* w, const block_q8_1* x, float* y, int rows,
                                            int nb, int batch, int canary_row, int x_smem,
-                                           Stage stage = Stage()) {
+                                           const float* post = 0, Stage stage = Stage()) {
     if (Stage::always_smem || x_smem)
-        mmvq<B, true, NB>(w, x, y, rows, nb, batch, canary_row, stage);
+        mmvq<B, true, NB>(w, x, y, rows, nb, batch, canary_row, post, stage);
     else
-        mmvq<B, false, NB>(w, x, y, rows, nb, batch, canary_row, stage);
+        mmvq<B, false, NB>(w, x, y, rows, nb, batch, canary_row, post, stage);
 }
 
 extern "C" __global__ void matvec_mmvq_q4_0(const block_q4_0* w, const block_q8_1* x, float* y,
@@ -191,21 +261,22 @@ extern "C" __global__ void matvec_mmvq_q8_0(const block_q8_0* w, const block_q8_
                                             int x_smem) {
     mmvq_entry<block_q8_0, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row, x_smem);
 }
-// Single-row passes (batch == 1, one row group).
+// Single-row passes (batch == 1, one row group); `post` (nullable) scales the result by
+// post[0], the fused tier's head.
 extern "C" __global__ void matvec_mmvq_b1_q4_0(const block_q4_0* w, const block_q8_1* x, float* y,
                                             int rows, int nb, int batch, int canary_row,
-                                            int x_smem) {
-    mmvq_entry<block_q4_0, 1>(w, x, y, rows, nb, batch, canary_row, x_smem);
+                                            int x_smem, const float* post) {
+    mmvq_entry<block_q4_0, 1>(w, x, y, rows, nb, batch, canary_row, x_smem, post);
 }
 extern "C" __global__ void matvec_mmvq_b1_q4_1(const block_q4_1* w, const block_q8_1* x, float* y,
                                             int rows, int nb, int batch, int canary_row,
-                                            int x_smem) {
-    mmvq_entry<block_q4_1, 1>(w, x, y, rows, nb, batch, canary_row, x_smem);
+                                            int x_smem, const float* post) {
+    mmvq_entry<block_q4_1, 1>(w, x, y, rows, nb, batch, canary_row, x_smem, post);
 }
 extern "C" __global__ void matvec_mmvq_b1_q8_0(const block_q8_0* w, const block_q8_1* x, float* y,
                                             int rows, int nb, int batch, int canary_row,
-                                            int x_smem) {
-    mmvq_entry<block_q8_0, 1>(w, x, y, rows, nb, batch, canary_row, x_smem);
+                                            int x_smem, const float* post) {
+    mmvq_entry<block_q8_0, 1>(w, x, y, rows, nb, batch, canary_row, x_smem, post);
 }
 // Single-row passes whose activation row is computed by a prologue (see "Row prologues").
 // Norm: x (f32 row of nb * 32), delta (nullable), g; the updated residual goes to x_out and,
@@ -215,21 +286,21 @@ extern "C" __global__ void matvec_mmvq_b1_norm_q4_0(const block_q4_0* w, float* 
                                                    int nb, int canary_row, const float* x,
                                                    const float* delta, const float* g,
                                                    float* x_out, float* r_out, float eps) {
-    mmvq_entry<block_q4_0, 1>(w, 0, y, rows, nb, 1, canary_row, 1,
+    mmvq_entry<block_q4_0, 1>(w, 0, y, rows, nb, 1, canary_row, 1, 0,
                               StageNorm<NORM_REG>(x, delta, g, x_out, r_out, nb * QK, eps));
 }
 extern "C" __global__ void matvec_mmvq_b1_norm_q4_1(const block_q4_1* w, float* y, int rows,
                                                    int nb, int canary_row, const float* x,
                                                    const float* delta, const float* g,
                                                    float* x_out, float* r_out, float eps) {
-    mmvq_entry<block_q4_1, 1>(w, 0, y, rows, nb, 1, canary_row, 1,
+    mmvq_entry<block_q4_1, 1>(w, 0, y, rows, nb, 1, canary_row, 1, 0,
                               StageNorm<NORM_REG>(x, delta, g, x_out, r_out, nb * QK, eps));
 }
 extern "C" __global__ void matvec_mmvq_b1_norm_q8_0(const block_q8_0* w, float* y, int rows,
                                                    int nb, int canary_row, const float* x,
                                                    const float* delta, const float* g,
                                                    float* x_out, float* r_out, float eps) {
-    mmvq_entry<block_q8_0, 1>(w, 0, y, rows, nb, 1, canary_row, 1,
+    mmvq_entry<block_q8_0, 1>(w, 0, y, rows, nb, 1, canary_row, 1, 0,
                               StageNorm<NORM_REG>(x, delta, g, x_out, r_out, nb * QK, eps));
 }
 // ---------------------------------------------------------------------------------------------
@@ -259,8 +330,25 @@ extern "C" __global__ void matvec_mmvq_b1_norm_q8_0(const block_q8_0* w, float* 
 
 #define MMA_ROWS 16
 #define MMA_BATCH 16
-#define MMA_THREADS 128
+#define MMA_THREADS 256
 #define MMA_XS_WORDS (32 * 9 + 4)
+
+// The pairwise tree over N (a power of two) values f(base) .. f(base + N - 1):
+// (f0 + f1) + (f2 + f3) and so on up, the shape of the butterfly in bit-reversed order.
+template <int N>
+struct Tree {
+    template <typename F>
+    static __device__ __forceinline__ float sum(F f, int base) {
+        return Tree<N / 2>::sum(f, base) + Tree<N / 2>::sum(f, base + N / 2);
+    }
+};
+template <>
+struct Tree<1> {
+    template <typename F>
+    static __device__ __forceinline__ float sum(F f, int base) {
+        return f(base);
+    }
+};
 
 template <typename B>
 struct MmaTile {
@@ -348,12 +436,12 @@ __device__ __forceinline__ void mma_s8(float sf[4], const int a[4], int b0, int 
 // the copies are asynchronous cp.async of the widest unit (16, 8 or 4 bytes) the addresses
 // allow, all in flight at once (the caller commits and waits for the group); otherwise (Q4_0
 // / Q8_0 rows of an odd block count) synchronous halfwords.
-// Warp w copies rows w, w + 4, ...; its lanes the row's units.
+// Warp w of W copies rows w, w + W, ...; its lanes the row's units.
 template <int UNIT>
 __device__ __forceinline__ void mma_stage_async(u32* dst, int dst_words, const u8* src,
                                                 size_t src_stride, int n, int bytes) {
-    const int per = bytes / UNIT, lane = threadIdx.x & 31;
-    for (int r = threadIdx.x >> 5; r < n; r += MMA_THREADS / 32) {
+    const int per = bytes / UNIT, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (int r = threadIdx.x >> 5; r < n; r += nw) {
         const u32 d0 = (u32)__cvta_generic_to_shared(dst + (size_t)r * dst_words);
         const u8* s0 = src + (size_t)r * src_stride;
         for (int c = lane; c < per; c += 32) {
@@ -380,8 +468,8 @@ __device__ __forceinline__ void mma_stage(u32* dst, int dst_words, const u8* src
     if ((align & 15) == 0) return mma_stage_async<16>(dst, dst_words, src, src_stride, n, bytes);
     if ((align & 7) == 0) return mma_stage_async<8>(dst, dst_words, src, src_stride, n, bytes);
     if ((align & 3) == 0) return mma_stage_async<4>(dst, dst_words, src, src_stride, n, bytes);
-    const int per = bytes >> 1, lane = threadIdx.x & 31;
-    for (int r = threadIdx.x >> 5; r < n; r += MMA_THREADS / 32)
+    const int per = bytes >> 1, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (int r = threadIdx.x >> 5; r < n; r += nw)
         for (int c = lane; c < per; c += 32)
             ((u16*)(dst + (size_t)r * dst_words))[c] =
                 ((const u16*)(src + (size_t)r * src_stride))[c];
@@ -414,10 +502,12 @@ struct MmaSmem {
     static constexpr int sc_words = (MMA_ROWS + MMA_BATCH) * MMA_SC_STRIDE;
 };
 
-template <typename B>
+// W warps (4, 8 or 16) share the 32 classes, 32 / W each.
+template <typename B, int W>
 __device__ __forceinline__ void mmvq_mma(const B* w, const block_q8_1* x, float* y, int rows,
                                          int nb, int batch, int canary_row) {
     constexpr int WW = MmaTile<B>::row_words;
+    constexpr int K = 32 / W;
     extern __shared__ u32 mma_shared[];
     float* wsc = (float*)(mma_shared + 2 * MmaSmem<B>::buf_words);  // [16 rows][32] (d, m)
     float* xsc = wsc + MMA_ROWS * MMA_SC_STRIDE;                     // [16 rows][32] (d, s)
@@ -432,9 +522,9 @@ __device__ __forceinline__ void mmvq_mma(const B* w, const block_q8_1* x, float*
     const u8* xt = (const u8*)(x + (size_t)n0 * nb);
     const size_t xstride = (size_t)nb * 36;
 
-    float acc[8][8];
+    float acc[K][8];
 #pragma unroll
-    for (int k = 0; k < 8; ++k)
+    for (int k = 0; k < K; ++k)
 #pragma unroll
         for (int p = 0; p < 8; ++p) acc[k][p] = 0.0f;
 
@@ -465,7 +555,7 @@ __device__ __forceinline__ void mmvq_mma(const B* w, const block_q8_1* x, float*
         const u32* xsm = wsm + MmaSmem<B>::w_words;
         // Widen the step's scales once for the block (rows past the tile hold whatever
         // the buffer held; their results are never stored).
-        for (int i = threadIdx.x; i < MMA_ROWS * 32; i += MMA_THREADS) {
+        for (int i = threadIdx.x; i < MMA_ROWS * 32; i += 32 * W) {
             const int r = i >> 5, c = i & 31;
             *(float2*)(wsc + r * MMA_SC_STRIDE + 2 * c) =
                 MmaOps<B>::scales((const u8*)(wsm + r * WW) + c * sizeof(B));
@@ -475,8 +565,8 @@ __device__ __forceinline__ void mmvq_mma(const B* w, const block_q8_1* x, float*
         }
         __syncthreads();
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            const int c = (int)(__brev((u32)(8 * q + k)) >> 27);
+        for (int k = 0; k < K; ++k) {
+            const int c = (int)(__brev((u32)(K * q + k)) >> 27);
             if (c >= nblk) continue;  // the same for the whole warp
             int a[4];
             MmaOps<B>::frag((const u8*)(wsm + g * WW) + c * sizeof(B),
@@ -505,20 +595,14 @@ __device__ __forceinline__ void mmvq_mma(const B* w, const block_q8_1* x, float*
         __syncthreads();
     }
 
-    // The warp's subtree, then the four subtrees through shared memory.
-    float* red = (float*)mma_shared;  // [4 warps][8 pairs][32 lanes]
+    // The warp's subtree, then the W subtrees through shared memory.
+    float* red = (float*)mma_shared;  // [W warps][8 pairs][32 lanes]
 #pragma unroll
-    for (int p = 0; p < 8; ++p) {
-        const float v = ((acc[0][p] + acc[1][p]) + (acc[2][p] + acc[3][p])) +
-                        ((acc[4][p] + acc[5][p]) + (acc[6][p] + acc[7][p]));
-        red[(q * 8 + p) * 32 + lane] = v;
-    }
+    for (int p = 0; p < 8; ++p)
+        red[(q * 8 + p) * 32 + lane] = Tree<K>::sum([&](int k) { return acc[k][p]; }, 0);
     __syncthreads();
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-        const int p = 2 * q + u;
-        const float v = (red[p * 32 + lane] + red[(8 + p) * 32 + lane]) +
-                        (red[(16 + p) * 32 + lane] + red[(24 + p) * 32 + lane]);
+    for (int p = q; p < 8; p += W) {
+        const float v = Tree<W>::sum([&](int i) { return red[(i * 8 + p) * 32 + lane]; }, 0);
         // Pair p: batch half h = p / 4, entry e = p % 4 of the mma result.
         const int h = p >> 2, e = p & 3;
         const int n = 8 * h + 2 * t + (e & 1), r = g + 8 * (e >> 1);
@@ -526,18 +610,18 @@ __device__ __forceinline__ void mmvq_mma(const B* w, const block_q8_1* x, float*
     }
 }
 
-extern "C" __global__ void matvec_mmvq_mma_q4_0(const block_q4_0* w, const block_q8_1* x,
-                                                float* y, int rows, int nb, int batch,
-                                                int canary_row) {
-    mmvq_mma<block_q4_0>(w, x, y, rows, nb, batch, canary_row);
+extern "C" __global__ void __launch_bounds__(MMA_THREADS) matvec_mmvq_mma_q4_0(
+    const block_q4_0* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
+    int canary_row) {
+    mmvq_mma<block_q4_0, MMA_THREADS / 32>(w, x, y, rows, nb, batch, canary_row);
 }
-extern "C" __global__ void matvec_mmvq_mma_q4_1(const block_q4_1* w, const block_q8_1* x,
-                                                float* y, int rows, int nb, int batch,
-                                                int canary_row) {
-    mmvq_mma<block_q4_1>(w, x, y, rows, nb, batch, canary_row);
+extern "C" __global__ void __launch_bounds__(MMA_THREADS) matvec_mmvq_mma_q4_1(
+    const block_q4_1* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
+    int canary_row) {
+    mmvq_mma<block_q4_1, MMA_THREADS / 32>(w, x, y, rows, nb, batch, canary_row);
 }
-extern "C" __global__ void matvec_mmvq_mma_q8_0(const block_q8_0* w, const block_q8_1* x,
-                                                float* y, int rows, int nb, int batch,
-                                                int canary_row) {
-    mmvq_mma<block_q8_0>(w, x, y, rows, nb, batch, canary_row);
+extern "C" __global__ void __launch_bounds__(MMA_THREADS) matvec_mmvq_mma_q8_0(
+    const block_q8_0* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
+    int canary_row) {
+    mmvq_mma<block_q8_0, MMA_THREADS / 32>(w, x, y, rows, nb, batch, canary_row);
 }

@@ -102,3 +102,27 @@ extern "C" __global__ void add_rmsnorm_q8_1_wide_f32(float* x, const float* delt
     PDL_ENTRY;
     add_rmsnorm_q8_1<NORM_WIDE_REG>(x, delta, g, xf, yq, r_out, cols, eps);
 }
+
+// The norm step of a row split over gridDim.y blocks (grid.x = row), for single-row passes
+// of wide rows, whose one block would quantize its 128 blocks of 32 in 16 rounds per warp.
+// Every block computes the row's v = x + delta and r exactly as add_rmsnorm_q8_1 does (the
+// same elements per thread, the same block_sum), then quantizes only its share: warp w's
+// block w + 8 * blockIdx.y (gridDim.y = ceil(cols / 256)). So the outputs are
+// add_rmsnorm_q8_1_wide_f32's bits. The updated residual goes to x_out, a buffer other than
+// x (which the other blocks are still reading), written with r by block 0 of the row; the
+// f32 values to xf (nullable) by the block that quantizes them.
+extern "C" __global__ void add_rmsnorm_q8_1_split_f32(const float* x, const float* delta,
+                                                      const float* g, float* x_out, float* xf,
+                                                      block_q8_1* yq, float* r_out, int cols,
+                                                      float eps) {
+    __shared__ float sh[32];
+    NormRow<NORM_WIDE_REG> row;
+    row.load_g(g, cols);  // the norm weights never change: loaded before the wait
+    PDL_ENTRY;
+    const size_t at = (size_t)blockIdx.x * cols;
+    const bool first = blockIdx.y == 0;
+    const float r = row.add_rms(x + at, delta != 0 ? delta + at : 0, first ? x_out + at : 0,
+                                cols, eps, sh);
+    row.quantize(r, r_out != 0, yq + at / QK, xf != 0 ? xf + at : 0, cols, (int)blockIdx.y);
+    if (first && r_out != 0 && threadIdx.x == 0) r_out[blockIdx.x] = r;
+}

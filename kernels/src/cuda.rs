@@ -61,7 +61,8 @@ const MMVQ_ROWS: u32 = 8;
 /// and its threads (one warp per quarter of the 32 lane classes).
 const MMA_ROWS: usize = 16;
 const MMA_BATCH: usize = 16;
-const MMA_THREADS: u32 = 128;
+/// Threads per block of the tensor-core form: 8 warps, each taking 4 of the 32 lane classes.
+const MMA_THREADS: u32 = 256;
 /// argmax_f32 (sample.cu): threads per block and elements per block.
 const ARGMAX_THREADS: u32 = 256;
 const ARGMAX_CHUNK: usize = ARGMAX_THREADS as usize * 8;
@@ -100,6 +101,15 @@ pub enum DeviceWeights<'a> {
     F32(&'a CudaSlice<f32>),
     F16(&'a CudaSlice<u16>),
     BF16(&'a CudaSlice<u16>),
+}
+
+/// A kernel's per-thread and per-block resources ([`Gpu::kernel_resources`]).
+#[derive(Debug, Clone, Copy)]
+pub struct KernelResources {
+    pub registers: i32,
+    pub local_bytes: i32,
+    pub static_smem: i32,
+    pub blocks_per_sm: u32,
 }
 
 /// One device with its stream and loaded kernel modules.
@@ -338,6 +348,41 @@ impl Gpu {
         Ok(f)
     }
 
+    /// What kernel `name` of `src` takes per thread and per block, as the driver reports it
+    /// after loading: registers per thread, local (spilled) bytes per thread, static shared
+    /// bytes, and how many blocks of `threads` with `dyn_smem` dynamic shared bytes fit on one
+    /// multiprocessor (raising the kernel's dynamic shared memory limit where needed, as its
+    /// launcher does).
+    pub fn kernel_resources(
+        &self,
+        src: &KernelSource,
+        name: &'static str,
+        threads: u32,
+        dyn_smem: usize,
+    ) -> Result<KernelResources, KernelError> {
+        use cudarc::driver::sys::CUfunction_attribute as A;
+        let f = self.func(src, name)?;
+        let attr = |a: A| {
+            f.get_attribute(a)
+                .map_err(KernelError::driver(format!("reading {name}'s attributes")))
+        };
+        self.allow_dynamic_smem(name, &f, dyn_smem);
+        Ok(KernelResources {
+            registers: attr(A::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+            local_bytes: attr(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+            static_smem: attr(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+            blocks_per_sm: f
+                .occupancy_max_active_blocks_per_multiprocessor(threads, dyn_smem, None)
+                .map_err(KernelError::driver(format!("reading {name}'s occupancy")))?,
+        })
+    }
+
+    /// The dynamic shared memory of the tensor-core matvec for weight blocks of
+    /// `block_bytes` bytes.
+    pub fn mma_smem(&self, block_bytes: usize) -> usize {
+        mma_smem_bytes(block_bytes)
+    }
+
     /// Waits for all work on the stream.
     pub fn synchronize(&self) -> Result<(), KernelError> {
         self.stream
@@ -466,6 +511,37 @@ impl Gpu {
         batch: usize,
         y: &mut CudaSlice<f32>,
     ) -> Result<(), KernelError> {
+        self.matvec_with(family, w, rows, cols, x, batch, None, y)
+    }
+
+    /// The single-row mmvq matvec `y = (W · x) * post[0]`: the fused tier's head with its
+    /// post-scale (one multiply, [`Gpu::scale`]'s) applied as each result is written, the
+    /// same bits as [`Gpu::matvec`] then [`Gpu::scale`] in one launch.
+    pub fn matvec_scaled_b1(
+        &self,
+        w: DeviceWeights,
+        rows: usize,
+        cols: usize,
+        x: &CudaSlice<BlockQ8_1>,
+        post: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<(), KernelError> {
+        need("matvec_mmvq_b1_q4_1", "post", post.len(), 1)?;
+        self.matvec_with(MatvecFamily::Mmvq, w, rows, cols, x, 1, Some(post), y)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn matvec_with(
+        &self,
+        family: MatvecFamily,
+        w: DeviceWeights,
+        rows: usize,
+        cols: usize,
+        x: &CudaSlice<BlockQ8_1>,
+        batch: usize,
+        post: Option<&CudaSlice<f32>>,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<(), KernelError> {
         // Several rows on a device with int8 MMA take the tensor-core form: the same
         // composition, bit for bit (matvec_mmvq.cu says how), at a fraction of the
         // instructions per weight block. It needs its shared memory; without it the warp
@@ -562,8 +638,15 @@ impl Gpu {
             _ => unreachable!("float weights returned above"),
         };
         b.arg(x).arg(y).arg(&r).arg(&n).arg(&bt).arg(&canary);
+        let null = 0u64;
         if family == MatvecFamily::Mmvq && !mma {
             b.arg(&i32::from(x_smem));
+            if batch == 1 {
+                match post {
+                    Some(p) => b.arg(p),
+                    None => b.arg(&null),
+                };
+            }
         }
         // SAFETY: the kernel reads rows*nb weight blocks, batch*nb activation blocks and writes
         // batch*rows floats, all checked above; the grid covers rows and ceil(batch/8) groups

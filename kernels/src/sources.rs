@@ -64,6 +64,16 @@ impl KernelSource {
 mod tests {
     use super::*;
 
+    /// The name of the kernel whose declaration `rest` continues (after `void `), past an
+    /// optional `__launch_bounds__(...)`.
+    fn kernel_name(rest: &str) -> &str {
+        let rest = match rest.strip_prefix("__launch_bounds__(") {
+            Some(r) => r.split_once(')').map_or(r, |(_, after)| after.trim_start()),
+            None => rest,
+        };
+        rest.split('(').next().unwrap_or("").trim()
+    }
+
     /// Every `extern "C"` kernel is named `<op>_<variant>` and every family is non-empty.
     #[test]
     fn families_declare_kernels() {
@@ -72,7 +82,7 @@ mod tests {
                 .text
                 .split("extern \"C\" __global__ void ")
                 .skip(1)
-                .map(|rest| rest.split('(').next().unwrap_or(""))
+                .map(|rest| kernel_name(rest))
                 .collect();
             assert!(!names.is_empty(), "{} declares no kernel", src.file);
             for n in names {
@@ -92,7 +102,7 @@ mod tests {
     fn every_kernel_waits_for_its_predecessor() {
         for src in ALL {
             for body in src.text.split("extern \"C\" __global__ void ").skip(1) {
-                let name = body.split('(').next().unwrap_or("");
+                let name = kernel_name(body);
                 assert!(
                     body.contains("PDL_ENTRY;")
                         || body.contains("mmvq_entry<")

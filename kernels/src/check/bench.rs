@@ -55,8 +55,39 @@ fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
         .map_err(KernelError::driver("allocating device memory"))
 }
 
+/// The resources of the kernels the decode step spends its time in, at their launch shapes
+/// on the llama-7B geometry: registers, spills and resident blocks per multiprocessor.
+fn resources(gpu: &Gpu) -> R<()> {
+    use crate::sources::{MATVEC_MMVQ, NORM};
+    let row4096 = 128 * std::mem::size_of::<BlockQ8_1>();
+    let row11008 = 344 * std::mem::size_of::<BlockQ8_1>();
+    let kernels = [
+        (&MATVEC_MMVQ, "matvec_mmvq_b1_q4_1", 256, row4096),
+        (&MATVEC_MMVQ, "matvec_mmvq_b1_q4_1", 256, row11008),
+        (&MATVEC_MMVQ, "matvec_mmvq_b1_q8_0", 256, row4096),
+        (&MATVEC_MMVQ, "matvec_mmvq_q4_1", 256, 8 * row4096),
+        (&MATVEC_MMVQ, "matvec_mmvq_mma_q4_1", 256, gpu.mma_smem(20)),
+        (&MATVEC_MMVQ, "matvec_mmvq_mma_q8_0", 256, gpu.mma_smem(34)),
+        (&NORM, "add_rmsnorm_q8_1_wide_f32", 256, 0),
+    ];
+    println!(
+        "| kernel | threads | dynamic smem | registers | local bytes | static smem | blocks/SM |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (src, name, threads, smem) in kernels {
+        let r = gpu.kernel_resources(src, name, threads, smem)?;
+        println!(
+            "| {name} | {threads} | {smem} | {} | {} | {} | {} |",
+            r.registers, r.local_bytes, r.static_smem, r.blocks_per_sm
+        );
+    }
+    println!();
+    Ok(())
+}
+
 /// Runs the benchmark and prints its table.
 pub fn run(gpu: &Gpu) -> R<()> {
+    resources(gpu)?;
     let mut rng = Rng::new(1);
     println!("| kernel | geometry | B | µs/call | weight GB/s | rotated MB |");
     println!("|---|---|---|---|---|---|");

@@ -1054,6 +1054,57 @@ pub fn norm_step(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
                     None,
                 ));
             }
+            // The wide rows split over blocks, out of place, with the f32 values.
+            if kernel != "add_rmsnorm_q8_1_wide_f32" {
+                continue;
+            }
+            let k = "add_rmsnorm_q8_1_split_f32";
+            let sx = up(gpu, &x)?;
+            let mut sxo = zeros::<f32>(gpu, nrows * cols)?;
+            let mut sq = zeros::<BlockQ8_1>(gpu, nrows * cols / QK)?;
+            let mut sr = zeros::<f32>(gpu, nrows)?;
+            let mut sxf = zeros::<f32>(gpu, nrows * cols)?;
+            gpu.add_rmsnorm_q8_1_split(
+                &sx,
+                Some(&dd),
+                &dg,
+                &mut sxo,
+                Some(&mut sxf),
+                &mut sq,
+                fused.then_some(&mut sr),
+                nrows,
+                cols,
+                1e-5,
+            )?;
+            out.push(compare_f32(
+                format!("kernel-check/{k}/x_out/{geo}"),
+                &wv,
+                &down(gpu, &sxo)?,
+                cols,
+                None,
+            ));
+            out.push(compare_u32(
+                format!("kernel-check/{k}/q/{geo}"),
+                &q8_words(&wq),
+                &q8_words(&down(gpu, &sq)?),
+                34,
+            ));
+            out.push(compare_f32(
+                format!("kernel-check/{k}/xf==one-block/{geo}"),
+                &down(gpu, &dxf)?,
+                &down(gpu, &sxf)?,
+                cols,
+                None,
+            ));
+            if fused {
+                out.push(compare_f32(
+                    format!("kernel-check/{k}/r/{geo}"),
+                    &wr,
+                    &down(gpu, &sr)?,
+                    1,
+                    None,
+                ));
+            }
         }
     }
     Ok(out)
@@ -1162,6 +1213,40 @@ pub fn row_prologues(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
                     }
                 }
             }
+        }
+    }
+    Ok(out)
+}
+
+/// The single-row matvec with the fused tier's head post-scale (`matvec_scaled_b1`) bit for
+/// bit against the two launches it replaces (the matvec, then `scale_f32`), at the SmolLM2
+/// head and a ragged shape.
+pub fn head_post_scale(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
+    let mut out = Vec::new();
+    for (rows, cols) in [(49152usize, 576usize), (1003, 32 * 37)] {
+        let nb = cols / QK;
+        let (q40, q41, q80) = weights3(rng, rows * nb);
+        let (d40, d41, d80) = (up(gpu, &q40)?, up(gpu, &q41)?, up(gpu, &q80)?);
+        let xq = up(gpu, &quantize_host(&rng.vec(cols, 1.0)))?;
+        let post = up(gpu, &[0.5f32 + rng.f().abs()])?;
+        let kinds = [
+            ("q4_0", DeviceWeights::Q4_0(&d40)),
+            ("q4_1", DeviceWeights::Q4_1(&d41)),
+            ("q8_0", DeviceWeights::Q8_0(&d80)),
+        ];
+        for (ty, dw) in kinds {
+            let mut want = zeros::<f32>(gpu, rows)?;
+            gpu.matvec(MatvecFamily::Mmvq, dw, rows, cols, &xq, 1, &mut want)?;
+            gpu.scale(&mut want, &post, rows, rows)?;
+            let mut got = zeros::<f32>(gpu, rows)?;
+            gpu.matvec_scaled_b1(dw, rows, cols, &xq, &post, &mut got)?;
+            out.push(compare_f32(
+                format!("kernel-check/matvec_mmvq_b1_{ty}/{rows}x{cols}/post==matvec+scale"),
+                &down(gpu, &want)?,
+                &down(gpu, &got)?,
+                rows,
+                None,
+            ));
         }
     }
     Ok(out)

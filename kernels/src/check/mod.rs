@@ -120,12 +120,13 @@ pub fn run(env: &CheckEnv) -> i32 {
             let mut rng = cases::Rng::new(env.seed);
             type Case =
                 fn(&Gpu, &mut cases::Rng) -> Result<Vec<CheckRow>, crate::error::KernelError>;
-            let all: [(&str, Case); 10] = [
+            let all: [(&str, Case); 11] = [
                 ("norm-quantize", cases::norm_and_quantize),
                 ("matvec", cases::matvec),
                 ("matvec-float", cases::matvec_float),
                 ("norm-step", cases::norm_step),
                 ("row-prologues", cases::row_prologues),
+                ("head-post-scale", cases::head_post_scale),
                 ("rope", cases::rope),
                 ("attention", cases::attention),
                 ("attention-rope-rows", cases::attention_rope_rows),

@@ -275,6 +275,87 @@ impl Gpu {
         Ok(())
     }
 
+    /// The norm step of [`Gpu::add_rmsnorm_q8_1`] for rows of more than
+    /// [`Gpu::NORM_PROLOGUE_MAX_COLS`] and at most [`Gpu::NORM_WIDE_MAX_COLS`], each row split
+    /// over `ceil(cols / 256)` blocks that quantize a share each (the same bits): shorter
+    /// for a single row, whose one block would quantize all of it. Out of place: `x +
+    /// delta` goes to `x_out`, which must not be `x`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rmsnorm_q8_1_split(
+        &self,
+        x: &CudaSlice<f32>,
+        delta: Option<&CudaSlice<f32>>,
+        g: &CudaSlice<f32>,
+        x_out: &mut CudaSlice<f32>,
+        xf: Option<&mut CudaSlice<f32>>,
+        yq: &mut CudaSlice<BlockQ8_1>,
+        r_out: Option<&mut CudaSlice<f32>>,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<(), KernelError> {
+        const K: &str = "add_rmsnorm_q8_1_split_f32";
+        if !cols.is_multiple_of(QK)
+            || cols <= Self::NORM_PROLOGUE_MAX_COLS
+            || cols > Self::NORM_WIDE_MAX_COLS
+            || rows == 0
+        {
+            return Err(shape(
+                K,
+                format!(
+                    "cols = {cols} must be a multiple of 32 above {} and at most {}, rows = \
+                     {rows} positive; other widths take add_rmsnorm_q8_1",
+                    Self::NORM_PROLOGUE_MAX_COLS,
+                    Self::NORM_WIDE_MAX_COLS
+                ),
+            ));
+        }
+        need(K, "x", x.len(), rows * cols)?;
+        if let Some(d) = delta {
+            need(K, "delta", d.len(), rows * cols)?;
+        }
+        need(K, "g", g.len(), cols)?;
+        need(K, "x_out", x_out.len(), rows * cols)?;
+        if let Some(f) = &xf {
+            need(K, "xf", f.len(), rows * cols)?;
+        }
+        need(K, "yq", yq.len(), rows * cols / QK)?;
+        if let Some(r) = &r_out {
+            need(K, "r_out", r.len(), rows)?;
+        }
+        let c = int(K, "cols", cols)?;
+        let f = self.func(&sources::NORM, K)?;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, cols.div_ceil(NORM_THREADS) as u32, 1),
+            block_dim: (NORM_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let null = 0u64;
+        let mut b = self.launcher(&f);
+        b.arg(x);
+        match delta {
+            Some(d) => b.arg(d),
+            None => b.arg(&null),
+        };
+        b.arg(g).arg(x_out);
+        match xf {
+            Some(v) => b.arg(v),
+            None => b.arg(&null),
+        };
+        b.arg(yq);
+        match r_out {
+            Some(v) => b.arg(v),
+            None => b.arg(&null),
+        };
+        b.arg(&c).arg(&eps);
+        // SAFETY: grid (rows, ceil(cols / 256)); every buffer was checked for rows * cols
+        // values (yq for rows * cols / 32 blocks, r_out one per row); x_out is a distinct
+        // buffer (the borrow checker keeps it from aliasing x); null optional pointers are
+        // tested by the kernel before use.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
     /// RoPE and KV store of `rows.batch` rows of `qkv` (`[B][q | k | v]`, row stride
     /// `q_dim + 2 kv_dim`): q rotated in place, k rotated into `k_cache[b]` and v copied
     /// into `v_cache[b]` at `pos[b]`, all scaled by `post_scale[b]` when given. `table` comes

@@ -1353,6 +1353,14 @@ fn encode(
     let mut x_alt = x_alt;
     let norm_prologue =
         |w: &DevWeight| prologues && w.quantized() && d <= Gpu::NORM_PROLOGUE_MAX_COLS;
+    // Rows too wide for the prologue (llama-7B's 4096) take the norm step split over blocks,
+    // out of place: it writes the updated stream to `x_alt` and the walk swaps, as it does
+    // after a prologue (both norms of every layer, so again an even number of flips).
+    let split_norm = n == 1
+        && !tap.on()
+        && norm_prologues_enabled()
+        && d > Gpu::NORM_PROLOGUE_MAX_COLS
+        && d <= Gpu::NORM_WIDE_MAX_COLS;
 
     if seg.stages.start == 0 {
         gpu.embed(dm.token_embd.view(), c.n_vocab, d, tokens, x, n)?;
@@ -1401,6 +1409,22 @@ fn encode(
                     qkv,
                 )?;
                 std::mem::swap(&mut x, &mut x_alt);
+            } else if split_norm {
+                gpu.add_rmsnorm_q8_1_split(
+                    x,
+                    walked.then_some(&*delta),
+                    &layer.attn_norm,
+                    x_alt,
+                    (!layer.wqkv.quantized()).then_some(&mut *xf),
+                    xq,
+                    fused.then_some(&mut *r),
+                    n,
+                    d,
+                    c.rms_eps,
+                )?;
+                std::mem::swap(&mut x, &mut x_alt);
+                tap.record(gpu, l, Site::AttnIn, xq, d, fused.then_some(&*r))?;
+                matvec(gpu, ctx.family, &layer.wqkv, xq, xf, n, qkv)?;
             } else {
                 gpu.add_rmsnorm_q8_1(
                     x,
@@ -1492,6 +1516,22 @@ fn encode(
                     gu,
                 )?;
                 std::mem::swap(&mut x, &mut x_alt);
+            } else if split_norm {
+                gpu.add_rmsnorm_q8_1_split(
+                    x,
+                    Some(&*delta),
+                    &layer.ffn_norm,
+                    x_alt,
+                    (!layer.w_gu.quantized()).then_some(&mut *xf),
+                    xq,
+                    fused.then_some(&mut *r),
+                    n,
+                    d,
+                    c.rms_eps,
+                )?;
+                std::mem::swap(&mut x, &mut x_alt);
+                tap.record(gpu, l, Site::FfnIn, xq, d, fused.then_some(&*r))?;
+                matvec(gpu, ctx.family, &layer.w_gu, xq, xf, n, gu)?;
             } else {
                 gpu.add_rmsnorm_q8_1(
                     x,
@@ -1525,21 +1565,43 @@ fn encode(
         return Ok(());
     }
     let head = dm.head();
-    gpu.add_rmsnorm_q8_1(
-        x,
-        walked.then_some(&*delta),
-        &dm.output_norm,
-        (!head.quantized()).then_some(&mut *xf),
-        xq,
-        fused.then_some(&mut *r),
-        n,
-        d,
-        c.rms_eps,
-    )?;
+    if split_norm {
+        // Nothing reads the stream after the head's norm, so this flip needs no partner.
+        gpu.add_rmsnorm_q8_1_split(
+            x,
+            walked.then_some(&*delta),
+            &dm.output_norm,
+            x_alt,
+            (!head.quantized()).then_some(&mut *xf),
+            xq,
+            fused.then_some(&mut *r),
+            n,
+            d,
+            c.rms_eps,
+        )?;
+    } else {
+        gpu.add_rmsnorm_q8_1(
+            x,
+            walked.then_some(&*delta),
+            &dm.output_norm,
+            (!head.quantized()).then_some(&mut *xf),
+            xq,
+            fused.then_some(&mut *r),
+            n,
+            d,
+            c.rms_eps,
+        )?;
+    }
     tap.record(gpu, c.n_layer, Site::HeadIn, xq, d, fused.then_some(&*r))?;
-    matvec(gpu, ctx.family, head, xq, xf, n, logits)?;
-    if fused {
-        gpu.scale(logits, r, n * c.n_vocab, c.n_vocab)?;
+    // The fused tier (single rows, mmvq) applies the head's post-scale as the matvec writes
+    // each logit: the same multiply as the scale launch it saves.
+    if fused && n == 1 && ctx.family == MatvecFamily::Mmvq && head.quantized() {
+        gpu.matvec_scaled_b1(head.view(), head.rows, head.cols, xq, r, logits)?;
+    } else {
+        matvec(gpu, ctx.family, head, xq, xf, n, logits)?;
+        if fused {
+            gpu.scale(logits, r, n * c.n_vocab, c.n_vocab)?;
+        }
     }
     Ok(())
 }
