@@ -184,6 +184,19 @@ fn bad_input_exits_2_with_a_clear_message() {
         stderr(&o)
     );
 
+    // A --only text that names no door setting is refused before any device is opened,
+    // with the settings listed.
+    let o = run(&["bench", m, "--door-matrix", "--only", "mmvq=7"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--only \"mmvq=7\" matches no door setting")
+            && stderr(&o).contains("mmvq=1 nofuse=0 fa3=1"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["bench", m, "--only", "mmvq=1"]);
+    assert_eq!(o.status.code(), Some(2), "--only without --door-matrix");
+
     let not_gguf = dir.path().join("not.gguf");
     std::fs::write(&not_gguf, b"hello").unwrap();
     let o = run(&["info", not_gguf.to_str().unwrap()]);

@@ -278,6 +278,70 @@ extern "C" __global__ void matvec_mmvq_b1_q8_0(const block_q8_0* w, const block_
                                             int x_smem, const float* post) {
     mmvq_entry<block_q8_0, 1>(w, x, y, rows, nb, batch, canary_row, x_smem, post);
 }
+// Single-row passes over many short rows (the output head: 49152 rows of 18 blocks): each
+// warp takes R rows, whose first blocks it loads together before the wait, so a lane keeps
+// R blocks in flight where a row gives it at most one, and the grid has R times fewer
+// blocks. Row i of warp w in thread block k is k * 8R + 8i + w. Each row's arithmetic is
+// the warp-per-row kernel's (lane order, then the butterfly), so the bits are the same.
+template <typename B, bool SMEM, int R>
+__device__ __forceinline__ void mmvq_rows(const B* w, const block_q8_1* x, float* y, int rows,
+                                          int nb, int canary_row, const float* post) {
+    extern __shared__ u32 x_shared[];
+    typedef typename Loaded<B>::type L;
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const int base = blockIdx.x * warps * R + (threadIdx.x >> 5);
+    L pre[R];
+    int nb_row[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        const int row = base + i * warps;
+        nb_row[i] = row >= rows ? 0 : row == canary_row ? nb - 1 : nb;
+        if (lane < nb_row[i]) pre[i] = load_block(w + (size_t)row * nb + lane);
+    }
+    PDL_ENTRY;
+    if (SMEM) {
+        StageCopy()(x_shared, x, nb);
+        __syncthreads();
+    }
+    const block_q8_1* xs = SMEM ? (const block_q8_1*)x_shared : x;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        const int row = base + i * warps;
+        if (row >= rows) return;  // the same for the whole warp
+        float acc = 0.0f;
+        if (lane < nb_row[i]) mmvq_block<L, 1>(pre[i], xs, lane, nb, 1, &acc);
+        mmvq_rest<B, 1>(w + (size_t)row * nb, lane + 32, nb_row[i], xs, nb, 1, &acc);
+        float v = warp_sum(acc);
+        if (post != 0) v = v * post[0];
+        if (lane == 0) y[row] = v;
+    }
+}
+template <typename B, int R>
+__device__ __forceinline__ void mmvq_rows_entry(const B* w, const block_q8_1* x, float* y,
+                                                int rows, int nb, int canary_row, int x_smem,
+                                                const float* post) {
+    if (x_smem)
+        mmvq_rows<B, true, R>(w, x, y, rows, nb, canary_row, post);
+    else
+        mmvq_rows<B, false, R>(w, x, y, rows, nb, canary_row, post);
+}
+#define MMVQ_ROWS_PER_WARP 2
+extern "C" __global__ void matvec_mmvq_b1x2_q4_0(const block_q4_0* w, const block_q8_1* x,
+                                              float* y, int rows, int nb, int batch,
+                                              int canary_row, int x_smem, const float* post) {
+    mmvq_rows_entry<block_q4_0, MMVQ_ROWS_PER_WARP>(w, x, y, rows, nb, canary_row, x_smem, post);
+}
+extern "C" __global__ void matvec_mmvq_b1x2_q4_1(const block_q4_1* w, const block_q8_1* x,
+                                              float* y, int rows, int nb, int batch,
+                                              int canary_row, int x_smem, const float* post) {
+    mmvq_rows_entry<block_q4_1, MMVQ_ROWS_PER_WARP>(w, x, y, rows, nb, canary_row, x_smem, post);
+}
+extern "C" __global__ void matvec_mmvq_b1x2_q8_0(const block_q8_0* w, const block_q8_1* x,
+                                              float* y, int rows, int nb, int batch,
+                                              int canary_row, int x_smem, const float* post) {
+    mmvq_rows_entry<block_q8_0, MMVQ_ROWS_PER_WARP>(w, x, y, rows, nb, canary_row, x_smem, post);
+}
+
 // Single-row passes whose activation row is computed by a prologue (see "Row prologues").
 // Norm: x (f32 row of nb * 32), delta (nullable), g; the updated residual goes to x_out and,
 // when r_out is set (fused tier), r to r_out[0] — both by block 0. The launcher keeps
@@ -315,12 +379,13 @@ extern "C" __global__ void matvec_mmvq_b1_norm_q8_0(const block_q8_0* w, float* 
 //     increasing b: here, per class, a register accumulator fed in the same order;
 //   * the xor butterfly then combines the 32 class values as the tree whose level o pairs
 //     c with c + o (o = 16, 8, 4, 2, 1). Visiting the classes in 5-bit bit-reversed order
-//     (0, 16, 8, 24, 4, ...) turns that tree into adjacent pairs: warp q of the block owns the
-//     eight classes at bit-reversed positions 8q..8q+7, folds them as ((l0+l1)+(l2+l3)) +
-//     ((l4+l5)+(l6+l7)), and the four warps' results meet as (S0+S1)+(S2+S3).
+//     (0, 16, 8, 24, 4, ...) turns that tree into adjacent pairs: warp q of the block's W owns
+//     the 32/W classes at bit-reversed positions (32/W)q.., folds them pairwise (Tree), and
+//     the W warps' results meet in the same pairwise tree, ((S0+S1)+(S2+S3))+... for W = 8.
 // Float addition is commutative bit for bit, so the operand order inside each pair is free.
 //
-// Geometry: a block of 4 warps (128 threads) owns a tile of 16 weight rows x 16 batch rows;
+// Geometry: a block of 8 warps (MMA_THREADS, 4 classes each: measured faster than 4 warps of
+// 8 and 16 of 2 on the 7B shapes) owns a tile of 16 weight rows x 16 batch rows;
 // grid (ceil(batch/16), ceil(rows/16)), batch tiles fastest so the blocks sharing a weight
 // tile run together and read it from L2. The weights and activations of 32 consecutive
 // blocks (one per class) are staged in shared memory per step with asynchronous copies, the

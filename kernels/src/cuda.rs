@@ -57,6 +57,10 @@ pub fn probe() -> Result<(i32, i32), KernelError> {
 
 /// Rows (warps) per thread block of the mmvq matvec.
 const MMVQ_ROWS: u32 = 8;
+/// Rows per warp of the single-row mmvq form for many short rows (`matvec_mmvq_b1x2_*`),
+/// taken for rows of at most 32 blocks when there are at least `MMVQ_MULTI_MIN_ROWS`.
+const MMVQ_ROWS_PER_WARP: u32 = 2;
+const MMVQ_MULTI_MIN_ROWS: usize = 16384;
 /// The tensor-core batched mmvq tile (matvec_mmvq.cu): weight rows and batch rows per block,
 /// and its threads (one warp per quarter of the 32 lane classes).
 const MMA_ROWS: usize = 16;
@@ -563,12 +567,25 @@ impl Gpu {
             mma = self.allow_dynamic_smem(k, &f, mma_bytes);
             mma_f = mma.then_some(f);
         }
+        // Many short single rows (the output head) take two rows per warp.
+        let multi = family == MatvecFamily::Mmvq
+            && batch == 1
+            && cols.div_ceil(QK) <= 32
+            && rows >= MMVQ_MULTI_MIN_ROWS;
         let (src, names) = (
             match family {
                 MatvecFamily::Mmvq => &sources::MATVEC_MMVQ,
                 MatvecFamily::Dp4a => &sources::MATVEC_DP4A,
             },
-            self.matvec_names(family, batch, mma),
+            if multi {
+                [
+                    "matvec_mmvq_b1x2_q4_0",
+                    "matvec_mmvq_b1x2_q4_1",
+                    "matvec_mmvq_b1x2_q8_0",
+                ]
+            } else {
+                self.matvec_names(family, batch, mma)
+            },
         );
         let (k, wlen) = match w {
             DeviceWeights::Q4_0(s) => (names[0], s.len()),
@@ -618,6 +635,11 @@ impl Gpu {
                 ),
                 block_dim: (MMA_THREADS, 1, 1),
                 shared_mem_bytes: mma_bytes as u32,
+            },
+            MatvecFamily::Mmvq if multi => LaunchConfig {
+                grid_dim: ((rows as u32).div_ceil(MMVQ_ROWS * MMVQ_ROWS_PER_WARP), 1, 1),
+                block_dim: (32 * MMVQ_ROWS, 1, 1),
+                shared_mem_bytes: if x_smem { x_bytes as u32 } else { 0 },
             },
             MatvecFamily::Mmvq => LaunchConfig {
                 grid_dim: ((rows as u32).div_ceil(MMVQ_ROWS), groups, 1),
@@ -1138,6 +1160,9 @@ mod tests {
         assert!(text.contains(&format!("#define MMA_ROWS {MMA_ROWS}\n")));
         assert!(text.contains(&format!("#define MMA_BATCH {MMA_BATCH}\n")));
         assert!(text.contains(&format!("#define MMA_THREADS {MMA_THREADS}\n")));
+        assert!(text.contains(&format!(
+            "#define MMVQ_ROWS_PER_WARP {MMVQ_ROWS_PER_WARP}\n"
+        )));
         assert!(text.contains("#define MMA_XS_WORDS (32 * 9 + 4)\n"));
         assert!(text.contains("#define MMA_SC_STRIDE (32 * 2 + 2)\n"));
         let sample = sources::SAMPLE.text;

@@ -82,7 +82,7 @@ mod tests {
                 .text
                 .split("extern \"C\" __global__ void ")
                 .skip(1)
-                .map(|rest| kernel_name(rest))
+                .map(kernel_name)
                 .collect();
             assert!(!names.is_empty(), "{} declares no kernel", src.file);
             for n in names {
@@ -96,7 +96,7 @@ mod tests {
     }
 
     /// Every kernel waits for its predecessor (PDL_ENTRY, directly or in the mmvq bodies that
-    /// mmvq_entry and mmvq_mma run):
+    /// mmvq_entry, mmvq_rows_entry and mmvq_mma run):
     /// one kernel without the wait would let the next one run ahead of a result it needs.
     #[test]
     fn every_kernel_waits_for_its_predecessor() {
@@ -106,6 +106,7 @@ mod tests {
                 assert!(
                     body.contains("PDL_ENTRY;")
                         || body.contains("mmvq_entry<")
+                        || body.contains("mmvq_rows_entry<")
                         || body.contains("mmvq_mma<"),
                     "{}: kernel {name} has no PDL_ENTRY",
                     src.file

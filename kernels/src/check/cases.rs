@@ -224,8 +224,9 @@ pub fn matvec(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
 
 fn matvec_forms(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
     let mut out = Vec::new();
-    let geoms: [(usize, usize, &[usize]); 9] = [
+    let geoms: [(usize, usize, &[usize]); 10] = [
         (576, 576, &[1, 3, 8, 64]),
+        (20011, 32 * 18, &[1, 3]),
         (1536, 576, &[1, 3, 8, 64]),
         (576, 1536, &[1, 3, 8, 64]),
         (49152, 576, &[1, 3, 8]),
