@@ -68,7 +68,15 @@ fn resources(gpu: &Gpu) -> R<()> {
         (&MATVEC_MMVQ, "matvec_mmvq_q4_1", 256, 8 * row4096),
         (&MATVEC_MMVQ, "matvec_mmvq_mma_q4_1", 256, gpu.mma_smem(20)),
         (&MATVEC_MMVQ, "matvec_mmvq_mma_q8_0", 256, gpu.mma_smem(34)),
+        (
+            &MATVEC_MMVQ,
+            "matvec_mmvq_b1_norm_q4_1",
+            256,
+            18 * std::mem::size_of::<BlockQ8_1>(),
+        ),
+        (&NORM, "add_rmsnorm_q8_1_f32", 256, 0),
         (&NORM, "add_rmsnorm_q8_1_wide_f32", 256, 0),
+        (&NORM, "add_rmsnorm_q8_1_split_f32", 256, 0),
     ];
     println!(
         "| kernel | threads | dynamic smem | registers | local bytes | static smem | blocks/SM |"
