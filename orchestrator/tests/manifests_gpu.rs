@@ -171,6 +171,12 @@ fn the_nightly_plans_pp_on_two_gpus_in_both_orders_with_canaries_and_compares() 
     assert_eq!(cells_of(&plan, "pp-vs-unsplit").len(), 2);
     assert_eq!(policy("fa3-vs-naive")["kind"], "argmax_agree");
     assert_eq!(policy("mmvq-vs-dp4a")["kind"], "argmax_agree");
+    // The performance switches are held to the default dump's bits.
+    assert_eq!(policy("switches-change-no-bit")["kind"], "bitwise");
+    let plain = &cells_of(&plan, "dump-plain")[0];
+    for var in ["MEMRA_MMA", "MEMRA_PDL", "MEMRA_PROLOGUES"] {
+        assert_eq!(plain["env"][var], "0", "{plain:#}");
+    }
     // The real model is fetched once (`creates`) and joins reference-gate.
     let fetch = &cells_of(&plan, "fetch-model")[0];
     assert!(!fetch["creates"].as_array().unwrap().is_empty());
