@@ -530,7 +530,6 @@ impl Gpu {
         post: &CudaSlice<f32>,
         y: &mut CudaSlice<f32>,
     ) -> Result<(), KernelError> {
-        need("matvec_mmvq_b1_q4_1", "post", post.len(), 1)?;
         self.matvec_with(MatvecFamily::Mmvq, w, rows, cols, x, 1, Some(post), y)
     }
 
@@ -610,6 +609,9 @@ impl Gpu {
         need(k, "w", wlen, rows * nb)?;
         need(k, "x", x.len(), batch * nb)?;
         need(k, "y", y.len(), batch * rows)?;
+        if let Some(p) = post {
+            need(k, "post", p.len(), batch)?;
+        }
         let (r, n, bt) = (
             int(k, "rows", rows)?,
             int(k, "cols / 32", nb)?,

@@ -1273,6 +1273,33 @@ fn parse_prologues(v: &str) -> Option<bool> {
     }
 }
 
+/// The norm step of [`Gpu::add_rmsnorm_q8_1`] on the stream in `x`: with `split`, the
+/// split-over-blocks kernel writes the updated stream to `x_alt` and the two swap (single
+/// wide rows, see [`encode`]); otherwise in place.
+#[allow(clippy::too_many_arguments)]
+fn norm_step<'a>(
+    gpu: &Gpu,
+    split: bool,
+    x: &mut &'a mut CudaSlice<f32>,
+    x_alt: &mut &'a mut CudaSlice<f32>,
+    delta: Option<&CudaSlice<f32>>,
+    g: &CudaSlice<f32>,
+    xf: Option<&mut CudaSlice<f32>>,
+    xq: &mut CudaSlice<BlockQ8_1>,
+    r_out: Option<&mut CudaSlice<f32>>,
+    n: usize,
+    d: usize,
+    eps: f32,
+) -> Result<(), KernelError> {
+    if split {
+        gpu.add_rmsnorm_q8_1_split(x, delta, g, x_alt, xf, xq, r_out, n, d, eps)?;
+        std::mem::swap(x, x_alt);
+    } else {
+        gpu.add_rmsnorm_q8_1(x, delta, g, xf, xq, r_out, n, d, eps)?;
+    }
+    Ok(())
+}
+
 /// Every launch of segment `k` of one pass, in stream order on the segment's device: the
 /// embedding when the segment holds stage 0, its stages' layers (with the same-device
 /// boundary copies of a split walk between them) and the head when it is the last segment.
@@ -1411,25 +1438,12 @@ fn encode(
                     qkv,
                 )?;
                 std::mem::swap(&mut x, &mut x_alt);
-            } else if split_norm {
-                gpu.add_rmsnorm_q8_1_split(
-                    x,
-                    walked.then_some(&*delta),
-                    &layer.attn_norm,
-                    x_alt,
-                    (!layer.wqkv.quantized()).then_some(&mut *xf),
-                    xq,
-                    fused.then_some(&mut *r),
-                    n,
-                    d,
-                    c.rms_eps,
-                )?;
-                std::mem::swap(&mut x, &mut x_alt);
-                tap.record(gpu, l, Site::AttnIn, xq, d, fused.then_some(&*r))?;
-                matvec(gpu, ctx.family, &layer.wqkv, xq, xf, n, qkv)?;
             } else {
-                gpu.add_rmsnorm_q8_1(
-                    x,
+                norm_step(
+                    gpu,
+                    split_norm,
+                    &mut x,
+                    &mut x_alt,
                     walked.then_some(&*delta),
                     &layer.attn_norm,
                     (!layer.wqkv.quantized()).then_some(&mut *xf),
@@ -1518,25 +1532,12 @@ fn encode(
                     gu,
                 )?;
                 std::mem::swap(&mut x, &mut x_alt);
-            } else if split_norm {
-                gpu.add_rmsnorm_q8_1_split(
-                    x,
-                    Some(&*delta),
-                    &layer.ffn_norm,
-                    x_alt,
-                    (!layer.w_gu.quantized()).then_some(&mut *xf),
-                    xq,
-                    fused.then_some(&mut *r),
-                    n,
-                    d,
-                    c.rms_eps,
-                )?;
-                std::mem::swap(&mut x, &mut x_alt);
-                tap.record(gpu, l, Site::FfnIn, xq, d, fused.then_some(&*r))?;
-                matvec(gpu, ctx.family, &layer.w_gu, xq, xf, n, gu)?;
             } else {
-                gpu.add_rmsnorm_q8_1(
-                    x,
+                norm_step(
+                    gpu,
+                    split_norm,
+                    &mut x,
+                    &mut x_alt,
                     Some(&*delta),
                     &layer.ffn_norm,
                     (!layer.w_gu.quantized()).then_some(&mut *xf),
@@ -1567,33 +1568,21 @@ fn encode(
         return Ok(());
     }
     let head = dm.head();
-    if split_norm {
-        // Nothing reads the stream after the head's norm, so this flip needs no partner.
-        gpu.add_rmsnorm_q8_1_split(
-            x,
-            walked.then_some(&*delta),
-            &dm.output_norm,
-            x_alt,
-            (!head.quantized()).then_some(&mut *xf),
-            xq,
-            fused.then_some(&mut *r),
-            n,
-            d,
-            c.rms_eps,
-        )?;
-    } else {
-        gpu.add_rmsnorm_q8_1(
-            x,
-            walked.then_some(&*delta),
-            &dm.output_norm,
-            (!head.quantized()).then_some(&mut *xf),
-            xq,
-            fused.then_some(&mut *r),
-            n,
-            d,
-            c.rms_eps,
-        )?;
-    }
+    // Nothing reads the stream after the head's norm, so a flip here needs no partner.
+    norm_step(
+        gpu,
+        split_norm,
+        &mut x,
+        &mut x_alt,
+        walked.then_some(&*delta),
+        &dm.output_norm,
+        (!head.quantized()).then_some(&mut *xf),
+        xq,
+        fused.then_some(&mut *r),
+        n,
+        d,
+        c.rms_eps,
+    )?;
     tap.record(gpu, c.n_layer, Site::HeadIn, xq, d, fused.then_some(&*r))?;
     // The fused tier (single rows, mmvq) applies the head's post-scale as the matvec writes
     // each logit: the same multiply as the scale launch it saves.
