@@ -56,33 +56,87 @@ __device__ __forceinline__ KvRows cache_rows(const float* k, const float* v, int
     return r;
 }
 
-// The value loops below are unrolled (#pragma unroll 8) so the loads of several tokens are in
-// flight at once; the adds into each accumulator keep their token order, so the bits do not
-// change.
-//
-// Scores s[t - t0] = dot(q_h, k_t) * scale for t in [t0, t1): warp w takes tokens t0 + w,
-// t0 + w + 4, ...; lane l accumulates d = l, l+32, ...; then the butterfly.
-__device__ __forceinline__ void attn_scores(const float* qh, const KvRows& kv, float* s, int t0,
-                                            int t1, float scale) {
+// Scores s[t - t0] = dot(q_h, k_t) * scale for t in [t0, t1). Each score is the warp
+// composition of the twin: lane l accumulates d = l, l+32, ... in order from 0.0f, then the
+// xor butterfly (warp_sum's levels 16, 8, 4, 2, 1) adds the 32 lane values. Warp w takes the
+// groups of ATTN_GROUP consecutive tokens t0 + ATTN_GROUP * w, then every
+// ATTN_GROUP * nwarps further; a lane first accumulates its value for each of the group's
+// tokens (independent chains, so the loads are in flight together), then levels 16 and 8
+// run the butterfly on every token, and levels 4, 2, 1 halve the tokens a lane holds at each
+// step: lane l keeps the half its bit o selects and adds its partner's value for it, which is
+// the pair sum the butterfly forms at that level (addition commutes bit for bit). After the
+// last level lane l holds token l % ATTN_GROUP's score, the butterfly's value exactly, with 23
+// shuffles per group of 8 instead of 40. Tokens past t1 in the last group read row t1 - 1 and
+// are discarded.
+#define ATTN_GROUP 8
+template <int HD>
+__device__ __forceinline__ void attn_scores_hd(const float* qh, const KvRows& kv, float* s,
+                                               int t0, int t1, float scale) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    // Unrolled so the key loads of several tokens are in flight together; every score is
-    // still its own warp reduction, so the bits do not change.
-#pragma unroll 4
-    for (int t = t0 + warp; t < t1; t += nwarps) {
-        const float* kt = kv.krow(t);
-        float acc = 0.0f;
-        for (int d = lane; d < kv.head_dim; d += 32) acc += qh[d] * kt[d];
-        acc = warp_sum(acc);
-        if (lane == 0) s[t - t0] = acc * scale;
+    constexpr int PER = HD / 32;  // d values per lane (HD = 0: the row's head_dim, any)
+    float qr[PER > 0 ? PER : 1];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) qr[i] = qh[lane + 32 * i];
+    for (int g = t0 + ATTN_GROUP * warp; g < t1; g += ATTN_GROUP * nwarps) {
+        float v[ATTN_GROUP];
+#pragma unroll
+        for (int j = 0; j < ATTN_GROUP; ++j) {
+            const float* kt = kv.krow(min(g + j, t1 - 1));
+            float acc = 0.0f;
+            if (PER > 0) {
+#pragma unroll
+                for (int i = 0; i < PER; ++i) acc += qr[i] * kt[lane + 32 * i];
+            } else {
+                for (int d = lane; d < kv.head_dim; d += 32) acc += qh[d] * kt[d];
+            }
+            v[j] = acc;
+        }
+#pragma unroll
+        for (int o = 16; o >= ATTN_GROUP; o >>= 1)
+#pragma unroll
+            for (int j = 0; j < ATTN_GROUP; ++j) v[j] += __shfl_xor_sync(0xffffffffu, v[j], o);
+#pragma unroll
+        for (int o = ATTN_GROUP / 2; o > 0; o >>= 1) {
+            const bool hi = (lane & o) != 0;
+#pragma unroll
+            for (int j = 0; j < o; ++j) {
+                const float send = hi ? v[j] : v[j + o];
+                const float keep = hi ? v[j + o] : v[j];
+                v[j] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+            }
+        }
+        const int t = g + lane;
+        if (lane < ATTN_GROUP && t < t1) s[t - t0] = v[0] * scale;
     }
 }
 
-// Thread d's weighted value sum over [t0, t1) in token order (s indexed from t0).
+// The head widths the engine meets compile with the lane loop unrolled; others take the
+// general loop (the same additions in the same order).
+__device__ __forceinline__ void attn_scores(const float* qh, const KvRows& kv, float* s, int t0,
+                                            int t1, float scale) {
+    if (kv.head_dim == 64)
+        attn_scores_hd<64>(qh, kv, s, t0, t1, scale);
+    else if (kv.head_dim == 128)
+        attn_scores_hd<128>(qh, kv, s, t0, t1, scale);
+    else
+        attn_scores_hd<0>(qh, kv, s, t0, t1, scale);
+}
+
+// Thread d's weighted value sum over [t0, t1) in token order (s indexed from t0): eight
+// tokens' products at a time, so their loads are in flight together, then added into the
+// accumulator in token order (with --fmad=false, acc += s * v is the same product and add).
 __device__ __forceinline__ float attn_values(const float* s, const KvRows& kv, int t0, int t1,
                                              int d) {
     float acc = 0.0f;
-#pragma unroll 8
-    for (int t = t0; t < t1; ++t) acc += s[t - t0] * kv.vrow(t)[d];
+    int t = t0;
+    for (; t + 8 <= t1; t += 8) {
+        float x[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) x[u] = s[t + u - t0] * kv.vrow(t + u)[d];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) acc += x[u];
+    }
+    for (; t < t1; ++t) acc += s[t - t0] * kv.vrow(t)[d];
     return acc;
 }
 
