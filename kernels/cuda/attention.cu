@@ -122,19 +122,24 @@ __device__ __forceinline__ void attn_scores(const float* qh, const KvRows& kv, f
         attn_scores_hd<0>(qh, kv, s, t0, t1, scale);
 }
 
-// Thread d's weighted value sum over [t0, t1) in token order (s indexed from t0): eight
-// tokens' products at a time, so their loads are in flight together, then added into the
-// accumulator in token order (with --fmad=false, acc += s * v is the same product and add).
+// Thread d's weighted value sum over [t0, t1) in token order (s indexed from t0), eight
+// tokens at a time: all sixteen loads first (each row's source is its own branch, and a
+// product placed behind its load would wait out that load before the next branch), then the
+// products added into the accumulator in token order (with --fmad=false, acc += s * v is the
+// same product and add).
 __device__ __forceinline__ float attn_values(const float* s, const KvRows& kv, int t0, int t1,
                                              int d) {
     float acc = 0.0f;
     int t = t0;
     for (; t + 8 <= t1; t += 8) {
-        float x[8];
+        float sv[8], vv[8];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) x[u] = s[t + u - t0] * kv.vrow(t + u)[d];
+        for (int u = 0; u < 8; ++u) {
+            sv[u] = s[t + u - t0];
+            vv[u] = kv.vrow(t + u)[d];
+        }
 #pragma unroll
-        for (int u = 0; u < 8; ++u) acc += x[u];
+        for (int u = 0; u < 8; ++u) acc += sv[u] * vv[u];
     }
     for (; t < t1; ++t) acc += s[t - t0] * kv.vrow(t)[d];
     return acc;
