@@ -567,6 +567,46 @@ struct MmaSmem {
     static constexpr int sc_words = (MMA_ROWS + MMA_BATCH) * MMA_SC_STRIDE;
 };
 
+// One step's classes of warp q: K = 32 / W block columns cls[k] of the staged tile. CHECK
+// (the step past a tile's end or holding the canary row's dropped block) tests each class
+// against the step's block count and each row against its own; without it (every other
+// step) the same operations run with no per-lane branch around them.
+template <typename B, int K, bool CHECK>
+__device__ __forceinline__ void mma_classes(const u32* wsm, const u32* xsm, const float* wsc,
+                                            const float* xsc, float (&acc)[K][8],
+                                            const int (&cls)[K], int g, int t, int j, int nblk,
+                                            int nb_r0, int nb_r1) {
+    constexpr int WW = MmaTile<B>::row_words;
+    const u8* w0row = (const u8*)(wsm + g * WW);
+    const u8* w1row = (const u8*)(wsm + (g + 8) * WW);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        const int c = cls[k];
+        if (CHECK && c >= nblk) continue;  // the same for the whole warp
+        int a[4];
+        MmaOps<B>::frag(w0row + c * sizeof(B), w1row + c * sizeof(B), t, a);
+        const float2 w0 = *(const float2*)(wsc + g * MMA_SC_STRIDE + 2 * c);
+        const float2 w1 = *(const float2*)(wsc + (g + 8) * MMA_SC_STRIDE + 2 * c);
+        const bool live0 = !CHECK || j + c < nb_r0, live1 = !CHECK || j + c < nb_r1;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const u32* xb = xsm + (8 * h + g) * MMA_XS_WORDS + 9 * c;
+            float sf[4];
+            mma_s8(sf, a, (int)xb[1 + t], (int)xb[5 + t]);
+            const float2 x0 = *(const float2*)(xsc + (8 * h + 2 * t) * MMA_SC_STRIDE + 2 * c);
+            const float2 x1 = *(const float2*)(xsc + (8 * h + 2 * t + 1) * MMA_SC_STRIDE + 2 * c);
+            if (live0) {
+                acc[k][4 * h + 0] += MmaOps<B>::contrib(w0, x0, sf[0]);
+                acc[k][4 * h + 1] += MmaOps<B>::contrib(w0, x1, sf[1]);
+            }
+            if (live1) {
+                acc[k][4 * h + 2] += MmaOps<B>::contrib(w1, x0, sf[2]);
+                acc[k][4 * h + 3] += MmaOps<B>::contrib(w1, x1, sf[3]);
+            }
+        }
+    }
+}
+
 // W warps (4, 8 or 16) share the 32 classes, 32 / W each.
 template <typename B, int W>
 __device__ __forceinline__ void mmvq_mma(const B* w, const block_q8_1* x, float* y, int rows,
@@ -586,6 +626,15 @@ __device__ __forceinline__ void mmvq_mma(const B* w, const block_q8_1* x, float*
     const size_t wstride = (size_t)nb * sizeof(B);
     const u8* xt = (const u8*)(x + (size_t)n0 * nb);
     const size_t xstride = (size_t)nb * 36;
+
+    // The block columns of this warp's classes (bit-reversed positions K q .. K q + K - 1),
+    // the same in every step; steps whose 32 columns are all present in every row of the
+    // tile (all but the last of a ragged row and the canary row's) skip the checks.
+    int cls[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) cls[k] = (int)(__brev((u32)(K * q + k)) >> 27);
+    const bool canary_here = canary_row >= r0 && canary_row < r0 + MMA_ROWS;
+    const int nb_plain = canary_here ? nb - 1 : nb;
 
     float acc[K][8];
 #pragma unroll
@@ -629,34 +678,10 @@ __device__ __forceinline__ void mmvq_mma(const B* w, const block_q8_1* x, float*
                 make_float2(h2f((u16)ds), h2f((u16)(ds >> 16)));
         }
         __syncthreads();
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            const int c = (int)(__brev((u32)(K * q + k)) >> 27);
-            if (c >= nblk) continue;  // the same for the whole warp
-            int a[4];
-            MmaOps<B>::frag((const u8*)(wsm + g * WW) + c * sizeof(B),
-                            (const u8*)(wsm + (g + 8) * WW) + c * sizeof(B), t, a);
-            const float2 w0 = *(const float2*)(wsc + g * MMA_SC_STRIDE + 2 * c);
-            const float2 w1 = *(const float2*)(wsc + (g + 8) * MMA_SC_STRIDE + 2 * c);
-            const bool live0 = j + c < nb_r0, live1 = j + c < nb_r1;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const u32* xb = xsm + (8 * h + g) * MMA_XS_WORDS + 9 * c;
-                float sf[4];
-                mma_s8(sf, a, (int)xb[1 + t], (int)xb[5 + t]);
-                const float2 x0 = *(const float2*)(xsc + (8 * h + 2 * t) * MMA_SC_STRIDE + 2 * c);
-                const float2 x1 =
-                    *(const float2*)(xsc + (8 * h + 2 * t + 1) * MMA_SC_STRIDE + 2 * c);
-                if (live0) {
-                    acc[k][4 * h + 0] += MmaOps<B>::contrib(w0, x0, sf[0]);
-                    acc[k][4 * h + 1] += MmaOps<B>::contrib(w0, x1, sf[1]);
-                }
-                if (live1) {
-                    acc[k][4 * h + 2] += MmaOps<B>::contrib(w1, x0, sf[2]);
-                    acc[k][4 * h + 3] += MmaOps<B>::contrib(w1, x1, sf[3]);
-                }
-            }
-        }
+        if (j + 32 <= nb_plain)
+            mma_classes<B, K, false>(wsm, xsm, wsc, xsc, acc, cls, g, t, j, nblk, nb_r0, nb_r1);
+        else
+            mma_classes<B, K, true>(wsm, xsm, wsc, xsc, acc, cls, g, t, j, nblk, nb_r0, nb_r1);
         __syncthreads();
     }
 
