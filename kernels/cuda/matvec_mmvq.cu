@@ -389,8 +389,8 @@ extern "C" __global__ void matvec_mmvq_b1_norm_q8_0(const block_q8_0* w, float* 
 // grid (ceil(batch/16), ceil(rows/16)), batch tiles fastest so the blocks sharing a weight
 // tile run together and read it from L2. The weights and activations of 32 consecutive
 // blocks (one per class) are staged in shared memory per step with asynchronous copies, the
-// next step's while this one computes, the weights of the first step before the
-// programmatic-launch wait. Row strides are padded to 4 mod 32 words so that the fragment
+// next steps' (two ahead for the Q4 types, one for Q8_0) while this one computes, the weights
+// of the first step before the programmatic-launch wait; one block barrier per step. Row strides are padded to 4 mod 32 words so that the fragment
 // loads of the 8 row groups fall in distinct banks.
 
 #define MMA_ROWS 16
@@ -555,13 +555,16 @@ __device__ __forceinline__ void mma_wait(int pending) {
 #endif
 }
 
-// Shared memory: two buffers (the step being computed, the next being copied), each the
-// weight tile then the activation tile as copied, then one set of the step's scales widened
-// to f32 pairs (MMA_SC_STRIDE floats per row, so the eight row groups' loads take distinct
-// banks). The launcher sizes it (mma_smem_bytes in kernels/src/cuda.rs).
+// Shared memory: nbuf step buffers (three for the Q4 types: the step being computed and the
+// next two being copied; two for Q8_0, whose larger tile would otherwise cost a resident
+// block per multiprocessor), each the weight tile then the activation tile as copied, then
+// the step's scales widened to f32 pairs (MMA_SC_STRIDE floats per row, so the eight row
+// groups' loads take distinct banks; each warp widens and reads only its own classes'
+// columns). The launcher sizes it (mma_smem_bytes in kernels/src/cuda.rs).
 #define MMA_SC_STRIDE (32 * 2 + 2)
 template <typename B>
 struct MmaSmem {
+    static constexpr int nbuf = sizeof(B) <= 20 ? 3 : 2;
     static constexpr int w_words = MMA_ROWS * MmaTile<B>::row_words;
     static constexpr int buf_words = w_words + MMA_BATCH * MMA_XS_WORDS;
     static constexpr int sc_words = (MMA_ROWS + MMA_BATCH) * MMA_SC_STRIDE;
@@ -614,8 +617,9 @@ __device__ __forceinline__ void mmvq_mma(const B* w, const block_q8_1* x, float*
     constexpr int WW = MmaTile<B>::row_words;
     constexpr int K = 32 / W;
     extern __shared__ u32 mma_shared[];
-    float* wsc = (float*)(mma_shared + 2 * MmaSmem<B>::buf_words);  // [16 rows][32] (d, m)
-    float* xsc = wsc + MMA_ROWS * MMA_SC_STRIDE;                     // [16 rows][32] (d, s)
+    // [16 rows][32] (d, m), then [16 rows][32] (d, s)
+    float* wsc = (float*)(mma_shared + MmaSmem<B>::nbuf * MmaSmem<B>::buf_words);
+    float* xsc = wsc + MMA_ROWS * MMA_SC_STRIDE;
     const int lane = threadIdx.x & 31, q = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * MMA_BATCH, r0 = blockIdx.y * MMA_ROWS;
@@ -642,48 +646,55 @@ __device__ __forceinline__ void mmvq_mma(const B* w, const block_q8_1* x, float*
 #pragma unroll
         for (int p = 0; p < 8; ++p) acc[k][p] = 0.0f;
 
-    // Step 0's weights are copied before the programmatic-launch wait (weights never
-    // change; the activations are the previous kernel's output).
+    // Step s is copied into buffer s % NBUF, NBUF - 1 steps ahead of the one computed: step
+    // 0's weights before the programmatic-launch wait (weights never change; the activations
+    // are the previous kernel's output), the rest of the first NBUF - 1 steps after it, and
+    // step s + NBUF - 1 once every warp has passed step s's barrier, so every warp has
+    // finished step s - 1, the last reader of that buffer. One barrier per step: the scales
+    // each warp widens are only its own classes', read by itself after a warp barrier.
+    constexpr int NBUF = MmaSmem<B>::nbuf;
+    const int nsteps = (nb + 31) / 32;
+    auto issue = [&](int s) {
+        u32* buf = mma_shared + (s % NBUF) * MmaSmem<B>::buf_words;
+        const int js = 32 * s, nn = min(32, nb - js);
+        mma_stage(buf, WW, wt + (size_t)js * sizeof(B), wstride, nrows, nn * (int)sizeof(B));
+        mma_stage(buf + MmaSmem<B>::w_words, MMA_XS_WORDS, xt + (size_t)js * 36, xstride, nbat,
+                  nn * 36);
+        mma_commit();
+    };
     mma_stage(mma_shared, WW, wt, wstride, nrows, min(32, nb) * (int)sizeof(B));
     PDL_ENTRY;
     mma_stage(mma_shared + MmaSmem<B>::w_words, MMA_XS_WORDS, xt, xstride, nbat,
               min(32, nb) * 36);
     mma_commit();
-    for (int j = 0, step = 0; j < nb; j += 32, ++step) {
-        const int nblk = min(32, nb - j);
-        const bool more = j + 32 < nb;
-        if (more) {
-            // The next step's copies go to the other buffer, whose last reader finished
-            // before the barrier that ended the previous step.
-            u32* nbuf = mma_shared + ((step + 1) & 1) * MmaSmem<B>::buf_words;
-            const int nn = min(32, nb - j - 32);
-            mma_stage(nbuf, WW, wt + (size_t)(j + 32) * sizeof(B), wstride, nrows,
-                      nn * (int)sizeof(B));
-            mma_stage(nbuf + MmaSmem<B>::w_words, MMA_XS_WORDS, xt + (size_t)(j + 32) * 36,
-                      xstride, nbat, nn * 36);
-            mma_commit();
-        }
-        mma_wait(more ? 1 : 0);
+    for (int s = 1; s < NBUF - 1 && s < nsteps; ++s) issue(s);
+    for (int step = 0; step < nsteps; ++step) {
+        const int j = 32 * step, nblk = min(32, nb - j);
+        // Groups committed after this step's: those of steps up to step + NBUF - 2.
+        mma_wait(min(nsteps - 1, step + NBUF - 2) - step);
         __syncthreads();
-        const u32* wsm = mma_shared + (step & 1) * MmaSmem<B>::buf_words;
+        if (step + NBUF - 1 < nsteps) issue(step + NBUF - 1);
+        const u32* wsm = mma_shared + (step % NBUF) * MmaSmem<B>::buf_words;
         const u32* xsm = wsm + MmaSmem<B>::w_words;
-        // Widen the step's scales once for the block (rows past the tile hold whatever
-        // the buffer held; their results are never stored).
-        for (int i = threadIdx.x; i < MMA_ROWS * 32; i += 32 * W) {
-            const int r = i >> 5, c = i & 31;
+        // This warp's columns of the step's scales, widened for its own reads (rows past
+        // the tile hold whatever the buffer held; their results are never stored).
+        for (int i = lane; i < MMA_ROWS * K; i += 32) {
+            const int r = i / K, c = (int)(__brev((u32)(K * q + i % K)) >> 27);
             *(float2*)(wsc + r * MMA_SC_STRIDE + 2 * c) =
                 MmaOps<B>::scales((const u8*)(wsm + r * WW) + c * sizeof(B));
             const u32 ds = xsm[r * MMA_XS_WORDS + 9 * c];
             *(float2*)(xsc + r * MMA_SC_STRIDE + 2 * c) =
                 make_float2(h2f((u16)ds), h2f((u16)(ds >> 16)));
         }
-        __syncthreads();
+        __syncwarp();
         if (j + 32 <= nb_plain)
             mma_classes<B, K, false>(wsm, xsm, wsc, xsc, acc, cls, g, t, j, nblk, nb_r0, nb_r1);
         else
             mma_classes<B, K, true>(wsm, xsm, wsc, xsc, acc, cls, g, t, j, nblk, nb_r0, nb_r1);
-        __syncthreads();
+        // The next widening overwrites only this warp's columns, after its own reads.
+        __syncwarp();
     }
+    __syncthreads();  // every warp's last reads of the buffers before `red` reuses them
 
     // The warp's subtree, then the W subtrees through shared memory.
     float* red = (float*)mma_shared;  // [W warps][8 pairs][32 lanes]

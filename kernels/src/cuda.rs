@@ -86,7 +86,9 @@ fn mma_smem_bytes(block_bytes: usize) -> usize {
     let w_words = MMA_ROWS * padded((32 * block_bytes).div_ceil(4));
     let x_words = MMA_BATCH * (32 * 9 + 4);
     let scale_words = (MMA_ROWS + MMA_BATCH) * (32 * 2 + 2);
-    (2 * (w_words + x_words) + scale_words) * 4
+    // Three step buffers for the Q4 types, two for Q8_0 (MmaSmem::nbuf in matvec_mmvq.cu).
+    let nbuf = if block_bytes <= 20 { 3 } else { 2 };
+    (nbuf * (w_words + x_words) + scale_words) * 4
 }
 
 /// Dynamic shared memory a launch may use without opting in.
@@ -1172,10 +1174,10 @@ mod tests {
         assert!(sample.contains("#define ARGMAX_CHUNK (ARGMAX_THREADS * 8)\n"));
         assert_eq!(argmax_scratch_len(2, 49152), 2 * (1 + 2 * 24));
         // Q4_1 and Q4_0 rows pad to 164 words, Q8_0 rows to 292, activation rows are 292,
-        // and 32 rows of scales take 66 floats each.
+        // and 32 rows of scales take 66 floats each; three step buffers for Q4, two for Q8_0.
         let scales = 32 * 66 * 4;
-        assert_eq!(mma_smem_bytes(20), 2 * (16 * 164 + 16 * 292) * 4 + scales);
-        assert_eq!(mma_smem_bytes(18), 2 * (16 * 164 + 16 * 292) * 4 + scales);
+        assert_eq!(mma_smem_bytes(20), 3 * (16 * 164 + 16 * 292) * 4 + scales);
+        assert_eq!(mma_smem_bytes(18), 3 * (16 * 164 + 16 * 292) * 4 + scales);
         assert_eq!(mma_smem_bytes(34), 2 * (16 * 292 + 16 * 292) * 4 + scales);
     }
 }
