@@ -390,8 +390,9 @@ extern "C" __global__ void matvec_mmvq_b1_norm_q8_0(const block_q8_0* w, float* 
 // tile run together and read it from L2. The weights and activations of 32 consecutive
 // blocks (one per class) are staged in shared memory per step with asynchronous copies, the
 // next steps' (two ahead for the Q4 types, one for Q8_0) while this one computes, the weights
-// of the first step before the programmatic-launch wait; one block barrier per step. Row strides are padded to 4 mod 32 words so that the fragment
-// loads of the 8 row groups fall in distinct banks.
+// of the first step before the programmatic-launch wait; one block barrier per step. Row
+// strides are padded to 4 mod 32 words so that the fragment loads of the 8 row groups fall
+// in distinct banks.
 
 #define MMA_ROWS 16
 #define MMA_BATCH 16
