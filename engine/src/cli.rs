@@ -352,13 +352,13 @@ fn cuda_door_matrix(
     only: Option<&str>,
 ) -> Result<(), Failure> {
     use crate::backend::cuda;
-    let labels: Vec<String> = cuda::bench::door_settings(doors)
-        .into_iter()
-        .map(|(label, _)| label)
-        .collect();
     if let Some(o) = only
-        && !labels.iter().any(|l| l.contains(o))
+        && cuda::bench::door_settings_matching(doors, only).is_empty()
     {
+        let labels: Vec<String> = cuda::bench::door_settings(doors)
+            .into_iter()
+            .map(|(label, _)| label)
+            .collect();
         return Err(bad(format!(
             "--only {o:?} matches no door setting; the settings are: {}",
             labels.join(", ")

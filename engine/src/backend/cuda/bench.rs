@@ -51,6 +51,15 @@ pub fn door_settings(base: &Doors) -> Vec<(String, Doors)> {
     out
 }
 
+/// The door settings `bench --door-matrix --only TEXT` measures: those whose label contains
+/// `only`, or all of them without it.
+pub fn door_settings_matching(base: &Doors, only: Option<&str>) -> Vec<(String, Doors)> {
+    door_settings(base)
+        .into_iter()
+        .filter(|(label, _)| only.is_none_or(|o| label.contains(o)))
+        .collect()
+}
+
 /// Device-to-device copy bandwidth of the primary device in bytes/s (read + written) over
 /// `bytes`-sized buffers, the best of `reps` timed copies.
 pub fn copy_bandwidth(dm: &DevModel, bytes: usize, reps: usize) -> Result<f64, EngineError> {
@@ -163,10 +172,7 @@ pub fn door_matrix(
     let copy = copy_bandwidth(dm, 1 << 30, 10)?;
     let wbytes = dm.step_weight_bytes() as f64;
     let mut cells = Vec::new();
-    let settings: Vec<(String, Doors)> = door_settings(base)
-        .into_iter()
-        .filter(|(label, _)| only.is_none_or(|o| label.contains(o)))
-        .collect();
+    let settings = door_settings_matching(base, only);
     for (label, doors) in &settings {
         for &b in batches {
             let step_s = time_decode(dm, doors, true, b, steps, reps)?;
