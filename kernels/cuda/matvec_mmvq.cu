@@ -546,10 +546,12 @@ __device__ __forceinline__ void mma_commit() {
     asm volatile("cp.async.commit_group;" ::: "memory");
 #endif
 }
-// Waits until at most `pending` (0 or 1) committed groups of this thread are in flight.
+// Waits until at most `pending` (0, 1 or 2) committed groups of this thread are in flight.
 __device__ __forceinline__ void mma_wait(int pending) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    if (pending)
+    if (pending >= 2)
+        asm volatile("cp.async.wait_group 2;" ::: "memory");
+    else if (pending == 1)
         asm volatile("cp.async.wait_group 1;" ::: "memory");
     else
         asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -726,4 +728,282 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) matvec_mmvq_mma_q8_0(
     const block_q8_0* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
     int canary_row) {
     mmvq_mma<block_q8_0, MMA_THREADS / 32>(w, x, y, rows, nb, batch, canary_row);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The resident form (matvec_mmvq_mmar_*): the tensor-core form's per-warp arithmetic, bit for
+// bit (the same classes, the same accumulation order, the same trees), arranged so that a
+// thread block's time goes to the composition rather than to staging and addressing:
+//   * a block keeps one batch tile's activations for the whole row, and their widened
+//     scales, resident in shared memory (staged once, after the programmatic-launch wait),
+//     and walks row tiles r = first, first + per, ... (`per` blocks share a batch tile, so
+//     the blocks reading one weight tile run side by side and share it through L2);
+//   * a row tile is 32 weight rows: 16 warps, the two halves of 8 taking 16 rows each with
+//     mmvq_mma's classes, so one block keeps 16 warps per multiprocessor;
+//   * only weights stream, MmarSmem::nbuf - 1 steps ahead in a ring that runs on across row
+//     tiles, the first steps before the wait (weights never change);
+//   * a warp's classes are cq, cq + 16, cq + 8, cq + 24 (cq = its first), so every shared
+//     memory address of the inner loop is a per-lane base plus a compile-time offset.
+// The launcher picks it when the resident activations fit in shared memory (rows of 4096
+// columns, not 11008) and sizes the grid to the blocks that fit on the device at once
+// (mmar_smem_bytes and the launch in kernels/src/cuda.rs).
+
+#define MMAR_THREADS 512
+#define MMAR_ROWS 32
+#define MMAR_K 4
+
+// Shared memory, in words: nbuf weight steps (three for the Q4 types, two for Q8_0), this
+// step's widened weight scales, the warps' class sums, then per step of the row the
+// activation tile (MMA_XS_WORDS per batch row) and its widened scales.
+template <typename B>
+struct MmarSmem {
+    static constexpr int nbuf = sizeof(B) <= 20 ? 3 : 2;
+    static constexpr int w_words = MMAR_ROWS * MmaTile<B>::row_words;
+    static constexpr int wsc_words = MMAR_ROWS * MMA_SC_STRIDE;
+    static constexpr int red_words = (MMAR_THREADS / 32) * 8 * 32;
+    static constexpr int head_words = nbuf * w_words + wsc_words + red_words;
+    static constexpr int step_x_words = MMA_BATCH * MMA_XS_WORDS;
+    static constexpr int step_xsc_words = MMA_BATCH * MMA_SC_STRIDE;
+};
+
+// The offset of class k of a warp from its first class: the 5-bit reversal of k.
+__device__ __forceinline__ constexpr int mmar_koff(int k) {
+    return ((k & 1) << 4) | ((k & 2) << 2) | (k & 4) | ((k & 8) >> 2) | ((k & 16) >> 4);
+}
+
+// One step of a warp's classes (mma_classes with the addresses as bases plus constants):
+// wl the lane's weight fragment base (row g, class cq, quarter t, as MmaOps::frag with t = 0
+// expects), xl its activation base (batch row g, class cq, word 1 + t), wsl its weight scale
+// base (row g, class cq), xsl its activation scale base (batch row 2t, class cq).
+template <typename B, bool CHECK>
+__device__ __forceinline__ void mmar_classes(const u8* wl, const u32* xl, const float* wsl,
+                                             const float* xsl, float (&acc)[MMAR_K][8], int cq,
+                                             int j, int nblk, int nb_r0, int nb_r1) {
+    constexpr int WB = MmaTile<B>::row_words * 4;
+#pragma unroll
+    for (int k = 0; k < MMAR_K; ++k) {
+        const int ko = mmar_koff(k);
+        const int c = cq + ko;
+        if (CHECK && c >= nblk) continue;  // the same for the whole warp
+        int a[4];
+        MmaOps<B>::frag(wl + ko * sizeof(B), wl + 8 * WB + ko * sizeof(B), 0, a);
+        const float2 w0 = *(const float2*)(wsl + 2 * ko);
+        const float2 w1 = *(const float2*)(wsl + 8 * MMA_SC_STRIDE + 2 * ko);
+        const bool live0 = !CHECK || j + c < nb_r0, live1 = !CHECK || j + c < nb_r1;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const u32* xb = xl + 8 * h * MMA_XS_WORDS + 9 * ko;
+            float sf[4];
+            mma_s8(sf, a, (int)xb[0], (int)xb[4]);
+            const float* xs = xsl + 8 * h * MMA_SC_STRIDE + 2 * ko;
+            const float2 x0 = *(const float2*)xs;
+            const float2 x1 = *(const float2*)(xs + MMA_SC_STRIDE);
+            if (live0) {
+                acc[k][4 * h + 0] += MmaOps<B>::contrib(w0, x0, sf[0]);
+                acc[k][4 * h + 1] += MmaOps<B>::contrib(w0, x1, sf[1]);
+            }
+            if (live1) {
+                acc[k][4 * h + 2] += MmaOps<B>::contrib(w1, x0, sf[2]);
+                acc[k][4 * h + 3] += MmaOps<B>::contrib(w1, x1, sf[3]);
+            }
+        }
+    }
+}
+
+// The weights of step st of the row tile starting at row r0 into `buf`. FAST (the rows start
+// 16-byte aligned): warp q copies rows 2q and 2q + 1, lane l their 16-byte units l, l + 32,
+// ...; otherwise mma_stage's general copy.
+template <typename B, bool FAST>
+__device__ __forceinline__ void mmar_issue(u32* buf, const B* w, int r0, int st, int rows,
+                                           int nb) {
+    constexpr int WW = MmaTile<B>::row_words;
+    const int nrows = min(MMAR_ROWS, rows - r0);
+    const int js = 32 * st, nn = min(32, nb - js);
+    if (FAST) {
+        const int lane = threadIdx.x & 31, q = threadIdx.x >> 5;
+        const int units = nn * (int)sizeof(B) / 16;
+        constexpr int per_lane = (32 * (int)sizeof(B) / 16 + 31) / 32;
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            const int r = 2 * q + rr;
+            if (r < nrows) {
+                const u8* src = (const u8*)(w + (size_t)(r0 + r) * nb + js) + 16 * lane;
+                const u32 dst = (u32)__cvta_generic_to_shared(buf + r * WW) + 16 * lane;
+#pragma unroll
+                for (int i = 0; i < per_lane; ++i) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+                    if (lane + 32 * i < units)
+                        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 512 * i),
+                                     "l"(src + 512 * i)
+                                     : "memory");
+#endif
+                }
+            }
+        }
+    } else {
+        mma_stage(buf, WW, (const u8*)(w + (size_t)r0 * nb + js), (size_t)nb * sizeof(B), nrows,
+                  nn * (int)sizeof(B));
+    }
+    mma_commit();
+}
+
+template <typename B, bool FAST>
+__device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float* y, int rows,
+                                          int nb, int batch, int canary_row) {
+    constexpr int K = MMAR_K, G = 8;  // G warps (one row half) share the 32 classes
+    constexpr int WW = MmaTile<B>::row_words;
+    typedef MmarSmem<B> S;
+    constexpr int NBUF = S::nbuf;
+    extern __shared__ u32 mma_shared[];
+    u32* wbuf = mma_shared;
+    float* wsc = (float*)(mma_shared + NBUF * S::w_words);
+    float* red = wsc + S::wsc_words;
+    u32* xres = (u32*)(red + S::red_words);
+    const int nsteps = (nb + 31) >> 5;
+    float* xsc = (float*)(xres + nsteps * S::step_x_words);
+
+    if (blockDim.x != MMAR_THREADS) __trap();  // the launcher's geometry is this file's
+    const int lane = threadIdx.x & 31, q = threadIdx.x >> 5;
+    const int half = q / G, qc = q % G;
+    const int g = lane >> 2, t = lane & 3;
+    const int nbt = (batch + MMA_BATCH - 1) / MMA_BATCH;
+    const int per = gridDim.x / nbt;
+    const int bt = blockIdx.x % nbt, first = blockIdx.x / nbt;
+    const int n0 = bt * MMA_BATCH, nbat = min(MMA_BATCH, batch - n0);
+    const int ntr = (rows + MMAR_ROWS - 1) / MMAR_ROWS;
+    const int mytiles = first < ntr ? (ntr - 1 - first) / per + 1 : 0;
+    const int total = mytiles * nsteps;
+    // The warp's first class (bit-reversed position K qc); the others are cq + mmar_koff(k).
+    const int cq = (int)(__brev((u32)(K * qc)) >> 27);
+
+    // The issue cursor: the next step to copy, as (row tile start, step, ring slot).
+    int is_r0 = first * MMAR_ROWS, is_st = 0, is_slot = 0;
+    auto issue_next = [&]() {
+        mmar_issue<B, FAST>(wbuf + is_slot * S::w_words, w, is_r0, is_st, rows, nb);
+        if (++is_st == nsteps) {
+            is_st = 0;
+            is_r0 += per * MMAR_ROWS;
+        }
+        if (++is_slot == NBUF) is_slot = 0;
+    };
+    // The first steps' weights before the wait, then the batch tile's activations.
+    for (int s = 0; s < NBUF - 1 && s < total; ++s) issue_next();
+    PDL_ENTRY;
+    if (total == 0) return;
+    {
+        const u8* xt = (const u8*)(x + (size_t)n0 * nb);
+        for (int st = 0; st < nsteps; ++st)
+            mma_stage(xres + st * S::step_x_words, MMA_XS_WORDS, xt + (size_t)st * 32 * 36,
+                      (size_t)nb * 36, nbat, min(32, nb - 32 * st) * 36);
+        mma_commit();
+    }
+    mma_wait(0);
+    __syncthreads();
+    // The activation scales of this warp's classes, widened once for the whole row (rows
+    // past the batch tile and blocks past the row hold whatever the memory held; their
+    // results are never stored). The two warps of a class group (one per row half) share
+    // the work.
+    for (int i = lane + 32 * half; i < nsteps * MMA_BATCH * K; i += 64) {
+        const int k = i % K, n = (i / K) % MMA_BATCH, st = i / (K * MMA_BATCH);
+        const int c = cq + mmar_koff(k);
+        const u32 ds = xres[st * S::step_x_words + n * MMA_XS_WORDS + 9 * c];
+        *(float2*)(xsc + st * S::step_xsc_words + n * MMA_SC_STRIDE + 2 * c) =
+            make_float2(h2f((u16)ds), h2f((u16)(ds >> 16)));
+    }
+    __syncthreads();
+
+    // Per-lane bases (see mmar_classes); this warp's rows are 16 half + g and + 8.
+    const int rw = 16 * half;
+    const int wl_off = ((rw + g) * WW) * 4 + cq * (int)sizeof(B) + 4 * t;
+    const int xl_off = g * MMA_XS_WORDS + 9 * cq + 1 + t;
+    const float* wsl = wsc + (rw + g) * MMA_SC_STRIDE + 2 * cq;
+    const int xsl_off = 2 * t * MMA_SC_STRIDE + 2 * cq;
+
+    float acc[K][8];
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+#pragma unroll
+        for (int p = 0; p < 8; ++p) acc[k][p] = 0.0f;
+
+    int st = 0, slot = 0, r0 = first * MMAR_ROWS, nrows = 0;
+    int nb_r0 = nb, nb_r1 = nb, nb_plain = nb;
+    for (int s = 0; s < total; ++s) {
+        // Groups committed after step s's: those of steps up to s + NBUF - 2.
+        mma_wait(min(total - 1, s + NBUF - 2) - s);
+        __syncthreads();
+        if (s + NBUF - 1 < total) issue_next();
+        if (st == 0) {
+            nrows = min(MMAR_ROWS, rows - r0);
+            const int ra = r0 + rw + g;
+            nb_r0 = ra == canary_row ? nb - 1 : nb;
+            nb_r1 = ra + 8 == canary_row ? nb - 1 : nb;
+            nb_plain = canary_row >= r0 + rw && canary_row < r0 + rw + 16 ? nb - 1 : nb;
+        }
+        const u32* wsm = wbuf + slot * S::w_words;
+        // This warp's columns of its rows' weight scales for the step.
+        for (int i = lane; i < 16 * K; i += 32) {
+            const int r = rw + i / K, c = cq + mmar_koff(i % K);
+            *(float2*)(wsc + r * MMA_SC_STRIDE + 2 * c) =
+                MmaOps<B>::scales((const u8*)(wsm + r * WW) + c * sizeof(B));
+        }
+        __syncwarp();
+        const int j = 32 * st, nblk = min(32, nb - j);
+        const u8* wl = (const u8*)wsm + wl_off;
+        const u32* xl = xres + st * S::step_x_words + xl_off;
+        const float* xsl = xsc + st * S::step_xsc_words + xsl_off;
+        if (j + 32 <= nb_plain)
+            mmar_classes<B, false>(wl, xl, wsl, xsl, acc, cq, j, nblk, nb_r0, nb_r1);
+        else
+            mmar_classes<B, true>(wl, xl, wsl, xsl, acc, cq, j, nblk, nb_r0, nb_r1);
+        __syncwarp();
+        if (++slot == NBUF) slot = 0;
+        if (++st == nsteps) {
+            // The tile's sums: each warp's subtree, then the 8 subtrees of its row half
+            // (mmvq_mma's trees).
+            float* rh = red + half * (G * 8 * 32);
+#pragma unroll
+            for (int p = 0; p < 8; ++p)
+                rh[(qc * 8 + p) * 32 + lane] = Tree<K>::sum([&](int k) { return acc[k][p]; }, 0);
+            __syncthreads();
+            {
+                const int p = qc;
+                const float v =
+                    Tree<G>::sum([&](int i) { return rh[(i * 8 + p) * 32 + lane]; }, 0);
+                const int h = p >> 2, e = p & 3;
+                const int n = 8 * h + 2 * t + (e & 1), r = rw + g + 8 * (e >> 1);
+                if (n < nbat && r < nrows) y[(size_t)(n0 + n) * rows + r0 + r] = v;
+            }
+#pragma unroll
+            for (int k = 0; k < K; ++k)
+#pragma unroll
+                for (int p = 0; p < 8; ++p) acc[k][p] = 0.0f;
+            st = 0;
+            r0 += per * MMAR_ROWS;
+        }
+    }
+}
+
+template <typename B>
+__device__ __forceinline__ void mmvq_mmar_entry(const B* w, const block_q8_1* x, float* y,
+                                                int rows, int nb, int batch, int canary_row) {
+    if ((((size_t)w | (size_t)nb * sizeof(B)) & 15) == 0)
+        mmvq_mmar<B, true>(w, x, y, rows, nb, batch, canary_row);
+    else
+        mmvq_mmar<B, false>(w, x, y, rows, nb, batch, canary_row);
+}
+
+extern "C" __global__ void __launch_bounds__(MMAR_THREADS) matvec_mmvq_mmar_q4_0(
+    const block_q4_0* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
+    int canary_row) {
+    mmvq_mmar_entry<block_q4_0>(w, x, y, rows, nb, batch, canary_row);
+}
+extern "C" __global__ void __launch_bounds__(MMAR_THREADS) matvec_mmvq_mmar_q4_1(
+    const block_q4_1* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
+    int canary_row) {
+    mmvq_mmar_entry<block_q4_1>(w, x, y, rows, nb, batch, canary_row);
+}
+extern "C" __global__ void __launch_bounds__(MMAR_THREADS) matvec_mmvq_mmar_q8_0(
+    const block_q8_0* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
+    int canary_row) {
+    mmvq_mmar_entry<block_q8_0>(w, x, y, rows, nb, batch, canary_row);
 }

@@ -91,6 +91,24 @@ fn mma_smem_bytes(block_bytes: usize) -> usize {
     (nbuf * (w_words + x_words) + scale_words) * 4
 }
 
+/// The resident tensor-core form (matvec_mmvq.cu): threads per block (16 warps, two row
+/// halves of 8 taking the 32 lane classes 4 each) and weight rows per tile.
+const MMAR_THREADS: u32 = 512;
+const MMAR_ROWS: usize = 32;
+
+/// Dynamic shared memory of the resident tensor-core form (`MmarSmem` in matvec_mmvq.cu) for
+/// weight blocks of `block_bytes` and rows of `nb` blocks: the weight steps (three for the
+/// Q4 types, two for Q8_0) of 32 rows, their widened scales, the 16 warps' class sums, then
+/// per 32-block step of the row the batch tile's activations and their widened scales.
+fn mmar_smem_bytes(block_bytes: usize, nb: usize) -> usize {
+    let padded = |raw: usize| raw + (36 - raw % 32) % 32;
+    let nbuf = if block_bytes <= 20 { 3 } else { 2 };
+    let w_words = MMAR_ROWS * padded((32 * block_bytes).div_ceil(4));
+    let head = nbuf * w_words + MMAR_ROWS * (32 * 2 + 2) + (MMAR_THREADS as usize / 32) * 8 * 32;
+    let per_step = MMA_BATCH * (32 * 9 + 4) + MMA_BATCH * (32 * 2 + 2);
+    (head + nb.div_ceil(32) * per_step) * 4
+}
+
 /// Dynamic shared memory a launch may use without opting in.
 const DEFAULT_DYNAMIC_SMEM: usize = 48 * 1024;
 
@@ -144,6 +162,15 @@ pub struct Gpu {
     smem_optin: usize,
     /// The kernels whose dynamic shared memory limit is already raised to `smem_optin`.
     opted_in: Mutex<HashSet<&'static str>>,
+    /// Whether batched tensor-core matvecs whose activations fit in shared memory take the
+    /// resident form (`matvec_mmvq_mmar_*`): on unless `MEMRA_MMA_RESIDENT=0` when the
+    /// device is opened. A performance switch only: both forms compute the same bits.
+    mma_resident: std::sync::atomic::AtomicBool,
+    /// Multiprocessors of the device (the resident form's grid fills them once).
+    sm_count: u32,
+    /// Resident blocks per multiprocessor of a kernel at a dynamic shared memory size, as the
+    /// driver reported it (asked once per pair).
+    occupancy: Mutex<HashMap<(&'static str, usize), u32>>,
 }
 
 fn shape(kernel: &'static str, message: String) -> KernelError {
@@ -185,6 +212,11 @@ impl Gpu {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )
             .map_or(DEFAULT_DYNAMIC_SMEM, |v| v.max(0) as usize);
+        let sm_count = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_or(1, |v| v.max(1) as u32);
         let name = ctx
             .name()
             .map_err(KernelError::driver("reading the device name"))?;
@@ -218,6 +250,11 @@ impl Gpu {
             pdl: std::env::var("MEMRA_PDL").map_or(true, |v| v.trim() != "0"),
             smem_optin,
             opted_in: Mutex::new(HashSet::new()),
+            mma_resident: std::sync::atomic::AtomicBool::new(
+                std::env::var("MEMRA_MMA_RESIDENT").map_or(true, |v| v.trim() != "0"),
+            ),
+            sm_count,
+            occupancy: Mutex::new(HashMap::new()),
         })
     }
 
@@ -233,6 +270,51 @@ impl Gpu {
     /// Whether batched mmvq matvecs take the tensor-core form now.
     pub fn int8_mma(&self) -> bool {
         self.int8_mma.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Switches the resident tensor-core form (activations kept in shared memory, weights
+    /// streamed over a grid that fills the device once) on or off; kernel-check runs both.
+    pub fn set_mma_resident(&self, on: bool) {
+        self.mma_resident
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the resident tensor-core form is switched on.
+    pub fn mma_resident(&self) -> bool {
+        self.mma_resident.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether a batched tensor-core matvec over rows of `cols` columns of weight blocks of
+    /// `block_bytes` bytes takes the resident form: switched on, and its activations fit in
+    /// the shared memory one block may have.
+    pub fn mma_resident_fits(&self, block_bytes: usize, cols: usize) -> bool {
+        self.mma_resident() && mmar_smem_bytes(block_bytes, cols.div_ceil(QK)) <= self.smem_optin
+    }
+
+    /// Resident blocks per multiprocessor of kernel `name` (function `f`) with `smem` bytes
+    /// of dynamic shared memory, asked of the driver once per pair.
+    fn blocks_per_sm(
+        &self,
+        name: &'static str,
+        f: &CudaFunction,
+        threads: u32,
+        smem: usize,
+    ) -> u32 {
+        if let Some(n) = self
+            .occupancy
+            .lock()
+            .ok()
+            .and_then(|o| o.get(&(name, smem)).copied())
+        {
+            return n;
+        }
+        let n = f
+            .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
+            .map_or(1, |n| n.max(1));
+        if let Ok(mut o) = self.occupancy.lock() {
+            o.insert((name, smem), n);
+        }
+        n
     }
 
     /// Test-only plumbing defect for gate canaries: every quantized matvec drops the last
@@ -387,6 +469,12 @@ impl Gpu {
     /// `block_bytes` bytes.
     pub fn mma_smem(&self, block_bytes: usize) -> usize {
         mma_smem_bytes(block_bytes)
+    }
+
+    /// The dynamic shared memory of the resident tensor-core matvec for weight blocks of
+    /// `block_bytes` bytes and rows of `cols` columns.
+    pub fn mmar_smem(&self, block_bytes: usize, cols: usize) -> usize {
+        mmar_smem_bytes(block_bytes, cols.div_ceil(QK))
     }
 
     /// Waits for all work on the stream.
@@ -557,16 +645,33 @@ impl Gpu {
             DeviceWeights::Q8_0(_) => (2, std::mem::size_of::<BlockQ8_0>()),
             _ => (0, 0),
         };
-        let mma_bytes = mma_smem_bytes(block_bytes);
         let mut mma =
             family == MatvecFamily::Mmvq && batch > 1 && block_bytes > 0 && self.int8_mma();
+        // Rows short enough for the batch tile's activations to stay in shared memory take
+        // the resident form, the others the streaming one.
+        let resident = mma && self.mma_resident_fits(block_bytes, cols);
+        let mma_bytes = if resident {
+            mmar_smem_bytes(block_bytes, cols.div_ceil(QK))
+        } else {
+            mma_smem_bytes(block_bytes)
+        };
         // The tensor-core kernel's handle, looked up once: reused for the launch below.
         let mut mma_f = None;
+        let mut mma_name = "";
         if mma {
-            let k = self.matvec_names(family, batch, true)[ty];
+            let k = if resident {
+                [
+                    "matvec_mmvq_mmar_q4_0",
+                    "matvec_mmvq_mmar_q4_1",
+                    "matvec_mmvq_mmar_q8_0",
+                ][ty]
+            } else {
+                self.matvec_names(family, batch, true)[ty]
+            };
             let f = self.func(&sources::MATVEC_MMVQ, k)?;
             mma = self.allow_dynamic_smem(k, &f, mma_bytes);
             mma_f = mma.then_some(f);
+            mma_name = k;
         }
         // Many short single rows (the output head) take two rows per warp.
         let multi = family == MatvecFamily::Mmvq
@@ -599,6 +704,8 @@ impl Gpu {
                 ));
             }
         };
+        // The tensor-core forms' names are not among the family's list.
+        let k = if mma { mma_name } else { k };
         if !cols.is_multiple_of(QK) || cols == 0 || batch == 0 {
             return Err(shape(
                 k,
@@ -631,6 +738,19 @@ impl Gpu {
         let x_smem =
             family == MatvecFamily::Mmvq && !mma && self.allow_dynamic_smem(k, &f, x_bytes);
         let cfg = match family {
+            _ if mma && resident => {
+                // One batch tile per `per` blocks, every block resident at once: the grid fills
+                // the device, each block walking its batch tile's row tiles.
+                let nbt = batch.div_ceil(MMA_BATCH);
+                let slots =
+                    (self.sm_count * self.blocks_per_sm(k, &f, MMAR_THREADS, mma_bytes)) as usize;
+                let per = (slots / nbt).clamp(1, rows.div_ceil(MMAR_ROWS));
+                LaunchConfig {
+                    grid_dim: ((nbt * per) as u32, 1, 1),
+                    block_dim: (MMAR_THREADS, 1, 1),
+                    shared_mem_bytes: mma_bytes as u32,
+                }
+            }
             _ if mma => LaunchConfig {
                 grid_dim: (
                     batch.div_ceil(MMA_BATCH) as u32,
@@ -1179,5 +1299,19 @@ mod tests {
         assert_eq!(mma_smem_bytes(20), 3 * (16 * 164 + 16 * 292) * 4 + scales);
         assert_eq!(mma_smem_bytes(18), 3 * (16 * 164 + 16 * 292) * 4 + scales);
         assert_eq!(mma_smem_bytes(34), 2 * (16 * 292 + 16 * 292) * 4 + scales);
+        // The resident form: three weight steps of 32 rows for Q4 (two for Q8_0), 32 rows of
+        // weight scales, 16 warps x 8 pairs x 32 lanes of class sums, then per step 16
+        // activation rows and their scales.
+        assert!(text.contains(&format!("#define MMAR_THREADS {MMAR_THREADS}\n")));
+        assert!(text.contains(&format!("#define MMAR_ROWS {MMAR_ROWS}\n")));
+        let head = |nbuf: usize, w_row: usize| (nbuf * 32 * w_row + 32 * 66 + 16 * 8 * 32) * 4;
+        let step = 16 * (292 + 66) * 4;
+        assert_eq!(mmar_smem_bytes(20, 128), head(3, 164) + 4 * step);
+        assert_eq!(mmar_smem_bytes(34, 128), head(2, 292) + 4 * step);
+        assert_eq!(mmar_smem_bytes(20, 18), head(3, 164) + step);
+        assert_eq!(mmar_smem_bytes(20, 344), head(3, 164) + 11 * step);
+        // 4096 columns fit the H200's 227 KiB per block; 11008 do not.
+        assert!(mmar_smem_bytes(34, 128) <= 227 * 1024);
+        assert!(mmar_smem_bytes(20, 344) > 227 * 1024);
     }
 }

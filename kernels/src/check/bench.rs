@@ -70,6 +70,18 @@ fn resources(gpu: &Gpu) -> R<()> {
         (&MATVEC_MMVQ, "matvec_mmvq_mma_q8_0", 256, gpu.mma_smem(34)),
         (
             &MATVEC_MMVQ,
+            "matvec_mmvq_mmar_q4_1",
+            512,
+            gpu.mmar_smem(20, 4096),
+        ),
+        (
+            &MATVEC_MMVQ,
+            "matvec_mmvq_mmar_q8_0",
+            512,
+            gpu.mmar_smem(34, 4096),
+        ),
+        (
+            &MATVEC_MMVQ,
             "matvec_mmvq_b1_norm_q4_1",
             256,
             18 * std::mem::size_of::<BlockQ8_1>(),
@@ -147,20 +159,30 @@ pub fn run(gpu: &Gpu) -> R<()> {
                 "q4_1" => DeviceWeights::Q4_1(&w41[i % copies]),
                 _ => DeviceWeights::Q8_0(&w80[i % copies]),
             };
-            // The mmvq family's batched rows in both forms: the tensor-core one ("mma",
-            // where the device has it) and the warp-per-row one.
-            let initial_mma = gpu.int8_mma();
+            // The mmvq family's batched rows in all forms: the tensor-core ones (where the
+            // device has them: "mmar" with resident activations, where they fit, and "mma"
+            // streaming them) and the warp-per-row one.
+            let initial = (gpu.int8_mma(), gpu.mma_resident());
+            let resident_fits = gpu.set_int8_mma(true) && {
+                gpu.set_mma_resident(true);
+                gpu.mma_resident_fits(block_bytes, cols)
+            };
             let forms = [
-                (MatvecFamily::Mmvq, true),
-                (MatvecFamily::Mmvq, false),
-                (MatvecFamily::Dp4a, false),
+                (MatvecFamily::Mmvq, true, true),
+                (MatvecFamily::Mmvq, true, false),
+                (MatvecFamily::Mmvq, false, false),
+                (MatvecFamily::Dp4a, false, false),
             ];
-            for (fam, mma) in forms {
+            for (fam, mma, resident) in forms {
+                if resident && !resident_fits {
+                    continue;
+                }
                 for batch in [1usize, 8, 64] {
                     if mma && (batch == 1 || !gpu.set_int8_mma(true)) {
                         continue;
                     }
                     gpu.set_int8_mma(mma);
+                    gpu.set_mma_resident(resident);
                     let mut y = zeros::<f32>(gpu, batch * rows)?;
                     let us = time_us(gpu, |i| {
                         gpu.matvec(fam, weights(i), rows, cols, &dx, batch, &mut y)
@@ -168,13 +190,18 @@ pub fn run(gpu: &Gpu) -> R<()> {
                     println!(
                         "| matvec_{}{}_{ty} | {rows}x{cols} | {batch} | {us:.2} | {:.0} | {} |",
                         fam.name(),
-                        if mma { "_mma" } else { "" },
+                        match (mma, resident) {
+                            (true, true) => "_mmar",
+                            (true, false) => "_mma",
+                            _ => "",
+                        },
                         bytes as f64 / us / 1e3,
                         (bytes * copies) >> 20
                     );
                 }
             }
-            gpu.set_int8_mma(initial_mma);
+            gpu.set_int8_mma(initial.0);
+            gpu.set_mma_resident(initial.1);
         }
     }
     for cols in [576usize, 4096] {

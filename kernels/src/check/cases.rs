@@ -216,9 +216,10 @@ fn q4_1_blocks(rng: &mut Rng, n: usize) -> Vec<BlockQ4_1> {
 
 /// Every quantized type, both families, batched and B = 1, at the real and ragged shapes.
 pub fn matvec(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
-    let initial_mma = gpu.int8_mma();
+    let initial = (gpu.int8_mma(), gpu.mma_resident());
     let out = matvec_forms(gpu, rng);
-    gpu.set_int8_mma(initial_mma);
+    gpu.set_int8_mma(initial.0);
+    gpu.set_mma_resident(initial.1);
     out
 }
 
@@ -253,24 +254,34 @@ fn matvec_forms(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
             ("q8_0", WeightRows::Q8_0(&q80), DeviceWeights::Q8_0(&d80)),
         ];
         for (ty, hw, dw) in kinds {
-            // The mmvq family's batched rows run in both forms where the device has the
-            // tensor-core one (its name carries "mma"); the warp form is the fallback of
-            // older devices and of MEMRA_MMA=0.
-            let forms: &[(MatvecFamily, bool)] = if gpu.set_int8_mma(true) {
-                &[
-                    (MatvecFamily::Mmvq, true),
-                    (MatvecFamily::Mmvq, false),
-                    (MatvecFamily::Dp4a, false),
-                ]
-            } else {
-                &[(MatvecFamily::Mmvq, false), (MatvecFamily::Dp4a, false)]
+            // The mmvq family's batched rows run in every form the device has: the
+            // tensor-core ones (names carrying "mmar" with the activations resident in shared
+            // memory, where they fit, and "mma" streaming them) and the warp form, the
+            // fallback of older devices and of MEMRA_MMA=0.
+            let block_bytes = match dw {
+                DeviceWeights::Q4_0(_) => 18,
+                DeviceWeights::Q4_1(_) => 20,
+                _ => 34,
             };
-            for &(fam, mma) in forms {
+            let has_mma = gpu.set_int8_mma(true);
+            gpu.set_mma_resident(true);
+            let resident_fits = has_mma && gpu.mma_resident_fits(block_bytes, cols);
+            let forms = [
+                (MatvecFamily::Mmvq, true, true),
+                (MatvecFamily::Mmvq, true, false),
+                (MatvecFamily::Mmvq, false, false),
+                (MatvecFamily::Dp4a, false, false),
+            ];
+            for (fam, mma, resident) in forms {
+                if (mma && !has_mma) || (resident && !resident_fits) {
+                    continue;
+                }
                 gpu.set_int8_mma(mma);
-                let kernel = if mma {
-                    format!("matvec_{}_mma_{ty}", fam.name())
-                } else {
-                    format!("matvec_{}_{ty}", fam.name())
+                gpu.set_mma_resident(resident);
+                let kernel = match (mma, resident) {
+                    (true, true) => format!("matvec_{}_mmar_{ty}", fam.name()),
+                    (true, false) => format!("matvec_{}_mma_{ty}", fam.name()),
+                    _ => format!("matvec_{}_{ty}", fam.name()),
                 };
                 let want = twin_batch(fam, hw, rows, cols, &xq, bmax);
                 let mut last = Vec::new();
