@@ -734,14 +734,16 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) matvec_mmvq_mma_q8_0(
 // The resident form (matvec_mmvq_mmar_*): the tensor-core form's per-warp arithmetic, bit for
 // bit (the same classes, the same accumulation order, the same trees), arranged so that a
 // thread block's time goes to the composition rather than to staging and addressing:
-//   * a block keeps one batch tile's activations for the whole row, and their widened
-//     scales, resident in shared memory (staged once, after the programmatic-launch wait),
-//     and walks row tiles r = first, first + per, ... (`per` blocks share a batch tile, so
-//     the blocks reading one weight tile run side by side and share it through L2);
+//   * a block keeps one batch tile's activations for the whole row resident in shared
+//     memory (loaded once, after the programmatic-launch wait, into the layout the fragments
+//     want: each lane's two quant words side by side, two batch rows' scales widened side by
+//     side), and walks row tiles r = first, first + per, ... (`per` blocks share a batch
+//     tile, so the blocks reading one weight tile run side by side and share it through L2);
 //   * a row tile is 32 weight rows: 16 warps, the two halves of 8 taking 16 rows each with
 //     mmvq_mma's classes, so one block keeps 16 warps per multiprocessor;
-//   * only weights stream, MmarSmem::nbuf - 1 steps ahead in a ring that runs on across row
-//     tiles, the first steps before the wait (weights never change);
+//   * only weights stream, through a ring of MmarSmem::nbuf steps refilled half at a time
+//     (one block barrier per refill), that runs on across row tiles; the first steps are
+//     copied before the wait (weights never change);
 //   * a warp's classes are cq, cq + 16, cq + 8, cq + 24 (cq = its first), so every shared
 //     memory address of the inner loop is a per-lane base plus a compile-time offset.
 // The launcher picks it when the resident activations fit in shared memory (rows of 4096
@@ -751,19 +753,25 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) matvec_mmvq_mma_q8_0(
 #define MMAR_THREADS 512
 #define MMAR_ROWS 32
 #define MMAR_K 4
+// Words per resident activation row of one step (32 blocks of 8 quant words, padded so the
+// 64-bit fragment loads of the 8 row groups fall in distinct banks), and floats per pair of
+// batch rows of widened scales (32 blocks of (d, s) for both rows).
+#define MMAR_XR_WORDS (32 * 8 + 8)
+#define MMAR_XS_FLOATS (32 * 4 + 4)
 
-// Shared memory, in words: nbuf weight steps (three for the Q4 types, two for Q8_0), this
-// step's widened weight scales, the warps' class sums, then per step of the row the
-// activation tile (MMA_XS_WORDS per batch row) and its widened scales.
+// Shared memory, in words: nbuf weight steps (four for the Q4 types, two for Q8_0, whose
+// larger steps would not leave room for the activations of 4096 columns), the warps' class
+// sums, then per step of the row the resident activation quants and scales. The ring is
+// refilled `period` = nbuf / 2 steps at a time, one block barrier per refill.
 template <typename B>
 struct MmarSmem {
-    static constexpr int nbuf = sizeof(B) <= 20 ? 3 : 2;
+    static constexpr int nbuf = sizeof(B) <= 20 ? 4 : 2;
+    static constexpr int period = nbuf / 2;  // steps per block barrier
     static constexpr int w_words = MMAR_ROWS * MmaTile<B>::row_words;
-    static constexpr int wsc_words = MMAR_ROWS * MMA_SC_STRIDE;
     static constexpr int red_words = (MMAR_THREADS / 32) * 8 * 32;
-    static constexpr int head_words = nbuf * w_words + wsc_words + red_words;
-    static constexpr int step_x_words = MMA_BATCH * MMA_XS_WORDS;
-    static constexpr int step_xsc_words = MMA_BATCH * MMA_SC_STRIDE;
+    static constexpr int head_words = nbuf * w_words + red_words;
+    static constexpr int step_x_words = MMA_BATCH * MMAR_XR_WORDS;
+    static constexpr int step_xs_words = (MMA_BATCH / 2) * MMAR_XS_FLOATS;
 };
 
 // The offset of class k of a warp from its first class: the 5-bit reversal of k.
@@ -772,80 +780,137 @@ __device__ __forceinline__ constexpr int mmar_koff(int k) {
 }
 
 // One step of a warp's classes (mma_classes with the addresses as bases plus constants):
-// wl the lane's weight fragment base (row g, class cq, quarter t, as MmaOps::frag with t = 0
-// expects), xl its activation base (batch row g, class cq, word 1 + t), wsl its weight scale
-// base (row g, class cq), xsl its activation scale base (batch row 2t, class cq).
+// wl the lane's weight base (row g, class cq's block start), xl its activation base (batch
+// row g, class cq, quant words t and 4 + t), xsl its activation scale base (batch rows 2t
+// and 2t + 1, class cq). The weight scales are widened where they are read.
+// Without CHECK the step's eight integer products are issued first, then their float
+// compositions (the same operations per accumulator, in the same order), so the loads and
+// the products overlap instead of each composition waiting for its own.
 template <typename B, bool CHECK>
-__device__ __forceinline__ void mmar_classes(const u8* wl, const u32* xl, const float* wsl,
-                                             const float* xsl, float (&acc)[MMAR_K][8], int cq,
-                                             int j, int nblk, int nb_r0, int nb_r1) {
+__device__ __forceinline__ void mmar_classes(const u8* wl, const u32* xl, const float* xsl,
+                                             float (&acc)[MMAR_K][8], int cq, int t, int j,
+                                             int nblk, int nb_r0, int nb_r1) {
     constexpr int WB = MmaTile<B>::row_words * 4;
+    if constexpr (!CHECK) {
+        float sf[MMAR_K][2][4];
 #pragma unroll
-    for (int k = 0; k < MMAR_K; ++k) {
-        const int ko = mmar_koff(k);
-        const int c = cq + ko;
-        if (CHECK && c >= nblk) continue;  // the same for the whole warp
-        int a[4];
-        MmaOps<B>::frag(wl + ko * sizeof(B), wl + 8 * WB + ko * sizeof(B), 0, a);
-        const float2 w0 = *(const float2*)(wsl + 2 * ko);
-        const float2 w1 = *(const float2*)(wsl + 8 * MMA_SC_STRIDE + 2 * ko);
-        const bool live0 = !CHECK || j + c < nb_r0, live1 = !CHECK || j + c < nb_r1;
+        for (int k = 0; k < MMAR_K; ++k) {
+            const u8* b0 = wl + mmar_koff(k) * sizeof(B);
+            int a[4];
+            MmaOps<B>::frag(b0, b0 + 8 * WB, t, a);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const u32* xb = xl + 8 * h * MMA_XS_WORDS + 9 * ko;
-            float sf[4];
-            mma_s8(sf, a, (int)xb[0], (int)xb[4]);
-            const float* xs = xsl + 8 * h * MMA_SC_STRIDE + 2 * ko;
-            const float2 x0 = *(const float2*)xs;
-            const float2 x1 = *(const float2*)(xs + MMA_SC_STRIDE);
-            if (live0) {
-                acc[k][4 * h + 0] += MmaOps<B>::contrib(w0, x0, sf[0]);
-                acc[k][4 * h + 1] += MmaOps<B>::contrib(w0, x1, sf[1]);
+            for (int h = 0; h < 2; ++h) {
+                const uint2 xb =
+                    *(const uint2*)(xl + 8 * h * MMAR_XR_WORDS + 8 * mmar_koff(k));
+                mma_s8(sf[k][h], a, (int)xb.x, (int)xb.y);
             }
-            if (live1) {
-                acc[k][4 * h + 2] += MmaOps<B>::contrib(w1, x0, sf[2]);
-                acc[k][4 * h + 3] += MmaOps<B>::contrib(w1, x1, sf[3]);
+        }
+#pragma unroll
+        for (int k = 0; k < MMAR_K; ++k) {
+            const u8* b0 = wl + mmar_koff(k) * sizeof(B);
+            const float2 w0 = MmaOps<B>::scales(b0);
+            const float2 w1 = MmaOps<B>::scales(b0 + 8 * WB);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float4 xs =
+                    *(const float4*)(xsl + 4 * h * MMAR_XS_FLOATS + 4 * mmar_koff(k));
+                const float2 x0 = make_float2(xs.x, xs.y), x1 = make_float2(xs.z, xs.w);
+                acc[k][4 * h + 0] += MmaOps<B>::contrib(w0, x0, sf[k][h][0]);
+                acc[k][4 * h + 1] += MmaOps<B>::contrib(w0, x1, sf[k][h][1]);
+                acc[k][4 * h + 2] += MmaOps<B>::contrib(w1, x0, sf[k][h][2]);
+                acc[k][4 * h + 3] += MmaOps<B>::contrib(w1, x1, sf[k][h][3]);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < MMAR_K; ++k) {
+            const int ko = mmar_koff(k);
+            const int c = cq + ko;
+            if (c >= nblk) continue;  // the same for the whole warp
+            const u8* b0 = wl + ko * sizeof(B);
+            int a[4];
+            MmaOps<B>::frag(b0, b0 + 8 * WB, t, a);
+            const float2 w0 = MmaOps<B>::scales(b0);
+            const float2 w1 = MmaOps<B>::scales(b0 + 8 * WB);
+            const bool live0 = j + c < nb_r0, live1 = j + c < nb_r1;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const uint2 xb = *(const uint2*)(xl + 8 * h * MMAR_XR_WORDS + 8 * ko);
+                float sf[4];
+                mma_s8(sf, a, (int)xb.x, (int)xb.y);
+                const float4 xs = *(const float4*)(xsl + 4 * h * MMAR_XS_FLOATS + 4 * ko);
+                const float2 x0 = make_float2(xs.x, xs.y), x1 = make_float2(xs.z, xs.w);
+                if (live0) {
+                    acc[k][4 * h + 0] += MmaOps<B>::contrib(w0, x0, sf[0]);
+                    acc[k][4 * h + 1] += MmaOps<B>::contrib(w0, x1, sf[1]);
+                }
+                if (live1) {
+                    acc[k][4 * h + 2] += MmaOps<B>::contrib(w1, x0, sf[2]);
+                    acc[k][4 * h + 3] += MmaOps<B>::contrib(w1, x1, sf[3]);
+                }
             }
         }
     }
 }
 
-// The weights of step st of the row tile starting at row r0 into `buf`. FAST (the rows start
-// 16-byte aligned): warp q copies rows 2q and 2q + 1, lane l their 16-byte units l, l + 32,
-// ...; otherwise mma_stage's general copy.
+// The weight copy's cursor: the next step to copy (row tile start r0, step st, ring slot)
+// and, on the 16-byte path, this thread's source in rows 2q and 2q + 1 (warp q copies those
+// two rows, lane l their 16-byte units l, l + 32, ...).
 template <typename B, bool FAST>
-__device__ __forceinline__ void mmar_issue(u32* buf, const B* w, int r0, int st, int rows,
-                                           int nb) {
-    constexpr int WW = MmaTile<B>::row_words;
-    const int nrows = min(MMAR_ROWS, rows - r0);
-    const int js = 32 * st, nn = min(32, nb - js);
-    if (FAST) {
-        const int lane = threadIdx.x & 31, q = threadIdx.x >> 5;
-        const int units = nn * (int)sizeof(B) / 16;
-        constexpr int per_lane = (32 * (int)sizeof(B) / 16 + 31) / 32;
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-            const int r = 2 * q + rr;
-            if (r < nrows) {
-                const u8* src = (const u8*)(w + (size_t)(r0 + r) * nb + js) + 16 * lane;
-                const u32 dst = (u32)__cvta_generic_to_shared(buf + r * WW) + 16 * lane;
-#pragma unroll
-                for (int i = 0; i < per_lane; ++i) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-                    if (lane + 32 * i < units)
-                        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 512 * i),
-                                     "l"(src + 512 * i)
-                                     : "memory");
-#endif
-                }
-            }
-        }
-    } else {
-        mma_stage(buf, WW, (const u8*)(w + (size_t)r0 * nb + js), (size_t)nb * sizeof(B), nrows,
-                  nn * (int)sizeof(B));
+struct MmarCursor {
+    int r0, st, slot;
+    const u8 *p0, *p1;
+    bool v0, v1;
+
+    __device__ __forceinline__ void tile(const B* w, int rows, int nb) {
+        const int q = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        p0 = (const u8*)(w + (size_t)(r0 + 2 * q) * nb) + 16 * lane;
+        p1 = p0 + (size_t)nb * sizeof(B);
+        v0 = r0 + 2 * q < rows;
+        v1 = r0 + 2 * q + 1 < rows;
     }
-    mma_commit();
-}
+
+    __device__ __forceinline__ void issue(u32* wbuf, const B* w, int rows, int nb, int nsteps,
+                                          int per) {
+        constexpr int WW = MmaTile<B>::row_words;
+        u32* buf = wbuf + slot * MmarSmem<B>::w_words;
+        const int js = 32 * st, nn = min(32, nb - js);
+        if (FAST) {
+            const int q = threadIdx.x >> 5, lane = threadIdx.x & 31;
+            const int units = nn * (int)sizeof(B) / 16;
+            constexpr int per_lane = (32 * (int)sizeof(B) / 16 + 31) / 32;
+            const u32 d0 = (u32)__cvta_generic_to_shared(buf + 2 * q * WW) + 16 * lane;
+#pragma unroll
+            for (int i = 0; i < per_lane; ++i) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+                if (lane + 32 * i < units) {
+                    if (v0)
+                        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d0 + 512 * i),
+                                     "l"(p0 + 512 * i)
+                                     : "memory");
+                    if (v1)
+                        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                                         d0 + 4 * WW + 512 * i),
+                                     "l"(p1 + 512 * i)
+                                     : "memory");
+                }
+#endif
+            }
+            p0 += 32 * sizeof(B);
+            p1 += 32 * sizeof(B);
+        } else {
+            mma_stage(buf, WW, (const u8*)(w + (size_t)r0 * nb + js), (size_t)nb * sizeof(B),
+                      min(MMAR_ROWS, rows - r0), nn * (int)sizeof(B));
+        }
+        mma_commit();
+        if (++slot == MmarSmem<B>::nbuf) slot = 0;
+        if (++st == nsteps) {
+            st = 0;
+            r0 += per * MMAR_ROWS;
+            if (FAST) tile(w, rows, nb);
+        }
+    }
+};
 
 template <typename B, bool FAST>
 __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float* y, int rows,
@@ -856,8 +921,7 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
     constexpr int NBUF = S::nbuf;
     extern __shared__ u32 mma_shared[];
     u32* wbuf = mma_shared;
-    float* wsc = (float*)(mma_shared + NBUF * S::w_words);
-    float* red = wsc + S::wsc_words;
+    float* red = (float*)(mma_shared + NBUF * S::w_words);
     u32* xres = (u32*)(red + S::red_words);
     const int nsteps = (nb + 31) >> 5;
     float* xsc = (float*)(xres + nsteps * S::step_x_words);
@@ -876,48 +940,41 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
     // The warp's first class (bit-reversed position K qc); the others are cq + mmar_koff(k).
     const int cq = (int)(__brev((u32)(K * qc)) >> 27);
 
-    // The issue cursor: the next step to copy, as (row tile start, step, ring slot).
-    int is_r0 = first * MMAR_ROWS, is_st = 0, is_slot = 0;
-    auto issue_next = [&]() {
-        mmar_issue<B, FAST>(wbuf + is_slot * S::w_words, w, is_r0, is_st, rows, nb);
-        if (++is_st == nsteps) {
-            is_st = 0;
-            is_r0 += per * MMAR_ROWS;
-        }
-        if (++is_slot == NBUF) is_slot = 0;
-    };
     // The first steps' weights before the wait, then the batch tile's activations.
-    for (int s = 0; s < NBUF - 1 && s < total; ++s) issue_next();
+    MmarCursor<B, FAST> cur;
+    cur.r0 = first * MMAR_ROWS;
+    cur.st = 0;
+    cur.slot = 0;
+    if (FAST) cur.tile(w, rows, nb);
+    constexpr int P = S::period;
+    for (int s = 0; s < P && s < total; ++s) cur.issue(wbuf, w, rows, nb, nsteps, per);
     PDL_ENTRY;
     if (total == 0) return;
-    {
-        const u8* xt = (const u8*)(x + (size_t)n0 * nb);
-        for (int st = 0; st < nsteps; ++st)
-            mma_stage(xres + st * S::step_x_words, MMA_XS_WORDS, xt + (size_t)st * 32 * 36,
-                      (size_t)nb * 36, nbat, min(32, nb - 32 * st) * 36);
-        mma_commit();
+    // Block (n, b) of the batch tile: its quant words i and 4 + i side by side at words 2i
+    // and 2i + 1 of its 8, its (d, s) widened beside the other row of its pair (rows and
+    // blocks past the tile and the row are left as the memory held them; their results are
+    // never stored).
+    for (int i = threadIdx.x; i < nsteps * MMA_BATCH * 32; i += MMAR_THREADS) {
+        const int c = i & 31, n = (i >> 5) % MMA_BATCH, st = i / (MMA_BATCH * 32);
+        const int b = 32 * st + c;
+        if (n < nbat && b < nb) {
+            const u32* src = (const u32*)(x + (size_t)(n0 + n) * nb + b);
+            u32 v[9];
+#pragma unroll
+            for (int k = 0; k < 9; ++k) v[k] = src[k];
+            uint4* dst = (uint4*)(xres + st * S::step_x_words + n * MMAR_XR_WORDS + 8 * c);
+            dst[0] = make_uint4(v[1], v[5], v[2], v[6]);
+            dst[1] = make_uint4(v[3], v[7], v[4], v[8]);
+            *(float2*)(xsc + st * S::step_xs_words + (n >> 1) * MMAR_XS_FLOATS + 4 * c +
+                       2 * (n & 1)) = make_float2(h2f((u16)v[0]), h2f((u16)(v[0] >> 16)));
+        }
     }
-    mma_wait(0);
-    __syncthreads();
-    // The activation scales of this warp's classes, widened once for the whole row (rows
-    // past the batch tile and blocks past the row hold whatever the memory held; their
-    // results are never stored). The two warps of a class group (one per row half) share
-    // the work.
-    for (int i = lane + 32 * half; i < nsteps * MMA_BATCH * K; i += 64) {
-        const int k = i % K, n = (i / K) % MMA_BATCH, st = i / (K * MMA_BATCH);
-        const int c = cq + mmar_koff(k);
-        const u32 ds = xres[st * S::step_x_words + n * MMA_XS_WORDS + 9 * c];
-        *(float2*)(xsc + st * S::step_xsc_words + n * MMA_SC_STRIDE + 2 * c) =
-            make_float2(h2f((u16)ds), h2f((u16)(ds >> 16)));
-    }
-    __syncthreads();
 
     // Per-lane bases (see mmar_classes); this warp's rows are 16 half + g and + 8.
     const int rw = 16 * half;
-    const int wl_off = ((rw + g) * WW) * 4 + cq * (int)sizeof(B) + 4 * t;
-    const int xl_off = g * MMA_XS_WORDS + 9 * cq + 1 + t;
-    const float* wsl = wsc + (rw + g) * MMA_SC_STRIDE + 2 * cq;
-    const int xsl_off = 2 * t * MMA_SC_STRIDE + 2 * cq;
+    const int wl_off = ((rw + g) * WW) * 4 + cq * (int)sizeof(B);
+    const int xl_off = g * MMAR_XR_WORDS + 8 * cq + 2 * t;
+    const int xsl_off = t * MMAR_XS_FLOATS + 4 * cq;
 
     float acc[K][8];
 #pragma unroll
@@ -928,10 +985,16 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
     int st = 0, slot = 0, r0 = first * MMAR_ROWS, nrows = 0;
     int nb_r0 = nb, nb_r1 = nb, nb_plain = nb;
     for (int s = 0; s < total; ++s) {
-        // Groups committed after step s's: those of steps up to s + NBUF - 2.
-        mma_wait(min(total - 1, s + NBUF - 2) - s);
-        __syncthreads();
-        if (s + NBUF - 1 < total) issue_next();
+        // Every P steps: steps s .. s + P - 1 (copied P steps ago) have landed and, after the
+        // barrier, are visible (at s = 0 also the activations), and every warp is done with
+        // steps s - P .. s - 1, whose slots take steps s + P .. s + 2P - 1.
+        if (s % P == 0) {
+            mma_wait(0);
+            __syncthreads();
+#pragma unroll
+            for (int i = P; i < 2 * P; ++i)
+                if (s + i < total) cur.issue(wbuf, w, rows, nb, nsteps, per);
+        }
         if (st == 0) {
             nrows = min(MMAR_ROWS, rows - r0);
             const int ra = r0 + rw + g;
@@ -939,23 +1002,14 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
             nb_r1 = ra + 8 == canary_row ? nb - 1 : nb;
             nb_plain = canary_row >= r0 + rw && canary_row < r0 + rw + 16 ? nb - 1 : nb;
         }
-        const u32* wsm = wbuf + slot * S::w_words;
-        // This warp's columns of its rows' weight scales for the step.
-        for (int i = lane; i < 16 * K; i += 32) {
-            const int r = rw + i / K, c = cq + mmar_koff(i % K);
-            *(float2*)(wsc + r * MMA_SC_STRIDE + 2 * c) =
-                MmaOps<B>::scales((const u8*)(wsm + r * WW) + c * sizeof(B));
-        }
-        __syncwarp();
         const int j = 32 * st, nblk = min(32, nb - j);
-        const u8* wl = (const u8*)wsm + wl_off;
+        const u8* wl = (const u8*)(wbuf + slot * S::w_words) + wl_off;
         const u32* xl = xres + st * S::step_x_words + xl_off;
-        const float* xsl = xsc + st * S::step_xsc_words + xsl_off;
+        const float* xsl = xsc + st * S::step_xs_words + xsl_off;
         if (j + 32 <= nb_plain)
-            mmar_classes<B, false>(wl, xl, wsl, xsl, acc, cq, j, nblk, nb_r0, nb_r1);
+            mmar_classes<B, false>(wl, xl, xsl, acc, cq, t, j, nblk, nb_r0, nb_r1);
         else
-            mmar_classes<B, true>(wl, xl, wsl, xsl, acc, cq, j, nblk, nb_r0, nb_r1);
-        __syncwarp();
+            mmar_classes<B, true>(wl, xl, xsl, acc, cq, t, j, nblk, nb_r0, nb_r1);
         if (++slot == NBUF) slot = 0;
         if (++st == nsteps) {
             // The tile's sums: each warp's subtree, then the 8 subtrees of its row half

@@ -97,15 +97,16 @@ const MMAR_THREADS: u32 = 512;
 const MMAR_ROWS: usize = 32;
 
 /// Dynamic shared memory of the resident tensor-core form (`MmarSmem` in matvec_mmvq.cu) for
-/// weight blocks of `block_bytes` and rows of `nb` blocks: the weight steps (three for the
-/// Q4 types, two for Q8_0) of 32 rows, their widened scales, the 16 warps' class sums, then
-/// per 32-block step of the row the batch tile's activations and their widened scales.
+/// weight blocks of `block_bytes` and rows of `nb` blocks: the weight steps (four for the
+/// Q4 types, two for Q8_0) of 32 rows, the 16 warps' class sums, then per 32-block step of
+/// the row the batch tile's activation quants (16 rows of `MMAR_XR_WORDS`) and widened
+/// scales (8 row pairs of `MMAR_XS_FLOATS`).
 fn mmar_smem_bytes(block_bytes: usize, nb: usize) -> usize {
     let padded = |raw: usize| raw + (36 - raw % 32) % 32;
-    let nbuf = if block_bytes <= 20 { 3 } else { 2 };
+    let nbuf = if block_bytes <= 20 { 4 } else { 2 };
     let w_words = MMAR_ROWS * padded((32 * block_bytes).div_ceil(4));
-    let head = nbuf * w_words + MMAR_ROWS * (32 * 2 + 2) + (MMAR_THREADS as usize / 32) * 8 * 32;
-    let per_step = MMA_BATCH * (32 * 9 + 4) + MMA_BATCH * (32 * 2 + 2);
+    let head = nbuf * w_words + (MMAR_THREADS as usize / 32) * 8 * 32;
+    let per_step = MMA_BATCH * (32 * 8 + 8) + MMA_BATCH / 2 * (32 * 4 + 4);
     (head + nb.div_ceil(32) * per_step) * 4
 }
 
@@ -1299,17 +1300,19 @@ mod tests {
         assert_eq!(mma_smem_bytes(20), 3 * (16 * 164 + 16 * 292) * 4 + scales);
         assert_eq!(mma_smem_bytes(18), 3 * (16 * 164 + 16 * 292) * 4 + scales);
         assert_eq!(mma_smem_bytes(34), 2 * (16 * 292 + 16 * 292) * 4 + scales);
-        // The resident form: three weight steps of 32 rows for Q4 (two for Q8_0), 32 rows of
-        // weight scales, 16 warps x 8 pairs x 32 lanes of class sums, then per step 16
-        // activation rows and their scales.
+        // The resident form: four weight steps of 32 rows for Q4 (two for Q8_0), 16 warps
+        // x 8 pairs x 32 lanes of class sums, then per step 16 activation rows of 264 words
+        // and 8 row pairs of 132 scale floats.
         assert!(text.contains(&format!("#define MMAR_THREADS {MMAR_THREADS}\n")));
         assert!(text.contains(&format!("#define MMAR_ROWS {MMAR_ROWS}\n")));
-        let head = |nbuf: usize, w_row: usize| (nbuf * 32 * w_row + 32 * 66 + 16 * 8 * 32) * 4;
-        let step = 16 * (292 + 66) * 4;
-        assert_eq!(mmar_smem_bytes(20, 128), head(3, 164) + 4 * step);
+        assert!(text.contains("#define MMAR_XR_WORDS (32 * 8 + 8)\n"));
+        assert!(text.contains("#define MMAR_XS_FLOATS (32 * 4 + 4)\n"));
+        let head = |nbuf: usize, w_row: usize| (nbuf * 32 * w_row + 16 * 8 * 32) * 4;
+        let step = (16 * 264 + 8 * 132) * 4;
+        assert_eq!(mmar_smem_bytes(20, 128), head(4, 164) + 4 * step);
         assert_eq!(mmar_smem_bytes(34, 128), head(2, 292) + 4 * step);
-        assert_eq!(mmar_smem_bytes(20, 18), head(3, 164) + step);
-        assert_eq!(mmar_smem_bytes(20, 344), head(3, 164) + 11 * step);
+        assert_eq!(mmar_smem_bytes(20, 18), head(4, 164) + step);
+        assert_eq!(mmar_smem_bytes(20, 344), head(4, 164) + 11 * step);
         // 4096 columns fit the H200's 227 KiB per block; 11008 do not.
         assert!(mmar_smem_bytes(34, 128) <= 227 * 1024);
         assert!(mmar_smem_bytes(20, 344) > 227 * 1024);
