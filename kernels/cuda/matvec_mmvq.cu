@@ -741,9 +741,10 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) matvec_mmvq_mma_q8_0(
 //     tile, so the blocks reading one weight tile run side by side and share it through L2);
 //   * a row tile is 32 weight rows: 16 warps, the two halves of 8 taking 16 rows each with
 //     mmvq_mma's classes, so one block keeps 16 warps per multiprocessor;
-//   * only weights stream, through a ring of MmarSmem::nbuf steps refilled half at a time
-//     (one block barrier per refill), that runs on across row tiles; the first steps are
-//     copied before the wait (weights never change);
+//   * only weights stream, through a ring of MmarSmem::nbuf steps that runs on across row
+//     tiles, the first steps copied before the wait (weights never change); warps meet only
+//     through the ring's barriers (a slot's copies landed; every warp done with a slot), so
+//     a warp may run ahead of the slowest by half the ring;
 //   * a warp's classes are cq, cq + 16, cq + 8, cq + 24 (cq = its first), so every shared
 //     memory address of the inner loop is a per-lane base plus a compile-time offset.
 // The launcher picks it when the resident activations fit in shared memory (rows of 4096
@@ -758,18 +759,24 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) matvec_mmvq_mma_q8_0(
 // batch rows of widened scales (32 blocks of (d, s) for both rows).
 #define MMAR_XR_WORDS (32 * 8 + 8)
 #define MMAR_XS_FLOATS (32 * 4 + 4)
+// The ring's barriers at the start of the shared memory: up to 4 slots' full and empty.
+#define MMAR_BAR_WORDS 16
 
-// Shared memory, in words: nbuf weight steps (four for the Q4 types, two for Q8_0, whose
+// Shared memory, in words: the ring's barriers, nbuf weight steps (four for the Q4 types, two for Q8_0, whose
 // larger steps would not leave room for the activations of 4096 columns), the warps' class
-// sums, then per step of the row the resident activation quants and scales. The ring is
-// refilled `period` = nbuf / 2 steps at a time, one block barrier per refill.
+// sums (two sets, for alternate row tiles: a warp may finish a one-step tile and write the
+// next tile's sums before the others of its half have read this tile's), then per step of
+// the row the resident activation quants and scales. Step s + nbuf / 2 is copied while step
+// s is computed, into the slot of step s - nbuf / 2, so a warp may run up to nbuf / 2 steps
+// ahead of the slowest.
 template <typename B>
 struct MmarSmem {
     static constexpr int nbuf = sizeof(B) <= 20 ? 4 : 2;
-    static constexpr int period = nbuf / 2;  // steps per block barrier
+    static constexpr int ahead = nbuf / 2;  // steps copied ahead of the one computed
     static constexpr int w_words = MMAR_ROWS * MmaTile<B>::row_words;
-    static constexpr int red_words = (MMAR_THREADS / 32) * 8 * 32;
-    static constexpr int head_words = nbuf * w_words + red_words;
+    static constexpr int red_words = 2 * (MMAR_THREADS / 32) * 8 * 32;
+    static constexpr int bar_words = MMAR_BAR_WORDS;
+    static constexpr int head_words = bar_words + nbuf * w_words + red_words;
     static constexpr int step_x_words = MMA_BATCH * MMAR_XR_WORDS;
     static constexpr int step_xs_words = (MMA_BATCH / 2) * MMAR_XS_FLOATS;
 };
@@ -853,6 +860,41 @@ __device__ __forceinline__ void mmar_classes(const u8* wl, const u32* xl, const 
     }
 }
 
+// The ring's barriers (mbarrier objects in shared memory): `full` of a slot completes a phase
+// when every thread's copies of the step into it have landed (each thread arrives once per
+// fill), `empty` when every warp is done reading the step it held (lane 0 of each arrives).
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mbar_init(u64* b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count)
+                 : "memory");
+}
+// Arrives on b once this thread's earlier cp.async copies have landed.
+__device__ __forceinline__ void mbar_arrive_copies(u64* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(b))
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(u64* b) {
+    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared::cta.b64 st, [%0];\n\t}" ::"r"(
+                     smem_u32(b))
+                 : "memory");
+}
+// Waits for the completion of b's phase of parity `parity` (0 for its first phase).
+__device__ __forceinline__ void mbar_wait(u64* b, int parity) {
+    u32 done;
+    do {
+        asm volatile(
+            "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+            "selp.u32 %0, 1, 0, p;\n\t}"
+            : "=r"(done)
+            : "r"(smem_u32(b)), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
 // The weight copy's cursor: the next step to copy (row tile start r0, step st, ring slot)
 // and, on the 16-byte path, this thread's source in rows 2q and 2q + 1 (warp q copies those
 // two rows, lane l their 16-byte units l, l + 32, ...).
@@ -870,8 +912,8 @@ struct MmarCursor {
         v1 = r0 + 2 * q + 1 < rows;
     }
 
-    __device__ __forceinline__ void issue(u32* wbuf, const B* w, int rows, int nb, int nsteps,
-                                          int per) {
+    __device__ __forceinline__ void issue(u32* wbuf, u64* full, const B* w, int rows, int nb,
+                                          int nsteps, int per) {
         constexpr int WW = MmaTile<B>::row_words;
         u32* buf = wbuf + slot * MmarSmem<B>::w_words;
         const int js = 32 * st, nn = min(32, nb - js);
@@ -898,11 +940,15 @@ struct MmarCursor {
             }
             p0 += 32 * sizeof(B);
             p1 += 32 * sizeof(B);
+            mbar_arrive_copies(full + slot);
         } else {
+            // The general copy may store synchronously: complete it, then arrive (release).
             mma_stage(buf, WW, (const u8*)(w + (size_t)r0 * nb + js), (size_t)nb * sizeof(B),
                       min(MMAR_ROWS, rows - r0), nn * (int)sizeof(B));
+            mma_commit();
+            mma_wait(0);
+            mbar_arrive(full + slot);
         }
-        mma_commit();
         if (++slot == MmarSmem<B>::nbuf) slot = 0;
         if (++st == nsteps) {
             st = 0;
@@ -920,8 +966,11 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
     typedef MmarSmem<B> S;
     constexpr int NBUF = S::nbuf;
     extern __shared__ u32 mma_shared[];
-    u32* wbuf = mma_shared;
-    float* red = (float*)(mma_shared + NBUF * S::w_words);
+    u64* full = (u64*)mma_shared;
+    u64* empty = full + NBUF;
+    static_assert(2 * NBUF * 2 <= MMAR_BAR_WORDS, "the ring's barriers fit their words");
+    u32* wbuf = mma_shared + S::bar_words;
+    float* red = (float*)(wbuf + NBUF * S::w_words);
     u32* xres = (u32*)(red + S::red_words);
     const int nsteps = (nb + 31) >> 5;
     float* xsc = (float*)(xres + nsteps * S::step_x_words);
@@ -946,8 +995,14 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
     cur.st = 0;
     cur.slot = 0;
     if (FAST) cur.tile(w, rows, nb);
-    constexpr int P = S::period;
-    for (int s = 0; s < P && s < total; ++s) cur.issue(wbuf, w, rows, nb, nsteps, per);
+    constexpr int A = S::ahead;
+    if (threadIdx.x == 0)
+        for (int i = 0; i < NBUF; ++i) {
+            mbar_init(full + i, MMAR_THREADS);
+            mbar_init(empty + i, MMAR_THREADS / 32);
+        }
+    __syncthreads();
+    for (int s = 0; s < A && s < total; ++s) cur.issue(wbuf, full, w, rows, nb, nsteps, per);
     PDL_ENTRY;
     if (total == 0) return;
     // Block (n, b) of the batch tile: its quant words i and 4 + i side by side at words 2i
@@ -969,6 +1024,7 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
                        2 * (n & 1)) = make_float2(h2f((u16)v[0]), h2f((u16)(v[0] >> 16)));
         }
     }
+    __syncthreads();
 
     // Per-lane bases (see mmar_classes); this warp's rows are 16 half + g and + 8.
     const int rw = 16 * half;
@@ -982,19 +1038,18 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
 #pragma unroll
         for (int p = 0; p < 8; ++p) acc[k][p] = 0.0f;
 
-    int st = 0, slot = 0, r0 = first * MMAR_ROWS, nrows = 0;
+    int st = 0, slot = 0, r0 = first * MMAR_ROWS, nrows = 0, parity = 0;
+    int slot_ahead = A % NBUF;  // the slot of step s + A (and of step s - A)
     int nb_r0 = nb, nb_r1 = nb, nb_plain = nb;
     for (int s = 0; s < total; ++s) {
-        // Every P steps: steps s .. s + P - 1 (copied P steps ago) have landed and, after the
-        // barrier, are visible (at s = 0 also the activations), and every warp is done with
-        // steps s - P .. s - 1, whose slots take steps s + P .. s + 2P - 1.
-        if (s % P == 0) {
-            mma_wait(0);
-            __syncthreads();
-#pragma unroll
-            for (int i = P; i < 2 * P; ++i)
-                if (s + i < total) cur.issue(wbuf, w, rows, nb, nsteps, per);
+        // Step s + A goes into the slot of step s - A once every warp is done with that;
+        // then this warp waits for step s's copies.
+        if (s + A < total) {
+            if (s >= A) mbar_wait(empty + slot_ahead, ((s - A) / NBUF) & 1);
+            cur.issue(wbuf, full, w, rows, nb, nsteps, per);
         }
+        if (++slot_ahead == NBUF) slot_ahead = 0;
+        mbar_wait(full + slot, (s / NBUF) & 1);
         if (st == 0) {
             nrows = min(MMAR_ROWS, rows - r0);
             const int ra = r0 + rw + g;
@@ -1010,15 +1065,17 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
             mmar_classes<B, false>(wl, xl, xsl, acc, cq, t, j, nblk, nb_r0, nb_r1);
         else
             mmar_classes<B, true>(wl, xl, xsl, acc, cq, t, j, nblk, nb_r0, nb_r1);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + slot);
         if (++slot == NBUF) slot = 0;
         if (++st == nsteps) {
             // The tile's sums: each warp's subtree, then the 8 subtrees of its row half
-            // (mmvq_mma's trees).
-            float* rh = red + half * (G * 8 * 32);
+            // (mmvq_mma's trees), the half's warps meeting at their own barrier.
+            float* rh = red + (2 * half + parity) * (G * 8 * 32);
 #pragma unroll
             for (int p = 0; p < 8; ++p)
                 rh[(qc * 8 + p) * 32 + lane] = Tree<K>::sum([&](int k) { return acc[k][p]; }, 0);
-            __syncthreads();
+            asm volatile("bar.sync %0, %1;" ::"r"(1 + half), "r"(32 * G) : "memory");
             {
                 const int p = qc;
                 const float v =
@@ -1033,6 +1090,7 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
                 for (int p = 0; p < 8; ++p) acc[k][p] = 0.0f;
             st = 0;
             r0 += per * MMAR_ROWS;
+            parity ^= 1;
         }
     }
 }

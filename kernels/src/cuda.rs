@@ -97,15 +97,16 @@ const MMAR_THREADS: u32 = 512;
 const MMAR_ROWS: usize = 32;
 
 /// Dynamic shared memory of the resident tensor-core form (`MmarSmem` in matvec_mmvq.cu) for
-/// weight blocks of `block_bytes` and rows of `nb` blocks: the weight steps (four for the
-/// Q4 types, two for Q8_0) of 32 rows, the 16 warps' class sums, then per 32-block step of
+/// weight blocks of `block_bytes` and rows of `nb` blocks: the ring's barriers (16 words),
+/// the weight steps (four for the
+/// Q4 types, two for Q8_0) of 32 rows, two sets of the 16 warps' class sums, then per 32-block step of
 /// the row the batch tile's activation quants (16 rows of `MMAR_XR_WORDS`) and widened
 /// scales (8 row pairs of `MMAR_XS_FLOATS`).
 fn mmar_smem_bytes(block_bytes: usize, nb: usize) -> usize {
     let padded = |raw: usize| raw + (36 - raw % 32) % 32;
     let nbuf = if block_bytes <= 20 { 4 } else { 2 };
     let w_words = MMAR_ROWS * padded((32 * block_bytes).div_ceil(4));
-    let head = nbuf * w_words + (MMAR_THREADS as usize / 32) * 8 * 32;
+    let head = 16 + nbuf * w_words + 2 * (MMAR_THREADS as usize / 32) * 8 * 32;
     let per_step = MMA_BATCH * (32 * 8 + 8) + MMA_BATCH / 2 * (32 * 4 + 4);
     (head + nb.div_ceil(32) * per_step) * 4
 }
@@ -1300,14 +1301,15 @@ mod tests {
         assert_eq!(mma_smem_bytes(20), 3 * (16 * 164 + 16 * 292) * 4 + scales);
         assert_eq!(mma_smem_bytes(18), 3 * (16 * 164 + 16 * 292) * 4 + scales);
         assert_eq!(mma_smem_bytes(34), 2 * (16 * 292 + 16 * 292) * 4 + scales);
-        // The resident form: four weight steps of 32 rows for Q4 (two for Q8_0), 16 warps
-        // x 8 pairs x 32 lanes of class sums, then per step 16 activation rows of 264 words
+        // The resident form: four weight steps of 32 rows for Q4 (two for Q8_0), two sets of
+        // 16 warps x 8 pairs x 32 lanes of class sums, then per step 16 activation rows of 264 words
         // and 8 row pairs of 132 scale floats.
         assert!(text.contains(&format!("#define MMAR_THREADS {MMAR_THREADS}\n")));
         assert!(text.contains(&format!("#define MMAR_ROWS {MMAR_ROWS}\n")));
         assert!(text.contains("#define MMAR_XR_WORDS (32 * 8 + 8)\n"));
         assert!(text.contains("#define MMAR_XS_FLOATS (32 * 4 + 4)\n"));
-        let head = |nbuf: usize, w_row: usize| (nbuf * 32 * w_row + 16 * 8 * 32) * 4;
+        assert!(text.contains("#define MMAR_BAR_WORDS 16\n"));
+        let head = |nbuf: usize, w_row: usize| (16 + nbuf * 32 * w_row + 2 * 16 * 8 * 32) * 4;
         let step = (16 * 264 + 8 * 132) * 4;
         assert_eq!(mmar_smem_bytes(20, 128), head(4, 164) + 4 * step);
         assert_eq!(mmar_smem_bytes(34, 128), head(2, 292) + 4 * step);
