@@ -747,9 +747,10 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) matvec_mmvq_mma_q8_0(
 //     a warp may run ahead of the slowest by half the ring;
 //   * a warp's classes are cq, cq + 16, cq + 8, cq + 24 (cq = its first), so every shared
 //     memory address of the inner loop is a per-lane base plus a compile-time offset.
-// The launcher picks it when the resident activations fit in shared memory (rows of 4096
-// columns, not 11008) and sizes the grid to the blocks that fit on the device at once
-// (mmar_smem_bytes and the launch in kernels/src/cuda.rs).
+// The launcher picks it when the resident activations fit in shared memory: batch tiles of
+// 16 rows for rows of 4096 columns, of 8 rows (one product per class and step per warp, the
+// same per-row arithmetic) for rows of 11008; and it sizes the grid to the blocks that fit
+// on the device at once (mmar_smem_bytes and the launch in kernels/src/cuda.rs).
 
 #define MMAR_THREADS 512
 #define MMAR_ROWS 32
@@ -769,16 +770,16 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) matvec_mmvq_mma_q8_0(
 // the row the resident activation quants and scales. Step s + nbuf / 2 is copied while step
 // s is computed, into the slot of step s - nbuf / 2, so a warp may run up to nbuf / 2 steps
 // ahead of the slowest.
-template <typename B>
+template <typename B, int NT = 2>
 struct MmarSmem {
     static constexpr int nbuf = sizeof(B) <= 20 ? 4 : 2;
     static constexpr int ahead = nbuf / 2;  // steps copied ahead of the one computed
     static constexpr int w_words = MMAR_ROWS * MmaTile<B>::row_words;
-    static constexpr int red_words = 2 * (MMAR_THREADS / 32) * 8 * 32;
+    static constexpr int red_words = 2 * (MMAR_THREADS / 32) * 4 * NT * 32;
     static constexpr int bar_words = MMAR_BAR_WORDS;
     static constexpr int head_words = bar_words + nbuf * w_words + red_words;
-    static constexpr int step_x_words = MMA_BATCH * MMAR_XR_WORDS;
-    static constexpr int step_xs_words = (MMA_BATCH / 2) * MMAR_XS_FLOATS;
+    static constexpr int step_x_words = 8 * NT * MMAR_XR_WORDS;
+    static constexpr int step_xs_words = 4 * NT * MMAR_XS_FLOATS;
 };
 
 // The offset of class k of a warp from its first class: the 5-bit reversal of k.
@@ -793,20 +794,20 @@ __device__ __forceinline__ constexpr int mmar_koff(int k) {
 // Without CHECK the step's eight integer products are issued first, then their float
 // compositions (the same operations per accumulator, in the same order), so the loads and
 // the products overlap instead of each composition waiting for its own.
-template <typename B, bool CHECK>
+template <typename B, bool CHECK, int NT>
 __device__ __forceinline__ void mmar_classes(const u8* wl, const u32* xl, const float* xsl,
-                                             float (&acc)[MMAR_K][8], int cq, int t, int j,
-                                             int nblk, int nb_r0, int nb_r1) {
+                                             float (&acc)[MMAR_K][4 * NT], int cq, int t,
+                                             int j, int nblk, int nb_r0, int nb_r1) {
     constexpr int WB = MmaTile<B>::row_words * 4;
     if constexpr (!CHECK) {
-        float sf[MMAR_K][2][4];
+        float sf[MMAR_K][NT][4];
 #pragma unroll
         for (int k = 0; k < MMAR_K; ++k) {
             const u8* b0 = wl + mmar_koff(k) * sizeof(B);
             int a[4];
             MmaOps<B>::frag(b0, b0 + 8 * WB, t, a);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
+            for (int h = 0; h < NT; ++h) {
                 const uint2 xb =
                     *(const uint2*)(xl + 8 * h * MMAR_XR_WORDS + 8 * mmar_koff(k));
                 mma_s8(sf[k][h], a, (int)xb.x, (int)xb.y);
@@ -818,7 +819,7 @@ __device__ __forceinline__ void mmar_classes(const u8* wl, const u32* xl, const 
             const float2 w0 = MmaOps<B>::scales(b0);
             const float2 w1 = MmaOps<B>::scales(b0 + 8 * WB);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
+            for (int h = 0; h < NT; ++h) {
                 const float4 xs =
                     *(const float4*)(xsl + 4 * h * MMAR_XS_FLOATS + 4 * mmar_koff(k));
                 const float2 x0 = make_float2(xs.x, xs.y), x1 = make_float2(xs.z, xs.w);
@@ -841,7 +842,7 @@ __device__ __forceinline__ void mmar_classes(const u8* wl, const u32* xl, const 
             const float2 w1 = MmaOps<B>::scales(b0 + 8 * WB);
             const bool live0 = j + c < nb_r0, live1 = j + c < nb_r1;
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
+            for (int h = 0; h < NT; ++h) {
                 const uint2 xb = *(const uint2*)(xl + 8 * h * MMAR_XR_WORDS + 8 * ko);
                 float sf[4];
                 mma_s8(sf, a, (int)xb.x, (int)xb.y);
@@ -958,12 +959,13 @@ struct MmarCursor {
     }
 };
 
-template <typename B, bool FAST>
+template <typename B, bool FAST, int NT>
 __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float* y, int rows,
                                           int nb, int batch, int canary_row) {
+    constexpr int BT = 8 * NT;  // batch rows per tile
     constexpr int K = MMAR_K, G = 8;  // G warps (one row half) share the 32 classes
     constexpr int WW = MmaTile<B>::row_words;
-    typedef MmarSmem<B> S;
+    typedef MmarSmem<B, NT> S;
     constexpr int NBUF = S::nbuf;
     extern __shared__ u32 mma_shared[];
     u64* full = (u64*)mma_shared;
@@ -979,10 +981,10 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
     const int lane = threadIdx.x & 31, q = threadIdx.x >> 5;
     const int half = q / G, qc = q % G;
     const int g = lane >> 2, t = lane & 3;
-    const int nbt = (batch + MMA_BATCH - 1) / MMA_BATCH;
+    const int nbt = (batch + BT - 1) / BT;
     const int per = gridDim.x / nbt;
     const int bt = blockIdx.x % nbt, first = blockIdx.x / nbt;
-    const int n0 = bt * MMA_BATCH, nbat = min(MMA_BATCH, batch - n0);
+    const int n0 = bt * BT, nbat = min(BT, batch - n0);
     const int ntr = (rows + MMAR_ROWS - 1) / MMAR_ROWS;
     const int mytiles = first < ntr ? (ntr - 1 - first) / per + 1 : 0;
     const int total = mytiles * nsteps;
@@ -1009,8 +1011,8 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
     // and 2i + 1 of its 8, its (d, s) widened beside the other row of its pair (rows and
     // blocks past the tile and the row are left as the memory held them; their results are
     // never stored).
-    for (int i = threadIdx.x; i < nsteps * MMA_BATCH * 32; i += MMAR_THREADS) {
-        const int c = i & 31, n = (i >> 5) % MMA_BATCH, st = i / (MMA_BATCH * 32);
+    for (int i = threadIdx.x; i < nsteps * BT * 32; i += MMAR_THREADS) {
+        const int c = i & 31, n = (i >> 5) % BT, st = i / (BT * 32);
         const int b = 32 * st + c;
         if (n < nbat && b < nb) {
             const u32* src = (const u32*)(x + (size_t)(n0 + n) * nb + b);
@@ -1032,11 +1034,12 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
     const int xl_off = g * MMAR_XR_WORDS + 8 * cq + 2 * t;
     const int xsl_off = t * MMAR_XS_FLOATS + 4 * cq;
 
-    float acc[K][8];
+    constexpr int NP = 4 * NT;  // accumulators per class (pairs of the tile's sums)
+    float acc[K][NP];
 #pragma unroll
     for (int k = 0; k < K; ++k)
 #pragma unroll
-        for (int p = 0; p < 8; ++p) acc[k][p] = 0.0f;
+        for (int p = 0; p < NP; ++p) acc[k][p] = 0.0f;
 
     int st = 0, slot = 0, r0 = first * MMAR_ROWS, nrows = 0, parity = 0;
     int slot_ahead = A % NBUF;  // the slot of step s + A (and of step s - A)
@@ -1062,24 +1065,25 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
         const u32* xl = xres + st * S::step_x_words + xl_off;
         const float* xsl = xsc + st * S::step_xs_words + xsl_off;
         if (j + 32 <= nb_plain)
-            mmar_classes<B, false>(wl, xl, xsl, acc, cq, t, j, nblk, nb_r0, nb_r1);
+            mmar_classes<B, false, NT>(wl, xl, xsl, acc, cq, t, j, nblk, nb_r0, nb_r1);
         else
-            mmar_classes<B, true>(wl, xl, xsl, acc, cq, t, j, nblk, nb_r0, nb_r1);
+            mmar_classes<B, true, NT>(wl, xl, xsl, acc, cq, t, j, nblk, nb_r0, nb_r1);
         __syncwarp();
         if (lane == 0) mbar_arrive(empty + slot);
         if (++slot == NBUF) slot = 0;
         if (++st == nsteps) {
             // The tile's sums: each warp's subtree, then the 8 subtrees of its row half
             // (mmvq_mma's trees), the half's warps meeting at their own barrier.
-            float* rh = red + (2 * half + parity) * (G * 8 * 32);
+            float* rh = red + (2 * half + parity) * (G * NP * 32);
 #pragma unroll
-            for (int p = 0; p < 8; ++p)
-                rh[(qc * 8 + p) * 32 + lane] = Tree<K>::sum([&](int k) { return acc[k][p]; }, 0);
+            for (int p = 0; p < NP; ++p)
+                rh[(qc * NP + p) * 32 + lane] =
+                    Tree<K>::sum([&](int k) { return acc[k][p]; }, 0);
             asm volatile("bar.sync %0, %1;" ::"r"(1 + half), "r"(32 * G) : "memory");
-            {
+            if (qc < NP) {
                 const int p = qc;
                 const float v =
-                    Tree<G>::sum([&](int i) { return rh[(i * 8 + p) * 32 + lane]; }, 0);
+                    Tree<G>::sum([&](int i) { return rh[(i * NP + p) * 32 + lane]; }, 0);
                 const int h = p >> 2, e = p & 3;
                 const int n = 8 * h + 2 * t + (e & 1), r = rw + g + 8 * (e >> 1);
                 if (n < nbat && r < nrows) y[(size_t)(n0 + n) * rows + r0 + r] = v;
@@ -1087,7 +1091,7 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
 #pragma unroll
             for (int k = 0; k < K; ++k)
 #pragma unroll
-                for (int p = 0; p < 8; ++p) acc[k][p] = 0.0f;
+                for (int p = 0; p < NP; ++p) acc[k][p] = 0.0f;
             st = 0;
             r0 += per * MMAR_ROWS;
             parity ^= 1;
@@ -1095,27 +1099,38 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
     }
 }
 
+// bt8: batch tiles of 8 rows (one product per class and step per warp) instead of 16, for
+// rows whose 16-row activation tile would not fit in shared memory.
 template <typename B>
 __device__ __forceinline__ void mmvq_mmar_entry(const B* w, const block_q8_1* x, float* y,
-                                                int rows, int nb, int batch, int canary_row) {
-    if ((((size_t)w | (size_t)nb * sizeof(B)) & 15) == 0)
-        mmvq_mmar<B, true>(w, x, y, rows, nb, batch, canary_row);
-    else
-        mmvq_mmar<B, false>(w, x, y, rows, nb, batch, canary_row);
+                                                int rows, int nb, int batch, int canary_row,
+                                                int bt8) {
+    const bool fast = (((size_t)w | (size_t)nb * sizeof(B)) & 15) == 0;
+    if (bt8) {
+        if (fast)
+            mmvq_mmar<B, true, 1>(w, x, y, rows, nb, batch, canary_row);
+        else
+            mmvq_mmar<B, false, 1>(w, x, y, rows, nb, batch, canary_row);
+    } else {
+        if (fast)
+            mmvq_mmar<B, true, 2>(w, x, y, rows, nb, batch, canary_row);
+        else
+            mmvq_mmar<B, false, 2>(w, x, y, rows, nb, batch, canary_row);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(MMAR_THREADS) matvec_mmvq_mmar_q4_0(
     const block_q4_0* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
-    int canary_row) {
-    mmvq_mmar_entry<block_q4_0>(w, x, y, rows, nb, batch, canary_row);
+    int canary_row, int bt8) {
+    mmvq_mmar_entry<block_q4_0>(w, x, y, rows, nb, batch, canary_row, bt8);
 }
 extern "C" __global__ void __launch_bounds__(MMAR_THREADS) matvec_mmvq_mmar_q4_1(
     const block_q4_1* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
-    int canary_row) {
-    mmvq_mmar_entry<block_q4_1>(w, x, y, rows, nb, batch, canary_row);
+    int canary_row, int bt8) {
+    mmvq_mmar_entry<block_q4_1>(w, x, y, rows, nb, batch, canary_row, bt8);
 }
 extern "C" __global__ void __launch_bounds__(MMAR_THREADS) matvec_mmvq_mmar_q8_0(
     const block_q8_0* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
-    int canary_row) {
-    mmvq_mmar_entry<block_q8_0>(w, x, y, rows, nb, batch, canary_row);
+    int canary_row, int bt8) {
+    mmvq_mmar_entry<block_q8_0>(w, x, y, rows, nb, batch, canary_row, bt8);
 }

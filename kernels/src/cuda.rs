@@ -97,17 +97,17 @@ const MMAR_THREADS: u32 = 512;
 const MMAR_ROWS: usize = 32;
 
 /// Dynamic shared memory of the resident tensor-core form (`MmarSmem` in matvec_mmvq.cu) for
-/// weight blocks of `block_bytes` and rows of `nb` blocks: the ring's barriers (16 words),
-/// the weight steps (four for the
-/// Q4 types, two for Q8_0) of 32 rows, two sets of the 16 warps' class sums, then per 32-block step of
-/// the row the batch tile's activation quants (16 rows of `MMAR_XR_WORDS`) and widened
-/// scales (8 row pairs of `MMAR_XS_FLOATS`).
-fn mmar_smem_bytes(block_bytes: usize, nb: usize) -> usize {
+/// weight blocks of `block_bytes`, rows of `nb` blocks and batch tiles of `bt` (16 or 8)
+/// rows: the ring's barriers (16 words), the weight steps of 32 rows (four for the Q4 types,
+/// two for Q8_0), two sets of the 16 warps' class sums (`bt / 2` pairs each), then per
+/// 32-block step of the row the batch tile's activation quants (`bt` rows of
+/// `MMAR_XR_WORDS`) and widened scales (`bt / 2` row pairs of `MMAR_XS_FLOATS`).
+fn mmar_smem_bytes(block_bytes: usize, nb: usize, bt: usize) -> usize {
     let padded = |raw: usize| raw + (36 - raw % 32) % 32;
     let nbuf = if block_bytes <= 20 { 4 } else { 2 };
     let w_words = MMAR_ROWS * padded((32 * block_bytes).div_ceil(4));
-    let head = 16 + nbuf * w_words + 2 * (MMAR_THREADS as usize / 32) * 8 * 32;
-    let per_step = MMA_BATCH * (32 * 8 + 8) + MMA_BATCH / 2 * (32 * 4 + 4);
+    let head = 16 + nbuf * w_words + 2 * (MMAR_THREADS as usize / 32) * (bt / 2) * 32;
+    let per_step = bt * (32 * 8 + 8) + bt / 2 * (32 * 4 + 4);
     (head + nb.div_ceil(32) * per_step) * 4
 }
 
@@ -290,7 +290,17 @@ impl Gpu {
     /// `block_bytes` bytes takes the resident form: switched on, and its activations fit in
     /// the shared memory one block may have.
     pub fn mma_resident_fits(&self, block_bytes: usize, cols: usize) -> bool {
-        self.mma_resident() && mmar_smem_bytes(block_bytes, cols.div_ceil(QK)) <= self.smem_optin
+        self.mmar_batch_tile(block_bytes, cols).is_some()
+    }
+
+    /// The resident form's batch tile for rows of `cols` columns: 16 rows where their
+    /// activations fit in shared memory, else 8 where those fit (rows of 11008 columns),
+    /// else none (the streaming form runs).
+    fn mmar_batch_tile(&self, block_bytes: usize, cols: usize) -> Option<usize> {
+        let nb = cols.div_ceil(QK);
+        [16, 8].into_iter().find(|&bt| {
+            self.mma_resident() && mmar_smem_bytes(block_bytes, nb, bt) <= self.smem_optin
+        })
     }
 
     /// Resident blocks per multiprocessor of kernel `name` (function `f`) with `smem` bytes
@@ -474,9 +484,11 @@ impl Gpu {
     }
 
     /// The dynamic shared memory of the resident tensor-core matvec for weight blocks of
-    /// `block_bytes` bytes and rows of `cols` columns.
+    /// `block_bytes` bytes and rows of `cols` columns, at the batch tile it takes there (0
+    /// where it does not run).
     pub fn mmar_smem(&self, block_bytes: usize, cols: usize) -> usize {
-        mmar_smem_bytes(block_bytes, cols.div_ceil(QK))
+        self.mmar_batch_tile(block_bytes, cols)
+            .map_or(0, |bt| mmar_smem_bytes(block_bytes, cols.div_ceil(QK), bt))
     }
 
     /// Waits for all work on the stream.
@@ -651,11 +663,15 @@ impl Gpu {
             family == MatvecFamily::Mmvq && batch > 1 && block_bytes > 0 && self.int8_mma();
         // Rows short enough for the batch tile's activations to stay in shared memory take
         // the resident form, the others the streaming one.
-        let resident = mma && self.mma_resident_fits(block_bytes, cols);
-        let mma_bytes = if resident {
-            mmar_smem_bytes(block_bytes, cols.div_ceil(QK))
+        let resident_tile = if mma {
+            self.mmar_batch_tile(block_bytes, cols)
         } else {
-            mma_smem_bytes(block_bytes)
+            None
+        };
+        let resident = resident_tile.is_some();
+        let mma_bytes = match resident_tile {
+            Some(bt) => mmar_smem_bytes(block_bytes, cols.div_ceil(QK), bt),
+            None => mma_smem_bytes(block_bytes),
         };
         // The tensor-core kernel's handle, looked up once: reused for the launch below.
         let mut mma_f = None;
@@ -743,7 +759,7 @@ impl Gpu {
             _ if mma && resident => {
                 // One batch tile per `per` blocks, every block resident at once: the grid fills
                 // the device, each block walking its batch tile's row tiles.
-                let nbt = batch.div_ceil(MMA_BATCH);
+                let nbt = batch.div_ceil(resident_tile.unwrap_or(MMA_BATCH));
                 let slots =
                     (self.sm_count * self.blocks_per_sm(k, &f, MMAR_THREADS, mma_bytes)) as usize;
                 let per = (slots / nbt).clamp(1, rows.div_ceil(MMAR_ROWS));
@@ -786,6 +802,10 @@ impl Gpu {
             _ => unreachable!("float weights returned above"),
         };
         b.arg(x).arg(y).arg(&r).arg(&n).arg(&bt).arg(&canary);
+        let bt8 = i32::from(resident_tile == Some(8));
+        if resident {
+            b.arg(&bt8);
+        }
         let null = 0u64;
         if family == MatvecFamily::Mmvq && !mma {
             b.arg(&i32::from(x_smem));
@@ -1302,21 +1322,32 @@ mod tests {
         assert_eq!(mma_smem_bytes(18), 3 * (16 * 164 + 16 * 292) * 4 + scales);
         assert_eq!(mma_smem_bytes(34), 2 * (16 * 292 + 16 * 292) * 4 + scales);
         // The resident form: four weight steps of 32 rows for Q4 (two for Q8_0), two sets of
-        // 16 warps x 8 pairs x 32 lanes of class sums, then per step 16 activation rows of 264 words
-        // and 8 row pairs of 132 scale floats.
+        // 16 warps x bt/2 pairs x 32 lanes of class sums, then per step bt activation rows of
+        // 264 words and bt/2 row pairs of 132 scale floats.
         assert!(text.contains(&format!("#define MMAR_THREADS {MMAR_THREADS}\n")));
         assert!(text.contains(&format!("#define MMAR_ROWS {MMAR_ROWS}\n")));
         assert!(text.contains("#define MMAR_XR_WORDS (32 * 8 + 8)\n"));
         assert!(text.contains("#define MMAR_XS_FLOATS (32 * 4 + 4)\n"));
         assert!(text.contains("#define MMAR_BAR_WORDS 16\n"));
-        let head = |nbuf: usize, w_row: usize| (16 + nbuf * 32 * w_row + 2 * 16 * 8 * 32) * 4;
-        let step = (16 * 264 + 8 * 132) * 4;
-        assert_eq!(mmar_smem_bytes(20, 128), head(4, 164) + 4 * step);
-        assert_eq!(mmar_smem_bytes(34, 128), head(2, 292) + 4 * step);
-        assert_eq!(mmar_smem_bytes(20, 18), head(4, 164) + step);
-        assert_eq!(mmar_smem_bytes(20, 344), head(4, 164) + 11 * step);
-        // 4096 columns fit the H200's 227 KiB per block; 11008 do not.
-        assert!(mmar_smem_bytes(34, 128) <= 227 * 1024);
-        assert!(mmar_smem_bytes(20, 344) > 227 * 1024);
+        let head = |nbuf: usize, w_row: usize, bt: usize| {
+            (16 + nbuf * 32 * w_row + 2 * 16 * (bt / 2) * 32) * 4
+        };
+        let step = |bt: usize| (bt * 264 + bt / 2 * 132) * 4;
+        assert_eq!(
+            mmar_smem_bytes(20, 128, 16),
+            head(4, 164, 16) + 4 * step(16)
+        );
+        assert_eq!(
+            mmar_smem_bytes(34, 128, 16),
+            head(2, 292, 16) + 4 * step(16)
+        );
+        assert_eq!(mmar_smem_bytes(20, 18, 16), head(4, 164, 16) + step(16));
+        assert_eq!(mmar_smem_bytes(20, 344, 8), head(4, 164, 8) + 11 * step(8));
+        // On the H200's 227 KiB per block: 4096 columns take 16-row batch tiles, 11008
+        // columns 8-row ones.
+        assert!(mmar_smem_bytes(34, 128, 16) <= 227 * 1024);
+        assert!(mmar_smem_bytes(20, 344, 16) > 227 * 1024);
+        assert!(mmar_smem_bytes(20, 344, 8) <= 227 * 1024);
+        assert!(mmar_smem_bytes(34, 344, 8) <= 227 * 1024);
     }
 }
