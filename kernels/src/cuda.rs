@@ -111,6 +111,15 @@ fn mmar_smem_bytes(block_bytes: usize, nb: usize, bt: usize) -> usize {
     (head + nb.div_ceil(32) * per_step) * 4
 }
 
+/// The resident form's batch tile for weight blocks of `block_bytes` and rows of `nb` blocks
+/// on a device allowing `smem_optin` bytes of shared memory per block: 16 rows where their
+/// activations fit, else 8 (rows of 11008 columns), else none (the streaming form runs).
+fn mmar_batch_tile_for(block_bytes: usize, nb: usize, smem_optin: usize) -> Option<usize> {
+    [16, 8]
+        .into_iter()
+        .find(|&bt| mmar_smem_bytes(block_bytes, nb, bt) <= smem_optin)
+}
+
 /// Dynamic shared memory a launch may use without opting in.
 const DEFAULT_DYNAMIC_SMEM: usize = 48 * 1024;
 
@@ -297,10 +306,10 @@ impl Gpu {
     /// activations fit in shared memory, else 8 where those fit (rows of 11008 columns),
     /// else none (the streaming form runs).
     fn mmar_batch_tile(&self, block_bytes: usize, cols: usize) -> Option<usize> {
-        let nb = cols.div_ceil(QK);
-        [16, 8].into_iter().find(|&bt| {
-            self.mma_resident() && mmar_smem_bytes(block_bytes, nb, bt) <= self.smem_optin
-        })
+        if !self.mma_resident() {
+            return None;
+        }
+        mmar_batch_tile_for(block_bytes, cols.div_ceil(QK), self.smem_optin)
     }
 
     /// Resident blocks per multiprocessor of kernel `name` (function `f`) with `smem` bytes
@@ -1344,10 +1353,15 @@ mod tests {
         assert_eq!(mmar_smem_bytes(20, 18, 16), head(4, 164, 16) + step(16));
         assert_eq!(mmar_smem_bytes(20, 344, 8), head(4, 164, 8) + 11 * step(8));
         // On the H200's 227 KiB per block: 4096 columns take 16-row batch tiles, 11008
-        // columns 8-row ones.
-        assert!(mmar_smem_bytes(34, 128, 16) <= 227 * 1024);
-        assert!(mmar_smem_bytes(20, 344, 16) > 227 * 1024);
-        assert!(mmar_smem_bytes(20, 344, 8) <= 227 * 1024);
-        assert!(mmar_smem_bytes(34, 344, 8) <= 227 * 1024);
+        // columns 8-row ones, and rows past what 8 rows fit in take the streaming form; on a
+        // device allowing 99 KiB (sm_86) 4096 columns do not fit at all.
+        let h200 = 227 * 1024;
+        for bytes in [18, 20, 34] {
+            assert_eq!(mmar_batch_tile_for(bytes, 128, h200), Some(16));
+            assert_eq!(mmar_batch_tile_for(bytes, 18, h200), Some(16));
+            assert_eq!(mmar_batch_tile_for(bytes, 344, h200), Some(8));
+            assert_eq!(mmar_batch_tile_for(bytes, 1024, h200), None);
+            assert_eq!(mmar_batch_tile_for(bytes, 128, 99 * 1024), None);
+        }
     }
 }

@@ -177,6 +177,10 @@ fn the_nightly_plans_pp_on_two_gpus_in_both_orders_with_canaries_and_compares() 
     for var in ["MEMRA_MMA", "MEMRA_PDL", "MEMRA_PROLOGUES"] {
         assert_eq!(plain["env"][var], "0", "{plain:#}");
     }
+    // And so is the tensor-core matvec's streaming form.
+    let streaming = &cells_of(&plan, "dump-streaming")[0];
+    assert_eq!(streaming["env"]["MEMRA_MMA_RESIDENT"], "0", "{streaming:#}");
+    assert_eq!(cells_of(&plan, "switches-change-no-bit").len(), 2);
     // The real model is fetched once (`creates`) and joins reference-gate.
     let fetch = &cells_of(&plan, "fetch-model")[0];
     assert!(!fetch["creates"].as_array().unwrap().is_empty());
