@@ -111,11 +111,19 @@ fn mmar_smem_bytes(block_bytes: usize, nb: usize, bt: usize) -> usize {
     (head + nb.div_ceil(32) * per_step) * 4
 }
 
-/// The resident form's batch tile for weight blocks of `block_bytes` and rows of `nb` blocks
-/// on a device allowing `smem_optin` bytes of shared memory per block: 16 rows where their
-/// activations fit, else 8 (rows of 11008 columns), else none (the streaming form runs).
-fn mmar_batch_tile_for(block_bytes: usize, nb: usize, smem_optin: usize) -> Option<usize> {
-    [16, 8]
+/// The resident form's batch tile for `batch` rows of `nb` weight blocks of `block_bytes` on
+/// a device allowing `smem_optin` bytes of shared memory per block: 16 rows where their
+/// activations fit, else 8 (rows of 11008 columns), else none (the streaming form runs); 8
+/// rows first for a batch of at most 8, whose 16-row tile would compute as many dead rows
+/// as live ones or more.
+fn mmar_batch_tile_for(
+    block_bytes: usize,
+    nb: usize,
+    batch: usize,
+    smem_optin: usize,
+) -> Option<usize> {
+    let order = if batch <= 8 { [8, 16] } else { [16, 8] };
+    order
         .into_iter()
         .find(|&bt| mmar_smem_bytes(block_bytes, nb, bt) <= smem_optin)
 }
@@ -299,17 +307,17 @@ impl Gpu {
     /// `block_bytes` bytes takes the resident form: switched on, and its activations fit in
     /// the shared memory one block may have.
     pub fn mma_resident_fits(&self, block_bytes: usize, cols: usize) -> bool {
-        self.mmar_batch_tile(block_bytes, cols).is_some()
+        self.mmar_batch_tile(block_bytes, cols, 16).is_some()
     }
 
     /// The resident form's batch tile for rows of `cols` columns: 16 rows where their
     /// activations fit in shared memory, else 8 where those fit (rows of 11008 columns),
     /// else none (the streaming form runs).
-    fn mmar_batch_tile(&self, block_bytes: usize, cols: usize) -> Option<usize> {
+    fn mmar_batch_tile(&self, block_bytes: usize, cols: usize, batch: usize) -> Option<usize> {
         if !self.mma_resident() {
             return None;
         }
-        mmar_batch_tile_for(block_bytes, cols.div_ceil(QK), self.smem_optin)
+        mmar_batch_tile_for(block_bytes, cols.div_ceil(QK), batch, self.smem_optin)
     }
 
     /// Resident blocks per multiprocessor of kernel `name` (function `f`) with `smem` bytes
@@ -496,7 +504,7 @@ impl Gpu {
     /// `block_bytes` bytes and rows of `cols` columns, at the batch tile it takes there (0
     /// where it does not run).
     pub fn mmar_smem(&self, block_bytes: usize, cols: usize) -> usize {
-        self.mmar_batch_tile(block_bytes, cols)
+        self.mmar_batch_tile(block_bytes, cols, 16)
             .map_or(0, |bt| mmar_smem_bytes(block_bytes, cols.div_ceil(QK), bt))
     }
 
@@ -673,7 +681,7 @@ impl Gpu {
         // Rows short enough for the batch tile's activations to stay in shared memory take
         // the resident form, the others the streaming one.
         let resident_tile = if mma {
-            self.mmar_batch_tile(block_bytes, cols)
+            self.mmar_batch_tile(block_bytes, cols, batch)
         } else {
             None
         };
@@ -1357,11 +1365,14 @@ mod tests {
         // device allowing 99 KiB (sm_86) 4096 columns do not fit at all.
         let h200 = 227 * 1024;
         for bytes in [18, 20, 34] {
-            assert_eq!(mmar_batch_tile_for(bytes, 128, h200), Some(16));
-            assert_eq!(mmar_batch_tile_for(bytes, 18, h200), Some(16));
-            assert_eq!(mmar_batch_tile_for(bytes, 344, h200), Some(8));
-            assert_eq!(mmar_batch_tile_for(bytes, 1024, h200), None);
-            assert_eq!(mmar_batch_tile_for(bytes, 128, 99 * 1024), None);
+            assert_eq!(mmar_batch_tile_for(bytes, 128, 64, h200), Some(16));
+            assert_eq!(mmar_batch_tile_for(bytes, 128, 9, h200), Some(16));
+            assert_eq!(mmar_batch_tile_for(bytes, 128, 8, h200), Some(8));
+            assert_eq!(mmar_batch_tile_for(bytes, 18, 64, h200), Some(16));
+            assert_eq!(mmar_batch_tile_for(bytes, 344, 64, h200), Some(8));
+            assert_eq!(mmar_batch_tile_for(bytes, 344, 2, h200), Some(8));
+            assert_eq!(mmar_batch_tile_for(bytes, 1024, 64, h200), None);
+            assert_eq!(mmar_batch_tile_for(bytes, 128, 64, 99 * 1024), None);
         }
     }
 }
