@@ -128,6 +128,38 @@ fn mmar_batch_tile_for(
         .find(|&bt| mmar_smem_bytes(block_bytes, nb, bt) <= smem_optin)
 }
 
+/// Whether the resident form, in `Auto`, takes a matvec of `rows` rows and `batch` batch
+/// rows at batch tile `tile` on a device of `sm_count` multiprocessors: when its tiles (32
+/// rows by `tile`, one block per multiprocessor) number at least half the multiprocessors.
+/// Below that the streaming form's tiles of 16 x 16, two blocks per multiprocessor, keep
+/// more of the device busy (SmolLM2's 576-row matvecs at B = 16: 18 resident tiles, 36
+/// streaming ones).
+fn mmar_auto_takes(rows: usize, batch: usize, tile: usize, sm_count: usize) -> bool {
+    2 * rows.div_ceil(MMAR_ROWS) * batch.div_ceil(tile) >= sm_count
+}
+
+/// When batched tensor-core matvecs take the resident form (`matvec_mmvq_mmar_*`) rather
+/// than the streaming one (`matvec_mmvq_mma_*`): `MEMRA_MMA_RESIDENT=0` never, `=1` always
+/// where the activations fit in shared memory, otherwise (the default) where they fit and
+/// the matvec has tiles for at least half the device ([`mmar_auto_takes`]). A performance
+/// switch only: every form computes the same bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MmaResident {
+    Never,
+    Auto,
+    Always,
+}
+
+impl MmaResident {
+    fn from_env(value: Option<&str>) -> Self {
+        match value.map(str::trim) {
+            Some("0") => MmaResident::Never,
+            Some("1") => MmaResident::Always,
+            _ => MmaResident::Auto,
+        }
+    }
+}
+
 /// Dynamic shared memory a launch may use without opting in.
 const DEFAULT_DYNAMIC_SMEM: usize = 48 * 1024;
 
@@ -181,10 +213,9 @@ pub struct Gpu {
     smem_optin: usize,
     /// The kernels whose dynamic shared memory limit is already raised to `smem_optin`.
     opted_in: Mutex<HashSet<&'static str>>,
-    /// Whether batched tensor-core matvecs whose activations fit in shared memory take the
-    /// resident form (`matvec_mmvq_mmar_*`): on unless `MEMRA_MMA_RESIDENT=0` when the
-    /// device is opened. A performance switch only: both forms compute the same bits.
-    mma_resident: std::sync::atomic::AtomicBool,
+    /// When batched tensor-core matvecs take the resident form ([`MmaResident`], from
+    /// `MEMRA_MMA_RESIDENT` when the device is opened), stored as its index.
+    mma_resident: std::sync::atomic::AtomicU8,
     /// Multiprocessors of the device (the resident form's grid fills them once).
     sm_count: u32,
     /// Resident blocks per multiprocessor of a kernel at a dynamic shared memory size, as the
@@ -269,9 +300,9 @@ impl Gpu {
             pdl: std::env::var("MEMRA_PDL").map_or(true, |v| v.trim() != "0"),
             smem_optin,
             opted_in: Mutex::new(HashSet::new()),
-            mma_resident: std::sync::atomic::AtomicBool::new(
-                std::env::var("MEMRA_MMA_RESIDENT").map_or(true, |v| v.trim() != "0"),
-            ),
+            mma_resident: std::sync::atomic::AtomicU8::new(MmaResident::from_env(
+                std::env::var("MEMRA_MMA_RESIDENT").ok().as_deref(),
+            ) as u8),
             sm_count,
             occupancy: Mutex::new(HashMap::new()),
         })
@@ -291,33 +322,46 @@ impl Gpu {
         self.int8_mma.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Switches the resident tensor-core form (activations kept in shared memory, weights
-    /// streamed over a grid that fills the device once) on or off; kernel-check runs both.
-    pub fn set_mma_resident(&self, on: bool) {
+    /// Sets when the resident tensor-core form runs (activations kept in shared memory,
+    /// weights streamed over a grid that fills the device once); kernel-check runs every
+    /// form by setting `Always` and `Never`.
+    pub fn set_mma_resident(&self, mode: MmaResident) {
         self.mma_resident
-            .store(on, std::sync::atomic::Ordering::Relaxed);
+            .store(mode as u8, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Whether the resident tensor-core form is switched on.
-    pub fn mma_resident(&self) -> bool {
-        self.mma_resident.load(std::sync::atomic::Ordering::Relaxed)
+    /// When the resident tensor-core form runs now.
+    pub fn mma_resident(&self) -> MmaResident {
+        match self.mma_resident.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => MmaResident::Never,
+            2 => MmaResident::Always,
+            _ => MmaResident::Auto,
+        }
     }
 
     /// Whether a batched tensor-core matvec over rows of `cols` columns of weight blocks of
-    /// `block_bytes` bytes takes the resident form: switched on, and its activations fit in
-    /// the shared memory one block may have.
+    /// `block_bytes` bytes can take the resident form: its activations fit in the shared
+    /// memory one block may have.
     pub fn mma_resident_fits(&self, block_bytes: usize, cols: usize) -> bool {
-        self.mmar_batch_tile(block_bytes, cols, 16).is_some()
+        mmar_batch_tile_for(block_bytes, cols.div_ceil(QK), 16, self.smem_optin).is_some()
     }
 
-    /// The resident form's batch tile for rows of `cols` columns: 16 rows where their
-    /// activations fit in shared memory, else 8 where those fit (rows of 11008 columns),
-    /// else none (the streaming form runs).
-    fn mmar_batch_tile(&self, block_bytes: usize, cols: usize, batch: usize) -> Option<usize> {
-        if !self.mma_resident() {
+    /// The resident form's batch tile for a matvec of `rows` rows of `cols` columns and
+    /// `batch` batch rows, or none where the streaming form runs ([`MmaResident`]).
+    fn mmar_batch_tile(
+        &self,
+        block_bytes: usize,
+        rows: usize,
+        cols: usize,
+        batch: usize,
+    ) -> Option<usize> {
+        let mode = self.mma_resident();
+        if mode == MmaResident::Never {
             return None;
         }
-        mmar_batch_tile_for(block_bytes, cols.div_ceil(QK), batch, self.smem_optin)
+        let tile = mmar_batch_tile_for(block_bytes, cols.div_ceil(QK), batch, self.smem_optin)?;
+        (mode == MmaResident::Always || mmar_auto_takes(rows, batch, tile, self.sm_count as usize))
+            .then_some(tile)
     }
 
     /// Resident blocks per multiprocessor of kernel `name` (function `f`) with `smem` bytes
@@ -504,7 +548,7 @@ impl Gpu {
     /// `block_bytes` bytes and rows of `cols` columns, at the batch tile it takes there (0
     /// where it does not run).
     pub fn mmar_smem(&self, block_bytes: usize, cols: usize) -> usize {
-        self.mmar_batch_tile(block_bytes, cols, 16)
+        mmar_batch_tile_for(block_bytes, cols.div_ceil(QK), 16, self.smem_optin)
             .map_or(0, |bt| mmar_smem_bytes(block_bytes, cols.div_ceil(QK), bt))
     }
 
@@ -681,7 +725,7 @@ impl Gpu {
         // Rows short enough for the batch tile's activations to stay in shared memory take
         // the resident form, the others the streaming one.
         let resident_tile = if mma {
-            self.mmar_batch_tile(block_bytes, cols, batch)
+            self.mmar_batch_tile(block_bytes, rows, cols, batch)
         } else {
             None
         };
@@ -1374,5 +1418,19 @@ mod tests {
             assert_eq!(mmar_batch_tile_for(bytes, 1024, 64, h200), None);
             assert_eq!(mmar_batch_tile_for(bytes, 128, 64, 99 * 1024), None);
         }
+        // Auto on the H200's 132 multiprocessors: llama-7B's matvecs take the resident form
+        // from B = 2 up, SmolLM2's 576-row ones only from B = 64 (72 tiles), its 1536-row ones
+        // from B = 32.
+        assert!(mmar_auto_takes(4096, 2, 8, 132));
+        assert!(mmar_auto_takes(4096, 64, 16, 132));
+        assert!(!mmar_auto_takes(576, 16, 16, 132));
+        assert!(mmar_auto_takes(576, 64, 16, 132));
+        assert!(!mmar_auto_takes(1536, 16, 16, 132));
+        assert!(mmar_auto_takes(1536, 32, 16, 132));
+        assert!(mmar_auto_takes(49152, 2, 8, 132));
+        assert_eq!(MmaResident::from_env(None), MmaResident::Auto);
+        assert_eq!(MmaResident::from_env(Some("0")), MmaResident::Never);
+        assert_eq!(MmaResident::from_env(Some(" 1 ")), MmaResident::Always);
+        assert_eq!(MmaResident::from_env(Some("auto")), MmaResident::Auto);
     }
 }

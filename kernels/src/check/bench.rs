@@ -8,7 +8,7 @@ use cudarc::driver::sys::CUevent_flags;
 
 use super::cases::Rng;
 use crate::blocks::{BlockQ4_1, BlockQ8_0, BlockQ8_1, QK};
-use crate::cuda::{DeviceWeights, Gpu};
+use crate::cuda::{DeviceWeights, Gpu, MmaResident};
 use crate::error::KernelError;
 use crate::twin::{AttnShape, MatvecFamily, SPLIT_K_CHUNK};
 
@@ -164,10 +164,7 @@ pub fn run(gpu: &Gpu) -> R<()> {
             // device has them: "mmar" with resident activations, where they fit, and "mma"
             // streaming them) and the warp-per-row one.
             let initial = (gpu.int8_mma(), gpu.mma_resident());
-            let resident_fits = gpu.set_int8_mma(true) && {
-                gpu.set_mma_resident(true);
-                gpu.mma_resident_fits(block_bytes, cols)
-            };
+            let resident_fits = gpu.set_int8_mma(true) && gpu.mma_resident_fits(block_bytes, cols);
             let forms = [
                 (MatvecFamily::Mmvq, true, true),
                 (MatvecFamily::Mmvq, true, false),
@@ -183,7 +180,11 @@ pub fn run(gpu: &Gpu) -> R<()> {
                         continue;
                     }
                     gpu.set_int8_mma(mma);
-                    gpu.set_mma_resident(resident);
+                    gpu.set_mma_resident(if resident {
+                        MmaResident::Always
+                    } else {
+                        MmaResident::Never
+                    });
                     let mut y = zeros::<f32>(gpu, batch * rows)?;
                     let us = time_us(gpu, |i| {
                         gpu.matvec(fam, weights(i), rows, cols, &dx, batch, &mut y)

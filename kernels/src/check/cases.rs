@@ -11,7 +11,7 @@ use half::{bf16, f16};
 
 use super::report::{CheckRow, compare_f32, compare_u32};
 use crate::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1, QK};
-use crate::cuda::{AttnRows, DeviceWeights, Gpu, RopeStoreArgs};
+use crate::cuda::{AttnRows, DeviceWeights, Gpu, MmaResident, RopeStoreArgs};
 use crate::error::KernelError;
 use crate::twin::{self, AttnShape, MatvecFamily, WeightRows};
 
@@ -264,7 +264,6 @@ fn matvec_forms(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
                 _ => 34,
             };
             let has_mma = gpu.set_int8_mma(true);
-            gpu.set_mma_resident(true);
             let resident_fits = has_mma && gpu.mma_resident_fits(block_bytes, cols);
             let forms = [
                 (MatvecFamily::Mmvq, true, true),
@@ -277,7 +276,11 @@ fn matvec_forms(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
                     continue;
                 }
                 gpu.set_int8_mma(mma);
-                gpu.set_mma_resident(resident);
+                gpu.set_mma_resident(if resident {
+                    MmaResident::Always
+                } else {
+                    MmaResident::Never
+                });
                 let kernel = match (mma, resident) {
                     (true, true) => format!("matvec_{}_mmar_{ty}", fam.name()),
                     (true, false) => format!("matvec_{}_mma_{ty}", fam.name()),
