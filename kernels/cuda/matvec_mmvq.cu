@@ -731,9 +731,9 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) matvec_mmvq_mma_q8_0(
 }
 
 // ---------------------------------------------------------------------------------------------
-// The resident form (matvec_mmvq_mmar_*): the tensor-core form's per-warp arithmetic, bit for
-// bit (the same classes, the same accumulation order, the same trees), arranged so that a
-// thread block's time goes to the composition rather than to staging and addressing:
+// The resident form (matvec_mmvq_mmar_*): mmvq_mma's per-warp arithmetic, bit for bit (the
+// same classes, the same accumulation order, the same trees), arranged so that a thread
+// block's time goes to the composition rather than to staging and addressing:
 //   * a block keeps one batch tile's activations for the whole row resident in shared
 //     memory (loaded once, after the programmatic-launch wait, into the layout the fragments
 //     want: each lane's two quant words side by side, two batch rows' scales widened side by
@@ -747,10 +747,12 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) matvec_mmvq_mma_q8_0(
 //     a warp may run ahead of the slowest by half the ring;
 //   * a warp's classes are cq, cq + 16, cq + 8, cq + 24 (cq = its first), so every shared
 //     memory address of the inner loop is a per-lane base plus a compile-time offset.
-// The launcher picks it when the resident activations fit in shared memory: batch tiles of
-// 16 rows for rows of 4096 columns, of 8 rows (one product per class and step per warp, the
-// same per-row arithmetic) for rows of 11008; and it sizes the grid to the blocks that fit
-// on the device at once (mmar_smem_bytes and the launch in kernels/src/cuda.rs).
+// Batch tiles are 16 rows (NT = 2 products per class and step per warp) or 8 (NT = 1, the
+// same per-row arithmetic): the launcher takes 8 for batches of at most 8 and where 16 rows'
+// activations would not fit in shared memory (rows of 11008 columns), runs this form where
+// the activations fit and the matvec has tiles for at least half the multiprocessors, and
+// sizes the grid to the blocks that fit on the device at once (mmar_batch_tile_for,
+// mmar_auto_takes and the launch in kernels/src/cuda.rs).
 
 #define MMAR_THREADS 512
 #define MMAR_ROWS 32
@@ -763,13 +765,13 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) matvec_mmvq_mma_q8_0(
 // The ring's barriers at the start of the shared memory: up to 4 slots' full and empty.
 #define MMAR_BAR_WORDS 16
 
-// Shared memory, in words: the ring's barriers, nbuf weight steps (four for the Q4 types, two for Q8_0, whose
-// larger steps would not leave room for the activations of 4096 columns), the warps' class
-// sums (two sets, for alternate row tiles: a warp may finish a one-step tile and write the
-// next tile's sums before the others of its half have read this tile's), then per step of
-// the row the resident activation quants and scales. Step s + nbuf / 2 is copied while step
-// s is computed, into the slot of step s - nbuf / 2, so a warp may run up to nbuf / 2 steps
-// ahead of the slowest.
+// Shared memory, in words: the ring's barriers, nbuf weight steps (four for the Q4 types, two
+// for Q8_0, whose larger steps would not leave room for the activations of 4096 columns), the
+// warps' class sums (two sets, for alternate row tiles: a warp may finish a one-step tile and
+// write the next tile's sums before the others of its half have read this tile's), then per
+// step of the row the resident activation quants and scales. Step s + nbuf / 2 is copied
+// while step s is computed, into the slot of step s - nbuf / 2, so a warp may run up to
+// nbuf / 2 steps ahead of the slowest.
 template <typename B, int NT = 2>
 struct MmarSmem {
     static constexpr int nbuf = sizeof(B) <= 20 ? 4 : 2;
@@ -861,6 +863,13 @@ __device__ __forceinline__ void mmar_classes(const u8* wl, const u32* xl, const 
     }
 }
 
+// One 16-byte asynchronous copy from global memory to shared address `dst` (16-aligned).
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+#endif
+}
+
 // The ring's barriers (mbarrier objects in shared memory): `full` of a slot completes a phase
 // when every thread's copies of the step into it have landed (each thread arrives once per
 // fill), `empty` when every warp is done reading the step it held (lane 0 of each arrives).
@@ -925,19 +934,10 @@ struct MmarCursor {
             const u32 d0 = (u32)__cvta_generic_to_shared(buf + 2 * q * WW) + 16 * lane;
 #pragma unroll
             for (int i = 0; i < per_lane; ++i) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
                 if (lane + 32 * i < units) {
-                    if (v0)
-                        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d0 + 512 * i),
-                                     "l"(p0 + 512 * i)
-                                     : "memory");
-                    if (v1)
-                        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                                         d0 + 4 * WW + 512 * i),
-                                     "l"(p1 + 512 * i)
-                                     : "memory");
+                    if (v0) cp_async16(d0 + 512 * i, p0 + 512 * i);
+                    if (v1) cp_async16(d0 + 4 * WW + 512 * i, p1 + 512 * i);
                 }
-#endif
             }
             p0 += 32 * sizeof(B);
             p1 += 32 * sizeof(B);
