@@ -723,7 +723,8 @@ impl Gpu {
         let mut mma =
             family == MatvecFamily::Mmvq && batch > 1 && block_bytes > 0 && self.int8_mma();
         // Rows short enough for the batch tile's activations to stay in shared memory take
-        // the resident form, the others the streaming one.
+        // the resident form where it has tiles for the device (MmaResident), the others the
+        // streaming one.
         let resident_tile = if mma {
             self.mmar_batch_tile(block_bytes, rows, cols, batch)
         } else {
@@ -864,7 +865,7 @@ impl Gpu {
         };
         b.arg(x).arg(y).arg(&r).arg(&n).arg(&bt).arg(&canary);
         let bt8 = i32::from(resident_tile == Some(8));
-        if resident {
+        if mma && resident {
             b.arg(&bt8);
         }
         let null = 0u64;
