@@ -497,6 +497,17 @@ __device__ __forceinline__ void mma_s8(float sf[4], const int a[4], int b0, int 
 #endif
 }
 
+// The shared-memory address of p (a pointer into shared memory).
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+// One 16-byte asynchronous copy from global memory to shared address `dst` (16-aligned).
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+#endif
+}
+
 // Copies n runs of `bytes` bytes (even), run i from src + i * src_stride bytes to
 // dst + i * dst_words words (dst rows are 16-byte aligned). When every run starts 4-aligned
 // the copies are asynchronous cp.async of the widest unit (16, 8 or 4 bytes) the addresses
@@ -508,15 +519,14 @@ __device__ __forceinline__ void mma_stage_async(u32* dst, int dst_words, const u
                                                 size_t src_stride, int n, int bytes) {
     const int per = bytes / UNIT, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     for (int r = threadIdx.x >> 5; r < n; r += nw) {
-        const u32 d0 = (u32)__cvta_generic_to_shared(dst + (size_t)r * dst_words);
+        const u32 d0 = smem_u32(dst + (size_t)r * dst_words);
         const u8* s0 = src + (size_t)r * src_stride;
         for (int c = lane; c < per; c += 32) {
             const u32 d = d0 + c * UNIT;
             const u8* s = s0 + c * UNIT;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
             if (UNIT == 16)
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(s)
-                             : "memory");
+                cp_async16(d, s);
             else if (UNIT == 8)
                 asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(s)
                              : "memory");
@@ -546,12 +556,10 @@ __device__ __forceinline__ void mma_commit() {
     asm volatile("cp.async.commit_group;" ::: "memory");
 #endif
 }
-// Waits until at most `pending` (0, 1 or 2) committed groups of this thread are in flight.
+// Waits until at most `pending` (0 or 1) committed groups of this thread are in flight.
 __device__ __forceinline__ void mma_wait(int pending) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    if (pending >= 2)
-        asm volatile("cp.async.wait_group 2;" ::: "memory");
-    else if (pending == 1)
+    if (pending)
         asm volatile("cp.async.wait_group 1;" ::: "memory");
     else
         asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -572,6 +580,23 @@ struct MmaSmem {
     static constexpr int buf_words = w_words + MMA_BATCH * MMA_XS_WORDS;
     static constexpr int sc_words = (MMA_ROWS + MMA_BATCH) * MMA_SC_STRIDE;
 };
+
+// The float side of one m16n8 product for class k and batch half h: acc[k][4h + e] gains
+// the composition of entry e (rows g, g + 8 by w0, w1; batch rows 2t, 2t + 1 by x0, x1),
+// rows g and g + 8 only where live0 and live1 hold.
+template <typename B, int NP>
+__device__ __forceinline__ void mma_compose(float (&acc)[NP], int h, float2 w0, float2 w1,
+                                            float2 x0, float2 x1, const float (&sf)[4],
+                                            bool live0, bool live1) {
+    if (live0) {
+        acc[4 * h + 0] += MmaOps<B>::contrib(w0, x0, sf[0]);
+        acc[4 * h + 1] += MmaOps<B>::contrib(w0, x1, sf[1]);
+    }
+    if (live1) {
+        acc[4 * h + 2] += MmaOps<B>::contrib(w1, x0, sf[2]);
+        acc[4 * h + 3] += MmaOps<B>::contrib(w1, x1, sf[3]);
+    }
+}
 
 // One step's classes of warp q: K = 32 / W block columns cls[k] of the staged tile. CHECK
 // (the step past a tile's end or holding the canary row's dropped block) tests each class
@@ -601,14 +626,7 @@ __device__ __forceinline__ void mma_classes(const u32* wsm, const u32* xsm, cons
             mma_s8(sf, a, (int)xb[1 + t], (int)xb[5 + t]);
             const float2 x0 = *(const float2*)(xsc + (8 * h + 2 * t) * MMA_SC_STRIDE + 2 * c);
             const float2 x1 = *(const float2*)(xsc + (8 * h + 2 * t + 1) * MMA_SC_STRIDE + 2 * c);
-            if (live0) {
-                acc[k][4 * h + 0] += MmaOps<B>::contrib(w0, x0, sf[0]);
-                acc[k][4 * h + 1] += MmaOps<B>::contrib(w0, x1, sf[1]);
-            }
-            if (live1) {
-                acc[k][4 * h + 2] += MmaOps<B>::contrib(w1, x0, sf[2]);
-                acc[k][4 * h + 3] += MmaOps<B>::contrib(w1, x1, sf[3]);
-            }
+            mma_compose<B>(acc[k], h, w0, w1, x0, x1, sf, live0, live1);
         }
     }
 }
@@ -825,10 +843,7 @@ __device__ __forceinline__ void mmar_classes(const u8* wl, const u32* xl, const 
                 const float4 xs =
                     *(const float4*)(xsl + 4 * h * MMAR_XS_FLOATS + 4 * mmar_koff(k));
                 const float2 x0 = make_float2(xs.x, xs.y), x1 = make_float2(xs.z, xs.w);
-                acc[k][4 * h + 0] += MmaOps<B>::contrib(w0, x0, sf[k][h][0]);
-                acc[k][4 * h + 1] += MmaOps<B>::contrib(w0, x1, sf[k][h][1]);
-                acc[k][4 * h + 2] += MmaOps<B>::contrib(w1, x0, sf[k][h][2]);
-                acc[k][4 * h + 3] += MmaOps<B>::contrib(w1, x1, sf[k][h][3]);
+                mma_compose<B>(acc[k], h, w0, w1, x0, x1, sf[k][h], true, true);
             }
         }
     } else {
@@ -850,32 +865,15 @@ __device__ __forceinline__ void mmar_classes(const u8* wl, const u32* xl, const 
                 mma_s8(sf, a, (int)xb.x, (int)xb.y);
                 const float4 xs = *(const float4*)(xsl + 4 * h * MMAR_XS_FLOATS + 4 * ko);
                 const float2 x0 = make_float2(xs.x, xs.y), x1 = make_float2(xs.z, xs.w);
-                if (live0) {
-                    acc[k][4 * h + 0] += MmaOps<B>::contrib(w0, x0, sf[0]);
-                    acc[k][4 * h + 1] += MmaOps<B>::contrib(w0, x1, sf[1]);
-                }
-                if (live1) {
-                    acc[k][4 * h + 2] += MmaOps<B>::contrib(w1, x0, sf[2]);
-                    acc[k][4 * h + 3] += MmaOps<B>::contrib(w1, x1, sf[3]);
-                }
+                mma_compose<B>(acc[k], h, w0, w1, x0, x1, sf, live0, live1);
             }
         }
     }
 }
 
-// One 16-byte asynchronous copy from global memory to shared address `dst` (16-aligned).
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-#endif
-}
-
 // The ring's barriers (mbarrier objects in shared memory): `full` of a slot completes a phase
 // when every thread's copies of the step into it have landed (each thread arrives once per
 // fill), `empty` when every warp is done reading the step it held (lane 0 of each arrives).
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-    return (u32)__cvta_generic_to_shared(p);
-}
 __device__ __forceinline__ void mbar_init(u64* b, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count)
                  : "memory");
@@ -931,7 +929,7 @@ struct MmarCursor {
             const int q = threadIdx.x >> 5, lane = threadIdx.x & 31;
             const int units = nn * (int)sizeof(B) / 16;
             constexpr int per_lane = (32 * (int)sizeof(B) / 16 + 31) / 32;
-            const u32 d0 = (u32)__cvta_generic_to_shared(buf + 2 * q * WW) + 16 * lane;
+            const u32 d0 = smem_u32(buf + 2 * q * WW) + 16 * lane;
 #pragma unroll
             for (int i = 0; i < per_lane; ++i) {
                 if (lane + 32 * i < units) {
