@@ -6,11 +6,11 @@
 
 use cudarc::driver::sys::CUevent_flags;
 
-use super::cases::Rng;
+use super::cases::{MATVEC_FORMS, MatvecForm, Rng};
 use crate::blocks::{BlockQ4_1, BlockQ8_0, BlockQ8_1, QK};
-use crate::cuda::{DeviceWeights, Gpu, MmaResident};
+use crate::cuda::{DeviceWeights, Gpu};
 use crate::error::KernelError;
-use crate::twin::{AttnShape, MatvecFamily, SPLIT_K_CHUNK};
+use crate::twin::{AttnShape, SPLIT_K_CHUNK};
 
 type R<T> = Result<T, KernelError>;
 
@@ -160,50 +160,31 @@ pub fn run(gpu: &Gpu) -> R<()> {
                 "q4_1" => DeviceWeights::Q4_1(&w41[i % copies]),
                 _ => DeviceWeights::Q8_0(&w80[i % copies]),
             };
-            // The mmvq family's batched rows in all forms: the tensor-core ones (where the
-            // device has them: "mmar" with resident activations, where they fit, and "mma"
-            // streaming them) and the warp-per-row one.
-            let initial = (gpu.int8_mma(), gpu.mma_resident());
-            let resident_fits = gpu.set_int8_mma(true) && gpu.mma_resident_fits(block_bytes, cols);
-            let forms = [
-                (MatvecFamily::Mmvq, true, true),
-                (MatvecFamily::Mmvq, true, false),
-                (MatvecFamily::Mmvq, false, false),
-                (MatvecFamily::Dp4a, false, false),
-            ];
-            for (fam, mma, resident) in forms {
-                if resident && !resident_fits {
-                    continue;
-                }
-                for batch in [1usize, 8, 64] {
-                    if mma && (batch == 1 || !gpu.set_int8_mma(true)) {
+            // The batched rows in every form the device has (MatvecForm).
+            MatvecForm::restoring(gpu, || -> R<()> {
+                for form in MATVEC_FORMS {
+                    if !form.available(gpu, block_bytes, cols) {
                         continue;
                     }
-                    gpu.set_int8_mma(mma);
-                    gpu.set_mma_resident(if resident {
-                        MmaResident::Always
-                    } else {
-                        MmaResident::Never
-                    });
-                    let mut y = zeros::<f32>(gpu, batch * rows)?;
-                    let us = time_us(gpu, |i| {
-                        gpu.matvec(fam, weights(i), rows, cols, &dx, batch, &mut y)
-                    })?;
-                    println!(
-                        "| matvec_{}{}_{ty} | {rows}x{cols} | {batch} | {us:.2} | {:.0} | {} |",
-                        fam.name(),
-                        match (mma, resident) {
-                            (true, true) => "_mmar",
-                            (true, false) => "_mma",
-                            _ => "",
-                        },
-                        bytes as f64 / us / 1e3,
-                        (bytes * copies) >> 20
-                    );
+                    for batch in [1usize, 8, 64] {
+                        if form.mma && batch == 1 {
+                            continue;
+                        }
+                        form.select(gpu);
+                        let mut y = zeros::<f32>(gpu, batch * rows)?;
+                        let us = time_us(gpu, |i| {
+                            gpu.matvec(form.fam, weights(i), rows, cols, &dx, batch, &mut y)
+                        })?;
+                        println!(
+                            "| {} | {rows}x{cols} | {batch} | {us:.2} | {:.0} | {} |",
+                            form.label(ty),
+                            bytes as f64 / us / 1e3,
+                            (bytes * copies) >> 20
+                        );
+                    }
                 }
-            }
-            gpu.set_int8_mma(initial.0);
-            gpu.set_mma_resident(initial.1);
+                Ok(())
+            })?;
         }
     }
     for cols in [576usize, 4096] {

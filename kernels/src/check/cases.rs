@@ -214,13 +214,83 @@ fn q4_1_blocks(rng: &mut Rng, n: usize) -> Vec<BlockQ4_1> {
         .collect()
 }
 
+/// A form of the quantized matvec that kernel-check and its bench run: the family and, for
+/// the mmvq family's batched rows, the tensor-core form (`mma`), with the activations
+/// resident in shared memory (`resident`, "mmar") or streamed ("mma"), or the warp form,
+/// the fallback of older devices and of MEMRA_MMA=0.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct MatvecForm {
+    pub fam: MatvecFamily,
+    pub mma: bool,
+    pub resident: bool,
+}
+
+/// Every form, in the order the rows are printed.
+pub(super) const MATVEC_FORMS: [MatvecForm; 4] = [
+    MatvecForm {
+        fam: MatvecFamily::Mmvq,
+        mma: true,
+        resident: true,
+    },
+    MatvecForm {
+        fam: MatvecFamily::Mmvq,
+        mma: true,
+        resident: false,
+    },
+    MatvecForm {
+        fam: MatvecFamily::Mmvq,
+        mma: false,
+        resident: false,
+    },
+    MatvecForm {
+        fam: MatvecFamily::Dp4a,
+        mma: false,
+        resident: false,
+    },
+];
+
+impl MatvecForm {
+    /// Whether the device has this form for rows of `cols` columns of weight blocks of
+    /// `block_bytes` bytes: the int8 MMA for the tensor-core ones, and room in shared memory
+    /// for the resident one.
+    pub fn available(self, gpu: &Gpu, block_bytes: usize, cols: usize) -> bool {
+        (!self.mma || gpu.set_int8_mma(true))
+            && (!self.resident || gpu.mma_resident_fits(block_bytes, cols))
+    }
+
+    /// Switches `gpu`'s batched matvecs to this form.
+    pub fn select(self, gpu: &Gpu) {
+        gpu.set_int8_mma(self.mma);
+        gpu.set_mma_resident(if self.resident {
+            MmaResident::Always
+        } else {
+            MmaResident::Never
+        });
+    }
+
+    /// The kernel name its rows carry, e.g. `matvec_mmvq_mmar_q4_1`.
+    pub fn label(self, ty: &str) -> String {
+        let form = match (self.mma, self.resident) {
+            (true, true) => "_mmar",
+            (true, false) => "_mma",
+            _ => "",
+        };
+        format!("matvec_{}{form}_{ty}", self.fam.name())
+    }
+
+    /// Runs `f` with the switches of `gpu` the forms change, and restores them after.
+    pub fn restoring<T>(gpu: &Gpu, f: impl FnOnce() -> T) -> T {
+        let initial = (gpu.int8_mma(), gpu.mma_resident());
+        let out = f();
+        gpu.set_int8_mma(initial.0);
+        gpu.set_mma_resident(initial.1);
+        out
+    }
+}
+
 /// Every quantized type, both families, batched and B = 1, at the real and ragged shapes.
 pub fn matvec(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
-    let initial = (gpu.int8_mma(), gpu.mma_resident());
-    let out = matvec_forms(gpu, rng);
-    gpu.set_int8_mma(initial.0);
-    gpu.set_mma_resident(initial.1);
-    out
+    MatvecForm::restoring(gpu, || matvec_forms(gpu, rng))
 }
 
 fn matvec_forms(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
@@ -254,38 +324,18 @@ fn matvec_forms(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
             ("q8_0", WeightRows::Q8_0(&q80), DeviceWeights::Q8_0(&d80)),
         ];
         for (ty, hw, dw) in kinds {
-            // The mmvq family's batched rows run in every form the device has: the
-            // tensor-core ones (names carrying "mmar" with the activations resident in shared
-            // memory, where they fit, and "mma" streaming them) and the warp form, the
-            // fallback of older devices and of MEMRA_MMA=0.
+            // The batched rows run in every form the device has (MatvecForm).
             let block_bytes = match dw {
                 DeviceWeights::Q4_0(_) => 18,
                 DeviceWeights::Q4_1(_) => 20,
                 _ => 34,
             };
-            let has_mma = gpu.set_int8_mma(true);
-            let resident_fits = has_mma && gpu.mma_resident_fits(block_bytes, cols);
-            let forms = [
-                (MatvecFamily::Mmvq, true, true),
-                (MatvecFamily::Mmvq, true, false),
-                (MatvecFamily::Mmvq, false, false),
-                (MatvecFamily::Dp4a, false, false),
-            ];
-            for (fam, mma, resident) in forms {
-                if (mma && !has_mma) || (resident && !resident_fits) {
+            for form in MATVEC_FORMS {
+                if !form.available(gpu, block_bytes, cols) {
                     continue;
                 }
-                gpu.set_int8_mma(mma);
-                gpu.set_mma_resident(if resident {
-                    MmaResident::Always
-                } else {
-                    MmaResident::Never
-                });
-                let kernel = match (mma, resident) {
-                    (true, true) => format!("matvec_{}_mmar_{ty}", fam.name()),
-                    (true, false) => format!("matvec_{}_mma_{ty}", fam.name()),
-                    _ => format!("matvec_{}_{ty}", fam.name()),
-                };
+                form.select(gpu);
+                let (fam, kernel) = (form.fam, form.label(ty));
                 let want = twin_batch(fam, hw, rows, cols, &xq, bmax);
                 let mut last = Vec::new();
                 for &b in batches {
@@ -1265,4 +1315,24 @@ pub fn head_post_scale(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rows keep their kernel names: one per form, in the printed order.
+    #[test]
+    fn matvec_forms_name_their_kernels() {
+        let labels: Vec<String> = MATVEC_FORMS.iter().map(|f| f.label("q4_1")).collect();
+        assert_eq!(
+            labels,
+            [
+                "matvec_mmvq_mmar_q4_1",
+                "matvec_mmvq_mma_q4_1",
+                "matvec_mmvq_q4_1",
+                "matvec_dp4a_q4_1"
+            ]
+        );
+    }
 }
