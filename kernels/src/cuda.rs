@@ -868,14 +868,10 @@ impl Gpu {
         if mma && resident {
             b.arg(&bt8);
         }
-        let null = 0u64;
         if family == MatvecFamily::Mmvq && !mma {
             b.arg(&i32::from(x_smem));
             if batch == 1 {
-                match post {
-                    Some(p) => b.arg(p),
-                    None => b.arg(&null),
-                };
+                b.arg(&post);
             }
         }
         // SAFETY: the kernel reads rows*nb weight blocks, batch*nb activation blocks and writes
@@ -967,13 +963,9 @@ impl Gpu {
             block_dim: (EW_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let null = 0u64;
         let mut b = self.launcher(&f);
         b.arg(x).arg(table);
-        match post_scale {
-            Some(s) => b.arg(s),
-            None => b.arg(&null),
-        };
+        b.arg(&post_scale);
         b.arg(pos).arg(&h).arg(&d).arg(&n_pos);
         // SAFETY: x, pos and post_scale lengths were checked for `batch` rows; the kernel
         // reads the table only for positions below n_pos = table.len() / head_dim. A null
@@ -1145,13 +1137,9 @@ impl Gpu {
         }
         let (ni, ci) = (int(K, "n", n)?, int(K, "cols", cols)?);
         let f = self.func(&sources::ELEMENTWISE, K)?;
-        let null = 0u64;
         let mut b = self.launcher(&f);
         b.arg(gate).arg(up).arg(out);
-        match post_scale {
-            Some(s) => b.arg(s),
-            None => b.arg(&null),
-        };
+        b.arg(&post_scale);
         b.arg(&ni).arg(&ci);
         // SAFETY: all buffers hold n elements (post_scale one per row), checked above.
         unsafe { b.launch(Self::ew_cfg(n)) }
@@ -1217,13 +1205,9 @@ impl Gpu {
         need(K, "src", src.len(), row_len)?;
         let (p, r) = (int(K, "pos", pos)?, int(K, "row_len", row_len)?);
         let f = self.func(&sources::ELEMENTWISE, K)?;
-        let null = 0u64;
         let mut b = self.launcher(&f);
         b.arg(cache).arg(src);
-        match post_scale {
-            Some(s) => b.arg(s),
-            None => b.arg(&null),
-        };
+        b.arg(&post_scale);
         b.arg(&p).arg(&r);
         // SAFETY: the cache covers position pos and src one row, checked above; a null
         // post_scale is tested by the kernel before reading.

@@ -63,6 +63,19 @@ impl KernelArg for f32 {
     }
 }
 
+/// An optional pointer argument: the buffer's address, or null for `None` (the kernels test
+/// their optional pointers before use).
+impl<T: KernelArg> KernelArg for Option<&T> {
+    fn word(&self, stream: &CudaStream) -> u64 {
+        self.map_or(0, |a| a.word(stream))
+    }
+}
+impl<T: KernelArg> KernelArg for Option<&mut T> {
+    fn word(&self, stream: &CudaStream) -> u64 {
+        self.as_ref().map_or(0, |a| a.word(stream))
+    }
+}
+
 /// One launch being assembled: the function, the stream and the argument words in order.
 pub(crate) struct Launch<'a> {
     stream: &'a CudaStream,

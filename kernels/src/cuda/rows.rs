@@ -250,23 +250,13 @@ impl Gpu {
             block_dim: (NORM_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let null = 0u64;
         let mut b = self.launcher(&f);
         b.arg(x);
-        match delta {
-            Some(d) => b.arg(d),
-            None => b.arg(&null),
-        };
+        b.arg(&delta);
         b.arg(g);
-        match xf {
-            Some(v) => b.arg(v),
-            None => b.arg(&null),
-        };
+        b.arg(&xf);
         b.arg(yq);
-        match r_out {
-            Some(v) => b.arg(v),
-            None => b.arg(&null),
-        };
+        b.arg(&r_out);
         b.arg(&c).arg(&eps);
         // SAFETY: one block per row; every buffer was checked for rows * cols values (yq for
         // rows * cols / 32 blocks, r_out one per row); null optional pointers are tested by
@@ -330,23 +320,13 @@ impl Gpu {
             block_dim: (NORM_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let null = 0u64;
         let mut b = self.launcher(&f);
         b.arg(x);
-        match delta {
-            Some(d) => b.arg(d),
-            None => b.arg(&null),
-        };
+        b.arg(&delta);
         b.arg(g).arg(x_out);
-        match xf {
-            Some(v) => b.arg(v),
-            None => b.arg(&null),
-        };
+        b.arg(&xf);
         b.arg(yq);
-        match r_out {
-            Some(v) => b.arg(v),
-            None => b.arg(&null),
-        };
+        b.arg(&r_out);
         b.arg(&c).arg(&eps);
         // SAFETY: grid (rows, ceil(cols / 256)); every buffer was checked for rows * cols
         // values (yq for rows * cols / 32 blocks, r_out one per row); x_out is a distinct
@@ -400,14 +380,10 @@ impl Gpu {
         // columns of each row), so the three are passed as addresses into it.
         let (base, _sync) = qkv.device_ptr_mut(&self.stream);
         let (q, k, v) = (base, base + 4 * qd as u64, base + 4 * (qd + kvd) as u64);
-        let null = 0u64;
         let mut b = self.launcher(&f);
         b.arg(&q).arg(&st).arg(&k).arg(&st).arg(&v).arg(&st);
         b.arg(rows.k_cache).arg(rows.v_cache).arg(table);
-        match post_scale {
-            Some(s) => b.arg(s),
-            None => b.arg(&null),
-        };
+        b.arg(&post_scale);
         b.arg(rows.pos).arg(&h).arg(&hkv).arg(&d).arg(&n_pos);
         // SAFETY: qkv holds batch rows of `stride` floats (checked), and the three addresses
         // are column offsets inside each row; positions outside the table are skipped by the
@@ -455,17 +431,10 @@ impl Gpu {
         };
         let gate = gu.slice(..);
         let up = gu.slice(n_ff..);
-        let null = 0u64;
         let mut b = self.launcher(&f);
         b.arg(&gate).arg(&up).arg(&st);
-        match post_scale {
-            Some(s) => b.arg(s),
-            None => b.arg(&null),
-        };
-        match hf {
-            Some(h) => b.arg(h),
-            None => b.arg(&null),
-        };
+        b.arg(&post_scale);
+        b.arg(&hf);
         b.arg(hq).arg(&n);
         // SAFETY: gate and up address batch rows of stride 2 * n_ff inside gu (checked); hq
         // and hf hold batch * n_ff values; null optional pointers are tested by the kernel.
@@ -567,7 +536,6 @@ impl Gpu {
         let (r, n) = (int(k, "rows", rows)?, int(k, "cols / 32", nb)?);
         let canary = self.canary_row;
         let f = self.func(&sources::MATVEC_MMVQ, k)?;
-        let null = 0u64;
         let mut b = self.launcher(&f);
         match w {
             DeviceWeights::Q4_0(s) => b.arg(s),
@@ -576,15 +544,9 @@ impl Gpu {
             _ => unreachable!("float weights are refused by prologue_kernel"),
         };
         b.arg(y).arg(&r).arg(&n).arg(&canary).arg(x);
-        match delta {
-            Some(d) => b.arg(d),
-            None => b.arg(&null),
-        };
+        b.arg(&delta);
         b.arg(g).arg(x_out);
-        match r_out {
-            Some(v) => b.arg(v),
-            None => b.arg(&null),
-        };
+        b.arg(&r_out);
         b.arg(&eps);
         // SAFETY: the kernel reads rows * nb weight blocks and cols values of x, delta and g,
         // writes rows values of y, cols of x_out and one r (block 0); all checked above, null
@@ -668,12 +630,8 @@ impl Gpu {
             shared_mem_bytes: 0,
         };
         let mut b = self.launcher(&fc);
-        let null = 0u64;
         b.arg(&*part_o).arg(&*part_ml).arg(out);
-        match outq {
-            Some(q) => b.arg(q),
-            None => b.arg(&null),
-        };
+        b.arg(&outq);
         b.arg(rows.pos).arg(&h).arg(&mc).arg(&d);
         // SAFETY: as above; out holds B * n_head * head_dim floats.
         unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {C}")))?;
@@ -731,11 +689,7 @@ impl Gpu {
             .arg(rows.v_cache)
             .arg(rows.pos)
             .arg(out);
-        let null = 0u64;
-        match outq {
-            Some(q) => b.arg(q),
-            None => b.arg(&null),
-        };
+        b.arg(&outq);
         b.arg(scratch)
             .arg(&h)
             .arg(&hkv)
@@ -786,22 +740,15 @@ impl Gpu {
             block_dim: (ATTN_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let null = 0u64;
         let mut b = self.launcher(&f);
         b.arg(qkv)
             .arg(&fa.stride)
             .arg(rows.k_cache)
             .arg(rows.v_cache)
             .arg(table);
-        match post_scale {
-            Some(s) => b.arg(s),
-            None => b.arg(&null),
-        };
+        b.arg(&post_scale);
         b.arg(rows.pos).arg(out);
-        match outq {
-            Some(q) => b.arg(q),
-            None => b.arg(&null),
-        };
+        b.arg(&outq);
         b.arg(scratch)
             .arg(&fa.n_head)
             .arg(&fa.n_head_kv)
@@ -859,17 +806,13 @@ impl Gpu {
             block_dim: (ATTN_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let null = 0u64;
         let mut b = self.launcher(&f);
         b.arg(qkv)
             .arg(&fa.stride)
             .arg(rows.k_cache)
             .arg(rows.v_cache)
             .arg(table);
-        match post_scale {
-            Some(s) => b.arg(s),
-            None => b.arg(&null),
-        };
+        b.arg(&post_scale);
         b.arg(rows.pos)
             .arg(&*part_o)
             .arg(&*part_ml)
@@ -888,10 +831,7 @@ impl Gpu {
         };
         let mut b = self.launcher(&fc);
         b.arg(&*part_o).arg(&*part_ml).arg(out);
-        match outq {
-            Some(q) => b.arg(q),
-            None => b.arg(&null),
-        };
+        b.arg(&outq);
         b.arg(rows.pos).arg(&fa.n_head).arg(&mc).arg(&fa.head_dim);
         // SAFETY: as above; out holds B * n_head * head_dim floats.
         unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {C}")))?;
