@@ -559,6 +559,37 @@ impl Gpu {
             .map_err(KernelError::driver("synchronizing the stream"))
     }
 
+    /// The read ceiling (`probe_read_u4`, a benchmark reference): reads every 16-byte word
+    /// of `buf` over `blocks` blocks of 256 threads, each thread four words in flight.
+    pub fn probe_read(
+        &self,
+        buf: &CudaSlice<u8>,
+        blocks: u32,
+        out: &mut CudaSlice<u32>,
+    ) -> Result<(), KernelError> {
+        const K: &str = "probe_read_u4";
+        need(K, "out", out.len(), blocks as usize)?;
+        let n = int(K, "16-byte words", buf.len() / 16)?;
+        let f = self.func(&sources::PROBE, K)?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks.max(1), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.launcher(&f);
+        b.arg(buf).arg(&n).arg(out);
+        // SAFETY: the kernel reads the first n 16-byte words of buf (n = len / 16; device
+        // allocations are 256-byte aligned) and writes at most out[blockIdx.x], blocks of
+        // which were checked above.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {K}")))?;
+        Ok(())
+    }
+
+    /// Multiprocessors of the device.
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
     /// q8_1 quantization of `y.len()` blocks of `x` (`x` holds at least `32 * y.len()`).
     pub fn quantize_q8_1(
         &self,

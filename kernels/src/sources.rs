@@ -34,9 +34,10 @@ family!(ATTENTION, "attention.cu");
 family!(ELEMENTWISE, "elementwise.cu");
 family!(SAMPLE, "sample.cu");
 family!(EMBED, "embed.cu");
+family!(PROBE, "probe.cu");
 
 /// Every family, in a fixed order.
-pub const ALL: [KernelSource; 10] = [
+pub const ALL: [KernelSource; 11] = [
     QUANTIZE,
     NORM,
     MATVEC_MMVQ,
@@ -47,6 +48,7 @@ pub const ALL: [KernelSource; 10] = [
     ELEMENTWISE,
     SAMPLE,
     EMBED,
+    PROBE,
 ];
 
 impl KernelSource {

@@ -187,6 +187,29 @@ pub fn run(gpu: &Gpu) -> R<()> {
             })?;
         }
     }
+    // The read ceiling for the matvecs above: the same bytes, read and nothing else, by a
+    // grid of one block per 1024 words (every thread loads four, as a single-row matvec's
+    // lanes do) and by a grid the device holds at once (8 blocks per multiprocessor).
+    for mb in [10.5f64, 28.2, 56.4] {
+        let bytes = ((mb * 1e6) as usize).next_multiple_of(4096);
+        let copies = (ROTATE_BYTES / bytes).clamp(1, 64);
+        let bufs: Vec<_> = (0..copies)
+            .map(|_| zeros::<u8>(gpu, bytes))
+            .collect::<R<_>>()?;
+        let words = (bytes / 16) as u32;
+        for (what, blocks) in [
+            ("one-shot", words.div_ceil(1024)),
+            ("resident", 8 * gpu.sm_count()),
+        ] {
+            let mut out = zeros::<u32>(gpu, blocks as usize)?;
+            let us = time_us(gpu, |i| gpu.probe_read(&bufs[i % copies], blocks, &mut out))?;
+            println!(
+                "| probe_read_u4 ({what}) | {mb} MB | 1 | {us:.2} | {:.0} | {} |",
+                bytes as f64 / us / 1e3,
+                (bytes * copies) >> 20
+            );
+        }
+    }
     for cols in [576usize, 4096] {
         let x = zeros::<f32>(gpu, cols)?;
         let g = zeros::<f32>(gpu, cols)?;
