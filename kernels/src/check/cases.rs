@@ -702,15 +702,19 @@ impl DecodeCase {
 /// attention checks, caches bitwise), and bit for bit against `rope_store_rows_f32`
 /// followed by the unfused rows kernel on the device (output, its q8_1 blocks, caches). Rows
 /// of one launch sit at different positions, up to several split-K chunks and past the
-/// naive kernel's shared score buffer (1024 tokens).
+/// naive kernel's shared score buffer (1024 tokens), and on both sides of the last position
+/// whose whole context the naive kernel reads from its prefetch buffers alone (63, for heads
+/// up to 64 wide; 31 would be for 128-wide heads, which keep the general path).
 pub fn attention_rope_rows(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
     let mut out = Vec::new();
     let tol = 2e-5;
-    let cases: [(usize, usize, usize, &[usize]); 4] = [
+    let cases: [(usize, usize, usize, &[usize]); 6] = [
         (9, 3, 64, &[0, 17, 64, 200, 1100]),
         (9, 3, 64, &[9]),
+        (9, 3, 64, &[63, 62, 64]),
         (32, 32, 128, &[5, 65, 130]),
         (32, 32, 128, &[63]),
+        (32, 32, 128, &[31, 0, 32]),
     ];
     for (nh, nkv, hd, positions) in cases {
         let kvd = nkv * hd;
