@@ -37,8 +37,8 @@ struct KvRows {
     }
 };
 
-// Every row of the context in shared memory, row t at t * head_dim: the decode forms when
-// the whole context fits their prefetch buffers (see attention_rope_naive_rows_f32). The
+// Every row of the context in shared memory, row t at t * head_dim: the naive decode form
+// when the whole context fits its prefetch buffers (see attention_rope_naive_rows_f32). The
 // same values as the KvRows they replace, without a choice of source per row, so the
 // accesses compile to shared-memory loads with no branch.
 struct SmemRows {
