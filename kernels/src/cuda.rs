@@ -458,8 +458,18 @@ impl Gpu {
 
     /// Compiles (or reads from the cache) and loads every family now.
     pub fn load_all(&self) -> Result<(), KernelError> {
-        for src in sources::ALL {
-            self.module(&src)?;
+        self.load_where(|_| true)
+    }
+
+    /// [`Gpu::load_all`] without the benchmark-only families ([`sources::BENCH_ONLY`]),
+    /// which load on first use: what opening a device for decoding needs.
+    pub fn load_decode(&self) -> Result<(), KernelError> {
+        self.load_where(|src| !sources::BENCH_ONLY.contains(src))
+    }
+
+    fn load_where(&self, pick: impl Fn(&KernelSource) -> bool) -> Result<(), KernelError> {
+        for src in sources::ALL.iter().filter(|s| pick(s)) {
+            self.module(src)?;
         }
         Ok(())
     }

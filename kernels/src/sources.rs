@@ -51,6 +51,10 @@ pub const ALL: [KernelSource; 11] = [
     PROBE,
 ];
 
+/// Families only the benchmarks use: compiled with the rest (kernel-check, the NVRTC test),
+/// but not loaded when a device opens for decoding ([`crate::cuda::Gpu::load_decode`]).
+pub const BENCH_ONLY: [KernelSource; 1] = [PROBE];
+
 impl KernelSource {
     /// The text NVRTC compiles: `common.cuh` then the family, each behind a `#line` directive
     /// so that compiler messages name the original file and line.

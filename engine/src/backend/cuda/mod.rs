@@ -121,7 +121,7 @@ fn open_ordinal(ordinal: usize, doors: &Doors) -> Result<Gpu, String> {
             _ => format!("CUDA device {ordinal}: {e}"),
         }
     })?;
-    gpu.load_all()
+    gpu.load_decode()
         .map_err(|e| format!("compiling the kernels for {}: {e}", gpu.name()))?;
     Ok(gpu)
 }
