@@ -397,16 +397,22 @@ impl Gpu {
     }
 
     /// Whether kernel `name` (function `f`) may take `bytes` of dynamic shared memory,
-    /// opting in above the default 48 KiB up to what the device allows per block. The
-    /// opt-in is set once per kernel, to the device's limit, so a graph captured with a
-    /// larger launch stays valid whatever is launched later. A refusal is not an error: the
-    /// caller then launches the variant without shared memory.
+    /// opting in above the default 48 KiB up to what the device allows per block (less the
+    /// kernel's static shared memory, which the driver counts against the same limit). The
+    /// opt-in is set once per kernel, to that limit, so a graph captured with a larger launch
+    /// stays valid whatever is launched later. A refusal is not an error: the caller then
+    /// launches the variant without shared memory.
     fn allow_dynamic_smem(&self, name: &'static str, f: &CudaFunction, bytes: usize) -> bool {
         use cudarc::driver::sys::CUfunction_attribute;
         if bytes <= DEFAULT_DYNAMIC_SMEM {
             return true;
         }
-        if bytes > self.smem_optin {
+        // The opt-in covers static and dynamic shared memory together.
+        let static_smem = f
+            .get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+            .map_or(0, |v| v.max(0) as usize);
+        let limit = self.smem_optin.saturating_sub(static_smem);
+        if bytes > limit {
             return false;
         }
         let Ok(mut opted) = self.opted_in.lock() else {
@@ -418,7 +424,7 @@ impl Gpu {
         let ok = f
             .set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                self.smem_optin as i32,
+                limit as i32,
             )
             .is_ok();
         if ok {
