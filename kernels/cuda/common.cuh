@@ -213,17 +213,30 @@ struct NormRow {
         }
     }
 
+    // v = x: the row the norm step starts from, loaded ahead (see add_rms_loaded).
+    __device__ __forceinline__ void load_x(const float* xr, int cols) {
+#pragma unroll
+        for (int k = 0; k < REG; ++k) {
+            const int i = threadIdx.x + k * NORM_THREADS;
+            if (i < cols) v[k] = xr[i];
+        }
+    }
+
     // v = x + delta (delta nullable), written to x_out (nullable); returns the RMS factor.
     __device__ __forceinline__ float add_rms(const float* xr, const float* dr, float* x_out,
                                              int cols, float eps, float* sh) {
+        load_x(xr, cols);
+        return add_rms_loaded(dr, x_out, cols, eps, sh);
+    }
+
+    // add_rms with v already holding x (load_x).
+    __device__ __forceinline__ float add_rms_loaded(const float* dr, float* x_out, int cols,
+                                                    float eps, float* sh) {
         float acc = 0.0f;
 #pragma unroll
         for (int k = 0; k < REG; ++k) {
             const int i = threadIdx.x + k * NORM_THREADS;
-            if (i < cols) {
-                v[k] = xr[i];
-                if (dr != 0) v[k] = v[k] + dr[i];
-            }
+            if (i < cols && dr != 0) v[k] = v[k] + dr[i];
         }
 #pragma unroll
         for (int k = 0; k < REG; ++k) {

@@ -111,18 +111,26 @@ extern "C" __global__ void add_rmsnorm_q8_1_wide_f32(float* x, const float* delt
 // add_rmsnorm_q8_1_wide_f32's bits. The updated residual goes to x_out, a buffer other than
 // x (which the other blocks are still reading), written with r by block 0 of the row; the
 // f32 values to xf (nullable) by the block that quantizes them.
+//
+// `x_early` != 0 says x was written at least two kernels before this one in the stream (or
+// before a copy or an eager boundary): then it is final before the programmatic-launch wait
+// (the argument in attention.cu) and is read before it, off the dependent chain. In a
+// decode step x was last written by the previous norm step, a matvec and more earlier,
+// while the weights streamed since have usually moved it out of L2.
 extern "C" __global__ void add_rmsnorm_q8_1_split_f32(const float* x, const float* delta,
                                                       const float* g, float* x_out, float* xf,
                                                       block_q8_1* yq, float* r_out, int cols,
-                                                      float eps) {
+                                                      float eps, int x_early) {
     __shared__ float sh[32];
     NormRow<NORM_WIDE_REG> row;
     row.load_g(g, cols);  // the norm weights never change: loaded before the wait
-    PDL_ENTRY;
     const size_t at = (size_t)blockIdx.x * cols;
+    if (x_early) row.load_x(x + at, cols);
+    PDL_ENTRY;
+    if (!x_early) row.load_x(x + at, cols);
     const bool first = blockIdx.y == 0;
-    const float r = row.add_rms(x + at, delta != 0 ? delta + at : 0, first ? x_out + at : 0,
-                                cols, eps, sh);
+    const float r = row.add_rms_loaded(delta != 0 ? delta + at : 0, first ? x_out + at : 0,
+                                       cols, eps, sh);
     row.quantize(r, r_out != 0, yq + at / QK, xf != 0 ? xf + at : 0, cols, (int)blockIdx.y);
     if (first && r_out != 0 && threadIdx.x == 0) r_out[blockIdx.x] = r;
 }

@@ -1128,51 +1128,61 @@ pub fn norm_step(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
                 continue;
             }
             let k = "add_rmsnorm_q8_1_split_f32";
-            let sx = up(gpu, &x)?;
-            let mut sxo = zeros::<f32>(gpu, nrows * cols)?;
-            let mut sq = zeros::<BlockQ8_1>(gpu, nrows * cols / QK)?;
-            let mut sr = zeros::<f32>(gpu, nrows)?;
-            let mut sxf = zeros::<f32>(gpu, nrows * cols)?;
-            gpu.add_rmsnorm_q8_1_split(
-                &sx,
-                Some(&dd),
-                &dg,
-                &mut sxo,
-                Some(&mut sxf),
-                &mut sq,
-                fused.then_some(&mut sr),
-                nrows,
-                cols,
-                1e-5,
-            )?;
-            out.push(compare_f32(
-                format!("kernel-check/{k}/x_out/{geo}"),
-                &wv,
-                &down(gpu, &sxo)?,
-                cols,
-                None,
-            ));
-            out.push(compare_u32(
-                format!("kernel-check/{k}/q/{geo}"),
-                &q8_words(&wq),
-                &q8_words(&down(gpu, &sq)?),
-                34,
-            ));
-            out.push(compare_f32(
-                format!("kernel-check/{k}/xf==one-block/{geo}"),
-                &down(gpu, &dxf)?,
-                &down(gpu, &sxf)?,
-                cols,
-                None,
-            ));
-            if fused {
+            // x read after the programmatic-launch wait, and before it (x_early: uploaded by a
+            // copy just before, so final when the kernel starts).
+            for x_early in [false, true] {
+                let geo = if x_early {
+                    format!("{geo}/x-early")
+                } else {
+                    geo.clone()
+                };
+                let sx = up(gpu, &x)?;
+                let mut sxo = zeros::<f32>(gpu, nrows * cols)?;
+                let mut sq = zeros::<BlockQ8_1>(gpu, nrows * cols / QK)?;
+                let mut sr = zeros::<f32>(gpu, nrows)?;
+                let mut sxf = zeros::<f32>(gpu, nrows * cols)?;
+                gpu.add_rmsnorm_q8_1_split(
+                    &sx,
+                    Some(&dd),
+                    &dg,
+                    &mut sxo,
+                    Some(&mut sxf),
+                    &mut sq,
+                    fused.then_some(&mut sr),
+                    nrows,
+                    cols,
+                    1e-5,
+                    x_early,
+                )?;
                 out.push(compare_f32(
-                    format!("kernel-check/{k}/r/{geo}"),
-                    &wr,
-                    &down(gpu, &sr)?,
-                    1,
+                    format!("kernel-check/{k}/x_out/{geo}"),
+                    &wv,
+                    &down(gpu, &sxo)?,
+                    cols,
                     None,
                 ));
+                out.push(compare_u32(
+                    format!("kernel-check/{k}/q/{geo}"),
+                    &q8_words(&wq),
+                    &q8_words(&down(gpu, &sq)?),
+                    34,
+                ));
+                out.push(compare_f32(
+                    format!("kernel-check/{k}/xf==one-block/{geo}"),
+                    &down(gpu, &dxf)?,
+                    &down(gpu, &sxf)?,
+                    cols,
+                    None,
+                ));
+                if fused {
+                    out.push(compare_f32(
+                        format!("kernel-check/{k}/r/{geo}"),
+                        &wr,
+                        &down(gpu, &sr)?,
+                        1,
+                        None,
+                    ));
+                }
             }
         }
     }

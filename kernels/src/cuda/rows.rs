@@ -270,6 +270,11 @@ impl Gpu {
     /// over `ceil(cols / 256)` blocks that quantize a share each (the same bits): shorter
     /// for a single row, whose one block would quantize all of it. Out of place: `x +
     /// delta` goes to `x_out`, which must not be `x`.
+    ///
+    /// With `x_early` the kernel reads `x` before its programmatic-launch wait, off the
+    /// dependent chain: the caller vouches that the launch just before this one in the stream
+    /// (if it is a kernel launched with PDL) does not write `x`, so that `x` is final when
+    /// this kernel's blocks start. The bits are the same either way.
     #[allow(clippy::too_many_arguments)]
     pub fn add_rmsnorm_q8_1_split(
         &self,
@@ -283,6 +288,7 @@ impl Gpu {
         rows: usize,
         cols: usize,
         eps: f32,
+        x_early: bool,
     ) -> Result<(), KernelError> {
         const K: &str = "add_rmsnorm_q8_1_split_f32";
         if !cols.is_multiple_of(QK)
@@ -327,7 +333,7 @@ impl Gpu {
         b.arg(&xf);
         b.arg(yq);
         b.arg(&r_out);
-        b.arg(&c).arg(&eps);
+        b.arg(&c).arg(&eps).arg(&i32::from(x_early));
         // SAFETY: grid (rows, ceil(cols / 256)); every buffer was checked for rows * cols
         // values (yq for rows * cols / 32 blocks, r_out one per row); x_out is a distinct
         // buffer (the borrow checker keeps it from aliasing x); null optional pointers are

@@ -1275,7 +1275,8 @@ fn parse_prologues(v: &str) -> Option<bool> {
 
 /// The norm step of [`Gpu::add_rmsnorm_q8_1`] on the stream in `x`: with `split`, the
 /// split-over-blocks kernel writes the updated stream to `x_alt` and the two swap (single
-/// wide rows, see [`encode`]); otherwise in place.
+/// wide rows, see [`encode`]); otherwise in place. `x_early`: the launch before this one
+/// does not write `x` (see [`Gpu::add_rmsnorm_q8_1_split`]).
 #[allow(clippy::too_many_arguments)]
 fn norm_step<'a>(
     gpu: &Gpu,
@@ -1290,9 +1291,10 @@ fn norm_step<'a>(
     n: usize,
     d: usize,
     eps: f32,
+    x_early: bool,
 ) -> Result<(), KernelError> {
     if split {
-        gpu.add_rmsnorm_q8_1_split(x, delta, g, x_alt, xf, xq, r_out, n, d, eps)?;
+        gpu.add_rmsnorm_q8_1_split(x, delta, g, x_alt, xf, xq, r_out, n, d, eps, x_early)?;
         std::mem::swap(x, x_alt);
     } else {
         gpu.add_rmsnorm_q8_1(x, delta, g, xf, xq, r_out, n, d, eps)?;
@@ -1452,6 +1454,10 @@ fn encode(
                     n,
                     d,
                     c.rms_eps,
+                    // After a layer, x is the previous layer's feed-forward norm step's
+                    // output, three launches back; before the first, the embedding or a
+                    // boundary copy has just written it.
+                    walked,
                 )?;
                 tap.record(gpu, l, Site::AttnIn, xq, d, fused.then_some(&*r))?;
                 matvec(gpu, ctx.family, &layer.wqkv, xq, xf, n, qkv)?;
@@ -1546,6 +1552,8 @@ fn encode(
                     n,
                     d,
                     c.rms_eps,
+                    // x is this layer's attention norm step's output, three launches back.
+                    true,
                 )?;
                 tap.record(gpu, l, Site::FfnIn, xq, d, fused.then_some(&*r))?;
                 matvec(gpu, ctx.family, &layer.w_gu, xq, xf, n, gu)?;
@@ -1582,6 +1590,7 @@ fn encode(
         n,
         d,
         c.rms_eps,
+        walked,
     )?;
     tap.record(gpu, c.n_layer, Site::HeadIn, xq, d, fused.then_some(&*r))?;
     // The fused tier (single rows, mmvq) applies the head's post-scale as the matvec writes
