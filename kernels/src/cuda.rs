@@ -9,7 +9,7 @@
 //! Layouts are the twins' (see [`crate::twin`]): batched activations and outputs are row after
 //! row, the KV cache is position-major `[t][kv_head][d]`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1, QK};
@@ -211,8 +211,9 @@ pub struct Gpu {
     pdl: bool,
     /// The most dynamic shared memory one block may opt into on this device.
     smem_optin: usize,
-    /// The kernels whose dynamic shared memory limit is already raised to `smem_optin`.
-    opted_in: Mutex<HashSet<&'static str>>,
+    /// The kernels whose dynamic shared memory limit is already raised, with that limit
+    /// (`smem_optin` less the kernel's static shared memory).
+    opted_in: Mutex<HashMap<&'static str, usize>>,
     /// When batched tensor-core matvecs take the resident form ([`MmaResident`], from
     /// `MEMRA_MMA_RESIDENT` when the device is opened), stored as its index.
     mma_resident: std::sync::atomic::AtomicU8,
@@ -299,7 +300,7 @@ impl Gpu {
             canary_row: -1,
             pdl: std::env::var("MEMRA_PDL").map_or(true, |v| v.trim() != "0"),
             smem_optin,
-            opted_in: Mutex::new(HashSet::new()),
+            opted_in: Mutex::new(HashMap::new()),
             mma_resident: std::sync::atomic::AtomicU8::new(MmaResident::from_env(
                 std::env::var("MEMRA_MMA_RESIDENT").ok().as_deref(),
             ) as u8),
@@ -407,6 +408,12 @@ impl Gpu {
         if bytes <= DEFAULT_DYNAMIC_SMEM {
             return true;
         }
+        let Ok(mut opted) = self.opted_in.lock() else {
+            return false;
+        };
+        if let Some(&limit) = opted.get(name) {
+            return bytes <= limit;
+        }
         // The opt-in covers static and dynamic shared memory together.
         let static_smem = f
             .get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
@@ -415,12 +422,6 @@ impl Gpu {
         if bytes > limit {
             return false;
         }
-        let Ok(mut opted) = self.opted_in.lock() else {
-            return false;
-        };
-        if opted.contains(name) {
-            return true;
-        }
         let ok = f
             .set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -428,7 +429,7 @@ impl Gpu {
             )
             .is_ok();
         if ok {
-            opted.insert(name);
+            opted.insert(name, limit);
         }
         ok
     }
