@@ -321,10 +321,16 @@ impl Gpu {
         }
         let c = int(K, "cols", cols)?;
         let f = self.func(&sources::NORM, K)?;
+        let grid = (rows as u32, cols.div_ceil(NORM_THREADS) as u32, 1);
         let cfg = LaunchConfig {
-            grid_dim: (rows as u32, cols.div_ceil(NORM_THREADS) as u32, 1),
+            grid_dim: grid,
             block_dim: (NORM_THREADS as u32, 1, 1),
-            shared_mem_bytes: 0,
+            // A single-row pass's blocks on multiprocessors of their own (claims_sm).
+            shared_mem_bytes: if rows == 1 {
+                self.claim_sm_bytes(K, &f, grid.0 * grid.1)
+            } else {
+                0
+            },
         };
         let mut b = self.launcher(&f);
         b.arg(x);
@@ -744,7 +750,12 @@ impl Gpu {
         let cfg = LaunchConfig {
             grid_dim: (g.n_head as u32, bt as u32, 1),
             block_dim: (ATTN_THREADS, 1, 1),
-            shared_mem_bytes: 0,
+            // A single-row pass's blocks on multiprocessors of their own (claims_sm).
+            shared_mem_bytes: if bt == 1 {
+                self.claim_sm_bytes(K, &f, g.n_head as u32)
+            } else {
+                0
+            },
         };
         let mut b = self.launcher(&f);
         b.arg(qkv)
