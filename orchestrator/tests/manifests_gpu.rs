@@ -174,7 +174,12 @@ fn the_nightly_plans_pp_on_two_gpus_in_both_orders_with_canaries_and_compares() 
     // The performance switches are held to the default dump's bits.
     assert_eq!(policy("switches-change-no-bit")["kind"], "bitwise");
     let plain = &cells_of(&plan, "dump-plain")[0];
-    for var in ["MEMRA_MMA", "MEMRA_PDL", "MEMRA_PROLOGUES", "MEMRA_CLAIM_SM"] {
+    for var in [
+        "MEMRA_MMA",
+        "MEMRA_PDL",
+        "MEMRA_PROLOGUES",
+        "MEMRA_CLAIM_SM",
+    ] {
         assert_eq!(plain["env"][var], "0", "{plain:#}");
     }
     // And so is the tensor-core matvec's streaming form.
