@@ -1,6 +1,7 @@
-// matvec_mmvq.cu: quantized weights x q8_1 activations, one warp of 32 per row, 8 rows per
-// thread block (256 threads). Lane l takes blocks l, l+32, ... and accumulates their float
-// contributions; the warp reduces with the xor butterfly. Grid: (ceil(rows/8), ceil(batch/8)).
+// matvec_mmvq.cu: quantized weights x q8_1 activations, one warp of 32 per row, one row per
+// warp of the thread block (8 warps; the launcher gives single rows of 4,096 columns and more
+// 16). Lane l takes blocks l, l+32, ... and accumulates their float contributions; the warp
+// reduces with the xor butterfly. Grid: (ceil(rows / warps), ceil(batch/8)).
 // Each weight block is read once for up to MAX_BATCH activation rows; every batch row keeps its
 // own accumulator with exactly the B = 1 arithmetic. Twin: twin::matvec (MatvecFamily::Mmvq).
 //
