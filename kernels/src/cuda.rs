@@ -427,59 +427,53 @@ impl Gpu {
         self.canary_row = row.map_or(-1, |r| r.min(i32::MAX as usize) as i32);
     }
 
+    /// The dynamic shared memory that makes each block of a short latency-bound launch
+    /// (`blocks` of them) hold a multiprocessor alone, or 0: see [`claims_sm`]. The kernel
+    /// never touches that memory; it only keeps the streaming matvec blocks launched beside
+    /// it (programmatic dependent launch) off its multiprocessors.
+    pub(crate) fn claim_sm_bytes(&self, name: &'static str, f: &CudaFunction, blocks: u32) -> u32 {
+        if !self.claim_sm || !claims_sm(blocks, self.sm_count) {
+            return 0;
+        }
+        self.dynamic_smem_limit(name, f)
+            .filter(|&limit| limit > DEFAULT_DYNAMIC_SMEM)
+            .map_or(0, |limit| limit as u32)
+    }
+
     /// Whether kernel `name` (function `f`) may take `bytes` of dynamic shared memory,
     /// opting in above the default 48 KiB up to what the device allows per block (less the
     /// kernel's static shared memory, which the driver counts against the same limit). The
     /// opt-in is set once per kernel, to that limit, so a graph captured with a larger launch
     /// stays valid whatever is launched later. A refusal is not an error: the caller then
     /// launches the variant without shared memory.
-    /// The dynamic shared memory that makes each block of a short latency-bound launch
-    /// (`blocks` of them) hold a multiprocessor alone, or 0: see [`claims_sm`]. The kernel
-    /// never touches that memory; it only keeps the streaming matvec blocks launched beside
-    /// it (programmatic dependent launch) off its multiprocessors.
-    pub(crate) fn claim_sm_bytes(&self, name: &'static str, f: &CudaFunction, blocks: u32) -> u32 {
-        if !self.claim_sm
-            || !claims_sm(blocks, self.sm_count)
-            || !self.allow_dynamic_smem(name, f, DEFAULT_DYNAMIC_SMEM + 16)
-        {
-            return 0;
-        }
-        self.opted_in
-            .lock()
-            .ok()
-            .and_then(|o| o.get(name).copied())
-            .unwrap_or(0) as u32
+    fn allow_dynamic_smem(&self, name: &'static str, f: &CudaFunction, bytes: usize) -> bool {
+        bytes <= DEFAULT_DYNAMIC_SMEM
+            || self
+                .dynamic_smem_limit(name, f)
+                .is_some_and(|limit| bytes <= limit)
     }
 
-    fn allow_dynamic_smem(&self, name: &'static str, f: &CudaFunction, bytes: usize) -> bool {
+    /// The most dynamic shared memory kernel `name` (function `f`) may take: the device's
+    /// opt-in limit less the kernel's static shared memory, which the driver counts against
+    /// the same limit. The kernel is opted in to it on the first call, and the answer kept;
+    /// `None` when the driver refuses.
+    fn dynamic_smem_limit(&self, name: &'static str, f: &CudaFunction) -> Option<usize> {
         use cudarc::driver::sys::CUfunction_attribute;
-        if bytes <= DEFAULT_DYNAMIC_SMEM {
-            return true;
-        }
-        let Ok(mut opted) = self.opted_in.lock() else {
-            return false;
-        };
+        let mut opted = self.opted_in.lock().ok()?;
         if let Some(&limit) = opted.get(name) {
-            return bytes <= limit;
+            return Some(limit);
         }
-        // The opt-in covers static and dynamic shared memory together.
         let static_smem = f
             .get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
             .map_or(0, |v| v.max(0) as usize);
         let limit = self.smem_optin.saturating_sub(static_smem);
-        if bytes > limit {
-            return false;
-        }
-        let ok = f
-            .set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                limit as i32,
-            )
-            .is_ok();
-        if ok {
-            opted.insert(name, limit);
-        }
-        ok
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            limit as i32,
+        )
+        .ok()?;
+        opted.insert(name, limit);
+        Some(limit)
     }
 
     /// A launch of `f` on this device's stream.
