@@ -13,7 +13,7 @@
 // model needs fewer launches; the batched rows have a tensor-core form (matvec_mmvq_mma_*).
 
 // The loads are arranged for bandwidth without touching the arithmetic: the block's
-// activation rows are first copied into shared memory with coalesced 32-bit loads (when
+// activation rows are first copied into shared memory with coalesced 16-byte loads (when
 // `x_smem` is set; the launcher sizes the dynamic shared memory for them), so the per-lane
 // block reads that follow cost one shared-memory wavefront each instead of several global
 // ones, and a Q4_1 weight block, 4-byte aligned, is read as five 32-bit words.
@@ -149,13 +149,28 @@ __device__ __forceinline__ void mmvq_rest(const B* wr, int b, int nb_row, const 
 // `always_smem` runs regardless, since the prologues exist only in the staged form.
 
 // The plain copy of the block's nbat activation rows (contiguous: nblocks blocks of 9 words).
+// It runs after the programmatic-launch wait, on the dependent chain, and each round of its
+// reads waits behind the weight loads the multiprocessor already has in flight. So it copies
+// 16-byte words, a quarter of the rounds 32-bit words take (one round for a row of 4,096
+// columns at 512 threads, two for 11,008), and loads the 1-3 words past the last whole one
+// with the first round. The engine's activation rows and the dynamic shared memory are
+// 16-byte aligned; a row that is not takes 32-bit words.
 struct StageCopy {
     static constexpr bool always_smem = false;
     __device__ __forceinline__ void prefetch() {}
     __device__ __forceinline__ void operator()(u32* dst, const block_q8_1* src, int nblocks) {
         const u32* s = (const u32*)src;
         const int words = nblocks * 9;
-        for (int i = threadIdx.x; i < words; i += blockDim.x) dst[i] = s[i];
+        if ((((size_t)s | (size_t)dst) & 15) != 0) {
+            for (int i = threadIdx.x; i < words; i += blockDim.x) dst[i] = s[i];
+            return;
+        }
+        const int n4 = words >> 2, tail = n4 * 4 + (int)threadIdx.x;
+        const bool has_tail = tail < words;
+        const u32 tv = has_tail ? s[tail] : 0u;
+        for (int i = threadIdx.x; i < n4; i += blockDim.x)
+            ((uint4*)dst)[i] = ((const uint4*)s)[i];
+        if (has_tail) dst[tail] = tv;
     }
 };
 
@@ -187,7 +202,7 @@ template <typename B, bool SMEM, int NB, typename Stage>
 __device__ __forceinline__ void mmvq(const B* w, const block_q8_1* x, float* y, int rows,
                                      int nb, int batch, int canary_row, const float* post,
                                      Stage& stage) {
-    extern __shared__ u32 x_shared[];
+    extern __shared__ __align__(16) u32 x_shared[];
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const bool live = row < rows;
@@ -287,7 +302,7 @@ extern "C" __global__ void matvec_mmvq_b1_q8_0(const block_q8_0* w, const block_
 template <typename B, bool SMEM, int R>
 __device__ __forceinline__ void mmvq_rows(const B* w, const block_q8_1* x, float* y, int rows,
                                           int nb, int canary_row, const float* post) {
-    extern __shared__ u32 x_shared[];
+    extern __shared__ __align__(16) u32 x_shared[];
     typedef typename Loaded<B>::type L;
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const int base = blockIdx.x * warps * R + (threadIdx.x >> 5);
