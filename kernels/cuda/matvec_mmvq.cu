@@ -806,8 +806,8 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) matvec_mmvq_mma_q8_0(
 // step of the row the resident activation quants and scales. Step s + 1 is copied while step
 // s is computed, into the slot of step s + 1 - nbuf, so a warp may run up to nbuf - 1 steps
 // ahead of the slowest. Measured on the H200 (llama-7B Q4_1, B=64, alternating in one run):
-// one step ahead 6,362-6,435 tokens/s, two (with three steps of drift less) 6,245-6,296,
-// three 5,960-6,026. The warps' drift is worth more than the copies in flight.
+// one step ahead 6,362-6,435 tokens/s, two (a step less of drift) 6,245-6,296, three
+// 5,960-6,026. The warps' room to drift is worth more than the copies in flight.
 template <typename B, int NT = 2>
 struct MmarSmem {
     static constexpr int nbuf = sizeof(B) <= 20 ? 4 : 2;
