@@ -776,7 +776,7 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) matvec_mmvq_mma_q8_0(
 //   * a row tile is 32 weight rows: 16 warps, the two halves of 8 taking 16 rows each with
 //     mmvq_mma's classes, so one block keeps 16 warps per multiprocessor;
 //   * only weights stream, through a ring of MmarSmem::nbuf steps that runs on across row
-//     tiles, the first steps copied before the wait (weights never change); warps meet only
+//     tiles, the first step copied before the wait (weights never change); warps meet only
 //     through the ring's barriers (a slot's copies landed; every warp done with a slot), so
 //     a warp may run ahead of the slowest by all of the ring but the step being copied;
 //   * a warp's classes are cq, cq + 16, cq + 8, cq + 24 (cq = its first), so every shared
@@ -1007,7 +1007,7 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
     // The warp's first class (bit-reversed position K qc); the others are cq + mmar_koff(k).
     const int cq = (int)(__brev((u32)(K * qc)) >> 27);
 
-    // The first steps' weights before the wait, then the batch tile's activations.
+    // The first `ahead` steps' weights before the wait, then the batch tile's activations.
     MmarCursor<B, FAST> cur;
     cur.r0 = first * MMAR_ROWS;
     cur.st = 0;
