@@ -252,17 +252,16 @@ struct NormRow {
 
     // q8_1 of (v * r) * g (separate tier) or of v * g (fused tier) into qrow; the f32
     // values to frow when given. Block b = warp + 8k holds element t + 256k; a warp's blocks
-    // are all present or all absent, so every quantize_lane call has its full warp. With
-    // `only` >= 0 just the blocks of k = only (a share of the row; see
-    // add_rmsnorm_q8_1_split_f32).
+    // are all present or all absent, so every quantize_lane call has its full warp. Only the
+    // blocks of k0 <= k < k0 + kn (a share of the row; see add_rmsnorm_q8_1_split_f32).
     __device__ __forceinline__ void quantize(float r, bool fused, block_q8_1* qrow, float* frow,
-                                             int cols, int only = -1) {
+                                             int cols, int k0 = 0, int kn = REG) {
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
         const int nb = cols / QK;
 #pragma unroll
         for (int k = 0; k < REG; ++k) {
             const int b = warp + k * (NORM_THREADS / 32);
-            if (b < nb && (only < 0 || k == only)) {
+            if (b < nb && k >= k0 && k < k0 + kn) {
                 const float y = fused ? v[k] * gv[k] : (v[k] * r) * gv[k];
                 if (frow != 0) frow[b * QK + lane] = y;
                 quantize_lane(y, qrow + b, lane);

@@ -103,11 +103,13 @@ extern "C" __global__ void add_rmsnorm_q8_1_wide_f32(float* x, const float* delt
     add_rmsnorm_q8_1<NORM_WIDE_REG>(x, delta, g, xf, yq, r_out, cols, eps);
 }
 
-// The norm step of a row split over gridDim.y blocks (grid.x = row), for single-row passes
-// of wide rows, whose one block would quantize its 128 blocks of 32 in 16 rounds per warp.
-// Every block computes the row's v = x + delta and r exactly as add_rmsnorm_q8_1 does (the
-// same elements per thread, the same block_sum), then quantizes only its share: warp w's
-// block w + 8 * blockIdx.y (gridDim.y = ceil(cols / 256)). So the outputs are
+// The norm step of a row split over gridDim.y blocks (grid.x = row), for wide rows, whose one
+// block would quantize its 128 blocks of 32 in 16 rounds per warp. Every block computes the
+// row's v = x + delta and r exactly as add_rmsnorm_q8_1 does (the same elements per thread,
+// the same block_sum), then quantizes only its share: warp w's blocks w + 8k for
+// share * blockIdx.y <= k < share * (blockIdx.y + 1) (gridDim.y = ceil(cols / 256 / share);
+// a larger share trades rounds per warp for fewer blocks reading the whole row). So the
+// outputs are
 // add_rmsnorm_q8_1_wide_f32's bits. The updated residual goes to x_out, a buffer other than
 // x (which the other blocks are still reading), written with r by block 0 of the row; the
 // f32 values to xf (nullable) by the block that quantizes them.
@@ -120,7 +122,7 @@ extern "C" __global__ void add_rmsnorm_q8_1_wide_f32(float* x, const float* delt
 extern "C" __global__ void add_rmsnorm_q8_1_split_f32(const float* x, const float* delta,
                                                       const float* g, float* x_out, float* xf,
                                                       block_q8_1* yq, float* r_out, int cols,
-                                                      float eps, int x_early) {
+                                                      float eps, int x_early, int share) {
     __shared__ float sh[32];
     NormRow<NORM_WIDE_REG> row;
     row.load_g(g, cols);  // the norm weights never change: loaded before the wait
@@ -131,6 +133,7 @@ extern "C" __global__ void add_rmsnorm_q8_1_split_f32(const float* x, const floa
     const bool first = blockIdx.y == 0;
     const float r = row.add_rms_loaded(delta != 0 ? delta + at : 0, first ? x_out + at : 0,
                                        cols, eps, sh);
-    row.quantize(r, r_out != 0, yq + at / QK, xf != 0 ? xf + at : 0, cols, (int)blockIdx.y);
+    row.quantize(r, r_out != 0, yq + at / QK, xf != 0 ? xf + at : 0, cols,
+                 share * (int)blockIdx.y, share);
     if (first && r_out != 0 && threadIdx.x == 0) r_out[blockIdx.x] = r;
 }

@@ -1452,6 +1452,19 @@ mod tests {
         assert_eq!(b1_rows_per_block(18), 8);
     }
 
+    /// The split norm step quantizes one group of eight blocks per thread block up to 16
+    /// rows and four above, never more groups than the row has.
+    #[test]
+    fn batched_norm_steps_take_larger_shares() {
+        assert_eq!(Gpu::norm_split_share(1, 4096), 1);
+        assert_eq!(Gpu::norm_split_share(16, 4096), 1);
+        assert_eq!(Gpu::norm_split_share(17, 4096), 4);
+        assert_eq!(Gpu::norm_split_share(64, 4096), 4);
+        assert_eq!(Gpu::norm_split_share(64, 32 * 37), 4);
+        assert_eq!(Gpu::norm_split_share(64, 512), 2);
+        assert_eq!(Gpu::norm_split_share(64, 32), 1);
+    }
+
     /// Short latency-bound launches take whole multiprocessors, up to a quarter of the
     /// device: on the H200's 132, llama-7B's single-row norm step (16 blocks) and decode
     /// attention (32 heads) do, SwiGLU's 43 blocks and a 40-head attention do not.

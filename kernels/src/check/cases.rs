@@ -1130,11 +1130,13 @@ pub fn norm_step(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
             let k = "add_rmsnorm_q8_1_split_f32";
             // x read after the programmatic-launch wait, and before it (x_early: uploaded by a
             // copy just before, so final when the kernel starts).
-            for x_early in [false, true] {
-                let geo = if x_early {
-                    format!("{geo}/x-early")
-                } else {
-                    geo.clone()
+            let groups = cols.div_ceil(256);
+            for (x_early, share) in [(false, 1), (true, 1), (true, 2), (false, 3), (true, groups)] {
+                let geo = match (x_early, share) {
+                    (false, 1) => geo.clone(),
+                    (true, 1) => format!("{geo}/x-early"),
+                    (true, s) => format!("{geo}/x-early/share-{s}"),
+                    (false, s) => format!("{geo}/share-{s}"),
                 };
                 let sx = up(gpu, &x)?;
                 let mut sxo = zeros::<f32>(gpu, nrows * cols)?;
@@ -1153,6 +1155,7 @@ pub fn norm_step(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
                     cols,
                     1e-5,
                     x_early,
+                    share,
                 )?;
                 out.push(compare_f32(
                     format!("kernel-check/{k}/x_out/{geo}"),

@@ -205,10 +205,10 @@ struct Scratch {
     max_len: usize,
     max_chunks: usize,
     x: CudaSlice<f32>,
-    /// The residual stream's second buffer for single-row passes: a matvec that computes
-    /// the norm step as its prologue writes the updated stream here, since its other thread
-    /// blocks still read the first. The walk flips between the two at each such norm, twice
-    /// per layer, so every layer ends in the buffer it started in.
+    /// The residual stream's second buffer: a matvec that computes the norm step as its
+    /// prologue, or the norm step split over blocks, writes the updated stream here, since
+    /// its other thread blocks still read the first. The walk flips between the two at each
+    /// such norm, twice per layer, so every layer ends in the buffer it started in.
     x_alt: CudaSlice<f32>,
     delta: CudaSlice<f32>,
     xf: CudaSlice<f32>,
@@ -275,7 +275,7 @@ impl Scratch {
             max_len,
             max_chunks,
             x: alloc(stream, "the residual stream", r * d)?,
-            x_alt: alloc(stream, "the single-row residual stream's second buffer", d)?,
+            x_alt: alloc(stream, "the residual stream's second buffer", r * d)?,
             delta: alloc(stream, "the matvec output", r * d)?,
             xf: alloc(stream, "the f32 activations", r * d)?,
             hf: alloc(stream, "the SwiGLU output", r * ff)?,
@@ -1238,8 +1238,8 @@ fn matvec(
     }
 }
 
-/// Whether single-row matvecs compute their norm step as a prologue, and single rows too
-/// wide for that take the norm step split over blocks (see [`encode`]): `MEMRA_PROLOGUES`,
+/// Whether single-row matvecs compute their norm step as a prologue, and rows too wide for
+/// that take the norm step split over blocks (see [`encode`]): `MEMRA_PROLOGUES`,
 /// read once per process, `0` switches both off, `1` or unset leaves them on.
 /// A performance switch for comparisons like `MEMRA_PDL`, not a door: both compute the same
 /// bits. Another value is reported on stderr and leaves the default.
@@ -1274,8 +1274,8 @@ fn parse_prologues(v: &str) -> Option<bool> {
 }
 
 /// The norm step of [`Gpu::add_rmsnorm_q8_1`] on the stream in `x`: with `split`, the
-/// split-over-blocks kernel writes the updated stream to `x_alt` and the two swap (single
-/// wide rows, see [`encode`]); otherwise in place. `x_early`: the launch before this one
+/// split-over-blocks kernel writes the updated stream to `x_alt` and the two swap (wide
+/// rows, see [`encode`]); otherwise in place. `x_early`: the launch before this one
 /// does not write `x` (see [`Gpu::add_rmsnorm_q8_1_split`]).
 #[allow(clippy::too_many_arguments)]
 fn norm_step<'a>(
@@ -1294,7 +1294,8 @@ fn norm_step<'a>(
     x_early: bool,
 ) -> Result<(), KernelError> {
     if split {
-        gpu.add_rmsnorm_q8_1_split(x, delta, g, x_alt, xf, xq, r_out, n, d, eps, x_early)?;
+        let share = Gpu::norm_split_share(n, d);
+        gpu.add_rmsnorm_q8_1_split(x, delta, g, x_alt, xf, xq, r_out, n, d, eps, x_early, share)?;
         std::mem::swap(x, x_alt);
     } else {
         gpu.add_rmsnorm_q8_1(x, delta, g, xf, xq, r_out, n, d, eps)?;
@@ -1384,11 +1385,11 @@ fn encode(
     let mut x_alt = x_alt;
     let norm_prologue =
         |w: &DevWeight| prologues && w.quantized() && d <= Gpu::NORM_PROLOGUE_MAX_COLS;
-    // Rows too wide for the prologue (llama-7B's 4096) take the norm step split over blocks,
-    // out of place: it writes the updated stream to `x_alt` and the walk swaps, as it does
-    // after a prologue (both norms of every layer, so again an even number of flips).
-    let split_norm = n == 1
-        && !tap.on()
+    // Rows too wide for the prologue (llama-7B's 4096), single or batched, take the norm step
+    // split over blocks, out of place: it writes the updated stream to `x_alt` and the walk
+    // swaps, as it does after a prologue (both norms of every layer, so again an even number
+    // of flips).
+    let split_norm = !tap.on()
         && norm_prologues_enabled()
         && d > Gpu::NORM_PROLOGUE_MAX_COLS
         && d <= Gpu::NORM_WIDE_MAX_COLS;
