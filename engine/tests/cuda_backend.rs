@@ -281,6 +281,22 @@ fn cuda_batch_rows_are_bit_identical_to_b1_and_equalized_paths_agree() {
                 );
             }
         }
+        // Batches of two to four rows (the small-batch matvec forms) hold the same bits.
+        for k in [2usize, 3, 4] {
+            for (s, p) in seqs[..k].iter().zip(&prompts) {
+                be.close_sequence(*s).unwrap();
+                be.open_sequence(*s, 32).unwrap();
+                be.prefill(*s, p).unwrap();
+            }
+            for (st, f) in feeds.iter().enumerate() {
+                let got = be.decode_step_batch(&seqs[..k], &f[..k]).unwrap();
+                assert_eq!(
+                    bits(&got),
+                    bits(&together[st][..k * v]),
+                    "{doors:?}: B={k} step {st} differs from the same rows at B=9"
+                );
+            }
+        }
         // Single-sequence path against the batched path at B=1.
         let (a, b) = (SeqId(50), SeqId(51));
         for s in [a, b] {

@@ -277,6 +277,29 @@ extern "C" __global__ void matvec_mmvq_q8_0(const block_q8_0* w, const block_q8_
                                             int x_smem) {
     mmvq_entry<block_q8_0, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row, x_smem);
 }
+// Small batches: the warp form with NB accumulators per lane instead of MAX_BATCH (fewer
+// registers, no dead rows), one row group.
+#define MMVQ_SMALL(NB)                                                                        \
+    extern "C" __global__ void matvec_mmvq_b##NB##_q4_0(const block_q4_0* w,                  \
+                                                        const block_q8_1* x, float* y,        \
+                                                        int rows, int nb, int batch,          \
+                                                        int canary_row, int x_smem) {         \
+        mmvq_entry<block_q4_0, NB>(w, x, y, rows, nb, batch, canary_row, x_smem);             \
+    }                                                                                         \
+    extern "C" __global__ void matvec_mmvq_b##NB##_q4_1(const block_q4_1* w,                  \
+                                                        const block_q8_1* x, float* y,        \
+                                                        int rows, int nb, int batch,          \
+                                                        int canary_row, int x_smem) {         \
+        mmvq_entry<block_q4_1, NB>(w, x, y, rows, nb, batch, canary_row, x_smem);             \
+    }                                                                                         \
+    extern "C" __global__ void matvec_mmvq_b##NB##_q8_0(const block_q8_0* w,                  \
+                                                        const block_q8_1* x, float* y,        \
+                                                        int rows, int nb, int batch,          \
+                                                        int canary_row, int x_smem) {         \
+        mmvq_entry<block_q8_0, NB>(w, x, y, rows, nb, batch, canary_row, x_smem);             \
+    }
+MMVQ_SMALL(2)
+MMVQ_SMALL(4)
 // Single-row passes (batch == 1, one row group); `post` (nullable) scales the result by
 // post[0], the fused tier's head.
 extern "C" __global__ void matvec_mmvq_b1_q4_0(const block_q4_0* w, const block_q8_1* x, float* y,
@@ -776,9 +799,10 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) matvec_mmvq_mma_q8_0(
 //   * a row tile is 32 weight rows: 16 warps, the two halves of 8 taking 16 rows each with
 //     mmvq_mma's classes, so one block keeps 16 warps per multiprocessor;
 //   * only weights stream, through a ring of MmarSmem::nbuf steps that runs on across row
-//     tiles, the first step copied before the wait (weights never change); warps meet only
-//     through the ring's barriers (a slot's copies landed; every warp done with a slot), so
-//     a warp may run ahead of the slowest by all of the ring but the step being copied;
+//     tiles, AHEAD steps copied ahead of the one computed (the first of them before the
+//     wait: weights never change); warps meet only through the ring's barriers (a slot's
+//     copies landed; every warp done with a slot), so a warp may run ahead of the slowest
+//     by all of the ring but the steps being copied;
 //   * a warp's classes are cq, cq + 16, cq + 8, cq + 24 (cq = its first), so every shared
 //     memory address of the inner loop is a per-lane base plus a compile-time offset.
 // Batch tiles are 16 rows (NT = 2 products per class and step per warp) or 8 (NT = 1, the
@@ -803,15 +827,16 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) matvec_mmvq_mma_q8_0(
 // for Q8_0, whose larger steps would not leave room for the activations of 4096 columns), the
 // warps' class sums (two sets, for alternate row tiles: a warp may finish a one-step tile and
 // write the next tile's sums before the others of its half have read this tile's), then per
-// step of the row the resident activation quants and scales. Step s + 1 is copied while step
-// s is computed, into the slot of step s + 1 - nbuf, so a warp may run up to nbuf - 1 steps
-// ahead of the slowest. Measured on the H200 (llama-7B Q4_1, B=64, alternating in one run):
-// one step ahead 6,362-6,435 tokens/s, two (a step less of drift) 6,245-6,296, three
-// 5,960-6,026. The warps' room to drift is worth more than the copies in flight.
+// step of the row the resident activation quants and scales. Step s + A is copied while step
+// s is computed (A = AHEAD: 1 in matvec_mmvq_mmar_*, 2 in matvec_mmvq_mmar2_*), into the
+// slot of step s + A - nbuf, so a warp may run up to nbuf - A steps ahead of the slowest.
+// Measured on the H200 (llama-7B Q4_1, alternating in one run): at B=64 one step ahead
+// 6,362-6,435 tokens/s, two (a step less of drift) 6,245-6,296, three 5,960-6,026, where the
+// warps' room to drift is worth more than the copies in flight; at B=2 to 8, whose steps are
+// short, two ahead gain 3-4 % over one (mmar_ahead in kernels/src/cuda.rs).
 template <typename B, int NT = 2>
 struct MmarSmem {
     static constexpr int nbuf = sizeof(B) <= 20 ? 4 : 2;
-    static constexpr int ahead = 1;  // steps copied ahead of the one computed
     static constexpr int w_words = MMAR_ROWS * MmaTile<B>::row_words;
     static constexpr int red_words = 2 * (MMAR_THREADS / 32) * 4 * NT * 32;
     static constexpr int bar_words = MMAR_BAR_WORDS;
@@ -975,7 +1000,7 @@ struct MmarCursor {
     }
 };
 
-template <typename B, bool FAST, int NT>
+template <typename B, bool FAST, int NT, int AHEAD>
 __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float* y, int rows,
                                           int nb, int batch, int canary_row) {
     constexpr int BT = 8 * NT;  // batch rows per tile
@@ -1007,13 +1032,15 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
     // The warp's first class (bit-reversed position K qc); the others are cq + mmar_koff(k).
     const int cq = (int)(__brev((u32)(K * qc)) >> 27);
 
-    // The first `ahead` steps' weights before the wait, then the batch tile's activations.
+    // The first A steps' weights before the wait, then the batch tile's activations.
     MmarCursor<B, FAST> cur;
     cur.r0 = first * MMAR_ROWS;
     cur.st = 0;
     cur.slot = 0;
     if (FAST) cur.tile(w, rows, nb);
-    constexpr int A = S::ahead;
+    // Steps copied ahead of the one computed.
+    constexpr int A = AHEAD < NBUF ? AHEAD : NBUF - 1;
+    static_assert(A >= 1, "the ring copies at least one step ahead");
     if (threadIdx.x == 0)
         for (int i = 0; i < NBUF; ++i) {
             mbar_init(full + i, MMAR_THREADS);
@@ -1117,7 +1144,8 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
 }
 
 // bt8: batch tiles of 8 rows (one product per class and step per warp) instead of 16, for
-// rows whose 16-row activation tile would not fit in shared memory.
+// rows whose 16-row activation tile would not fit in shared memory. The ring copies one step
+// ahead of the one computed.
 template <typename B>
 __device__ __forceinline__ void mmvq_mmar_entry(const B* w, const block_q8_1* x, float* y,
                                                 int rows, int nb, int batch, int canary_row,
@@ -1125,14 +1153,14 @@ __device__ __forceinline__ void mmvq_mmar_entry(const B* w, const block_q8_1* x,
     const bool fast = (((size_t)w | (size_t)nb * sizeof(B)) & 15) == 0;
     if (bt8) {
         if (fast)
-            mmvq_mmar<B, true, 1>(w, x, y, rows, nb, batch, canary_row);
+            mmvq_mmar<B, true, 1, 1>(w, x, y, rows, nb, batch, canary_row);
         else
-            mmvq_mmar<B, false, 1>(w, x, y, rows, nb, batch, canary_row);
+            mmvq_mmar<B, false, 1, 1>(w, x, y, rows, nb, batch, canary_row);
     } else {
         if (fast)
-            mmvq_mmar<B, true, 2>(w, x, y, rows, nb, batch, canary_row);
+            mmvq_mmar<B, true, 2, 1>(w, x, y, rows, nb, batch, canary_row);
         else
-            mmvq_mmar<B, false, 2>(w, x, y, rows, nb, batch, canary_row);
+            mmvq_mmar<B, false, 2, 1>(w, x, y, rows, nb, batch, canary_row);
     }
 }
 
@@ -1150,4 +1178,32 @@ extern "C" __global__ void __launch_bounds__(MMAR_THREADS) matvec_mmvq_mmar_q8_0
     const block_q8_0* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
     int canary_row, int bt8) {
     mmvq_mmar_entry<block_q8_0>(w, x, y, rows, nb, batch, canary_row, bt8);
+}
+
+// Batches of at most 8 rows (8-row tiles, short steps): the same form with the ring two
+// steps ahead, a kernel of its own so that the 16-row tiles' code stays as it was.
+// `bt8` is always set here; the argument keeps the launch the same.
+template <typename B>
+__device__ __forceinline__ void mmvq_mmar2_entry(const B* w, const block_q8_1* x, float* y,
+                                                 int rows, int nb, int batch, int canary_row) {
+    const bool fast = (((size_t)w | (size_t)nb * sizeof(B)) & 15) == 0;
+    if (fast)
+        mmvq_mmar<B, true, 1, 2>(w, x, y, rows, nb, batch, canary_row);
+    else
+        mmvq_mmar<B, false, 1, 2>(w, x, y, rows, nb, batch, canary_row);
+}
+extern "C" __global__ void __launch_bounds__(MMAR_THREADS) matvec_mmvq_mmar2_q4_0(
+    const block_q4_0* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
+    int canary_row, int) {
+    mmvq_mmar2_entry<block_q4_0>(w, x, y, rows, nb, batch, canary_row);
+}
+extern "C" __global__ void __launch_bounds__(MMAR_THREADS) matvec_mmvq_mmar2_q4_1(
+    const block_q4_1* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
+    int canary_row, int) {
+    mmvq_mmar2_entry<block_q4_1>(w, x, y, rows, nb, batch, canary_row);
+}
+extern "C" __global__ void __launch_bounds__(MMAR_THREADS) matvec_mmvq_mmar2_q8_0(
+    const block_q8_0* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
+    int canary_row, int) {
+    mmvq_mmar2_entry<block_q8_0>(w, x, y, rows, nb, batch, canary_row);
 }

@@ -150,6 +150,84 @@ fn mmar_auto_takes(rows: usize, batch: usize, tile: usize, sm_count: usize) -> b
     2 * rows.div_ceil(MMAR_ROWS) * batch.div_ceil(tile) >= sm_count
 }
 
+/// Steps of 32 weight blocks the resident form's ring copies ahead of the one computed, for a
+/// batch of `batch` rows in tiles of `tile`: two for batches of at most 8 rows in 8-row tiles
+/// (`matvec_mmvq_mmar2_*`), whose steps are short, one otherwise (`matvec_mmvq_mmar_*`),
+/// where the warps' room to drift apart is worth more. Measured on the H200 with the distance
+/// as a kernel argument for every batch (llama-7B Q4_1, graphs, tokens/s, two rounds in one
+/// run; SmolLM2 moved within 1.5 % either way). As an argument it cost the 16-row tiles'
+/// loop about 1.5 % at B=64, so the distance is now a compile-time constant of two kernels:
+///
+/// | ahead | B=2 | B=4 | B=8 | B=16 | B=32 | B=64 |
+/// |---|---|---|---|---|---|---|
+/// | 1 | 871–875 | 1,702–1,714 | 3,293–3,301 | 4,672–4,674 | 5,595 | 6,295–6,318 |
+/// | 2 | 903–904 | 1,769–1,770 | 3,435–3,451 | 4,684–4,704 | 5,623–5,635 | 6,288–6,317 |
+/// | 3 | 881 | 1,726–1,727 | 3,325–3,337 | 4,574–4,591 | 5,462–5,476 | 6,111–6,139 |
+fn mmar_ahead(batch: usize, tile: Option<usize>) -> usize {
+    if batch <= 8 && tile == Some(8) { 2 } else { 1 }
+}
+
+/// The small-batch warp forms (`matvec_mmvq_b2_*`, `matvec_mmvq_b4_*`): the warp form with
+/// two or four accumulators per lane instead of eight, and the single-row form's blocks of
+/// 16 rows for rows of 4,096 columns and more. `MEMRA_SMALL_BATCH=0` never takes them,
+/// `=1` takes them for every batch of 2 to 4 rows, otherwise (the default) two rows take
+/// the two-row form and three or four rows the four-row form on rows of fewer than 128
+/// blocks, where the tensor-core forms have too little work per block. A performance
+/// switch only: every form computes the same bits. Measured on the H200 (graphs, tokens/s,
+/// two rounds in one run; the tensor-core form with its ring two steps ahead):
+///
+/// | shape | form | B=2 | B=3 | B=4 |
+/// |---|---|---|---|---|
+/// | llama-7B Q4_1 (128 and 344 blocks) | tensor-core | 899–902 | 1,331–1,334 | 1,756–1,764 |
+/// | | two-row / four-row | 985–993 | 1,229–1,238 | 1,432–1,441 |
+/// | SmolLM2 Q4_1 (18 and 48 blocks) | tensor-core (ring one ahead) | 3,242 | 4,878 | 6,556 |
+/// | | two-row / four-row | 4,112 | 5,526 | 7,030 |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SmallBatch {
+    Never,
+    Auto,
+    Always,
+}
+
+impl SmallBatch {
+    fn from_env(value: Option<&str>) -> Self {
+        match value.map(str::trim) {
+            Some("0") => SmallBatch::Never,
+            Some("1") => SmallBatch::Always,
+            _ => SmallBatch::Auto,
+        }
+    }
+}
+
+/// The accumulators per lane of the small-batch form a batch of `batch` rows of `nb` weight
+/// blocks takes under `mode` (2 or 4), or none.
+fn small_batch_width(mode: SmallBatch, batch: usize, nb: usize) -> Option<u32> {
+    match (mode, batch) {
+        (SmallBatch::Never, _) => None,
+        (_, 2) => Some(2),
+        (SmallBatch::Always, 3..=4) => Some(4),
+        (SmallBatch::Auto, 3..=4) if nb < 128 => Some(4),
+        _ => None,
+    }
+}
+
+/// The small-batch form's kernels of `width` accumulators, by weight type.
+fn small_batch_names(width: u32) -> [&'static str; 3] {
+    if width == 2 {
+        [
+            "matvec_mmvq_b2_q4_0",
+            "matvec_mmvq_b2_q4_1",
+            "matvec_mmvq_b2_q8_0",
+        ]
+    } else {
+        [
+            "matvec_mmvq_b4_q4_0",
+            "matvec_mmvq_b4_q4_1",
+            "matvec_mmvq_b4_q8_0",
+        ]
+    }
+}
+
 /// When batched tensor-core matvecs take the resident form (`matvec_mmvq_mmar_*`) rather
 /// than the streaming one (`matvec_mmvq_mma_*`): `MEMRA_MMA_RESIDENT=0` never, `=1` always
 /// where the activations fit in shared memory, otherwise (the default) where they fit and
@@ -229,6 +307,9 @@ pub struct Gpu {
     /// When batched tensor-core matvecs take the resident form ([`MmaResident`], from
     /// `MEMRA_MMA_RESIDENT` when the device is opened), stored as its index.
     mma_resident: std::sync::atomic::AtomicU8,
+    /// When batches of two to four rows take the small-batch warp forms ([`SmallBatch`],
+    /// from `MEMRA_SMALL_BATCH` when the device is opened), stored as its index.
+    small_batch: std::sync::atomic::AtomicU8,
     /// Multiprocessors of the device (the resident form's grid fills them once).
     sm_count: u32,
     /// Resident blocks per multiprocessor of a kernel at a dynamic shared memory size, as the
@@ -333,6 +414,9 @@ impl Gpu {
             mma_resident: std::sync::atomic::AtomicU8::new(MmaResident::from_env(
                 std::env::var("MEMRA_MMA_RESIDENT").ok().as_deref(),
             ) as u8),
+            small_batch: std::sync::atomic::AtomicU8::new(SmallBatch::from_env(
+                std::env::var("MEMRA_SMALL_BATCH").ok().as_deref(),
+            ) as u8),
             sm_count,
             occupancy: Mutex::new(HashMap::new()),
             claim_sm: std::env::var("MEMRA_CLAIM_SM").map_or(true, |v| v.trim() != "0"),
@@ -367,6 +451,22 @@ impl Gpu {
             0 => MmaResident::Never,
             2 => MmaResident::Always,
             _ => MmaResident::Auto,
+        }
+    }
+
+    /// Sets when batches of two to four rows take the small-batch warp forms; kernel-check
+    /// runs them by setting `Always`, and the other forms with `Never`.
+    pub fn set_small_batch(&self, mode: SmallBatch) {
+        self.small_batch
+            .store(mode as u8, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// When the small-batch warp forms run now.
+    pub fn small_batch(&self) -> SmallBatch {
+        match self.small_batch.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => SmallBatch::Never,
+            2 => SmallBatch::Always,
+            _ => SmallBatch::Auto,
         }
     }
 
@@ -810,8 +910,18 @@ impl Gpu {
             DeviceWeights::Q8_0(_) => (2, std::mem::size_of::<BlockQ8_0>()),
             _ => (0, 0),
         };
-        let mut mma =
-            family == MatvecFamily::Mmvq && batch > 1 && block_bytes > 0 && self.int8_mma();
+        // Two to four rows may take the warp form with as many accumulators (SmallBatch).
+        let small = match family {
+            MatvecFamily::Mmvq if block_bytes > 0 => {
+                small_batch_width(self.small_batch(), batch, cols.div_ceil(QK))
+            }
+            _ => None,
+        };
+        let mut mma = small.is_none()
+            && family == MatvecFamily::Mmvq
+            && batch > 1
+            && block_bytes > 0
+            && self.int8_mma();
         // Rows short enough for the batch tile's activations to stay in shared memory take
         // the resident form where it has tiles for the device (MmaResident), the others the
         // streaming one.
@@ -829,7 +939,13 @@ impl Gpu {
         let mut mma_f = None;
         let mut mma_name = "";
         if mma {
-            let k = if resident {
+            let k = if resident && mmar_ahead(batch, resident_tile) == 2 {
+                [
+                    "matvec_mmvq_mmar2_q4_0",
+                    "matvec_mmvq_mmar2_q4_1",
+                    "matvec_mmvq_mmar2_q8_0",
+                ][ty]
+            } else if resident {
                 [
                     "matvec_mmvq_mmar_q4_0",
                     "matvec_mmvq_mmar_q4_1",
@@ -859,6 +975,8 @@ impl Gpu {
                     "matvec_mmvq_b1x2_q4_1",
                     "matvec_mmvq_b1x2_q8_0",
                 ]
+            } else if let Some(width) = small {
+                small_batch_names(width)
             } else {
                 self.matvec_names(family, batch, mma)
             },
@@ -936,7 +1054,7 @@ impl Gpu {
                 shared_mem_bytes: if x_smem { x_bytes as u32 } else { 0 },
             },
             MatvecFamily::Mmvq => {
-                let rpb = if batch == 1 {
+                let rpb = if batch == 1 || small.is_some() {
                     b1_rows_per_block(nb)
                 } else {
                     MMVQ_ROWS
@@ -1450,6 +1568,16 @@ mod tests {
         assert_eq!(b1_rows_per_block(127), 8);
         assert_eq!(b1_rows_per_block(48), 8);
         assert_eq!(b1_rows_per_block(18), 8);
+    }
+
+    /// Batches of at most 8 rows in 8-row tiles take the two-step ring, the rest one.
+    #[test]
+    fn short_tiles_copy_two_steps_ahead() {
+        assert_eq!(mmar_ahead(2, Some(8)), 2);
+        assert_eq!(mmar_ahead(8, Some(8)), 2);
+        assert_eq!(mmar_ahead(9, Some(8)), 1);
+        assert_eq!(mmar_ahead(64, Some(16)), 1);
+        assert_eq!(mmar_ahead(8, Some(16)), 1);
     }
 
     /// The split norm step quantizes one group of eight blocks per thread block up to 16

@@ -166,7 +166,7 @@ pub fn run(gpu: &Gpu) -> R<()> {
                     if !form.available(gpu, block_bytes, cols) {
                         continue;
                     }
-                    for batch in [1usize, 8, 64] {
+                    for batch in form.batches(&[1, 8, 64], 64) {
                         if form.mma && batch == 1 {
                             continue;
                         }
@@ -177,7 +177,7 @@ pub fn run(gpu: &Gpu) -> R<()> {
                         })?;
                         println!(
                             "| {} | {rows}x{cols} | {batch} | {us:.2} | {:.0} | {} |",
-                            form.label(ty),
+                            form.label(ty, batch),
                             bytes as f64 / us / 1e3,
                             (bytes * copies) >> 20
                         );

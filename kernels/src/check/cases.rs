@@ -11,7 +11,7 @@ use half::{bf16, f16};
 
 use super::report::{CheckRow, compare_f32, compare_u32};
 use crate::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1, QK};
-use crate::cuda::{AttnRows, DeviceWeights, Gpu, MmaResident, RopeStoreArgs};
+use crate::cuda::{AttnRows, DeviceWeights, Gpu, MmaResident, RopeStoreArgs, SmallBatch};
 use crate::error::KernelError;
 use crate::twin::{self, AttnShape, MatvecFamily, WeightRows};
 
@@ -216,36 +216,48 @@ fn q4_1_blocks(rng: &mut Rng, n: usize) -> Vec<BlockQ4_1> {
 
 /// A form of the quantized matvec that kernel-check and its bench run: the family and, for
 /// the mmvq family's batched rows, the tensor-core form (`mma`), with the activations
-/// resident in shared memory (`resident`, "mmar") or streamed ("mma"), or the warp form,
-/// the fallback of older devices and of MEMRA_MMA=0.
+/// resident in shared memory (`resident`, "mmar") or streamed ("mma"), the warp form (the
+/// fallback of older devices and of MEMRA_MMA=0), or the small-batch warp forms (`small`:
+/// batches of 2 to 4 rows only).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct MatvecForm {
     pub fam: MatvecFamily,
     pub mma: bool,
     pub resident: bool,
+    pub small: bool,
 }
 
 /// Every form, in the order the rows are printed.
-pub(super) const MATVEC_FORMS: [MatvecForm; 4] = [
+pub(super) const MATVEC_FORMS: [MatvecForm; 5] = [
     MatvecForm {
         fam: MatvecFamily::Mmvq,
         mma: true,
         resident: true,
+        small: false,
     },
     MatvecForm {
         fam: MatvecFamily::Mmvq,
         mma: true,
         resident: false,
+        small: false,
     },
     MatvecForm {
         fam: MatvecFamily::Mmvq,
         mma: false,
         resident: false,
+        small: false,
+    },
+    MatvecForm {
+        fam: MatvecFamily::Mmvq,
+        mma: false,
+        resident: false,
+        small: true,
     },
     MatvecForm {
         fam: MatvecFamily::Dp4a,
         mma: false,
         resident: false,
+        small: false,
     },
 ];
 
@@ -266,11 +278,33 @@ impl MatvecForm {
         } else {
             MmaResident::Never
         });
+        gpu.set_small_batch(if self.small {
+            SmallBatch::Always
+        } else {
+            SmallBatch::Never
+        });
     }
 
-    /// The kernel name its rows carry, e.g. `matvec_mmvq_mmar_q4_1`.
-    pub fn label(self, ty: &str) -> String {
+    /// The batch sizes of `batches` (the geometry's, up to `bmax`) this form runs: the
+    /// small-batch forms take 2 to 4 rows whatever the geometry lists.
+    pub fn batches(self, batches: &[usize], bmax: usize) -> Vec<usize> {
+        if self.small {
+            (2..=4).filter(|&b| b <= bmax).collect()
+        } else {
+            batches.to_vec()
+        }
+    }
+
+    /// The kernel name its rows carry at batch `b`, e.g. `matvec_mmvq_mmar_q4_1` (the
+    /// small-batch forms run under `SmallBatch::Always`: two rows take `b2`, more `b4`).
+    pub fn label(self, ty: &str, b: usize) -> String {
+        if self.small {
+            let width = if b <= 2 { 2 } else { 4 };
+            return format!("matvec_{}_b{width}_{ty}", self.fam.name());
+        }
         let form = match (self.mma, self.resident) {
+            // Batches of at most 8 rows take the resident form's two-step ring.
+            (true, true) if b <= 8 => "_mmar2",
             (true, true) => "_mmar",
             (true, false) => "_mma",
             _ => "",
@@ -280,10 +314,11 @@ impl MatvecForm {
 
     /// Runs `f` with the switches of `gpu` the forms change, and restores them after.
     pub fn restoring<T>(gpu: &Gpu, f: impl FnOnce() -> T) -> T {
-        let initial = (gpu.int8_mma(), gpu.mma_resident());
+        let initial = (gpu.int8_mma(), gpu.mma_resident(), gpu.small_batch());
         let out = f();
         gpu.set_int8_mma(initial.0);
         gpu.set_mma_resident(initial.1);
+        gpu.set_small_batch(initial.2);
         out
     }
 }
@@ -335,29 +370,33 @@ fn matvec_forms(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
                     continue;
                 }
                 form.select(gpu);
-                let (fam, kernel) = (form.fam, form.label(ty));
+                let fam = form.fam;
                 let want = twin_batch(fam, hw, rows, cols, &xq, bmax);
-                let mut last = Vec::new();
-                for &b in batches {
+                let runs = form.batches(batches, bmax);
+                let mut last = (0, String::new(), Vec::new());
+                for &b in &runs {
+                    let kernel = form.label(ty, b);
                     let mut dy = zeros::<f32>(gpu, b * rows)?;
                     gpu.matvec(fam, dw, rows, cols, &dxq, b, &mut dy)?;
-                    last = down(gpu, &dy)?;
+                    let got = down(gpu, &dy)?;
                     out.push(compare_f32(
                         format!("kernel-check/{kernel}/{rows}x{cols}/B={b}"),
                         &want[..b * rows],
-                        &last,
+                        &got,
                         rows,
                         None,
                     ));
+                    last = (b, kernel, got);
                 }
-                let mut single = Vec::with_capacity(bmax * rows);
-                for xs in &singles {
+                let (blast, kernel, last) = last;
+                let mut single = Vec::with_capacity(blast * rows);
+                for xs in &singles[..blast] {
                     let mut dy = zeros::<f32>(gpu, rows)?;
                     gpu.matvec(fam, dw, rows, cols, xs, 1, &mut dy)?;
                     single.extend(down(gpu, &dy)?);
                 }
                 out.push(compare_f32(
-                    format!("kernel-check/{kernel}/{rows}x{cols}/batched-row==B1/B={bmax}"),
+                    format!("kernel-check/{kernel}/{rows}x{cols}/batched-row==B1/B={blast}"),
                     &single,
                     &last,
                     rows,
@@ -1341,15 +1380,22 @@ mod tests {
     /// The rows keep their kernel names: one per form, in the printed order.
     #[test]
     fn matvec_forms_name_their_kernels() {
-        let labels: Vec<String> = MATVEC_FORMS.iter().map(|f| f.label("q4_1")).collect();
+        let labels: Vec<String> = MATVEC_FORMS.iter().map(|f| f.label("q4_1", 3)).collect();
         assert_eq!(
             labels,
             [
-                "matvec_mmvq_mmar_q4_1",
+                "matvec_mmvq_mmar2_q4_1",
                 "matvec_mmvq_mma_q4_1",
                 "matvec_mmvq_q4_1",
+                "matvec_mmvq_b4_q4_1",
                 "matvec_dp4a_q4_1"
             ]
         );
+        assert_eq!(MATVEC_FORMS[3].label("q8_0", 2), "matvec_mmvq_b2_q8_0");
+        assert_eq!(MATVEC_FORMS[0].label("q8_0", 8), "matvec_mmvq_mmar2_q8_0");
+        assert_eq!(MATVEC_FORMS[0].label("q8_0", 9), "matvec_mmvq_mmar_q8_0");
+        assert_eq!(MATVEC_FORMS[3].batches(&[1, 3, 8], 8), [2, 3, 4]);
+        assert_eq!(MATVEC_FORMS[3].batches(&[1, 3], 3), [2, 3]);
+        assert_eq!(MATVEC_FORMS[2].batches(&[1, 3], 3), [1, 3]);
     }
 }
