@@ -262,44 +262,25 @@ __device__ __forceinline__ void mmvq_entry(const B* w, const block_q8_1* x, floa
         mmvq<B, false, NB>(w, x, y, rows, nb, batch, canary_row, post, stage);
 }
 
-extern "C" __global__ void matvec_mmvq_q4_0(const block_q4_0* w, const block_q8_1* x, float* y,
-                                            int rows, int nb, int batch, int canary_row,
-                                            int x_smem) {
-    mmvq_entry<block_q4_0, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row, x_smem);
-}
-extern "C" __global__ void matvec_mmvq_q4_1(const block_q4_1* w, const block_q8_1* x, float* y,
-                                            int rows, int nb, int batch, int canary_row,
-                                            int x_smem) {
-    mmvq_entry<block_q4_1, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row, x_smem);
-}
-extern "C" __global__ void matvec_mmvq_q8_0(const block_q8_0* w, const block_q8_1* x, float* y,
-                                            int rows, int nb, int batch, int canary_row,
-                                            int x_smem) {
-    mmvq_entry<block_q8_0, MAX_BATCH>(w, x, y, rows, nb, batch, canary_row, x_smem);
-}
-// Small batches: the warp form with NB accumulators per lane instead of MAX_BATCH (fewer
-// registers, no dead rows), one row group.
-#define MMVQ_SMALL(NB)                                                                        \
-    extern "C" __global__ void matvec_mmvq_b##NB##_q4_0(const block_q4_0* w,                  \
-                                                        const block_q8_1* x, float* y,        \
-                                                        int rows, int nb, int batch,          \
-                                                        int canary_row, int x_smem) {         \
-        mmvq_entry<block_q4_0, NB>(w, x, y, rows, nb, batch, canary_row, x_smem);             \
-    }                                                                                         \
-    extern "C" __global__ void matvec_mmvq_b##NB##_q4_1(const block_q4_1* w,                  \
-                                                        const block_q8_1* x, float* y,        \
-                                                        int rows, int nb, int batch,          \
-                                                        int canary_row, int x_smem) {         \
-        mmvq_entry<block_q4_1, NB>(w, x, y, rows, nb, batch, canary_row, x_smem);             \
-    }                                                                                         \
-    extern "C" __global__ void matvec_mmvq_b##NB##_q8_0(const block_q8_0* w,                  \
-                                                        const block_q8_1* x, float* y,        \
-                                                        int rows, int nb, int batch,          \
-                                                        int canary_row, int x_smem) {         \
-        mmvq_entry<block_q8_0, NB>(w, x, y, rows, nb, batch, canary_row, x_smem);             \
+// The warp-form entry points: matvec_mmvq_<NAME> over weight blocks block_<T>, NB accumulators
+// per lane (up to NB activation rows per row group).
+#define MMVQ_WARP_KERNEL(NAME, T, NB)                                                        \
+    extern "C" __global__ void matvec_mmvq_##NAME(const block_##T* w, const block_q8_1* x,   \
+                                                  float* y, int rows, int nb, int batch,     \
+                                                  int canary_row, int x_smem) {              \
+        mmvq_entry<block_##T, NB>(w, x, y, rows, nb, batch, canary_row, x_smem);             \
     }
-MMVQ_SMALL(2)
-MMVQ_SMALL(4)
+MMVQ_WARP_KERNEL(q4_0, q4_0, MAX_BATCH)
+MMVQ_WARP_KERNEL(q4_1, q4_1, MAX_BATCH)
+MMVQ_WARP_KERNEL(q8_0, q8_0, MAX_BATCH)
+// Small batches: two or four accumulators per lane instead of MAX_BATCH (fewer registers, no
+// dead rows), one row group.
+MMVQ_WARP_KERNEL(b2_q4_0, q4_0, 2)
+MMVQ_WARP_KERNEL(b2_q4_1, q4_1, 2)
+MMVQ_WARP_KERNEL(b2_q8_0, q8_0, 2)
+MMVQ_WARP_KERNEL(b4_q4_0, q4_0, 4)
+MMVQ_WARP_KERNEL(b4_q4_1, q4_1, 4)
+MMVQ_WARP_KERNEL(b4_q8_0, q8_0, 4)
 // Single-row passes (batch == 1, one row group); `post` (nullable) scales the result by
 // post[0], the fused tier's head.
 extern "C" __global__ void matvec_mmvq_b1_q4_0(const block_q4_0* w, const block_q8_1* x, float* y,
@@ -1144,19 +1125,21 @@ __device__ __forceinline__ void mmvq_mmar(const B* w, const block_q8_1* x, float
 }
 
 // bt8: batch tiles of 8 rows (one product per class and step per warp) instead of 16, for
-// rows whose 16-row activation tile would not fit in shared memory. The ring copies one step
-// ahead of the one computed.
-template <typename B>
+// rows whose 16-row activation tile would not fit in shared memory. AHEAD steps copied ahead
+// of the one computed: 1 in matvec_mmvq_mmar_*; 2 in matvec_mmvq_mmar2_*, for batches of at
+// most 8 rows (8-row tiles, short steps), a kernel of its own so that the 16-row tiles' code
+// stays as it was (its launch passes bt8 = 1).
+template <typename B, int AHEAD>
 __device__ __forceinline__ void mmvq_mmar_entry(const B* w, const block_q8_1* x, float* y,
                                                 int rows, int nb, int batch, int canary_row,
                                                 int bt8) {
     const bool fast = (((size_t)w | (size_t)nb * sizeof(B)) & 15) == 0;
-    if (bt8) {
+    if (bt8 || AHEAD != 1) {
         if (fast)
-            mmvq_mmar<B, true, 1, 1>(w, x, y, rows, nb, batch, canary_row);
+            mmvq_mmar<B, true, 1, AHEAD>(w, x, y, rows, nb, batch, canary_row);
         else
-            mmvq_mmar<B, false, 1, 1>(w, x, y, rows, nb, batch, canary_row);
-    } else {
+            mmvq_mmar<B, false, 1, AHEAD>(w, x, y, rows, nb, batch, canary_row);
+    } else if constexpr (AHEAD == 1) {
         if (fast)
             mmvq_mmar<B, true, 2, 1>(w, x, y, rows, nb, batch, canary_row);
         else
@@ -1164,46 +1147,16 @@ __device__ __forceinline__ void mmvq_mmar_entry(const B* w, const block_q8_1* x,
     }
 }
 
-extern "C" __global__ void __launch_bounds__(MMAR_THREADS) matvec_mmvq_mmar_q4_0(
-    const block_q4_0* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
-    int canary_row, int bt8) {
-    mmvq_mmar_entry<block_q4_0>(w, x, y, rows, nb, batch, canary_row, bt8);
-}
-extern "C" __global__ void __launch_bounds__(MMAR_THREADS) matvec_mmvq_mmar_q4_1(
-    const block_q4_1* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
-    int canary_row, int bt8) {
-    mmvq_mmar_entry<block_q4_1>(w, x, y, rows, nb, batch, canary_row, bt8);
-}
-extern "C" __global__ void __launch_bounds__(MMAR_THREADS) matvec_mmvq_mmar_q8_0(
-    const block_q8_0* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
-    int canary_row, int bt8) {
-    mmvq_mmar_entry<block_q8_0>(w, x, y, rows, nb, batch, canary_row, bt8);
-}
-
-// Batches of at most 8 rows (8-row tiles, short steps): the same form with the ring two
-// steps ahead, a kernel of its own so that the 16-row tiles' code stays as it was.
-// `bt8` is always set here; the argument keeps the launch the same.
-template <typename B>
-__device__ __forceinline__ void mmvq_mmar2_entry(const B* w, const block_q8_1* x, float* y,
-                                                 int rows, int nb, int batch, int canary_row) {
-    const bool fast = (((size_t)w | (size_t)nb * sizeof(B)) & 15) == 0;
-    if (fast)
-        mmvq_mmar<B, true, 1, 2>(w, x, y, rows, nb, batch, canary_row);
-    else
-        mmvq_mmar<B, false, 1, 2>(w, x, y, rows, nb, batch, canary_row);
-}
-extern "C" __global__ void __launch_bounds__(MMAR_THREADS) matvec_mmvq_mmar2_q4_0(
-    const block_q4_0* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
-    int canary_row, int) {
-    mmvq_mmar2_entry<block_q4_0>(w, x, y, rows, nb, batch, canary_row);
-}
-extern "C" __global__ void __launch_bounds__(MMAR_THREADS) matvec_mmvq_mmar2_q4_1(
-    const block_q4_1* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
-    int canary_row, int) {
-    mmvq_mmar2_entry<block_q4_1>(w, x, y, rows, nb, batch, canary_row);
-}
-extern "C" __global__ void __launch_bounds__(MMAR_THREADS) matvec_mmvq_mmar2_q8_0(
-    const block_q8_0* w, const block_q8_1* x, float* y, int rows, int nb, int batch,
-    int canary_row, int) {
-    mmvq_mmar2_entry<block_q8_0>(w, x, y, rows, nb, batch, canary_row);
-}
+// The resident form's entry points: matvec_mmvq_<NAME> over weight blocks block_<T>.
+#define MMAR_KERNEL(NAME, T, AHEAD)                                                          \
+    extern "C" __global__ void __launch_bounds__(MMAR_THREADS) matvec_mmvq_##NAME(           \
+        const block_##T* w, const block_q8_1* x, float* y, int rows, int nb, int batch,      \
+        int canary_row, int bt8) {                                                           \
+        mmvq_mmar_entry<block_##T, AHEAD>(w, x, y, rows, nb, batch, canary_row, bt8);        \
+    }
+MMAR_KERNEL(mmar_q4_0, q4_0, 1)
+MMAR_KERNEL(mmar_q4_1, q4_1, 1)
+MMAR_KERNEL(mmar_q8_0, q8_0, 1)
+MMAR_KERNEL(mmar2_q4_0, q4_0, 2)
+MMAR_KERNEL(mmar2_q4_1, q4_1, 2)
+MMAR_KERNEL(mmar2_q8_0, q8_0, 2)

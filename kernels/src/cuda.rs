@@ -182,22 +182,7 @@ fn mmar_ahead(batch: usize, tile: Option<usize>) -> usize {
 /// | | two-row / four-row | 985–993 | 1,229–1,238 | 1,432–1,441 |
 /// | SmolLM2 Q4_1 (18 and 48 blocks) | tensor-core (ring one ahead) | 3,242 | 4,878 | 6,556 |
 /// | | two-row / four-row | 4,112 | 5,526 | 7,030 |
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SmallBatch {
-    Never,
-    Auto,
-    Always,
-}
-
-impl SmallBatch {
-    fn from_env(value: Option<&str>) -> Self {
-        match value.map(str::trim) {
-            Some("0") => SmallBatch::Never,
-            Some("1") => SmallBatch::Always,
-            _ => SmallBatch::Auto,
-        }
-    }
-}
+pub type SmallBatch = FormSwitch;
 
 /// The accumulators per lane of the small-batch form a batch of `batch` rows of `nb` weight
 /// blocks takes under `mode` (2 or 4), or none.
@@ -233,19 +218,33 @@ fn small_batch_names(width: u32) -> [&'static str; 3] {
 /// where the activations fit in shared memory, otherwise (the default) where they fit and
 /// the matvec has tiles for at least half the device ([`mmar_auto_takes`]). A performance
 /// switch only: every form computes the same bits.
+pub type MmaResident = FormSwitch;
+
+/// A performance switch between kernel forms with an automatic default ([`MmaResident`],
+/// [`SmallBatch`]): its variable `0` never takes the form, `1` always where it can run,
+/// anything else or unset leaves the choice to the launcher. Kept in a `Gpu` as its index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MmaResident {
+pub enum FormSwitch {
     Never,
     Auto,
     Always,
 }
 
-impl MmaResident {
+impl FormSwitch {
     fn from_env(value: Option<&str>) -> Self {
         match value.map(str::trim) {
-            Some("0") => MmaResident::Never,
-            Some("1") => MmaResident::Always,
-            _ => MmaResident::Auto,
+            Some("0") => FormSwitch::Never,
+            Some("1") => FormSwitch::Always,
+            _ => FormSwitch::Auto,
+        }
+    }
+
+    /// The switch stored as `self as u8`.
+    fn from_index(index: u8) -> Self {
+        match index {
+            0 => FormSwitch::Never,
+            2 => FormSwitch::Always,
+            _ => FormSwitch::Auto,
         }
     }
 }
@@ -447,11 +446,7 @@ impl Gpu {
 
     /// When the resident tensor-core form runs now.
     pub fn mma_resident(&self) -> MmaResident {
-        match self.mma_resident.load(std::sync::atomic::Ordering::Relaxed) {
-            0 => MmaResident::Never,
-            2 => MmaResident::Always,
-            _ => MmaResident::Auto,
-        }
+        FormSwitch::from_index(self.mma_resident.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Sets when batches of two to four rows take the small-batch warp forms; kernel-check
@@ -463,11 +458,7 @@ impl Gpu {
 
     /// When the small-batch warp forms run now.
     pub fn small_batch(&self) -> SmallBatch {
-        match self.small_batch.load(std::sync::atomic::Ordering::Relaxed) {
-            0 => SmallBatch::Never,
-            2 => SmallBatch::Always,
-            _ => SmallBatch::Auto,
-        }
+        FormSwitch::from_index(self.small_batch.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Whether a batched tensor-core matvec over rows of `cols` columns of weight blocks of
@@ -1681,5 +1672,8 @@ mod tests {
         assert_eq!(MmaResident::from_env(Some("0")), MmaResident::Never);
         assert_eq!(MmaResident::from_env(Some(" 1 ")), MmaResident::Always);
         assert_eq!(MmaResident::from_env(Some("auto")), MmaResident::Auto);
+        for switch in [FormSwitch::Never, FormSwitch::Auto, FormSwitch::Always] {
+            assert_eq!(FormSwitch::from_index(switch as u8), switch);
+        }
     }
 }

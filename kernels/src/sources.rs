@@ -102,7 +102,7 @@ mod tests {
     }
 
     /// Every kernel waits for its predecessor (PDL_ENTRY, directly or in the mmvq bodies that
-    /// mmvq_entry, mmvq_rows_entry, mmvq_mma, mmvq_mmar_entry and mmvq_mmar2_entry run):
+    /// mmvq_entry, mmvq_rows_entry, mmvq_mma and mmvq_mmar_entry run):
     /// one kernel without the wait would let the next one run ahead of a result it needs.
     #[test]
     fn every_kernel_waits_for_its_predecessor() {
@@ -114,8 +114,7 @@ mod tests {
                         || body.contains("mmvq_entry<")
                         || body.contains("mmvq_rows_entry<")
                         || body.contains("mmvq_mma<")
-                        || body.contains("mmvq_mmar_entry<")
-                        || body.contains("mmvq_mmar2_entry<"),
+                        || body.contains("mmvq_mmar_entry<"),
                     "{}: kernel {name} has no PDL_ENTRY",
                     src.file
                 );

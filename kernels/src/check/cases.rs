@@ -1097,6 +1097,51 @@ fn twin_norm_step(
     }
 }
 
+/// A norm step's outputs against the twins' (`want`: the updated residual, its q8_1 blocks,
+/// r): the residual as row `x_row`, the blocks, then `between`, then r when `got` has it (the
+/// fused tier).
+#[allow(clippy::too_many_arguments)]
+fn norm_rows(
+    gpu: &Gpu,
+    out: &mut Vec<CheckRow>,
+    kernel: &str,
+    x_row: &str,
+    geo: &str,
+    cols: usize,
+    want: (&[f32], &[BlockQ8_1], &[f32]),
+    got: (
+        &CudaSlice<f32>,
+        &CudaSlice<BlockQ8_1>,
+        Option<&CudaSlice<f32>>,
+    ),
+    between: Option<CheckRow>,
+) -> R<()> {
+    out.push(compare_f32(
+        format!("kernel-check/{kernel}/{x_row}/{geo}"),
+        want.0,
+        &down(gpu, got.0)?,
+        cols,
+        None,
+    ));
+    out.push(compare_u32(
+        format!("kernel-check/{kernel}/q/{geo}"),
+        &q8_words(want.1),
+        &q8_words(&down(gpu, got.1)?),
+        34,
+    ));
+    out.extend(between);
+    if let Some(r) = got.2 {
+        out.push(compare_f32(
+            format!("kernel-check/{kernel}/r/{geo}"),
+            want.2,
+            &down(gpu, r)?,
+            1,
+            None,
+        ));
+    }
+    Ok(())
+}
+
 /// The norm step (`add_rmsnorm_q8_1_f32`, its wide form and its memory path) against the
 /// twins' add + rmsnorm + quantize composition, both tiers, 3 rows with a residual update.
 pub fn norm_step(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
@@ -1140,28 +1185,9 @@ pub fn norm_step(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
                 wq.extend(q);
                 wr.extend(rf);
             }
-            out.push(compare_f32(
-                format!("kernel-check/{kernel}/x/{geo}"),
-                &wv,
-                &down(gpu, &dx)?,
-                cols,
-                None,
-            ));
-            out.push(compare_u32(
-                format!("kernel-check/{kernel}/q/{geo}"),
-                &q8_words(&wq),
-                &q8_words(&down(gpu, &dq)?),
-                34,
-            ));
-            if fused {
-                out.push(compare_f32(
-                    format!("kernel-check/{kernel}/r/{geo}"),
-                    &wr,
-                    &down(gpu, &dr)?,
-                    1,
-                    None,
-                ));
-            }
+            let want = (&wv[..], &wq[..], &wr[..]);
+            let got = (&dx, &dq, fused.then_some(&dr));
+            norm_rows(gpu, &mut out, kernel, "x", &geo, cols, want, got, None)?;
             // The wide rows split over blocks, out of place, with the f32 values.
             if kernel != "add_rmsnorm_q8_1_wide_f32" {
                 continue;
@@ -1196,35 +1222,16 @@ pub fn norm_step(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
                     x_early,
                     share,
                 )?;
-                out.push(compare_f32(
-                    format!("kernel-check/{k}/x_out/{geo}"),
-                    &wv,
-                    &down(gpu, &sxo)?,
-                    cols,
-                    None,
-                ));
-                out.push(compare_u32(
-                    format!("kernel-check/{k}/q/{geo}"),
-                    &q8_words(&wq),
-                    &q8_words(&down(gpu, &sq)?),
-                    34,
-                ));
-                out.push(compare_f32(
+                let xf = compare_f32(
                     format!("kernel-check/{k}/xf==one-block/{geo}"),
                     &down(gpu, &dxf)?,
                     &down(gpu, &sxf)?,
                     cols,
                     None,
-                ));
-                if fused {
-                    out.push(compare_f32(
-                        format!("kernel-check/{k}/r/{geo}"),
-                        &wr,
-                        &down(gpu, &sr)?,
-                        1,
-                        None,
-                    ));
-                }
+                );
+                let want = (&wv[..], &wq[..], &wr[..]);
+                let got = (&sxo, &sq, fused.then_some(&sr));
+                norm_rows(gpu, &mut out, k, "x_out", &geo, cols, want, got, Some(xf))?;
             }
         }
     }
