@@ -53,7 +53,11 @@ fn cluster() -> Option<ClusterGuard> {
         Ok(())
     });
     match started {
-        Ok(()) => Some(lock()),
+        Ok(()) => {
+            let guard = lock();
+            settle();
+            Some(guard)
+        }
         Err(why) => {
             eprintln!("skipping the Slurm test: {why}");
             None
@@ -78,25 +82,140 @@ fn lock() -> ClusterGuard {
 }
 
 /// A manifest name no other run on the cluster uses, so `squeue -n` finds this run's jobs.
+/// Every name starts `slurm-`, which `settle` relies on.
 fn unique(name: &str) -> String {
     format!("{name}-{}", std::process::id())
 }
 
-fn slurm(f: &Fixture) -> std::process::Output {
-    f.run(&["--executor", "slurm"])
+/// Leaves the cluster as a test expects it, whatever an earlier test (of this or another
+/// checkout's run, killed or failed) left: the node up and no jobs of these tests. The lock
+/// is held, so any such job is a leftover; left running it would hold GPUs and keep this
+/// test's jobs pending.
+fn settle() {
+    let leftovers: Vec<String> = jobs_where(|name| name.starts_with("memra:slurm-"))
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    if !leftovers.is_empty() {
+        eprintln!("cancelling jobs earlier tests left: {leftovers:?}");
+        let _ = Command::new("scancel").args(&leftovers).status();
+    }
+    if !node_state().starts_with("idle") && !node_state().starts_with("mix") {
+        let _ = Command::new("scontrol")
+            .args([
+                "update",
+                &format!("nodename={}", hostname()),
+                "state=resume",
+            ])
+            .output();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while (!jobs_where(|name| name.starts_with("memra:slurm-")).is_empty()
+        || !node_state().starts_with("idle"))
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        node_state().starts_with("idle"),
+        "the test cluster's node is not idle after 60 s:\n{}",
+        cluster_state()
+    );
 }
 
-/// Ids of the jobs of a run that Slurm still lists as pending or running.
-fn live_jobs(manifest: &str) -> Vec<String> {
+/// The node's state as `sinfo` names it (`idle`, `mixed`, `allocated`, `down*`…).
+fn node_state() -> String {
+    let out = Command::new("sinfo")
+        .args(["-h", "-o", "%T"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// `(id, state)` of every job Slurm lists whose name passes `keep`.
+fn jobs_where(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
     let out = Command::new("squeue")
         .args(["-h", "-o", "%i %j %T"])
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| l.contains(&format!("memra:{manifest}:")))
-        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (id, name, state) = (f.next()?, f.next()?, f.next()?);
+            keep(name).then(|| (id.to_string(), state.to_string()))
+        })
         .collect()
+}
+
+/// What the cluster looks like, for failure messages: the queue and the node.
+fn cluster_state() -> String {
+    let text = |cmd: &str, args: &[&str]| {
+        Command::new(cmd).args(args).output().map_or_else(
+            |e| format!("{cmd}: {e}"),
+            |o| String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
+    };
+    format!(
+        "squeue:\n{}sinfo:\n{}",
+        text("squeue", &["-o", "%i %j %T %R"]),
+        text("sinfo", &["-o", "%N %T %G %E"])
+    )
+}
+
+/// A `memra-orch` run in the background. If the test ends early (an assertion failed), the
+/// run is killed and its jobs cancelled, so they do not hold the cluster's GPUs while the
+/// next test waits for them.
+struct Background {
+    child: std::process::Child,
+    name: String,
+}
+
+impl Background {
+    fn spawn(f: &Fixture, args: &[&str]) -> Background {
+        Background {
+            child: f.command(args).spawn().unwrap(),
+            name: f.name.clone(),
+        }
+    }
+
+    fn wait(&mut self) -> std::process::ExitStatus {
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let left: Vec<String> = live_jobs(&self.name)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        if !left.is_empty() {
+            let _ = Command::new("scancel").args(&left).status();
+        }
+    }
+}
+
+fn slurm(f: &Fixture) -> std::process::Output {
+    f.run(&["--executor", "slurm"])
+}
+
+/// `(id, state)` of the jobs of a run that Slurm still lists (pending, running, completing).
+fn live_jobs(manifest: &str) -> Vec<(String, String)> {
+    let prefix = format!("memra:{manifest}:");
+    jobs_where(|name| name.starts_with(&prefix))
+}
+
+/// How many of a run's jobs Slurm lists in `state`.
+fn count_in(manifest: &str, state: &str) -> usize {
+    live_jobs(manifest)
+        .iter()
+        .filter(|(_, s)| s == state)
+        .count()
 }
 
 fn devices(f: &Fixture, id: &str) -> String {
@@ -415,11 +534,8 @@ run = ["{{gates}}/pass.sh"]
     ));
     // Five GPU slots for Slurm's four GPUs: one job waits in Slurm's queue, so the
     // interrupt meets both a pending and running jobs.
-    let mut child = f
-        .command(&["--executor", "slurm", "--gpus", "fake:5"])
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut run = Background::spawn(&f, &["--executor", "slurm", "--gpus", "fake:5"]);
+    let deadline = Instant::now() + Duration::from_secs(90);
     // Wait until the five running jobs hold their gates (each wrote its grandchild's pid)
     // and the sixth is queued.
     let pids = |f: &Fixture| -> Vec<PathBuf> {
@@ -428,17 +544,25 @@ run = ["{{gates}}/pass.sh"]
             .filter(|p| p.ends_with("artifacts/grandchild.pid"))
             .collect()
     };
-    while (!f.tree().join("nodes").is_dir() || pids(&f).len() < 5 || live_jobs(&name).len() < 6)
-        && Instant::now() < deadline
-    {
+    let ready = |f: &Fixture| {
+        f.tree().join("nodes").is_dir()
+            && pids(f).len() == 5
+            && count_in(&name, "RUNNING") == 5
+            && count_in(&name, "PENDING") == 1
+    };
+    while !ready(&f) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!(pids(&f).len(), 5, "the five jobs never all started");
-    assert_eq!(live_jobs(&name).len(), 6);
+    assert!(
+        ready(&f),
+        "after 90 s, {} of 5 gates hold their GPUs, not 5 running and 1 pending job:\n{}",
+        pids(&f).len(),
+        cluster_state()
+    );
     // SAFETY: kill has no memory-safety preconditions.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    unsafe { libc::kill(run.child.id() as i32, libc::SIGINT) };
     let t = Instant::now();
-    let status = child.wait().unwrap();
+    let status = run.wait();
     assert_eq!(status.code(), Some(130));
     assert!(t.elapsed() < Duration::from_secs(45), "{:?}", t.elapsed());
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -447,8 +571,8 @@ run = ["{{gates}}/pass.sh"]
     }
     assert!(
         live_jobs(&name).is_empty(),
-        "jobs left: {:?}",
-        live_jobs(&name)
+        "jobs left 30 s after the interrupt:\n{}",
+        cluster_state()
     );
     let mut never_ran = 0;
     for i in 1..=5 {
@@ -469,6 +593,17 @@ run = ["{{gates}}/pass.sh"]
     assert_eq!(f.verdict("later"), "cancelled");
 }
 
+/// Resumes the node when the test ends, so a failed assertion does not leave it down.
+struct NodeBack(String);
+
+impl Drop for NodeBack {
+    fn drop(&mut self) {
+        let _ = Command::new("scontrol")
+            .args(["update", &format!("nodename={}", self.0), "state=resume"])
+            .output();
+    }
+}
+
 fn hostname() -> String {
     let out = Command::new("hostname").output().unwrap();
     String::from_utf8_lossy(&out.stdout).trim().to_string()
@@ -485,31 +620,32 @@ name = "{name}"
 
 [[arm]]
 id = "retried"
-run = ["{{gates}}/devices.sh", "4"]
+run = ["{{gates}}/wait-for.sh", "${{root}}/go"]
 gpus = 1
 retries = 1
 
 [[arm]]
 id = "not-retried"
-run = ["{{gates}}/devices.sh", "4"]
+run = ["{{gates}}/wait-for.sh", "${{root}}/go"]
 gpus = 1
 "#
     ));
-    let mut child = f.command(&["--executor", "slurm"]).spawn().unwrap();
-    let started = |id: &str| {
-        files_under(&f.tree().join("nodes"))
-            .iter()
-            .any(|p| p.ends_with("attempt-1/stdout.log") && p.to_string_lossy().contains(id))
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while (!f.tree().join("nodes").is_dir() || !started("/retried") || !started("/not-retried"))
-        && Instant::now() < deadline
-    {
+    // Both gates hold their GPU until `go` exists, which the test writes only after Slurm
+    // has ended both jobs: however slow the machine, no job ends before the node fails.
+    let mut run = Background::spawn(&f, &["--executor", "slurm"]);
+    let host = hostname();
+    let _node = NodeBack(host.clone());
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while count_in(&name, "RUNNING") < 2 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(live_jobs(&name).len(), 2, "both jobs run");
+    assert_eq!(
+        count_in(&name, "RUNNING"),
+        2,
+        "both jobs run:\n{}",
+        cluster_state()
+    );
     // The node goes down under the running jobs: Slurm ends them NODE_FAIL.
-    let host = hostname();
     let down = Command::new("scontrol")
         .args([
             "update",
@@ -520,12 +656,35 @@ gpus = 1
         .status()
         .unwrap();
     assert!(down.success());
-    // Bring it back (ReturnToService may already have; then this reports an error).
-    std::thread::sleep(Duration::from_secs(1));
+    let journal = f
+        .path()
+        .join("receipts/.slurm")
+        .join(COMMIT)
+        .join(&name)
+        .join("jobs.jsonl");
+    let lost = || {
+        std::fs::read_to_string(&journal)
+            .unwrap_or_default()
+            .matches("NODE_FAIL")
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while lost() < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        lost(),
+        2,
+        "the run saw both jobs fail:\n{}",
+        cluster_state()
+    );
+    // Bring the node back (ReturnToService may already have; then this reports an error)
+    // and let the resubmitted job pass.
     let _ = Command::new("scontrol")
         .args(["update", &format!("nodename={host}"), "state=resume"])
         .output();
-    let status = child.wait().unwrap();
+    std::fs::write(f.path().join("go"), "").unwrap();
+    let status = run.wait();
     assert_eq!(status.code(), Some(1));
     let r = f.receipt("retried");
     assert_eq!(r["verdict"], "pass", "{r:#}");
@@ -548,14 +707,7 @@ gpus = 1
         "{why}"
     );
     // The journal next to the tree names every job and how it ended.
-    let journal = std::fs::read_to_string(
-        f.path()
-            .join("receipts/.slurm")
-            .join(COMMIT)
-            .join(&name)
-            .join("jobs.jsonl"),
-    )
-    .unwrap();
+    let journal = std::fs::read_to_string(&journal).unwrap();
     let mut ends: Vec<(String, u64, String)> = journal
         .lines()
         .map(|l| {
