@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -20,6 +21,9 @@ pub fn gates() -> PathBuf {
 pub struct Fixture {
     pub dir: tempfile::TempDir,
     pub name: String,
+    /// `--grace` of the runs: short by default, so a test that stops a gate which ignores
+    /// SIGTERM does not wait long.
+    pub grace: &'static str,
 }
 
 impl Fixture {
@@ -36,7 +40,17 @@ impl Fixture {
             })
             .expect("the fixture manifest has a name");
         std::fs::write(dir.path().join("manifest.toml"), text).unwrap();
-        Fixture { dir, name }
+        Fixture {
+            dir,
+            name,
+            grace: "1s",
+        }
+    }
+
+    /// The same fixture with another `--grace`: a long one makes sure a gate that dies of
+    /// SIGTERM is not also sent SIGKILL because a loaded machine was slow to reap it.
+    pub fn with_grace(self, grace: &'static str) -> Fixture {
+        Fixture { grace, ..self }
     }
 
     pub fn path(&self) -> &Path {
@@ -44,14 +58,21 @@ impl Fixture {
     }
 
     /// `memra-orch run manifest.toml` with receipts in the fixture folder, a fixed commit,
-    /// plain progress and a short grace, plus `args`.
+    /// plain progress and the fixture's grace, plus `args`.
     pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_memra-orch"));
         cmd.arg("run")
             .arg(self.path().join("manifest.toml"))
             .arg("--receipts")
             .arg(self.path().join("receipts"))
-            .args(["--commit", COMMIT, "--progress", "plain", "--grace", "1s"])
+            .args([
+                "--commit",
+                COMMIT,
+                "--progress",
+                "plain",
+                "--grace",
+                self.grace,
+            ])
             .args(args)
             .current_dir(self.path());
         cmd
@@ -132,6 +153,28 @@ pub fn epoch(rfc3339: &str) -> f64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64()
+}
+
+/// Waits until `done` holds, checking every 50 ms, for at most `limit`; says whether it
+/// held. The limit is for a machine that is slow, not for one that works: it is generous,
+/// and a condition that holds ends the wait at once.
+pub fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// What `/proc` says of a process, for failure messages.
+pub fn proc_stat(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .unwrap_or_else(|e| format!("no /proc/{pid}/stat: {e}"))
 }
 
 /// Whether a process is alive (a zombie counts as gone).

@@ -11,9 +11,11 @@ const MANIFEST: &str = r#"
 schema = 1
 name = "gpus"
 
+# Each of the four cells waits for the other three, so all four pass only if they run at
+# once on the four fake GPUs.
 [[arm]]
 id = "one"
-run = ["{gates}/devices.sh", "1"]
+run = ["{gates}/rendezvous.sh", "${root}/one-arrived", "4"]
 matrix = { k = ["a", "b", "c", "d"] }
 gpus = 1
 
@@ -39,15 +41,18 @@ gpus = 0
 fn arms_get_exclusive_devices_and_impossible_requests_are_skipped() {
     let f = Fixture::new(MANIFEST);
     let out = f.run(&["--gpus", "fake:4"]);
-    // Skipped nodes do not fail a run.
-    assert_eq!(out.status.code(), Some(0));
     let ids = ["one[k=a]", "one[k=b]", "one[k=c]", "one[k=d]"];
     let mut devices = BTreeSet::new();
     let mut starts = Vec::new();
     let mut ends = Vec::new();
     for id in ids {
         let r = f.receipt(id);
-        assert_eq!(r["verdict"], "pass", "{r:#}");
+        assert_eq!(
+            r["verdict"],
+            "pass",
+            "{r:#}\nstderr: {}",
+            std::fs::read_to_string(f.attempt_dir(id, 1).join("stderr.log")).unwrap_or_default()
+        );
         let d =
             std::fs::read_to_string(f.attempt_dir(id, 1).join("artifacts/devices.txt")).unwrap();
         devices.insert(d.trim().to_string());
@@ -57,12 +62,15 @@ fn arms_get_exclusive_devices_and_impossible_requests_are_skipped() {
         starts.push(start);
         ends.push(start + a["seconds"].as_f64().unwrap());
     }
+    // Skipped nodes do not fail a run.
+    assert_eq!(out.status.code(), Some(0));
     assert_eq!(
         devices,
         BTreeSet::from(["0", "1", "2", "3"].map(String::from)),
         "each arm its own device"
     );
-    // All four 1-second arms overlap: the last one started before the first one ended.
+    // The receipts agree that the four arms overlapped: the last one started before the
+    // first one ended.
     let last_start = starts.iter().copied().fold(f64::MIN, f64::max);
     let first_end = ends.iter().copied().fold(f64::MAX, f64::min);
     assert!(

@@ -197,26 +197,57 @@ pub fn signal_group(pgid: i32, signal: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::process::CommandExt;
-    use std::process::Command;
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    use std::process::{Child, Command, Stdio};
 
-    fn spawn_sleep() -> std::process::Child {
+    /// Seconds the test processes sleep: longer than any wait of a test, so a process that
+    /// ended was stopped, not done.
+    const SLEEP: &str = "120";
+
+    /// How long stopping a group may take on a loaded machine: far more than delivering a
+    /// signal needs, and less than `SLEEP`, so a group that ended by itself fails the test.
+    const PROMPT: Duration = Duration::from_secs(60);
+
+    fn spawn_sleep() -> Child {
         Command::new("sleep")
-            .arg("30")
+            .arg(SLEEP)
             .process_group(0)
             .spawn()
             .unwrap()
     }
 
+    /// A shell that ignores SIGTERM, as do the sleeps it starts (an ignored signal stays
+    /// ignored across exec). Returns once the shell says its trap is in place, so no
+    /// SIGTERM can arrive before it.
+    fn spawn_term_ignoring() -> Child {
+        let mut child = Command::new("sh")
+            .args([
+                "-c",
+                &format!("trap '' TERM; echo ready; sleep {SLEEP} & wait; sleep {SLEEP}"),
+            ])
+            .stdout(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "the shell did not start");
+        child
+    }
+
     #[test]
     fn timeout_stops_the_group() {
-        let dog = Watchdog::new(Duration::from_secs(5));
+        // A grace far longer than the test, so only the SIGTERM of the timeout can end it.
+        let dog = Watchdog::new(Duration::from_secs(600));
         let mut child = spawn_sleep();
         let w = dog.watch(child.id() as i32, Duration::from_millis(100));
         let t = Instant::now();
         let status = child.wait().unwrap();
-        assert!(t.elapsed() < Duration::from_secs(5));
-        assert!(!status.success());
+        assert!(t.elapsed() < PROMPT, "took {:?}", t.elapsed());
+        assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
         assert_eq!(dog.unwatch(w), Stopped::Timeout);
     }
 
@@ -224,28 +255,36 @@ mod tests {
     fn cancel_stops_running_and_later_groups() {
         let dog = Watchdog::new(Duration::from_secs(5));
         let mut a = spawn_sleep();
-        let wa = dog.watch(a.id() as i32, Duration::from_secs(60));
+        let wa = dog.watch(a.id() as i32, Duration::from_secs(600));
         dog.cancel_all();
         a.wait().unwrap();
         assert_eq!(dog.unwatch(wa), Stopped::Cancelled);
         let mut b = spawn_sleep();
-        let wb = dog.watch(b.id() as i32, Duration::from_secs(60));
+        let wb = dog.watch(b.id() as i32, Duration::from_secs(600));
         b.wait().unwrap();
         assert_eq!(dog.unwatch(wb), Stopped::Cancelled);
+    }
+
+    /// Whether the watchdog has sent SIGTERM to every group it watches.
+    fn term_sent(dog: &Watchdog) -> bool {
+        dog.lock().entries.values().all(|e| e.term_sent.is_some())
     }
 
     #[test]
     fn a_second_cancel_kills_without_waiting_for_the_grace() {
         let dog = Watchdog::new(Duration::from_secs(600));
-        let mut child = Command::new("sh")
-            .args(["-c", "trap '' TERM; sleep 30 & wait; sleep 30"])
-            .process_group(0)
-            .spawn()
-            .unwrap();
+        let mut child = spawn_term_ignoring();
         let w = dog.watch(child.id() as i32, Duration::from_secs(600));
-        // Let the shell install its trap before the first SIGTERM arrives.
-        std::thread::sleep(Duration::from_millis(200));
         dog.cancel_all();
+        let deadline = Instant::now() + PROMPT;
+        while !term_sent(&dog) {
+            assert!(
+                Instant::now() < deadline,
+                "the first cancel sent no SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Time for the SIGTERM to take effect, were it not ignored.
         std::thread::sleep(Duration::from_millis(200));
         assert!(
             child.try_wait().unwrap().is_none(),
@@ -253,23 +292,21 @@ mod tests {
         );
         let t = Instant::now();
         dog.cancel_all();
-        child.wait().unwrap();
-        assert!(t.elapsed() < Duration::from_secs(10));
+        let status = child.wait().unwrap();
+        assert!(t.elapsed() < PROMPT, "took {:?}", t.elapsed());
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
         assert_eq!(dog.unwatch(w), Stopped::Cancelled);
     }
 
     #[test]
     fn sigkill_after_grace_when_sigterm_is_ignored() {
         let dog = Watchdog::new(Duration::from_millis(200));
-        let mut child = Command::new("sh")
-            .args(["-c", "trap '' TERM; sleep 30 & wait; sleep 30"])
-            .process_group(0)
-            .spawn()
-            .unwrap();
+        let mut child = spawn_term_ignoring();
         let w = dog.watch(child.id() as i32, Duration::from_millis(100));
         let t = Instant::now();
-        child.wait().unwrap();
-        assert!(t.elapsed() < Duration::from_secs(10));
+        let status = child.wait().unwrap();
+        assert!(t.elapsed() < PROMPT, "took {:?}", t.elapsed());
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
         assert_eq!(dog.unwatch(w), Stopped::Timeout);
     }
 }
