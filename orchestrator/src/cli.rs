@@ -62,6 +62,11 @@ pub struct ExecNodeArgs {
     /// scheduler) instead of the job file.
     #[arg(long)]
     pub gpus_from_env: bool,
+    /// Where to write the receipt (default: `receipt.json` in the job's node folder). The
+    /// Slurm executor gives every job a file of its own, so a job the cluster lost, still
+    /// dying, cannot overwrite the receipt the run files for its cell.
+    #[arg(long, value_name = "PATH")]
+    pub receipt: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

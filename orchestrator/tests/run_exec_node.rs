@@ -77,3 +77,35 @@ fn exec_node_runs_a_job_file_and_writes_its_receipt() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("not a readable job file"));
 }
+
+#[test]
+fn exec_node_writes_its_receipt_where_receipt_says_and_nowhere_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let node_dir = dir.path().join("nodes/remote");
+    let job_file = dir.path().join("job.json");
+    let own = dir.path().join("spool/job.1.receipt.json");
+    std::fs::create_dir_all(own.parent().unwrap()).unwrap();
+    std::fs::write(
+        &job_file,
+        serde_json::to_vec(&job(&node_dir, "pass.sh")).unwrap(),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+        .args(["exec-node", "--receipt"])
+        .arg(&own)
+        .arg(&job_file)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = read_json(&own);
+    assert_eq!(r["id"], "remote[b=1]");
+    assert_eq!(r["verdict"], "pass");
+    // The node folder holds the attempt's logs, but the cell's receipt is the run's to file.
+    assert!(node_dir.join("attempt-1/stdout.log").is_file());
+    assert!(!node_dir.join("receipt.json").exists());
+}

@@ -620,18 +620,20 @@ name = "{name}"
 
 [[arm]]
 id = "retried"
-run = ["{{gates}}/wait-for.sh", "${{root}}/go"]
+run = ["{{gates}}/wait-for.sh", "${{root}}/go", "5"]
 gpus = 1
 retries = 1
 
 [[arm]]
 id = "not-retried"
-run = ["{{gates}}/wait-for.sh", "${{root}}/go"]
+run = ["{{gates}}/wait-for.sh", "${{root}}/go", "5"]
 gpus = 1
 "#
     ));
     // Both gates hold their GPU until `go` exists, which the test writes only after Slurm
     // has ended both jobs: however slow the machine, no job ends before the node fails.
+    // Signalled, a gate lingers 5 s; exec-node stops it after the 1 s grace, so a lost job
+    // writes its receipt a second after the run has judged it lost.
     let mut run = Background::spawn(&f, &["--executor", "slurm"]);
     let host = hostname();
     let _node = NodeBack(host.clone());
@@ -729,6 +731,24 @@ gpus = 1
             ("retried".to_string(), 2, "COMPLETED".to_string()),
         ]
     );
+    // Slurm ended the lost jobs by signalling them, and their exec-node, stopping, may write
+    // a receipt after the run judged the job. It lands in the job's own file next to the job
+    // file, never over the cell's receipt: wait for those late writes (at most 30 s), then
+    // read the cells' receipts again.
+    let spool = f.path().join("receipts/.slurm").join(COMMIT).join(&name);
+    let late: Vec<PathBuf> = ["retried", "not-retried"]
+        .iter()
+        .map(|id| {
+            let slug = f.receipt(id)["slug"].as_str().unwrap().to_string();
+            spool.join(format!("{slug}.1.receipt.json"))
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !late.iter().all(|p| p.exists()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(f.verdict("retried"), "pass");
+    assert_eq!(f.verdict("not-retried"), "error");
 }
 
 #[test]

@@ -16,7 +16,8 @@ use crate::gpus::GpuSpec;
 use crate::receipt::GpuRef;
 
 /// The hidden `exec-node` subcommand: runs one cell from a job file through the local
-/// executor, on whatever machine this is, and writes `<node_dir>/receipt.json`. SIGTERM or
+/// executor, on whatever machine this is, and writes `<node_dir>/receipt.json` (or the
+/// `--receipt` path). SIGTERM or
 /// SIGINT (a cancelled cluster job) stops the cell's process groups and the receipt says
 /// `cancelled`. Exit code 0 when the receipt was written (its verdict is in the file), 2
 /// for an unreadable job file, 3 when the receipt could not be written.
@@ -72,7 +73,11 @@ pub fn command(args: &ExecNodeArgs) -> ExitCode {
     done.store(true, Ordering::SeqCst);
     let _ = canceller.join();
     let _ = std::fs::remove_dir_all(&tmp_root);
-    match crate::receipt::write_json(&job.node_dir.join("receipt.json"), &receipt) {
+    let path = args
+        .receipt
+        .clone()
+        .unwrap_or_else(|| job.node_dir.join("receipt.json"));
+    match crate::receipt::write_json(&path, &receipt) {
         Ok(()) => ExitCode::Ok,
         Err(e) => {
             eprintln!("memra-orch exec-node: {e}");

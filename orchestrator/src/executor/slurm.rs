@@ -1,7 +1,8 @@
 //! The Slurm executor: each placed cell becomes one batch job (`sbatch --parsable`) whose
 //! script runs the hidden `memra-orch exec-node` entry point on the compute node, so a
 //! cell on the cluster goes through the same runner, isolation and gate protocol as a
-//! local one and writes the same `receipt.json` into the shared receipt tree.
+//! local one. exec-node writes its receipt to a file of the job's own in the spool folder;
+//! the run files it as the cell's `receipt.json` in the shared receipt tree.
 //!
 //! It owns the translation of a cell into `sbatch` arguments (GPUs, time limit, CPUs,
 //! memory, partition, account, extra arguments), the job files in a spool folder next to
@@ -178,6 +179,7 @@ impl SlurmExecutor {
         let stem = format!("{}.{try_n}", job.slug);
         let job_file = self.opts.spool.join(format!("{stem}.json"));
         let script = self.opts.spool.join(format!("{stem}.sh"));
+        let receipt = job_receipt(&self.opts.spool, job, try_n);
         let io = |p: &Path, e: std::io::Error| {
             format!(
                 "{}: cannot write a Slurm job file: {e}; the receipt folder must be writable \
@@ -196,7 +198,7 @@ impl SlurmExecutor {
         std::fs::write(&job_file, bytes).map_err(|e| io(&job_file, e))?;
         std::fs::write(
             &script,
-            batch_script(&self.opts.exe, self.opts.grace, &job_file),
+            batch_script(&self.opts.exe, self.opts.grace, &job_file, &receipt),
         )
         .map_err(|e| io(&script, e))?;
         let gpus = job.gpus.len() as u32;
@@ -403,11 +405,14 @@ impl SlurmExecutor {
         on_attempt: &mut dyn FnMut(&AttemptRecord),
         jobs: &mut Vec<String>,
     ) -> NodeReceipt {
-        let receipt_path = job.node_dir.join("receipt.json");
         let mut lost: Vec<String> = Vec::new();
         let mut try_n = 0;
         loop {
             try_n += 1;
+            // Each job's exec-node writes a receipt of its own: a lost job, still dying on its
+            // node, may write after the run has judged it and moved on, and must not
+            // overwrite what the run files for the cell.
+            let receipt_path = job_receipt(&self.opts.spool, job, try_n);
             let fail = |verdict: Verdict, reason: String| {
                 let mut r = job.receipt();
                 r.gpus.clear();
@@ -418,7 +423,8 @@ impl SlurmExecutor {
             if self.cancelled.load(Ordering::SeqCst) {
                 return fail(Verdict::Cancelled, CANCELLED_BEFORE.to_string());
             }
-            // A receipt left by an earlier try (or run) must not be taken for this job's.
+            // A receipt left by an earlier run's job of this try must not be taken for this
+            // job's.
             if let Err(e) = std::fs::remove_file(&receipt_path)
                 && e.kind() != std::io::ErrorKind::NotFound
             {
@@ -510,13 +516,20 @@ fn read_receipt(path: &Path, completed: bool) -> Option<NodeReceipt> {
     }
 }
 
+/// Where try `try_n` of a cell's job writes its receipt: in the spool folder, next to the
+/// job file.
+fn job_receipt(spool: &Path, job: &CellJob, try_n: u32) -> PathBuf {
+    spool.join(format!("{}.{try_n}.receipt.json", job.slug))
+}
+
 /// The batch script: nothing but the exec-node call, so the cell's environment is built
 /// by the same code as locally.
-pub fn batch_script(exe: &Path, grace: Duration, job_file: &Path) -> String {
+pub fn batch_script(exe: &Path, grace: Duration, job_file: &Path, receipt: &Path) -> String {
     format!(
-        "#!/bin/sh\n# Written by memra-orch: runs one cell through exec-node.\nexec {} exec-node --grace {} --gpus-from-env {}\n",
+        "#!/bin/sh\n# Written by memra-orch: runs one cell through exec-node.\nexec {} exec-node --grace {} --gpus-from-env --receipt {} {}\n",
         shell_quote(&exe.to_string_lossy()),
         humantime::format_duration(grace),
+        shell_quote(&receipt.to_string_lossy()),
         shell_quote(&job_file.to_string_lossy()),
     )
 }
@@ -927,10 +940,12 @@ mod tests {
             Path::new("/opt/it's/memra-orch"),
             Duration::from_secs(2),
             Path::new("/r/j.json"),
+            Path::new("/r/j.receipt.json"),
         );
         assert!(s.starts_with("#!/bin/sh\n"));
         assert!(s.contains(
-            "exec '/opt/it'\\''s/memra-orch' exec-node --grace 2s --gpus-from-env '/r/j.json'"
+            "exec '/opt/it'\\''s/memra-orch' exec-node --grace 2s --gpus-from-env \
+             --receipt '/r/j.receipt.json' '/r/j.json'"
         ));
     }
 }
