@@ -40,21 +40,28 @@ fn job(node_dir: &std::path::Path, gate: &str) -> CellJob {
     }
 }
 
+/// `memra-orch exec-node` with `args`, then the job file.
+fn exec_node(args: &[&std::ffi::OsStr], job_file: &std::path::Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+        .arg("exec-node")
+        .args(args)
+        .arg(job_file)
+        .output()
+        .unwrap()
+}
+
+/// Writes the job running `gate` in `node_dir` to `job_file`.
+fn write_job(job_file: &std::path::Path, node_dir: &std::path::Path, gate: &str) {
+    std::fs::write(job_file, serde_json::to_vec(&job(node_dir, gate)).unwrap()).unwrap();
+}
+
 #[test]
 fn exec_node_runs_a_job_file_and_writes_its_receipt() {
     let dir = tempfile::tempdir().unwrap();
     let node_dir = dir.path().join("nodes/remote");
     let job_file = dir.path().join("job.json");
-    std::fs::write(
-        &job_file,
-        serde_json::to_vec(&job(&node_dir, "fail.sh")).unwrap(),
-    )
-    .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memra-orch"))
-        .args(["exec-node"])
-        .arg(&job_file)
-        .output()
-        .unwrap();
+    write_job(&job_file, &node_dir, "fail.sh");
+    let out = exec_node(&[], &job_file);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -69,11 +76,7 @@ fn exec_node_runs_a_job_file_and_writes_its_receipt() {
     assert!(node_dir.join("attempt-1/stderr.log").is_file());
 
     std::fs::write(&job_file, "{not json").unwrap();
-    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_memra-orch"))
-        .args(["exec-node"])
-        .arg(&job_file)
-        .output()
-        .unwrap();
+    let bad = exec_node(&[], &job_file);
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("not a readable job file"));
 }
@@ -85,17 +88,8 @@ fn exec_node_writes_its_receipt_where_receipt_says_and_nowhere_else() {
     let job_file = dir.path().join("job.json");
     let own = dir.path().join("spool/job.1.receipt.json");
     std::fs::create_dir_all(own.parent().unwrap()).unwrap();
-    std::fs::write(
-        &job_file,
-        serde_json::to_vec(&job(&node_dir, "pass.sh")).unwrap(),
-    )
-    .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memra-orch"))
-        .args(["exec-node", "--receipt"])
-        .arg(&own)
-        .arg(&job_file)
-        .output()
-        .unwrap();
+    write_job(&job_file, &node_dir, "pass.sh");
+    let out = exec_node(&["--receipt".as_ref(), own.as_os_str()], &job_file);
     assert_eq!(
         out.status.code(),
         Some(0),

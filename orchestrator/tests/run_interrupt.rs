@@ -4,22 +4,9 @@
 
 mod run_support;
 
-use std::process::Child;
 use std::time::Duration;
 
 use run_support::{Fixture, eventually, read_json};
-
-/// A `memra-orch run` in the background, killed if the test ends before it does.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
 
 #[test]
 fn interrupt_then_resume_completes_the_tree() {
@@ -49,7 +36,7 @@ run = ["{gates}/pass.sh"]
     // A grace far beyond the test: `slow` must die of the cancel's SIGTERM, never of a
     // SIGKILL sent because a loaded machine was slow to reap it.
     let f = f.with_grace("10m");
-    let mut child = Running(f.command(&["--jobs", "2"]).spawn().unwrap());
+    let mut child = f.spawn(&["--jobs", "2"]);
     // Wait until `slow` is running (its first attempt folder exists). Its gate waits for
     // `go`, which only the resume below writes, so it is still running when the signal
     // comes.
@@ -70,8 +57,8 @@ run = ["{gates}/pass.sh"]
         std::fs::read_dir(&nodes).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
     );
     // SAFETY: signalling the child we spawned, by its pid.
-    unsafe { libc_kill(child.0.id() as i32, 2) };
-    let status = child.0.wait().unwrap();
+    unsafe { libc_kill(child.pid(), 2) };
+    let status = child.wait();
     assert_eq!(status.code(), Some(130));
 
     let run = f.run_json();

@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, ExitStatus, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -76,6 +76,11 @@ impl Fixture {
             .args(args)
             .current_dir(self.path());
         cmd
+    }
+
+    /// The same run in the background.
+    pub fn spawn(&self, args: &[&str]) -> Running {
+        Running(self.command(args).spawn().unwrap())
     }
 
     pub fn run(&self, args: &[&str]) -> Output {
@@ -153,6 +158,33 @@ pub fn epoch(rfc3339: &str) -> f64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64()
+}
+
+/// A `memra-orch run` in the background, killed if the test ends before it does.
+pub struct Running(Child);
+
+impl Running {
+    pub fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+
+    pub fn wait(&mut self) -> ExitStatus {
+        self.0.wait().unwrap()
+    }
+
+    /// Kills the run unless it has ended.
+    pub fn stop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 /// Waits until `done` holds, checking every 50 ms, for at most `limit`; says whether it

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use run_support::{COMMIT, Fixture, epoch, files_under};
+use run_support::{COMMIT, Fixture, Running, epoch, files_under};
 use serde_json::Value;
 
 fn script() -> PathBuf {
@@ -100,7 +100,8 @@ fn settle() {
         eprintln!("cancelling jobs earlier tests left: {leftovers:?}");
         let _ = Command::new("scancel").args(&leftovers).status();
     }
-    if !node_state().starts_with("idle") && !node_state().starts_with("mix") {
+    let state = node_state();
+    if !state.starts_with("idle") && !state.starts_with("mix") {
         let _ = Command::new("scontrol")
             .args([
                 "update",
@@ -167,29 +168,22 @@ fn cluster_state() -> String {
 /// run is killed and its jobs cancelled, so they do not hold the cluster's GPUs while the
 /// next test waits for them.
 struct Background {
-    child: std::process::Child,
+    run: Running,
     name: String,
 }
 
 impl Background {
     fn spawn(f: &Fixture, args: &[&str]) -> Background {
         Background {
-            child: f.command(args).spawn().unwrap(),
+            run: f.spawn(args),
             name: f.name.clone(),
         }
-    }
-
-    fn wait(&mut self) -> std::process::ExitStatus {
-        self.child.wait().unwrap()
     }
 }
 
 impl Drop for Background {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        self.run.stop();
         let left: Vec<String> = live_jobs(&self.name)
             .into_iter()
             .map(|(id, _)| id)
@@ -216,6 +210,11 @@ fn count_in(manifest: &str, state: &str) -> usize {
         .iter()
         .filter(|(_, s)| s == state)
         .count()
+}
+
+/// The Slurm spool of a fixture's run: job files, exec-node's receipts, the job journal.
+fn spool(f: &Fixture) -> PathBuf {
+    f.path().join("receipts/.slurm").join(COMMIT).join(&f.name)
 }
 
 fn devices(f: &Fixture, id: &str) -> String {
@@ -495,14 +494,7 @@ artifact = "logits.safetensors"
     // Both runs fail the same nodes.
     assert_eq!(d["still_failing"].as_array().unwrap().len(), 6, "{text}");
     // The job files live next to the tree, not in it.
-    assert!(
-        on_slurm
-            .path()
-            .join("receipts/.slurm")
-            .join(COMMIT)
-            .join(&name)
-            .is_dir()
-    );
+    assert!(spool(&on_slurm).is_dir());
 }
 
 #[test]
@@ -560,9 +552,9 @@ run = ["{{gates}}/pass.sh"]
         cluster_state()
     );
     // SAFETY: kill has no memory-safety preconditions.
-    unsafe { libc::kill(run.child.id() as i32, libc::SIGINT) };
+    unsafe { libc::kill(run.run.pid(), libc::SIGINT) };
     let t = Instant::now();
-    let status = run.wait();
+    let status = run.run.wait();
     assert_eq!(status.code(), Some(130));
     assert!(t.elapsed() < Duration::from_secs(45), "{:?}", t.elapsed());
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -658,12 +650,7 @@ gpus = 1
         .status()
         .unwrap();
     assert!(down.success());
-    let journal = f
-        .path()
-        .join("receipts/.slurm")
-        .join(COMMIT)
-        .join(&name)
-        .join("jobs.jsonl");
+    let journal = spool(&f).join("jobs.jsonl");
     let lost = || {
         std::fs::read_to_string(&journal)
             .unwrap_or_default()
@@ -686,7 +673,7 @@ gpus = 1
         .args(["update", &format!("nodename={host}"), "state=resume"])
         .output();
     std::fs::write(f.path().join("go"), "").unwrap();
-    let status = run.wait();
+    let status = run.run.wait();
     assert_eq!(status.code(), Some(1));
     let r = f.receipt("retried");
     assert_eq!(r["verdict"], "pass", "{r:#}");
@@ -735,12 +722,11 @@ gpus = 1
     // a receipt after the run judged the job. It lands in the job's own file next to the job
     // file, never over the cell's receipt: wait for those late writes (at most 30 s), then
     // read the cells' receipts again.
-    let spool = f.path().join("receipts/.slurm").join(COMMIT).join(&name);
     let late: Vec<PathBuf> = ["retried", "not-retried"]
         .iter()
         .map(|id| {
             let slug = f.receipt(id)["slug"].as_str().unwrap().to_string();
-            spool.join(format!("{slug}.1.receipt.json"))
+            spool(&f).join(format!("{slug}.1.receipt.json"))
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -842,12 +828,7 @@ id = "red"
 run = ["{{gates}}/fail.sh"]
 "#
     ));
-    let journal = f
-        .path()
-        .join("receipts/.slurm")
-        .join(COMMIT)
-        .join(&name)
-        .join("jobs.jsonl");
+    let journal = spool(&f).join("jobs.jsonl");
     assert_eq!(slurm(&f).status.code(), Some(1));
     let first = std::fs::read_to_string(&journal).unwrap();
     assert_eq!(first.lines().count(), 2, "{first}");

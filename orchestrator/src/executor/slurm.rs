@@ -174,12 +174,12 @@ impl SlurmExecutor {
         }
     }
 
-    /// Writes the job file and batch script and submits it; returns the job id.
-    fn submit(&self, job: &CellJob, try_n: u32) -> Result<String, String> {
+    /// Writes the job file and batch script (exec-node writing its receipt to `receipt`) and
+    /// submits it; returns the job id.
+    fn submit(&self, job: &CellJob, try_n: u32, receipt: &Path) -> Result<String, String> {
         let stem = format!("{}.{try_n}", job.slug);
         let job_file = self.opts.spool.join(format!("{stem}.json"));
         let script = self.opts.spool.join(format!("{stem}.sh"));
-        let receipt = job_receipt(&self.opts.spool, job, try_n);
         let io = |p: &Path, e: std::io::Error| {
             format!(
                 "{}: cannot write a Slurm job file: {e}; the receipt folder must be writable \
@@ -198,7 +198,7 @@ impl SlurmExecutor {
         std::fs::write(&job_file, bytes).map_err(|e| io(&job_file, e))?;
         std::fs::write(
             &script,
-            batch_script(&self.opts.exe, self.opts.grace, &job_file, &receipt),
+            batch_script(&self.opts.exe, self.opts.grace, &job_file, receipt),
         )
         .map_err(|e| io(&script, e))?;
         let gpus = job.gpus.len() as u32;
@@ -436,7 +436,7 @@ impl SlurmExecutor {
                     ),
                 );
             }
-            let id = match self.submit(job, try_n) {
+            let id = match self.submit(job, try_n, &receipt_path) {
                 Ok(id) => id,
                 Err(e) if e == CANCELLED_BEFORE => return fail(Verdict::Cancelled, e),
                 Err(e) => return fail(Verdict::Error, e),
