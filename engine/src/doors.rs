@@ -7,6 +7,8 @@
 
 use std::fmt;
 
+use memra_kernels::tuning::Tuning;
+
 /// Which backend `MEMRA_BACKEND` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendChoice {
@@ -65,6 +67,11 @@ pub struct Doors {
     /// `MEMRA_GATE_DEFECT`: a test-only planted defect (see [`GateDefect`]); `None` in
     /// every real run.
     pub gate_defect: Option<GateDefect>,
+    /// The kernels' performance switches (`MEMRA_MMA`, `MEMRA_PDL`, `MEMRA_MMA_RESIDENT`,
+    /// `MEMRA_SMALL_BATCH`, `MEMRA_CLAIM_SM`, `MEMRA_PROLOGUES`): not doors, since every
+    /// setting computes the same bits, but read here once with them, handed to every device
+    /// the backend opens, and reported in the doors row so a receipt shows them.
+    pub tuning: Tuning,
 }
 
 /// The test-only defects `MEMRA_GATE_DEFECT` plants so the gate suite can show that each
@@ -120,6 +127,7 @@ impl Default for Doors {
             gate_canary: false,
             pp_allow_unsplit_batch: false,
             gate_defect: None,
+            tuning: Tuning::default(),
         }
     }
 }
@@ -323,6 +331,13 @@ impl Doors {
                 }
             }
         }
+        let (tuning, tuning_issues) = Tuning::from_lookup(&lookup);
+        doors.tuning = tuning;
+        issues.extend(tuning_issues.into_iter().map(|i| DoorIssue {
+            variable: i.variable,
+            value: i.value,
+            problem: i.problem.to_string(),
+        }));
 
         if issues.is_empty() {
             Ok(doors)
@@ -435,12 +450,15 @@ pub struct DoorsReport {
     pub pp_splits: String,
     pub gate_seed: u64,
     pub canary: bool,
+    /// The performance switches in force (on the CUDA backend, the primary device's, less
+    /// what it cannot do; on the CPU backend, as pinned, since no kernel there reads them).
+    pub tuning: Tuning,
 }
 
 impl DoorsReport {
     /// The flat object of DESIGN §5, without the outer `{"doors": …}` wrapper.
     pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut row = serde_json::json!({
             "backend": self.backend,
             "matvec": self.matvec,
             "norm": self.norm,
@@ -451,7 +469,13 @@ impl DoorsReport {
             "pp_splits": self.pp_splits,
             "gate_seed": self.gate_seed,
             "canary": self.canary,
-        })
+        });
+        if let Some(map) = row.as_object_mut() {
+            for (k, v) in self.tuning.fields() {
+                map.insert(k.to_string(), v);
+            }
+        }
+        row
     }
 
     /// The `{"doors":{…}}` check row a gate appends to `MEMRA_ORCH_CHECKS`.
@@ -497,6 +521,8 @@ mod tests {
             ("MEMRA_GATE_CANARY", "1"),
             ("MEMRA_PP_ALLOW_UNSPLIT_BATCH", "1"),
             ("MEMRA_GATE_DEFECT", "boundary-copy"),
+            ("MEMRA_PDL", "0"),
+            ("MEMRA_SMALL_BATCH", "1"),
         ])
         .unwrap();
         assert_eq!(
@@ -514,8 +540,48 @@ mod tests {
                 gate_canary: true,
                 pp_allow_unsplit_batch: true,
                 gate_defect: Some(GateDefect::BoundaryCopy),
+                tuning: Tuning {
+                    pdl: false,
+                    small_batch: memra_kernels::tuning::FormSwitch::Always,
+                    ..Tuning::default()
+                },
             }
         );
+    }
+
+    #[test]
+    fn a_bad_performance_switch_is_reported_with_the_doors() {
+        let err = read(&[("MEMRA_PDL", "off"), ("MEMRA_FA3", "2")]).unwrap_err();
+        let vars: Vec<&str> = err.issues.iter().map(|i| i.variable).collect();
+        assert_eq!(vars, ["MEMRA_FA3", "MEMRA_PDL"]);
+        assert_eq!(err.issues[1].problem, "accepted values are 0, 1");
+    }
+
+    #[test]
+    fn the_doors_row_names_every_performance_switch() {
+        let report = DoorsReport {
+            backend: "cpu",
+            matvec: "mmvq",
+            norm: "fused",
+            attention: "split-k",
+            b1fast: false,
+            pp_stages: 1,
+            pp_devices: "cpu".into(),
+            pp_splits: "0".into(),
+            gate_seed: 0,
+            canary: false,
+            tuning: Tuning {
+                pdl: false,
+                ..Tuning::default()
+            },
+        };
+        let row = report.to_json();
+        for var in Tuning::VARIABLES {
+            let key = var.trim_start_matches("MEMRA_").to_lowercase();
+            assert!(row.get(&key).is_some(), "{key} missing from {row}");
+        }
+        assert_eq!(row["pdl"], false);
+        assert_eq!(row["mma_resident"], "auto");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! bounds; driver failures come back as [`KernelError::Driver`], never as a panic.
 //!
 //! [`probe`] must succeed before anything here touches CUDA: cudarc loads the libraries
-//! dynamically and panics on a missing one. [`Gpu::new`] calls it.
+//! dynamically and panics on a missing one. [`Gpu::open`] calls it.
 //!
 //! Layouts are the twins' (see [`crate::twin`]): batched activations and outputs are row after
 //! row, the KV cache is position-major `[t][kv_head][d]`.
@@ -25,6 +25,7 @@ use launch::Launch;
 
 pub use peer::{Fence, copy_peer};
 pub use rows::{AttnRows, RopeStoreArgs, attention_can_quantize};
+pub use crate::tuning::{FormSwitch, Tuning};
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
@@ -220,35 +221,6 @@ fn small_batch_names(width: u32) -> [&'static str; 3] {
 /// switch only: every form computes the same bits.
 pub type MmaResident = FormSwitch;
 
-/// A performance switch between kernel forms with an automatic default ([`MmaResident`],
-/// [`SmallBatch`]): its variable `0` never takes the form, `1` always where it can run,
-/// anything else or unset leaves the choice to the launcher. Kept in a `Gpu` as its index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FormSwitch {
-    Never,
-    Auto,
-    Always,
-}
-
-impl FormSwitch {
-    fn from_env(value: Option<&str>) -> Self {
-        match value.map(str::trim) {
-            Some("0") => FormSwitch::Never,
-            Some("1") => FormSwitch::Always,
-            _ => FormSwitch::Auto,
-        }
-    }
-
-    /// The switch stored as `self as u8`.
-    fn from_index(index: u8) -> Self {
-        match index {
-            0 => FormSwitch::Never,
-            2 => FormSwitch::Always,
-            _ => FormSwitch::Auto,
-        }
-    }
-}
-
 /// Dynamic shared memory a launch may use without opting in.
 const DEFAULT_DYNAMIC_SMEM: usize = 48 * 1024;
 
@@ -318,6 +290,9 @@ pub struct Gpu {
     /// alone ([`claims_sm`]): on unless `MEMRA_CLAIM_SM=0` when the device is opened. A
     /// performance switch only, like `pdl`: it moves blocks, not bits.
     claim_sm: bool,
+    /// `MEMRA_PROLOGUES` as the device was opened with it; the engine's step encoder reads
+    /// it ([`Gpu::tuning`]), no kernel here does.
+    prologues: bool,
 }
 
 /// Whether a latency-bound launch of `blocks` thread blocks (the single-row norm step, the
@@ -357,9 +332,10 @@ fn int(kernel: &'static str, what: &str, v: usize) -> Result<i32, KernelError> {
 }
 
 impl Gpu {
-    /// Opens device `ordinal` (after [`probe`]); kernels compile on first use for its compute
-    /// capability, cached in [`compile::cache_dir`].
-    pub fn new(ordinal: usize) -> Result<Self, KernelError> {
+    /// Opens device `ordinal` (after [`probe`]) with the performance switches `tuning`;
+    /// kernels compile on first use for its compute capability, cached in
+    /// [`compile::cache_dir`].
+    pub fn open(ordinal: usize, tuning: &Tuning) -> Result<Self, KernelError> {
         let nvrtc = probe()?;
         let ctx = CudaContext::new(ordinal).map_err(KernelError::driver(format!(
             "opening CUDA device {ordinal}"
@@ -397,7 +373,7 @@ impl Gpu {
             stream,
             arch,
             int8_mma: std::sync::atomic::AtomicBool::new(
-                major >= 8 && std::env::var("MEMRA_MMA").map_or(true, |v| v.trim() != "0"),
+                major >= 8 && tuning.mma,
             ),
             has_int8_mma: major >= 8,
             name,
@@ -407,19 +383,30 @@ impl Gpu {
             functions: Mutex::new(HashMap::new()),
             compiled: Mutex::new(Vec::new()),
             canary_row: -1,
-            pdl: std::env::var("MEMRA_PDL").map_or(true, |v| v.trim() != "0"),
+            pdl: tuning.pdl,
             smem_optin,
             opted_in: Mutex::new(HashMap::new()),
-            mma_resident: std::sync::atomic::AtomicU8::new(MmaResident::from_env(
-                std::env::var("MEMRA_MMA_RESIDENT").ok().as_deref(),
-            ) as u8),
-            small_batch: std::sync::atomic::AtomicU8::new(SmallBatch::from_env(
-                std::env::var("MEMRA_SMALL_BATCH").ok().as_deref(),
-            ) as u8),
+            mma_resident: std::sync::atomic::AtomicU8::new(tuning.mma_resident as u8),
+            small_batch: std::sync::atomic::AtomicU8::new(tuning.small_batch as u8),
             sm_count,
             occupancy: Mutex::new(HashMap::new()),
-            claim_sm: std::env::var("MEMRA_CLAIM_SM").map_or(true, |v| v.trim() != "0"),
+            claim_sm: tuning.claim_sm,
+            prologues: tuning.prologues,
         })
+    }
+
+    /// The performance switches in force now: the value the device was opened with, less
+    /// what the device cannot do (no int8 MMA before sm_80) and with any later `set_*`
+    /// applied. Gates report it in their doors row.
+    pub fn tuning(&self) -> Tuning {
+        Tuning {
+            mma: self.int8_mma(),
+            pdl: self.pdl,
+            mma_resident: self.mma_resident(),
+            small_batch: self.small_batch(),
+            claim_sm: self.claim_sm,
+            prologues: self.prologues,
+        }
     }
 
     /// Switches the tensor-core form of batched mmvq matvecs on (where the device has the
@@ -1668,10 +1655,6 @@ mod tests {
         assert!(!mmar_auto_takes(1536, 16, 16, 132));
         assert!(mmar_auto_takes(1536, 32, 16, 132));
         assert!(mmar_auto_takes(49152, 2, 8, 132));
-        assert_eq!(MmaResident::from_env(None), MmaResident::Auto);
-        assert_eq!(MmaResident::from_env(Some("0")), MmaResident::Never);
-        assert_eq!(MmaResident::from_env(Some(" 1 ")), MmaResident::Always);
-        assert_eq!(MmaResident::from_env(Some("auto")), MmaResident::Auto);
         for switch in [FormSwitch::Never, FormSwitch::Auto, FormSwitch::Always] {
             assert_eq!(FormSwitch::from_index(switch as u8), switch);
         }

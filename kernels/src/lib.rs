@@ -9,4 +9,5 @@ pub mod compile;
 pub mod cuda;
 pub mod error;
 pub mod sources;
+pub mod tuning;
 pub mod twin;

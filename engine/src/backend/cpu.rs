@@ -645,6 +645,7 @@ impl Backend for CpuBackend {
                 .join(","),
             gate_seed: d.gate_seed,
             canary: d.gate_canary,
+            tuning: d.tuning,
         }
     }
 

@@ -370,6 +370,7 @@ mod tests {
             pp_splits: "0".into(),
             gate_seed: 0,
             canary: false,
+            tuning: Default::default(),
         };
         r.header(&report, &be, &[("mode", json!("config"))])
             .unwrap();

@@ -18,6 +18,7 @@ use serde_json::json;
 
 use self::report::{CheckRow, Status};
 use crate::cuda::Gpu;
+use crate::tuning::{Tuning, TuningIssue};
 
 /// What kernel-check takes from the environment, read once at start.
 #[derive(Debug, Clone, Default)]
@@ -28,12 +29,20 @@ pub struct CheckEnv {
     pub canary: bool,
     /// `MEMRA_GATE_SEED`: offsets the random inputs.
     pub seed: u64,
+    /// The performance switches the device is opened with (the matvec cases run every form
+    /// either way, switching the forms themselves).
+    pub tuning: Tuning,
+    /// Switches set to values they do not accept; kernel-check refuses to start with any.
+    pub tuning_issues: Vec<TuningIssue>,
 }
 
 impl CheckEnv {
     pub fn from_env() -> Self {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let (tuning, tuning_issues) = Tuning::from_env();
         CheckEnv {
+            tuning,
+            tuning_issues,
             checks: var("MEMRA_ORCH_CHECKS").map(PathBuf::from),
             canary: var("MEMRA_GATE_CANARY").is_some_and(|v| v != "0"),
             seed: var("MEMRA_GATE_SEED")
@@ -80,13 +89,15 @@ pub fn run(env: &CheckEnv) -> i32 {
         "kernel-check: every CUDA kernel against its host twin (seed {}, canary {})",
         env.seed, env.canary
     );
-    let mut gpu = match Gpu::new(0) {
+    let mut gpu = match Gpu::open(0, &env.tuning) {
         Ok(g) => g,
         Err(e) => {
             let reason = format!("no usable GPU: {e}");
             println!("kernel-check: SKIP: {reason}");
             sink.write(&CheckRow::skip("kernel-check", reason).to_json());
-            sink.write(&json!({"doors": {"backend": "none", "canary": env.canary}}));
+            let mut doors = json!({"backend": "none", "canary": env.canary});
+            add_tuning(&mut doors, &env.tuning);
+            sink.write(&json!({ "doors": doors }));
             return if sink.broken { 1 } else { 0 };
         }
     };
@@ -150,7 +161,7 @@ pub fn run(env: &CheckEnv) -> i32 {
         sink.write(&r.to_json());
     }
     let failed = rows.iter().filter(|r| r.status == Status::Fail).count();
-    sink.write(&json!({"doors": {
+    let mut doors = json!({
         "backend": "cuda",
         "device": gpu.name(),
         "arch": gpu.arch(),
@@ -159,7 +170,9 @@ pub fn run(env: &CheckEnv) -> i32 {
         "attention": "naive+split-k",
         "fmad": false,
         "canary": env.canary,
-    }}));
+    });
+    add_tuning(&mut doors, &gpu.tuning());
+    sink.write(&json!({ "doors": doors }));
     println!(
         "kernel-check: {} checks, {} failed, {:.1} s{}",
         rows.len(),
@@ -263,8 +276,27 @@ fn compile_all(arch: &'static str) -> i32 {
     }
 }
 
+/// Appends the performance switches to a doors object.
+fn add_tuning(doors: &mut serde_json::Value, tuning: &Tuning) {
+    if let Some(map) = doors.as_object_mut() {
+        for (k, v) in tuning.fields() {
+            map.insert(k.to_string(), v);
+        }
+    }
+}
+
 /// Entry point of the `kernel-check` binary.
 pub fn main() -> i32 {
+    let env = CheckEnv::from_env();
+    if !env.tuning_issues.is_empty() {
+        for i in &env.tuning_issues {
+            eprintln!(
+                "kernel-check: {}={:?}: {}; set it to one of those or unset it",
+                i.variable, i.value, i.problem
+            );
+        }
+        return 2;
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args
         .iter()
@@ -272,8 +304,8 @@ pub fn main() -> i32 {
         .collect::<Vec<_>>()
         .as_slice()
     {
-        [] => run(&CheckEnv::from_env()),
-        ["bench"] => match Gpu::new(0).and_then(|gpu| bench::run(&gpu)) {
+        [] => run(&env),
+        ["bench"] => match Gpu::open(0, &env.tuning).and_then(|gpu| bench::run(&gpu)) {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("kernel-check bench: {e}");

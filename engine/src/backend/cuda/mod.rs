@@ -100,7 +100,7 @@ fn distinct_devices(doors: &Doors) -> Vec<usize> {
 /// Opens device `ordinal` with its kernels loaded; a failure names the ordinal, the
 /// devices this machine has when that is known, and the fix.
 fn open_ordinal(ordinal: usize, doors: &Doors) -> Result<Gpu, String> {
-    let gpu = Gpu::new(ordinal).map_err(|e| {
+    let gpu = Gpu::open(ordinal, &doors.tuning).map_err(|e| {
         let list = doors
             .pp_devices
             .iter()
@@ -1238,41 +1238,6 @@ fn matvec(
     }
 }
 
-/// Whether single-row matvecs compute their norm step as a prologue, and rows too wide for
-/// that take the norm step split over blocks (see [`encode`]): `MEMRA_PROLOGUES`,
-/// read once per process, `0` switches both off, `1` or unset leaves them on.
-/// A performance switch for comparisons like `MEMRA_PDL`, not a door: both compute the same
-/// bits. Another value is reported on stderr and leaves the default.
-///
-/// Measured in one run on the H200 (SmolLM2-shape Q4_1, B = 1, graphs, fused tier): off
-/// 1,810–1,823 tokens/s, on 1,911. In isolation (ncu) a prologue matvec takes 5.5 µs against
-/// 3.7 + 3.4 for the two launches it replaces. The same prologue for SwiGLU (every block
-/// computing the 1,536-wide SwiGLU row before the down projection) measured slower, 1,703
-/// alone and 1,823–1,836 with the norms: the launch it saves mostly overlapped already under
-/// programmatic dependent launch, and each block ran its six blocks of 32 values in turn
-/// where the standalone kernel runs them side by side. On the head, the 6,144 blocks would
-/// each recompute the norm (1,768 with all three). Neither is kept. The split norm took
-/// llama-7B Q4_1 B=1 from 459 to 531 tokens/s in one run.
-fn norm_prologues_enabled() -> bool {
-    static SETTING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SETTING.get_or_init(|| match std::env::var("MEMRA_PROLOGUES") {
-        Ok(v) => parse_prologues(&v).unwrap_or_else(|| {
-            eprintln!("MEMRA_PROLOGUES={v}: expected 0 (off) or 1 (on); keeping the default, on");
-            true
-        }),
-        Err(_) => true,
-    })
-}
-
-/// The `MEMRA_PROLOGUES` value: `Some(on)`, or `None` when it is neither 0 nor 1.
-fn parse_prologues(v: &str) -> Option<bool> {
-    match v.trim() {
-        "0" => Some(false),
-        "1" => Some(true),
-        _ => None,
-    }
-}
-
 /// The norm step of [`Gpu::add_rmsnorm_q8_1`] on the stream in `x`: with `split`, the
 /// split-over-blocks kernel writes the updated stream to `x_alt` and the two swap (wide
 /// rows, see [`encode`]); otherwise in place. `x_early`: the launch before this one
@@ -1380,7 +1345,7 @@ fn encode(
     // within the prologue's width, unless `MEMRA_PROLOGUES=0`. Traced passes keep the
     // standalone kernels, whose outputs are the sites the trace copies back.
     let prologues =
-        n == 1 && ctx.family == MatvecFamily::Mmvq && !tap.on() && norm_prologues_enabled();
+        n == 1 && ctx.family == MatvecFamily::Mmvq && !tap.on() && gpu.tuning().prologues;
     // The buffer the next prologue norm writes the updated stream to; it swaps with `x`.
     let mut x_alt = x_alt;
     let norm_prologue =
@@ -1390,7 +1355,7 @@ fn encode(
     // swaps, as it does after a prologue (both norms of every layer, so again an even number
     // of flips).
     let split_norm = !tap.on()
-        && norm_prologues_enabled()
+        && gpu.tuning().prologues
         && d > Gpu::NORM_PROLOGUE_MAX_COLS
         && d <= Gpu::NORM_WIDE_MAX_COLS;
 
@@ -1633,6 +1598,7 @@ impl Backend for CudaBackend {
             pp_splits: self.plan.splits_text(),
             gate_seed: d.gate_seed,
             canary: d.gate_canary,
+            tuning: self.dm.gpus[0].tuning(),
         }
     }
 
@@ -1859,14 +1825,6 @@ mod tests {
         assert!(distinct_sequences(&[row(0, 5), row(3, 9), row(1, 0)]));
         assert!(!distinct_sequences(&[row(2, 0), row(2, 1), row(2, 2)]));
         assert!(!distinct_sequences(&[row(0, 4), row(1, 7), row(0, 5)]));
-    }
-
-    #[test]
-    fn prologue_setting_takes_0_and_1_only() {
-        assert_eq!(parse_prologues("0"), Some(false));
-        assert_eq!(parse_prologues(" 1 "), Some(true));
-        assert_eq!(parse_prologues("norm"), None);
-        assert_eq!(parse_prologues(""), None);
     }
 
     #[test]
