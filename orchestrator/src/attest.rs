@@ -3,6 +3,12 @@
 //! typo, a door the engine no longer reads, or a door another pin overrides, and a battery
 //! that sweeps it is then testing one configuration twice while claiming two.
 //!
+//! The same holds across a compare's pairing: a candidate that differs from its reference in
+//! a pin (`MEMRA_PDL=0` against the default) claims to run another configuration, and the
+//! doors rows must show it. There a pin whose doors key (its name without `MEMRA_`,
+//! lower-cased: `pdl`) both rows carry is judged by that key alone; a pin without one by the
+//! whole row.
+//!
 //! This module finds those pairs in the receipts of a finished run and adds a `warn` check
 //! named [`CHECK`] to both receipts. It does not change verdicts, does not write files (the
 //! receipt writer files the receipts it changed) and does not judge cells that did not run.
@@ -28,17 +34,86 @@ pub struct Finding {
     pub a_value: String,
     pub b: String,
     pub b_value: String,
+    /// The doors key that should have told the two apart, when the pin has one; `None` when
+    /// the whole rows were compared.
+    pub key: Option<String>,
 }
 
 impl Finding {
     /// The sentence used in receipts and in `summary.md`.
     pub fn message(&self) -> String {
+        let same = match &self.key {
+            None => "identical doors rows".to_string(),
+            Some(k) => format!("the same `{k}` in their doors rows"),
+        };
         format!(
-            "pin {} had no effect: {}={} ({}) and {}={} ({}) report identical doors rows; \
+            "pin {} had no effect: {}={} ({}) and {}={} ({}) report {same}; \
              check that the engine still reads {} and that no other pin overrides it",
             self.pin, self.pin, self.a_value, self.a, self.pin, self.b_value, self.b, self.pin
         )
     }
+}
+
+/// Whether an environment variable is a pin (DESIGN §4): `MEMRA_*`, but not the
+/// orchestrator's own `MEMRA_ORCH_*`.
+fn is_pin(name: &str) -> bool {
+    name.starts_with("MEMRA_") && !name.starts_with("MEMRA_ORCH_")
+}
+
+/// The doors-row key a pin reports under by convention: `MEMRA_PDL` → `pdl`.
+fn doors_key(pin: &str) -> String {
+    pin.trim_start_matches("MEMRA_").to_ascii_lowercase()
+}
+
+/// Finds every pin in which a compare's candidate differs from its reference while the doors
+/// rows do not show it. `pairs` holds each pairing as (reference, candidate) positions in
+/// `receipts`. A pin set on one side only is compared with the value `(unset)`.
+pub fn find_in_pairs(receipts: &[Option<&NodeReceipt>], pairs: &[(usize, usize)]) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    let mut seen = BTreeSet::new();
+    for &(ri, ci) in pairs {
+        let (Some(Some(r)), Some(Some(c))) = (receipts.get(ri), receipts.get(ci)) else {
+            continue;
+        };
+        if !eligible(r) || !eligible(c) || !seen.insert((ri, ci)) {
+            continue;
+        }
+        let (Some(rd), Some(cd)) = (&r.doors, &c.doors) else {
+            continue;
+        };
+        let pins: BTreeSet<&str> = r
+            .env
+            .keys()
+            .chain(c.env.keys())
+            .map(String::as_str)
+            .filter(|k| is_pin(k) && r.env.get(*k) != c.env.get(*k))
+            .collect();
+        for pin in pins {
+            let key = doors_key(pin);
+            let (judged_by, same) = match (rd.get(&key), cd.get(&key)) {
+                (Some(a), Some(b)) => (Some(key), a == b),
+                _ => (None, rd == cd),
+            };
+            if same {
+                let value = |x: &NodeReceipt| {
+                    x.env
+                        .get(pin)
+                        .cloned()
+                        .unwrap_or_else(|| "(unset)".to_string())
+                };
+                findings.push(Finding {
+                    node: c.node.clone(),
+                    pin: pin.to_string(),
+                    a: r.id.clone(),
+                    a_value: value(r),
+                    b: c.id.clone(),
+                    b_value: value(c),
+                    key: judged_by,
+                });
+            }
+        }
+    }
+    findings
 }
 
 /// Whether a receipt can take part: an arm cell that ran (any final verdict) and wrote a
@@ -96,6 +171,7 @@ pub fn find(receipts: &[&NodeReceipt]) -> Vec<Finding> {
                                 a_value: a.cell[pin].clone(),
                                 b: b.id.clone(),
                                 b_value: b.cell[pin].clone(),
+                                key: None,
                             });
                         }
                     }
@@ -124,8 +200,11 @@ fn row(f: &Finding, other: &str, other_value: &str) -> CheckRow {
 /// Attests the receipts of a run: removes attestation rows an earlier run left in reused
 /// receipts, adds one warning row per finding to both receipts concerned, and returns the
 /// findings with the positions of the receipts whose checks changed (so the caller rewrites
-/// exactly those files).
-pub fn attest(receipts: &mut [Option<Box<NodeReceipt>>]) -> (Vec<Finding>, Vec<usize>) {
+/// exactly those files). `pairs` are the compares' (reference, candidate) positions.
+pub fn attest(
+    receipts: &mut [Option<Box<NodeReceipt>>],
+    pairs: &[(usize, usize)],
+) -> (Vec<Finding>, Vec<usize>) {
     let mut changed = BTreeSet::new();
     for (i, r) in receipts.iter_mut().enumerate() {
         if let Some(r) = r {
@@ -138,7 +217,11 @@ pub fn attest(receipts: &mut [Option<Box<NodeReceipt>>]) -> (Vec<Finding>, Vec<u
     }
     let findings = {
         let refs: Vec<&NodeReceipt> = receipts.iter().flatten().map(|b| b.as_ref()).collect();
-        find(&refs)
+        let mut all = find(&refs);
+        let by_position: Vec<Option<&NodeReceipt>> =
+            receipts.iter().map(|r| r.as_deref()).collect();
+        all.extend(find_in_pairs(&by_position, pairs));
+        all
     };
     let position: BTreeMap<String, usize> = receipts
         .iter()
@@ -227,7 +310,7 @@ mod tests {
                 json!({"attn": "fa2"}),
             )),
         ];
-        let (findings, changed) = attest(&mut rs);
+        let (findings, changed) = attest(&mut rs, &[]);
         assert_eq!(findings.len(), 1);
         assert_eq!(findings[0].pin, "MEMRA_FA3");
         assert_eq!(changed, [0, 1]);
@@ -237,7 +320,7 @@ mod tests {
             assert_eq!(w[0].status, CheckStatus::Warn);
         }
         // Attesting again (a resumed run) replaces the rows instead of adding more.
-        let (again, _) = attest(&mut rs);
+        let (again, _) = attest(&mut rs, &[]);
         assert_eq!(again.len(), 1);
         assert_eq!(rs[0].as_ref().unwrap().checks.len(), 1);
         assert!(markdown(&findings).contains("MEMRA_FA3"));
@@ -281,8 +364,60 @@ mod tests {
         skipped.verdict = Verdict::Skipped;
         rs.push(Some(skipped));
         rs.push(Some(cell("d", &[("X", "1")], &["X"], doors)));
-        let (findings, changed) = attest(&mut rs);
+        let (findings, changed) = attest(&mut rs, &[]);
         assert!(findings.is_empty(), "{findings:?}");
         assert!(changed.is_empty());
+    }
+
+    #[test]
+    fn a_compare_candidate_whose_pin_the_doors_row_does_not_show_is_flagged() {
+        let reference = cell("dump", &[], &[], json!({"matvec": "mmvq", "pdl": true}));
+        let mut told = cell("dump-plain", &[], &[], json!({"matvec": "mmvq", "pdl": false}));
+        told.env.insert("MEMRA_PDL".into(), "0".into());
+        // MEMRA_CLAIM_SM has a doors key, and it did not change: flagged by that key, even
+        // though the rows differ elsewhere.
+        let mut untold = cell(
+            "dump-claim",
+            &[],
+            &[],
+            json!({"matvec": "mmvq", "pdl": false, "claim_sm": true}),
+        );
+        untold.env.insert("MEMRA_PDL".into(), "0".into());
+        untold.env.insert("MEMRA_CLAIM_SM".into(), "0".into());
+        let reference2 = cell(
+            "dump2",
+            &[],
+            &[],
+            json!({"matvec": "mmvq", "pdl": true, "claim_sm": true}),
+        );
+        // A pin with no doors key, rows identical: flagged by the whole row.
+        let mut keyless = cell("dump-x", &[], &[], json!({"matvec": "mmvq", "pdl": true}));
+        keyless.env.insert("MEMRA_NEW_THING".into(), "1".into());
+        // A non-pin variable differing is not judged.
+        let mut other = cell("dump-y", &[], &[], json!({"matvec": "mmvq", "pdl": true}));
+        other.env.insert("OUT_NAME".into(), "y".into());
+        let mut rs = vec![
+            Some(reference),
+            Some(told),
+            Some(reference2),
+            Some(untold),
+            Some(keyless),
+            Some(other),
+        ];
+        let (findings, changed) = attest(&mut rs, &[(0, 1), (2, 3), (0, 4), (0, 5)]);
+        let got: Vec<(&str, &str, Option<&str>)> = findings
+            .iter()
+            .map(|f| (f.b.as_str(), f.pin.as_str(), f.key.as_deref()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("dump-claim[]", "MEMRA_CLAIM_SM", Some("claim_sm")),
+                ("dump-x[]", "MEMRA_NEW_THING", None),
+            ]
+        );
+        assert_eq!(changed, [0, 2, 3, 4]);
+        assert!(findings[0].message().contains("the same `claim_sm`"));
+        assert!(findings[0].message().contains("MEMRA_CLAIM_SM=(unset) (dump2[])"));
     }
 }

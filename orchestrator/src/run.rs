@@ -794,7 +794,13 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
             Some(display.job_observer()),
         )),
     };
-    let mut writer = ReceiptWriter::new(tree.clone(), header, plan.cells.len());
+    let pairs = plan
+        .cells
+        .iter()
+        .filter_map(|c| c.compare.as_ref())
+        .map(|c| (c.reference.0, c.candidate.0))
+        .collect();
+    let mut writer = ReceiptWriter::new(tree.clone(), header, plan.cells.len()).with_pairs(pairs);
     let outcome = {
         let mut listeners: [&mut dyn Listener; 2] = [&mut writer, &mut display];
         execute(&plan, &inventory, executor, &opts, &mut listeners)

@@ -17,6 +17,8 @@ pub struct ReceiptWriter {
     run: RunReceipt,
     entries: Vec<Option<NodeIndexEntry>>,
     receipts: Vec<Option<Box<NodeReceipt>>>,
+    /// Every compare's (reference, candidate) cell positions, for pin attestation.
+    pairs: Vec<(usize, usize)>,
     errors: Vec<String>,
 }
 
@@ -28,8 +30,16 @@ impl ReceiptWriter {
             run: header,
             entries: vec![None; cells],
             receipts: vec![None; cells],
+            pairs: Vec::new(),
             errors: Vec::new(),
         }
+    }
+
+    /// The compares' (reference, candidate) cell positions, so attestation also checks that
+    /// a candidate's differing pins show in its doors row.
+    pub fn with_pairs(mut self, pairs: Vec<(usize, usize)>) -> ReceiptWriter {
+        self.pairs = pairs;
+        self
     }
 
     /// The receipt of each cell, by plan order (`None` for cells not written).
@@ -104,7 +114,7 @@ impl Listener for ReceiptWriter {
                 // Pin attestation needs every cell's doors row, so it runs once all are in;
                 // it only adds warning checks, so receipts filed earlier stay valid until
                 // they are rewritten here.
-                let (findings, changed) = crate::attest::attest(&mut self.receipts);
+                let (findings, changed) = crate::attest::attest(&mut self.receipts, &self.pairs);
                 for i in changed {
                     if let Some(r) = &self.receipts[i] {
                         let res = write_json(&self.tree.receipt_json(&r.slug), r);
