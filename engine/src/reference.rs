@@ -32,9 +32,9 @@ mod following;
 
 pub use following::{FollowReport, KEPT_MISMATCHES, QuantMismatch, R_WINDOW, TIE_WINDOW};
 
-use crate::backend::SeqId;
 use crate::backend::trace::{ActivationTrace, Composition, Site};
 use crate::model::{LlamaConfig, LlamaModel, Weight};
+use crate::seq::SeqId;
 use following::Follower;
 
 /// Logits after every position of `tokens`: `[tokens.len(), n_vocab]`, row-major (row `i`

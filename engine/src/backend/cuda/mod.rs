@@ -53,12 +53,12 @@ pub use weights::{DevModel, DevWeight, PeerAccess, Placement};
 
 use super::stages::StagePlan;
 use super::trace::{ActivationTrace, Composition, Site, SiteKey, SiteRecord};
-use super::{
-    Backend, EngineError, RowSpec, SeqId, batch_rows, canary_token, check_token, reserve_positions,
-};
+use super::{Backend, RowSpec, batch_rows, canary_token, check_token, reserve_positions};
 use crate::doors::{Doors, DoorsReport, GateDefect};
+use crate::error::EngineError;
 use crate::model::{LlamaConfig, LlamaModel};
 use crate::sampling::SamplingParams;
+use crate::seq::SeqId;
 
 /// Rows of one pass: decode batches and prompt chunks larger than this run as several
 /// passes (rows are independent, so the split changes no bit).
