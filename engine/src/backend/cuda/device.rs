@@ -90,6 +90,8 @@ pub fn open_device(doors: &Doors) -> Result<Gpu, String> {
 
 /// Opens every device the doors' stages name, once each, in stage order: slot 0 is stage
 /// 0's device (the primary), and the slots match [`Placement::of`] for the doors' plan.
+///
+/// [`Placement::of`]: super::Placement::of
 pub fn open_devices(doors: &Doors) -> Result<Vec<Gpu>, String> {
     distinct_devices(doors)
         .into_iter()

@@ -8,7 +8,7 @@
 //! the single-sequence path runs the fused tier when `MEMRA_MMVQ=1` and
 //! `MEMRA_NO_FUSE_NORMQ=0` (norm+quantize fused, r applied by RoPE, the V store, SwiGLU and
 //! the head's scale). Which kernel computes what, and why that is the twins' arithmetic, is
-//! in `docs/numerics.md`; the model upload and its placement are in [`weights`].
+//! in `docs/numerics.md`; the model upload and its placement are in `weights`.
 //!
 //! Everything a step changes (token ids, positions, hence lengths) lives in device buffers,
 //! so the launches of one decode step are captured once per (rows, tier, attention chunk
@@ -41,7 +41,7 @@
 //! step buffers), `segments` (the walks, the hand-over between devices), `graph` (capture
 //! and the key a graph replays under), `step` (the launches of one segment, in the named
 //! blocks of the CPU backend's forward pass), `tap` (the trace's quantization sites) and
-//! [`weights`] (the model on the devices).
+//! `weights` (the model on the devices).
 
 pub mod bench;
 pub mod check;

@@ -20,7 +20,7 @@ pub(super) struct Tap<'a> {
     pub(super) trace: Option<&'a mut ActivationTrace>,
     /// The pass's rows, in the order of the step buffers.
     pub(super) rows: &'a [RowSpec],
-    /// The rows whose head input is recorded (see [`CudaBackend::pass`]).
+    /// The rows whose head input is recorded (see [`super::CudaBackend::pass`]).
     pub(super) head: Range<usize>,
 }
 
