@@ -6,7 +6,9 @@
 
 use std::time::Instant;
 
-use crate::backend::{Backend, EngineError, SeqId};
+use crate::backend::Backend;
+use crate::error::EngineError;
+use crate::seq::SeqId;
 
 /// What to measure.
 #[derive(Debug, Clone)]

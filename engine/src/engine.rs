@@ -7,11 +7,13 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::backend::{Backend, EngineError, SeqId, open_backend};
+use crate::backend::{Backend, open_backend};
 use crate::doors::Doors;
+use crate::error::EngineError;
 use crate::gguf::GgufFile;
 use crate::model::{LlamaModel, LoadError};
 use crate::sampling::{SamplingParams, sample_token};
+use crate::seq::SeqId;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
 /// Why an engine could not be opened or run.

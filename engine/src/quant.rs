@@ -9,7 +9,7 @@ use half::{bf16, f16};
 use memra_kernels::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
 use thiserror::Error;
 
-use crate::gguf::GgmlType;
+use crate::ggml_type::GgmlType;
 
 #[cfg(target_endian = "big")]
 compile_error!(

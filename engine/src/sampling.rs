@@ -7,7 +7,8 @@
 
 use memra_kernels::twin;
 
-use crate::backend::{EngineError, SeqId};
+use crate::error::EngineError;
+use crate::seq::SeqId;
 
 /// How the next token is chosen.
 #[derive(Debug, Clone, Copy, PartialEq)]

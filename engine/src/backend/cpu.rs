@@ -23,12 +23,12 @@ use rayon::prelude::*;
 
 use super::stages::{StagePlan, boundary_copy};
 use super::trace::{ActivationTrace, Composition, Site, SiteKey, SiteRecord};
-use super::{
-    Backend, EngineError, RowSpec, SeqId, batch_rows, canary_token, check_token, reserve_positions,
-};
+use super::{Backend, RowSpec, batch_rows, canary_token, check_token, reserve_positions};
 use crate::doors::{Doors, DoorsReport, GateDefect};
+use crate::error::EngineError;
 use crate::model::{LayerWeights, LlamaConfig, LlamaModel, Weight, WeightData};
 use crate::sampling::{SamplingParams, sample_token};
+use crate::seq::SeqId;
 
 /// Which composition a forward pass runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,66 +2,24 @@
 //! prompt prefill, single-sequence decode (`decode_step_h`), batched decode
 //! (`decode_step_batch`) and their sampled variants.
 //!
-//! This module owns the contract (the [`Backend`] trait, sequence identities, errors, the
-//! canary rule) and backend selection from the doors. *How* a step is computed belongs to
-//! each backend: [`cpu`] builds it from the kernel twins; the CUDA backend from the kernels.
+//! This module owns the contract (the [`Backend`] trait, the row and batch rules, the
+//! canary rule) and backend selection from the doors. The sequence identity and the error
+//! type live below it, in `crate::seq` and `crate::error`, so the sampler can use them
+//! without importing the backends; they are re-exported here as part of the API. *How* a
+//! step is computed belongs to each backend: [`cpu`] builds it from the kernel twins; the
+//! CUDA backend from the kernels.
 
 pub mod cpu;
 pub mod cuda;
 pub mod stages;
 pub mod trace;
 
-use std::fmt;
+pub use crate::error::EngineError;
+pub use crate::seq::SeqId;
 
 use crate::doors::{BackendChoice, Doors, DoorsReport};
 use crate::model::{LlamaConfig, LlamaModel};
 use crate::sampling::SamplingParams;
-
-/// The identity of a sequence. The caller picks it, and it keys the sampler's Philox stream,
-/// so a sequence samples the same tokens whichever batch it runs in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct SeqId(pub u32);
-
-impl fmt::Display for SeqId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sequence {}", self.0)
-    }
-}
-
-/// Why an engine call was refused. Every message names the value and what to do.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum EngineError {
-    #[error("{0} is already open; close it first or pick another id")]
-    SequenceExists(SeqId),
-    #[error("{0} is not open; open it with open_sequence first")]
-    UnknownSequence(SeqId),
-    #[error("{seq} appears twice in one batch; every batch row needs its own sequence")]
-    DuplicateInBatch { seq: SeqId },
-    #[error(
-        "{seq} is full: it holds {len} of {capacity} positions and {adding} more were asked; \
-         open it with a larger capacity"
-    )]
-    CacheFull {
-        seq: SeqId,
-        len: usize,
-        capacity: usize,
-        adding: usize,
-    },
-    #[error("capacity {capacity} is outside 1..={n_ctx} (the model's context length)")]
-    BadCapacity { capacity: usize, n_ctx: usize },
-    #[error("token {token} is outside the vocabulary (n_vocab = {n_vocab})")]
-    BadToken { token: u32, n_vocab: usize },
-    #[error("batch has {seqs} sequences but {tokens} tokens; pass one token per sequence")]
-    BatchShape { seqs: usize, tokens: usize },
-    #[error("empty {what}: pass at least one token")]
-    Empty { what: &'static str },
-    #[error("bad sampling parameters: {0}")]
-    BadSampling(String),
-    #[error("{0}")]
-    Unavailable(String),
-    #[error("{0}")]
-    Model(String),
-}
 
 /// The engine API shared by the CPU and CUDA backends.
 ///

@@ -11,7 +11,7 @@ use std::fmt;
 
 use memra_kernels::blocks::BlockQ8_1;
 
-use super::SeqId;
+use crate::seq::SeqId;
 
 /// Where in a layer the activations are quantized to q8_1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

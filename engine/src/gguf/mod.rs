@@ -3,14 +3,13 @@
 //!
 //! This module owns the container format only. What the tensors mean for a llama model is
 //! `crate::hparams` (shapes) and the model layer; how the tensor bytes convert to f32 is
-//! `crate::quant`.
+//! `crate::quant`; the catalogue of tensor types is `crate::ggml_type`, re-exported here.
 
 mod describe;
 mod error;
 pub mod fuzz;
 mod metadata;
 mod reader;
-mod types;
 mod writer;
 
 use std::collections::HashMap;
@@ -25,9 +24,9 @@ pub use describe::describe;
 pub use error::{GgufError, GgufErrorKind};
 pub use metadata::{MetaType, MetaValue};
 pub use reader::{DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS, TensorInfo};
-pub use types::{GgmlType, supported_type_names};
 pub use writer::{GgufStream, GgufWriter, TensorSpec};
 
+pub use crate::ggml_type::{GgmlType, supported_type_names};
 use crate::quant;
 
 enum Storage {

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 
 use super::error::GgufErrorKind;
 use super::metadata::{MetaType, MetaValue};
-use super::types::{GgmlType, supported_type_names};
+use crate::ggml_type::{GgmlType, supported_type_names};
 
 /// The four bytes every GGUF file starts with.
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";

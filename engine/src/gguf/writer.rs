@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use super::error::{GgufError, GgufErrorKind};
 use super::metadata::MetaValue;
 use super::reader::{DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS, tensor_bytes};
-use super::types::GgmlType;
+use crate::ggml_type::GgmlType;
 
 /// The GGUF version this writer produces.
 pub const WRITE_VERSION: u32 = 3;

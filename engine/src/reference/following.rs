@@ -20,8 +20,8 @@ use std::fmt;
 
 use half::f16;
 
-use crate::backend::SeqId;
 use crate::backend::trace::{ActivationTrace, Composition, Site, SiteKey, SiteRecord};
+use crate::seq::SeqId;
 
 /// Width of the tie window in steps of the q8_1 grid (see the module docs).
 pub const TIE_WINDOW: f64 = 1e-3;

@@ -12,9 +12,11 @@ use std::time::Instant;
 use cudarc::driver::sys;
 
 use super::{CudaBackend, DevModel, device_err};
-use crate::backend::{Backend, EngineError, SeqId};
+use crate::backend::Backend;
 use crate::doors::Doors;
+use crate::error::EngineError;
 use crate::sampling::SamplingParams;
+use crate::seq::SeqId;
 
 /// Prompt length before the timed steps, and untimed steps that capture the graphs.
 const PROMPT: usize = 8;

@@ -15,8 +15,8 @@ use memra_kernels::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0};
 use memra_kernels::cuda::{DeviceWeights, Gpu};
 
 use super::device_err;
-use crate::backend::EngineError;
 use crate::backend::stages::StagePlan;
+use crate::error::EngineError;
 use crate::model::{LlamaConfig, LlamaModel, Weight, WeightData};
 
 /// Typed device storage of one matrix.

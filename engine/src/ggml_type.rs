@@ -1,7 +1,9 @@
 //! ggml tensor types as GGUF stores them: the numeric type ids, block sizes and byte sizes.
 //!
 //! This module owns only the catalogue of types and the arithmetic of their sizes; the block
-//! layouts themselves live in `memra_kernels::blocks` and the conversions in `crate::quant`.
+//! layouts themselves live in `memra_kernels::blocks`, the conversions in `crate::quant` and
+//! the container format in `crate::gguf`. It sits below both of those, so the conversions
+//! and the container can name a type without importing each other.
 
 use std::fmt;
 
