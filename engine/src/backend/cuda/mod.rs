@@ -36,7 +36,6 @@
 //! weights and caches through peer access; it is refused where peer access is off.
 
 pub mod bench;
-pub mod check;
 mod weights;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
