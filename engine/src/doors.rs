@@ -456,31 +456,33 @@ pub struct DoorsReport {
 }
 
 impl DoorsReport {
-    /// The flat object of DESIGN §5, without the outer `{"doors": …}` wrapper.
-    pub fn to_json(&self) -> serde_json::Value {
-        let mut row = serde_json::json!({
-            "backend": self.backend,
-            "matvec": self.matvec,
-            "norm": self.norm,
-            "attention": self.attention,
-            "b1fast": self.b1fast,
-            "pp_stages": self.pp_stages,
-            "pp_devices": self.pp_devices,
-            "pp_splits": self.pp_splits,
-            "gate_seed": self.gate_seed,
-            "canary": self.canary,
-        });
-        if let Some(map) = row.as_object_mut() {
-            for (k, v) in self.tuning.fields() {
-                map.insert(k.to_string(), v);
-            }
+    /// The doors row of DESIGN §5: which code paths this backend runs.
+    pub fn doors_row(&self) -> memra_protocol::DoorsRow {
+        let mut row = memra_protocol::DoorsRow::new()
+            .with("backend", self.backend)
+            .with("matvec", self.matvec)
+            .with("norm", self.norm)
+            .with("attention", self.attention)
+            .with("b1fast", self.b1fast)
+            .with("pp_stages", self.pp_stages)
+            .with("pp_devices", self.pp_devices.as_str())
+            .with("pp_splits", self.pp_splits.as_str())
+            .with("gate_seed", self.gate_seed)
+            .with("canary", self.canary);
+        for (k, v) in self.tuning.fields() {
+            row.insert(k, v);
         }
         row
     }
 
+    /// The flat object of DESIGN §5, without the outer `{"doors": …}` wrapper.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::Value::Object(self.doors_row().values)
+    }
+
     /// The `{"doors":{…}}` check row a gate appends to `MEMRA_ORCH_CHECKS`.
     pub fn to_row(&self) -> serde_json::Value {
-        serde_json::json!({ "doors": self.to_json() })
+        self.doors_row().to_json()
     }
 }
 

@@ -1,146 +1,52 @@
-//! The gate protocol of DESIGN §5, seen from the orchestrator: reading a gate's
-//! `checks.jsonl` (check rows and the doors row) and turning how an attempt ended (exit
-//! status, timeout, cancellation, check rows, text verdict regexes) into one outcome with a
-//! reason.
+//! The gate protocol of DESIGN §5, seen from the orchestrator: a gate's `checks.jsonl`
+//! read for a receipt (nested keys sorted, so receipts diff cleanly), and how an attempt
+//! ended (exit status, timeout, cancellation, check rows, text verdict regexes) turned into
+//! one outcome with a reason.
 //!
-//! It owns the judging rules only; spawning processes is the executor's job and aggregating
-//! attempts into a node verdict (reps, retries, `expect`) is the cell runner's.
+//! It owns the judging rules and the receipt's view of the rows only. The rows, their
+//! reader and the exit codes are `memra-protocol`'s, shared with every gate; spawning
+//! processes is the executor's job and aggregating attempts into a node verdict (reps,
+//! retries, `expect`) is the cell runner's.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
+use memra_protocol::{EXIT_FAIL, EXIT_PASS};
 use serde_json::Value;
 
 use crate::events::Verdict;
 use crate::plan::TextVerdict;
 
-/// The status a gate gives one check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CheckStatus {
-    Pass,
-    Fail,
-    Warn,
-    Skip,
-}
+/// The row types and the report are the protocol crate's; the orchestrator has always
+/// called the status `CheckStatus`.
+pub use memra_protocol::{CheckRow, GateReport, Status as CheckStatus};
 
-/// One check row as a gate wrote it (unknown keys are kept in `extra`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CheckRow {
-    pub check: String,
-    pub status: CheckStatus,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub metrics: BTreeMap<String, Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub first_mismatch: Option<Value>,
-    #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
-}
-
-/// Everything a gate reported through its checks file.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct GateReport {
-    pub checks: Vec<CheckRow>,
-    /// The code paths the gate ran (merged over all doors rows; a later row wins).
-    pub doors: Option<BTreeMap<String, Value>>,
-    /// Lines that break the protocol (not JSON, neither a check nor a doors row…), each
-    /// naming its line number.
-    pub problems: Vec<String>,
-}
-
-impl GateReport {
-    /// Whether the gate wrote anything at all: only gates that speak the protocol are held
-    /// to its consistency rule; a plain program that writes no rows is judged by its exit
-    /// status alone.
-    pub fn speaks_protocol(&self) -> bool {
-        !self.checks.is_empty() || self.doors.is_some() || !self.problems.is_empty()
-    }
-
-    pub fn first_failed(&self) -> Option<&CheckRow> {
-        self.checks.iter().find(|c| c.status == CheckStatus::Fail)
-    }
-}
-
-/// Reads a checks file; a missing file is an empty report (the gate wrote no rows).
+/// Reads a checks file as [`memra_protocol::read_checks`] does, with every nested object's
+/// keys sorted for the receipt; a missing file is an empty report (the gate wrote no rows).
 pub fn read_checks(path: &Path) -> GateReport {
-    match std::fs::read(path) {
-        Ok(bytes) => parse_checks(&String::from_utf8_lossy(&bytes)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => GateReport::default(),
-        Err(e) => GateReport {
-            problems: vec![format!("{}: cannot read: {e}", path.display())],
-            ..GateReport::default()
-        },
-    }
+    for_receipt(memra_protocol::read_checks(path))
 }
 
-/// Parses JSON-lines check output. Blank lines are ignored.
+/// Parses JSON-lines check output as [`memra_protocol::parse_checks`] does, with every
+/// nested object's keys sorted for the receipt. Blank lines are ignored.
 pub fn parse_checks(text: &str) -> GateReport {
-    let mut report = GateReport::default();
-    for (i, line) in text.lines().enumerate() {
-        let n = i + 1;
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        let value: Value = match serde_json::from_str(line) {
-            Ok(v) => v,
-            Err(e) => {
-                report
-                    .problems
-                    .push(format!("checks.jsonl line {n}: not JSON ({e})"));
-                continue;
+    for_receipt(memra_protocol::parse_checks(text))
+}
+
+/// Sorts the keys inside every row's metrics, first mismatch and extra keys (the doors are
+/// flat, and the maps themselves are sorted already).
+fn for_receipt(mut report: GateReport) -> GateReport {
+    for row in &mut report.checks {
+        let sort_values = |m: &mut BTreeMap<String, Value>| {
+            for v in m.values_mut() {
+                *v = sorted(std::mem::take(v));
             }
         };
-        let Value::Object(obj) = &value else {
-            report
-                .problems
-                .push(format!("checks.jsonl line {n}: not a JSON object"));
-            continue;
-        };
-        if let Some(doors) = obj.get("doors") {
-            match doors_map(doors) {
-                Ok(map) => report.doors.get_or_insert_with(BTreeMap::new).extend(map),
-                Err(e) => report.problems.push(format!("checks.jsonl line {n}: {e}")),
-            }
-            continue;
-        }
-        match serde_json::from_value::<CheckRow>(value.clone()) {
-            Ok(mut row) => {
-                row.metrics = row
-                    .metrics
-                    .into_iter()
-                    .map(|(k, v)| (k, sorted(v)))
-                    .collect();
-                row.first_mismatch = row.first_mismatch.map(sorted);
-                row.extra = row.extra.into_iter().map(|(k, v)| (k, sorted(v))).collect();
-                report.checks.push(row);
-            }
-            Err(e) => report.problems.push(format!(
-                "checks.jsonl line {n}: not a check row ({e}); expected \
-                 {{\"check\":NAME,\"status\":\"pass|fail|warn|skip\",…}} or {{\"doors\":{{…}}}}"
-            )),
-        }
+        sort_values(&mut row.metrics);
+        sort_values(&mut row.extra);
+        row.first_mismatch = row.first_mismatch.take().map(sorted);
     }
     report
-}
-
-fn doors_map(doors: &Value) -> Result<BTreeMap<String, Value>, String> {
-    let Value::Object(obj) = doors else {
-        return Err("\"doors\" must be an object of strings, numbers and booleans".to_string());
-    };
-    let mut out = BTreeMap::new();
-    for (k, v) in obj {
-        if v.is_object() || v.is_array() || v.is_null() {
-            return Err(format!(
-                "doors.{k} is {v}; door values must be strings, numbers or booleans (a flat object)"
-            ));
-        }
-        out.insert(k.clone(), v.clone());
-    }
-    Ok(out)
 }
 
 /// Rebuilds a JSON value with every object's keys sorted, so receipts diff cleanly whatever
@@ -219,7 +125,7 @@ pub fn judge(
                 Some(format!("killed by signal {sig} ({})", signal_name(sig))),
             );
         }
-        ProcessEnd::Exited(c) if c != 0 && c != 1 => {
+        ProcessEnd::Exited(c) if c != EXIT_PASS && c != EXIT_FAIL => {
             return plain(
                 Verdict::Crash,
                 Some(format!("exit code {c} (gates exit 0 for pass, 1 for fail)")),
@@ -227,12 +133,12 @@ pub fn judge(
         }
         ProcessEnd::Exited(c) => c,
     };
-    let mut outcome = if code == 0 {
+    let mut outcome = if code == EXIT_PASS {
         Verdict::Pass
     } else {
         Verdict::Fail
     };
-    let mut reason = if code == 1 {
+    let mut reason = if code == EXIT_FAIL {
         report
             .first_failed()
             .map(|c| match &c.message {
@@ -260,11 +166,11 @@ pub fn judge(
     if report.speaks_protocol() {
         let failed = report.first_failed();
         let violation = match (code, failed) {
-            (0, Some(row)) => Some(format!(
+            (EXIT_PASS, Some(row)) => Some(format!(
                 "protocol error: exit 0 (pass) but check {} reported fail",
                 row.check
             )),
-            (1, None) => {
+            (EXIT_FAIL, None) => {
                 Some("protocol error: exit 1 (fail) but no check row reported fail".to_string())
             }
             _ => None,

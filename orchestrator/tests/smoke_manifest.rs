@@ -29,7 +29,8 @@ fn repo_root() -> Option<PathBuf> {
 
 /// `--var` overrides that point the manifest's engine half at this test build: the folder of
 /// the `memra-orch` binary under test, and a cargo command that builds the engine binaries
-/// into it with the same profile (a no-op when `cargo test --workspace` already built them).
+/// and the example gate into it with the same profile (a no-op when `cargo test --workspace`
+/// already built them).
 fn build_vars() -> Vec<String> {
     let bin = Path::new(env!("CARGO_BIN_EXE_memra-orch"))
         .parent()
@@ -42,7 +43,8 @@ fn build_vars() -> Vec<String> {
     vec![
         format!("bin={}", bin.display()),
         format!(
-            "build='{}' build --locked --bins -p memra-engine --profile {profile} --target-dir '{}'",
+            "build='{}' build --locked --bins -p memra-engine -p memra-example-gate --profile {profile} \
+             --target-dir '{}'",
             env!("CARGO"),
             target.display()
         ),
@@ -216,7 +218,7 @@ fn the_smoke_battery_runs_every_node_as_expected() {
     // The engine half. The build's products and the synthesized model are hashed into the
     // gates' receipts, so a receipt names the exact binary and model it judged.
     let build = tree.receipt("build");
-    assert_eq!(build["produces"].as_array().unwrap().len(), 3);
+    assert_eq!(build["produces"].as_array().unwrap().len(), 4);
     let model = &tree.receipt("synth-tiny")["produces"][0];
     let strict = tree.receipt("decode-strict");
     for hashed in [&build["produces"][1]["sha256"], &model["sha256"]] {
@@ -280,6 +282,56 @@ fn the_smoke_battery_runs_every_node_as_expected() {
     assert!(
         families["tensors"][0]["max_abs"].as_f64().unwrap() > 0.0,
         "{families:#}"
+    );
+}
+
+/// A gate built on `memra-protocol` alone, no engine, passes through `memra-orch run`: its
+/// receipt holds the check row and the doors row it wrote.
+#[test]
+fn a_gate_on_the_protocol_crate_alone_passes_with_its_rows_in_the_receipt() {
+    let Some(root) = repo_root() else {
+        eprintln!(
+            "skipped: {} is not inside a git checkout",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        return;
+    };
+    let receipts = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memra-orch"));
+    cmd.arg("run")
+        .arg(root.join("manifests/smoke.toml"))
+        .arg("--receipts")
+        .arg(receipts.path())
+        .args(["--commit", "smoke-example", "--progress", "plain"])
+        .args(["--gpus", "none", "--filter", "example-gate"]);
+    for v in build_vars() {
+        cmd.arg("--var").arg(v);
+    }
+    let out = cmd.output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = receipts.path().join("smoke-example/smoke");
+    let run = read_json(&dir.join("run.json"));
+    let tree = Tree {
+        dir,
+        nodes: run["nodes"].as_array().unwrap().clone(),
+    };
+    let r = tree.receipt("example-gate");
+    assert_eq!(r["verdict"], "pass", "{r:#}");
+    assert_eq!(r["attempts"][0]["outcome"], "pass", "{r:#}");
+    let sum = check(&r, "sum");
+    assert_eq!(sum["status"], "pass");
+    assert_eq!(sum["metrics"]["compared"], 3);
+    assert_eq!(sum["message"], "1 + 2 + 3 = 6");
+    assert_eq!(
+        r["doors"],
+        serde_json::json!({"backend": "none", "checked": true, "terms": 3}),
+        "{r:#}"
     );
 }
 

@@ -13,7 +13,9 @@ use clap::{Parser, ValueEnum};
 use serde_json::json;
 
 use super::ledger::{Ledger, host_argmax};
-use super::protocol::{Check, GateError, GateExit, Reporter, Status};
+use memra_protocol::{Check, Status};
+
+use super::protocol::{GateError, GateExit, Reporter};
 use super::workload::{Prime, Tick, Trace, prompts, run, run_alone, run_primed};
 use crate::backend::{Backend, open_backend};
 use crate::doors::{Doors, PpSplits};

@@ -4,7 +4,7 @@
 //! It owns the comparison rules and their bookkeeping, not the programs that produce the
 //! numbers (the gates' workloads) nor how results are reported (`protocol`).
 
-use super::protocol::{Check, Mismatch, Status};
+use memra_protocol::{Check, FirstMismatch, Status};
 
 /// The record of one arm's comparisons: f32 values compared, rows compared and mismatched,
 /// the largest difference and the first mismatch.
@@ -14,7 +14,7 @@ pub struct Ledger {
     pub rows: u64,
     pub rows_mismatched: u64,
     pub maxdiff: f64,
-    pub first: Option<Mismatch>,
+    pub first: Option<FirstMismatch>,
 }
 
 impl Ledger {
@@ -26,7 +26,7 @@ impl Ledger {
             self.rows += rows;
             self.rows_mismatched += rows;
             self.maxdiff = f64::INFINITY;
-            self.first.get_or_insert(Mismatch {
+            self.first.get_or_insert(FirstMismatch {
                 step,
                 row: 0,
                 index: 0,
@@ -55,7 +55,7 @@ impl Ledger {
                 self.maxdiff = self.maxdiff.max(if d.is_nan() { f64::INFINITY } else { d });
                 if !bad {
                     bad = true;
-                    self.first.get_or_insert(Mismatch {
+                    self.first.get_or_insert(FirstMismatch {
                         step,
                         row,
                         index,
@@ -78,7 +78,7 @@ impl Ledger {
             self.compared += 1;
             if r != g {
                 self.rows_mismatched += 1;
-                self.first.get_or_insert(Mismatch {
+                self.first.get_or_insert(FirstMismatch {
                     step,
                     row,
                     index: 0,

@@ -1,16 +1,15 @@
-//! The gate side of the gate protocol (DESIGN §5): the header every gate prints, the
-//! `{"doors":…}` row and the check rows appended to `MEMRA_ORCH_CHECKS`, logit dumps into
-//! `MEMRA_ORCH_ARTIFACTS`, and the exit codes.
+//! The engine's side of the gate protocol (DESIGN §5): the report every gate prints (its
+//! header with the doors in force, one line per check, the verdict line), the doors row
+//! built from the engine's [`DoorsReport`], logit dumps into `MEMRA_ORCH_ARTIFACTS`, and the
+//! exit codes, with "could not run" added to the protocol's pass and fail.
 //!
-//! It owns the wire format only. What a check compares belongs to each gate; the orchestrator
-//! side (reading the rows, judging an attempt) lives in `memra-orch`.
+//! The rows and the checks-file writer are `memra-protocol`'s; what a check compares belongs
+//! to each gate, and the orchestrator's side (judging an attempt) lives in `memra-orch`.
 
-use std::collections::BTreeMap;
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use serde_json::{Value, json};
+use memra_protocol::{Check, ChecksWriter, EXIT_FAIL, EXIT_PASS};
+use serde_json::Value;
 
 use crate::doors::{Doors, DoorsReport};
 
@@ -25,12 +24,14 @@ macro_rules! say {
 }
 pub(crate) use say;
 
-/// Exit status of a gate: 0 every check passed, 1 a check failed, 2 the gate could not run
-/// (bad flags, unreadable model, unwritable output).
+/// Exit status of a gate: 0 every check passed, 1 a check failed (the protocol's codes), 2
+/// the gate could not run (bad flags, unreadable model, unwritable output), which the
+/// orchestrator judges a crash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
 pub enum GateExit {
-    Pass = 0,
-    Fail = 1,
+    Pass = EXIT_PASS,
+    Fail = EXIT_FAIL,
     Usage = 2,
 }
 
@@ -46,141 +47,31 @@ impl GateError {
     }
 }
 
-/// A check's status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Pass,
-    Fail,
-    Warn,
-    Skip,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Pass => "pass",
-            Status::Fail => "fail",
-            Status::Warn => "warn",
-            Status::Skip => "skip",
-        }
-    }
-}
-
-/// The first value that differed: at decode `step` (absent for prompt programs), batch or
-/// program `row`, vocabulary `index`, reference and candidate values.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Mismatch {
-    pub step: Option<usize>,
-    pub row: usize,
-    pub index: usize,
-    pub reference: f64,
-    pub got: f64,
-}
-
-impl Mismatch {
-    pub fn to_json(&self) -> Value {
-        let mut m = serde_json::Map::new();
-        if let Some(step) = self.step {
-            m.insert("step".into(), json!(step));
-        }
-        m.insert("row".into(), json!(self.row));
-        m.insert("index".into(), json!(self.index));
-        m.insert("ref".into(), finite_or_text(self.reference));
-        m.insert("got".into(), finite_or_text(self.got));
-        Value::Object(m)
-    }
-}
-
-impl std::fmt::Display for Mismatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if let Some(step) = self.step {
-            write!(f, "step {step}, ")?;
-        }
-        write!(
-            f,
-            "row {}, index {}: ref {} got {}",
-            self.row, self.index, self.reference, self.got
-        )
-    }
-}
-
-/// JSON has no NaN or infinity; those are written as text so the row stays valid.
-fn finite_or_text(v: f64) -> Value {
-    if v.is_finite() {
-        json!(v)
-    } else {
-        json!(v.to_string())
-    }
-}
-
-/// One check row.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Check {
-    pub name: String,
-    pub status: Status,
-    pub metrics: BTreeMap<String, Value>,
-    pub message: String,
-    pub first_mismatch: Option<Mismatch>,
-}
-
-impl Check {
-    pub fn new(name: impl Into<String>, status: Status, message: impl Into<String>) -> Check {
-        Check {
-            name: name.into(),
-            status,
-            metrics: BTreeMap::new(),
-            message: message.into(),
-            first_mismatch: None,
-        }
-    }
-
-    pub fn metric(mut self, key: &str, value: impl Into<Value>) -> Check {
-        self.metrics.insert(key.to_string(), value.into());
-        self
-    }
-
-    pub fn to_json(&self) -> Value {
-        let mut row = json!({
-            "check": self.name,
-            "status": self.status.as_str(),
-            "metrics": self.metrics,
-            "message": self.message,
-        });
-        if let Some(m) = &self.first_mismatch {
-            row["first_mismatch"] = m.to_json();
-        }
-        row
-    }
-}
-
 /// Prints a gate's report and speaks the protocol when the orchestrator asks for it.
 ///
 /// The `MEMRA_ORCH_*` variables are read once, at construction. Unset, the gate prints its
 /// report and writes nothing.
 pub struct Reporter {
     gate: &'static str,
-    checks_path: Option<PathBuf>,
+    checks: ChecksWriter,
     artifacts: Option<PathBuf>,
-    failures: usize,
 }
 
 impl Reporter {
     /// Reads `MEMRA_ORCH_CHECKS` and `MEMRA_ORCH_ARTIFACTS` from the environment.
     pub fn from_env(gate: &'static str) -> Reporter {
-        let var = |name: &str| {
-            std::env::var_os(name)
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-        };
-        Reporter::new(gate, var("MEMRA_ORCH_CHECKS"), var("MEMRA_ORCH_ARTIFACTS"))
+        Reporter {
+            gate,
+            checks: ChecksWriter::from_env(),
+            artifacts: memra_protocol::artifacts_dir(),
+        }
     }
 
     pub fn new(gate: &'static str, checks: Option<PathBuf>, artifacts: Option<PathBuf>) -> Self {
         Reporter {
             gate,
-            checks_path: checks,
+            checks: ChecksWriter::new(checks),
             artifacts,
-            failures: 0,
         }
     }
 
@@ -193,24 +84,26 @@ impl Reporter {
         doors: &Doors,
         extra: &[(&str, Value)],
     ) -> Result<(), GateError> {
-        let mut obj = report.to_json();
-        obj["pp_allow_unsplit_batch"] = json!(doors.pp_allow_unsplit_batch);
-        obj["defect"] = json!(doors.gate_defect.map(|d| d.as_str()).unwrap_or("none"));
+        let mut row = report.doors_row();
+        row.insert("pp_allow_unsplit_batch", doors.pp_allow_unsplit_batch);
+        row.insert(
+            "defect",
+            doors.gate_defect.map(|d| d.as_str()).unwrap_or("none"),
+        );
         for (k, v) in extra {
-            obj[*k] = v.clone();
+            row.insert(k, v.clone());
         }
         say!("== {} ==", self.gate);
-        if let Value::Object(map) = &obj {
-            let line = map
-                .iter()
-                .map(|(k, v)| match v {
-                    Value::String(s) => format!("{k}={s}"),
-                    other => format!("{k}={other}"),
-                })
-                .collect::<Vec<_>>()
-                .join(" ");
-            say!("doors: {line}");
-        }
+        let line = row
+            .values
+            .iter()
+            .map(|(k, v)| match v {
+                Value::String(s) => format!("{k}={s}"),
+                other => format!("{k}={other}"),
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        say!("doors: {line}");
         if let Some(d) = doors.gate_defect {
             say!(
                 "WARNING: MEMRA_GATE_DEFECT={} plants a test-only defect; this run proves \
@@ -221,14 +114,14 @@ impl Reporter {
         if doors.gate_canary {
             say!("WARNING: MEMRA_GATE_CANARY=1 feeds one wrong token; this gate must FAIL");
         }
-        self.append(&json!({ "doors": obj }))
+        self.checks.doors(&row).map_err(append_error)
     }
 
-    /// Prints one check and appends its row.
+    /// Prints one check and appends its row. The engine's gates list metrics in key order,
+    /// printed and written alike, whatever order a check was built in.
     pub fn check(&mut self, check: &Check) -> Result<(), GateError> {
-        if check.status == Status::Fail {
-            self.failures += 1;
-        }
+        let mut check = check.clone();
+        check.metrics.sort_keys();
         let metrics = check
             .metrics
             .iter()
@@ -246,21 +139,21 @@ impl Reporter {
         if let Some(m) = &check.first_mismatch {
             say!("      first mismatch: {m}");
         }
-        self.append(&check.to_json())
+        self.checks.check(&check).map_err(append_error)
     }
 
     /// Number of failed checks so far.
     pub fn failures(&self) -> usize {
-        self.failures
+        self.checks.failures()
     }
 
     /// Prints the verdict line and returns the exit status.
     pub fn finish(&self) -> GateExit {
-        if self.failures == 0 {
+        if self.failures() == 0 {
             say!("ALL GREEN: {}", self.gate);
             GateExit::Pass
         } else {
-            say!("FAIL: {} ({} failed checks)", self.gate, self.failures);
+            say!("FAIL: {} ({} failed checks)", self.gate, self.failures());
             GateExit::Fail
         }
     }
@@ -282,24 +175,11 @@ impl Reporter {
         };
         write_safetensors(&dir.join(file), tensors)
     }
+}
 
-    fn append(&self, row: &Value) -> Result<(), GateError> {
-        let Some(path) = &self.checks_path else {
-            return Ok(());
-        };
-        let fail = |e: std::io::Error| {
-            GateError::new(format!(
-                "{}: cannot append a check row: {e}; MEMRA_ORCH_CHECKS must name a writable file",
-                path.display()
-            ))
-        };
-        let mut f = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(fail)?;
-        writeln!(f, "{row}").map_err(fail)
-    }
+/// An unwritable checks file stops the gate (exit 2): the orchestrator would see no rows.
+fn append_error(e: memra_protocol::AppendError) -> GateError {
+    GateError::new(e.to_string())
 }
 
 /// Writes F32 tensors as one safetensors file.
@@ -332,26 +212,10 @@ pub fn write_safetensors(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use memra_protocol::Status;
+    use serde_json::json;
 
-    #[test]
-    fn check_rows_carry_the_protocol_fields() {
-        let mut c = Check::new("gate2[B=4]", Status::Fail, "rows differ").metric("compared", 8);
-        c.first_mismatch = Some(Mismatch {
-            step: Some(3),
-            row: 1,
-            index: 811,
-            reference: 1.25,
-            got: f64::NAN,
-        });
-        let row = c.to_json();
-        assert_eq!(row["check"], "gate2[B=4]");
-        assert_eq!(row["status"], "fail");
-        assert_eq!(row["metrics"]["compared"], 8);
-        assert_eq!(row["first_mismatch"]["step"], 3);
-        assert_eq!(row["first_mismatch"]["ref"], 1.25);
-        assert_eq!(row["first_mismatch"]["got"], "NaN");
-    }
+    use super::*;
 
     #[test]
     fn reporter_appends_rows_and_dumps_artifacts() {

@@ -16,7 +16,9 @@ use sha2::{Digest, Sha256};
 
 use super::goldens::{self, Goldens};
 use super::ledger::{Policy, RowVerdict};
-use super::protocol::{Check, GateError, GateExit, Mismatch, Reporter, Status, say};
+use memra_protocol::{Check, FirstMismatch, Status};
+
+use super::protocol::{GateError, GateExit, Reporter, say};
 use super::workload::prompts;
 use crate::backend::{Backend, EngineError, SeqId, open_backend};
 use crate::doors::Doors;
@@ -512,7 +514,7 @@ fn check_arm(
     .metric("quant_mismatches", mismatches);
     if let Some((r, reference, got)) = shown {
         let index = r.v.first_bad.unwrap_or(r.v.argmax_got as usize);
-        check.first_mismatch = Some(Mismatch {
+        check.first_mismatch = Some(FirstMismatch {
             step: None,
             row: r.row,
             index,

@@ -11,12 +11,11 @@ pub mod bench;
 pub mod cases;
 pub mod report;
 
-use std::io::Write as _;
 use std::path::PathBuf;
 
-use serde_json::json;
+use memra_protocol::{AppendError, ChecksWriter, DoorsRow, Status, vars};
 
-use self::report::{CheckRow, Status};
+use self::report::CheckRow;
 use crate::cuda::Gpu;
 use crate::tuning::{Tuning, TuningIssue};
 
@@ -43,7 +42,7 @@ impl CheckEnv {
         CheckEnv {
             tuning,
             tuning_issues,
-            checks: var("MEMRA_ORCH_CHECKS").map(PathBuf::from),
+            checks: var(vars::CHECKS).map(PathBuf::from),
             canary: var("MEMRA_GATE_CANARY").is_some_and(|v| v != "0"),
             seed: var("MEMRA_GATE_SEED")
                 .and_then(|v| v.parse().ok())
@@ -55,23 +54,28 @@ impl CheckEnv {
 /// Appends rows to the checks file (when there is one); an unwritable file is reported on
 /// stderr and makes the run fail, since the orchestrator would otherwise see no rows.
 struct Sink {
-    path: Option<PathBuf>,
+    writer: ChecksWriter,
     broken: bool,
 }
 
 impl Sink {
-    fn write(&mut self, v: &serde_json::Value) {
-        let Some(path) = &self.path else { return };
-        let res = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .and_then(|mut f| writeln!(f, "{v}"));
+    fn row(&mut self, row: &CheckRow) {
+        let res = self.writer.check(&row.to_check());
+        self.note(res);
+    }
+
+    fn doors(&mut self, doors: &DoorsRow) {
+        let res = self.writer.doors(doors);
+        self.note(res);
+    }
+
+    fn note(&mut self, res: Result<(), AppendError>) {
         if let Err(e) = res {
             if !self.broken {
                 eprintln!(
-                    "kernel-check: cannot append to MEMRA_ORCH_CHECKS={}: {e}",
-                    path.display()
+                    "kernel-check: cannot append to MEMRA_ORCH_CHECKS={}: {}",
+                    e.path.display(),
+                    e.source
                 );
             }
             self.broken = true;
@@ -82,7 +86,7 @@ impl Sink {
 /// Runs kernel-check with `env`; returns the process exit code.
 pub fn run(env: &CheckEnv) -> i32 {
     let mut sink = Sink {
-        path: env.checks.clone(),
+        writer: ChecksWriter::new(env.checks.clone()),
         broken: false,
     };
     println!(
@@ -94,10 +98,13 @@ pub fn run(env: &CheckEnv) -> i32 {
         Err(e) => {
             let reason = format!("no usable GPU: {e}");
             println!("kernel-check: SKIP: {reason}");
-            sink.write(&CheckRow::skip("kernel-check", reason).to_json());
-            let mut doors = json!({"backend": "none", "canary": env.canary});
-            add_tuning(&mut doors, &env.tuning);
-            sink.write(&json!({ "doors": doors }));
+            sink.row(&CheckRow::skip("kernel-check", reason));
+            sink.doors(&with_tuning(
+                DoorsRow::new()
+                    .with("backend", "none")
+                    .with("canary", env.canary),
+                &env.tuning,
+            ));
             return if sink.broken { 1 } else { 0 };
         }
     };
@@ -158,21 +165,21 @@ pub fn run(env: &CheckEnv) -> i32 {
     }
     for r in &rows {
         println!("{}", r.line());
-        sink.write(&r.to_json());
+        sink.row(r);
     }
     let failed = rows.iter().filter(|r| r.status == Status::Fail).count();
-    let mut doors = json!({
-        "backend": "cuda",
-        "device": gpu.name(),
-        "arch": gpu.arch(),
-        "nvrtc": format!("{maj}.{min}"),
-        "matvec": "mmvq+dp4a",
-        "attention": "naive+split-k",
-        "fmad": false,
-        "canary": env.canary,
-    });
-    add_tuning(&mut doors, &gpu.tuning());
-    sink.write(&json!({ "doors": doors }));
+    sink.doors(&with_tuning(
+        DoorsRow::new()
+            .with("backend", "cuda")
+            .with("device", gpu.name())
+            .with("arch", gpu.arch())
+            .with("nvrtc", format!("{maj}.{min}"))
+            .with("matvec", "mmvq+dp4a")
+            .with("attention", "naive+split-k")
+            .with("fmad", false)
+            .with("canary", env.canary),
+        &gpu.tuning(),
+    ));
     println!(
         "kernel-check: {} checks, {} failed, {:.1} s{}",
         rows.len(),
@@ -276,13 +283,12 @@ fn compile_all(arch: &'static str) -> i32 {
     }
 }
 
-/// Appends the performance switches to a doors object.
-fn add_tuning(doors: &mut serde_json::Value, tuning: &Tuning) {
-    if let Some(map) = doors.as_object_mut() {
-        for (k, v) in tuning.fields() {
-            map.insert(k.to_string(), v);
-        }
+/// The doors row with the performance switches appended.
+fn with_tuning(mut doors: DoorsRow, tuning: &Tuning) -> DoorsRow {
+    for (k, v) in tuning.fields() {
+        doors.insert(k, v);
     }
+    doors
 }
 
 /// Entry point of the `kernel-check` binary.

@@ -1,35 +1,11 @@
 //! kernel-check's results: one [`CheckRow`] per kernel and geometry, the comparisons that
 //! produce them (bitwise or within a tolerance, with the maximum error and the first
-//! mismatch), and their gate-protocol JSON form (DESIGN §5).
+//! mismatch), and the line each prints.
+//!
+//! The row's wire form (DESIGN §5) is `memra-protocol`'s [`Check`]; this module owns only
+//! kernel-check's metrics (`maxdiff`, `compared`, `mismatches`) and its printed report.
 
-use serde_json::{Value, json};
-
-/// Outcome of one check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Pass,
-    Fail,
-    Skip,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Pass => "pass",
-            Status::Fail => "fail",
-            Status::Skip => "skip",
-        }
-    }
-}
-
-/// The first element where candidate and reference differ.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Mismatch {
-    pub row: usize,
-    pub index: usize,
-    pub reference: f64,
-    pub got: f64,
-}
+use memra_protocol::{Check, FirstMismatch, Status};
 
 /// One check row.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,7 +21,7 @@ pub struct CheckRow {
     pub mismatches: usize,
     /// The policy in words (`bitwise`, `max_abs 2e-5`, …) or the reason for a skip/fail.
     pub message: String,
-    pub first_mismatch: Option<Mismatch>,
+    pub first_mismatch: Option<FirstMismatch>,
 }
 
 impl CheckRow {
@@ -68,19 +44,16 @@ impl CheckRow {
         }
     }
 
-    /// The gate-protocol JSON object of this row.
-    pub fn to_json(&self) -> Value {
-        let mut v = json!({
-            "check": self.name,
-            "status": self.status.as_str(),
-            "metrics": {"maxdiff": self.maxdiff, "compared": self.compared, "mismatches": self.mismatches},
-            "message": self.message,
-        });
-        if let Some(m) = &self.first_mismatch {
-            v["first_mismatch"] =
-                json!({"row": m.row, "index": m.index, "ref": m.reference, "got": m.got});
+    /// The gate-protocol row: the metrics `maxdiff`, `compared` and `mismatches`, in that
+    /// order, the message, and the first mismatch.
+    pub fn to_check(&self) -> Check {
+        Check {
+            first_mismatch: self.first_mismatch,
+            ..Check::new(self.name.clone(), self.status, self.message.clone())
+                .metric("maxdiff", self.maxdiff)
+                .metric("compared", self.compared)
+                .metric("mismatches", self.mismatches)
         }
-        v
     }
 
     /// One human line.
@@ -148,7 +121,8 @@ pub fn compare_f32(
             row.mismatches += 1;
             if row.first_mismatch.is_none() {
                 let rl = row_len.max(1);
-                row.first_mismatch = Some(Mismatch {
+                row.first_mismatch = Some(FirstMismatch {
+                    step: None,
                     row: i / rl,
                     index: i % rl,
                     reference: r as f64,
@@ -194,10 +168,10 @@ mod tests {
         let row = compare_f32("x".into(), &a, &b, 2, None);
         assert_eq!(row.status, Status::Fail);
         assert_eq!(row.mismatches, 1);
-        let m = row.first_mismatch.clone().unwrap();
+        let m = row.first_mismatch.unwrap();
         assert_eq!((m.row, m.index), (1, 1));
         assert!(row.maxdiff > 0.0);
-        let j = row.to_json();
+        let j = row.to_check().to_json();
         assert_eq!(j["status"], "fail");
         assert_eq!(j["first_mismatch"]["row"], 1);
         assert_eq!(

@@ -44,7 +44,6 @@
 //! `weights` (the model on the devices).
 
 pub mod bench;
-pub mod check;
 mod device;
 mod graph;
 mod segments;

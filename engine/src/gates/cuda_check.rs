@@ -1,5 +1,5 @@
 //! `cuda-check`: the CUDA backend's acceptance on a GPU, speaking the gate protocol
-//! (DESIGN §5) like `kernel-check`.
+//! (DESIGN §5, the rows and writer of `memra-protocol`) like `kernel-check`.
 //!
 //! For synthesized SmolLM2-shape checkpoints (f32 and q4_1 weights, so both the float and
 //! the quantized matvecs run) and every combination of MEMRA_MMVQ × MEMRA_NO_FUSE_NORMQ ×
@@ -12,18 +12,17 @@
 //! where the agreeing argmax steps are counted); graph replay bit-identical to eager
 //! launches; device token choice (greedy and top-p sampling) equal to the host's on the same
 //! logits; and MEMRA_SERVE_B1FAST routing. Without a GPU it prints why, writes `skip` rows
-//! and exits 0. It owns the workloads and verdicts, not the numerics (the backend's).
+//! and exits 0. It owns the workloads and verdicts, not the numerics (the backend's) nor the
+//! comparisons (kernel-check's `report`, shared so both gates measure alike).
 
-use std::io::Write;
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use memra_kernels::check::report::{CheckRow, Mismatch, Status, compare_f32, compare_u32};
+use memra_kernels::check::report::{CheckRow, compare_f32, compare_u32};
 use memra_kernels::twin;
-use serde_json::json;
+use memra_protocol::{AppendError, Check, ChecksWriter, DoorsRow, FirstMismatch, Status};
 
-use super::{CudaBackend, DevModel, open_devices, upload_for};
 use crate::backend::cpu::CpuBackend;
+use crate::backend::cuda::{CudaBackend, DevModel, open_devices, upload_for};
 use crate::backend::stages::StagePlan;
 use crate::backend::{Backend, EngineError, SeqId};
 use crate::doors::Doors;
@@ -49,27 +48,34 @@ const QUANT_NOTE: &str = "quantized weights at full depth: q8_1 rounding flips c
 const QUANT_NOTE_1: &str = "quantized weights: one q8_1 rounding flip moves these logits by \
                             ~0.05, so this row is informational";
 
+/// Prints each row and appends it to the checks file; an unwritable file is reported on
+/// stderr and counts as a failure, since the orchestrator would otherwise see no rows.
 struct Sink {
-    path: Option<PathBuf>,
+    writer: ChecksWriter,
     rows: usize,
     failed: usize,
 }
 
 impl Sink {
-    fn json(&mut self, v: &serde_json::Value) {
-        let Some(path) = &self.path else { return };
-        let res = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .and_then(|mut f| writeln!(f, "{v}"));
+    fn note(&mut self, res: Result<(), AppendError>) {
         if let Err(e) = res {
             eprintln!(
-                "cuda-check: cannot append to MEMRA_ORCH_CHECKS={}: {e}",
-                path.display()
+                "cuda-check: cannot append to MEMRA_ORCH_CHECKS={}: {}",
+                e.path.display(),
+                e.source
             );
             self.failed += 1;
         }
+    }
+
+    fn doors(&mut self, doors: &DoorsRow) {
+        let res = self.writer.doors(doors);
+        self.note(res);
+    }
+
+    fn append(&mut self, check: &Check) {
+        let res = self.writer.check(check);
+        self.note(res);
     }
 
     /// A row that is reported but cannot fail the run: a failing one becomes `warn`.
@@ -80,9 +86,9 @@ impl Sink {
         row.message = format!("{}; {note}", row.message);
         println!("WARN{}", &row.line()[4..]);
         self.rows += 1;
-        let mut v = row.to_json();
-        v["status"] = json!("warn");
-        self.json(&v);
+        let mut check = row.to_check();
+        check.status = Status::Warn;
+        self.append(&check);
     }
 
     fn row(&mut self, row: CheckRow) {
@@ -91,7 +97,7 @@ impl Sink {
         if row.status == Status::Fail {
             self.failed += 1;
         }
-        self.json(&row.to_json());
+        self.append(&row.to_check());
     }
 }
 
@@ -132,7 +138,8 @@ fn oracle_row(name: String, want: &[f32], got: &[f32], n_vocab: usize) -> CheckR
         if d.is_nan() || d > tol as f64 {
             row.mismatches += 1;
             if row.first_mismatch.is_none() {
-                row.first_mismatch = Some(Mismatch {
+                row.first_mismatch = Some(FirstMismatch {
+                    step: None,
                     row: i / n_vocab,
                     index: i % n_vocab,
                     reference: w as f64,
@@ -517,9 +524,7 @@ pub fn main() -> i32 {
         }
     };
     let mut sink = Sink {
-        path: std::env::var_os("MEMRA_ORCH_CHECKS")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from),
+        writer: ChecksWriter::from_env(),
         rows: 0,
         failed: 0,
     };
@@ -613,7 +618,7 @@ pub fn main() -> i32 {
                     };
                     if !doors_written {
                         if let Ok(be) = CudaBackend::with_model(dm.clone(), doors.clone()) {
-                            sink.json(&json!({"doors": be.doors_report().to_json()}));
+                            sink.doors(&be.doors_report().doors_row());
                         }
                         doors_written = true;
                     }
