@@ -38,6 +38,13 @@ pub struct Inventory {
     pub note: Option<String>,
 }
 
+/// The output formats of `gpus`: a table, or the inventory as the receipts record it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GpusFormat {
+    Text,
+    Json,
+}
+
 /// The `--gpus` override.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GpuSpec {
@@ -433,24 +440,6 @@ pub fn render_text(inv: &Inventory) -> String {
         );
     }
     s
-}
-
-/// The `gpus` subcommand.
-pub fn command(args: &crate::cli::GpusArgs) -> crate::ExitCode {
-    let inv = detect(&args.gpus);
-    if let Some(note) = &inv.note {
-        eprintln!("note: {note}");
-    }
-    match args.format {
-        crate::cli::GpusFormat::Text => print!("{}", render_text(&inv)),
-        crate::cli::GpusFormat::Json => {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&inv).expect("inventory serializes")
-            );
-        }
-    }
-    crate::ExitCode::Ok
 }
 
 #[cfg(test)]

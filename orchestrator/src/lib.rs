@@ -6,6 +6,7 @@
 
 pub mod attest;
 pub mod cli;
+pub mod cmd;
 pub mod commit;
 pub mod compare;
 pub mod diagnostics;
@@ -32,5 +33,5 @@ pub use exit::ExitCode;
 
 /// Entry point of the `memra-orch` binary; returns the process exit code.
 pub fn main() -> i32 {
-    cli::main()
+    cmd::main()
 }

@@ -9,7 +9,31 @@ use std::fmt::Write;
 use serde_json::Value;
 
 use super::{ArtifactMove, Diff, VerdictChange};
-use crate::cli::ColorMode;
+
+/// The output formats of `diff`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DiffFormat {
+    Text,
+    Markdown,
+    Json,
+}
+
+/// When text output is coloured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColorMode {
+    Auto,
+    Always,
+    Never,
+}
+
+/// Renders a diff in the chosen format; `color` applies to text only.
+pub fn render(d: &Diff, format: DiffFormat, color: ColorMode) -> String {
+    match format {
+        DiffFormat::Text => text(d, use_color(color)),
+        DiffFormat::Markdown => markdown(d),
+        DiffFormat::Json => json(d),
+    }
+}
 
 /// Whether `--color` asks for colour here: `always`, or `auto` with stdout on a terminal and
 /// `NO_COLOR` unset or empty (<https://no-color.org>).

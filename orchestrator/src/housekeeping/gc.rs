@@ -7,9 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::ExitCode;
-use crate::cli::GcArgs;
-use crate::diff::resolve::{FoundRun, list_runs, receipts_root};
+use crate::diff::resolve::FoundRun;
 use crate::receipt::tree::{RunLock, Tree};
 
 /// What `gc` decided: trees to delete, newest first within each manifest.
@@ -31,7 +29,7 @@ pub fn plan(runs: &[FoundRun], keep: usize, manifest: Option<&str>) -> Vec<PathB
 }
 
 /// Deletes one tree under its lock; the commit folder goes too when it is left empty.
-fn delete(dir: &Path) -> Result<(), String> {
+pub fn delete(dir: &Path) -> Result<(), String> {
     let tree = Tree {
         dir: dir.to_path_buf(),
     };
@@ -53,52 +51,4 @@ fn delete(dir: &Path) -> Result<(), String> {
     // Fails (and is meant to) when other manifests' trees are still there.
     let _ = std::fs::remove_dir(parent);
     Ok(())
-}
-
-/// The `gc` subcommand.
-pub fn command(args: &GcArgs) -> ExitCode {
-    let receipts = match receipts_root(args.receipts.as_deref()) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("memra-orch gc: {e}");
-            return ExitCode::Usage;
-        }
-    };
-    let runs = match list_runs(&receipts) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("memra-orch gc: {e}");
-            return ExitCode::Usage;
-        }
-    };
-    let keep = usize::try_from(args.keep).unwrap_or(usize::MAX);
-    let doomed = plan(&runs, keep, args.manifest.as_deref());
-    let mut failed = false;
-    for dir in &doomed {
-        if args.dry_run {
-            println!("would delete {}", dir.display());
-            continue;
-        }
-        match delete(dir) {
-            Ok(()) => println!("deleted {}", dir.display()),
-            Err(e) => {
-                eprintln!("memra-orch gc: kept {}: {e}", dir.display());
-                failed = true;
-            }
-        }
-    }
-    println!(
-        "{} of {} runs {}deleted; kept the newest {} per manifest",
-        doomed.len(),
-        runs.len(),
-        if args.dry_run { "would be " } else { "" },
-        args.keep
-    );
-    // A tree kept because a run holds it, or one the file system would not let go, means
-    // the request was not fully met; it is not a fault of memra-orch.
-    if failed {
-        ExitCode::NotAsExpected
-    } else {
-        ExitCode::Ok
-    }
 }

@@ -202,6 +202,62 @@ pub struct RunReceipt {
     pub nodes: Vec<NodeIndexEntry>,
 }
 
+impl RunReceipt {
+    /// The header of a run that starts now: what it runs, on which commit, host and GPUs,
+    /// with nothing finished yet (`verdict` is `running`).
+    pub fn begin(
+        plan: &crate::plan::Plan,
+        commit: &crate::commit::CommitId,
+        inventory: &crate::gpus::Inventory,
+        cpu_slots: usize,
+        filters: &[String],
+        resumed: bool,
+    ) -> RunReceipt {
+        RunReceipt {
+            schema: RUN_SCHEMA,
+            name: plan.name.clone(),
+            manifest: source_digest(&plan.manifest),
+            env_matrices: plan.env_matrices.iter().map(source_digest).collect(),
+            commit: commit.id.clone(),
+            commit_sha: commit.sha.clone(),
+            dirty: commit.dirty,
+            host: hostname(),
+            orchestrator_version: env!("CARGO_PKG_VERSION").to_string(),
+            inventory: serde_json::to_value(inventory).unwrap_or_default(),
+            cpu_slots,
+            filters: filters.to_vec(),
+            resumed,
+            start: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            end: None,
+            seconds: None,
+            interrupted: false,
+            counts: BTreeMap::new(),
+            verdict: "running".to_string(),
+            nodes: Vec::new(),
+        }
+    }
+}
+
+fn source_digest(s: &crate::plan::SourceFile) -> FileDigest {
+    let bytes = std::fs::metadata(&s.path).map(|m| m.len()).unwrap_or(0);
+    FileDigest {
+        path: s.path.to_string_lossy().into_owned(),
+        bytes,
+        sha256: s.sha256.clone(),
+    }
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at most that many bytes.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if r != 0 {
+        return "unknown".to_string();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
 /// Lower-case hex of bytes.
 pub fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";

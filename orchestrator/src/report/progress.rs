@@ -9,12 +9,34 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::cli::ProgressMode;
 use crate::events::{Event, Listener, Placement, Verdict};
 use crate::executor::slurm::{JobNote, JobObserver, SLURM_SLOT};
 use crate::gpus::Inventory;
 use crate::plan::{CellIndex, Plan};
 use crate::schedule::DEFAULT_ESTIMATE;
+
+/// How the run is shown while it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProgressMode {
+    /// Bars on a terminal, plain lines otherwise.
+    Auto,
+    Bars,
+    Plain,
+    Quiet,
+}
+
+impl ProgressMode {
+    /// `Auto` decided for this process: bars when stderr is a terminal, else plain.
+    pub fn resolve(self) -> ProgressMode {
+        match self {
+            ProgressMode::Auto if std::io::IsTerminal::is_terminal(&std::io::stderr()) => {
+                ProgressMode::Bars
+            }
+            ProgressMode::Auto => ProgressMode::Plain,
+            m => m,
+        }
+    }
+}
 
 /// CPU slots shown as their own line at most; more would push the GPUs off the screen.
 const MAX_CPU_LINES: usize = 8;
