@@ -83,6 +83,19 @@ fn git(dir: &Path, args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// First 12 characters of a 40-hex commit folder name, keeping `-dirty`.
+pub fn short_commit(c: &str) -> String {
+    let (base, dirty) = match c.strip_suffix("-dirty") {
+        Some(b) => (b, "-dirty"),
+        None => (c, ""),
+    };
+    if base.len() == 40 && base.chars().all(|ch| ch.is_ascii_hexdigit()) {
+        format!("{}{dirty}", &base[..12])
+    } else {
+        c.to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,8 +16,6 @@ pub mod executor;
 pub mod exit;
 pub mod gpus;
 pub mod graph;
-pub mod housekeeping;
-pub mod junit;
 pub mod load;
 pub mod manifest;
 pub mod matrix;
@@ -28,6 +26,7 @@ pub mod report;
 pub mod run;
 pub mod schedule;
 pub mod subst;
+pub mod verdict;
 
 pub use exit::ExitCode;
 

@@ -12,8 +12,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::events::Verdict;
 use crate::plan::TextVerdict;
+use crate::verdict::Verdict;
 
 /// The status a gate gives one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::ExitCode;
-use crate::events::{self, Event, Listener, Placement, Verdict};
+use crate::events::{Event, Listener, Placement};
 use crate::executor::inputs::{DigestCache, inputs_digest};
 use crate::executor::{CellJob, Executor, compare};
 use crate::gpus::Inventory;
@@ -24,6 +24,7 @@ use crate::plan::{Cell, CellIndex, NodeKind, Plan};
 use crate::receipt::tree::Tree;
 use crate::receipt::{AttemptRecord, FileDigest, GpuRef, NodeReceipt, read_node_receipt, slug};
 use crate::schedule::{self, Pool, ReadyQueue};
+use crate::verdict::{self, Verdict};
 
 /// How to run a plan (already resolved: paths absolute, the tree chosen).
 #[derive(Debug, Clone)]
@@ -229,7 +230,7 @@ pub fn execute(
             _ => Verdict::Cancelled,
         })
         .collect();
-    let counts = events::count(verdicts.iter().copied());
+    let counts = verdict::count(verdicts.iter().copied());
     let elapsed = start.elapsed();
     let interrupted = runner.interrupted;
     runner.emit(&Event::RunFinished {

@@ -15,8 +15,8 @@ use memra_orch::executor::local::LocalExecutor;
 use memra_orch::gpus::Inventory;
 use memra_orch::plan::{Cell, CellId, Expect, NodeId, NodeKind, Plan, SourceFile};
 use memra_orch::receipt::tree::Tree;
-use memra_orch::receipt::writer::ReceiptWriter;
 use memra_orch::receipt::{RUN_SCHEMA, RunReceipt};
+use memra_orch::report::writer::ReceiptWriter;
 use memra_orch::run::{RunOptions, execute};
 use run_support::{Fixture, files_under, gates, read_json};
 

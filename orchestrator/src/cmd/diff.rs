@@ -3,7 +3,8 @@
 
 use crate::ExitCode;
 use crate::cli::DiffArgs;
-use crate::diff::{Thresholds, diff, load_for_diff, render, resolve};
+use crate::diff::{Thresholds, diff, load_for_diff, render};
+use crate::receipt::resolve;
 
 /// The `diff` subcommand.
 pub fn command(args: &DiffArgs) -> ExitCode {

@@ -3,8 +3,8 @@
 
 use crate::ExitCode;
 use crate::cli::GcArgs;
-use crate::diff::resolve::{list_runs, receipts_root};
-use crate::housekeeping::gc::{delete, plan};
+use crate::receipt::gc::{delete, plan};
+use crate::receipt::resolve::{list_runs, receipts_root};
 
 /// The `gc` subcommand.
 pub fn command(args: &GcArgs) -> ExitCode {

@@ -4,8 +4,8 @@ use serde_json::json;
 
 use crate::ExitCode;
 use crate::cli::{LsArgs, ShowFormat};
-use crate::diff::resolve::{FoundRun, list_runs, receipts_root};
-use crate::housekeeping::ls::table;
+use crate::receipt::resolve::{FoundRun, list_runs, receipts_root};
+use crate::report::ls::table;
 
 /// The `ls` subcommand.
 pub fn command(args: &LsArgs) -> ExitCode {

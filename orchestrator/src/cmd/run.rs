@@ -18,8 +18,8 @@ use crate::gpus::Inventory;
 use crate::plan::Plan;
 use crate::receipt::RunReceipt;
 use crate::receipt::tree::{self, RunLock, Tree};
-use crate::receipt::writer::ReceiptWriter;
 use crate::report::progress::{Progress, ProgressMode};
+use crate::report::writer::ReceiptWriter;
 use crate::run::{RunOptions, execute};
 
 /// The `run` subcommand.

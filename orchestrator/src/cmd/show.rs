@@ -4,9 +4,9 @@
 
 use crate::ExitCode;
 use crate::cli::{ShowArgs, ShowFormat};
-use crate::diff::load::load;
-use crate::diff::resolve::{receipts_root, resolve};
-use crate::housekeeping::show::{find, node_text, run_text};
+use crate::receipt::load::{find, load};
+use crate::receipt::resolve::{receipts_root, resolve};
+use crate::report::show::{node_text, run_text};
 
 /// The `show` subcommand.
 pub fn command(args: &ShowArgs) -> ExitCode {

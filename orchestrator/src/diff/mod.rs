@@ -4,20 +4,18 @@
 //! and environment changes (host, driver, GPUs, binaries).
 //!
 //! This module owns the comparison rules; the `diff` subcommand is in `cmd::diff`. Finding
-//! trees is [`resolve`]'s job, reading them [`load`]'s, and printing them [`render`]'s; it
-//! never writes anything.
+//! trees is `receipt::resolve`'s job, reading them `receipt::load`'s, and printing them
+//! [`render`]'s; it never writes anything.
 
-pub mod load;
 pub mod render;
-pub mod resolve;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::events::Verdict;
-use load::{LoadedNode, LoadedRun};
+use crate::receipt::load::{self, LoadedNode, LoadedRun};
+use crate::verdict::Verdict;
 
 /// What `diff` reads of a node receipt; everything else (environment, argv, attempts) is
 /// skipped while parsing.

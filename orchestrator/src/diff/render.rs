@@ -9,6 +9,7 @@ use std::fmt::Write;
 use serde_json::Value;
 
 use super::{ArtifactMove, Diff, VerdictChange};
+use crate::commit::short_commit;
 
 /// The output formats of `diff`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -71,19 +72,6 @@ impl Paint {
         } else {
             s.to_string()
         }
-    }
-}
-
-/// First 12 characters of a 40-hex commit folder name, keeping `-dirty`.
-pub fn short_commit(c: &str) -> String {
-    let (base, dirty) = match c.strip_suffix("-dirty") {
-        Some(b) => (b, "-dirty"),
-        None => (c, ""),
-    };
-    if base.len() == 40 && base.chars().all(|ch| ch.is_ascii_hexdigit()) {
-        format!("{}{dirty}", &base[..12])
-    } else {
-        c.to_string()
     }
 }
 

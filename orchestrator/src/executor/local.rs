@@ -18,12 +18,12 @@ use regex::Regex;
 use super::env::{self, OrchVars};
 use super::process::Watchdog;
 use super::{CellJob, Executor};
-use crate::events::Verdict;
 use crate::plan::{Cell, Expect, NodeKind, TextVerdict};
 use crate::protocol::{self, GateReport, ProcessEnd, Stopped};
 use crate::receipt::{
     Artifact, AttemptRecord, FileDigest, NodeReceipt, attempt_dir_name, sha256_file,
 };
+use crate::verdict::Verdict;
 
 /// Default time between SIGTERM and SIGKILL.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);

@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{CellJob, Executor};
-use crate::events::Verdict;
 use crate::receipt::{AttemptRecord, NodeReceipt, read_node_receipt};
+use crate::verdict::Verdict;
 
 /// How long a job may keep running after the run was interrupted before the executor stops
 /// waiting for its receipt (Slurm's own KillWait is 30 s by default).

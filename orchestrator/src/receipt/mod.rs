@@ -1,13 +1,15 @@
 //! The receipt tree of DESIGN §6: the record formats (`run.json`, `receipt.json`), where
-//! each file lives ([`tree`]), and the listener that writes them as a run goes
-//! ([`writer`]).
+//! each file lives ([`tree`]), finding trees from what a user names ([`resolve`]), reading
+//! them back ([`load`]) and deleting old ones ([`gc`]).
 //!
 //! It owns file formats, paths, digests and atomic writes. It does not run anything and does
-//! not decide verdicts; the human summary and JUnit files are rendered by `report` and
-//! `junit` and only stored here.
+//! not decide verdicts; the listener that writes receipts as a run goes, the human summary
+//! and the JUnit file are `report`'s, and only stored here.
 
+pub mod gc;
+pub mod load;
+pub mod resolve;
 pub mod tree;
-pub mod writer;
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -17,9 +19,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::events::Verdict;
 use crate::plan::{Expect, NodeKind};
 use crate::protocol::CheckRow;
+use crate::verdict::Verdict;
 
 /// Format version of `receipt.json`.
 pub const RECEIPT_SCHEMA: u32 = 1;

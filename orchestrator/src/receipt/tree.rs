@@ -173,7 +173,7 @@ pub fn previous_run(receipts: &Path, manifest_name: &str) -> Option<RunReceipt> 
 pub fn durations(run: &RunReceipt) -> HashMap<String, f64> {
     run.nodes
         .iter()
-        .filter(|n| n.verdict != crate::events::Verdict::Skipped && n.seconds > 0.0)
+        .filter(|n| n.verdict != crate::verdict::Verdict::Skipped && n.seconds > 0.0)
         .map(|n| (n.id.clone(), n.seconds))
         .collect()
 }

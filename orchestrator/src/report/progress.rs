@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::events::{Event, Listener, Placement, Verdict};
+use crate::events::{Event, Listener, Placement};
 use crate::executor::slurm::{JobNote, JobObserver, SLURM_SLOT};
 use crate::gpus::Inventory;
 use crate::plan::{CellIndex, Plan};
 use crate::schedule::DEFAULT_ESTIMATE;
+use crate::verdict::Verdict;
 
 /// How the run is shown while it goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

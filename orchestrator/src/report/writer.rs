@@ -6,9 +6,9 @@
 //! Every file is written atomically, so a run killed at any point leaves a tree that
 //! `run --resume` can complete.
 
-use super::tree::Tree;
-use super::{NodeIndexEntry, NodeReceipt, RunReceipt, write_atomic, write_json};
 use crate::events::{Event, Listener};
+use crate::receipt::tree::Tree;
+use crate::receipt::{NodeIndexEntry, NodeReceipt, RunReceipt, write_atomic, write_json};
 
 /// Writes the receipt tree of one run.
 #[derive(Debug)]
@@ -113,11 +113,11 @@ impl Listener for ReceiptWriter {
                 }
                 let r = write_json(&self.tree.run_json(), &self.run);
                 self.record(r);
-                let mut md = crate::report::summary::markdown(&self.run);
+                let mut md = super::summary::markdown(&self.run);
                 md.push_str(&crate::attest::markdown(&findings));
                 let r = write_atomic(&self.tree.summary_md(), md.as_bytes());
                 self.record(r);
-                let r = crate::junit::render(&self.run, &self.receipts)
+                let r = super::junit::render(&self.run, &self.receipts)
                     .and_then(|xml| write_atomic(&self.tree.junit_xml(), xml.as_bytes()));
                 self.record(r);
             }

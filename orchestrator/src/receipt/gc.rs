@@ -1,5 +1,6 @@
-//! `memra-orch gc --keep N`: deletes every receipt tree except the N newest runs (by start
-//! time) of each manifest, then commit folders left empty. A tree is deleted under its run
+//! Deleting old receipt trees (`memra-orch gc --keep N`): which trees go, every one but the
+//! N newest runs (by start time) of each manifest ([`plan`]), and deleting one, then its
+//! commit folder when that is left empty ([`delete`]). A tree is deleted under its run
 //! lock, so a run writing it is never pulled out from under (that tree is kept and named).
 //! Only folders holding a `run.json` are ever deleted: anything else under the receipts
 //! folder is not ours.
@@ -7,8 +8,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::diff::resolve::FoundRun;
-use crate::receipt::tree::{RunLock, Tree};
+use super::resolve::FoundRun;
+use super::tree::{RunLock, Tree};
 
 /// What `gc` decided: trees to delete, newest first within each manifest.
 pub fn plan(runs: &[FoundRun], keep: usize, manifest: Option<&str>) -> Vec<PathBuf> {

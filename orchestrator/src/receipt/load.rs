@@ -1,5 +1,6 @@
 //! Reading a whole receipt tree into memory for `diff` and `show`: `run.json` and every node
-//! receipt its index names, read in parallel (a 10,000-node tree is 10,000 small files).
+//! receipt its index names, read in parallel (a 10,000-node tree is 10,000 small files),
+//! and finding one node of it by what a user typed ([`find`]).
 //!
 //! It reads only; where a tree is (commit-ish, folder, `latest`) is `resolve`'s job.
 
@@ -9,8 +10,8 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use serde::de::DeserializeOwned;
 
-use crate::receipt::tree::Tree;
-use crate::receipt::{NodeIndexEntry, NodeReceipt, RunReceipt, read_json};
+use super::tree::Tree;
+use super::{NodeIndexEntry, NodeReceipt, RunReceipt, read_json};
 
 /// One node of a loaded run: its index row and, when the run wrote one, its receipt (the
 /// whole [`NodeReceipt`], or a leaner view that skips what the reader does not need).
@@ -83,6 +84,52 @@ pub fn load_as<R: DeserializeOwned + Send>(dir: &Path) -> Result<LoadedRun<R>, S
         run,
         nodes,
     })
+}
+
+/// Finds a node by exact id, by slug, or by a glob over ids (which must match exactly one).
+pub fn find<'a>(run: &'a LoadedRun, query: &str) -> Result<&'a LoadedNode, String> {
+    if let Some(n) = run.nodes.get(query) {
+        return Ok(n);
+    }
+    if let Some(n) = run
+        .nodes
+        .values()
+        .find(|n| n.entry.slug.as_deref() == Some(query))
+    {
+        return Ok(n);
+    }
+    let glob = globset::Glob::new(query).map(|g| g.compile_matcher());
+    let hits: Vec<&LoadedNode> = match &glob {
+        Ok(m) => run
+            .nodes
+            .values()
+            .filter(|n| m.is_match(&n.entry.id))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    match hits.as_slice() {
+        [one] => Ok(one),
+        [] => {
+            let near =
+                crate::diagnostics::did_you_mean(query, run.nodes.keys().map(String::as_str));
+            Err(format!(
+                "{}: no node {query:?}{}; `memra-orch show` without a node lists them",
+                run.dir.display(),
+                near.map(|n| format!(" (did you mean {n:?}?)"))
+                    .unwrap_or_default()
+            ))
+        }
+        many => Err(format!(
+            "{query:?} matches {} nodes ({}{}); name one",
+            many.len(),
+            many.iter()
+                .take(5)
+                .map(|n| n.entry.id.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            if many.len() > 5 { ", …" } else { "" }
+        )),
+    }
 }
 
 /// A single path component that is not `.` or `..`.

@@ -1,10 +1,10 @@
-//! `memra-orch ls`: every run under the receipts folder, newest first, one line each with
-//! its commit, manifest, start, overall verdict and counts per verdict.
+//! The table `memra-orch ls` prints: every run under the receipts folder, newest first, one
+//! line each with its commit, manifest, start, overall verdict and counts per verdict.
 
 use std::fmt::Write;
 
-use crate::diff::render::short_commit;
-use crate::diff::resolve::FoundRun;
+use crate::commit::short_commit;
+use crate::receipt::resolve::FoundRun;
 use crate::report::summary::counts_line;
 
 /// Renders the run list as a table.

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::receipt::{RunReceipt, read_json};
+use super::{RunReceipt, read_json};
 
 /// The receipts folder: `--receipts` when given (relative to the current folder), else
 /// `receipts/` at the top of the git work tree of the current folder, else `./receipts`.
@@ -116,7 +116,7 @@ pub fn resolve(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<Pa
                 )
             });
     }
-    if crate::diff::load::is_plain_name(spec) && receipts.join(spec).is_dir() {
+    if super::load::is_plain_name(spec) && receipts.join(spec).is_dir() {
         return pick_manifest(&receipts.join(spec), manifest, spec);
     }
     let (base, dirty) = match spec.strip_suffix("-dirty") {
