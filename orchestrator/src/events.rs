@@ -23,6 +23,16 @@ pub enum Placement {
     CpuSlot(usize),
 }
 
+/// A change in the life of a cluster job that runs a cell (Slurm), for the display.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobNote {
+    pub job_id: String,
+    /// `submitted`, `pending`, `running`, or the final Slurm state (`COMPLETED`, …).
+    pub state: String,
+    /// Slurm's reason for a pending job (`Resources`, `Priority`), empty otherwise.
+    pub reason: String,
+}
+
 /// One event of a run, in the order the runner observed it.
 #[derive(Debug, Clone)]
 pub enum Event {
@@ -46,6 +56,12 @@ pub enum Event {
         rep: u32,
         outcome: Verdict,
         seconds: f64,
+    },
+    /// A cluster job of a running cell changed state (submitted, pending, running, ended).
+    JobChanged {
+        cell: CellIndex,
+        id: CellId,
+        note: JobNote,
     },
     NodeFinished {
         cell: CellIndex,

@@ -25,6 +25,9 @@ pub enum InventorySource {
     Nvml,
     Fake,
     None,
+    /// Job slots of a Slurm run: Slurm chooses the real devices, one slot per GPU the
+    /// partition has.
+    Slurm,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -77,6 +80,21 @@ impl Inventory {
             cuda_driver_version: None,
             note: None,
         }
+    }
+}
+
+impl Inventory {
+    /// The GPU slots of a Slurm run: `n` of them, none naming a device (no UUID), since
+    /// Slurm picks the GPUs when a job starts. They bound how many jobs wait in its queue
+    /// and rule out cells no node could hold.
+    pub fn slurm_slots(n: u32) -> Inventory {
+        let mut inv = Inventory::fake(n);
+        inv.source = InventorySource::Slurm;
+        for g in &mut inv.gpus {
+            g.uuid = String::new();
+            g.name = "a GPU Slurm allocates".to_string();
+        }
+        inv
     }
 }
 
@@ -372,6 +390,7 @@ pub fn render_text(inv: &Inventory) -> String {
         InventorySource::Nvml => "nvml",
         InventorySource::Fake => "fake",
         InventorySource::None => "none",
+        InventorySource::Slurm => "slurm",
     };
     let mut s = String::new();
     if inv.gpus.is_empty() {

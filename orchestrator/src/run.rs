@@ -16,9 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::ExitCode;
-use crate::events::{Event, Listener, Placement};
+use crate::events::{Event, JobNote, Listener, Placement};
 use crate::executor::inputs::{DigestCache, inputs_digest};
-use crate::executor::{CellJob, Executor, compare};
+use crate::executor::{CellJob, CellNote, Executor, compare};
 use crate::gpus::Inventory;
 use crate::plan::{Cell, CellIndex, NodeKind, Plan};
 use crate::receipt::tree::Tree;
@@ -75,6 +75,7 @@ enum Msg {
     /// The cell really runs (it was not kept from an earlier run).
     Started(CellIndex, Placement),
     Attempt(CellIndex, AttemptRecord),
+    Job(CellIndex, JobNote),
     Done {
         cell: CellIndex,
         placement: Placement,
@@ -412,6 +413,10 @@ impl Runner<'_, '_> {
                     seconds: rec.seconds,
                 });
             }
+            Msg::Job(cell, note) => {
+                let id = self.plan.cell(cell).id.clone();
+                self.emit(&Event::JobChanged { cell, id, note });
+            }
             Msg::Done {
                 cell,
                 placement,
@@ -640,10 +645,13 @@ fn run_cell(
     if let (Some((reference, candidate)), Some(policy)) = (compare, policy) {
         return (compare::run(&job, &reference, &candidate, &policy), false);
     }
-    let mut on_attempt = |rec: &AttemptRecord| {
-        let _ = tx.send(Msg::Attempt(cell, rec.clone()));
+    let mut on_note = |note: CellNote| {
+        let _ = tx.send(match note {
+            CellNote::Attempt(rec) => Msg::Attempt(cell, rec),
+            CellNote::Job(note) => Msg::Job(cell, note),
+        });
     };
-    (executor.execute(&job, &mut on_attempt), false)
+    (executor.execute(&job, &mut on_note), false)
 }
 
 /// The receipt of a cell that never ran: what it would have run, and why it did not.

@@ -109,7 +109,6 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         ExecutorKind::Local => Arc::new(LocalExecutor::new(grace, tmp_root.clone())),
         ExecutorKind::Slurm => Arc::new(SlurmExecutor::new(
             slurm_options(args, &plan, &receipts, &commit.id, grace).map_err(internal)?,
-            Some(display.job_observer()),
         )),
     };
     let mut writer = ReceiptWriter::new(tree.clone(), header, plan.cells.len());
@@ -138,13 +137,7 @@ fn slurm_slots(args: &RunArgs) -> Result<Inventory, String> {
         crate::gpus::GpuSpec::None => 0,
         _ => crate::executor::slurm::cluster_gpus(args.partition.as_deref())?,
     };
-    let mut inv = Inventory::fake(n);
-    for g in &mut inv.gpus {
-        g.uuid = format!("{}{}", crate::executor::slurm::SLURM_SLOT, g.index);
-        g.name = "a GPU Slurm allocates".to_string();
-    }
-    inv.note = None;
-    Ok(inv)
+    Ok(Inventory::slurm_slots(n))
 }
 
 /// The Slurm executor's settings: job files in `<receipts>/.slurm/<commit>/<manifest>/`,

@@ -153,9 +153,9 @@ fn md_escape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verdict::count;
     use crate::plan::NodeKind;
     use crate::receipt::NodeReceipt;
+    use crate::verdict::count;
 
     #[test]
     fn markdown_lists_problems_first_and_escapes_pipes() {

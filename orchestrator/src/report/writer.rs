@@ -121,7 +121,9 @@ impl Listener for ReceiptWriter {
                     .and_then(|xml| write_atomic(&self.tree.junit_xml(), xml.as_bytes()));
                 self.record(r);
             }
-            Event::NodeStarted { .. } | Event::AttemptFinished { .. } => {}
+            Event::NodeStarted { .. }
+            | Event::AttemptFinished { .. }
+            | Event::JobChanged { .. } => {}
         }
     }
 
