@@ -2,8 +2,6 @@
 //! previous run's nodes, and the run lock keeps two runs out of one tree. The tree of a full
 //! smoke run is checked in `smoke_manifest.rs`.
 
-mod run_support;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,7 +16,7 @@ use memra_orch::receipt::tree::Tree;
 use memra_orch::receipt::{RUN_SCHEMA, RunReceipt};
 use memra_orch::report::writer::ReceiptWriter;
 use memra_orch::run::{RunOptions, execute};
-use run_support::{Fixture, files_under, gates, read_json};
+use crate::run_support::{Fixture, files_under, gates, read_json};
 
 fn cell(id: &str, argv: Vec<String>, root: &Path) -> Cell {
     Cell {

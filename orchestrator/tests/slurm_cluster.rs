@@ -5,15 +5,13 @@
 //! The script needs root; elsewhere (or without the script) every test here skips, saying
 //! why. The tests share one cluster of 4 GPUs, so they run one at a time.
 
-mod run_support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use run_support::{COMMIT, Fixture, Running, epoch, files_under};
+use crate::run_support::{COMMIT, Fixture, Running, epoch, files_under};
 use serde_json::Value;
 
 fn script() -> PathBuf {
