@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use crate::run_support::{Fixture, files_under, gates, read_json};
 use memra_orch::events::Listener;
 use memra_orch::executor::local::LocalExecutor;
 use memra_orch::gpus::Inventory;
@@ -16,7 +17,6 @@ use memra_orch::receipt::tree::Tree;
 use memra_orch::receipt::{RUN_SCHEMA, RunReceipt};
 use memra_orch::report::writer::ReceiptWriter;
 use memra_orch::run::{RunOptions, execute};
-use crate::run_support::{Fixture, files_under, gates, read_json};
 
 fn cell(id: &str, argv: Vec<String>, root: &Path) -> Cell {
     Cell {

@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::run_support::{gates, read_json};
 use memra_orch::executor::CellJob;
 use memra_orch::plan::{Expect, NodeKind};
-use crate::run_support::{gates, read_json};
 
 fn job(node_dir: &std::path::Path, gate: &str) -> CellJob {
     CellJob {

@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use memra_orch::receipt::sha256_file;
 use crate::run_support::{gates, read_json};
+use memra_orch::receipt::sha256_file;
 use serde_json::Value;
 
 /// The repository root, or `None` (the test then skips, saying why) outside a git checkout:
