@@ -4,6 +4,7 @@
 use crate::ExitCode;
 use crate::cli::DiffArgs;
 use crate::diff::{Thresholds, diff, load_for_diff, render};
+use crate::receipt::error::FindError;
 use crate::receipt::resolve;
 
 /// The `diff` subcommand.
@@ -17,7 +18,7 @@ pub fn command(args: &DiffArgs) -> ExitCode {
     }
 }
 
-fn command_inner(args: &DiffArgs) -> Result<ExitCode, String> {
+fn command_inner(args: &DiffArgs) -> Result<ExitCode, FindError> {
     let thresholds = Thresholds {
         metric_rel: args.metric_rel,
         metric_abs: args.metric_abs,

@@ -4,12 +4,13 @@ use serde_json::json;
 
 use crate::ExitCode;
 use crate::cli::{LsArgs, ShowFormat};
+use crate::receipt::error::FindError;
 use crate::receipt::resolve::{FoundRun, list_runs, receipts_root};
 use crate::report::ls::table;
 
 /// The `ls` subcommand.
 pub fn command(args: &LsArgs) -> ExitCode {
-    let run = || -> Result<String, String> {
+    let run = || -> Result<String, FindError> {
         let receipts = receipts_root(args.receipts.as_deref())?;
         let runs: Vec<FoundRun> = list_runs(&receipts)?
             .into_iter()

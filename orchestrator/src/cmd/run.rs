@@ -74,13 +74,13 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         None => plan.root.join("receipts"),
     };
     let tree = Tree::new(&receipts, &commit.id, &plan.name);
-    let _lock = RunLock::acquire(&tree).map_err(usage)?;
+    let _lock = RunLock::acquire(&tree).map_err(|e| usage(e.to_string()))?;
     let previous = tree::previous_run(&receipts, &plan.name)
         .map(|r| tree::durations(&r))
         .unwrap_or_default();
     let internal = |m: String| (ExitCode::Internal, m);
     if !args.resume {
-        tree.clear_nodes().map_err(internal)?;
+        tree.clear_nodes().map_err(|e| internal(e.to_string()))?;
     }
     let interrupt = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {

@@ -4,13 +4,14 @@
 
 use crate::ExitCode;
 use crate::cli::{ShowArgs, ShowFormat};
+use crate::receipt::error::FindError;
 use crate::receipt::load::{find, load};
 use crate::receipt::resolve::{receipts_root, resolve};
 use crate::report::show::{node_text, run_text};
 
 /// The `show` subcommand.
 pub fn command(args: &ShowArgs) -> ExitCode {
-    let run = || -> Result<(String, ExitCode), String> {
+    let run = || -> Result<(String, ExitCode), FindError> {
         let receipts = receipts_root(args.receipts.as_deref())?;
         let dir = resolve(&args.run, &receipts, args.manifest.as_deref())?;
         let run = load(&dir)?;

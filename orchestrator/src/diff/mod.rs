@@ -46,7 +46,9 @@ pub struct DiffCheck {
 pub type DiffRun = LoadedRun<DiffReceipt>;
 
 /// Loads a tree for diffing.
-pub fn load_for_diff(dir: &std::path::Path) -> Result<DiffRun, String> {
+pub fn load_for_diff(
+    dir: &std::path::Path,
+) -> Result<DiffRun, crate::receipt::error::ReceiptError> {
     load::load_as(dir)
 }
 

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use super::error::{ReceiptError, ReceiptErrorKind as Kind};
 use super::resolve::FoundRun;
 use super::tree::{RunLock, Tree};
 
@@ -30,25 +31,23 @@ pub fn plan(runs: &[FoundRun], keep: usize, manifest: Option<&str>) -> Vec<PathB
 }
 
 /// Deletes one tree under its lock; the commit folder goes too when it is left empty.
-pub fn delete(dir: &Path) -> Result<(), String> {
+pub fn delete(dir: &Path) -> Result<(), ReceiptError> {
     let tree = Tree {
         dir: dir.to_path_buf(),
     };
     let lock = RunLock::acquire(&tree)?;
     let parent = dir
         .parent()
-        .ok_or_else(|| format!("{}: has no parent folder", dir.display()))?;
+        .ok_or_else(|| ReceiptError::new(dir, Kind::NoParent))?;
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     // Renamed aside first so that a reader never sees half a tree as a run.
     let trash = parent.join(format!(".gc-{name}-{}", std::process::id()));
-    std::fs::rename(dir, &trash)
-        .map_err(|e| format!("{}: cannot move aside for deletion: {e}", dir.display()))?;
+    std::fs::rename(dir, &trash).map_err(|e| ReceiptError::new(dir, Kind::MoveAside(e)))?;
     drop(lock);
-    std::fs::remove_dir_all(&trash)
-        .map_err(|e| format!("{}: cannot delete: {e}", trash.display()))?;
+    std::fs::remove_dir_all(&trash).map_err(|e| ReceiptError::new(&trash, Kind::Delete(e)))?;
     // Fails (and is meant to) when other manifests' trees are still there.
     let _ = std::fs::remove_dir(parent);
     Ok(())

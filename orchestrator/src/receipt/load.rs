@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use serde::de::DeserializeOwned;
 
+use super::error::{FindError, ReceiptError, ReceiptErrorKind as Kind};
 use super::tree::Tree;
 use super::{NodeIndexEntry, NodeReceipt, RunReceipt, read_json};
 
@@ -31,24 +32,20 @@ pub struct LoadedRun<R = NodeReceipt> {
 }
 
 /// Loads the tree at `dir` (the folder holding `run.json`) with whole receipts.
-pub fn load(dir: &Path) -> Result<LoadedRun, String> {
+pub fn load(dir: &Path) -> Result<LoadedRun, ReceiptError> {
     load_as(dir)
 }
 
 /// Loads the tree at `dir`, reading each receipt as `R`. Fields `R` does not name are
 /// skipped by the parser without being stored, which is what makes a 10,000-node diff
 /// fast: the environment maps alone are most of a receipt.
-pub fn load_as<R: DeserializeOwned + Send>(dir: &Path) -> Result<LoadedRun<R>, String> {
+pub fn load_as<R: DeserializeOwned + Send>(dir: &Path) -> Result<LoadedRun<R>, ReceiptError> {
     let tree = Tree {
         dir: dir.to_path_buf(),
     };
-    let run: RunReceipt = read_json(&tree.run_json())?.ok_or_else(|| {
-        format!(
-            "{}: no run.json; this folder is not a receipt tree (pass a run folder, a commit or `latest`)",
-            dir.display()
-        )
-    })?;
-    let loaded: Vec<Result<(String, LoadedNode<R>), String>> = run
+    let run: RunReceipt =
+        read_json(&tree.run_json())?.ok_or_else(|| ReceiptError::new(dir, Kind::NoRunJson))?;
+    let loaded: Vec<Result<(String, LoadedNode<R>), ReceiptError>> = run
         .nodes
         .par_iter()
         .map(|entry| {
@@ -56,11 +53,12 @@ pub fn load_as<R: DeserializeOwned + Send>(dir: &Path) -> Result<LoadedRun<R>, S
                 // The slug comes from a file; a hand-edited one must not lead outside the tree.
                 Some(slug) if is_plain_name(slug) => read_json(&tree.receipt_json(slug))?,
                 Some(slug) => {
-                    return Err(format!(
-                        "{}: node {:?} has slug {slug:?}, which is not a plain folder name; \
-                         the run.json was edited or corrupted",
-                        tree.run_json().display(),
-                        entry.id
+                    return Err(ReceiptError::new(
+                        tree.run_json(),
+                        Kind::BadSlug {
+                            id: entry.id.clone(),
+                            slug: slug.clone(),
+                        },
                     ));
                 }
                 None => None,
@@ -87,7 +85,7 @@ pub fn load_as<R: DeserializeOwned + Send>(dir: &Path) -> Result<LoadedRun<R>, S
 }
 
 /// Finds a node by exact id, by slug, or by a glob over ids (which must match exactly one).
-pub fn find<'a>(run: &'a LoadedRun, query: &str) -> Result<&'a LoadedNode, String> {
+pub fn find<'a>(run: &'a LoadedRun, query: &str) -> Result<&'a LoadedNode, FindError> {
     if let Some(n) = run.nodes.get(query) {
         return Ok(n);
     }
@@ -112,23 +110,16 @@ pub fn find<'a>(run: &'a LoadedRun, query: &str) -> Result<&'a LoadedNode, Strin
         [] => {
             let near =
                 crate::diagnostics::did_you_mean(query, run.nodes.keys().map(String::as_str));
-            Err(format!(
-                "{}: no node {query:?}{}; `memra-orch show` without a node lists them",
-                run.dir.display(),
-                near.map(|n| format!(" (did you mean {n:?}?)"))
-                    .unwrap_or_default()
-            ))
+            Err(FindError::NoNode {
+                dir: run.dir.clone(),
+                query: query.to_string(),
+                near: near.map(|n| n.to_string()),
+            })
         }
-        many => Err(format!(
-            "{query:?} matches {} nodes ({}{}); name one",
-            many.len(),
-            many.iter()
-                .take(5)
-                .map(|n| n.entry.id.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
-            if many.len() > 5 { ", …" } else { "" }
-        )),
+        many => Err(FindError::ManyNodes {
+            query: query.to_string(),
+            matches: many.iter().map(|n| n.entry.id.clone()).collect(),
+        }),
     }
 }
 

@@ -6,6 +6,7 @@
 //! not decide verdicts; the listener that writes receipts as a run goes, the human summary
 //! and the JUnit file are `report`'s, and only stored here.
 
+pub mod error;
 pub mod gc;
 pub mod load;
 pub mod resolve;
@@ -22,6 +23,7 @@ use sha2::{Digest, Sha256};
 use crate::plan::{Expect, NodeKind};
 use crate::protocol::CheckRow;
 use crate::verdict::Verdict;
+use error::{ReceiptError, ReceiptErrorKind as Kind};
 
 /// Format version of `receipt.json`.
 pub const RECEIPT_SCHEMA: u32 = 1;
@@ -323,49 +325,40 @@ pub fn slug(id: &str) -> String {
 /// reader (or a run killed half-way) sees the old content or the new, never a torn file.
 /// No fsync: a receipt tree is a record of a run on a live machine, and a power loss mid-run
 /// is recovered by `run --resume`, which re-runs any node whose receipt is missing.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReceiptError> {
     let dir = path
         .parent()
-        .ok_or_else(|| format!("{}: has no parent folder", path.display()))?;
+        .ok_or_else(|| ReceiptError::new(path, Kind::NoParent))?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(|e| {
-        format!(
-            "{}: cannot write: {e}; check the receipt folder is writable",
-            tmp.display()
-        )
-    })?;
-    std::fs::rename(&tmp, path)
-        .map_err(|e| format!("{}: cannot rename into place: {e}", path.display()))
+    std::fs::write(&tmp, bytes).map_err(|e| ReceiptError::new(&tmp, Kind::Write(e)))?;
+    std::fs::rename(&tmp, path).map_err(|e| ReceiptError::new(path, Kind::Rename(e)))
 }
 
 /// Serialises a record as pretty JSON with a trailing newline and writes it atomically.
-pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), String> {
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), ReceiptError> {
     let mut text = serde_json::to_vec_pretty(value)
-        .map_err(|e| format!("{}: cannot serialise: {e}", path.display()))?;
+        .map_err(|e| ReceiptError::new(path, Kind::Serialise(e)))?;
     text.push(b'\n');
     write_atomic(path, &text)
 }
 
 /// Reads a node receipt; `None` when absent, an error naming the file when unreadable.
-pub fn read_node_receipt(path: &Path) -> Result<Option<NodeReceipt>, String> {
+pub fn read_node_receipt(path: &Path) -> Result<Option<NodeReceipt>, ReceiptError> {
     read_json(path)
 }
 
 /// Reads a JSON record; `None` when absent.
-pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, String> {
+pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, ReceiptError> {
     match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-            format!(
-                "{}: not a receipt this version understands: {e}",
-                path.display()
-            )
-        }),
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| ReceiptError::new(path, Kind::Format(e))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: cannot read: {e}", path.display())),
+        Err(e) => Err(ReceiptError::new(path, Kind::Read(e))),
     }
 }
 

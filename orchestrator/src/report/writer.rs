@@ -7,6 +7,7 @@
 //! `run --resume` can complete.
 
 use crate::events::{Event, Listener};
+use crate::receipt::error::{ReceiptError, ReceiptErrorKind as Kind};
 use crate::receipt::tree::Tree;
 use crate::receipt::{NodeIndexEntry, NodeReceipt, RunReceipt, write_atomic, write_json};
 
@@ -42,9 +43,9 @@ impl ReceiptWriter {
         &self.run
     }
 
-    fn record(&mut self, r: Result<(), String>) {
+    fn record<E: std::fmt::Display>(&mut self, r: Result<(), E>) {
         if let Err(e) = r {
-            self.errors.push(e);
+            self.errors.push(e.to_string());
         }
     }
 }
@@ -53,8 +54,9 @@ impl Listener for ReceiptWriter {
     fn on_event(&mut self, event: &Event) {
         match event {
             Event::RunStarted { .. } => {
-                let r = std::fs::create_dir_all(self.tree.nodes())
-                    .map_err(|e| format!("{}: cannot create: {e}", self.tree.nodes().display()))
+                let nodes = self.tree.nodes();
+                let r = std::fs::create_dir_all(&nodes)
+                    .map_err(|e| ReceiptError::new(nodes, Kind::Create(e)))
                     .and_then(|()| write_json(&self.tree.run_json(), &self.run));
                 self.record(r);
             }
@@ -80,7 +82,7 @@ impl Listener for ReceiptWriter {
                     if !reused {
                         let dir = self.tree.node_dir(&r.slug);
                         let res = std::fs::create_dir_all(&dir)
-                            .map_err(|e| format!("{}: cannot create: {e}", dir.display()))
+                            .map_err(|e| ReceiptError::new(dir, Kind::Create(e)))
                             .and_then(|()| write_json(&self.tree.receipt_json(&r.slug), r));
                         self.record(res);
                     }
@@ -117,9 +119,13 @@ impl Listener for ReceiptWriter {
                 md.push_str(&crate::attest::markdown(&findings));
                 let r = write_atomic(&self.tree.summary_md(), md.as_bytes());
                 self.record(r);
-                let r = super::junit::render(&self.run, &self.receipts)
-                    .and_then(|xml| write_atomic(&self.tree.junit_xml(), xml.as_bytes()));
-                self.record(r);
+                match super::junit::render(&self.run, &self.receipts) {
+                    Ok(xml) => {
+                        let r = write_atomic(&self.tree.junit_xml(), xml.as_bytes());
+                        self.record(r);
+                    }
+                    Err(e) => self.record(Err(e)),
+                }
             }
             Event::NodeStarted { .. }
             | Event::AttemptFinished { .. }
