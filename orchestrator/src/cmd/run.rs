@@ -40,7 +40,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     let selected = if args.filters.is_empty() {
         None
     } else {
-        Some(crate::plan::select(&plan, &args.filters).map_err(usage)?)
+        Some(crate::plan::select(&plan, &args.filters).map_err(|e| usage(e.to_string()))?)
     };
     if args.executor == ExecutorKind::Local {
         let given: Vec<&str> = [
@@ -65,7 +65,8 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     if let Some(note) = &inventory.note {
         eprintln!("memra-orch: {note}");
     }
-    let commit = crate::commit::resolve(&plan.root, args.commit.as_deref()).map_err(usage)?;
+    let commit = crate::commit::resolve(&plan.root, args.commit.as_deref())
+        .map_err(|e| usage(e.to_string()))?;
     let receipts = match &args.receipts {
         Some(r) if r.is_absolute() => r.clone(),
         Some(r) => std::env::current_dir()
