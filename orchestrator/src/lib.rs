@@ -1,8 +1,12 @@
 //! memra-orch: the declarative gate orchestrator.
 //!
 //! Data flows one way: manifest text → raw serde structs ([`manifest`]) → validated
-//! [`plan::Plan`] (cells and their DAG, [`graph`]) → [`schedule`] → runner events ([`run`])
-//! → listeners ([`receipt`], [`report`]) → [`diff`].
+//! [`plan::Plan`] (cells and their DAG, [`graph`]) → [`schedule`] → runner events ([`run`],
+//! [`events`]) → listeners ([`report`], which files the [`receipt`] tree) → [`diff`].
+//!
+//! The command line is two layers on top: [`cli`] holds the clap types and [`cmd`] one
+//! module per subcommand that turns them into the library's options; nothing below `cmd`
+//! knows the command line exists.
 
 pub mod attest;
 pub mod cli;

@@ -92,7 +92,7 @@ pub struct NodeReceipt {
     /// The full effective environment of the last attempt; values of names that look
     /// secret are `<redacted>`.
     pub env: BTreeMap<String, String>,
-    /// The program that ran (argv[0] resolved through PATH) and the `produces` of the setup
+    /// The program that ran (`argv[0]` resolved through PATH) and the `produces` of the setup
     /// nodes this one needs.
     pub binaries: Vec<FileDigest>,
     /// For setup nodes: the files they produced.
