@@ -14,7 +14,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use memra_orch::diff::{Thresholds, diff, load_for_diff, render};
-use memra_orch::events::{Verdict, count};
 use memra_orch::plan::NodeKind;
 use memra_orch::protocol::{CheckRow, CheckStatus};
 use memra_orch::receipt::tree::Tree;
@@ -22,6 +21,7 @@ use memra_orch::receipt::{
     Artifact, AttemptRecord, FileDigest, NodeIndexEntry, NodeReceipt, RunReceipt, sha256_hex, slug,
     write_json,
 };
+use memra_orch::verdict::{Verdict, count};
 use serde_json::json;
 
 const NODES: usize = 10_000;

@@ -261,7 +261,7 @@ pub fn has_warning(r: &NodeReceipt) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::Verdict;
+    use crate::verdict::Verdict;
     use serde_json::Value;
 
     fn cell(node: &str, axes: &[(&str, &str)], env: &[&str], doors: Value) -> Box<NodeReceipt> {

@@ -1,14 +1,17 @@
-//! Command-line parsing and dispatch. Parsing only validates the shape of the arguments
-//! (clap); resolving paths, reading manifests and building plans happen in the library
-//! modules each subcommand dispatches to.
+//! The command line's shape: clap types only. Parsing validates the arguments and nothing
+//! more; the `cmd` module turns them into the library's options and runs the subcommand. The
+//! value enums a library module owns (`ProgressMode`, `ColorMode`, the output formats) are
+//! re-used here as they are, so this module names no other part of the library.
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::ExitCode;
+use crate::diff::render::{ColorMode, DiffFormat};
 use crate::exit::EXIT_CODES_HELP;
-use crate::gpus::GpuSpec;
+use crate::gpus::{GpuSpec, GpusFormat};
+use crate::load::render::PlanFormat;
+use crate::report::progress::ProgressMode;
 
 #[derive(Debug, Parser)]
 #[command(name = "memra-orch", version, about = "Declarative gate orchestrator for numeric exactness batteries", after_help = EXIT_CODES_HELP)]
@@ -126,18 +129,11 @@ pub struct RunArgs {
     pub slurm_args: Vec<String>,
 }
 
+/// Where `run` runs its nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ExecutorKind {
     Local,
     Slurm,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ProgressMode {
-    Auto,
-    Bars,
-    Plain,
-    Quiet,
 }
 
 #[derive(Debug, Args)]
@@ -156,13 +152,6 @@ pub struct PlanArgs {
     pub vars: Vec<(String, String)>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum PlanFormat {
-    Text,
-    Json,
-    Dot,
-}
-
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
     /// Manifests to check; each is loaded in full (with its env-matrix files).
@@ -179,12 +168,6 @@ pub struct GpusArgs {
     /// `text` (a table) or `json` (the inventory the receipts record).
     #[arg(long, value_enum, default_value_t = GpusFormat::Text)]
     pub format: GpusFormat,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum GpusFormat {
-    Text,
-    Json,
 }
 
 /// What `diff`, `show`, `ls` and `gc` accept as a run, for `--help`.
@@ -218,31 +201,17 @@ pub struct DiffArgs {
     #[arg(long, value_enum, default_value_t = ColorMode::Auto)]
     pub color: ColorMode,
     /// A check metric drifted when its relative change exceeds this (`0.05` or `5%`).
-    #[arg(long, value_name = "FRACTION", default_value = "5%", value_parser = crate::diff::parse_fraction)]
+    #[arg(long, value_name = "FRACTION", default_value = "5%", value_parser = parse_fraction)]
     pub metric_rel: f64,
     /// Absolute metric changes at or below this are noise (lets a metric that was 0 drift).
-    #[arg(long, value_name = "NUMBER", default_value = "1e-12", value_parser = crate::diff::parse_floor)]
+    #[arg(long, value_name = "NUMBER", default_value = "1e-12", value_parser = parse_floor)]
     pub metric_abs: f64,
     /// Duration changes (node seconds, metrics named `*_seconds`, `*_ms`…) under this are noise.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
     pub duration_abs: std::time::Duration,
     /// Duration changes under this fraction are noise (`0.2` or `20%`).
-    #[arg(long, value_name = "FRACTION", default_value = "20%", value_parser = crate::diff::parse_fraction)]
+    #[arg(long, value_name = "FRACTION", default_value = "20%", value_parser = parse_fraction)]
     pub duration_rel: f64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DiffFormat {
-    Text,
-    Markdown,
-    Json,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ColorMode {
-    Auto,
-    Always,
-    Never,
 }
 
 #[derive(Debug, Args)]
@@ -262,6 +231,8 @@ pub struct ShowArgs {
     pub format: ShowFormat,
 }
 
+/// `show` and `ls` print text or the stored JSON; only the command layer chooses between
+/// them, so the choice lives here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ShowFormat {
     Text,
@@ -311,34 +282,39 @@ fn parse_var(s: &str) -> Result<(String, String), String> {
     }
 }
 
-/// Parses the command line and runs the subcommand; returns the exit code.
-pub fn main() -> i32 {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) => {
-            let code = if e.use_stderr() {
-                ExitCode::Usage
-            } else {
-                ExitCode::Ok
-            };
-            let _ = e.print();
-            return code.code();
-        }
+/// Parses a fraction: `0.05` or `5%`.
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    let (num, scale) = match s.trim().strip_suffix('%') {
+        Some(p) => (p, 0.01),
+        None => (s.trim(), 1.0),
     };
-    dispatch(cli.command).code()
+    num.trim()
+        .parse::<f64>()
+        .ok()
+        .map(|v| v * scale)
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .ok_or_else(|| format!("{s:?}: not a fraction; write 0.05 or 5%"))
 }
 
-/// Runs one parsed subcommand.
-pub fn dispatch(command: Command) -> ExitCode {
-    match command {
-        Command::Run(args) => crate::run::command(&args),
-        Command::Plan(args) => crate::load::plan_command(&args),
-        Command::Validate(args) => crate::load::validate_command(&args),
-        Command::Gpus(args) => crate::gpus::command(&args),
-        Command::Diff(args) => crate::diff::command(&args),
-        Command::Show(args) => crate::housekeeping::show::command(&args),
-        Command::Ls(args) => crate::housekeeping::ls::command(&args),
-        Command::Gc(args) => crate::housekeeping::gc::command(&args),
-        Command::ExecNode(args) => crate::executor::exec_node::command(&args),
+/// Parses a non-negative number (an absolute floor).
+fn parse_floor(s: &str) -> Result<f64, String> {
+    s.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .ok_or_else(|| format!("{s:?}: not a non-negative number; write for example 1e-9"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_floor, parse_fraction};
+
+    #[test]
+    fn fractions() {
+        assert_eq!(parse_fraction("5%").unwrap(), 0.05);
+        assert_eq!(parse_fraction("0.2").unwrap(), 0.2);
+        assert!(parse_fraction("-1").is_err());
+        assert!(parse_fraction("x%").unwrap_err().contains("5%"));
+        assert!(parse_floor("nan").is_err());
     }
 }

@@ -19,8 +19,17 @@ pub struct CommitId {
 /// there too; pass `--commit` to keep several such runs apart.
 pub const NO_GIT: &str = "no-git";
 
+/// A commit id a run cannot be filed under.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    #[error(
+        "--commit {id:?}: not usable as a receipt folder name; use letters, digits, '.', '_' and '-' only (for example a commit sha or `nightly-2026-11-29`)"
+    )]
+    BadOverride { id: String },
+}
+
 /// Resolves the commit of `root`. An override must be a plain folder name.
-pub fn resolve(root: &Path, override_id: Option<&str>) -> Result<CommitId, String> {
+pub fn resolve(root: &Path, override_id: Option<&str>) -> Result<CommitId, CommitError> {
     if let Some(id) = override_id {
         validate_override(id)?;
         return Ok(CommitId {
@@ -50,7 +59,7 @@ pub fn resolve(root: &Path, override_id: Option<&str>) -> Result<CommitId, Strin
     })
 }
 
-fn validate_override(id: &str) -> Result<(), String> {
+fn validate_override(id: &str) -> Result<(), CommitError> {
     let ok = !id.is_empty()
         && id != "."
         && id != ".."
@@ -61,10 +70,7 @@ fn validate_override(id: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "--commit {id:?}: not usable as a receipt folder name; use letters, digits, '.', '_' \
-             and '-' only (for example a commit sha or `nightly-2026-11-29`)"
-        ))
+        Err(CommitError::BadOverride { id: id.to_string() })
     }
 }
 
@@ -81,6 +87,19 @@ fn git(dir: &Path, args: &[&str]) -> Option<String> {
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// First 12 characters of a 40-hex commit folder name, keeping `-dirty`.
+pub fn short_commit(c: &str) -> String {
+    let (base, dirty) = match c.strip_suffix("-dirty") {
+        Some(b) => (b, "-dirty"),
+        None => (c, ""),
+    };
+    if base.len() == 40 && base.chars().all(|ch| ch.is_ascii_hexdigit()) {
+        format!("{}{dirty}", &base[..12])
+    } else {
+        c.to_string()
+    }
 }
 
 #[cfg(test)]
@@ -148,7 +167,7 @@ mod tests {
         );
         for bad in ["..", "a/b", "", "x y"] {
             let e = resolve(Path::new("/"), Some(bad)).unwrap_err();
-            assert!(e.contains("--commit"), "{e}");
+            assert!(e.to_string().contains("--commit"), "{e}");
         }
     }
 }

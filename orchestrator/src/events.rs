@@ -1,81 +1,18 @@
-//! What a run reports while it happens: the verdict vocabulary and the events the runner
-//! emits (`RunStarted`, `NodeStarted`, `AttemptFinished`, `NodeFinished`, `RunFinished`).
+//! What a run reports while it happens: the events the runner emits (`RunStarted`,
+//! `NodeStarted`, `AttemptFinished`, `JobChanged`, `NodeFinished`, `RunFinished`).
 //!
-//! The runner never prints and never writes files about itself; the terminal display, the
-//! receipt writer and the JUnit writer are [`Listener`]s fed with these events. This module
-//! owns the types only; it does not decide verdicts (see `protocol`) or order work.
+//! The runner never prints and never writes files about itself; the terminal display and the
+//! receipt writer (which renders `junit.xml` at the end) are [`Listener`]s fed with these
+//! events. This module
+//! owns the types only; it does not decide verdicts (see `protocol`; the vocabulary is
+//! `verdict`) or order work.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::plan::{CellId, CellIndex, NodeKind};
 use crate::receipt::NodeReceipt;
-
-/// How a node (or one attempt) ended. Ordered from best to worst, so that "the worse of two"
-/// is `max`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verdict {
-    Pass,
-    Skipped,
-    Fail,
-    Crash,
-    Timeout,
-    Error,
-    Blocked,
-    Cancelled,
-}
-
-impl Verdict {
-    pub const ALL: [Verdict; 8] = [
-        Verdict::Pass,
-        Verdict::Fail,
-        Verdict::Crash,
-        Verdict::Timeout,
-        Verdict::Error,
-        Verdict::Skipped,
-        Verdict::Blocked,
-        Verdict::Cancelled,
-    ];
-
-    /// Whether a node that ended with this verdict lets the run end with exit code 0.
-    /// `skipped` does (it is listed, not failed); everything else but `pass` does not.
-    pub fn as_expected(self) -> bool {
-        matches!(self, Verdict::Pass | Verdict::Skipped)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Verdict::Pass => "pass",
-            Verdict::Fail => "fail",
-            Verdict::Crash => "crash",
-            Verdict::Timeout => "timeout",
-            Verdict::Error => "error",
-            Verdict::Skipped => "skipped",
-            Verdict::Blocked => "blocked",
-            Verdict::Cancelled => "cancelled",
-        }
-    }
-
-    /// Whether a receipt with this verdict is final, so that `run --resume` keeps it instead
-    /// of running the node again. Blocked and skipped nodes are re-evaluated because what
-    /// caused them (a dependency, the GPUs present) may have changed; cancelled ones never
-    /// finished.
-    pub fn is_final(self) -> bool {
-        matches!(
-            self,
-            Verdict::Pass | Verdict::Fail | Verdict::Crash | Verdict::Timeout | Verdict::Error
-        )
-    }
-}
-
-impl std::fmt::Display for Verdict {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use crate::verdict::Verdict;
 
 /// Where a node runs: which GPUs (as exported in CUDA_VISIBLE_DEVICES) or a CPU slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +21,16 @@ pub enum Placement {
     Gpus(Vec<usize>),
     /// A CPU slot number (0-based); the orchestrator runs compare nodes in one too.
     CpuSlot(usize),
+}
+
+/// A change in the life of a cluster job that runs a cell (Slurm), for the display.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobNote {
+    pub job_id: String,
+    /// `submitted`, `pending`, `running`, or the final Slurm state (`COMPLETED`, …).
+    pub state: String,
+    /// Slurm's reason for a pending job (`Resources`, `Priority`), empty otherwise.
+    pub reason: String,
 }
 
 /// One event of a run, in the order the runner observed it.
@@ -109,6 +56,12 @@ pub enum Event {
         rep: u32,
         outcome: Verdict,
         seconds: f64,
+    },
+    /// A cluster job of a running cell changed state (submitted, pending, running, ended).
+    JobChanged {
+        cell: CellIndex,
+        id: CellId,
+        note: JobNote,
     },
     NodeFinished {
         cell: CellIndex,
@@ -140,42 +93,5 @@ pub trait Listener {
     /// makes the run end with the internal-error exit code.
     fn finish(&mut self) -> Result<(), String> {
         Ok(())
-    }
-}
-
-/// Counts per verdict, with every verdict present (zero when none), so files diff cleanly.
-pub fn count(verdicts: impl IntoIterator<Item = Verdict>) -> BTreeMap<Verdict, usize> {
-    let mut counts: BTreeMap<Verdict, usize> = Verdict::ALL.iter().map(|v| (*v, 0)).collect();
-    for v in verdicts {
-        *counts.entry(v).or_default() += 1;
-    }
-    counts
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn worse_of_two_is_max() {
-        assert_eq!(Verdict::Pass.max(Verdict::Fail), Verdict::Fail);
-        assert_eq!(Verdict::Fail.max(Verdict::Error), Verdict::Error);
-        assert_eq!(Verdict::Crash.max(Verdict::Fail), Verdict::Crash);
-    }
-
-    #[test]
-    fn only_pass_and_skipped_are_as_expected() {
-        let ok: Vec<_> = Verdict::ALL.iter().filter(|v| v.as_expected()).collect();
-        assert_eq!(ok, [&Verdict::Pass, &Verdict::Skipped]);
-    }
-
-    #[test]
-    fn serde_names_are_lowercase() {
-        assert_eq!(
-            serde_json::to_string(&Verdict::Cancelled).unwrap(),
-            "\"cancelled\""
-        );
-        let v: Verdict = serde_json::from_str("\"timeout\"").unwrap();
-        assert_eq!(v, Verdict::Timeout);
     }
 }

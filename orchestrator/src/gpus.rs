@@ -25,6 +25,9 @@ pub enum InventorySource {
     Nvml,
     Fake,
     None,
+    /// Job slots of a Slurm run: Slurm chooses the real devices, one slot per GPU the
+    /// partition has.
+    Slurm,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,6 +39,13 @@ pub struct Inventory {
     /// Said once to the user when something is off (no NVML library, CUDA_VISIBLE_DEVICES
     /// names an unknown device…).
     pub note: Option<String>,
+}
+
+/// The output formats of `gpus`: a table, or the inventory as the receipts record it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GpusFormat {
+    Text,
+    Json,
 }
 
 /// The `--gpus` override.
@@ -70,6 +80,21 @@ impl Inventory {
             cuda_driver_version: None,
             note: None,
         }
+    }
+}
+
+impl Inventory {
+    /// The GPU slots of a Slurm run: `n` of them, none naming a device (no UUID), since
+    /// Slurm picks the GPUs when a job starts. They bound how many jobs wait in its queue
+    /// and rule out cells no node could hold.
+    pub fn slurm_slots(n: u32) -> Inventory {
+        let mut inv = Inventory::fake(n);
+        inv.source = InventorySource::Slurm;
+        for g in &mut inv.gpus {
+            g.uuid = String::new();
+            g.name = "a GPU Slurm allocates".to_string();
+        }
+        inv
     }
 }
 
@@ -365,6 +390,7 @@ pub fn render_text(inv: &Inventory) -> String {
         InventorySource::Nvml => "nvml",
         InventorySource::Fake => "fake",
         InventorySource::None => "none",
+        InventorySource::Slurm => "slurm",
     };
     let mut s = String::new();
     if inv.gpus.is_empty() {
@@ -433,24 +459,6 @@ pub fn render_text(inv: &Inventory) -> String {
         );
     }
     s
-}
-
-/// The `gpus` subcommand.
-pub fn command(args: &crate::cli::GpusArgs) -> crate::ExitCode {
-    let inv = detect(&args.gpus);
-    if let Some(note) = &inv.note {
-        eprintln!("note: {note}");
-    }
-    match args.format {
-        crate::cli::GpusFormat::Text => print!("{}", render_text(&inv)),
-        crate::cli::GpusFormat::Json => {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&inv).expect("inventory serializes")
-            );
-        }
-    }
-    crate::ExitCode::Ok
 }
 
 #[cfg(test)]

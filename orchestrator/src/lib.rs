@@ -1,11 +1,16 @@
 //! memra-orch: the declarative gate orchestrator.
 //!
 //! Data flows one way: manifest text → raw serde structs ([`manifest`]) → validated
-//! [`plan::Plan`] (cells and their DAG, [`graph`]) → [`schedule`] → runner events ([`run`])
-//! → listeners ([`receipt`], [`report`]) → [`diff`].
+//! [`plan::Plan`] (cells and their DAG, [`graph`]) → [`schedule`] → runner events ([`run`],
+//! [`events`]) → listeners ([`report`], which files the [`receipt`] tree) → [`diff`].
+//!
+//! The command line is two layers on top: [`cli`] holds the clap types and [`cmd`] one
+//! module per subcommand that turns them into the library's options; nothing below `cmd`
+//! knows the command line exists.
 
 pub mod attest;
 pub mod cli;
+pub mod cmd;
 pub mod commit;
 pub mod compare;
 pub mod diagnostics;
@@ -15,8 +20,6 @@ pub mod executor;
 pub mod exit;
 pub mod gpus;
 pub mod graph;
-pub mod housekeeping;
-pub mod junit;
 pub mod load;
 pub mod manifest;
 pub mod matrix;
@@ -27,10 +30,11 @@ pub mod report;
 pub mod run;
 pub mod schedule;
 pub mod subst;
+pub mod verdict;
 
 pub use exit::ExitCode;
 
 /// Entry point of the `memra-orch` binary; returns the process exit code.
 pub fn main() -> i32 {
-    cli::main()
+    cmd::main()
 }

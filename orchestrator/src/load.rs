@@ -1,15 +1,13 @@
-//! Loading a manifest from disk into a validated [`crate::plan::Plan`] ([`load_plan`]), and
-//! the `plan` and `validate` subcommands. The stages live in their own modules (parse:
-//! [`crate::manifest`]; expand and link: [`build`]; print: [`render`]); this module reads
-//! the file, finds the root and reports.
+//! Loading a manifest from disk into a validated [`crate::plan::Plan`] ([`load_plan`]). The
+//! stages live in their own modules (parse: [`crate::manifest`]; expand and link: [`build`];
+//! print: [`render`]); this module reads the file, finds the root and reports. The `plan`
+//! and `validate` subcommands that print the outcome are in the `cmd` module.
 
 pub mod build;
 pub mod render;
 
 use std::path::{Path, PathBuf};
 
-use crate::ExitCode;
-use crate::cli::{PlanArgs, ValidateArgs};
 use crate::diagnostics::{Diagnostic, Diagnostics, SourceText};
 use crate::plan::Plan;
 
@@ -72,57 +70,4 @@ pub fn find_root(manifest: &Path) -> PathBuf {
         .find(|d| d.join(".git").exists())
         .map(Path::to_path_buf)
         .unwrap_or(folder)
-}
-
-/// The `plan` subcommand.
-pub fn plan_command(args: &PlanArgs) -> ExitCode {
-    let plan = match load_plan_with_vars(&args.manifest, &args.vars) {
-        Ok(p) => p,
-        Err(d) => {
-            eprintln!("{d}");
-            return ExitCode::Usage;
-        }
-    };
-    let selected = match crate::plan::select(&plan, &args.filters) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::Usage;
-        }
-    };
-    let out = match args.format {
-        crate::cli::PlanFormat::Text => render::text(&plan, &selected),
-        crate::cli::PlanFormat::Json => render::json(&plan, &selected),
-        crate::cli::PlanFormat::Dot => render::dot(&plan, &selected),
-    };
-    print!("{out}");
-    ExitCode::Ok
-}
-
-/// The `validate` subcommand: every manifest is checked, every problem printed.
-pub fn validate_command(args: &ValidateArgs) -> ExitCode {
-    let mut bad = 0;
-    for path in &args.manifests {
-        match load_plan(path) {
-            Ok(plan) => {
-                let nodes: std::collections::BTreeSet<&str> =
-                    plan.cells.iter().map(|c| c.node.0.as_str()).collect();
-                println!(
-                    "ok: {} ({} nodes, {} cells)",
-                    path.display(),
-                    nodes.len(),
-                    plan.cells.len()
-                );
-            }
-            Err(d) => {
-                bad += 1;
-                eprintln!("{d}");
-            }
-        }
-    }
-    if bad > 0 {
-        ExitCode::Usage
-    } else {
-        ExitCode::Ok
-    }
 }

@@ -5,7 +5,7 @@
 //!
 //! This module checks what one value can say about itself (its type, its syntax, that a key
 //! exists). It does not apply defaults, expand matrices, substitute `${…}` or resolve `needs`
-//! (the `load` pipeline, [`crate::matrix`], [`crate::subst`] and [`crate::graph`] do).
+//! (the `load` pipeline, `matrix`, [`crate::subst`] and [`crate::graph`] do).
 
 use std::ops::Range;
 use std::time::Duration;

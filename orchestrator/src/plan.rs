@@ -198,12 +198,29 @@ pub const DEFAULT_INHERIT: &[&str] = &[
     "LD_LIBRARY_PATH",
 ];
 
+/// A `--filter` that cannot select anything, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("--filter `{filter}` {kind}")]
+pub struct FilterError {
+    pub filter: String,
+    pub kind: FilterErrorKind,
+}
+
+/// What is wrong with a [`FilterError`]'s filter.
+#[derive(Debug, thiserror::Error)]
+pub enum FilterErrorKind {
+    #[error("is not a valid glob ({0}); write `[[]` for a literal `[`, or give a whole cell id")]
+    BadGlob(globset::Error),
+    #[error("matches no cell of `{manifest}`; `memra-orch plan` lists the cell ids")]
+    NoMatch { manifest: String },
+}
+
 /// Which cells a set of filters selects: each filter is a glob over cell ids and node ids
 /// (`decode-*`; a filter equal to a cell id selects that cell even though `[` is glob syntax)
 /// or `tag:NAME`. No filter selects everything; a selected cell's needs are selected too,
 /// transitively. A filter that selects nothing is an error, so a typo does not silently run
 /// an empty plan.
-pub fn select(plan: &Plan, filters: &[String]) -> Result<Vec<bool>, String> {
+pub fn select(plan: &Plan, filters: &[String]) -> Result<Vec<bool>, FilterError> {
     if filters.is_empty() {
         return Ok(vec![true; plan.cells.len()]);
     }
@@ -222,9 +239,10 @@ pub fn select(plan: &Plan, filters: &[String]) -> Result<Vec<bool>, String> {
                 Ok(g) => Some(g.compile_matcher()),
                 Err(_) if plan.cells.iter().any(|c| c.id.0 == *f) => None,
                 Err(e) => {
-                    return Err(format!(
-                        "--filter `{f}` is not a valid glob ({e}); write `[[]` for a literal `[`, or give a whole cell id"
-                    ));
+                    return Err(FilterError {
+                        filter: f.clone(),
+                        kind: FilterErrorKind::BadGlob(e),
+                    });
                 }
             };
             let exact = f.clone();
@@ -243,10 +261,12 @@ pub fn select(plan: &Plan, filters: &[String]) -> Result<Vec<bool>, String> {
             }
         }
         if !any {
-            return Err(format!(
-                "--filter `{f}` matches no cell of `{}`; `memra-orch plan` lists the cell ids",
-                plan.name
-            ));
+            return Err(FilterError {
+                filter: f.clone(),
+                kind: FilterErrorKind::NoMatch {
+                    manifest: plan.name.clone(),
+                },
+            });
         }
     }
     let mut stack: Vec<usize> = (0..plan.cells.len()).filter(|&i| selected[i]).collect();

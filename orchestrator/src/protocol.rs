@@ -14,8 +14,8 @@ use std::path::Path;
 use memra_protocol::{EXIT_FAIL, EXIT_PASS};
 use serde_json::Value;
 
-use crate::events::Verdict;
 use crate::plan::TextVerdict;
+use crate::verdict::Verdict;
 
 /// The row types and the report are the protocol crate's; the orchestrator has always
 /// called the status `CheckStatus`.

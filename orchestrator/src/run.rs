@@ -1,7 +1,8 @@
 //! Running a plan: the loop that takes cells whose dependencies ended as expected, asks the
 //! scheduler for resources, hands them to an executor on a worker thread each, and turns
-//! what comes back into events for the listeners; and the `run` subcommand that wires the
-//! manifest, GPUs, commit, receipt tree, signals and display around it.
+//! what comes back into events for the listeners. The `run` subcommand that wires the
+//! manifest, GPUs, commit, receipt tree, signals and display around it is
+//! `cmd::run`.
 //!
 //! The loop decides `blocked` (naming the dependency), `skipped` (filter, impossible
 //! resources, a skipped dependency), `cancelled` (interrupt, `--fail-fast`) and reuses
@@ -12,23 +13,18 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use crate::ExitCode;
-use crate::cli::{ExecutorKind, ProgressMode, RunArgs};
-use crate::events::{self, Event, Listener, Placement, Verdict};
+use crate::events::{Event, JobNote, Listener, Placement};
 use crate::executor::inputs::{DigestCache, inputs_digest};
-use crate::executor::local::{DEFAULT_GRACE, LocalExecutor};
-use crate::executor::slurm::{Resources, SlurmExecutor, SlurmOptions};
-use crate::executor::{CellJob, Executor, compare};
+use crate::executor::{CellJob, CellNote, Executor, compare};
 use crate::gpus::Inventory;
 use crate::plan::{Cell, CellIndex, NodeKind, Plan};
-use crate::receipt::tree::{self, RunLock, Tree};
-use crate::receipt::writer::ReceiptWriter;
-use crate::receipt::{
-    AttemptRecord, FileDigest, GpuRef, NodeReceipt, RUN_SCHEMA, RunReceipt, read_node_receipt, slug,
-};
+use crate::receipt::tree::Tree;
+use crate::receipt::{AttemptRecord, FileDigest, GpuRef, NodeReceipt, read_node_receipt, slug};
 use crate::schedule::{self, Pool, ReadyQueue};
+use crate::verdict::{self, Verdict};
 
 /// How to run a plan (already resolved: paths absolute, the tree chosen).
 #[derive(Debug, Clone)]
@@ -79,6 +75,7 @@ enum Msg {
     /// The cell really runs (it was not kept from an earlier run).
     Started(CellIndex, Placement),
     Attempt(CellIndex, AttemptRecord),
+    Job(CellIndex, JobNote),
     Done {
         cell: CellIndex,
         placement: Placement,
@@ -234,7 +231,7 @@ pub fn execute(
             _ => Verdict::Cancelled,
         })
         .collect();
-    let counts = events::count(verdicts.iter().copied());
+    let counts = verdict::count(verdicts.iter().copied());
     let elapsed = start.elapsed();
     let interrupted = runner.interrupted;
     runner.emit(&Event::RunFinished {
@@ -415,6 +412,10 @@ impl Runner<'_, '_> {
                     outcome: rec.outcome,
                     seconds: rec.seconds,
                 });
+            }
+            Msg::Job(cell, note) => {
+                let id = self.plan.cell(cell).id.clone();
+                self.emit(&Event::JobChanged { cell, id, note });
             }
             Msg::Done {
                 cell,
@@ -644,10 +645,13 @@ fn run_cell(
     if let (Some((reference, candidate)), Some(policy)) = (compare, policy) {
         return (compare::run(&job, &reference, &candidate, &policy), false);
     }
-    let mut on_attempt = |rec: &AttemptRecord| {
-        let _ = tx.send(Msg::Attempt(cell, rec.clone()));
+    let mut on_note = |note: CellNote| {
+        let _ = tx.send(match note {
+            CellNote::Attempt(rec) => Msg::Attempt(cell, rec),
+            CellNote::Job(note) => Msg::Job(cell, note),
+        });
     };
-    (executor.execute(&job, &mut on_attempt), false)
+    (executor.execute(&job, &mut on_note), false)
 }
 
 /// The receipt of a cell that never ran: what it would have run, and why it did not.
@@ -675,225 +679,4 @@ fn redact_pin(name: &str, value: &str) -> String {
     } else {
         value.to_string()
     }
-}
-
-/// The `run` subcommand.
-pub fn command(args: &RunArgs) -> ExitCode {
-    match command_inner(args) {
-        Ok(code) => code,
-        Err((code, message)) => {
-            eprintln!("memra-orch run: {message}");
-            code
-        }
-    }
-}
-
-fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
-    let usage = |m: String| (ExitCode::Usage, m);
-    let plan = crate::load::load_plan_with_vars(&args.manifest, &args.vars)
-        .map_err(|d| usage(d.to_string()))?;
-    let selected = if args.filters.is_empty() {
-        None
-    } else {
-        Some(crate::plan::select(&plan, &args.filters).map_err(usage)?)
-    };
-    if args.executor == ExecutorKind::Local {
-        let given: Vec<&str> = [
-            ("--partition", args.partition.is_some()),
-            ("--account", args.account.is_some()),
-            ("--slurm-arg", !args.slurm_args.is_empty()),
-        ]
-        .into_iter()
-        .filter_map(|(flag, set)| set.then_some(flag))
-        .collect();
-        if !given.is_empty() {
-            return Err(usage(format!(
-                "{} only apply to Slurm jobs; add --executor slurm or leave them out",
-                given.join(", ")
-            )));
-        }
-    }
-    let inventory = match args.executor {
-        ExecutorKind::Local => crate::gpus::detect(&args.gpus),
-        ExecutorKind::Slurm => slurm_slots(args).map_err(usage)?,
-    };
-    if let Some(note) = &inventory.note {
-        eprintln!("memra-orch: {note}");
-    }
-    let commit = crate::commit::resolve(&plan.root, args.commit.as_deref()).map_err(usage)?;
-    let receipts = match &args.receipts {
-        Some(r) if r.is_absolute() => r.clone(),
-        Some(r) => std::env::current_dir()
-            .map_err(|e| (ExitCode::Internal, e.to_string()))?
-            .join(r),
-        None => plan.root.join("receipts"),
-    };
-    let tree = Tree::new(&receipts, &commit.id, &plan.name);
-    let _lock = RunLock::acquire(&tree).map_err(usage)?;
-    let previous = tree::previous_run(&receipts, &plan.name)
-        .map(|r| tree::durations(&r))
-        .unwrap_or_default();
-    let internal = |m: String| (ExitCode::Internal, m);
-    if !args.resume {
-        tree.clear_nodes().map_err(internal)?;
-    }
-    let interrupt = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&interrupt))
-            .map_err(|e| internal(format!("cannot install the signal handler: {e}")))?;
-    }
-    let jobs = args
-        .jobs
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1);
-    let grace = args.grace.unwrap_or(DEFAULT_GRACE);
-    let tmp_root = std::env::temp_dir().join(format!("memra-orch-{}", std::process::id()));
-    let opts = RunOptions {
-        tree: tree.clone(),
-        jobs,
-        fail_fast: args.fail_fast,
-        selected,
-        resume: args.resume,
-        previous,
-        interrupt,
-    };
-    let header = RunReceipt {
-        schema: RUN_SCHEMA,
-        name: plan.name.clone(),
-        manifest: source_digest(&plan.manifest),
-        env_matrices: plan.env_matrices.iter().map(source_digest).collect(),
-        commit: commit.id.clone(),
-        commit_sha: commit.sha.clone(),
-        dirty: commit.dirty,
-        host: hostname(),
-        orchestrator_version: env!("CARGO_PKG_VERSION").to_string(),
-        inventory: serde_json::to_value(&inventory).unwrap_or_default(),
-        cpu_slots: jobs,
-        filters: args.filters.clone(),
-        resumed: args.resume,
-        start: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-        end: None,
-        seconds: None,
-        interrupted: false,
-        counts: BTreeMap::new(),
-        verdict: "running".to_string(),
-        nodes: Vec::new(),
-    };
-    let mode = match args.progress {
-        ProgressMode::Auto if std::io::IsTerminal::is_terminal(&std::io::stderr()) => {
-            ProgressMode::Bars
-        }
-        ProgressMode::Auto => ProgressMode::Plain,
-        m => m,
-    };
-    let mut display = crate::report::progress::Progress::new(mode, &plan, &inventory);
-    let executor: Arc<dyn Executor> = match args.executor {
-        ExecutorKind::Local => Arc::new(LocalExecutor::new(grace, tmp_root.clone())),
-        ExecutorKind::Slurm => Arc::new(SlurmExecutor::new(
-            slurm_options(args, &plan, &receipts, &commit.id, grace).map_err(internal)?,
-            Some(display.job_observer()),
-        )),
-    };
-    let pairs = plan
-        .cells
-        .iter()
-        .filter_map(|c| c.compare.as_ref())
-        .map(|c| (c.reference.0, c.candidate.0))
-        .collect();
-    let mut writer = ReceiptWriter::new(tree.clone(), header, plan.cells.len()).with_pairs(pairs);
-    let outcome = {
-        let mut listeners: [&mut dyn Listener; 2] = [&mut writer, &mut display];
-        execute(&plan, &inventory, executor, &opts, &mut listeners)
-    };
-    let _ = std::fs::remove_dir_all(&tmp_root);
-    let written = writer.finish();
-    if mode != ProgressMode::Quiet {
-        print!(
-            "{}",
-            crate::report::summary::table(writer.receipts(), &outcome, &tree)
-        );
-    }
-    written.map_err(internal)?;
-    Ok(outcome.exit_code())
-}
-
-/// For `--executor slurm`: the GPU slots the run may keep busy at once, one per GPU the
-/// partition has (`--gpus fake:N` sets N by hand). Slurm chooses the real devices; the
-/// slots only bound how many jobs wait in its queue and rule out cells no node could hold.
-fn slurm_slots(args: &RunArgs) -> Result<Inventory, String> {
-    let n = match args.gpus {
-        crate::gpus::GpuSpec::Fake(n) => n,
-        crate::gpus::GpuSpec::None => 0,
-        _ => crate::executor::slurm::cluster_gpus(args.partition.as_deref())?,
-    };
-    let mut inv = Inventory::fake(n);
-    for g in &mut inv.gpus {
-        g.uuid = format!("{}{}", crate::executor::slurm::SLURM_SLOT, g.index);
-        g.name = "a GPU Slurm allocates".to_string();
-    }
-    inv.note = None;
-    Ok(inv)
-}
-
-/// The Slurm executor's settings: job files in `<receipts>/.slurm/<commit>/<manifest>/`,
-/// next to (not inside) the receipt tree, so the tree has the shape of a local run's;
-/// cleared at the start of a run unless it resumes.
-fn slurm_options(
-    args: &RunArgs,
-    plan: &Plan,
-    receipts: &std::path::Path,
-    commit: &str,
-    grace: Duration,
-) -> Result<SlurmOptions, String> {
-    let exe = std::env::current_exe()
-        .map_err(|e| format!("cannot find the memra-orch binary for the Slurm jobs: {e}"))?;
-    let spool = receipts.join(".slurm").join(commit).join(&plan.name);
-    // `--resume` completes the earlier run, so its journal of jobs grows instead.
-    if spool.exists() && !args.resume {
-        std::fs::remove_dir_all(&spool)
-            .map_err(|e| format!("{}: cannot clear old job files: {e}", spool.display()))?;
-    }
-    Ok(SlurmOptions {
-        partition: args.partition.clone(),
-        account: args.account.clone(),
-        extra_args: args.slurm_args.clone(),
-        spool,
-        exe,
-        grace,
-        job_name: format!("memra:{}", plan.name),
-        poll: Duration::from_millis(250),
-        resources: plan
-            .cells
-            .iter()
-            .map(|c| {
-                (
-                    c.id.0.clone(),
-                    Resources {
-                        cpus: c.cpus,
-                        memory: c.memory,
-                    },
-                )
-            })
-            .collect(),
-    })
-}
-
-fn source_digest(s: &crate::plan::SourceFile) -> FileDigest {
-    let bytes = std::fs::metadata(&s.path).map(|m| m.len()).unwrap_or(0);
-    FileDigest {
-        path: s.path.to_string_lossy().into_owned(),
-        bytes,
-        sha256: s.sha256.clone(),
-    }
-}
-
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname writes at most that many bytes.
-    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if r != 0 {
-        return "unknown".to_string();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
 }

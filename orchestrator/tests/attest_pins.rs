@@ -3,9 +3,7 @@
 //! pair that differs only in MEMRA_X carries a `pin had no effect` warning in both receipts,
 //! the summary names it, verdicts are untouched, and MEMRA_Y is never flagged.
 
-mod diff_support;
-
-use diff_support::{HEADER, Repo, have_git};
+use crate::diff_support::{HEADER, Repo, have_git};
 use serde_json::Value;
 
 #[test]

@@ -1,9 +1,7 @@
 //! Shared helpers for the diff, attestation and housekeeping tests: a scratch git repository
 //! holding a manifest and the fixture gate, committed and run with the real `memra-orch`
-//! binary, so receipts land in `receipts/<sha>/<manifest>` exactly as in real use. Included
-//! by the test files with `mod`; as a test target of its own it has no tests.
-
-#![allow(dead_code)]
+//! binary, so receipts land in `receipts/<sha>/<manifest>` exactly as in real use. A module
+//! of the one integration-test binary (`lib.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

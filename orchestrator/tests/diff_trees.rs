@@ -4,9 +4,7 @@
 //! and a removed node, in text, markdown and JSON (snapshots with commits, times and paths
 //! redacted), exit 1 because something regressed, and find nothing between a run and itself.
 
-mod diff_support;
-
-use diff_support::{HEADER, Repo, arm, have_git, stdout};
+use crate::diff_support::{HEADER, Repo, arm, have_git, stdout};
 
 struct Two {
     repo: Repo,

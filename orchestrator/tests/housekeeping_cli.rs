@@ -3,9 +3,7 @@
 //! rejects unknown nodes with a suggestion, and `gc --keep 1` deletes the two older trees
 //! (and their commit folders) but never a tree a live run holds.
 
-mod diff_support;
-
-use diff_support::{HEADER, Repo, arm, have_git, stdout};
+use crate::diff_support::{HEADER, Repo, arm, have_git, stdout};
 
 #[test]
 fn ls_show_and_gc() {

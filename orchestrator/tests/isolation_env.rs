@@ -2,9 +2,7 @@
 //! gate; the caller's secrets and MEMRA_* pins do not, in the gate or in the receipts; stdin
 //! is empty; the gate leads its own process group; TMPDIR is private and removed afterwards.
 
-mod run_support;
-
-use run_support::{Fixture, files_under};
+use crate::run_support::{Fixture, files_under};
 
 const MANIFEST: &str = r#"
 schema = 1

@@ -1,11 +1,9 @@
 //! A timeout stops the whole process group of an attempt: the gate and the grandchild it
 //! started; and nothing a gate leaves behind outlives its attempt.
 
-mod run_support;
-
 use std::time::{Duration, Instant};
 
-use run_support::{Fixture, alive, eventually, proc_stat};
+use crate::run_support::{Fixture, alive, eventually, proc_stat};
 
 /// How long a process may take to die once killed, on a loaded machine.
 const DEATH: Duration = Duration::from_secs(60);

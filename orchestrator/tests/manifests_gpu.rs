@@ -4,12 +4,10 @@
 //! the reason on one GPU, and `scripts/device-battery` runs the one-GPU battery with prebuilt
 //! binaries, every GPU arm skipped and the results copied to `$OUT`.
 
-mod run_support;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use run_support::read_json;
+use crate::run_support::read_json;
 use serde_json::Value;
 
 /// The repository root, or `None` outside a git checkout (the manifests' paths resolve

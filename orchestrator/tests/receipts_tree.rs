@@ -2,23 +2,21 @@
 //! previous run's nodes, and the run lock keeps two runs out of one tree. The tree of a full
 //! smoke run is checked in `smoke_manifest.rs`.
 
-mod run_support;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use crate::run_support::{Fixture, files_under, gates, read_json};
 use memra_orch::events::Listener;
 use memra_orch::executor::local::LocalExecutor;
 use memra_orch::gpus::Inventory;
 use memra_orch::plan::{Cell, CellId, Expect, NodeId, NodeKind, Plan, SourceFile};
 use memra_orch::receipt::tree::Tree;
-use memra_orch::receipt::writer::ReceiptWriter;
 use memra_orch::receipt::{RUN_SCHEMA, RunReceipt};
+use memra_orch::report::writer::ReceiptWriter;
 use memra_orch::run::{RunOptions, execute};
-use run_support::{Fixture, files_under, gates, read_json};
 
 fn cell(id: &str, argv: Vec<String>, root: &Path) -> Cell {
     Cell {

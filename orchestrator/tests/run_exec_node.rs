@@ -1,14 +1,12 @@
 //! The hidden `exec-node` entry point a cluster executor calls: one serialised cell job in,
 //! the same receipt the local run writes out.
 
-mod run_support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::run_support::{gates, read_json};
 use memra_orch::executor::CellJob;
 use memra_orch::plan::{Expect, NodeKind};
-use run_support::{gates, read_json};
 
 fn job(node_dir: &std::path::Path, gate: &str) -> CellJob {
     CellJob {

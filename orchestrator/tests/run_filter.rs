@@ -1,8 +1,6 @@
 //! `--fail-fast` and `--filter`.
 
-mod run_support;
-
-use run_support::Fixture;
+use crate::run_support::Fixture;
 
 #[test]
 fn fail_fast_cancels_what_has_not_started() {

@@ -2,11 +2,9 @@
 //! `cancelled`, the tree is consistent, and `run --resume` completes it without re-running
 //! the nodes that had finished.
 
-mod run_support;
-
 use std::time::Duration;
 
-use run_support::{Fixture, eventually, read_json};
+use crate::run_support::{Fixture, eventually, read_json};
 
 #[test]
 fn interrupt_then_resume_completes_the_tree() {

@@ -1,9 +1,7 @@
 //! Shared helpers for the `run` integration tests: a manifest in a fresh folder (outside any
 //! git repository, so its root is that folder), the real `memra-orch` binary run against it,
-//! and readers for the receipt tree it leaves. Included by the test files with `mod`; as a
-//! test target of its own it has no tests.
-
-#![allow(dead_code)]
+//! and readers for the receipt tree it leaves. A module of the one integration-test binary
+//! (`lib.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output};

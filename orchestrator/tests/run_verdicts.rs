@@ -1,9 +1,7 @@
 //! How attempts become verdicts: reps, retries, `expect = "fail"`, the protocol's
 //! consistency rule, text verdict regexes, crashes, and `blocked` dependents.
 
-mod run_support;
-
-use run_support::Fixture;
+use crate::run_support::Fixture;
 
 #[test]
 fn reps_retries_and_expect() {

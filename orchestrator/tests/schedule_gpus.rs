@@ -1,11 +1,9 @@
 //! GPU scheduling on fake GPUs: exclusive devices per arm, concurrency across devices,
 //! multi-GPU arms, and requests that can never be met.
 
-mod run_support;
-
 use std::collections::BTreeSet;
 
-use run_support::{Fixture, epoch};
+use crate::run_support::{Fixture, epoch};
 
 const MANIFEST: &str = r#"
 schema = 1

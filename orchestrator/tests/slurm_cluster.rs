@@ -5,15 +5,13 @@
 //! The script needs root; elsewhere (or without the script) every test here skips, saying
 //! why. The tests share one cluster of 4 GPUs, so they run one at a time.
 
-mod run_support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use run_support::{COMMIT, Fixture, Running, epoch, files_under};
+use crate::run_support::{COMMIT, Fixture, Running, epoch, files_under};
 use serde_json::Value;
 
 fn script() -> PathBuf {
@@ -39,10 +37,23 @@ fn cluster() -> Option<ClusterGuard> {
             return Err(format!("{} does not exist", script().display()));
         }
         let _start = lock();
-        let out = Command::new(script())
-            .args(["start", "4"])
-            .output()
-            .expect("the Slurm script can be started");
+        let mut start = Command::new(script());
+        start.args(["start", "4"]);
+        // The script leaves daemons running (munged, slurmctld, slurmd). They must not
+        // inherit this process's descriptors beyond stdio: one may be a lock the caller
+        // holds around the whole test run (a build lock taken with flock(1)), which a
+        // daemon would then hold for as long as it lives.
+        // Marked close-on-exec rather than closed, so the pipe the standard library uses to
+        // report a failed exec keeps working.
+        // SAFETY: close_range is async-signal-safe and changes only the child's descriptor
+        // flags, after fork and before exec.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut start, || {
+                libc::close_range(3, u32::MAX, libc::CLOSE_RANGE_CLOEXEC as libc::c_int);
+                Ok(())
+            });
+        }
+        let out = start.output().expect("the Slurm script can be started");
         assert!(
             out.status.success(),
             "{} start 4 failed:\n{}\n{}",

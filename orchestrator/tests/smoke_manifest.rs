@@ -3,13 +3,11 @@
 //! engine binaries of this test build (`--var bin=…`, `--var build=…`), and the receipts it
 //! leaves checked node by node.
 
-mod run_support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::run_support::{gates, read_json};
 use memra_orch::receipt::sha256_file;
-use run_support::{gates, read_json};
 use serde_json::Value;
 
 /// The repository root, or `None` (the test then skips, saying why) outside a git checkout:

@@ -3,23 +3,19 @@
 //! artifact digests), metric drift, duration drift, doors changes, new and removed nodes,
 //! and environment changes (host, driver, GPUs, binaries).
 //!
-//! This module owns the comparison rules and the `diff` subcommand. Finding trees is
-//! [`resolve`]'s job, reading them [`load`]'s, and printing them [`render`]'s; it never
-//! writes anything.
+//! This module owns the comparison rules; the `diff` subcommand is in `cmd::diff`. Finding
+//! trees is `receipt::resolve`'s job, reading them `receipt::load`'s, and printing them
+//! [`render`]'s; it never writes anything.
 
-pub mod load;
 pub mod render;
-pub mod resolve;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::ExitCode;
-use crate::cli::{DiffArgs, DiffFormat};
-use crate::events::Verdict;
-use load::{LoadedNode, LoadedRun};
+use crate::receipt::load::{self, LoadedNode, LoadedRun};
+use crate::verdict::Verdict;
 
 /// What `diff` reads of a node receipt; everything else (environment, argv, attempts) is
 /// skipped while parsing.
@@ -50,7 +46,9 @@ pub struct DiffCheck {
 pub type DiffRun = LoadedRun<DiffReceipt>;
 
 /// Loads a tree for diffing.
-pub fn load_for_diff(dir: &std::path::Path) -> Result<DiffRun, String> {
+pub fn load_for_diff(
+    dir: &std::path::Path,
+) -> Result<DiffRun, crate::receipt::error::ReceiptError> {
     load::load_as(dir)
 }
 
@@ -561,67 +559,6 @@ fn binaries(run: &DiffRun) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Parses a fraction: `0.05` or `5%`.
-pub fn parse_fraction(s: &str) -> Result<f64, String> {
-    let (num, scale) = match s.trim().strip_suffix('%') {
-        Some(p) => (p, 0.01),
-        None => (s.trim(), 1.0),
-    };
-    num.trim()
-        .parse::<f64>()
-        .ok()
-        .map(|v| v * scale)
-        .filter(|v| v.is_finite() && *v >= 0.0)
-        .ok_or_else(|| format!("{s:?}: not a fraction; write 0.05 or 5%"))
-}
-
-/// Parses a non-negative number (an absolute floor).
-pub fn parse_floor(s: &str) -> Result<f64, String> {
-    s.trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|v| v.is_finite() && *v >= 0.0)
-        .ok_or_else(|| format!("{s:?}: not a non-negative number; write for example 1e-9"))
-}
-
-/// The `diff` subcommand.
-pub fn command(args: &DiffArgs) -> ExitCode {
-    match command_inner(args) {
-        Ok(code) => code,
-        Err(message) => {
-            eprintln!("memra-orch diff: {message}");
-            ExitCode::Usage
-        }
-    }
-}
-
-fn command_inner(args: &DiffArgs) -> Result<ExitCode, String> {
-    let receipts = resolve::receipts_root(args.receipts.as_deref())?;
-    let manifest = args.manifest.as_deref();
-    let old_dir = resolve::resolve(&args.old, &receipts, manifest)?;
-    let new_dir = resolve::resolve(&args.new, &receipts, manifest)?;
-    let (old, new) = rayon::join(|| load_for_diff(&old_dir), || load_for_diff(&new_dir));
-    let (old, new) = (old?, new?);
-    let thresholds = Thresholds {
-        metric_rel: args.metric_rel,
-        metric_abs: args.metric_abs,
-        duration_abs: args.duration_abs.as_secs_f64(),
-        duration_rel: args.duration_rel,
-    };
-    let d = diff(&old, &new, &thresholds);
-    let text = match args.format {
-        DiffFormat::Text => render::text(&d, render::use_color(args.color)),
-        DiffFormat::Markdown => render::markdown(&d),
-        DiffFormat::Json => render::json(&d),
-    };
-    print!("{text}");
-    Ok(if d.regressed() {
-        ExitCode::NotAsExpected
-    } else {
-        ExitCode::Ok
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -699,14 +636,5 @@ mod tests {
         assert_eq!(what, ["driver", "GPUs", "binary /bin/gate"]);
         assert_eq!(d.environment[0].new.as_deref(), Some("560.2"));
         assert!(!d.regressed());
-    }
-
-    #[test]
-    fn fractions() {
-        assert_eq!(parse_fraction("5%").unwrap(), 0.05);
-        assert_eq!(parse_fraction("0.2").unwrap(), 0.2);
-        assert!(parse_fraction("-1").is_err());
-        assert!(parse_fraction("x%").unwrap_err().contains("5%"));
-        assert!(parse_floor("nan").is_err());
     }
 }

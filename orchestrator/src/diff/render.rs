@@ -9,7 +9,32 @@ use std::fmt::Write;
 use serde_json::Value;
 
 use super::{ArtifactMove, Diff, VerdictChange};
-use crate::cli::ColorMode;
+use crate::commit::short_commit;
+
+/// The output formats of `diff`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DiffFormat {
+    Text,
+    Markdown,
+    Json,
+}
+
+/// When text output is coloured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColorMode {
+    Auto,
+    Always,
+    Never,
+}
+
+/// Renders a diff in the chosen format; `color` applies to text only.
+pub fn render(d: &Diff, format: DiffFormat, color: ColorMode) -> String {
+    match format {
+        DiffFormat::Text => text(d, use_color(color)),
+        DiffFormat::Markdown => markdown(d),
+        DiffFormat::Json => json(d),
+    }
+}
 
 /// Whether `--color` asks for colour here: `always`, or `auto` with stdout on a terminal and
 /// `NO_COLOR` unset or empty (<https://no-color.org>).
@@ -47,19 +72,6 @@ impl Paint {
         } else {
             s.to_string()
         }
-    }
-}
-
-/// First 12 characters of a 40-hex commit folder name, keeping `-dirty`.
-pub fn short_commit(c: &str) -> String {
-    let (base, dirty) = match c.strip_suffix("-dirty") {
-        Some(b) => (b, "-dirty"),
-        None => (c, ""),
-    };
-    if base.len() == 40 && base.chars().all(|ch| ch.is_ascii_hexdigit()) {
-        format!("{}{dirty}", &base[..12])
-    } else {
-        c.to_string()
     }
 }
 

@@ -6,9 +6,9 @@ use std::path::Path;
 use std::time::{Instant, SystemTime};
 
 use super::CellJob;
-use crate::events::Verdict;
 use crate::plan::{Expect, Policy};
 use crate::receipt::{AttemptRecord, NodeReceipt};
+use crate::verdict::Verdict;
 
 /// Runs a compare cell in-process: the reference's artifact against the candidate's.
 pub fn run(job: &CellJob, reference: &Path, candidate: &Path, policy: &Policy) -> NodeReceipt {

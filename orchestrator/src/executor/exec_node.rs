@@ -4,6 +4,7 @@
 //! (what the Slurm executor's batch script passes) the cell's GPUs are the ones the cluster
 //! scheduler exported in CUDA_VISIBLE_DEVICES, not the ones in the job file.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -11,17 +12,39 @@ use std::time::Duration;
 use super::local::{DEFAULT_GRACE, LocalExecutor};
 use super::{CellJob, Executor};
 use crate::ExitCode;
-use crate::cli::ExecNodeArgs;
 use crate::gpus::GpuSpec;
 use crate::receipt::GpuRef;
 
-/// The hidden `exec-node` subcommand: runs one cell from a job file through the local
-/// executor, on whatever machine this is, and writes `<node_dir>/receipt.json` (or the
-/// `--receipt` path). SIGTERM or
-/// SIGINT (a cancelled cluster job) stops the cell's process groups and the receipt says
+/// What one `exec-node` call runs.
+#[derive(Debug, Clone)]
+pub struct ExecNodeOptions {
+    /// The JSON job file.
+    pub job: PathBuf,
+    /// Time between SIGTERM and SIGKILL when the cell times out or the job is cancelled.
+    pub grace: Duration,
+    /// Take the cell's GPUs from this process's CUDA_VISIBLE_DEVICES, not the job file.
+    pub gpus_from_env: bool,
+    /// Where to write the receipt (`None`: `receipt.json` in the job's node folder).
+    pub receipt: Option<PathBuf>,
+}
+
+impl Default for ExecNodeOptions {
+    fn default() -> ExecNodeOptions {
+        ExecNodeOptions {
+            job: PathBuf::new(),
+            grace: DEFAULT_GRACE,
+            gpus_from_env: false,
+            receipt: None,
+        }
+    }
+}
+
+/// Runs one cell from a job file through the local executor, on whatever machine this is,
+/// and writes `<node_dir>/receipt.json` (or the `receipt` path). SIGTERM or SIGINT (a
+/// cancelled cluster job) stops the cell's process groups and the receipt says
 /// `cancelled`. Exit code 0 when the receipt was written (its verdict is in the file), 2
 /// for an unreadable job file, 3 when the receipt could not be written.
-pub fn command(args: &ExecNodeArgs) -> ExitCode {
+pub fn exec_node(args: &ExecNodeOptions) -> ExitCode {
     let mut job: CellJob = match std::fs::read(&args.job)
         .map_err(|e| e.to_string())
         .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
@@ -47,10 +70,7 @@ pub fn command(args: &ExecNodeArgs) -> ExitCode {
         }
     }
     let tmp_root = std::env::temp_dir().join(format!("memra-orch-{}", std::process::id()));
-    let executor = Arc::new(LocalExecutor::new(
-        args.grace.unwrap_or(DEFAULT_GRACE),
-        tmp_root.clone(),
-    ));
+    let executor = Arc::new(LocalExecutor::new(args.grace, tmp_root.clone()));
     let done = Arc::new(AtomicBool::new(false));
     // The executor blocks in the cell; a small thread turns a signal into a cancellation.
     let canceller = {

@@ -17,13 +17,13 @@ use regex::Regex;
 
 use super::env::{self, OrchVars};
 use super::process::Watchdog;
-use super::{CellJob, Executor};
-use crate::events::Verdict;
+use super::{CellJob, CellNote, Executor};
 use crate::plan::{Cell, Expect, NodeKind, TextVerdict};
 use crate::protocol::{self, GateReport, ProcessEnd, Stopped};
 use crate::receipt::{
     Artifact, AttemptRecord, FileDigest, NodeReceipt, attempt_dir_name, sha256_file,
 };
+use crate::verdict::Verdict;
 
 /// Default time between SIGTERM and SIGKILL.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
@@ -102,7 +102,7 @@ struct AttemptResult {
 }
 
 impl Executor for LocalExecutor {
-    fn execute(&self, job: &CellJob, on_attempt: &mut dyn FnMut(&AttemptRecord)) -> NodeReceipt {
+    fn execute(&self, job: &CellJob, on_note: &mut dyn FnMut(CellNote)) -> NodeReceipt {
         let started = Instant::now();
         let mut receipt = job.receipt();
         if let Err(e) = reset_dir(&job.node_dir) {
@@ -139,7 +139,7 @@ impl Executor for LocalExecutor {
             loop {
                 n += 1;
                 let result = self.attempt(job, n, rep, text.as_ref());
-                on_attempt(&result.record);
+                on_note(CellNote::Attempt(result.record.clone()));
                 receipt.attempts.push(result.record.clone());
                 let outcome = result.record.outcome;
                 let retry = matches!(outcome, Verdict::Crash | Verdict::Timeout | Verdict::Error)

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::events::JobNote;
 use crate::plan::{Expect, NodeKind};
 use crate::receipt::{AttemptRecord, FileDigest, GpuRef, NodeReceipt};
 
@@ -65,12 +66,22 @@ pub struct CellJob {
     pub program: Option<PathBuf>,
 }
 
+/// What an executor reports of a cell while it runs, before it returns the receipt.
+#[derive(Debug, Clone)]
+pub enum CellNote {
+    /// An attempt ended.
+    Attempt(AttemptRecord),
+    /// A cluster job of the cell changed state.
+    Job(JobNote),
+}
+
 /// Runs cells. Implementations must be usable from several threads at once: the runner
 /// calls [`Executor::execute`] on one thread per running cell.
 pub trait Executor: Send + Sync {
     /// Runs every attempt of the cell and returns its receipt (not yet written: the
-    /// receipt writer does that). `on_attempt` is called after each attempt.
-    fn execute(&self, job: &CellJob, on_attempt: &mut dyn FnMut(&AttemptRecord)) -> NodeReceipt;
+    /// receipt writer does that). `on_note` is called after each attempt and, for a
+    /// cluster executor, whenever one of the cell's jobs changes state.
+    fn execute(&self, job: &CellJob, on_note: &mut dyn FnMut(CellNote)) -> NodeReceipt;
 
     /// Stops every running attempt (SIGTERM, grace, SIGKILL for local processes) and makes
     /// later `execute` calls return `cancelled` at once. A second call stops what is still

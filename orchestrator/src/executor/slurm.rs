@@ -16,13 +16,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{CellJob, Executor};
-use crate::events::Verdict;
-use crate::receipt::{AttemptRecord, NodeReceipt, read_node_receipt};
+use super::{CellJob, CellNote, Executor};
+use crate::events::JobNote;
+use crate::receipt::{NodeReceipt, read_node_receipt};
+use crate::verdict::Verdict;
 
 /// How long a job may keep running after the run was interrupted before the executor stops
 /// waiting for its receipt (Slurm's own KillWait is 30 s by default).
@@ -70,20 +71,6 @@ pub struct JobState {
     pub reason: String,
 }
 
-/// A change in a job's life, for the progress display.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobNote {
-    pub cell: String,
-    pub job_id: String,
-    /// `submitted`, `pending`, `running`, or the final Slurm state (`COMPLETED`, …).
-    pub state: String,
-    /// Slurm's reason for a pending job (`Resources`, `Priority`), empty otherwise.
-    pub reason: String,
-}
-
-/// Receives job notes; called from the worker threads.
-pub type JobObserver = Arc<dyn Fn(&JobNote) + Send + Sync>;
-
 /// How a job that ended without a receipt is judged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ending {
@@ -102,14 +89,10 @@ pub struct SlurmExecutor {
     /// Jobs submitted and not yet seen to end. Held while submitting, so a cancel either
     /// sees the new id or stops the submission.
     active: Mutex<BTreeMap<String, String>>,
-    observer: Option<JobObserver>,
     /// Serialises appends to the job journal.
     journal: Mutex<()>,
     snapshot: Mutex<Snapshot>,
 }
-
-/// The UUID prefix of the GPU slots a Slurm run schedules on (`slurm-slot-<n>`).
-pub const SLURM_SLOT: &str = "slurm-slot-";
 
 /// The journal of a run's jobs in the spool folder, one JSON object per line.
 pub const JOBS_FILE: &str = "jobs.jsonl";
@@ -123,26 +106,14 @@ impl std::fmt::Debug for SlurmExecutor {
 }
 
 impl SlurmExecutor {
-    pub fn new(opts: SlurmOptions, observer: Option<JobObserver>) -> SlurmExecutor {
+    pub fn new(opts: SlurmOptions) -> SlurmExecutor {
         SlurmExecutor {
             opts,
             cancelled: AtomicBool::new(false),
             cancel_calls: AtomicU32::new(0),
             active: Mutex::new(BTreeMap::new()),
-            observer,
             journal: Mutex::new(()),
             snapshot: Mutex::new(Snapshot::default()),
-        }
-    }
-
-    fn note(&self, cell: &str, job_id: &str, state: &str, reason: &str) {
-        if let Some(o) = &self.observer {
-            o(&JobNote {
-                cell: cell.to_string(),
-                job_id: job_id.to_string(),
-                state: state.to_string(),
-                reason: reason.to_string(),
-            });
         }
     }
 
@@ -235,7 +206,7 @@ impl SlurmExecutor {
     }
 
     /// Polls a job until it ends; returns its last state (`None` when Slurm forgot it).
-    fn wait(&self, job: &CellJob, id: &str) -> Option<JobState> {
+    fn wait(&self, job: &CellJob, id: &str, on_note: &mut dyn FnMut(CellNote)) -> Option<JobState> {
         let mut last = String::new();
         let mut cancelled_at: Option<Instant> = None;
         let mut failing_since: Option<Instant> = None;
@@ -268,7 +239,7 @@ impl SlurmExecutor {
                 } else {
                     ""
                 };
-                self.note(&job.id, id, shown, reason);
+                on_note(job_note(id, shown, reason));
             }
             if is_final(&state.state) {
                 return Some(state);
@@ -325,15 +296,23 @@ enum Query {
     Failed(String),
 }
 
+fn job_note(job_id: &str, state: &str, reason: &str) -> CellNote {
+    CellNote::Job(JobNote {
+        job_id: job_id.to_string(),
+        state: state.to_string(),
+        reason: reason.to_string(),
+    })
+}
+
 /// How long Slurm may fail to answer about a job before the executor stops waiting.
 const QUERY_PATIENCE: Duration = Duration::from_secs(300);
 
 const CANCELLED_BEFORE: &str = "cancelled: the run was interrupted before this cell was submitted";
 
 impl Executor for SlurmExecutor {
-    fn execute(&self, job: &CellJob, on_attempt: &mut dyn FnMut(&AttemptRecord)) -> NodeReceipt {
+    fn execute(&self, job: &CellJob, on_note: &mut dyn FnMut(CellNote)) -> NodeReceipt {
         let mut jobs = Vec::new();
-        let mut r = self.execute_jobs(job, on_attempt, &mut jobs);
+        let mut r = self.execute_jobs(job, on_note, &mut jobs);
         r.slurm_jobs = jobs;
         r
     }
@@ -402,7 +381,7 @@ impl SlurmExecutor {
     fn execute_jobs(
         &self,
         job: &CellJob,
-        on_attempt: &mut dyn FnMut(&AttemptRecord),
+        on_note: &mut dyn FnMut(CellNote),
         jobs: &mut Vec<String>,
     ) -> NodeReceipt {
         let mut lost: Vec<String> = Vec::new();
@@ -441,8 +420,8 @@ impl SlurmExecutor {
                 Err(e) if e == CANCELLED_BEFORE => return fail(Verdict::Cancelled, e),
                 Err(e) => return fail(Verdict::Error, e),
             };
-            self.note(&job.id, &id, "submitted", "");
-            let end = self.wait(job, &id);
+            on_note(job_note(&id, "submitted", ""));
+            let end = self.wait(job, &id, on_note);
             self.active
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -455,7 +434,7 @@ impl SlurmExecutor {
             let lost_now = end.as_ref().is_some_and(|s| is_lost(&s.state));
             if !lost_now && let Some(mut r) = read_receipt(&receipt_path, state == "COMPLETED") {
                 for a in &r.attempts {
-                    on_attempt(a);
+                    on_note(CellNote::Attempt(a.clone()));
                 }
                 if !lost.is_empty() {
                     let note = format!("after Slurm lost {}", lost.join(", "));

@@ -12,6 +12,23 @@ use crate::plan::{Cell, Plan, Policy};
 /// Format version of the JSON plan.
 pub const PLAN_JSON_VERSION: u32 = 1;
 
+/// The output formats of `plan`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlanFormat {
+    Text,
+    Json,
+    Dot,
+}
+
+/// Renders the selected cells of a plan in the chosen format.
+pub fn render(plan: &Plan, selected: &[bool], format: PlanFormat) -> String {
+    match format {
+        PlanFormat::Text => text(plan, selected),
+        PlanFormat::Json => json(plan, selected),
+        PlanFormat::Dot => dot(plan, selected),
+    }
+}
+
 fn order(plan: &Plan, selected: &[bool]) -> Vec<usize> {
     let all = topological_order(plan)
         .unwrap_or_else(|| (0..plan.cells.len()).map(crate::plan::CellIndex).collect());

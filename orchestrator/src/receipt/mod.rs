@@ -1,13 +1,16 @@
 //! The receipt tree of DESIGN §6: the record formats (`run.json`, `receipt.json`), where
-//! each file lives ([`tree`]), and the listener that writes them as a run goes
-//! ([`writer`]).
+//! each file lives ([`tree`]), finding trees from what a user names ([`resolve`]), reading
+//! them back ([`load`]) and deleting old ones ([`gc`]).
 //!
 //! It owns file formats, paths, digests and atomic writes. It does not run anything and does
-//! not decide verdicts; the human summary and JUnit files are rendered by `report` and
-//! `junit` and only stored here.
+//! not decide verdicts; the listener that writes receipts as a run goes, the human summary
+//! and the JUnit file are `report`'s, and only stored here.
 
+pub mod error;
+pub mod gc;
+pub mod load;
+pub mod resolve;
 pub mod tree;
-pub mod writer;
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -17,9 +20,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::events::Verdict;
 use crate::plan::{Expect, NodeKind};
 use crate::protocol::CheckRow;
+use crate::verdict::Verdict;
+use error::{ReceiptError, ReceiptErrorKind as Kind};
 
 /// Format version of `receipt.json`.
 pub const RECEIPT_SCHEMA: u32 = 1;
@@ -88,7 +92,7 @@ pub struct NodeReceipt {
     /// The full effective environment of the last attempt; values of names that look
     /// secret are `<redacted>`.
     pub env: BTreeMap<String, String>,
-    /// The program that ran (argv[0] resolved through PATH) and the `produces` of the setup
+    /// The program that ran (`argv[0]` resolved through PATH) and the `produces` of the setup
     /// nodes this one needs.
     pub binaries: Vec<FileDigest>,
     /// For setup nodes: the files they produced.
@@ -202,6 +206,62 @@ pub struct RunReceipt {
     pub nodes: Vec<NodeIndexEntry>,
 }
 
+impl RunReceipt {
+    /// The header of a run that starts now: what it runs, on which commit, host and GPUs,
+    /// with nothing finished yet (`verdict` is `running`).
+    pub fn begin(
+        plan: &crate::plan::Plan,
+        commit: &crate::commit::CommitId,
+        inventory: &crate::gpus::Inventory,
+        cpu_slots: usize,
+        filters: &[String],
+        resumed: bool,
+    ) -> RunReceipt {
+        RunReceipt {
+            schema: RUN_SCHEMA,
+            name: plan.name.clone(),
+            manifest: source_digest(&plan.manifest),
+            env_matrices: plan.env_matrices.iter().map(source_digest).collect(),
+            commit: commit.id.clone(),
+            commit_sha: commit.sha.clone(),
+            dirty: commit.dirty,
+            host: hostname(),
+            orchestrator_version: env!("CARGO_PKG_VERSION").to_string(),
+            inventory: serde_json::to_value(inventory).unwrap_or_default(),
+            cpu_slots,
+            filters: filters.to_vec(),
+            resumed,
+            start: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            end: None,
+            seconds: None,
+            interrupted: false,
+            counts: BTreeMap::new(),
+            verdict: "running".to_string(),
+            nodes: Vec::new(),
+        }
+    }
+}
+
+fn source_digest(s: &crate::plan::SourceFile) -> FileDigest {
+    let bytes = std::fs::metadata(&s.path).map(|m| m.len()).unwrap_or(0);
+    FileDigest {
+        path: s.path.to_string_lossy().into_owned(),
+        bytes,
+        sha256: s.sha256.clone(),
+    }
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at most that many bytes.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if r != 0 {
+        return "unknown".to_string();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
 /// Lower-case hex of bytes.
 pub fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
@@ -265,49 +325,40 @@ pub fn slug(id: &str) -> String {
 /// reader (or a run killed half-way) sees the old content or the new, never a torn file.
 /// No fsync: a receipt tree is a record of a run on a live machine, and a power loss mid-run
 /// is recovered by `run --resume`, which re-runs any node whose receipt is missing.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReceiptError> {
     let dir = path
         .parent()
-        .ok_or_else(|| format!("{}: has no parent folder", path.display()))?;
+        .ok_or_else(|| ReceiptError::new(path, Kind::NoParent))?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(|e| {
-        format!(
-            "{}: cannot write: {e}; check the receipt folder is writable",
-            tmp.display()
-        )
-    })?;
-    std::fs::rename(&tmp, path)
-        .map_err(|e| format!("{}: cannot rename into place: {e}", path.display()))
+    std::fs::write(&tmp, bytes).map_err(|e| ReceiptError::new(&tmp, Kind::Write(e)))?;
+    std::fs::rename(&tmp, path).map_err(|e| ReceiptError::new(path, Kind::Rename(e)))
 }
 
 /// Serialises a record as pretty JSON with a trailing newline and writes it atomically.
-pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), String> {
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), ReceiptError> {
     let mut text = serde_json::to_vec_pretty(value)
-        .map_err(|e| format!("{}: cannot serialise: {e}", path.display()))?;
+        .map_err(|e| ReceiptError::new(path, Kind::Serialise(e)))?;
     text.push(b'\n');
     write_atomic(path, &text)
 }
 
 /// Reads a node receipt; `None` when absent, an error naming the file when unreadable.
-pub fn read_node_receipt(path: &Path) -> Result<Option<NodeReceipt>, String> {
+pub fn read_node_receipt(path: &Path) -> Result<Option<NodeReceipt>, ReceiptError> {
     read_json(path)
 }
 
 /// Reads a JSON record; `None` when absent.
-pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, String> {
+pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, ReceiptError> {
     match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-            format!(
-                "{}: not a receipt this version understands: {e}",
-                path.display()
-            )
-        }),
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| ReceiptError::new(path, Kind::Format(e))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: cannot read: {e}", path.display())),
+        Err(e) => Err(ReceiptError::new(path, Kind::Read(e))),
     }
 }
 

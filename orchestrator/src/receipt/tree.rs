@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use super::error::{ReceiptError, ReceiptErrorKind as Kind};
 use super::{RunReceipt, attempt_dir_name, read_json};
 
 /// The paths of one manifest's receipt tree for one commit.
@@ -57,24 +58,16 @@ impl Tree {
     /// Removes the node folders of an earlier run of this tree (a fresh run, not
     /// `--resume`), so no stale attempt of a node that no longer exists survives. The old
     /// folder is renamed away first so the tree is never half-deleted under a new run.
-    pub fn clear_nodes(&self) -> Result<(), String> {
+    pub fn clear_nodes(&self) -> Result<(), ReceiptError> {
         let nodes = self.nodes();
         if !nodes.exists() {
             return Ok(());
         }
         let trash = self.dir.join(format!(".nodes.old.{}", std::process::id()));
-        std::fs::rename(&nodes, &trash).map_err(|e| {
-            format!(
-                "{}: cannot move the previous run's nodes aside: {e}",
-                nodes.display()
-            )
-        })?;
-        std::fs::remove_dir_all(&trash).map_err(|e| {
-            format!(
-                "{}: cannot remove the previous run's nodes: {e}",
-                trash.display()
-            )
-        })
+        std::fs::rename(&nodes, &trash)
+            .map_err(|e| ReceiptError::new(&nodes, Kind::MoveNodesAside(e)))?;
+        std::fs::remove_dir_all(&trash)
+            .map_err(|e| ReceiptError::new(&trash, Kind::RemoveOldNodes(e)))
     }
 }
 
@@ -86,13 +79,9 @@ pub struct RunLock {
 }
 
 impl RunLock {
-    pub fn acquire(tree: &Tree) -> Result<RunLock, String> {
-        std::fs::create_dir_all(&tree.dir).map_err(|e| {
-            format!(
-                "{}: cannot create the receipt folder: {e}",
-                tree.dir.display()
-            )
-        })?;
+    pub fn acquire(tree: &Tree) -> Result<RunLock, ReceiptError> {
+        std::fs::create_dir_all(&tree.dir)
+            .map_err(|e| ReceiptError::new(&tree.dir, Kind::CreateFolder(e)))?;
         let path = tree.lock_file();
         for _ in 0..2 {
             match std::fs::OpenOptions::new()
@@ -108,11 +97,7 @@ impl RunLock {
                     let text = std::fs::read_to_string(&path).unwrap_or_default();
                     match text.trim().parse::<i32>() {
                         Ok(pid) if process_alive(pid) => {
-                            return Err(format!(
-                                "{}: another memra-orch run (pid {pid}) is writing this receipt tree; \
-                                 wait for it to finish, or pass --commit or --receipts to write elsewhere",
-                                path.display()
-                            ));
+                            return Err(ReceiptError::new(path, Kind::Locked(pid)));
                         }
                         // The holder is gone (killed with SIGKILL, machine rebooted): the
                         // lock is stale and the tree is consistent by construction.
@@ -121,18 +106,10 @@ impl RunLock {
                         }
                     }
                 }
-                Err(e) => {
-                    return Err(format!(
-                        "{}: cannot create the run lock: {e}",
-                        path.display()
-                    ));
-                }
+                Err(e) => return Err(ReceiptError::new(path, Kind::CreateLock(e))),
             }
         }
-        Err(format!(
-            "{}: cannot take over a stale run lock; remove the file",
-            path.display()
-        ))
+        Err(ReceiptError::new(path, Kind::StaleLock))
     }
 }
 
@@ -173,7 +150,7 @@ pub fn previous_run(receipts: &Path, manifest_name: &str) -> Option<RunReceipt> 
 pub fn durations(run: &RunReceipt) -> HashMap<String, f64> {
     run.nodes
         .iter()
-        .filter(|n| n.verdict != crate::events::Verdict::Skipped && n.seconds > 0.0)
+        .filter(|n| n.verdict != crate::verdict::Verdict::Skipped && n.seconds > 0.0)
         .map(|n| (n.id.clone(), n.seconds))
         .collect()
 }
@@ -202,7 +179,8 @@ mod tests {
         let held = RunLock::acquire(&t).unwrap();
         let err = RunLock::acquire(&t).unwrap_err();
         assert!(
-            err.contains(&format!("pid {}", std::process::id())),
+            err.to_string()
+                .contains(&format!("pid {}", std::process::id())),
             "{err}"
         );
         drop(held);

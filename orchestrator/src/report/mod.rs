@@ -1,6 +1,15 @@
-//! What people read: the live progress display ([`progress`]) and the end-of-run summary,
-//! as a terminal table and as `summary.md` ([`summary`]). Both only render; the runner's
-//! events and the receipts are their input.
+//! Everything that listens to a run and what people read of runs: the two listeners of the
+//! runner's events, the live progress display ([`progress`]) and the receipt writer
+//! ([`writer`]); what the writer renders when a run ends, the summary (a terminal table and
+//! `summary.md`, [`summary`]) and `junit.xml` ([`junit`]); and the views of stored runs
+//! that `show` ([`show`]) and `ls` ([`ls`]) print.
+//!
+//! Only the writer writes files, and only through `receipt`'s formats and paths; the rest
+//! renders. The runner's events and the receipts are the input.
 
+pub mod junit;
+pub mod ls;
 pub mod progress;
+pub mod show;
 pub mod summary;
+pub mod writer;

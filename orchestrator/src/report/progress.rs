@@ -4,17 +4,38 @@
 //! plain line per event on stderr. Quiet: nothing.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::cli::ProgressMode;
-use crate::events::{Event, Listener, Placement, Verdict};
-use crate::executor::slurm::{JobNote, JobObserver, SLURM_SLOT};
-use crate::gpus::Inventory;
-use crate::plan::{CellIndex, Plan};
+use crate::events::{Event, JobNote, Listener, Placement};
+use crate::gpus::{Inventory, InventorySource};
+use crate::plan::{CellId, CellIndex, Plan};
 use crate::schedule::DEFAULT_ESTIMATE;
+use crate::verdict::Verdict;
+
+/// How the run is shown while it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProgressMode {
+    /// Bars on a terminal, plain lines otherwise.
+    Auto,
+    Bars,
+    Plain,
+    Quiet,
+}
+
+impl ProgressMode {
+    /// `Auto` decided for this process: bars when stderr is a terminal, else plain.
+    pub fn resolve(self) -> ProgressMode {
+        match self {
+            ProgressMode::Auto if std::io::IsTerminal::is_terminal(&std::io::stderr()) => {
+                ProgressMode::Bars
+            }
+            ProgressMode::Auto => ProgressMode::Plain,
+            m => m,
+        }
+    }
+}
 
 /// CPU slots shown as their own line at most; more would push the GPUs off the screen.
 const MAX_CPU_LINES: usize = 8;
@@ -36,7 +57,7 @@ pub struct Progress {
     started: Instant,
     bars: Option<Bars>,
     /// The line the Slurm executor's job notes go to in bars mode (set once bars exist).
-    jobs_line: Arc<Mutex<JobsLine>>,
+    jobs_line: JobsLine,
 }
 
 /// Slurm jobs by their last known state, and the bar that shows the counts.
@@ -70,7 +91,7 @@ impl Progress {
                 .gpus
                 .iter()
                 .map(|g| {
-                    if g.uuid.starts_with(SLURM_SLOT) {
+                    if inventory.source == InventorySource::Slurm {
                         format!("slot {}", g.index)
                     } else {
                         format!("gpu {}", g.index)
@@ -80,27 +101,25 @@ impl Progress {
             placement: HashMap::new(),
             started: Instant::now(),
             bars: None,
-            jobs_line: Arc::new(Mutex::new(JobsLine::default())),
+            jobs_line: JobsLine::default(),
         }
     }
 
-    /// What the Slurm executor calls when a job changes state: in plain mode a line per
-    /// change (`slurm    <cell> job <id> pending (Resources)`), with bars a line counting
-    /// jobs pending, running and done; quiet shows nothing.
-    pub fn job_observer(&self) -> JobObserver {
-        let mode = self.mode;
-        let line = Arc::clone(&self.jobs_line);
-        Arc::new(move |n: &JobNote| match mode {
+    /// A Slurm job changed state: in plain mode a line per change (`slurm    <cell> job
+    /// <id> pending (Resources)`), with bars a line counting jobs pending, running and
+    /// done; quiet shows nothing.
+    fn job_changed(&mut self, id: &CellId, n: &JobNote) {
+        match self.mode {
             ProgressMode::Plain => {
                 let why = if n.reason.is_empty() || n.reason == "None" {
                     String::new()
                 } else {
                     format!(" ({})", n.reason)
                 };
-                eprintln!("slurm    {} job {} {}{why}", n.cell, n.job_id, n.state);
+                eprintln!("slurm    {} job {} {}{why}", id.0, n.job_id, n.state);
             }
             ProgressMode::Bars => {
-                let mut l = line.lock().unwrap_or_else(|p| p.into_inner());
+                let l = &mut self.jobs_line;
                 l.states.insert(n.job_id.clone(), n.state.clone());
                 let count = |s: &str| l.states.values().filter(|v| v.as_str() == s).count();
                 let (queued, pending, running) =
@@ -115,7 +134,7 @@ impl Progress {
                 }
             }
             ProgressMode::Auto | ProgressMode::Quiet => {}
-        })
+        }
     }
 
     /// Remaining estimated work spread over every lane; `None` without a previous run,
@@ -228,12 +247,9 @@ impl Listener for Progress {
                         let cpu_lines = (0..(*cpu_slots).min(MAX_CPU_LINES))
                             .map(|s| lane_bar(&multi, format!("cpu {s}")))
                             .collect();
-                        {
-                            let mut l = self.jobs_line.lock().unwrap_or_else(|p| p.into_inner());
-                            let bar = lane_bar(&multi, "slurm".to_string());
-                            bar.set_message("no jobs yet");
-                            l.bar = Some(bar);
-                        }
+                        let bar = lane_bar(&multi, "slurm".to_string());
+                        bar.set_message("no jobs yet");
+                        self.jobs_line.bar = Some(bar);
                         self.bars = Some(Bars {
                             multi,
                             overall,
@@ -281,6 +297,7 @@ impl Listener for Progress {
                     );
                 }
             }
+            Event::JobChanged { id, note, .. } => self.job_changed(id, note),
             Event::NodeFinished {
                 cell,
                 id,
@@ -342,13 +359,7 @@ impl Listener for Progress {
                 }
             }
             Event::RunFinished { .. } => {
-                if let Some(bar) = self
-                    .jobs_line
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .bar
-                    .take()
-                {
+                if let Some(bar) = self.jobs_line.bar.take() {
                     bar.finish_and_clear();
                 }
                 if let Some(b) = self.bars.take() {

@@ -3,10 +3,10 @@
 
 use std::fmt::Write;
 
-use crate::events::Verdict;
 use crate::receipt::tree::Tree;
 use crate::receipt::{NodeIndexEntry, NodeReceipt, RunReceipt};
 use crate::run::RunOutcome;
+use crate::verdict::Verdict;
 
 /// Runs with at most this many nodes list every node in the terminal table.
 const LIST_ALL_UP_TO: usize = 30;
@@ -153,9 +153,9 @@ fn md_escape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::count;
     use crate::plan::NodeKind;
     use crate::receipt::NodeReceipt;
+    use crate::verdict::count;
 
     #[test]
     fn markdown_lists_problems_first_and_escapes_pipes() {

@@ -1,5 +1,6 @@
 //! Reading a whole receipt tree into memory for `diff` and `show`: `run.json` and every node
-//! receipt its index names, read in parallel (a 10,000-node tree is 10,000 small files).
+//! receipt its index names, read in parallel (a 10,000-node tree is 10,000 small files),
+//! and finding one node of it by what a user typed ([`find`]).
 //!
 //! It reads only; where a tree is (commit-ish, folder, `latest`) is `resolve`'s job.
 
@@ -9,8 +10,9 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use serde::de::DeserializeOwned;
 
-use crate::receipt::tree::Tree;
-use crate::receipt::{NodeIndexEntry, NodeReceipt, RunReceipt, read_json};
+use super::error::{FindError, ReceiptError, ReceiptErrorKind as Kind};
+use super::tree::Tree;
+use super::{NodeIndexEntry, NodeReceipt, RunReceipt, read_json};
 
 /// One node of a loaded run: its index row and, when the run wrote one, its receipt (the
 /// whole [`NodeReceipt`], or a leaner view that skips what the reader does not need).
@@ -30,24 +32,20 @@ pub struct LoadedRun<R = NodeReceipt> {
 }
 
 /// Loads the tree at `dir` (the folder holding `run.json`) with whole receipts.
-pub fn load(dir: &Path) -> Result<LoadedRun, String> {
+pub fn load(dir: &Path) -> Result<LoadedRun, ReceiptError> {
     load_as(dir)
 }
 
 /// Loads the tree at `dir`, reading each receipt as `R`. Fields `R` does not name are
 /// skipped by the parser without being stored, which is what makes a 10,000-node diff
 /// fast: the environment maps alone are most of a receipt.
-pub fn load_as<R: DeserializeOwned + Send>(dir: &Path) -> Result<LoadedRun<R>, String> {
+pub fn load_as<R: DeserializeOwned + Send>(dir: &Path) -> Result<LoadedRun<R>, ReceiptError> {
     let tree = Tree {
         dir: dir.to_path_buf(),
     };
-    let run: RunReceipt = read_json(&tree.run_json())?.ok_or_else(|| {
-        format!(
-            "{}: no run.json; this folder is not a receipt tree (pass a run folder, a commit or `latest`)",
-            dir.display()
-        )
-    })?;
-    let loaded: Vec<Result<(String, LoadedNode<R>), String>> = run
+    let run: RunReceipt =
+        read_json(&tree.run_json())?.ok_or_else(|| ReceiptError::new(dir, Kind::NoRunJson))?;
+    let loaded: Vec<Result<(String, LoadedNode<R>), ReceiptError>> = run
         .nodes
         .par_iter()
         .map(|entry| {
@@ -55,11 +53,12 @@ pub fn load_as<R: DeserializeOwned + Send>(dir: &Path) -> Result<LoadedRun<R>, S
                 // The slug comes from a file; a hand-edited one must not lead outside the tree.
                 Some(slug) if is_plain_name(slug) => read_json(&tree.receipt_json(slug))?,
                 Some(slug) => {
-                    return Err(format!(
-                        "{}: node {:?} has slug {slug:?}, which is not a plain folder name; \
-                         the run.json was edited or corrupted",
-                        tree.run_json().display(),
-                        entry.id
+                    return Err(ReceiptError::new(
+                        tree.run_json(),
+                        Kind::BadSlug {
+                            id: entry.id.clone(),
+                            slug: slug.clone(),
+                        },
                     ));
                 }
                 None => None,
@@ -83,6 +82,45 @@ pub fn load_as<R: DeserializeOwned + Send>(dir: &Path) -> Result<LoadedRun<R>, S
         run,
         nodes,
     })
+}
+
+/// Finds a node by exact id, by slug, or by a glob over ids (which must match exactly one).
+pub fn find<'a>(run: &'a LoadedRun, query: &str) -> Result<&'a LoadedNode, FindError> {
+    if let Some(n) = run.nodes.get(query) {
+        return Ok(n);
+    }
+    if let Some(n) = run
+        .nodes
+        .values()
+        .find(|n| n.entry.slug.as_deref() == Some(query))
+    {
+        return Ok(n);
+    }
+    let glob = globset::Glob::new(query).map(|g| g.compile_matcher());
+    let hits: Vec<&LoadedNode> = match &glob {
+        Ok(m) => run
+            .nodes
+            .values()
+            .filter(|n| m.is_match(&n.entry.id))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    match hits.as_slice() {
+        [one] => Ok(one),
+        [] => {
+            let near =
+                crate::diagnostics::did_you_mean(query, run.nodes.keys().map(String::as_str));
+            Err(FindError::NoNode {
+                dir: run.dir.clone(),
+                query: query.to_string(),
+                near: near.map(|n| n.to_string()),
+            })
+        }
+        many => Err(FindError::ManyNodes {
+            query: query.to_string(),
+            matches: many.iter().map(|n| n.entry.id.clone()).collect(),
+        }),
+    }
 }
 
 /// A single path component that is not `.` or `..`.

@@ -6,9 +6,10 @@
 //! Every file is written atomically, so a run killed at any point leaves a tree that
 //! `run --resume` can complete.
 
-use super::tree::Tree;
-use super::{NodeIndexEntry, NodeReceipt, RunReceipt, write_atomic, write_json};
 use crate::events::{Event, Listener};
+use crate::receipt::error::{ReceiptError, ReceiptErrorKind as Kind};
+use crate::receipt::tree::Tree;
+use crate::receipt::{NodeIndexEntry, NodeReceipt, RunReceipt, write_atomic, write_json};
 
 /// Writes the receipt tree of one run.
 #[derive(Debug)]
@@ -52,9 +53,9 @@ impl ReceiptWriter {
         &self.run
     }
 
-    fn record(&mut self, r: Result<(), String>) {
+    fn record<E: std::fmt::Display>(&mut self, r: Result<(), E>) {
         if let Err(e) = r {
-            self.errors.push(e);
+            self.errors.push(e.to_string());
         }
     }
 }
@@ -63,8 +64,9 @@ impl Listener for ReceiptWriter {
     fn on_event(&mut self, event: &Event) {
         match event {
             Event::RunStarted { .. } => {
-                let r = std::fs::create_dir_all(self.tree.nodes())
-                    .map_err(|e| format!("{}: cannot create: {e}", self.tree.nodes().display()))
+                let nodes = self.tree.nodes();
+                let r = std::fs::create_dir_all(&nodes)
+                    .map_err(|e| ReceiptError::new(nodes, Kind::Create(e)))
                     .and_then(|()| write_json(&self.tree.run_json(), &self.run));
                 self.record(r);
             }
@@ -90,7 +92,7 @@ impl Listener for ReceiptWriter {
                     if !reused {
                         let dir = self.tree.node_dir(&r.slug);
                         let res = std::fs::create_dir_all(&dir)
-                            .map_err(|e| format!("{}: cannot create: {e}", dir.display()))
+                            .map_err(|e| ReceiptError::new(dir, Kind::Create(e)))
                             .and_then(|()| write_json(&self.tree.receipt_json(&r.slug), r));
                         self.record(res);
                     }
@@ -123,15 +125,21 @@ impl Listener for ReceiptWriter {
                 }
                 let r = write_json(&self.tree.run_json(), &self.run);
                 self.record(r);
-                let mut md = crate::report::summary::markdown(&self.run);
+                let mut md = super::summary::markdown(&self.run);
                 md.push_str(&crate::attest::markdown(&findings));
                 let r = write_atomic(&self.tree.summary_md(), md.as_bytes());
                 self.record(r);
-                let r = crate::junit::render(&self.run, &self.receipts)
-                    .and_then(|xml| write_atomic(&self.tree.junit_xml(), xml.as_bytes()));
-                self.record(r);
+                match super::junit::render(&self.run, &self.receipts) {
+                    Ok(xml) => {
+                        let r = write_atomic(&self.tree.junit_xml(), xml.as_bytes());
+                        self.record(r);
+                    }
+                    Err(e) => self.record(Err(e)),
+                }
             }
-            Event::NodeStarted { .. } | Event::AttemptFinished { .. } => {}
+            Event::NodeStarted { .. }
+            | Event::AttemptFinished { .. }
+            | Event::JobChanged { .. } => {}
         }
     }
 

@@ -1,15 +1,13 @@
-//! `memra-orch show RUN [NODE]`: one run (header and a row per node, problems first) or one
-//! node of it (command, pins, attempts, checks, doors, artifacts, where its logs are), as
-//! text or as the stored JSON.
+//! What `memra-orch show` prints of a stored run: the run view (header and a row per node,
+//! problems first) and the node view (command, pins, attempts, checks, doors, artifacts,
+//! where its logs are). It formats a loaded tree only; finding and reading it is
+//! `receipt`'s job.
 
 use std::fmt::Write;
 
-use crate::ExitCode;
-use crate::cli::{ShowArgs, ShowFormat};
-use crate::diff::load::{LoadedNode, LoadedRun, load};
-use crate::diff::render::short_commit;
-use crate::diff::resolve::{receipts_root, resolve};
+use crate::commit::short_commit;
 use crate::receipt::NodeReceipt;
+use crate::receipt::load::{LoadedNode, LoadedRun};
 use crate::receipt::tree::Tree;
 use crate::report::summary::counts_line;
 
@@ -163,104 +161,4 @@ pub fn node_text(run: &LoadedRun, r: &NodeReceipt) -> String {
         let _ = writeln!(out, "\ncompare: {c}");
     }
     out
-}
-
-/// Finds a node by exact id, by slug, or by a glob over ids (which must match exactly one).
-pub fn find<'a>(run: &'a LoadedRun, query: &str) -> Result<&'a LoadedNode, String> {
-    if let Some(n) = run.nodes.get(query) {
-        return Ok(n);
-    }
-    if let Some(n) = run
-        .nodes
-        .values()
-        .find(|n| n.entry.slug.as_deref() == Some(query))
-    {
-        return Ok(n);
-    }
-    let glob = globset::Glob::new(query).map(|g| g.compile_matcher());
-    let hits: Vec<&LoadedNode> = match &glob {
-        Ok(m) => run
-            .nodes
-            .values()
-            .filter(|n| m.is_match(&n.entry.id))
-            .collect(),
-        Err(_) => Vec::new(),
-    };
-    match hits.as_slice() {
-        [one] => Ok(one),
-        [] => {
-            let near =
-                crate::diagnostics::did_you_mean(query, run.nodes.keys().map(String::as_str));
-            Err(format!(
-                "{}: no node {query:?}{}; `memra-orch show` without a node lists them",
-                run.dir.display(),
-                near.map(|n| format!(" (did you mean {n:?}?)"))
-                    .unwrap_or_default()
-            ))
-        }
-        many => Err(format!(
-            "{query:?} matches {} nodes ({}{}); name one",
-            many.len(),
-            many.iter()
-                .take(5)
-                .map(|n| n.entry.id.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
-            if many.len() > 5 { ", …" } else { "" }
-        )),
-    }
-}
-
-/// The `show` subcommand.
-pub fn command(args: &ShowArgs) -> ExitCode {
-    let run = || -> Result<(String, ExitCode), String> {
-        let receipts = receipts_root(args.receipts.as_deref())?;
-        let dir = resolve(&args.run, &receipts, args.manifest.as_deref())?;
-        let run = load(&dir)?;
-        let Some(query) = &args.node else {
-            let code = if run.run.verdict == "pass" {
-                ExitCode::Ok
-            } else {
-                ExitCode::NotAsExpected
-            };
-            let text = match args.format {
-                ShowFormat::Text => run_text(&run),
-                ShowFormat::Json => pretty(&run.run),
-            };
-            return Ok((text, code));
-        };
-        let node = find(&run, query)?;
-        let code = if node.entry.verdict.as_expected() {
-            ExitCode::Ok
-        } else {
-            ExitCode::NotAsExpected
-        };
-        let text = match (&node.receipt, args.format) {
-            (Some(r), ShowFormat::Text) => node_text(&run, r),
-            (Some(r), ShowFormat::Json) => pretty(r),
-            (None, _) => format!(
-                "{}: {} — {}\n(the run wrote no receipt for it: it was not selected by --filter)\n",
-                node.entry.id,
-                node.entry.verdict,
-                node.entry.reason.as_deref().unwrap_or("")
-            ),
-        };
-        Ok((text, code))
-    };
-    match run() {
-        Ok((text, code)) => {
-            print!("{text}");
-            code
-        }
-        Err(e) => {
-            eprintln!("memra-orch show: {e}");
-            ExitCode::Usage
-        }
-    }
-}
-
-fn pretty<T: serde::Serialize>(v: &T) -> String {
-    let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
-    s.push('\n');
-    s
 }

@@ -8,13 +8,13 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::receipt::{RunReceipt, read_json};
+use super::error::FindError;
+use super::{RunReceipt, read_json};
 
 /// The receipts folder: `--receipts` when given (relative to the current folder), else
 /// `receipts/` at the top of the git work tree of the current folder, else `./receipts`.
-pub fn receipts_root(given: Option<&Path>) -> Result<PathBuf, String> {
-    let cwd = std::env::current_dir()
-        .map_err(|e| format!("cannot read the current folder: {e}; pass --receipts DIR"))?;
+pub fn receipts_root(given: Option<&Path>) -> Result<PathBuf, FindError> {
+    let cwd = std::env::current_dir().map_err(FindError::CurrentDir)?;
     Ok(match given {
         Some(p) => cwd.join(p),
         None => git(&cwd, &["rev-parse", "--show-toplevel"])
@@ -36,12 +36,10 @@ pub struct FoundRun {
 
 /// Every readable run under `receipts`, newest first (by start time). Folders without a
 /// readable `run.json` are not runs and are left out.
-pub fn list_runs(receipts: &Path) -> Result<Vec<FoundRun>, String> {
-    let commits = std::fs::read_dir(receipts).map_err(|e| {
-        format!(
-            "{}: cannot list the receipts folder: {e}; run `memra-orch run` first or pass --receipts DIR",
-            receipts.display()
-        )
+pub fn list_runs(receipts: &Path) -> Result<Vec<FoundRun>, FindError> {
+    let commits = std::fs::read_dir(receipts).map_err(|error| FindError::ListReceipts {
+        receipts: receipts.to_path_buf(),
+        error,
     })?;
     let mut runs = Vec::new();
     for commit in commits.flatten() {
@@ -78,7 +76,7 @@ pub fn list_runs(receipts: &Path) -> Result<Vec<FoundRun>, String> {
 /// 3. a commit folder name under `receipts` (`<sha>-dirty`, a `--commit` id, `no-git`);
 /// 4. a commit-ish git resolves in the current folder (`HEAD~1`, a short sha, a tag), with an
 ///    optional `-dirty` suffix: `<sha>` is used when it exists, else `<sha>-dirty`.
-pub fn resolve(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<PathBuf, String> {
+pub fn resolve(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<PathBuf, FindError> {
     let as_path = Path::new(spec);
     if as_path.is_dir() {
         if as_path.join("run.json").is_file() {
@@ -91,14 +89,10 @@ pub fn resolve(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<Pa
             .into_iter()
             .filter(|r| manifest.is_none_or(|m| r.run.name == m))
             .collect();
-        let latest = runs.first().ok_or_else(|| {
-            format!(
-                "{spec}: no run{} under {}; run `memra-orch run` first or pass --receipts DIR",
-                manifest
-                    .map(|m| format!(" of manifest {m:?}"))
-                    .unwrap_or_default(),
-                receipts.display()
-            )
+        let latest = runs.first().ok_or_else(|| FindError::NoRun {
+            spec: spec.to_string(),
+            manifest: manifest.map(str::to_string),
+            receipts: receipts.to_path_buf(),
         })?;
         if spec == "latest" {
             return Ok(latest.dir.clone());
@@ -108,15 +102,12 @@ pub fn resolve(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<Pa
             .skip(1)
             .find(|r| r.run.name == latest.run.name)
             .map(|r| r.dir.clone())
-            .ok_or_else(|| {
-                format!(
-                    "previous: only one run of manifest {:?} under {}; name two runs or commits instead",
-                    latest.run.name,
-                    receipts.display()
-                )
+            .ok_or_else(|| FindError::OnlyOneRun {
+                manifest: latest.run.name.clone(),
+                receipts: receipts.to_path_buf(),
             });
     }
-    if crate::diff::load::is_plain_name(spec) && receipts.join(spec).is_dir() {
+    if super::load::is_plain_name(spec) && receipts.join(spec).is_dir() {
         return pick_manifest(&receipts.join(spec), manifest, spec);
     }
     let (base, dirty) = match spec.strip_suffix("-dirty") {
@@ -133,13 +124,9 @@ pub fn resolve(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<Pa
             &format!("{base}^{{commit}}"),
         ],
     )
-    .ok_or_else(|| {
-        format!(
-            "{spec:?}: not a run folder, not `latest`/`previous`, not a commit folder under {} \
-             and not a commit git knows here; pass a folder, a commit (`HEAD~1`, a short sha) or \
-             `latest`",
-            receipts.display()
-        )
+    .ok_or_else(|| FindError::Unknown {
+        spec: spec.to_string(),
+        receipts: receipts.to_path_buf(),
     })?;
     let clean = receipts.join(&sha);
     let dirty_dir = receipts.join(format!("{sha}-dirty"));
@@ -148,21 +135,27 @@ pub fn resolve(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<Pa
     } else if dirty_dir.is_dir() {
         dirty_dir
     } else {
-        return Err(format!(
-            "{spec:?} is commit {sha}, but {} has no receipts for it (looked for {}{}); \
-             run the battery at that commit or pass --receipts DIR",
-            receipts.display(),
-            if dirty { "" } else { "`<sha>` and " },
-            "`<sha>-dirty`"
-        ));
+        return Err(FindError::NoReceiptsForCommit {
+            spec: spec.to_string(),
+            sha,
+            receipts: receipts.to_path_buf(),
+            dirty,
+        });
     };
     pick_manifest(&dir, manifest, spec)
 }
 
 /// The run folder of `manifest` inside a commit folder, or the only one there is.
-fn pick_manifest(commit_dir: &Path, manifest: Option<&str>, spec: &str) -> Result<PathBuf, String> {
+fn pick_manifest(
+    commit_dir: &Path,
+    manifest: Option<&str>,
+    spec: &str,
+) -> Result<PathBuf, FindError> {
     let mut names: Vec<String> = std::fs::read_dir(commit_dir)
-        .map_err(|e| format!("{}: cannot list: {e}", commit_dir.display()))?
+        .map_err(|error| FindError::ListCommit {
+            dir: commit_dir.to_path_buf(),
+            error,
+        })?
         .flatten()
         .filter(|e| e.path().join("run.json").is_file())
         .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -170,26 +163,23 @@ fn pick_manifest(commit_dir: &Path, manifest: Option<&str>, spec: &str) -> Resul
     names.sort();
     match manifest {
         Some(m) if names.iter().any(|n| n == m) => Ok(commit_dir.join(m)),
-        Some(m) => Err(format!(
-            "{spec}: {} holds no run of manifest {m:?} (it holds: {}); check --manifest",
-            commit_dir.display(),
-            if names.is_empty() {
-                "none".to_string()
-            } else {
-                names.join(", ")
-            }
-        )),
+        Some(m) => Err(FindError::NoSuchManifest {
+            spec: spec.to_string(),
+            dir: commit_dir.to_path_buf(),
+            manifest: m.to_string(),
+            held: names,
+        }),
         None => match names.as_slice() {
             [one] => Ok(commit_dir.join(one)),
-            [] => Err(format!(
-                "{spec}: {} holds no receipt tree (no <manifest>/run.json)",
-                commit_dir.display()
-            )),
-            many => Err(format!(
-                "{spec}: {} holds runs of several manifests ({}); pick one with --manifest NAME",
-                commit_dir.display(),
-                many.join(", ")
-            )),
+            [] => Err(FindError::NoTree {
+                spec: spec.to_string(),
+                dir: commit_dir.to_path_buf(),
+            }),
+            _ => Err(FindError::SeveralManifests {
+                spec: spec.to_string(),
+                dir: commit_dir.to_path_buf(),
+                held: names,
+            }),
         },
     }
 }
@@ -236,7 +226,7 @@ mod tests {
         // Not a run: no run.json.
         std::fs::create_dir_all(r.join("c3/empty")).unwrap();
         assert_eq!(resolve("c1", r, None).unwrap(), r.join("c1/smoke"));
-        let err = resolve("c2", r, None).unwrap_err();
+        let err = resolve("c2", r, None).unwrap_err().to_string();
         assert!(
             err.contains("nightly, smoke") && err.contains("--manifest"),
             "{err}"
@@ -245,10 +235,11 @@ mod tests {
         assert!(
             resolve("c3", r, None)
                 .unwrap_err()
+                .to_string()
                 .contains("no receipt tree")
         );
         assert_eq!(resolve("latest", r, None).unwrap(), r.join("c2/nightly"));
-        let err = resolve("previous", r, None).unwrap_err();
+        let err = resolve("previous", r, None).unwrap_err().to_string();
         assert!(
             err.contains("only one run of manifest \"nightly\""),
             "{err}"

@@ -7,8 +7,8 @@ use quick_junit::{
 };
 use std::time::Duration;
 
-use crate::events::Verdict;
 use crate::receipt::{AttemptRecord, NodeReceipt, RunReceipt};
+use crate::verdict::Verdict;
 
 /// Renders the JUnit report of a run.
 pub fn render(run: &RunReceipt, receipts: &[Option<Box<NodeReceipt>>]) -> Result<String, String> {

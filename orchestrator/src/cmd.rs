@@ -1,0 +1,51 @@
+//! The command layer: one module per subcommand. Each takes its clap arguments
+//! ([`crate::cli`]), builds the library's options from them once, calls the library and
+//! returns the exit code. Only this layer and `cli` know the command line exists; the
+//! modules below it take plain options values.
+
+pub mod diff;
+pub mod exec_node;
+pub mod gc;
+pub mod gpus;
+pub mod ls;
+pub mod plan;
+pub mod run;
+pub mod show;
+pub mod validate;
+
+use clap::Parser;
+
+use crate::ExitCode;
+use crate::cli::{Cli, Command};
+
+/// Parses the command line and runs the subcommand; returns the exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() {
+                ExitCode::Usage
+            } else {
+                ExitCode::Ok
+            };
+            let _ = e.print();
+            return code.code();
+        }
+    };
+    dispatch(cli.command).code()
+}
+
+/// Runs one parsed subcommand.
+pub fn dispatch(command: Command) -> ExitCode {
+    match command {
+        Command::Run(args) => run::command(&args),
+        Command::Plan(args) => plan::command(&args),
+        Command::Validate(args) => validate::command(&args),
+        Command::Gpus(args) => gpus::command(&args),
+        Command::Diff(args) => diff::command(&args),
+        Command::Show(args) => show::command(&args),
+        Command::Ls(args) => ls::command(&args),
+        Command::Gc(args) => gc::command(&args),
+        Command::ExecNode(args) => exec_node::command(&args),
+    }
+}

@@ -1,0 +1,17 @@
+//! The hidden `memra-orch exec-node <job.json>`: the compute-node half of a cluster
+//! executor, which runs one cell and writes its receipt ([`crate::executor::exec_node`]).
+
+use crate::ExitCode;
+use crate::cli::ExecNodeArgs;
+use crate::executor::exec_node::{ExecNodeOptions, exec_node};
+
+/// The `exec-node` subcommand.
+pub fn command(args: &ExecNodeArgs) -> ExitCode {
+    let defaults = ExecNodeOptions::default();
+    exec_node(&ExecNodeOptions {
+        job: args.job.clone(),
+        grace: args.grace.unwrap_or(defaults.grace),
+        gpus_from_env: args.gpus_from_env,
+        receipt: args.receipt.clone(),
+    })
+}

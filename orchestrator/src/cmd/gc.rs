@@ -1,0 +1,55 @@
+//! `memra-orch gc --keep N`: finds the runs under the receipts folder and deletes all but
+//! the newest N of each manifest (or prints what it would delete).
+
+use crate::ExitCode;
+use crate::cli::GcArgs;
+use crate::receipt::gc::{delete, plan};
+use crate::receipt::resolve::{list_runs, receipts_root};
+
+/// The `gc` subcommand.
+pub fn command(args: &GcArgs) -> ExitCode {
+    let receipts = match receipts_root(args.receipts.as_deref()) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("memra-orch gc: {e}");
+            return ExitCode::Usage;
+        }
+    };
+    let runs = match list_runs(&receipts) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("memra-orch gc: {e}");
+            return ExitCode::Usage;
+        }
+    };
+    let keep = usize::try_from(args.keep).unwrap_or(usize::MAX);
+    let doomed = plan(&runs, keep, args.manifest.as_deref());
+    let mut failed = false;
+    for dir in &doomed {
+        if args.dry_run {
+            println!("would delete {}", dir.display());
+            continue;
+        }
+        match delete(dir) {
+            Ok(()) => println!("deleted {}", dir.display()),
+            Err(e) => {
+                eprintln!("memra-orch gc: kept {}: {e}", dir.display());
+                failed = true;
+            }
+        }
+    }
+    println!(
+        "{} of {} runs {}deleted; kept the newest {} per manifest",
+        doomed.len(),
+        runs.len(),
+        if args.dry_run { "would be " } else { "" },
+        args.keep
+    );
+    // A tree kept because a run holds it, or one the file system would not let go, means
+    // the request was not fully met; it is not a fault of memra-orch.
+    if failed {
+        ExitCode::NotAsExpected
+    } else {
+        ExitCode::Ok
+    }
+}

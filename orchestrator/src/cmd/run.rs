@@ -1,0 +1,191 @@
+//! `memra-orch run`: the wiring around the run loop. It loads the plan, chooses the
+//! executor and its GPU slots, resolves the commit and the receipt tree, takes the run
+//! lock, installs the signal handlers, builds the [`RunOptions`] and the listeners (receipt
+//! writer, progress display), runs [`crate::run::execute`] and prints the summary table.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use crate::ExitCode;
+use crate::cli::{ExecutorKind, RunArgs};
+use crate::events::Listener;
+use crate::executor::Executor;
+use crate::executor::local::{DEFAULT_GRACE, LocalExecutor};
+use crate::executor::slurm::{Resources, SlurmExecutor, SlurmOptions};
+use crate::gpus::Inventory;
+use crate::plan::Plan;
+use crate::receipt::RunReceipt;
+use crate::receipt::tree::{self, RunLock, Tree};
+use crate::report::progress::{Progress, ProgressMode};
+use crate::report::writer::ReceiptWriter;
+use crate::run::{RunOptions, execute};
+
+/// The `run` subcommand.
+pub fn command(args: &RunArgs) -> ExitCode {
+    match command_inner(args) {
+        Ok(code) => code,
+        Err((code, message)) => {
+            eprintln!("memra-orch run: {message}");
+            code
+        }
+    }
+}
+
+fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
+    let usage = |m: String| (ExitCode::Usage, m);
+    let plan = crate::load::load_plan_with_vars(&args.manifest, &args.vars)
+        .map_err(|d| usage(d.to_string()))?;
+    let selected = if args.filters.is_empty() {
+        None
+    } else {
+        Some(crate::plan::select(&plan, &args.filters).map_err(|e| usage(e.to_string()))?)
+    };
+    if args.executor == ExecutorKind::Local {
+        let given: Vec<&str> = [
+            ("--partition", args.partition.is_some()),
+            ("--account", args.account.is_some()),
+            ("--slurm-arg", !args.slurm_args.is_empty()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, set)| set.then_some(flag))
+        .collect();
+        if !given.is_empty() {
+            return Err(usage(format!(
+                "{} only apply to Slurm jobs; add --executor slurm or leave them out",
+                given.join(", ")
+            )));
+        }
+    }
+    let inventory = match args.executor {
+        ExecutorKind::Local => crate::gpus::detect(&args.gpus),
+        ExecutorKind::Slurm => slurm_slots(args).map_err(usage)?,
+    };
+    if let Some(note) = &inventory.note {
+        eprintln!("memra-orch: {note}");
+    }
+    let commit = crate::commit::resolve(&plan.root, args.commit.as_deref())
+        .map_err(|e| usage(e.to_string()))?;
+    let receipts = match &args.receipts {
+        Some(r) if r.is_absolute() => r.clone(),
+        Some(r) => std::env::current_dir()
+            .map_err(|e| (ExitCode::Internal, e.to_string()))?
+            .join(r),
+        None => plan.root.join("receipts"),
+    };
+    let tree = Tree::new(&receipts, &commit.id, &plan.name);
+    let _lock = RunLock::acquire(&tree).map_err(|e| usage(e.to_string()))?;
+    let previous = tree::previous_run(&receipts, &plan.name)
+        .map(|r| tree::durations(&r))
+        .unwrap_or_default();
+    let internal = |m: String| (ExitCode::Internal, m);
+    if !args.resume {
+        tree.clear_nodes().map_err(|e| internal(e.to_string()))?;
+    }
+    let interrupt = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&interrupt))
+            .map_err(|e| internal(format!("cannot install the signal handler: {e}")))?;
+    }
+    let jobs = args
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let grace = args.grace.unwrap_or(DEFAULT_GRACE);
+    let tmp_root = std::env::temp_dir().join(format!("memra-orch-{}", std::process::id()));
+    let opts = RunOptions {
+        tree: tree.clone(),
+        jobs,
+        fail_fast: args.fail_fast,
+        selected,
+        resume: args.resume,
+        previous,
+        interrupt,
+    };
+    let header = RunReceipt::begin(&plan, &commit, &inventory, jobs, &args.filters, args.resume);
+    let mode = args.progress.resolve();
+    let mut display = Progress::new(mode, &plan, &inventory);
+    let executor: Arc<dyn Executor> = match args.executor {
+        ExecutorKind::Local => Arc::new(LocalExecutor::new(grace, tmp_root.clone())),
+        ExecutorKind::Slurm => Arc::new(SlurmExecutor::new(
+            slurm_options(args, &plan, &receipts, &commit.id, grace).map_err(internal)?,
+        )),
+    };
+    let pairs = plan
+        .cells
+        .iter()
+        .filter_map(|c| c.compare.as_ref())
+        .map(|c| (c.reference.0, c.candidate.0))
+        .collect();
+    let mut writer = ReceiptWriter::new(tree.clone(), header, plan.cells.len()).with_pairs(pairs);
+    let outcome = {
+        let mut listeners: [&mut dyn Listener; 2] = [&mut writer, &mut display];
+        execute(&plan, &inventory, executor, &opts, &mut listeners)
+    };
+    let _ = std::fs::remove_dir_all(&tmp_root);
+    let written = writer.finish();
+    if mode != ProgressMode::Quiet {
+        print!(
+            "{}",
+            crate::report::summary::table(writer.receipts(), &outcome, &tree)
+        );
+    }
+    written.map_err(internal)?;
+    Ok(outcome.exit_code())
+}
+
+/// For `--executor slurm`: the GPU slots the run may keep busy at once, one per GPU the
+/// partition has (`--gpus fake:N` sets N by hand). Slurm chooses the real devices; the
+/// slots only bound how many jobs wait in its queue and rule out cells no node could hold.
+fn slurm_slots(args: &RunArgs) -> Result<Inventory, String> {
+    let n = match args.gpus {
+        crate::gpus::GpuSpec::Fake(n) => n,
+        crate::gpus::GpuSpec::None => 0,
+        _ => crate::executor::slurm::cluster_gpus(args.partition.as_deref())?,
+    };
+    Ok(Inventory::slurm_slots(n))
+}
+
+/// The Slurm executor's settings: job files in `<receipts>/.slurm/<commit>/<manifest>/`,
+/// next to (not inside) the receipt tree, so the tree has the shape of a local run's;
+/// cleared at the start of a run unless it resumes.
+fn slurm_options(
+    args: &RunArgs,
+    plan: &Plan,
+    receipts: &Path,
+    commit: &str,
+    grace: Duration,
+) -> Result<SlurmOptions, String> {
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find the memra-orch binary for the Slurm jobs: {e}"))?;
+    let spool = receipts.join(".slurm").join(commit).join(&plan.name);
+    // `--resume` completes the earlier run, so its journal of jobs grows instead.
+    if spool.exists() && !args.resume {
+        std::fs::remove_dir_all(&spool)
+            .map_err(|e| format!("{}: cannot clear old job files: {e}", spool.display()))?;
+    }
+    Ok(SlurmOptions {
+        partition: args.partition.clone(),
+        account: args.account.clone(),
+        extra_args: args.slurm_args.clone(),
+        spool,
+        exe,
+        grace,
+        job_name: format!("memra:{}", plan.name),
+        poll: Duration::from_millis(250),
+        resources: plan
+            .cells
+            .iter()
+            .map(|c| {
+                (
+                    c.id.0.clone(),
+                    Resources {
+                        cpus: c.cpus,
+                        memory: c.memory,
+                    },
+                )
+            })
+            .collect(),
+    })
+}

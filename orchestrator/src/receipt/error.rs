@@ -1,0 +1,166 @@
+//! The ways working with receipt trees fails: a file or folder that cannot be read, written,
+//! locked or deleted ([`ReceiptError`], the path and what went wrong there), and a run or
+//! node a user named that cannot be found ([`FindError`]). Every message ends in what to do.
+//!
+//! It owns the wording only; the operations that fail are in the sibling modules.
+
+use std::path::PathBuf;
+
+/// A receipt file or folder operation that failed, and where.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {kind}", path.display())]
+pub struct ReceiptError {
+    pub path: PathBuf,
+    pub kind: ReceiptErrorKind,
+}
+
+impl ReceiptError {
+    pub fn new(path: impl Into<PathBuf>, kind: ReceiptErrorKind) -> ReceiptError {
+        ReceiptError {
+            path: path.into(),
+            kind,
+        }
+    }
+}
+
+/// What went wrong at a [`ReceiptError`]'s path.
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiptErrorKind {
+    #[error("has no parent folder; name a path inside a folder")]
+    NoParent,
+    #[error("cannot write: {0}; check the receipt folder is writable")]
+    Write(std::io::Error),
+    #[error("cannot rename into place: {0}; check the receipt folder is writable")]
+    Rename(std::io::Error),
+    #[error("cannot serialise: {0}; this is a bug in memra-orch, please report it")]
+    Serialise(serde_json::Error),
+    #[error(
+        "not a receipt this version understands: {0}; read it with the memra-orch version that wrote it"
+    )]
+    Format(serde_json::Error),
+    #[error("cannot read: {0}; check that the file is readable")]
+    Read(std::io::Error),
+    #[error("cannot create: {0}; check the receipt folder is writable")]
+    Create(std::io::Error),
+    #[error(
+        "cannot move the previous run's nodes aside: {0}; check the receipt folder is writable"
+    )]
+    MoveNodesAside(std::io::Error),
+    #[error("cannot remove the previous run's nodes: {0}; remove the folder by hand")]
+    RemoveOldNodes(std::io::Error),
+    #[error("cannot create the receipt folder: {0}; check its permissions or pass --receipts DIR")]
+    CreateFolder(std::io::Error),
+    #[error(
+        "another memra-orch run (pid {0}) is writing this receipt tree; wait for it to finish, or pass --commit or --receipts to write elsewhere"
+    )]
+    Locked(i32),
+    #[error("cannot create the run lock: {0}; check the receipt folder is writable")]
+    CreateLock(std::io::Error),
+    #[error("cannot take over a stale run lock; remove the file")]
+    StaleLock,
+    #[error("cannot move aside for deletion: {0}; check the receipts folder is writable")]
+    MoveAside(std::io::Error),
+    #[error("cannot delete: {0}; remove it by hand")]
+    Delete(std::io::Error),
+    #[error(
+        "no run.json; this folder is not a receipt tree (pass a run folder, a commit or `latest`)"
+    )]
+    NoRunJson,
+    #[error(
+        "node {id:?} has slug {slug:?}, which is not a plain folder name; the run.json was edited or corrupted, so run the battery again"
+    )]
+    BadSlug { id: String, slug: String },
+}
+
+/// A run, commit or node that a user named and that could not be found.
+#[derive(Debug, thiserror::Error)]
+pub enum FindError {
+    #[error("cannot read the current folder: {0}; pass --receipts DIR")]
+    CurrentDir(std::io::Error),
+    #[error(
+        "{}: cannot list the receipts folder: {error}; run `memra-orch run` first or pass --receipts DIR",
+        receipts.display()
+    )]
+    ListReceipts {
+        receipts: PathBuf,
+        error: std::io::Error,
+    },
+    #[error(
+        "{spec}: no run{} under {}; run `memra-orch run` first or pass --receipts DIR",
+        manifest.as_ref().map(|m| format!(" of manifest {m:?}")).unwrap_or_default(),
+        receipts.display()
+    )]
+    NoRun {
+        spec: String,
+        manifest: Option<String>,
+        receipts: PathBuf,
+    },
+    #[error(
+        "previous: only one run of manifest {manifest:?} under {}; name two runs or commits instead",
+        receipts.display()
+    )]
+    OnlyOneRun { manifest: String, receipts: PathBuf },
+    #[error(
+        "{spec:?}: not a run folder, not `latest`/`previous`, not a commit folder under {} and not a commit git knows here; pass a folder, a commit (`HEAD~1`, a short sha) or `latest`",
+        receipts.display()
+    )]
+    Unknown { spec: String, receipts: PathBuf },
+    #[error(
+        "{spec:?} is commit {sha}, but {} has no receipts for it (looked for {}`<sha>-dirty`); run the battery at that commit or pass --receipts DIR",
+        receipts.display(),
+        if *dirty { "" } else { "`<sha>` and " }
+    )]
+    NoReceiptsForCommit {
+        spec: String,
+        sha: String,
+        receipts: PathBuf,
+        dirty: bool,
+    },
+    #[error("{}: cannot list: {error}; check the folder's permissions", dir.display())]
+    ListCommit { dir: PathBuf, error: std::io::Error },
+    #[error(
+        "{spec}: {} holds no run of manifest {manifest:?} (it holds: {}); check --manifest",
+        dir.display(),
+        if held.is_empty() { "none".to_string() } else { held.join(", ") }
+    )]
+    NoSuchManifest {
+        spec: String,
+        dir: PathBuf,
+        manifest: String,
+        held: Vec<String>,
+    },
+    #[error(
+        "{spec}: {} holds no receipt tree (no <manifest>/run.json); pass a run folder or a commit that has receipts",
+        dir.display()
+    )]
+    NoTree { spec: String, dir: PathBuf },
+    #[error(
+        "{spec}: {} holds runs of several manifests ({}); pick one with --manifest NAME",
+        dir.display(),
+        held.join(", ")
+    )]
+    SeveralManifests {
+        spec: String,
+        dir: PathBuf,
+        held: Vec<String>,
+    },
+    #[error(
+        "{}: no node {query:?}{}; `memra-orch show` without a node lists them",
+        dir.display(),
+        near.as_ref().map(|n| format!(" (did you mean {n:?}?)")).unwrap_or_default()
+    )]
+    NoNode {
+        dir: PathBuf,
+        query: String,
+        near: Option<String>,
+    },
+    #[error(
+        "{query:?} matches {} nodes ({}{}); name one",
+        matches.len(),
+        matches.iter().take(5).cloned().collect::<Vec<_>>().join(", "),
+        if matches.len() > 5 { ", …" } else { "" }
+    )]
+    ManyNodes { query: String, matches: Vec<String> },
+    #[error(transparent)]
+    Receipt(#[from] ReceiptError),
+}

@@ -1,0 +1,27 @@
+//! The orchestrator's integration tests, one test binary (as just's `tests/lib.rs`): every
+//! file here is a module of it, and the shared harnesses (`run_support`, `diff_support`)
+//! are plain modules the others use. One binary links the library once instead of once per
+//! file. Insta names snapshots after the module path, `integration__<module>__<name>.snap`.
+
+mod diff_support;
+mod run_support;
+
+mod attest_pins;
+mod compare_artifacts;
+mod diff_trees;
+mod gpus_cli;
+mod housekeeping_cli;
+mod isolation_env;
+mod isolation_timeout;
+mod manifest_errors;
+mod manifest_matrix;
+mod manifests_gpu;
+mod plan_output;
+mod receipts_tree;
+mod run_exec_node;
+mod run_filter;
+mod run_interrupt;
+mod run_verdicts;
+mod schedule_gpus;
+mod slurm_cluster;
+mod smoke_manifest;
