@@ -150,10 +150,9 @@ pub struct Gpu {
 /// device's `sm_count`. A load waits behind the loads its multiprocessor already has in
 /// flight, and the next matvec's blocks, resident beside the launch before their wait
 /// (programmatic dependent launch), put some 80–160 KB of weight loads on each
-/// multiprocessor, ahead of the launch's reads of its predecessor's output. Measured on the
-/// H200 (llama-7B shape, B=1): the norm step's 16 blocks and the attention's 32 on
-/// multiprocessors of their own took the step from 573 to 603 tokens/s; SwiGLU's 43 blocks
-/// on their own cost 2 %, so larger launches keep sharing.
+/// multiprocessor, ahead of the launch's reads of its predecessor's output. Larger launches
+/// keep sharing, because on multiprocessors of their own they measured slower (README,
+/// "Latency-bound launches on multiprocessors of their own").
 pub fn claims_sm(blocks: u32, sm_count: u32) -> bool {
     blocks > 0 && blocks <= sm_count / 4
 }
@@ -466,6 +465,8 @@ impl Gpu {
         self.sm_count
     }
 
+    /// One thread per element over `n` elements, in blocks of [`EW_THREADS`]: the grid of
+    /// the elementwise kernels and of the sampler's per-element ones.
     fn ew_cfg(n: usize) -> LaunchConfig {
         LaunchConfig {
             grid_dim: ((n as u32).div_ceil(EW_THREADS).max(1), 1, 1),

@@ -24,11 +24,9 @@ const MMVQ_ROWS: u32 = 8;
 /// Rows (warps) per thread block of the single-row mmvq matvec (`matvec_mmvq_b1_*`) for
 /// rows of `nb` blocks: 16 for rows of at least 4,096 columns, 8 for narrower ones. Fewer,
 /// larger blocks stage the activation row half as often; that staging is a dependent read,
-/// queued behind the weight loads its multiprocessor has in flight. Measured on the H200
-/// (B=1, graphs, alternating in one run): llama-7B Q4_1 613 tokens/s at 16 rows against
-/// 593–599 at 8, 543 at 4 and 552–554 at 32; SmolLM2 (576 and 1,536 columns) 2,352–2,398
-/// at 16 against 2,427–2,429 at 8. On a second machine, with this rule against 8 rows
-/// throughout: llama-7B 604–610 against 598–600.
+/// queued behind the weight loads its multiprocessor has in flight. Narrower rows measured
+/// slower at 16 (the figures are in the README, "Latency-bound launches on multiprocessors
+/// of their own").
 fn b1_rows_per_block(nb: usize) -> u32 {
     if nb >= 128 { 16 } else { MMVQ_ROWS }
 }
@@ -113,16 +111,9 @@ fn mmar_auto_takes(rows: usize, batch: usize, tile: usize, sm_count: usize) -> b
 /// Steps of 32 weight blocks the resident form's ring copies ahead of the one computed, for a
 /// batch of `batch` rows in tiles of `tile`: two for batches of at most 8 rows in 8-row tiles
 /// (`matvec_mmvq_mmar2_*`), whose steps are short, one otherwise (`matvec_mmvq_mmar_*`),
-/// where the warps' room to drift apart is worth more. Measured on the H200 with the distance
-/// as a kernel argument for every batch (llama-7B Q4_1, graphs, tokens/s, two rounds in one
-/// run; SmolLM2 moved within 1.5 % either way). As an argument it cost the 16-row tiles'
-/// loop about 1.5 % at B=64, so the distance is now a compile-time constant of two kernels:
-///
-/// | ahead | B=2 | B=4 | B=8 | B=16 | B=32 | B=64 |
-/// |---|---|---|---|---|---|---|
-/// | 1 | 871–875 | 1,702–1,714 | 3,293–3,301 | 4,672–4,674 | 5,595 | 6,295–6,318 |
-/// | 2 | 903–904 | 1,769–1,770 | 3,435–3,451 | 4,684–4,704 | 5,623–5,635 | 6,288–6,317 |
-/// | 3 | 881 | 1,726–1,727 | 3,325–3,337 | 4,574–4,591 | 5,462–5,476 | 6,111–6,139 |
+/// where the warps' room to drift apart is worth more. The distance is a compile-time
+/// constant of two kernels because as a kernel argument it slowed the 16-row tiles' loop
+/// (the sweep is in the README, "The sweeps behind the batched forms' rules").
 fn mmar_ahead(batch: usize, tile: Option<usize>) -> usize {
     if batch <= 8 && tile == Some(8) { 2 } else { 1 }
 }
@@ -133,15 +124,8 @@ fn mmar_ahead(batch: usize, tile: Option<usize>) -> usize {
 /// `=1` takes them for every batch of 2 to 4 rows, otherwise (the default) two rows take
 /// the two-row form and three or four rows the four-row form on rows of fewer than 128
 /// blocks, where the tensor-core forms have too little work per block. A performance
-/// switch only: every form computes the same bits. Measured on the H200 (graphs, tokens/s,
-/// two rounds in one run; the tensor-core form with its ring two steps ahead):
-///
-/// | shape | form | B=2 | B=3 | B=4 |
-/// |---|---|---|---|---|
-/// | llama-7B Q4_1 (128 and 344 blocks) | tensor-core | 899–902 | 1,331–1,334 | 1,756–1,764 |
-/// | | two-row / four-row | 985–993 | 1,229–1,238 | 1,432–1,441 |
-/// | SmolLM2 Q4_1 (18 and 48 blocks) | tensor-core (ring one ahead) | 3,242 | 4,878 | 6,556 |
-/// | | two-row / four-row | 4,112 | 5,526 | 7,030 |
+/// switch only: every form computes the same bits (the measurements behind the rule are in
+/// the README, "The sweeps behind the batched forms' rules").
 pub type SmallBatch = FormSwitch;
 
 /// The accumulators per lane of the small-batch form a batch of `batch` rows of `nb` weight

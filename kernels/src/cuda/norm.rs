@@ -232,17 +232,8 @@ impl Gpu {
     /// The share of [`Gpu::add_rmsnorm_q8_1_split`] for a pass of `rows` rows of `cols`
     /// columns: one group of eight q8_1 blocks per block up to 16 rows, four above. Every
     /// block reads its whole row, so a large batch takes fewer blocks per row, each
-    /// quantizing more. Measured on the H200 (llama-7B Q4_1, graphs, tokens/s, two rounds
-    /// in one run):
-    ///
-    /// | share | B=1 | B=4 | B=16 | B=64 |
-    /// |---|---|---|---|---|
-    /// | one block per row, in place ([`Gpu::add_rmsnorm_q8_1`]) | — | 1,586–1,591 | 4,452–4,454 | 6,431–6,438 |
-    /// | 1 | 630–631 | 1,732–1,733 | 4,835–4,841 | 6,360–6,370 |
-    /// | 2 | 626–629 | 1,712–1,722 | 4,810–4,848 | 6,491–6,494 |
-    /// | 4 | 627 | 1,693–1,694 | 4,807–4,821 | 6,600–6,601 |
-    /// | 8 | 615–616 | 1,664–1,665 | 4,740–4,743 | 6,570–6,581 |
-    /// | 16 (one block per row) | 588–589 | 1,620–1,621 | 4,563–4,574 | 6,492–6,498 |
+    /// quantizing more (the sweep of shares is in the README, "The sweeps behind the batched
+    /// forms' rules").
     pub fn norm_split_share(rows: usize, cols: usize) -> usize {
         let groups = cols.div_ceil(NORM_THREADS).max(1);
         let share = if rows <= 16 { 1 } else { 4 };
