@@ -10,6 +10,13 @@
 //! [`sample`], [`embed`], [`probe`](mod@probe)), each an `impl Gpu` block; [`launch`] owns the launch
 //! call they all end in. This module owns no kernel of any family.
 //!
+//! Beside each family's single-purpose kernels are the engine's batched-row forms (the norm
+//! step, RoPE with the KV store, SwiGLU with q8_1, attention over per-row cache pointers,
+//! the norm-prologue matvec). They exist so that one decode step is few launches and so
+//! that everything that changes from step to step (tokens, positions, lengths) is read from
+//! device memory: a CUDA graph captured once then replays every step. Their arithmetic is
+//! the single-purpose kernels' (and so the twins'), composed; `docs/numerics.md` says how.
+//!
 //! [`probe`](fn@probe) must succeed before anything here touches CUDA: cudarc loads the libraries
 //! dynamically and panics on a missing one. [`Gpu::open`] calls it.
 //!

@@ -31,7 +31,7 @@ impl Gpu {
         let c = int(K, "cols", cols)?;
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
-            block_dim: (crate::twin::NORM_THREADS as u32, 1, 1),
+            block_dim: (NORM_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: one block per row reads rows*cols of x, cols of g and writes rows*cols of
@@ -63,7 +63,7 @@ impl Gpu {
         let c = int(K, "cols", cols)?;
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
-            block_dim: (crate::twin::NORM_THREADS as u32, 1, 1),
+            block_dim: (NORM_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: one block per row; reads rows*cols of x and cols of g, writes rows*cols/32
