@@ -1,13 +1,12 @@
 //! The CUDA device: a context and stream, lazy per-family module loading through
 //! [`crate::compile`], the resource queries launchers size their grids by, and the checks
-//! every launcher shares ([`need`], [`int`], [`shape`]). Launchers check every length
-//! against the geometry they are given and return [`KernelError::Shape`] instead of
-//! launching out of bounds; driver failures come back as [`KernelError::Driver`], never as a
-//! panic.
+//! every launcher shares (`need`, `int`, `shape`). Launchers check every length against the
+//! geometry they are given and return [`KernelError::Shape`] instead of launching out of
+//! bounds; driver failures come back as [`KernelError::Driver`], never as a panic.
 //!
 //! The launchers themselves live with their family, one module per `.cu` file family
-//! ([`matvec`], [`norm`], [`quantize`], [`rope`], [`attention`], [`elementwise`],
-//! [`sample`], [`embed`], [`probe`](mod@probe)), each an `impl Gpu` block; [`launch`] owns the launch
+//! (`cuda/matvec.rs`, `norm.rs`, `quantize.rs`, `rope.rs`, `attention.rs`, `elementwise.rs`,
+//! `sample.rs`, `embed.rs`, `probe.rs`), each an `impl Gpu` block; `cuda/launch.rs` owns the
 //! call they all end in. This module owns no kernel of any family.
 //!
 //! Beside each family's single-purpose kernels are the engine's batched-row forms (the norm

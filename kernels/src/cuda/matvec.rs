@@ -160,7 +160,7 @@ fn small_batch_names(width: u32) -> [&'static str; 3] {
 /// When batched tensor-core matvecs take the resident form (`matvec_mmvq_mmar_*`) rather
 /// than the streaming one (`matvec_mmvq_mma_*`): `MEMRA_MMA_RESIDENT=0` never, `=1` always
 /// where the activations fit in shared memory, otherwise (the default) where they fit and
-/// the matvec has tiles for at least half the device ([`mmar_auto_takes`]). A performance
+/// the matvec has tiles for at least half the device (`mmar_auto_takes`). A performance
 /// switch only: every form computes the same bits.
 pub type MmaResident = FormSwitch;
 
