@@ -10,8 +10,11 @@
 //! untouched, so the bits are the same with PDL on or off (`MEMRA_PDL=0` switches it off for
 //! comparison).
 //!
-//! cudarc's launch builder has no launch attributes, hence this small builder of our own. It
-//! owns nothing beyond one launch: the argument words and the call.
+//! cudarc's launch builder has no launch attributes, hence this small builder of our own.
+//! [`Gpu::launch`] is the one tail every launcher ends in: look the kernel up, put its
+//! arguments in order, launch, and name the kernel in a driver error. It owns nothing beyond
+//! one launch; the length checks that make a launch safe stay in each launcher, beside the
+//! `// SAFETY:` comment that relies on them.
 
 use std::ffi::c_void;
 
@@ -19,6 +22,10 @@ use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DriverError,
     LaunchConfig, sys,
 };
+
+use super::{DeviceWeights, Gpu};
+use crate::error::KernelError;
+use crate::sources::KernelSource;
 
 /// A kernel argument as the 8-byte word the driver reads (device pointers are 8 bytes;
 /// 4-byte scalars sit in the low bytes, which is where a little-endian read of their size
@@ -76,8 +83,63 @@ impl<T: KernelArg> KernelArg for Option<&mut T> {
     }
 }
 
+impl<'a> DeviceWeights<'a> {
+    /// The weights as a kernel argument: their device address, whatever the type.
+    pub(super) fn arg(self) -> &'a dyn KernelArg {
+        match self {
+            DeviceWeights::Q4_0(s) => s,
+            DeviceWeights::Q4_1(s) => s,
+            DeviceWeights::Q8_0(s) => s,
+            DeviceWeights::F32(s) => s,
+            DeviceWeights::F16(s) => s,
+            DeviceWeights::BF16(s) => s,
+        }
+    }
+}
+
+impl Gpu {
+    /// Launches kernel `name` of `src` over `cfg` with `args`, on this device's stream, with
+    /// programmatic dependent launch where the device was opened with it. The kernel is
+    /// compiled and loaded on first use.
+    ///
+    /// # Safety
+    /// `args` must be the kernel's parameters in order, each of its type, and the kernel
+    /// must stay inside the buffers it is given for this grid.
+    pub(super) unsafe fn launch(
+        &self,
+        src: &KernelSource,
+        name: &'static str,
+        cfg: LaunchConfig,
+        args: &[&dyn KernelArg],
+    ) -> Result<(), KernelError> {
+        let f = self.func(src, name)?;
+        // SAFETY: the caller vouches for the arguments and the grid.
+        unsafe { self.launch_func(&f, name, cfg, args) }
+    }
+
+    /// [`Gpu::launch`] of a function already looked up (the launchers that ask the driver
+    /// about the function first, for its shared memory or occupancy).
+    ///
+    /// # Safety
+    /// As for [`Gpu::launch`].
+    pub(super) unsafe fn launch_func(
+        &self,
+        f: &CudaFunction,
+        name: &str,
+        cfg: LaunchConfig,
+        args: &[&dyn KernelArg],
+    ) -> Result<(), KernelError> {
+        let mut b = Launch::new(&self.stream, f, self.pdl);
+        for a in args {
+            b.arg(*a);
+        }
+        // SAFETY: the caller vouches for the arguments and the grid.
+        unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching {name}")))
+    }
+}
+
 /// One launch being assembled: the function, the stream and the argument words in order.
-pub(crate) struct Launch<'a> {
+struct Launch<'a> {
     stream: &'a CudaStream,
     func: &'a CudaFunction,
     words: Vec<u64>,
@@ -85,7 +147,7 @@ pub(crate) struct Launch<'a> {
 }
 
 impl<'a> Launch<'a> {
-    pub(crate) fn new(stream: &'a CudaStream, func: &'a CudaFunction, pdl: bool) -> Self {
+    fn new(stream: &'a CudaStream, func: &'a CudaFunction, pdl: bool) -> Self {
         Launch {
             stream,
             func,
@@ -95,7 +157,7 @@ impl<'a> Launch<'a> {
     }
 
     /// Appends the next kernel argument.
-    pub(crate) fn arg<A: KernelArg + ?Sized>(&mut self, a: &A) -> &mut Self {
+    fn arg<A: KernelArg + ?Sized>(&mut self, a: &A) -> &mut Self {
         self.words.push(a.word(self.stream));
         self
     }
@@ -106,7 +168,7 @@ impl<'a> Launch<'a> {
     /// # Safety
     /// The arguments must be the kernel's parameters in order, each of its type, and the
     /// kernel must stay inside the buffers it is given for this grid.
-    pub(crate) unsafe fn launch(&mut self, cfg: LaunchConfig) -> Result<(), DriverError> {
+    unsafe fn launch(&mut self, cfg: LaunchConfig) -> Result<(), DriverError> {
         self.stream.context().bind_to_thread()?;
         let mut params: Vec<*mut c_void> = self
             .words

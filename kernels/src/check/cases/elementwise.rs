@@ -1,0 +1,83 @@
+//! The elementwise family's cases: SwiGLU, the residual add, the per-row scale and the KV
+//! store.
+
+use super::{R, Rng, down, up, zeros};
+use crate::check::report::{CheckRow, compare_f32};
+use crate::cuda::Gpu;
+use crate::twin;
+
+/// SwiGLU (tolerance: SiLU's exp), residual add, scale and KV store (bitwise).
+pub fn elementwise(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
+    let mut out = Vec::new();
+    let (rows, cols) = (3usize, 1536usize);
+    let n = rows * cols;
+    let g = rng.vec(n, 3.0);
+    let u = rng.vec(n, 1.0);
+    let scales = [0.5f32, 1.25, 3.0];
+    let (dg, du, ds) = (up(gpu, &g)?, up(gpu, &u)?, up(gpu, &scales)?);
+    for post in [false, true] {
+        let mut want = vec![0.0; n];
+        for (r, &sc) in scales.iter().enumerate().take(rows) {
+            let span = r * cols..(r + 1) * cols;
+            twin::swiglu(
+                &g[span.clone()],
+                &u[span.clone()],
+                &mut want[span],
+                post.then_some(sc),
+            )
+            .expect("lengths fit");
+        }
+        let mut dout = zeros::<f32>(gpu, n)?;
+        gpu.swiglu(&dg, &du, &mut dout, post.then_some(&ds), n, cols)?;
+        let tag = if post { "post-scale" } else { "plain" };
+        out.push(compare_f32(
+            format!("kernel-check/swiglu_f32/{rows}x{cols}/{tag}"),
+            &want,
+            &down(gpu, &dout)?,
+            cols,
+            Some(1e-6),
+        ));
+    }
+
+    let mut want = g.clone();
+    twin::add(&mut want, &u).expect("lengths fit");
+    let mut dx = up(gpu, &g)?;
+    gpu.add(&mut dx, &du, n)?;
+    out.push(compare_f32(
+        format!("kernel-check/add_f32/{n}"),
+        &want,
+        &down(gpu, &dx)?,
+        cols,
+        None,
+    ));
+
+    let mut want = g.clone();
+    for (r, row) in want.chunks_mut(cols).enumerate() {
+        twin::scale(row, scales[r]);
+    }
+    let mut dx = up(gpu, &g)?;
+    gpu.scale(&mut dx, &ds, n, cols)?;
+    out.push(compare_f32(
+        format!("kernel-check/scale_f32/{rows}x{cols}"),
+        &want,
+        &down(gpu, &dx)?,
+        cols,
+        None,
+    ));
+
+    let row_len = 3 * 64;
+    let mut cache = rng.vec(8 * row_len, 1.0);
+    let src = rng.vec(row_len, 1.0);
+    let mut dc = up(gpu, &cache)?;
+    let dsrc = up(gpu, &src)?;
+    gpu.kv_store(&mut dc, &dsrc, Some(&ds), 5, row_len)?;
+    twin::kv_store(&mut cache, 5, &src, Some(scales[0])).expect("cache covers pos");
+    out.push(compare_f32(
+        format!("kernel-check/kv_store_f32/pos=5x{row_len}"),
+        &cache,
+        &down(gpu, &dc)?,
+        row_len,
+        None,
+    ));
+    Ok(out)
+}
