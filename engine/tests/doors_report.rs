@@ -42,11 +42,17 @@ fn defaults_report_the_fused_mmvq_split_k_paths() {
 fn a_performance_switch_shows_in_the_doors_row() {
     let plain = open_backend(tiny("q4_1"), &Doors::default()).unwrap();
     let no_pdl = open_backend(tiny("q4_1"), &pins(&[("MEMRA_PDL", "0")])).unwrap();
-    let (a, b) = (plain.doors_report().to_row(), no_pdl.doors_report().to_row());
+    let (a, b) = (
+        plain.doors_report().to_row(),
+        no_pdl.doors_report().to_row(),
+    );
     assert_ne!(a, b, "MEMRA_PDL=0 must be told apart by the doors row");
     assert_eq!(b["doors"]["pdl"], false);
     let resident = open_backend(tiny("q4_1"), &pins(&[("MEMRA_MMA_RESIDENT", "0")])).unwrap();
-    assert_eq!(resident.doors_report().to_row()["doors"]["mma_resident"], "0");
+    assert_eq!(
+        resident.doors_report().to_row()["doors"]["mma_resident"],
+        "0"
+    );
 }
 
 #[test]

@@ -372,7 +372,12 @@ mod tests {
     #[test]
     fn a_compare_candidate_whose_pin_the_doors_row_does_not_show_is_flagged() {
         let reference = cell("dump", &[], &[], json!({"matvec": "mmvq", "pdl": true}));
-        let mut told = cell("dump-plain", &[], &[], json!({"matvec": "mmvq", "pdl": false}));
+        let mut told = cell(
+            "dump-plain",
+            &[],
+            &[],
+            json!({"matvec": "mmvq", "pdl": false}),
+        );
         told.env.insert("MEMRA_PDL".into(), "0".into());
         // MEMRA_CLAIM_SM has a doors key, and it did not change: flagged by that key, even
         // though the rows differ elsewhere.
@@ -418,6 +423,10 @@ mod tests {
         );
         assert_eq!(changed, [0, 2, 3, 4]);
         assert!(findings[0].message().contains("the same `claim_sm`"));
-        assert!(findings[0].message().contains("MEMRA_CLAIM_SM=(unset) (dump2[])"));
+        assert!(
+            findings[0]
+                .message()
+                .contains("MEMRA_CLAIM_SM=(unset) (dump2[])")
+        );
     }
 }
