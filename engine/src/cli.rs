@@ -36,7 +36,10 @@ pub mod exit {
                   (flags, model path, model file, MEMRA_* doors).\n\
                   Doors (environment): MEMRA_BACKEND, MEMRA_MMVQ, MEMRA_NO_FUSE_NORMQ, \
                   MEMRA_FA3, MEMRA_SERVE_B1FAST, MEMRA_PP_STAGES, MEMRA_PP_DEVICES, \
-                  MEMRA_PP_SPLITS, MEMRA_GATE_SEED, MEMRA_GATE_CANARY."
+                  MEMRA_PP_SPLITS, MEMRA_GATE_SEED, MEMRA_GATE_CANARY.\n\
+                  Performance switches (the same bits either way; named in every doors row): \
+                  MEMRA_MMA, MEMRA_PDL, MEMRA_MMA_RESIDENT, MEMRA_SMALL_BATCH, MEMRA_CLAIM_SM, \
+                  MEMRA_PROLOGUES."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -80,7 +83,8 @@ enum Command {
         out: PathBuf,
     },
     /// Writes the logits after every position of a prompt program as the F32 tensor
-    /// `logits` [T, n_vocab] of a safetensors file.
+    /// `logits` [T, n_vocab] of a safetensors file; under the orchestrator it also appends
+    /// the doors row of the paths it ran to `MEMRA_ORCH_CHECKS`.
     Dump {
         model: PathBuf,
         #[arg(long, conflicts_with = "tokens", required_unless_present = "tokens")]
@@ -294,6 +298,12 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             let n_vocab = engine.backend.config().n_vocab;
             let logits = engine.logits(&ids).map_err(engine_failure)?;
             write_logits(&out, &logits, ids.len(), n_vocab)?;
+            // Under the orchestrator the dump names the paths it ran, as every gate does, so
+            // a compare of two dumps shows which doors and switches each side ran (and pin
+            // attestation can hold a candidate's pins to them). Run by hand, it writes nothing.
+            memra_protocol::ChecksWriter::from_env()
+                .doors(&engine.backend.doors_report().doors_row())
+                .map_err(failed)?;
             eprintln!(
                 "memra-engine: wrote logits [{}, {n_vocab}] to {}",
                 ids.len(),

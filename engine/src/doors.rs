@@ -160,8 +160,9 @@ impl fmt::Display for DoorsError {
 
 impl std::error::Error for DoorsError {}
 
-/// Names of every door, in the order of DESIGN §7.
-pub const DOOR_VARIABLES: [&str; 12] = [
+/// Names of every variable [`Doors::from_lookup`] reads: the doors in the order of DESIGN §7,
+/// then the performance switches ([`Tuning::VARIABLES`]).
+pub const DOOR_VARIABLES: [&str; 18] = [
     "MEMRA_BACKEND",
     "MEMRA_MMVQ",
     "MEMRA_NO_FUSE_NORMQ",
@@ -174,6 +175,12 @@ pub const DOOR_VARIABLES: [&str; 12] = [
     "MEMRA_GATE_CANARY",
     "MEMRA_PP_ALLOW_UNSPLIT_BATCH",
     "MEMRA_GATE_DEFECT",
+    "MEMRA_MMA",
+    "MEMRA_PDL",
+    "MEMRA_MMA_RESIDENT",
+    "MEMRA_SMALL_BATCH",
+    "MEMRA_CLAIM_SM",
+    "MEMRA_PROLOGUES",
 ];
 
 impl Doors {

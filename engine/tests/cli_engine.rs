@@ -95,6 +95,33 @@ fn subcommands_run_on_a_synthesized_model() {
     let mut engine =
         memra_engine::engine::Engine::open(&model, memra_engine::doors::Doors::default()).unwrap();
     assert_eq!(dumped, engine.logits(&[5, 6, 7]).unwrap());
+    // Run by hand, the dump writes no checks file; under the orchestrator it appends the
+    // doors row of the paths it ran, performance switches included.
+    assert!(!dir.path().join("checks.jsonl").exists());
+    let checks = dir.path().join("checks.jsonl");
+    let o = bin()
+        .args([
+            "dump",
+            m,
+            "--tokens",
+            "5,6,7",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .env("MEMRA_ORCH_CHECKS", &checks)
+        .env("MEMRA_PDL", "0")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&checks).unwrap();
+    let rows: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 1, "{text}");
+    assert_eq!(rows[0]["doors"]["backend"], "cpu", "{text}");
+    assert_eq!(rows[0]["doors"]["pdl"], false, "{text}");
+    assert_eq!(rows[0]["doors"]["prologues"], true, "{text}");
 
     let o = run(&[
         "bench",

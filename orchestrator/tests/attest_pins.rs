@@ -109,3 +109,67 @@ fn a_pin_the_gate_ignores_is_named_in_both_receipts_and_the_summary() {
         .count();
     assert_eq!(count, 1);
 }
+
+/// Across a compare's pairing: the candidate pins `MEMRA_PATH=slow`, whose doors key `path`
+/// both rows carry and which the gate ignores (its path comes from argv), so the pair is
+/// flagged by that key; `MEMRA_Y`, which moves the row's `tile`, is not. The compare itself
+/// fails (the fixture's artifact is no safetensors file): attestation reads the arms'
+/// receipts, whatever the compare's verdict.
+#[test]
+fn a_compare_candidate_pin_the_doors_row_does_not_show_is_flagged() {
+    if !have_git() {
+        eprintln!("skipped: git is not available for the scratch repository");
+        return;
+    }
+    let repo = Repo::new();
+    let gate = "run = [\"./gate.sh\", \"pass\", \"0\", \"a\", \"fast\"]\n";
+    let manifest = format!(
+        "{HEADER}[[arm]]\nid = \"ref\"\n{gate}\n\
+         [[arm]]\nid = \"cand\"\n{gate}env = {{ MEMRA_PATH = \"slow\", MEMRA_Y = \"b\" }}\n\n\
+         [[compare]]\nid = \"pair\"\nreference = \"ref\"\ncandidates = [\"cand\"]\n\
+         artifact = \"out.bin\"\npolicy = \"bitwise\"\n"
+    );
+    let sha = repo.commit(&[("manifest.toml", &manifest)], "pair");
+    repo.orch(&[
+        "run",
+        "manifest.toml",
+        "--gpus",
+        "none",
+        "--progress",
+        "plain",
+    ]);
+    let tree = repo.tree(&sha, "battery");
+    let summary = std::fs::read_to_string(tree.join("summary.md")).unwrap();
+    assert!(
+        summary.contains("## Warnings: pin had no effect (1)"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("pin MEMRA_PATH had no effect: MEMRA_PATH=(unset) (ref) and MEMRA_PATH=slow (cand) report the same `path` in their doors rows"),
+        "{summary}"
+    );
+    assert!(!summary.contains("pin MEMRA_Y"), "{summary}");
+    let run: Value =
+        serde_json::from_slice(&std::fs::read(tree.join("run.json")).unwrap()).unwrap();
+    for n in run["nodes"].as_array().unwrap() {
+        let r: Value = serde_json::from_slice(
+            &std::fs::read(
+                tree.join("nodes")
+                    .join(n["slug"].as_str().unwrap())
+                    .join("receipt.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let flagged = r["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["check"] == "pin had no effect" && c["pin"] == "MEMRA_PATH");
+        let arm = n["id"] != "pair[candidate=cand]";
+        assert_eq!(flagged, arm, "{}", n["id"]);
+        if arm {
+            assert_eq!(n["verdict"], "pass", "{n}");
+        }
+    }
+}

@@ -281,6 +281,23 @@ fn the_smoke_battery_runs_every_node_as_expected() {
         families["tensors"][0]["max_abs"].as_f64().unwrap() > 0.0,
         "{families:#}"
     );
+    // The dumps name the paths they ran, so the compares' pairs are attested: the dp4a
+    // candidate's pin shows in its doors row, and no cell carries a warning.
+    let dump = tree.receipt("dump");
+    let dp4a = tree.receipt("dump-dp4a");
+    assert_eq!(dump["doors"]["matvec"], "mmvq", "{dump:#}");
+    assert_eq!(dp4a["doors"]["matvec"], "dp4a", "{dp4a:#}");
+    assert_eq!(dump["doors"]["pdl"], true, "{dump:#}");
+    for r in [&dump, &dp4a] {
+        assert!(
+            r["checks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|c| c["check"] != "pin had no effect"),
+            "{r:#}"
+        );
+    }
 }
 
 /// A gate built on `memra-protocol` alone, no engine, passes through `memra-orch run`: its
