@@ -94,10 +94,11 @@ enum Class {
     /// policy fails.
     Oracle,
     /// Quantized weights on a backend that cannot record an activation trace, against the
-    /// oracle's own q8_1 mode: a row outside the policy is a warning, because one q8_1 rounding flip (an activation a few ulps from a rounding tie
-    /// landing on the other side in f32 than in the oracle's f64) moves logits by far more
-    /// than 0.01 (measured: up to 0.43 on the synthesized arms, 6.9 on SmolLM2 Q4_1, where
-    /// rows without a flip agree to 1e-6). A row still fails when it is not finite or when
+    /// oracle's own q8_1 mode: a row outside the policy is a warning, because one q8_1
+    /// rounding flip (an activation a few ulps from a rounding tie landing on the other side
+    /// in f32 than in the oracle's f64) moves logits by far more than 0.01, while rows
+    /// without a flip agree closely (the figures are in docs/numerics.md, "The oracle and
+    /// q8_1 rounding ties"). A row still fails when it is not finite or when
     /// its relative RMS error exceeds [`Q8_REL_RMS_FAIL`]: flips move a small part of a row,
     /// a wrong kernel or token moves most of it.
     Q8Flips,
