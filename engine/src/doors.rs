@@ -567,33 +567,6 @@ mod tests {
     }
 
     #[test]
-    fn the_doors_row_names_every_performance_switch() {
-        let report = DoorsReport {
-            backend: "cpu",
-            matvec: "mmvq",
-            norm: "fused",
-            attention: "split-k",
-            b1fast: false,
-            pp_stages: 1,
-            pp_devices: "cpu".into(),
-            pp_splits: "0".into(),
-            gate_seed: 0,
-            canary: false,
-            tuning: Tuning {
-                pdl: false,
-                ..Tuning::default()
-            },
-        };
-        let row = report.to_json();
-        for var in Tuning::VARIABLES {
-            let key = var.trim_start_matches("MEMRA_").to_lowercase();
-            assert!(row.get(&key).is_some(), "{key} missing from {row}");
-        }
-        assert_eq!(row["pdl"], false);
-        assert_eq!(row["mma_resident"], "auto");
-    }
-
-    #[test]
     fn bad_values_are_all_reported_with_variable_value_and_accepted_values() {
         let err = read(&[
             ("MEMRA_MMVQ", "yes"),

@@ -6,6 +6,20 @@
 use crate::diff_support::{HEADER, Repo, have_git};
 use serde_json::Value;
 
+fn read_json(path: &std::path::Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// The receipt of the node `n` of run.json's node list.
+fn node_receipt(tree: &std::path::Path, n: &Value) -> Value {
+    read_json(
+        &tree
+            .join("nodes")
+            .join(n["slug"].as_str().unwrap())
+            .join("receipt.json"),
+    )
+}
+
 #[test]
 fn a_pin_the_gate_ignores_is_named_in_both_receipts_and_the_summary() {
     if !have_git() {
@@ -37,17 +51,13 @@ fn a_pin_the_gate_ignores_is_named_in_both_receipts_and_the_summary() {
         "{table}"
     );
     let tree = repo.tree(&sha, "battery");
-    let run: Value =
-        serde_json::from_slice(&std::fs::read(tree.join("run.json")).unwrap()).unwrap();
+    let run: Value = read_json(&tree.join("run.json"));
     let nodes = run["nodes"].as_array().unwrap();
     assert_eq!(nodes.len(), 4);
     for n in nodes {
         assert_eq!(n["verdict"], "pass");
         let slug = n["slug"].as_str().unwrap();
-        let r: Value = serde_json::from_slice(
-            &std::fs::read(tree.join("nodes").join(slug).join("receipt.json")).unwrap(),
-        )
-        .unwrap();
+        let r = read_json(&tree.join("nodes").join(slug).join("receipt.json"));
         let warnings: Vec<&Value> = r["checks"]
             .as_array()
             .unwrap()
@@ -92,15 +102,7 @@ fn a_pin_the_gate_ignores_is_named_in_both_receipts_and_the_summary() {
     let summary = std::fs::read_to_string(tree.join("summary.md")).unwrap();
     assert!(summary.contains("(2)"), "{summary}");
     let any = &nodes[0];
-    let r: Value = serde_json::from_slice(
-        &std::fs::read(
-            tree.join("nodes")
-                .join(any["slug"].as_str().unwrap())
-                .join("receipt.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let r: Value = node_receipt(&tree, any);
     let count = r["checks"]
         .as_array()
         .unwrap()
@@ -149,18 +151,9 @@ fn a_compare_candidate_pin_the_doors_row_does_not_show_is_flagged() {
         "{summary}"
     );
     assert!(!summary.contains("pin MEMRA_Y"), "{summary}");
-    let run: Value =
-        serde_json::from_slice(&std::fs::read(tree.join("run.json")).unwrap()).unwrap();
+    let run: Value = read_json(&tree.join("run.json"));
     for n in run["nodes"].as_array().unwrap() {
-        let r: Value = serde_json::from_slice(
-            &std::fs::read(
-                tree.join("nodes")
-                    .join(n["slug"].as_str().unwrap())
-                    .join("receipt.json"),
-            )
-            .unwrap(),
-        )
-        .unwrap();
+        let r: Value = node_receipt(&tree, n);
         let flagged = r["checks"]
             .as_array()
             .unwrap()
