@@ -75,7 +75,7 @@ fn validate_override(id: &str) -> Result<(), CommitError> {
 }
 
 /// Runs git in `dir` and returns its trimmed stdout when it succeeded.
-fn git(dir: &Path, args: &[&str]) -> Option<String> {
+pub(crate) fn git(dir: &Path, args: &[&str]) -> Option<String> {
     let out = Command::new("git")
         .arg("-C")
         .arg(dir)

@@ -6,7 +6,6 @@
 //! It reads folder listings and `run.json` files only; it never writes.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use super::error::FindError;
 use super::{RunReceipt, read_json};
@@ -184,20 +183,9 @@ fn pick_manifest(
     }
 }
 
-/// Runs git in `dir`; its trimmed stdout when it succeeded.
+/// Runs git in `dir`; its trimmed stdout when it succeeded and printed something.
 fn git(dir: &Path, args: &[&str]) -> Option<String> {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
-        .filter(|s| !s.is_empty())
+    crate::commit::git(dir, args).filter(|s| !s.is_empty())
 }
 
 #[cfg(test)]
