@@ -80,30 +80,16 @@ fn check<'a>(receipt: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no check {name} in {receipt:#}"))
 }
 
-#[test]
-fn the_smoke_battery_runs_every_node_as_expected() {
-    let Some(root) = repo_root() else {
-        eprintln!(
-            "skipped: {} is not inside a git checkout",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        return;
-    };
-    let manifest = root.join("manifests/smoke.toml");
-    let receipts = tempfile::tempdir().unwrap();
+/// Runs the smoke manifest on no GPU with the test build's binaries, filed under `commit`
+/// in `receipts`; asserts that every cell ended as expected and returns the run's tree.
+fn run_smoke(manifest: &Path, receipts: &Path, commit: &str, extra: &[&str]) -> PathBuf {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_memra-orch"));
     cmd.arg("run")
-        .arg(&manifest)
+        .arg(manifest)
         .arg("--receipts")
-        .arg(receipts.path())
-        .args([
-            "--commit",
-            "smoke-test",
-            "--progress",
-            "plain",
-            "--gpus",
-            "none",
-        ]);
+        .arg(receipts)
+        .args(["--commit", commit, "--progress", "plain", "--gpus", "none"])
+        .args(extra);
     for v in build_vars() {
         cmd.arg("--var").arg(v);
     }
@@ -115,8 +101,21 @@ fn the_smoke_battery_runs_every_node_as_expected() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    receipts.join(commit).join("smoke")
+}
 
-    let dir = receipts.path().join("smoke-test/smoke");
+#[test]
+fn the_smoke_battery_runs_every_node_as_expected() {
+    let Some(root) = repo_root() else {
+        eprintln!(
+            "skipped: {} is not inside a git checkout",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        return;
+    };
+    let manifest = root.join("manifests/smoke.toml");
+    let receipts = tempfile::tempdir().unwrap();
+    let dir = run_smoke(&manifest, receipts.path(), "smoke-test", &[]);
     let run = read_json(&dir.join("run.json"));
     assert_eq!(run["schema"], 1);
     assert_eq!(run["commit"], "smoke-test");
@@ -312,25 +311,12 @@ fn a_gate_on_the_protocol_crate_alone_passes_with_its_rows_in_the_receipt() {
         return;
     };
     let receipts = tempfile::tempdir().unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memra-orch"));
-    cmd.arg("run")
-        .arg(root.join("manifests/smoke.toml"))
-        .arg("--receipts")
-        .arg(receipts.path())
-        .args(["--commit", "smoke-example", "--progress", "plain"])
-        .args(["--gpus", "none", "--filter", "example-gate"]);
-    for v in build_vars() {
-        cmd.arg("--var").arg(v);
-    }
-    let out = cmd.output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let dir = run_smoke(
+        &root.join("manifests/smoke.toml"),
+        receipts.path(),
+        "smoke-example",
+        &["--filter", "example-gate"],
     );
-    let dir = receipts.path().join("smoke-example/smoke");
     let run = read_json(&dir.join("run.json"));
     let tree = Tree {
         dir,
