@@ -156,7 +156,9 @@ mod tests {
                 format!("/n/x: {e}"),
             ),
             (
-                ExecError::EmptyRun { node: "a[x=1]".into() },
+                ExecError::EmptyRun {
+                    node: "a[x=1]".into(),
+                },
                 "a[x=1]: the node has an empty `run`; give it a command".into(),
             ),
             (
