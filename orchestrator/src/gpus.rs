@@ -279,10 +279,10 @@ pub fn bound_by_visible_devices(all: &[Gpu], cvd: Option<&str>) -> (Vec<Gpu>, Op
     let mut out: Vec<Gpu> = Vec::new();
     for entry in cvd.split(',') {
         let e = entry.trim();
-        let found: Result<&Gpu, String> = if let Ok(i) = e.parse::<u32>() {
+        let found: Result<&Gpu, Unmatched> = if let Ok(i) = e.parse::<u32>() {
             all.iter()
                 .find(|g| g.index == i)
-                .ok_or_else(|| format!("there is no GPU {i}"))
+                .ok_or(Unmatched::NoIndex(i))
         } else if e.starts_with("GPU-") {
             let hits: Vec<&Gpu> = all
                 .iter()
@@ -294,13 +294,13 @@ pub fn bound_by_visible_devices(all: &[Gpu], cvd: Option<&str>) -> (Vec<Gpu>, Op
                 .collect();
             match hits.len() {
                 1 => Ok(hits[0]),
-                0 => Err("no GPU has this UUID".into()),
-                n => Err(format!("the prefix matches {n} GPUs")),
+                0 => Err(Unmatched::NoUuid),
+                n => Err(Unmatched::Ambiguous(n)),
             }
         } else if e.starts_with("MIG-") {
-            Err("MIG devices are not scheduled by memra-orch".into())
+            Err(Unmatched::Mig)
         } else {
-            Err("not an index or a GPU- UUID".into())
+            Err(Unmatched::NotAnId)
         };
         match found {
             Ok(g) if out.iter().any(|o| o.index == g.index) => {
@@ -320,6 +320,22 @@ pub fn bound_by_visible_devices(all: &[Gpu], cvd: Option<&str>) -> (Vec<Gpu>, Op
         }
     }
     (out, None)
+}
+
+/// Why an entry of CUDA_VISIBLE_DEVICES names no GPU of the listing (a part of the
+/// inventory's note).
+#[derive(Debug, thiserror::Error)]
+enum Unmatched {
+    #[error("there is no GPU {0}")]
+    NoIndex(u32),
+    #[error("no GPU has this UUID")]
+    NoUuid,
+    #[error("the prefix matches {0} GPUs")]
+    Ambiguous(usize),
+    #[error("MIG devices are not scheduled by memra-orch")]
+    Mig,
+    #[error("not an index or a GPU- UUID")]
+    NotAnId,
 }
 
 /// The inventory for a spec, given an NVML listing (or why there is none, which becomes the
