@@ -178,10 +178,11 @@ fn slurm_options(
     let exe = std::env::current_exe().map_err(SlurmOptionsError::CurrentExe)?;
     let spool = receipts.join(".slurm").join(commit).join(&plan.name);
     // `--resume` completes the earlier run, so its journal of jobs grows instead.
-    if spool.exists() && !args.resume {
-        if let Err(error) = std::fs::remove_dir_all(&spool) {
-            return Err(SlurmOptionsError::ClearSpool { spool, error });
-        }
+    if spool.exists()
+        && !args.resume
+        && let Err(error) = std::fs::remove_dir_all(&spool)
+    {
+        return Err(SlurmOptionsError::ClearSpool { spool, error });
     }
     Ok(SlurmOptions {
         partition: args.partition.clone(),

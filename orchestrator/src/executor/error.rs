@@ -76,7 +76,8 @@ pub enum FileErrorKind {
 }
 
 /// A Slurm job that could not be prepared or submitted (the text becomes the cell's
-/// `reason`), or a cluster whose GPUs could not be counted (printed before the run starts).
+/// `reason`), a job whose state could not be polled (printed when the executor gives up on
+/// it), or a cluster whose GPUs could not be counted (printed before the run starts).
 #[derive(Debug, thiserror::Error)]
 pub enum SlurmError {
     #[error(
@@ -115,6 +116,17 @@ pub enum SlurmError {
     },
     #[error("sbatch --parsable printed {stdout:?}, not a job id")]
     NotAJobId { stdout: String },
+    /// The next three are why a poll of a job's state failed; the job may be fine.
+    #[error("cannot run scontrol: {0}")]
+    RunScontrol(std::io::Error),
+    #[error("scontrol show job {id}: {stderr}")]
+    Scontrol {
+        id: String,
+        /// scontrol's standard error, trimmed.
+        stderr: String,
+    },
+    #[error("scontrol show job {id} printed no JobState")]
+    NoJobState { id: String },
     #[error("cannot run sinfo: {0}; --executor slurm needs the Slurm client tools on PATH")]
     RunSinfo(std::io::Error),
     #[error(

@@ -285,13 +285,13 @@ struct Snapshot {
 }
 
 /// What asking Slurm about a job gave.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 enum Query {
     Known(JobState),
     /// Slurm no longer knows the job (it ended longer than MinJobAge ago).
     Forgotten,
     /// The command failed; the job may be fine.
-    Failed(String),
+    Failed(SlurmError),
 }
 
 fn job_note(job_id: &str, state: &str, reason: &str) -> CellNote {
@@ -594,18 +594,21 @@ fn query(id: &str) -> Query {
         .output()
     {
         Ok(out) => out,
-        Err(e) => return Query::Failed(format!("cannot run scontrol: {e}")),
+        Err(e) => return Query::Failed(SlurmError::RunScontrol(e)),
     };
     let stderr = String::from_utf8_lossy(&out.stderr);
     if stderr.contains("Invalid job id") {
         return Query::Forgotten;
     }
     if !out.status.success() {
-        return Query::Failed(format!("scontrol show job {id}: {}", stderr.trim()));
+        return Query::Failed(SlurmError::Scontrol {
+            id: id.to_string(),
+            stderr: stderr.trim().to_string(),
+        });
     }
     match parse_scontrol(&String::from_utf8_lossy(&out.stdout)) {
         Some(s) => Query::Known(s),
-        None => Query::Failed(format!("scontrol show job {id} printed no JobState")),
+        None => Query::Failed(SlurmError::NoJobState { id: id.to_string() }),
     }
 }
 
