@@ -2,6 +2,8 @@
 //! executor and its GPU slots, resolves the commit and the receipt tree, takes the run
 //! lock, installs the signal handlers, builds the [`RunOptions`] and the listeners (receipt
 //! writer, progress display), runs [`crate::run::execute`] and prints the summary table.
+//! Its errors are messages with an exit code: the typed errors of the layers below
+//! (including [`SlurmOptionsError`], the one this file builds) end here as text.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
