@@ -1,6 +1,8 @@
 //! Compare nodes' work: read the reference's and the candidate's safetensors artifacts and
 //! judge them with a [`Policy`]. A pure library function ([`compare_files`]) returning a
 //! serializable [`CompareReport`]; it does not know about cells, receipts or the scheduler.
+//! An artifact it cannot read is a [`CompareError`], recorded as text among the report's
+//! failures.
 //!
 //! Files are memory-mapped and compared row by row (rows are the leading dimensions of a
 //! tensor, the last one being the row length, e.g. `logits` [T, n_vocab]) in parallel.
@@ -110,22 +112,25 @@ pub fn compare_files(reference: &Path, candidate: &Path, policy: &Policy) -> Com
         tensors: Vec::new(),
         first_mismatch: None,
     };
-    let (r_map, c_map) = match (map(reference, "reference"), map(candidate, "candidate")) {
+    let (r_map, c_map) = match (
+        map(reference, Side::Reference),
+        map(candidate, Side::Candidate),
+    ) {
         (Ok(r), Ok(c)) => (r, c),
         (r, c) => {
-            report.failures.extend(r.err());
-            report.failures.extend(c.err());
+            report.failures.extend(r.err().map(|e| e.to_string()));
+            report.failures.extend(c.err().map(|e| e.to_string()));
             return report;
         }
     };
     let (r, c) = match (
-        parse(&r_map, reference, "reference"),
-        parse(&c_map, candidate, "candidate"),
+        parse(&r_map, reference, Side::Reference),
+        parse(&c_map, candidate, Side::Candidate),
     ) {
         (Ok(r), Ok(c)) => (r, c),
         (r, c) => {
-            report.failures.extend(r.err());
-            report.failures.extend(c.err());
+            report.failures.extend(r.err().map(|e| e.to_string()));
+            report.failures.extend(c.err().map(|e| e.to_string()));
             return report;
         }
     };
@@ -133,21 +138,66 @@ pub fn compare_files(reference: &Path, candidate: &Path, policy: &Policy) -> Com
     report
 }
 
-fn map(path: &Path, side: &str) -> Result<memmap2::Mmap, String> {
-    let file = std::fs::File::open(path)
-        .map_err(|e| format!("cannot open the {side} artifact {}: {e}", path.display()))?;
-    // SAFETY: the artifact files belong to finished attempts of this run and are not written
-    // while compared; a concurrent truncation would be a bug elsewhere, surfacing as SIGBUS.
-    unsafe { memmap2::Mmap::map(&file) }
-        .map_err(|e| format!("cannot map the {side} artifact {}: {e}", path.display()))
+/// Which file of the pair an error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Reference,
+    Candidate,
 }
 
-fn parse<'a>(bytes: &'a [u8], path: &Path, side: &str) -> Result<SafeTensors<'a>, String> {
-    SafeTensors::deserialize(bytes).map_err(|e| {
-        format!(
-            "the {side} artifact {} is not a valid safetensors file: {e}",
-            path.display()
-        )
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Side::Reference => "reference",
+            Side::Candidate => "candidate",
+        })
+    }
+}
+
+/// An artifact file that could not be read as safetensors. Its text is one of the
+/// [`CompareReport::failures`], so it is part of the report format.
+#[derive(Debug, thiserror::Error)]
+pub enum CompareError {
+    #[error("cannot open the {side} artifact {}: {error}", path.display())]
+    Open {
+        side: Side,
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("cannot map the {side} artifact {}: {error}", path.display())]
+    Map {
+        side: Side,
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("the {side} artifact {} is not a valid safetensors file: {error}", path.display())]
+    Parse {
+        side: Side,
+        path: PathBuf,
+        error: safetensors::SafeTensorError,
+    },
+}
+
+fn map(path: &Path, side: Side) -> Result<memmap2::Mmap, CompareError> {
+    let file = std::fs::File::open(path).map_err(|error| CompareError::Open {
+        side,
+        path: path.to_path_buf(),
+        error,
+    })?;
+    // SAFETY: the artifact files belong to finished attempts of this run and are not written
+    // while compared; a concurrent truncation would be a bug elsewhere, surfacing as SIGBUS.
+    unsafe { memmap2::Mmap::map(&file) }.map_err(|error| CompareError::Map {
+        side,
+        path: path.to_path_buf(),
+        error,
+    })
+}
+
+fn parse<'a>(bytes: &'a [u8], path: &Path, side: Side) -> Result<SafeTensors<'a>, CompareError> {
+    SafeTensors::deserialize(bytes).map_err(|error| CompareError::Parse {
+        side,
+        path: path.to_path_buf(),
+        error,
     })
 }
 

@@ -91,7 +91,17 @@ pub trait Listener {
 
     /// Called once after `RunFinished`; an error here (a receipt that could not be written)
     /// makes the run end with the internal-error exit code.
-    fn finish(&mut self) -> Result<(), String> {
+    fn finish(&mut self) -> Result<(), FinishError> {
         Ok(())
     }
+}
+
+/// Why a listener could not complete its work, one variant per listener that can fail.
+/// The listeners live in `report`; naming their errors here keeps [`Listener`] object-safe
+/// (every listener returns the same type) while the caller can still tell them apart.
+#[derive(Debug, thiserror::Error)]
+pub enum FinishError {
+    /// The receipt writer's files.
+    #[error(transparent)]
+    Receipts(#[from] crate::report::writer::IncompleteTree),
 }

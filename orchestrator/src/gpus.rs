@@ -154,32 +154,46 @@ pub struct NvmlListing {
 /// NVML_NVLINK_MAX_LINKS of nvml.h: the most NVLink links one GPU can have.
 const NVLINK_MAX_LINKS: u32 = 18;
 
-/// Reads the GPUs through NVML; `Err` carries the note to show (no library, no driver).
-pub fn nvml_listing() -> Result<NvmlListing, String> {
+/// Why NVML gave no listing. It is no failure of a run: the inventory is then empty and the
+/// text is its note, said once and recorded in `run.json` (so the wording is part of that
+/// format).
+#[derive(Debug, thiserror::Error)]
+pub enum NvmlError {
+    #[error("no NVML library (libnvidia-ml.so.1) on this machine: 0 GPUs detected")]
+    NoLibrary,
+    #[error("the NVIDIA driver is not loaded: 0 GPUs detected")]
+    DriverNotLoaded,
+    #[error("NVML failed to start ({0}): 0 GPUs detected")]
+    Init(nvml_wrapper::error::NvmlError),
+    #[error("NVML could not count GPUs ({0}): 0 GPUs detected")]
+    Count(nvml_wrapper::error::NvmlError),
+    #[error("NVML could not open GPU {index} ({error})")]
+    Open {
+        index: u32,
+        error: nvml_wrapper::error::NvmlError,
+    },
+}
+
+/// Reads the GPUs through NVML; `Err` says why there are none (no library, no driver).
+pub fn nvml_listing() -> Result<NvmlListing, NvmlError> {
     use nvml_wrapper::Nvml;
     use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus};
-    use nvml_wrapper::error::NvmlError;
+    use nvml_wrapper::error::NvmlError as Raw;
     let nvml = Nvml::init().map_err(|e| match e {
-        NvmlError::LibloadingError(_)
-        | NvmlError::FailedToLoadSymbol(_)
-        | NvmlError::LibraryNotFound => {
-            "no NVML library (libnvidia-ml.so.1) on this machine: 0 GPUs detected".to_string()
+        Raw::LibloadingError(_) | Raw::FailedToLoadSymbol(_) | Raw::LibraryNotFound => {
+            NvmlError::NoLibrary
         }
-        NvmlError::DriverNotLoaded => {
-            "the NVIDIA driver is not loaded: 0 GPUs detected".to_string()
-        }
-        other => format!("NVML failed to start ({other}): 0 GPUs detected"),
+        Raw::DriverNotLoaded => NvmlError::DriverNotLoaded,
+        other => NvmlError::Init(other),
     })?;
-    let count = nvml
-        .device_count()
-        .map_err(|e| format!("NVML could not count GPUs ({e}): 0 GPUs detected"))?;
+    let count = nvml.device_count().map_err(NvmlError::Count)?;
     let mut gpus = Vec::new();
     let mut devices = Vec::new();
     let mut links: Vec<Vec<String>> = Vec::new();
     for index in 0..count {
         let dev = nvml
             .device_by_index(index)
-            .map_err(|e| format!("NVML could not open GPU {index} ({e})"))?;
+            .map_err(|error| NvmlError::Open { index, error })?;
         let memory = dev.memory_info().ok();
         let pci_bus_id = dev.pci_info().map(|p| p.bus_id).unwrap_or_default();
         let mut remote = Vec::new();
@@ -265,10 +279,10 @@ pub fn bound_by_visible_devices(all: &[Gpu], cvd: Option<&str>) -> (Vec<Gpu>, Op
     let mut out: Vec<Gpu> = Vec::new();
     for entry in cvd.split(',') {
         let e = entry.trim();
-        let found: Result<&Gpu, String> = if let Ok(i) = e.parse::<u32>() {
+        let found: Result<&Gpu, Unmatched> = if let Ok(i) = e.parse::<u32>() {
             all.iter()
                 .find(|g| g.index == i)
-                .ok_or_else(|| format!("there is no GPU {i}"))
+                .ok_or(Unmatched::NoIndex(i))
         } else if e.starts_with("GPU-") {
             let hits: Vec<&Gpu> = all
                 .iter()
@@ -280,13 +294,13 @@ pub fn bound_by_visible_devices(all: &[Gpu], cvd: Option<&str>) -> (Vec<Gpu>, Op
                 .collect();
             match hits.len() {
                 1 => Ok(hits[0]),
-                0 => Err("no GPU has this UUID".into()),
-                n => Err(format!("the prefix matches {n} GPUs")),
+                0 => Err(Unmatched::NoUuid),
+                n => Err(Unmatched::Ambiguous(n)),
             }
         } else if e.starts_with("MIG-") {
-            Err("MIG devices are not scheduled by memra-orch".into())
+            Err(Unmatched::Mig)
         } else {
-            Err("not an index or a GPU- UUID".into())
+            Err(Unmatched::NotAnId)
         };
         match found {
             Ok(g) if out.iter().any(|o| o.index == g.index) => {
@@ -308,11 +322,28 @@ pub fn bound_by_visible_devices(all: &[Gpu], cvd: Option<&str>) -> (Vec<Gpu>, Op
     (out, None)
 }
 
-/// The inventory for a spec, given an NVML listing (or the note saying why there is none)
-/// and the caller's CUDA_VISIBLE_DEVICES. Pure, for tests; [`detect`] feeds it the machine.
+/// Why an entry of CUDA_VISIBLE_DEVICES names no GPU of the listing (a part of the
+/// inventory's note).
+#[derive(Debug, thiserror::Error)]
+enum Unmatched {
+    #[error("there is no GPU {0}")]
+    NoIndex(u32),
+    #[error("no GPU has this UUID")]
+    NoUuid,
+    #[error("the prefix matches {0} GPUs")]
+    Ambiguous(usize),
+    #[error("MIG devices are not scheduled by memra-orch")]
+    Mig,
+    #[error("not an index or a GPU- UUID")]
+    NotAnId,
+}
+
+/// The inventory for a spec, given an NVML listing (or why there is none, which becomes the
+/// note) and the caller's CUDA_VISIBLE_DEVICES. Pure, for tests; [`detect`] feeds it the
+/// machine. `--gpus none` and `fake:N` do not read the listing.
 pub fn inventory_from(
     spec: &GpuSpec,
-    listing: Result<NvmlListing, String>,
+    listing: Result<NvmlListing, NvmlError>,
     cvd: Option<&str>,
 ) -> Inventory {
     let empty = |source, note| Inventory {
@@ -329,7 +360,7 @@ pub fn inventory_from(
     }
     let listing = match listing {
         Ok(l) => l,
-        Err(note) => return empty(InventorySource::None, Some(note)),
+        Err(why) => return empty(InventorySource::None, Some(why.to_string())),
     };
     let (mut gpus, note) = bound_by_visible_devices(&listing.gpus, cvd);
     let mut notes: Vec<String> = note.into_iter().collect();
@@ -373,7 +404,12 @@ pub fn inventory_from(
 pub fn detect(spec: &GpuSpec) -> Inventory {
     let listing = match spec {
         GpuSpec::All | GpuSpec::List(_) => nvml_listing(),
-        GpuSpec::None | GpuSpec::Fake(_) => Err(String::new()),
+        // Not read for these specs, so NVML is not started at all.
+        GpuSpec::None | GpuSpec::Fake(_) => Ok(NvmlListing {
+            gpus: Vec::new(),
+            driver_version: None,
+            cuda_driver_version: None,
+        }),
     };
     let cvd = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     inventory_from(spec, listing, cvd.as_deref())
@@ -551,11 +587,14 @@ mod tests {
 
     #[test]
     fn no_library_is_zero_gpus_with_a_note() {
-        let inv = inventory_from(&GpuSpec::All, Err("no NVML".into()), Some("0"));
+        let inv = inventory_from(&GpuSpec::All, Err(NvmlError::NoLibrary), Some("0"));
         assert!(inv.gpus.is_empty());
         assert_eq!(inv.source, InventorySource::None);
-        assert_eq!(inv.note.as_deref(), Some("no NVML"));
-        let fake = inventory_from(&GpuSpec::Fake(2), Err(String::new()), None);
+        assert_eq!(
+            inv.note.as_deref(),
+            Some("no NVML library (libnvidia-ml.so.1) on this machine: 0 GPUs detected")
+        );
+        let fake = inventory_from(&GpuSpec::Fake(2), Err(NvmlError::NoLibrary), None);
         assert_eq!(fake.gpus[1].visible_id(), "1");
     }
 

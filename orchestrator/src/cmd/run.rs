@@ -2,8 +2,10 @@
 //! executor and its GPU slots, resolves the commit and the receipt tree, takes the run
 //! lock, installs the signal handlers, builds the [`RunOptions`] and the listeners (receipt
 //! writer, progress display), runs [`crate::run::execute`] and prints the summary table.
+//! Its errors are messages with an exit code: the typed errors of the layers below
+//! (including [`SlurmOptionsError`], the one this file builds) end here as text.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -11,9 +13,9 @@ use std::time::Duration;
 use crate::ExitCode;
 use crate::cli::{ExecutorKind, RunArgs};
 use crate::events::Listener;
-use crate::executor::Executor;
 use crate::executor::local::{DEFAULT_GRACE, LocalExecutor};
 use crate::executor::slurm::{Resources, SlurmExecutor, SlurmOptions};
+use crate::executor::{Executor, SlurmError};
 use crate::gpus::Inventory;
 use crate::plan::Plan;
 use crate::receipt::RunReceipt;
@@ -60,7 +62,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     }
     let inventory = match args.executor {
         ExecutorKind::Local => crate::gpus::detect(&args.gpus),
-        ExecutorKind::Slurm => slurm_slots(args).map_err(usage)?,
+        ExecutorKind::Slurm => slurm_slots(args).map_err(|e| usage(e.to_string()))?,
     };
     if let Some(note) = &inventory.note {
         eprintln!("memra-orch: {note}");
@@ -109,7 +111,8 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     let executor: Arc<dyn Executor> = match args.executor {
         ExecutorKind::Local => Arc::new(LocalExecutor::new(grace, tmp_root.clone())),
         ExecutorKind::Slurm => Arc::new(SlurmExecutor::new(
-            slurm_options(args, &plan, &receipts, &commit.id, grace).map_err(internal)?,
+            slurm_options(args, &plan, &receipts, &commit.id, grace)
+                .map_err(|e| internal(e.to_string()))?,
         )),
     };
     let pairs = plan
@@ -131,20 +134,37 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
             crate::report::summary::table(writer.receipts(), &outcome, &tree)
         );
     }
-    written.map_err(internal)?;
+    written.map_err(|e| internal(e.to_string()))?;
     Ok(outcome.exit_code())
 }
 
 /// For `--executor slurm`: the GPU slots the run may keep busy at once, one per GPU the
 /// partition has (`--gpus fake:N` sets N by hand). Slurm chooses the real devices; the
 /// slots only bound how many jobs wait in its queue and rule out cells no node could hold.
-fn slurm_slots(args: &RunArgs) -> Result<Inventory, String> {
+fn slurm_slots(args: &RunArgs) -> Result<Inventory, SlurmError> {
     let n = match args.gpus {
         crate::gpus::GpuSpec::Fake(n) => n,
         crate::gpus::GpuSpec::None => 0,
         _ => crate::executor::slurm::cluster_gpus(args.partition.as_deref())?,
     };
     Ok(Inventory::slurm_slots(n))
+}
+
+/// Why the Slurm executor's settings could not be built (before any job is submitted).
+#[derive(Debug, thiserror::Error)]
+pub enum SlurmOptionsError {
+    #[error(
+        "cannot find the memra-orch binary for the Slurm jobs: {0}; run memra-orch by its full path"
+    )]
+    CurrentExe(std::io::Error),
+    #[error(
+        "{}: cannot clear old job files: {error}; remove the folder by hand",
+        spool.display()
+    )]
+    ClearSpool {
+        spool: PathBuf,
+        error: std::io::Error,
+    },
 }
 
 /// The Slurm executor's settings: job files in `<receipts>/.slurm/<commit>/<manifest>/`,
@@ -156,14 +176,15 @@ fn slurm_options(
     receipts: &Path,
     commit: &str,
     grace: Duration,
-) -> Result<SlurmOptions, String> {
-    let exe = std::env::current_exe()
-        .map_err(|e| format!("cannot find the memra-orch binary for the Slurm jobs: {e}"))?;
+) -> Result<SlurmOptions, SlurmOptionsError> {
+    let exe = std::env::current_exe().map_err(SlurmOptionsError::CurrentExe)?;
     let spool = receipts.join(".slurm").join(commit).join(&plan.name);
     // `--resume` completes the earlier run, so its journal of jobs grows instead.
-    if spool.exists() && !args.resume {
-        std::fs::remove_dir_all(&spool)
-            .map_err(|e| format!("{}: cannot clear old job files: {e}", spool.display()))?;
+    if spool.exists()
+        && !args.resume
+        && let Err(error) = std::fs::remove_dir_all(&spool)
+    {
+        return Err(SlurmOptionsError::ClearSpool { spool, error });
     }
     Ok(SlurmOptions {
         partition: args.partition.clone(),

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 use regex::Regex;
 
 use super::env::{self, OrchVars};
+use super::error::{ExecError, FileErrorKind as Kind};
 use super::process::Watchdog;
 use super::{CellJob, CellNote, Executor};
 use crate::plan::{Cell, Expect, NodeKind, TextVerdict};
@@ -53,7 +54,7 @@ impl LocalExecutor {
     }
 
     /// An empty TMPDIR for one attempt (created when none is free).
-    fn take_tmp(&self) -> Result<PathBuf, String> {
+    fn take_tmp(&self) -> Result<PathBuf, ExecError> {
         if let Some(dir) = self
             .free_tmp
             .lock()
@@ -64,9 +65,10 @@ impl LocalExecutor {
         }
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
         let dir = self.tmp_root.join(format!("t{n}"));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("{}: cannot create the attempt's TMPDIR: {e}", dir.display()))?;
-        Ok(dir)
+        match std::fs::create_dir_all(&dir) {
+            Ok(()) => Ok(dir),
+            Err(e) => Err(ExecError::file(dir, Kind::CreateTmp(e))),
+        }
     }
 
     /// Empties a TMPDIR after its attempt and makes it available again; one that cannot be
@@ -107,7 +109,7 @@ impl Executor for LocalExecutor {
         let mut receipt = job.receipt();
         if let Err(e) = reset_dir(&job.node_dir) {
             receipt.verdict = Verdict::Error;
-            receipt.reason = Some(e);
+            receipt.reason = Some(e.to_string());
             return receipt;
         }
         if job.kind == NodeKind::Setup
@@ -123,7 +125,7 @@ impl Executor for LocalExecutor {
             Ok(t) => t,
             Err(e) => {
                 receipt.verdict = Verdict::Error;
-                receipt.reason = Some(e);
+                receipt.reason = Some(e.to_string());
                 return receipt;
             }
         };
@@ -196,7 +198,7 @@ impl Executor for LocalExecutor {
             Ok(a) => receipt.artifacts = a,
             Err(e) => {
                 receipt.verdict = receipt.verdict.max(Verdict::Error);
-                receipt.reason = Some(e);
+                receipt.reason = Some(e.to_string());
             }
         }
         if job.kind == NodeKind::Setup && receipt.verdict == Verdict::Pass {
@@ -236,7 +238,7 @@ impl LocalExecutor {
                         exit: None,
                         signal: None,
                         outcome: Verdict::Error,
-                        reason: Some(e),
+                        reason: Some(e.to_string()),
                     },
                     report: GateReport::default(),
                     protocol_error: false,
@@ -294,7 +296,7 @@ impl LocalExecutor {
             Ok(x) => x,
             Err(e) => {
                 self.give_back_tmp(tmp.clone());
-                record.reason = Some(e);
+                record.reason = Some(e.to_string());
                 record.seconds = started.elapsed().as_secs_f64();
                 return result(record, GateReport::default(), false);
             }
@@ -332,28 +334,26 @@ impl LocalExecutor {
         dir: &Path,
         artifacts: &Path,
         checks: &Path,
-    ) -> Result<(ProcessEnd, Stopped), String> {
-        let io = |what: &str, p: &Path, e: std::io::Error| {
-            format!("{}: cannot create {what}: {e}", p.display())
-        };
-        std::fs::create_dir_all(artifacts).map_err(|e| io("the attempt folder", artifacts, e))?;
-        std::fs::File::create(checks).map_err(|e| io("the checks file", checks, e))?;
+    ) -> Result<(ProcessEnd, Stopped), ExecError> {
+        std::fs::create_dir_all(artifacts)
+            .map_err(|e| ExecError::file(artifacts, Kind::CreateAttemptDir(e)))?;
+        std::fs::File::create(checks)
+            .map_err(|e| ExecError::file(checks, Kind::CreateChecks(e)))?;
         let stdout_path = dir.join("stdout.log");
         let stderr_path = dir.join("stderr.log");
-        let stdout =
-            std::fs::File::create(&stdout_path).map_err(|e| io("stdout.log", &stdout_path, e))?;
-        let stderr =
-            std::fs::File::create(&stderr_path).map_err(|e| io("stderr.log", &stderr_path, e))?;
+        let stdout = std::fs::File::create(&stdout_path)
+            .map_err(|e| ExecError::file(&stdout_path, Kind::CreateStdout(e)))?;
+        let stderr = std::fs::File::create(&stderr_path)
+            .map_err(|e| ExecError::file(&stderr_path, Kind::CreateStderr(e)))?;
         let mut cmd = if job.shell {
             let mut c = Command::new("/bin/sh");
             c.arg("-c").arg(argv.join(" "));
             c
         } else {
             let Some((program, args)) = argv.split_first() else {
-                return Err(format!(
-                    "{}: the node has an empty `run`; give it a command",
-                    job.id
-                ));
+                return Err(ExecError::EmptyRun {
+                    node: job.id.clone(),
+                });
             };
             // A resolved program saves the PATH search at every spawn.
             let mut c = match &job.program {
@@ -370,19 +370,16 @@ impl LocalExecutor {
             .stdout(stdout)
             .stderr(stderr)
             .process_group(0);
-        let mut child = cmd.spawn().map_err(|e| {
-            format!(
-                "cannot start {:?} in {}: {e}; check that the program exists, is executable, and that \
-                 its folder is on the inherited PATH or the path is relative to the root",
-                argv.first().map(String::as_str).unwrap_or("/bin/sh"),
-                job.cwd.display()
-            )
+        let mut child = cmd.spawn().map_err(|error| ExecError::Spawn {
+            program: argv.first().map_or("/bin/sh", String::as_str).to_string(),
+            cwd: job.cwd.clone(),
+            error,
         })?;
         let pgid = child.id() as i32;
         let watch = self.watchdog.watch(pgid, job.timeout);
         let status = child.wait();
         let stopped = self.watchdog.unwatch(watch);
-        let status = status.map_err(|e| format!("waiting for pid {pgid} failed: {e}"))?;
+        let status = status.map_err(|error| ExecError::Wait { pgid, error })?;
         let end = match (status.code(), status.signal()) {
             (Some(c), _) => ProcessEnd::Exited(c),
             (None, Some(s)) => ProcessEnd::Signaled(s),
@@ -394,27 +391,25 @@ impl LocalExecutor {
 
 /// Empties the node folder: a node that runs again (`--resume` after a cancel) must not
 /// keep attempts of the earlier try.
-fn reset_dir(dir: &Path) -> Result<(), String> {
+fn reset_dir(dir: &Path) -> Result<(), ExecError> {
     if dir.exists() {
-        std::fs::remove_dir_all(dir)
-            .map_err(|e| format!("{}: cannot clear the node folder: {e}", dir.display()))?;
+        std::fs::remove_dir_all(dir).map_err(|e| ExecError::file(dir, Kind::ClearNodeDir(e)))?;
     }
-    std::fs::create_dir_all(dir)
-        .map_err(|e| format!("{}: cannot create the node folder: {e}", dir.display()))
+    std::fs::create_dir_all(dir).map_err(|e| ExecError::file(dir, Kind::CreateNodeDir(e)))
 }
 
-fn text_verdict(job: &CellJob) -> Result<Option<TextVerdict>, String> {
+fn text_verdict(job: &CellJob) -> Result<Option<TextVerdict>, ExecError> {
     if job.verdict_pass.is_none() && job.verdict_fail.is_none() {
         return Ok(None);
     }
-    let compile = |s: &Option<String>, which: &str| {
+    let compile = |s: &Option<String>, which: &'static str| {
         s.as_deref()
             .map(|p| {
-                Regex::new(p).map_err(|e| {
-                    format!(
-                        "{}: verdict.{which} {p:?} is not a valid regex: {e}",
-                        job.id
-                    )
+                Regex::new(p).map_err(|error| ExecError::BadRegex {
+                    node: job.id.clone(),
+                    which,
+                    pattern: p.to_string(),
+                    error,
                 })
             })
             .transpose()
@@ -448,25 +443,25 @@ fn finish_setup(job: &CellJob, receipt: &mut NodeReceipt) {
 }
 
 /// Every file under an artifacts folder, sorted by name (relative path).
-pub fn list_artifacts(dir: &Path) -> Result<Vec<Artifact>, String> {
+pub fn list_artifacts(dir: &Path) -> Result<Vec<Artifact>, ExecError> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         let entries = match std::fs::read_dir(&d) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(format!("{}: cannot list artifacts: {e}", d.display())),
+            Err(e) => return Err(ExecError::file(d, Kind::ListArtifacts(e))),
         };
         for entry in entries.flatten() {
             let path = entry.path();
             let ft = entry
                 .file_type()
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+                .map_err(|e| ExecError::file(&path, Kind::ArtifactType(e)))?;
             if ft.is_dir() {
                 stack.push(path);
             } else if ft.is_file() {
                 let (bytes, sha256) = sha256_file(&path)
-                    .map_err(|e| format!("{}: cannot hash artifact: {e}", path.display()))?;
+                    .map_err(|e| ExecError::file(&path, Kind::HashArtifact(e)))?;
                 let name = path
                     .strip_prefix(dir)
                     .unwrap_or(&path)

@@ -11,6 +11,7 @@
 
 pub mod compare;
 pub mod env;
+pub mod error;
 pub mod exec_node;
 pub mod inputs;
 pub mod local;
@@ -26,6 +27,8 @@ use serde::{Deserialize, Serialize};
 use crate::events::JobNote;
 use crate::plan::{Expect, NodeKind};
 use crate::receipt::{AttemptRecord, FileDigest, GpuRef, NodeReceipt};
+
+pub use error::{ExecError, SlurmError};
 
 /// Everything needed to run one cell anywhere: plain, serialisable data.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -20,7 +20,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{CellJob, CellNote, Executor};
+use super::{CellJob, CellNote, Executor, SlurmError};
 use crate::events::JobNote;
 use crate::receipt::{NodeReceipt, read_node_receipt};
 use crate::verdict::Verdict;
@@ -147,16 +147,13 @@ impl SlurmExecutor {
 
     /// Writes the job file and batch script (exec-node writing its receipt to `receipt`) and
     /// submits it; returns the job id.
-    fn submit(&self, job: &CellJob, try_n: u32, receipt: &Path) -> Result<String, String> {
+    fn submit(&self, job: &CellJob, try_n: u32, receipt: &Path) -> Result<String, SlurmError> {
         let stem = format!("{}.{try_n}", job.slug);
         let job_file = self.opts.spool.join(format!("{stem}.json"));
         let script = self.opts.spool.join(format!("{stem}.sh"));
-        let io = |p: &Path, e: std::io::Error| {
-            format!(
-                "{}: cannot write a Slurm job file: {e}; the receipt folder must be writable \
-                 and shared with the compute nodes",
-                p.display()
-            )
+        let io = |p: &Path, error: std::io::Error| SlurmError::WriteJobFile {
+            path: p.to_path_buf(),
+            error,
         };
         std::fs::create_dir_all(&self.opts.spool).map_err(|e| io(&self.opts.spool, e))?;
         // The job finds its GPUs in what Slurm exports; the submit host's slot numbers mean
@@ -164,8 +161,11 @@ impl SlurmExecutor {
         let mut remote = job.clone();
         remote.gpus.clear();
         remote.visible_devices.clear();
-        let bytes = serde_json::to_vec_pretty(&remote)
-            .map_err(|e| format!("{}: cannot serialise the job: {e}", job.id))?;
+        let bytes =
+            serde_json::to_vec_pretty(&remote).map_err(|error| SlurmError::SerialiseJob {
+                node: job.id.clone(),
+                error,
+            })?;
         std::fs::write(&job_file, bytes).map_err(|e| io(&job_file, e))?;
         std::fs::write(
             &script,
@@ -182,24 +182,22 @@ impl SlurmExecutor {
         let args = sbatch_args(&self.opts, job, gpus, res, &stem, &script);
         let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
         if self.cancelled.load(Ordering::SeqCst) {
-            return Err(CANCELLED_BEFORE.to_string());
+            return Err(SlurmError::Cancelled);
         }
-        let out = Command::new("sbatch").args(&args).output().map_err(|e| {
-            format!("cannot run sbatch: {e}; is this a Slurm submit host (slurm-client installed)?")
-        })?;
+        let out = Command::new("sbatch")
+            .args(&args)
+            .output()
+            .map_err(SlurmError::RunSbatch)?;
         if !out.status.success() {
-            return Err(format!(
-                "sbatch {} failed ({}): {}; check the partition, account and --slurm-arg values",
-                args.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
+            return Err(SlurmError::Sbatch {
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                status: out.status,
+                args,
+            });
         }
-        let id = parse_parsable(&String::from_utf8_lossy(&out.stdout)).ok_or_else(|| {
-            format!(
-                "sbatch --parsable printed {:?}, not a job id",
-                String::from_utf8_lossy(&out.stdout)
-            )
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let id = parse_parsable(&stdout).ok_or_else(|| SlurmError::NotAJobId {
+            stdout: stdout.clone().into_owned(),
         })?;
         active.insert(id.clone(), job.id.clone());
         Ok(id)
@@ -287,13 +285,13 @@ struct Snapshot {
 }
 
 /// What asking Slurm about a job gave.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 enum Query {
     Known(JobState),
     /// Slurm no longer knows the job (it ended longer than MinJobAge ago).
     Forgotten,
     /// The command failed; the job may be fine.
-    Failed(String),
+    Failed(SlurmError),
 }
 
 fn job_note(job_id: &str, state: &str, reason: &str) -> CellNote {
@@ -306,8 +304,6 @@ fn job_note(job_id: &str, state: &str, reason: &str) -> CellNote {
 
 /// How long Slurm may fail to answer about a job before the executor stops waiting.
 const QUERY_PATIENCE: Duration = Duration::from_secs(300);
-
-const CANCELLED_BEFORE: &str = "cancelled: the run was interrupted before this cell was submitted";
 
 impl Executor for SlurmExecutor {
     fn execute(&self, job: &CellJob, on_note: &mut dyn FnMut(CellNote)) -> NodeReceipt {
@@ -400,25 +396,23 @@ impl SlurmExecutor {
                 r
             };
             if self.cancelled.load(Ordering::SeqCst) {
-                return fail(Verdict::Cancelled, CANCELLED_BEFORE.to_string());
+                return fail(Verdict::Cancelled, SlurmError::Cancelled.to_string());
             }
             // A receipt left by an earlier run's job of this try must not be taken for this
             // job's.
             if let Err(e) = std::fs::remove_file(&receipt_path)
                 && e.kind() != std::io::ErrorKind::NotFound
             {
-                return fail(
-                    Verdict::Error,
-                    format!(
-                        "{}: cannot remove the old receipt: {e}",
-                        receipt_path.display()
-                    ),
-                );
+                let e = SlurmError::RemoveOldReceipt {
+                    path: receipt_path,
+                    error: e,
+                };
+                return fail(Verdict::Error, e.to_string());
             }
             let id = match self.submit(job, try_n, &receipt_path) {
                 Ok(id) => id,
-                Err(e) if e == CANCELLED_BEFORE => return fail(Verdict::Cancelled, e),
-                Err(e) => return fail(Verdict::Error, e),
+                Err(e @ SlurmError::Cancelled) => return fail(Verdict::Cancelled, e.to_string()),
+                Err(e) => return fail(Verdict::Error, e.to_string()),
             };
             on_note(job_note(&id, "submitted", ""));
             let end = self.wait(job, &id, on_note);
@@ -600,18 +594,21 @@ fn query(id: &str) -> Query {
         .output()
     {
         Ok(out) => out,
-        Err(e) => return Query::Failed(format!("cannot run scontrol: {e}")),
+        Err(e) => return Query::Failed(SlurmError::RunScontrol(e)),
     };
     let stderr = String::from_utf8_lossy(&out.stderr);
     if stderr.contains("Invalid job id") {
         return Query::Forgotten;
     }
     if !out.status.success() {
-        return Query::Failed(format!("scontrol show job {id}: {}", stderr.trim()));
+        return Query::Failed(SlurmError::Scontrol {
+            id: id.to_string(),
+            stderr: stderr.trim().to_string(),
+        });
     }
     match parse_scontrol(&String::from_utf8_lossy(&out.stdout)) {
         Some(s) => Query::Known(s),
-        None => Query::Failed(format!("scontrol show job {id} printed no JobState")),
+        None => Query::Failed(SlurmError::NoJobState { id: id.to_string() }),
     }
 }
 
@@ -728,20 +725,17 @@ pub fn judge(id: &str, end: Option<&JobState>, we_cancelled: bool, output: &Path
 
 /// GPUs Slurm can give jobs in a partition (the default one when `None`): the sum of the
 /// `gpu` GRES of its nodes, from `sinfo`.
-pub fn cluster_gpus(partition: Option<&str>) -> Result<u32, String> {
+pub fn cluster_gpus(partition: Option<&str>) -> Result<u32, SlurmError> {
     let mut cmd = Command::new("sinfo");
     cmd.args(["-h", "-N", "-o", "%N %G"]);
     if let Some(p) = partition {
         cmd.arg(format!("--partition={p}"));
     }
-    let out = cmd.output().map_err(|e| {
-        format!("cannot run sinfo: {e}; --executor slurm needs the Slurm client tools on PATH")
-    })?;
+    let out = cmd.output().map_err(SlurmError::RunSinfo)?;
     if !out.status.success() {
-        return Err(format!(
-            "sinfo failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(SlurmError::Sinfo {
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let mut seen = std::collections::BTreeSet::new();

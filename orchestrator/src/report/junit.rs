@@ -10,8 +10,16 @@ use std::time::Duration;
 use crate::receipt::{AttemptRecord, NodeReceipt, RunReceipt};
 use crate::verdict::Verdict;
 
+/// The JUnit report could not be rendered (quick-junit refused the XML it was given).
+#[derive(Debug, thiserror::Error)]
+#[error("junit.xml: cannot render: {0}; this is a bug in memra-orch, please report it")]
+pub struct RenderError(#[from] quick_junit::SerializeError);
+
 /// Renders the JUnit report of a run.
-pub fn render(run: &RunReceipt, receipts: &[Option<Box<NodeReceipt>>]) -> Result<String, String> {
+pub fn render(
+    run: &RunReceipt,
+    receipts: &[Option<Box<NodeReceipt>>],
+) -> Result<String, RenderError> {
     let mut suite = TestSuite::new(run.name.as_str());
     for r in receipts.iter().flatten() {
         suite.add_test_case(case(r));
@@ -21,9 +29,7 @@ pub fn render(run: &RunReceipt, receipts: &[Option<Box<NodeReceipt>>]) -> Result
         report.set_time(Duration::from_secs_f64(s));
     }
     report.add_test_suite(suite);
-    report
-        .to_string()
-        .map_err(|e| format!("junit.xml: cannot render: {e}"))
+    Ok(report.to_string()?)
 }
 
 /// Attempts that were followed by another attempt of the same rep (they were retried).

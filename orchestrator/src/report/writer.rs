@@ -6,7 +6,8 @@
 //! Every file is written atomically, so a run killed at any point leaves a tree that
 //! `run --resume` can complete.
 
-use crate::events::{Event, Listener};
+use super::junit::RenderError;
+use crate::events::{Event, FinishError, Listener};
 use crate::receipt::error::{ReceiptError, ReceiptErrorKind as Kind};
 use crate::receipt::tree::Tree;
 use crate::receipt::{NodeIndexEntry, NodeReceipt, RunReceipt, write_atomic, write_json};
@@ -20,7 +21,27 @@ pub struct ReceiptWriter {
     receipts: Vec<Option<Box<NodeReceipt>>>,
     /// Every compare's (reference, candidate) cell positions, for pin attestation.
     pairs: Vec<(usize, usize)>,
-    errors: Vec<String>,
+    errors: Vec<WriteError>,
+}
+
+/// One file of the receipt tree that could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error(transparent)]
+    Receipt(#[from] ReceiptError),
+    #[error(transparent)]
+    Junit(#[from] RenderError),
+}
+
+/// The receipt tree a run left is missing files or holds stale ones: every write that
+/// failed, in the order the run attempted them. Each one's text ends in what to do.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the receipt tree is incomplete: {}",
+    errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+)]
+pub struct IncompleteTree {
+    pub errors: Vec<WriteError>,
 }
 
 impl ReceiptWriter {
@@ -53,9 +74,9 @@ impl ReceiptWriter {
         &self.run
     }
 
-    fn record<E: std::fmt::Display>(&mut self, r: Result<(), E>) {
+    fn record(&mut self, r: Result<(), impl Into<WriteError>>) {
         if let Err(e) = r {
-            self.errors.push(e.to_string());
+            self.errors.push(e.into());
         }
     }
 }
@@ -143,14 +164,39 @@ impl Listener for ReceiptWriter {
         }
     }
 
-    fn finish(&mut self) -> Result<(), String> {
+    fn finish(&mut self) -> Result<(), FinishError> {
         if self.errors.is_empty() {
             Ok(())
         } else {
-            Err(format!(
-                "the receipt tree is incomplete: {}",
-                self.errors.join("; ")
-            ))
+            Err(IncompleteTree {
+                errors: std::mem::take(&mut self.errors),
+            }
+            .into())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_incomplete_tree_lists_every_failed_write() {
+        let denied = || std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        let e = IncompleteTree {
+            errors: vec![
+                ReceiptError::new("/r/run.json", Kind::Write(denied())).into(),
+                ReceiptError::new("/r/nodes", Kind::Create(denied())).into(),
+            ],
+        };
+        let d = denied();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "the receipt tree is incomplete: /r/run.json: cannot write: {d}; check the \
+                 receipt folder is writable; /r/nodes: cannot create: {d}; check the receipt \
+                 folder is writable"
+            )
+        );
     }
 }
