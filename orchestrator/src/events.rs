@@ -96,12 +96,16 @@ pub trait Listener {
     }
 }
 
-/// Why a listener could not complete its work, one variant per listener that can fail.
-/// The listeners live in `report`; naming their errors here keeps [`Listener`] object-safe
-/// (every listener returns the same type) while the caller can still tell them apart.
+/// Why a listener could not complete its work: the listener's own typed error, boxed so
+/// that every listener returns one type ([`Listener`] stays object-safe) and this module,
+/// below the listeners in `report`, names none of them. A caller that needs the kind
+/// downcasts the source (`report::writer::IncompleteTree` for the receipt writer).
 #[derive(Debug, thiserror::Error)]
-pub enum FinishError {
-    /// The receipt writer's files.
-    #[error(transparent)]
-    Receipts(#[from] crate::report::writer::IncompleteTree),
+#[error(transparent)]
+pub struct FinishError(pub Box<dyn std::error::Error + Send + Sync>);
+
+impl FinishError {
+    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> FinishError {
+        FinishError(Box::new(e))
+    }
 }

@@ -168,10 +168,9 @@ impl Listener for ReceiptWriter {
         if self.errors.is_empty() {
             Ok(())
         } else {
-            Err(IncompleteTree {
+            Err(FinishError::new(IncompleteTree {
                 errors: std::mem::take(&mut self.errors),
-            }
-            .into())
+            }))
         }
     }
 }
