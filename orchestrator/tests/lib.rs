@@ -13,6 +13,7 @@ mod gpus_cli;
 mod housekeeping_cli;
 mod isolation_env;
 mod isolation_timeout;
+mod layers;
 mod manifest_errors;
 mod manifest_matrix;
 mod manifests_gpu;

@@ -1,0 +1,79 @@
+//! The workspace's layering holds: no crate has an import circle (`scripts/import-cycles`
+//! reads the `use` lines of every module and prints the circles it finds), and below the
+//! orchestrator's command layer nothing names the command line (`crate::cli` appears only
+//! in `cli.rs`, `cmd.rs` and `cmd/`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("orchestrator/ has a parent")
+        .to_path_buf()
+}
+
+#[test]
+fn no_crate_of_the_workspace_has_an_import_circle() {
+    let root = workspace();
+    for src in [
+        "orchestrator/src",
+        "engine/src",
+        "kernels/src",
+        "protocol/src",
+    ] {
+        let out = match Command::new("python3")
+            .arg(root.join("scripts/import-cycles"))
+            .arg(root.join(src))
+            .output()
+        {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("skipped: cannot run python3: {e}");
+                return;
+            }
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.starts_with("no import circle"),
+            "{src}:\n{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn only_the_command_layer_names_the_command_line() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut offenders = Vec::new();
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let rel = path
+                .strip_prefix(&src)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            let allowed = rel == "cli.rs" || rel == "cmd.rs" || rel.starts_with("cmd/");
+            if !allowed
+                && std::fs::read_to_string(&path)
+                    .unwrap()
+                    .contains("crate::cli")
+            {
+                offenders.push(rel);
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "these modules below the command layer name crate::cli: {offenders:?}"
+    );
+}
