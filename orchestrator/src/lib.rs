@@ -13,6 +13,7 @@ pub mod cli;
 pub mod cmd;
 pub mod commit;
 pub mod compare;
+pub mod declared_inputs;
 pub mod diagnostics;
 pub mod diff;
 pub mod events;

@@ -98,6 +98,7 @@ pub struct RawNode {
     pub candidates: Option<Vec<Sp<String>>>,
     pub artifact: Option<Sp<String>>,
     pub policy: Option<Policy>,
+    pub inputs: Option<Vec<Sp<String>>>,
 }
 
 const TOP_KEYS: &[&str] = &[
@@ -114,7 +115,15 @@ const TOP_KEYS: &[&str] = &[
 ];
 
 /// Keys every node kind accepts.
-const COMMON_KEYS: &[&str] = &["id", "description", "tags", "needs", "timeout", "expect"];
+const COMMON_KEYS: &[&str] = &[
+    "id",
+    "description",
+    "tags",
+    "needs",
+    "timeout",
+    "expect",
+    "inputs",
+];
 /// Keys of nodes that run a command (setup and arm).
 const RUN_KEYS: &[&str] = &[
     "run",
@@ -150,6 +159,7 @@ const DEFAULT_KEYS: &[&str] = &[
     "verdict",
     "artifact",
     "policy",
+    "inputs",
 ];
 
 fn all_node_keys() -> impl Iterator<Item = &'static str> {
@@ -487,6 +497,7 @@ impl Walker<'_, '_> {
                     }
                 }
                 "policy" => n.policy = self.policy(k, val),
+                "inputs" => n.inputs = self.strings(k, val),
                 _ => unreachable!("every allowed key is handled"),
             }
         }

@@ -127,6 +127,9 @@ pub struct Cell {
     /// Absolute paths which, when all exist before a setup cell would run, make it pass
     /// without running.
     pub creates: Vec<PathBuf>,
+    /// Declared inputs: globs over files below the root, as written; the files they match
+    /// when the cell runs join its inputs digest.
+    pub inputs: Vec<String>,
     /// Cells this one needs (every cell of each node named in `needs`, plus a compare
     /// cell's reference and candidate).
     pub needs: Vec<CellIndex>,

@@ -206,7 +206,10 @@ pub fn execute(
         priority: schedule::priorities(plan, &estimates),
         queue: ReadyQueue::default(),
         pool,
-        digests: Arc::new(DigestCache::default()),
+        digests: Arc::new(DigestCache::new(
+            plan.root.clone(),
+            vec![opts.tree.receipts()],
+        )),
         running: 0,
         stop: None,
         interrupted: false,
@@ -358,6 +361,7 @@ impl Runner<'_, '_> {
             let tx = tx.clone();
             let kind = plan.cell(cell).kind;
             let policy = plan.cell(cell).compare.as_ref().map(|c| c.policy.clone());
+            let globs = plan.cell(cell).inputs.clone();
             let workers = self.workers.as_ref().expect("workers start with the run");
             workers.submit(Box::new(move || {
                 let identity = job.receipt();
@@ -365,8 +369,8 @@ impl Runner<'_, '_> {
                 // panic becomes this cell's `error` and the run goes on.
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     run_cell(
-                        &placement, job, kind, compare, policy, previous, &*executor, &digests,
-                        &tx, cell,
+                        &placement, job, kind, compare, policy, &globs, previous, &*executor,
+                        &digests, &tx, cell,
                     )
                 }));
                 let (receipt, reused) = ran.unwrap_or_else(|panic| {
@@ -425,6 +429,10 @@ impl Runner<'_, '_> {
             } => {
                 self.pool.release(&placement);
                 self.running -= 1;
+                if !reused && self.plan.cell(cell).kind == NodeKind::Setup {
+                    // A setup may have written files that cells still to come declare.
+                    self.digests.files_changed();
+                }
                 let verdict = receipt.verdict;
                 if self.opts.fail_fast && !verdict.as_expected() && self.stop.is_none() {
                     self.stop = Some(format!("--fail-fast: {} ended {verdict}", receipt.id));
@@ -578,6 +586,7 @@ impl Runner<'_, '_> {
             gpus,
             visible_devices,
             binaries,
+            input_files: Vec::new(),
             inputs: String::new(),
             program: None,
         }
@@ -603,8 +612,8 @@ impl Runner<'_, '_> {
     }
 }
 
-/// The worker side of a placed cell: digests, reuse on `--resume`, then the compare or the
-/// executor.
+/// The worker side of a placed cell: digests (declared inputs included), reuse on
+/// `--resume`, then the compare or the executor.
 #[allow(clippy::too_many_arguments)]
 fn run_cell(
     placement: &Placement,
@@ -612,6 +621,7 @@ fn run_cell(
     kind: NodeKind,
     compare: Option<(PathBuf, PathBuf)>,
     policy: Option<crate::plan::Policy>,
+    globs: &[String],
     previous: Option<PathBuf>,
     executor: &dyn Executor,
     digests: &DigestCache,
@@ -633,6 +643,7 @@ fn run_cell(
                 .filter_map(|p| digests.digest(p)),
         );
     }
+    job.input_files = digests.declared_inputs(globs);
     job.inputs = inputs_digest(&job, policy.as_ref(), compare.as_ref());
     if let Some(path) = previous
         && let Ok(Some(old)) = read_node_receipt(&path)

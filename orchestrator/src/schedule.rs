@@ -382,6 +382,7 @@ mod tests {
                 verdict: None,
                 produces: Vec::new(),
                 creates: Vec::new(),
+                inputs: Vec::new(),
                 needs: n.iter().map(|&k| CellIndex(k)).collect(),
                 compare: None,
             })

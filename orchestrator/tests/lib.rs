@@ -8,6 +8,7 @@ mod run_support;
 
 mod attest_pins;
 mod compare_artifacts;
+mod declared_inputs;
 mod diff_trees;
 mod gpus_cli;
 mod housekeeping_cli;

@@ -40,6 +40,7 @@ fn cell(id: &str, argv: Vec<String>, root: &Path) -> Cell {
         verdict: None,
         produces: Vec::new(),
         creates: Vec::new(),
+        inputs: Vec::new(),
         needs: Vec::new(),
         compare: None,
     }

@@ -33,6 +33,7 @@ fn job(node_dir: &std::path::Path, gate: &str) -> CellJob {
         visible_devices: vec![],
         node_dir: node_dir.to_path_buf(),
         binaries: vec![],
+        input_files: vec![],
         inputs: "digest".into(),
         program: None,
     }

@@ -62,6 +62,9 @@ pub struct CellJob {
     /// `nodes/<slug>` in the receipt tree; attempts go below it.
     pub node_dir: PathBuf,
     pub binaries: Vec<FileDigest>,
+    /// The files the cell's declared `inputs` globs matched, paths relative to the root.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub input_files: Vec<FileDigest>,
     pub inputs: String,
     /// The executable `argv[0]` names, when the planner resolved it (absolute); an
     /// executor on another machine resolves `argv[0]` itself when this is absent.
@@ -108,6 +111,7 @@ impl CellJob {
         r.shell = self.shell;
         r.cwd = self.cwd.to_string_lossy().into_owned();
         r.binaries = self.binaries.clone();
+        r.input_files = self.input_files.clone();
         r.inputs = self.inputs.clone();
         r.gpus = self.gpus.clone();
         r.expect = self.expect;

@@ -795,6 +795,7 @@ mod tests {
             visible_devices: vec![],
             node_dir: PathBuf::from("/r/nodes/arm_b_1"),
             binaries: vec![],
+            input_files: vec![],
             inputs: String::new(),
             program: None,
         }

@@ -53,6 +53,9 @@ pub fn build(
         sources: Vec::new(),
     };
     b.top_level(raw);
+    for n in std::iter::once(&raw.defaults).chain(&raw.nodes) {
+        b.input_globs(n);
+    }
     let vars = b.vars(&raw.vars, overrides);
     let env_top = raw.env.clone();
 
@@ -236,6 +239,7 @@ fn with_defaults(n: &RawNode, d: &RawNode) -> RawNode {
     e.tags = n.tags.clone().or_else(|| d.tags.clone());
     e.timeout = n.timeout.or(d.timeout);
     e.expect = n.expect.or(d.expect);
+    e.inputs = n.inputs.clone().or_else(|| d.inputs.clone());
     if is_compare {
         e.artifact = n.artifact.clone().or_else(|| d.artifact.clone());
         e.policy = n.policy.clone().or_else(|| d.policy.clone());
@@ -264,6 +268,16 @@ fn with_defaults(n: &RawNode, d: &RawNode) -> RawNode {
         }
     };
     e
+}
+
+/// A node's declared-input globs as written (they are not substituted: `{…}` is glob
+/// alternation).
+fn written_inputs(n: &RawNode) -> Vec<String> {
+    n.inputs
+        .iter()
+        .flatten()
+        .map(|g| g.get_ref().clone())
+        .collect()
 }
 
 impl Builder<'_, '_> {
@@ -365,6 +379,17 @@ impl Builder<'_, '_> {
             }
         }
         out
+    }
+
+    /// Checks a node's (or `[defaults]`') declared-input globs, once per table as written,
+    /// so a bad default is reported once rather than once per node that inherits it.
+    fn input_globs(&mut self, n: &RawNode) {
+        for g in n.inputs.iter().flatten() {
+            if let Err(e) = crate::declared_inputs::parse(g.get_ref()) {
+                let msg = format!("`inputs` entry \"{}\" {e}", g.get_ref());
+                self.err(g.span(), msg, e.help().to_string());
+            }
+        }
     }
 
     fn subst(&mut self, s: &Sp<String>, scope: &Scope<'_>) -> Option<String> {
@@ -486,6 +511,7 @@ impl Builder<'_, '_> {
             pass: v.pass.clone(),
             fail: v.fail.clone(),
         });
+        let inputs = written_inputs(&n);
         let root_str = self.root_str.clone();
         let root = self.root.to_path_buf();
         let resolve = |p: &str| -> PathBuf {
@@ -570,6 +596,7 @@ impl Builder<'_, '_> {
                 verdict: verdict.clone(),
                 produces,
                 creates,
+                inputs: inputs.clone(),
                 needs: Vec::new(),
                 compare: None,
             });

@@ -122,6 +122,9 @@ pub fn text(plan: &Plan, selected: &[bool]) -> String {
             let pins: Vec<String> = c.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let _ = writeln!(s, "       pins:  {}", pins.join(" "));
         }
+        if !c.inputs.is_empty() {
+            let _ = writeln!(s, "       inputs: {}", c.inputs.join(" "));
+        }
         if !c.needs.is_empty() {
             let needs: Vec<&str> = c
                 .needs
@@ -170,6 +173,9 @@ struct JsonCell<'a> {
     verdict: Option<JsonVerdict>,
     produces: Vec<String>,
     creates: Vec<String>,
+    /// Declared-input globs as written; absent when the cell declares none.
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    inputs: &'a [String],
     needs: Vec<&'a str>,
     compare: Option<JsonCompare<'a>>,
 }
@@ -227,6 +233,7 @@ pub fn json(plan: &Plan, selected: &[bool]) -> String {
             }),
             produces: paths(&c.produces),
             creates: paths(&c.creates),
+            inputs: &c.inputs,
             needs: c.needs.iter().map(|n| id(n.0)).collect(),
             compare: c.compare.as_ref().map(|cmp| JsonCompare {
                 reference: id(cmp.reference.0),

@@ -98,6 +98,10 @@ pub struct NodeReceipt {
     /// For setup nodes: the files they produced.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub produces: Vec<FileDigest>,
+    /// The files the node's declared `inputs` globs matched (paths relative to the root,
+    /// sorted); absent when the node declares none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub input_files: Vec<FileDigest>,
     /// sha256 over what determines the node's behaviour (command, pins, cwd, binaries,
     /// needed setups' products); `run --resume` re-runs a node whose inputs changed.
     pub inputs: String,
@@ -137,6 +141,7 @@ impl NodeReceipt {
             env: BTreeMap::new(),
             binaries: Vec::new(),
             produces: Vec::new(),
+            input_files: Vec::new(),
             inputs: String::new(),
             gpus: Vec::new(),
             attempts: Vec::new(),

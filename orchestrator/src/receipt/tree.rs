@@ -30,6 +30,14 @@ impl Tree {
         }
     }
 
+    /// The receipts folder this tree is in (`<receipts>` above).
+    pub fn receipts(&self) -> PathBuf {
+        self.dir
+            .ancestors()
+            .nth(2)
+            .map_or_else(|| self.dir.clone(), Path::to_path_buf)
+    }
+
     pub fn run_json(&self) -> PathBuf {
         self.dir.join("run.json")
     }

@@ -105,6 +105,13 @@ pub fn node_text(run: &LoadedRun, r: &NodeReceipt) -> String {
             b.path, b.bytes, b.sha256
         );
     }
+    for f in &r.input_files {
+        let _ = writeln!(
+            out,
+            "  input:     {} ({} bytes, sha256 {})",
+            f.path, f.bytes, f.sha256
+        );
+    }
     let _ = writeln!(out, "  seconds:   {:.3}", r.seconds);
     if !r.attempts.is_empty() {
         let _ = writeln!(out, "\nattempts:");

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::{Builder, DEFAULT_TIMEOUT, with_defaults};
+use super::{Builder, DEFAULT_TIMEOUT, with_defaults, written_inputs};
 use crate::manifest::RawNode;
 use crate::matrix;
 use crate::plan::{Cell, CellId, CellIndex, CompareSpec, Expect, NodeId, NodeKind, Policy};
@@ -156,6 +156,7 @@ impl Builder<'_, '_> {
                     verdict: None,
                     produces: Vec::new(),
                     creates: Vec::new(),
+                    inputs: written_inputs(&n),
                     needs: vec![CellIndex(matches[0]), CellIndex(c)],
                     compare: Some(CompareSpec {
                         reference: CellIndex(matches[0]),
