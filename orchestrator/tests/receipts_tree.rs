@@ -68,6 +68,7 @@ fn hostile_cell_ids_cannot_write_outside_the_tree() {
         env_matrices: Vec::new(),
         root: work.clone(),
         inherit: vec!["PATH".into()],
+        require: Default::default(),
         cells: ids
             .iter()
             .map(|id| cell(id, vec![gate.clone()], &work))
