@@ -80,6 +80,11 @@ pub struct RunArgs {
     /// indices (`0,2`), or `fake:N` for N fake GPUs.
     #[arg(long, default_value = "all", value_parser = parse_gpu_spec)]
     pub gpus: GpuSpec,
+    /// Refuse to run (exit 4) unless at least N GPUs are detected, and fail the run when a
+    /// node is skipped for lack of GPUs; overrides the manifest's `[require] gpus` (`0`
+    /// lifts it and runs what this machine can).
+    #[arg(long, value_name = "N")]
+    pub require_gpus: Option<u32>,
     /// CPU slots for `gpus = 0` nodes (default: the number of CPU cores).
     #[arg(long, short = 'j')]
     pub jobs: Option<usize>,

@@ -42,6 +42,10 @@ pub struct RunOptions {
     /// Set (by a signal handler) to interrupt the run; the runner resets it when it acts,
     /// and a second interrupt stops running cells without waiting for the grace.
     pub interrupt: Arc<AtomicBool>,
+    /// The GPUs the run requires (`[require] gpus`, `--require-gpus`), already checked
+    /// against the inventory. While it is above 0, a cell skipped for lack of resources
+    /// makes the run not as expected instead of being listed only.
+    pub require_gpus: Option<u32>,
 }
 
 /// What a run ended with.
@@ -51,11 +55,29 @@ pub struct RunOutcome {
     pub counts: BTreeMap<Verdict, usize>,
     pub interrupted: bool,
     pub elapsed: Duration,
+    /// Cells skipped because the machine could not hold them (or a dependency so skipped).
+    pub lacked_resources: usize,
+    /// The requirement in force ([`RunOptions::require_gpus`]).
+    pub require_gpus: Option<u32>,
 }
 
 impl RunOutcome {
     pub fn all_as_expected(&self) -> bool {
-        self.verdicts.iter().all(|v| v.as_expected())
+        self.verdicts.iter().all(|v| v.as_expected()) && self.lacked_resources_note().is_none()
+    }
+
+    /// Why a run whose cells all ended as expected still fails: cells were skipped for lack
+    /// of resources while a requirement was in force. `None` when that is not the case.
+    pub fn lacked_resources_note(&self) -> Option<String> {
+        let required = self.require_gpus.filter(|&n| n > 0)?;
+        let n = self.lacked_resources;
+        (n > 0).then(|| {
+            format!(
+                "{n} cell{} skipped for lack of resources while the run requires {required} GPU{}:                  not as expected (pass --require-gpus 0 to accept skips)",
+                if n == 1 { " was" } else { "s were" },
+                if required == 1 { "" } else { "s" }
+            )
+        })
     }
 
     /// The exit code of a run with this outcome.
@@ -165,6 +187,8 @@ struct Runner<'a, 'b> {
     listeners: &'a mut [&'b mut dyn Listener],
     state: Vec<State>,
     finished: Vec<Finished>,
+    /// Cells skipped because the machine could not hold them, or because a dependency was.
+    lacked: Vec<bool>,
     dependents: Vec<Vec<CellIndex>>,
     priority: Vec<f64>,
     queue: ReadyQueue,
@@ -202,6 +226,7 @@ pub fn execute(
             .map(|c| State::Waiting(c.needs.len()))
             .collect(),
         finished: vec![Finished::default(); n],
+        lacked: vec![false; n],
         dependents: plan.dependents(),
         priority: schedule::priorities(plan, &estimates),
         queue: ReadyQueue::default(),
@@ -245,6 +270,8 @@ pub fn execute(
         counts,
         interrupted,
         elapsed,
+        lacked_resources: runner.lacked.iter().filter(|&&l| l).count(),
+        require_gpus: opts.require_gpus,
     }
 }
 
@@ -282,6 +309,7 @@ impl Runner<'_, '_> {
                 continue;
             }
             if let Some(why) = self.pool.impossible(cell.gpus) {
+                self.lacked[i] = true;
                 self.finish_unplaced(CellIndex(i), Verdict::Skipped, why, true);
             }
         }
@@ -489,6 +517,7 @@ impl Runner<'_, '_> {
                 continue;
             }
             if verdict == Verdict::Skipped {
+                self.lacked[d.0] |= self.lacked[cell.0];
                 let why = self.finished[cell.0].reason.clone().unwrap_or_default();
                 self.finish_unplaced(
                     d,

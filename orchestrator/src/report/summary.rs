@@ -252,6 +252,8 @@ mod tests {
             verdicts,
             interrupted: false,
             elapsed: std::time::Duration::from_millis(16_250),
+            lacked_resources: 1,
+            require_gpus: None,
         };
         let tree = Tree::new(std::path::Path::new("/r"), "abc123-dirty", "nightly");
         insta::assert_snapshot!(table(&receipts, &outcome, &tree));
