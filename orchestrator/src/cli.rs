@@ -184,7 +184,8 @@ looked up as <receipts>/<sha>[-dirty]/<manifest>.
 
 Exit codes:
   0    nothing regressed
-  1    at least one node regressed (was pass or skipped, is now anything else)
+  1    at least one node regressed (was pass or skipped, is now anything else), or lost
+       coverage (was pass, is now skipped or absent) without --allow-lost
   2    usage error: a run could not be found or read";
 
 #[derive(Debug, Args)]
@@ -217,6 +218,10 @@ pub struct DiffArgs {
     /// Duration changes under this fraction are noise (`0.2` or `20%`).
     #[arg(long, value_name = "FRACTION", default_value = "20%", value_parser = parse_fraction)]
     pub duration_rel: f64,
+    /// List lost coverage (a node that passed and is now skipped or absent) without letting
+    /// it make the exit code 1.
+    #[arg(long)]
+    pub allow_lost: bool,
 }
 
 #[derive(Debug, Args)]
