@@ -149,6 +149,7 @@ fn write_tree(dir: &Path, generation: usize) {
         end: None,
         seconds: Some(1.0),
         interrupted: false,
+        unmet: None,
         counts: count(entries.iter().map(|e| e.verdict)),
         verdict: "pass".into(),
         nodes: entries,

@@ -80,6 +80,11 @@ pub struct RunArgs {
     /// indices (`0,2`), or `fake:N` for N fake GPUs.
     #[arg(long, default_value = "all", value_parser = parse_gpu_spec)]
     pub gpus: GpuSpec,
+    /// Refuse to run (exit 4) unless at least N GPUs are detected, and fail the run when a
+    /// node is skipped for lack of GPUs; overrides the manifest's `[require] gpus` (`0`
+    /// lifts it and runs what this machine can).
+    #[arg(long, value_name = "N")]
+    pub require_gpus: Option<u32>,
     /// CPU slots for `gpus = 0` nodes (default: the number of CPU cores).
     #[arg(long, short = 'j')]
     pub jobs: Option<usize>,
@@ -179,7 +184,8 @@ looked up as <receipts>/<sha>[-dirty]/<manifest>.
 
 Exit codes:
   0    nothing regressed
-  1    at least one node regressed (was pass or skipped, is now anything else)
+  1    at least one node regressed (was pass or skipped, is now anything else), or lost
+       coverage (was pass, is now skipped or absent) without --allow-lost
   2    usage error: a run could not be found or read";
 
 #[derive(Debug, Args)]
@@ -212,6 +218,10 @@ pub struct DiffArgs {
     /// Duration changes under this fraction are noise (`0.2` or `20%`).
     #[arg(long, value_name = "FRACTION", default_value = "20%", value_parser = parse_fraction)]
     pub duration_rel: f64,
+    /// List lost coverage (a node that passed and is now skipped or absent) without letting
+    /// it make the exit code 1.
+    #[arg(long)]
+    pub allow_lost: bool,
 }
 
 #[derive(Debug, Args)]

@@ -81,6 +81,9 @@ pub enum Event {
         counts: BTreeMap<Verdict, usize>,
         elapsed: Duration,
         interrupted: bool,
+        /// Why a run whose cells all ended as expected still fails: cells skipped for lack
+        /// of resources while a requirement was in force (`RunOutcome::lacked_resources_note`).
+        unmet: Option<String>,
     },
 }
 

@@ -4,15 +4,20 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(i32)]
 pub enum ExitCode {
-    /// Every node ended as expected (skipped nodes included).
+    /// Every node ended as expected (skipped nodes included, unless a requirement is in
+    /// force).
     Ok = 0,
-    /// Something did not end as expected (fail, crash, timeout, error, blocked), or a diff
-    /// found a regression.
+    /// Something did not end as expected (fail, crash, timeout, error, blocked; skipped for
+    /// lack of resources while a requirement is in force), or a diff found a regression or
+    /// lost coverage.
     NotAsExpected = 1,
     /// The manifest or the command line is wrong; nothing ran.
     Usage = 2,
     /// memra-orch itself broke (a bug or an I/O failure of the receipt tree).
     Internal = 3,
+    /// The machine does not meet the run's requirement (`[require]`, `--require-gpus`);
+    /// nothing ran. Not a usage error: the same command succeeds on a machine that has it.
+    RequirementUnmet = 4,
     /// Interrupted by Ctrl-C or SIGTERM; running nodes were cancelled.
     Interrupted = 130,
 }
@@ -26,8 +31,10 @@ impl ExitCode {
 /// Text for `--help`.
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes:
-  0    every node ended as expected (skipped nodes do not fail a run)
-  1    something did not end as expected, or `diff` found a regression
+  0    every node ended as expected (skipped nodes do not fail a run without a requirement)
+  1    something did not end as expected (with `[require]` or --require-gpus in force, a node
+       skipped for lack of GPUs counts), or `diff` found a regression or lost coverage
   2    manifest or usage error: nothing ran
   3    internal error of memra-orch
+  4    the machine does not meet the requirement (`[require]`, --require-gpus): nothing ran
   130  interrupted (Ctrl-C / SIGTERM): running nodes were cancelled";

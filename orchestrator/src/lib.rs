@@ -28,6 +28,7 @@ pub mod plan;
 pub mod protocol;
 pub mod receipt;
 pub mod report;
+pub mod require;
 pub mod run;
 pub mod schedule;
 pub mod subst;

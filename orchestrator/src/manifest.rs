@@ -36,10 +36,22 @@ pub struct RawManifest {
     pub env: Pairs,
     pub inherit: Option<Vec<Sp<String>>>,
     pub vars: Pairs,
+    /// `[require]`: what the machine must offer before anything runs.
+    pub require: RawRequire,
     /// `[[setup]]`, `[[arm]]` and `[[compare]]` tables in the order kinds are listed in the
     /// plan: setups, then arms, then compares, each in file order.
     pub nodes: Vec<RawNode>,
 }
+
+/// `[require]` as written: the resources a run refuses to start without.
+#[derive(Debug, Clone, Default)]
+pub struct RawRequire {
+    /// `gpus = N`: the run needs at least N GPUs detected.
+    pub gpus: Option<Sp<u32>>,
+}
+
+/// Keys of `[require]`.
+const REQUIRE_KEYS: &[&str] = &["gpus"];
 
 /// The command of a node: an argv array, or one string for `shell = true` nodes.
 #[derive(Debug, Clone)]
@@ -109,6 +121,7 @@ const TOP_KEYS: &[&str] = &[
     "env",
     "isolation",
     "vars",
+    "require",
     "setup",
     "arm",
     "compare",
@@ -220,6 +233,11 @@ pub fn parse(src: &SourceText, diags: &mut Vec<Diagnostic>) -> Option<RawManifes
                     .unwrap_or_default()
             }
             "isolation" => m.inherit = w.isolation(key, value),
+            "require" => {
+                if let Some(t) = w.expect_table(key, value, "[require]\ngpus = 2") {
+                    m.require = w.require(t);
+                }
+            }
             k @ ("setup" | "arm" | "compare") => {
                 let kind = match k {
                     "setup" => NodeKind::Setup,
@@ -356,6 +374,17 @@ pub fn parse_memory(s: &str) -> Option<u64> {
 }
 
 impl Walker<'_, '_> {
+    fn require(&mut self, t: &DeTable<'_>) -> RawRequire {
+        let mut r = RawRequire::default();
+        for (k, val) in entries(t) {
+            match k.get_ref().as_ref() {
+                "gpus" => r.gpus = self.uint(k, val, 0),
+                other => self.unknown_key(k, other, REQUIRE_KEYS, "[require]"),
+            }
+        }
+        r
+    }
+
     fn node(&mut self, kind: Option<NodeKind>, v: &Spanned<DeValue<'_>>) -> RawNode {
         let mut n = RawNode {
             kind,

@@ -169,7 +169,17 @@ pub struct Plan {
     pub root: PathBuf,
     /// Names taken from the caller's environment (`[isolation] inherit`).
     pub inherit: Vec<String>,
+    /// The manifest's `[require]` table.
+    pub require: Require,
     pub cells: Vec<Cell>,
+}
+
+/// What a manifest requires of the machine before anything runs (`[require]`); a run that
+/// cannot meet it refuses to start (see [`crate::require`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Require {
+    /// At least this many GPUs detected (`[require] gpus = N`).
+    pub gpus: Option<u32>,
 }
 
 impl Plan {

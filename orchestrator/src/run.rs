@@ -42,6 +42,10 @@ pub struct RunOptions {
     /// Set (by a signal handler) to interrupt the run; the runner resets it when it acts,
     /// and a second interrupt stops running cells without waiting for the grace.
     pub interrupt: Arc<AtomicBool>,
+    /// The GPUs the run requires (`[require] gpus`, `--require-gpus`), already checked
+    /// against the inventory. While it is above 0, a cell skipped for lack of resources
+    /// makes the run not as expected instead of being listed only.
+    pub require_gpus: Option<u32>,
 }
 
 /// What a run ended with.
@@ -51,11 +55,30 @@ pub struct RunOutcome {
     pub counts: BTreeMap<Verdict, usize>,
     pub interrupted: bool,
     pub elapsed: Duration,
+    /// Cells skipped because the machine could not hold them (or a dependency so skipped).
+    pub lacked_resources: usize,
+    /// The requirement in force ([`RunOptions::require_gpus`]).
+    pub require_gpus: Option<u32>,
 }
 
 impl RunOutcome {
     pub fn all_as_expected(&self) -> bool {
-        self.verdicts.iter().all(|v| v.as_expected())
+        self.verdicts.iter().all(|v| v.as_expected()) && self.lacked_resources_note().is_none()
+    }
+
+    /// Why a run whose cells all ended as expected still fails: cells were skipped for lack
+    /// of resources while a requirement was in force. `None` when that is not the case.
+    pub fn lacked_resources_note(&self) -> Option<String> {
+        let required = self.require_gpus.filter(|&n| n > 0)?;
+        let n = self.lacked_resources;
+        (n > 0).then(|| {
+            format!(
+                "{n} cell{} skipped for lack of resources while the run requires {required} \
+                 GPU{}: not as expected (pass --require-gpus 0 to accept skips)",
+                if n == 1 { " was" } else { "s were" },
+                if required == 1 { "" } else { "s" }
+            )
+        })
     }
 
     /// The exit code of a run with this outcome.
@@ -165,6 +188,8 @@ struct Runner<'a, 'b> {
     listeners: &'a mut [&'b mut dyn Listener],
     state: Vec<State>,
     finished: Vec<Finished>,
+    /// Cells skipped because the machine could not hold them, or because a dependency was.
+    lacked: Vec<bool>,
     dependents: Vec<Vec<CellIndex>>,
     priority: Vec<f64>,
     queue: ReadyQueue,
@@ -202,6 +227,7 @@ pub fn execute(
             .map(|c| State::Waiting(c.needs.len()))
             .collect(),
         finished: vec![Finished::default(); n],
+        lacked: vec![false; n],
         dependents: plan.dependents(),
         priority: schedule::priorities(plan, &estimates),
         queue: ReadyQueue::default(),
@@ -237,18 +263,22 @@ pub fn execute(
     let counts = verdict::count(verdicts.iter().copied());
     let elapsed = start.elapsed();
     let interrupted = runner.interrupted;
-    runner.emit(&Event::RunFinished {
-        counts: counts.clone(),
-        elapsed,
-        interrupted,
-    });
-    runner.flush();
-    RunOutcome {
+    let outcome = RunOutcome {
         verdicts,
         counts,
         interrupted,
         elapsed,
-    }
+        lacked_resources: runner.lacked.iter().filter(|&&l| l).count(),
+        require_gpus: opts.require_gpus,
+    };
+    runner.emit(&Event::RunFinished {
+        counts: outcome.counts.clone(),
+        elapsed,
+        interrupted,
+        unmet: outcome.lacked_resources_note(),
+    });
+    runner.flush();
+    outcome
 }
 
 impl Runner<'_, '_> {
@@ -285,6 +315,7 @@ impl Runner<'_, '_> {
                 continue;
             }
             if let Some(why) = self.pool.impossible(cell.gpus) {
+                self.lacked[i] = true;
                 self.finish_unplaced(CellIndex(i), Verdict::Skipped, why, true);
             }
         }
@@ -497,6 +528,7 @@ impl Runner<'_, '_> {
                 continue;
             }
             if verdict == Verdict::Skipped {
+                self.lacked[d.0] |= self.lacked[cell.0];
                 let why = self.finished[cell.0].reason.clone().unwrap_or_default();
                 self.finish_unplaced(
                     d,

@@ -397,6 +397,7 @@ mod tests {
             env_matrices: Vec::new(),
             root: "/".into(),
             inherit: Vec::new(),
+            require: Default::default(),
             cells,
         }
     }

@@ -1,8 +1,10 @@
 //! `memra-orch diff` end to end: a scratch git repository runs a battery of fixture gates at
 //! two commits, and the diff between the two receipt trees must name a regression, a fix, a
 //! node still failing, bits moved (with the artifact), metric drift, a doors change, a new
-//! and a removed node, in text, markdown and JSON (snapshots with commits, times and paths
-//! redacted), exit 1 because something regressed, and find nothing between a run and itself.
+//! node and a passing node removed (lost coverage), in text, markdown and JSON (snapshots
+//! with commits, times and paths redacted), exit 1 because something regressed, and find
+//! nothing between a run and itself. Lost coverage (passed, now skipped or absent) fails the
+//! diff unless `--allow-lost`; a removed node that was not passing stays a removed node.
 
 use crate::diff_support::{HEADER, Repo, arm, have_git, stdout};
 
@@ -106,8 +108,8 @@ fn two_commits_diff_in_three_formats() {
         "DOORS CHANGED (1)",
         "NEW NODES (1)",
         "fresh",
-        "REMOVED NODES (1)",
-        "gone",
+        "LOST COVERAGE (1)",
+        "gone     pass → absent",
     ] {
         assert!(text.contains(needle), "{needle:?} missing from\n{text}");
     }
@@ -146,7 +148,9 @@ fn two_commits_diff_in_three_formats() {
     assert_eq!(ids("metric_drift"), ["drift", "fixed", "regress"]);
     assert_eq!(ids("doors_changed"), ["rerouted"]);
     assert_eq!(ids("new_nodes"), ["fresh"]);
-    assert_eq!(ids("removed_nodes"), ["gone"]);
+    // A passing node that left the manifest is lost coverage, not merely removed.
+    assert_eq!(ids("lost_coverage"), ["gone"]);
+    assert_eq!(ids("removed_nodes"), Vec::<String>::new());
     settings.bind(|| insta::assert_json_snapshot!("json", v));
 
     // Colour on request, and NO_COLOR does not apply to an explicit `always`.
@@ -243,4 +247,85 @@ fn unknown_runs_are_usage_errors_that_say_what_to_pass() {
         .orch(&["diff", "HEAD~1", "HEAD~2", "--manifest", "nope"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--manifest"));
+}
+
+#[test]
+fn a_cell_that_passed_and_is_now_skipped_or_gone_is_lost_coverage() {
+    if !have_git() {
+        eprintln!("skipped: git is not available, and diff resolves commits through git");
+        return;
+    }
+    let repo = Repo::new();
+    let one = [
+        HEADER.to_string(),
+        arm("kept", "pass", "0.5", "k", "fast"),
+        arm("needs-gpu", "pass", "0.5", "g", "fast"),
+        arm("dropped", "pass", "0.5", "d", "fast"),
+        arm("broken", "fail", "0.5", "b", "fast"),
+    ]
+    .concat();
+    repo.commit(&[("manifest.toml", &one)], "green");
+    assert_eq!(repo.run("manifest.toml").status.code(), Some(1));
+    // The second night asks a GPU for `needs-gpu` (none here: skipped) and no longer has
+    // `dropped` (passing) or `broken` (failing).
+    let two = [
+        HEADER.to_string(),
+        arm("kept", "pass", "0.5", "k", "fast"),
+        arm("needs-gpu", "pass", "0.5", "g", "fast"),
+        "gpus = 1\n\n".to_string(),
+    ]
+    .concat();
+    repo.commit(&[("manifest.toml", &two)], "skips");
+    assert_eq!(repo.run("manifest.toml").status.code(), Some(0));
+
+    let text = repo.orch(&["diff", "HEAD~1", "HEAD", "--color", "never"]);
+    assert_eq!(text.status.code(), Some(1), "lost coverage is a regression");
+    let text = stdout(&text);
+    assert!(text.contains("LOST COVERAGE (2)"), "{text}");
+    assert!(
+        text.contains("needs-gpu  pass → skipped  needs 1 GPU, 0 detected"),
+        "{text}"
+    );
+    assert!(text.contains("dropped    pass → absent"), "{text}");
+    assert!(text.contains("REMOVED NODES (1)\n  broken"), "{text}");
+    assert!(!text.contains("OTHER VERDICT CHANGES"), "{text}");
+
+    let json = repo.orch(&["diff", "HEAD~1", "HEAD", "--format", "json"]);
+    assert_eq!(json.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let ids = |key: &str| -> Vec<String> {
+        v[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(ids("lost_coverage"), ["dropped", "needs-gpu"]);
+    assert_eq!(v["lost_coverage"][0]["new"], serde_json::Value::Null);
+    assert_eq!(v["lost_coverage"][1]["new"], "skipped");
+    assert_eq!(ids("removed_nodes"), ["broken"]);
+    assert_eq!(ids("other_verdict_changes"), Vec::<String>::new());
+    assert_eq!(ids("regressions"), Vec::<String>::new());
+
+    let md = repo.orch(&["diff", "HEAD~1", "HEAD", "--format", "markdown"]);
+    assert_eq!(md.status.code(), Some(1));
+    let md = stdout(&md);
+    assert!(
+        md.contains("### Lost coverage (2)") && md.contains("| `dropped` | pass | absent |"),
+        "{md}"
+    );
+
+    // Allowed, it is still listed but no longer fails the diff.
+    for format in ["text", "markdown", "json"] {
+        let out = repo.orch(&["diff", "HEAD~1", "HEAD", "--allow-lost", "--format", format]);
+        assert_eq!(out.status.code(), Some(0), "{format}");
+        let s = stdout(&out);
+        assert!(s.contains("needs-gpu") && s.contains("dropped"), "{s}");
+    }
+    let text = stdout(&repo.orch(&["diff", "HEAD~1", "HEAD", "--allow-lost", "--color", "never"]));
+    assert!(
+        text.contains("LOST COVERAGE (2)") && text.contains("allowed by --allow-lost"),
+        "{text}"
+    );
 }

@@ -74,6 +74,15 @@ fn typo_key() {
 }
 
 #[test]
+fn typo_key_in_require() {
+    let e = bad("require-typo.toml", 1);
+    assert!(e.contains("require-typo.toml:5:1"), "{e}");
+    assert!(e.contains("unknown key `gpu` in [require]"), "{e}");
+    assert!(e.contains("did you mean `gpus`?"), "{e}");
+    insta::assert_snapshot!(e);
+}
+
+#[test]
 fn wrong_type() {
     insta::assert_snapshot!(bad("wrong-type.toml", 1));
 }

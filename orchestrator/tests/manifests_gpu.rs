@@ -1,8 +1,9 @@
 //! The shipped GPU manifests on a machine without GPUs: `h100-nightly.toml` and
 //! `h200-single.toml` validate and plan (pp arms on 2 GPUs in both device orders in the
 //! nightly, on GPU 0 alone in the one-GPU battery), the nightly's 2-GPU arms are skipped with
-//! the reason on one GPU, and `scripts/device-battery` runs the one-GPU battery with prebuilt
-//! binaries, every GPU arm skipped and the results copied to `$OUT`.
+//! the reason on one GPU once its `[require]` is lifted, and `scripts/device-battery` runs the
+//! one-GPU battery with prebuilt binaries (`--require-gpus 0`), every GPU arm skipped and the
+//! results copied to `$OUT`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -231,6 +232,9 @@ fn on_one_gpu_the_nightly_skips_its_two_gpu_arms_saying_why() {
         root.join("manifests/h100-nightly.toml").to_str().unwrap(),
         "--gpus",
         "fake:1",
+        // The nightly requires 2 GPUs; lifting that runs what one GPU can.
+        "--require-gpus",
+        "0",
         "--filter",
         "pp[[]*",
         "--var",
@@ -283,7 +287,7 @@ fn the_device_battery_runs_the_one_gpu_battery_with_prebuilt_binaries() {
     // Extra arguments go to `memra-orch run`: keep the synthesized model out of the checkout.
     let models = format!("models={}", tmp.path().join("models").display());
     let out = Command::new(root.join("scripts/device-battery"))
-        .args(["--gpus", "none", "--var", &models])
+        .args(["--gpus", "none", "--require-gpus", "0", "--var", &models])
         .env("MEMRA_DEVICE_BIN", &bin)
         .env("MEMRA_DEVICE_RECEIPTS", tmp.path().join("receipts"))
         .env("MEMRA_DEVICE_COMMIT", "device-test")
@@ -341,7 +345,7 @@ fn the_device_battery_runs_the_nightly_on_a_stand_in_for_the_real_checkpoint() {
     let results = tmp.path().join("out");
     let models = format!("models={}", tmp.path().join("models").display());
     let out = Command::new(root.join("scripts/device-battery"))
-        .args(["--gpus", "none", "--var", &models])
+        .args(["--gpus", "none", "--require-gpus", "0", "--var", &models])
         .env("MEMRA_DEVICE_BIN", &bin)
         .env("MEMRA_DEVICE_MANIFEST", "manifests/h100-nightly.toml")
         .env("MEMRA_DEVICE_STANDIN", "1")

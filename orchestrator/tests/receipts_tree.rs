@@ -69,6 +69,7 @@ fn hostile_cell_ids_cannot_write_outside_the_tree() {
         env_matrices: Vec::new(),
         root: work.clone(),
         inherit: vec!["PATH".into()],
+        require: Default::default(),
         cells: ids
             .iter()
             .map(|id| cell(id, vec![gate.clone()], &work))
@@ -83,6 +84,7 @@ fn hostile_cell_ids_cannot_write_outside_the_tree() {
         resume: false,
         previous: Default::default(),
         interrupt: Arc::new(AtomicBool::new(false)),
+        require_gpus: None,
     };
     let header: RunReceipt = serde_json::from_value(serde_json::json!({
         "schema": RUN_SCHEMA, "name": "hostile", "manifest": {"path": "m", "bytes": 0, "sha256": ""},

@@ -1,5 +1,6 @@
 //! `memra-orch diff OLD NEW`: finds the two receipt trees, reads them side by side, compares
-//! them under the thresholds given and prints the result. Exit 1 when anything regressed.
+//! them under the thresholds given and prints the result. Exit 1 when anything regressed
+//! (lost coverage included, unless `--allow-lost`).
 
 use crate::ExitCode;
 use crate::cli::DiffArgs;
@@ -31,7 +32,8 @@ fn command_inner(args: &DiffArgs) -> Result<ExitCode, FindError> {
     let new_dir = resolve::resolve(&args.new, &receipts, manifest)?;
     let (old, new) = rayon::join(|| load_for_diff(&old_dir), || load_for_diff(&new_dir));
     let (old, new) = (old?, new?);
-    let d = diff(&old, &new, &thresholds);
+    let mut d = diff(&old, &new, &thresholds);
+    d.allow_lost = args.allow_lost;
     print!("{}", render::render(&d, args.format, args.color));
     Ok(if d.regressed() {
         ExitCode::NotAsExpected

@@ -67,6 +67,11 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     if let Some(note) = &inventory.note {
         eprintln!("memra-orch: {note}");
     }
+    let require = crate::require::GpuRequirement::effective(&plan, args.require_gpus);
+    if let Some(r) = &require {
+        r.check(&inventory)
+            .map_err(|e| (ExitCode::RequirementUnmet, e.to_string()))?;
+    }
     let commit = crate::commit::resolve(&plan.root, args.commit.as_deref())
         .map_err(|e| usage(e.to_string()))?;
     let receipts = match &args.receipts {
@@ -104,6 +109,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         resume: args.resume,
         previous,
         interrupt,
+        require_gpus: require.map(|r| r.gpus),
     };
     let header = RunReceipt::begin(&plan, &commit, &inventory, jobs, &args.filters, args.resume);
     let mode = args.progress.resolve();
@@ -135,6 +141,9 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         );
     }
     written.map_err(|e| internal(e.to_string()))?;
+    if let Some(note) = outcome.lacked_resources_note() {
+        eprintln!("memra-orch run: {note}");
+    }
     Ok(outcome.exit_code())
 }
 

@@ -1,7 +1,8 @@
 //! `memra-orch diff OLD NEW`: what changed between two receipt trees (DESIGN §6,
-//! docs/diff.md). Regressions, fixes, still failing, bits moved (same verdict, different
-//! artifact digests), metric drift, duration drift, doors changes, new and removed nodes,
-//! and environment changes (host, driver, GPUs, binaries).
+//! docs/diff.md). Regressions, lost coverage (passed, now skipped or absent), fixes, still
+//! failing, bits moved (same verdict, different artifact digests), metric drift, duration
+//! drift, doors changes, new and removed nodes, and environment changes (host, driver, GPUs,
+//! binaries).
 //!
 //! This module owns the comparison rules; the `diff` subcommand is in `cmd::diff`. Finding
 //! trees is `receipt::resolve`'s job, reading them `receipt::load`'s, and printing them
@@ -99,6 +100,19 @@ pub struct VerdictChange {
     pub reason: Option<String>,
 }
 
+/// A node that passed in OLD and did not run in NEW: skipped there, or absent from it (its
+/// node left the manifest, or the run did not reach it). A nightly that silently stops
+/// covering a cell must not look green, so this counts as a regression unless allowed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LostCoverage {
+    pub id: String,
+    pub old: Verdict,
+    /// `skipped`, or `None` when NEW has no such node.
+    pub new: Option<Verdict>,
+    /// Why NEW skipped it.
+    pub reason: Option<String>,
+}
+
 /// One artifact whose bytes moved; `None` on the side that did not have it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ArtifactMove {
@@ -168,30 +182,37 @@ pub struct Diff {
     pub old: Side,
     pub new: Side,
     pub thresholds: Thresholds,
+    /// `--allow-lost`: lost coverage is listed but does not count as a regression.
+    pub allow_lost: bool,
     pub regressions: Vec<VerdictChange>,
+    pub lost_coverage: Vec<LostCoverage>,
     pub fixes: Vec<VerdictChange>,
     pub still_failing: Vec<VerdictChange>,
-    /// Verdict changes between two as-expected verdicts (`pass` ↔ `skipped`).
+    /// Verdict changes between two as-expected verdicts that lose no coverage (`skipped` →
+    /// `pass`).
     pub other_verdict_changes: Vec<VerdictChange>,
     pub bits_moved: Vec<BitsMoved>,
     pub metric_drift: Vec<MetricDrift>,
     pub duration_drift: Vec<DurationDrift>,
     pub doors_changed: Vec<DoorsChange>,
     pub new_nodes: Vec<NodeBrief>,
+    /// Nodes only OLD has that did not pass there (a passing one is lost coverage).
     pub removed_nodes: Vec<NodeBrief>,
     pub environment: Vec<EnvChange>,
 }
 
 impl Diff {
-    /// Whether anything regressed (the exit code is 1 then).
+    /// Whether anything regressed, lost coverage included unless it is allowed (the exit
+    /// code is 1 then).
     pub fn regressed(&self) -> bool {
-        !self.regressions.is_empty()
+        !self.regressions.is_empty() || (!self.allow_lost && !self.lost_coverage.is_empty())
     }
 
     /// Whether nothing differs between the two runs under the thresholds. Nodes failing on
     /// both sides are listed but are no difference: a run diffed with itself is clean.
     pub fn is_clean(&self) -> bool {
         self.regressions.is_empty()
+            && self.lost_coverage.is_empty()
             && self.fixes.is_empty()
             && self.other_verdict_changes.is_empty()
             && self.bits_moved.is_empty()
@@ -215,13 +236,16 @@ fn side(r: &DiffRun) -> Side {
     }
 }
 
-/// Compares two loaded runs.
+/// Compares two loaded runs; lost coverage counts as a regression (set
+/// [`Diff::allow_lost`] to list it only).
 pub fn diff(old: &DiffRun, new: &DiffRun, t: &Thresholds) -> Diff {
     let mut d = Diff {
         old: side(old),
         new: side(new),
         thresholds: *t,
+        allow_lost: false,
         regressions: Vec::new(),
+        lost_coverage: Vec::new(),
         fixes: Vec::new(),
         still_failing: Vec::new(),
         other_verdict_changes: Vec::new(),
@@ -235,10 +259,19 @@ pub fn diff(old: &DiffRun, new: &DiffRun, t: &Thresholds) -> Diff {
     };
     for (id, o) in &old.nodes {
         let Some(n) = new.nodes.get(id) else {
-            d.removed_nodes.push(NodeBrief {
-                id: id.clone(),
-                verdict: o.entry.verdict,
-            });
+            if o.entry.verdict == Verdict::Pass {
+                d.lost_coverage.push(LostCoverage {
+                    id: id.clone(),
+                    old: o.entry.verdict,
+                    new: None,
+                    reason: None,
+                });
+            } else {
+                d.removed_nodes.push(NodeBrief {
+                    id: id.clone(),
+                    verdict: o.entry.verdict,
+                });
+            }
             continue;
         };
         node(&mut d, id, o, n, t);
@@ -274,6 +307,14 @@ fn node(
             .fixes
             .push(change(o.entry.reason.as_ref().map(|r| format!("was: {r}")))),
         (false, false) => d.still_failing.push(change(n.entry.reason.clone())),
+        (true, true) if ov == Verdict::Pass && nv == Verdict::Skipped => {
+            d.lost_coverage.push(LostCoverage {
+                id: id.to_string(),
+                old: ov,
+                new: Some(nv),
+                reason: n.entry.reason.clone(),
+            })
+        }
         (true, true) if ov != nv => d.other_verdict_changes.push(change(n.entry.reason.clone())),
         (true, true) => {}
     }

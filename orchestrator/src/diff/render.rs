@@ -8,7 +8,7 @@ use std::fmt::Write;
 
 use serde_json::Value;
 
-use super::{ArtifactMove, Diff, VerdictChange};
+use super::{ArtifactMove, Diff, LostCoverage, VerdictChange};
 use crate::commit::short_commit;
 
 /// The output formats of `diff`.
@@ -113,6 +113,7 @@ fn one_line(s: &str) -> String {
 fn counts(d: &Diff) -> String {
     let parts = [
         (d.regressions.len(), "regression", "regressions"),
+        (d.lost_coverage.len(), "lost coverage", "lost coverage"),
         (d.fixes.len(), "fix", "fixes"),
         (
             d.bits_moved.len(),
@@ -148,6 +149,9 @@ fn counts(d: &Diff) -> String {
     if !d.still_failing.is_empty() {
         let _ = write!(line, " ({} still failing)", d.still_failing.len());
     }
+    if d.allow_lost && !d.lost_coverage.is_empty() {
+        line.push_str(" (lost coverage allowed by --allow-lost)");
+    }
     line
 }
 
@@ -180,6 +184,7 @@ pub fn text(d: &Diff, color: bool) -> String {
         .chain(&d.still_failing)
         .chain(&d.other_verdict_changes)
         .map(|c| c.id.chars().count())
+        .chain(d.lost_coverage.iter().map(|c| c.id.chars().count()))
         .chain(d.bits_moved.iter().map(|b| b.id.chars().count()))
         .chain(d.new_nodes.iter().map(|b| b.id.chars().count()))
         .chain(d.removed_nodes.iter().map(|b| b.id.chars().count()))
@@ -206,6 +211,20 @@ pub fn text(d: &Diff, color: bool) -> String {
         }
     };
     verdicts(&mut out, Tone::Bad, "REGRESSIONS", &d.regressions);
+    if !d.lost_coverage.is_empty() {
+        let tone = if d.allow_lost { Tone::Note } else { Tone::Bad };
+        section(&mut out, tone, "LOST COVERAGE", d.lost_coverage.len());
+        for c in &d.lost_coverage {
+            let line = format!(
+                "  {:<width$}  {} → {}  {}",
+                c.id,
+                c.old,
+                lost_new(c),
+                one_line(c.reason.as_deref().unwrap_or(""))
+            );
+            let _ = writeln!(out, "{}", line.trim_end());
+        }
+    }
     verdicts(&mut out, Tone::Good, "FIXES", &d.fixes);
     verdicts(&mut out, Tone::Note, "STILL FAILING", &d.still_failing);
     if !d.bits_moved.is_empty() {
@@ -296,6 +315,11 @@ pub fn text(d: &Diff, color: bool) -> String {
     out
 }
 
+/// What a lost cell is in NEW: its verdict, or `absent`.
+fn lost_new(c: &LostCoverage) -> &'static str {
+    c.new.map_or("absent", |v| v.as_str())
+}
+
 fn artifact_line(a: &ArtifactMove) -> String {
     format!(
         "{}: {} → {} ({} → {} bytes)",
@@ -340,6 +364,21 @@ pub fn markdown(d: &Diff) -> String {
         out.push('\n');
     };
     verdicts(&mut out, "Regressions", &d.regressions);
+    if !d.lost_coverage.is_empty() {
+        let _ = writeln!(out, "### Lost coverage ({})\n", d.lost_coverage.len());
+        let _ = writeln!(out, "| node | old | new | reason |\n|---|---|---|---|");
+        for c in &d.lost_coverage {
+            let _ = writeln!(
+                out,
+                "| `{}` | {} | {} | {} |",
+                md(&c.id),
+                c.old,
+                lost_new(c),
+                md(c.reason.as_deref().unwrap_or(""))
+            );
+        }
+        out.push('\n');
+    }
     verdicts(&mut out, "Fixes", &d.fixes);
     verdicts(&mut out, "Still failing", &d.still_failing);
     if !d.bits_moved.is_empty() {

@@ -17,7 +17,7 @@ use crate::manifest::{Pairs, RawManifest, RawNode, Sp, kind_header};
 use crate::matrix::{self, Combo};
 use crate::plan::{
     Cell, CellId, CellIndex, DEFAULT_INHERIT, Expect, MANIFEST_SCHEMA, NodeId, NodeKind, Plan,
-    SourceFile, TextVerdict,
+    Require, SourceFile, TextVerdict,
 };
 use crate::subst::{self, Scope};
 
@@ -217,6 +217,9 @@ pub fn build(
         env_matrices: b.sources,
         root: root.to_path_buf(),
         inherit,
+        require: Require {
+            gpus: raw.require.gpus.as_ref().map(|g| *g.get_ref()),
+        },
         cells,
     })
 }

@@ -205,8 +205,12 @@ pub struct RunReceipt {
     pub seconds: Option<f64>,
     pub interrupted: bool,
     pub counts: BTreeMap<Verdict, usize>,
-    /// `pass` when every node ended as expected (skipped included), else `fail`; `running`
-    /// while in progress.
+    /// Why the run failed although every node ended as expected: cells skipped for lack of
+    /// resources while a GPU requirement was in force. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unmet: Option<String>,
+    /// `pass` when every node ended as expected (skipped included) and no requirement went
+    /// unmet, else `fail`; `running` while in progress.
     pub verdict: String,
     pub nodes: Vec<NodeIndexEntry>,
 }
@@ -240,6 +244,7 @@ impl RunReceipt {
             end: None,
             seconds: None,
             interrupted: false,
+            unmet: None,
             counts: BTreeMap::new(),
             verdict: "running".to_string(),
             nodes: Vec::new(),

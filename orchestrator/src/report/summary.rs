@@ -111,6 +111,9 @@ pub fn markdown(run: &RunReceipt) -> String {
         run.seconds.unwrap_or(0.0),
         md_escape(&run.host),
     );
+    if let Some(unmet) = &run.unmet {
+        let _ = writeln!(out, "**Requirement not met:** {}\n", md_escape(unmet));
+    }
     let _ = writeln!(out, "| node | kind | verdict | seconds | reason |");
     let _ = writeln!(out, "|---|---|---|---:|---|");
     let mut nodes: Vec<&NodeIndexEntry> = run.nodes.iter().collect();
@@ -189,6 +192,7 @@ mod tests {
             end: Some("t".into()),
             seconds: Some(2.0),
             interrupted: false,
+            unmet: None,
             counts: count([Verdict::Pass, Verdict::Fail]),
             verdict: "fail".into(),
             nodes: vec![
@@ -252,6 +256,8 @@ mod tests {
             verdicts,
             interrupted: false,
             elapsed: std::time::Duration::from_millis(16_250),
+            lacked_resources: 1,
+            require_gpus: None,
         };
         let tree = Tree::new(std::path::Path::new("/r"), "abc123-dirty", "nightly");
         insta::assert_snapshot!(table(&receipts, &outcome, &tree));

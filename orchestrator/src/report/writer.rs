@@ -124,6 +124,7 @@ impl Listener for ReceiptWriter {
                 counts,
                 elapsed,
                 interrupted,
+                unmet,
             } => {
                 self.run.nodes = self.entries.iter().flatten().cloned().collect();
                 self.run.counts = counts.clone();
@@ -132,8 +133,14 @@ impl Listener for ReceiptWriter {
                 );
                 self.run.seconds = Some(elapsed.as_secs_f64());
                 self.run.interrupted = *interrupted;
+                self.run.unmet = unmet.clone();
                 let ok = counts.iter().all(|(v, n)| *n == 0 || v.as_expected());
-                self.run.verdict = if ok && !interrupted { "pass" } else { "fail" }.to_string();
+                self.run.verdict = if ok && !interrupted && unmet.is_none() {
+                    "pass"
+                } else {
+                    "fail"
+                }
+                .to_string();
                 // Pin attestation needs every cell's doors row, so it runs once all are in;
                 // it only adds warning checks, so receipts filed earlier stay valid until
                 // they are rewritten here.
