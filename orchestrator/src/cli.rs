@@ -110,6 +110,10 @@ pub struct RunArgs {
     /// Receipt folder (default: `receipts/` under the manifest's root).
     #[arg(long)]
     pub receipts: Option<PathBuf>,
+    /// Wait up to DURATION for another run of this receipt tree to release its lock, then
+    /// run (default: do not wait). Still held after DURATION: exit 75.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub wait_lock: Option<std::time::Duration>,
     /// Progress display: bars on a terminal, one plain line per event otherwise.
     #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
     pub progress: ProgressMode,

@@ -18,6 +18,10 @@ pub enum ExitCode {
     /// The machine does not meet the run's requirement (`[require]`, `--require-gpus`);
     /// nothing ran. Not a usage error: the same command succeeds on a machine that has it.
     RequirementUnmet = 4,
+    /// Another run holds the lock of the receipt tree (sysexits' `EX_TEMPFAIL`); nothing
+    /// ran. Not a usage error: the same command succeeds once that run ends, so a cron job
+    /// can tell "try later" from "broken".
+    Locked = 75,
     /// Interrupted by Ctrl-C or SIGTERM; running nodes were cancelled.
     Interrupted = 130,
 }
@@ -37,4 +41,6 @@ Exit codes:
   2    manifest or usage error: nothing ran
   3    internal error of memra-orch
   4    the machine does not meet the requirement (`[require]`, --require-gpus): nothing ran
+  75   another run holds the lock of the receipt tree (after --wait-lock, if given): nothing
+       ran; try again later
   130  interrupted (Ctrl-C / SIGTERM): running nodes were cancelled";

@@ -1,6 +1,6 @@
 //! `memra-orch run`: the wiring around the run loop. It loads the plan, chooses the
 //! executor and its GPU slots, resolves the commit and the receipt tree, takes the run
-//! lock, installs the signal handlers, builds the [`RunOptions`] and the listeners (receipt
+//! lock (waiting for it with `--wait-lock`), installs the signal handlers, builds the [`RunOptions`] and the listeners (receipt
 //! writer, progress display), runs [`crate::run::execute`] and prints the summary table.
 //! Its errors are messages with an exit code: the typed errors of the layers below
 //! (including [`SlurmOptionsError`], the one this file builds) end here as text.
@@ -19,6 +19,7 @@ use crate::executor::{Executor, SlurmError};
 use crate::gpus::Inventory;
 use crate::plan::Plan;
 use crate::receipt::RunReceipt;
+use crate::receipt::error::ReceiptErrorKind;
 use crate::receipt::tree::{self, RunLock, Tree};
 use crate::report::progress::{Progress, ProgressMode};
 use crate::report::writer::ReceiptWriter;
@@ -82,7 +83,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         None => plan.root.join("receipts"),
     };
     let tree = Tree::new(&receipts, &commit.id, &plan.name);
-    let _lock = RunLock::acquire(&tree).map_err(|e| usage(e.to_string()))?;
+    let _lock = acquire_lock(&tree, args.wait_lock)?;
     let previous = tree::previous_run(&receipts, &plan.name)
         .map(|r| tree::durations(&r))
         .unwrap_or_default();
@@ -145,6 +146,46 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         eprintln!("memra-orch run: {note}");
     }
     Ok(outcome.exit_code())
+}
+
+/// How often a run waiting with `--wait-lock` looks at the lock again.
+const LOCK_POLL: Duration = Duration::from_millis(200);
+
+/// Takes the run lock of `tree`. Held by another run: with `wait`, polls until it is free
+/// or `wait` has passed (saying once whom it waits for); then, or at once without `wait`,
+/// fails with [`ExitCode::Locked`] so cron can tell "try later" from a broken manifest.
+fn acquire_lock(tree: &Tree, wait: Option<Duration>) -> Result<RunLock, (ExitCode, String)> {
+    let deadline = wait.map(|w| std::time::Instant::now() + w);
+    let mut said = false;
+    loop {
+        match RunLock::acquire(tree) {
+            Ok(lock) => return Ok(lock),
+            Err(e) => {
+                let ReceiptErrorKind::Locked(pid) = e.kind else {
+                    return Err((ExitCode::Usage, e.to_string()));
+                };
+                let waiting = deadline.is_some_and(|d| std::time::Instant::now() < d);
+                if !waiting {
+                    let message = match wait {
+                        Some(w) => format!(
+                            "still locked after waiting {}: {e}",
+                            humantime::format_duration(w)
+                        ),
+                        None => e.to_string(),
+                    };
+                    return Err((ExitCode::Locked, message));
+                }
+                if !said {
+                    eprintln!(
+                        "memra-orch: waiting for the lock of {}: held by memra-orch pid {pid}",
+                        tree.dir.display()
+                    );
+                    said = true;
+                }
+                std::thread::sleep(LOCK_POLL);
+            }
+        }
+    }
 }
 
 /// For `--executor slurm`: the GPU slots the run may keep busy at once, one per GPU the
