@@ -114,7 +114,8 @@ pub struct RunArgs {
     /// run (default: do not wait). Still held after DURATION: exit 75.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub wait_lock: Option<std::time::Duration>,
-    /// Progress display: bars on a terminal, one plain line per event otherwise.
+    /// Progress display: bars on a terminal, one plain line per event otherwise
+    /// (with a `still running` line per running node every minute).
     #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
     pub progress: ProgressMode,
     /// Time between SIGTERM and SIGKILL when a node times out or the run is interrupted

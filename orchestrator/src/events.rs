@@ -1,5 +1,6 @@
 //! What a run reports while it happens: the events the runner emits (`RunStarted`,
-//! `NodeStarted`, `AttemptFinished`, `JobChanged`, `NodeFinished`, `RunFinished`).
+//! `NodeStarted`, `AttemptFinished`, `JobChanged`, `StillRunning`, `NodeFinished`,
+//! `RunFinished`).
 //!
 //! The runner never prints and never writes files about itself; the terminal display and the
 //! receipt writer (which renders `junit.xml` at the end) are [`Listener`]s fed with these
@@ -8,6 +9,7 @@
 //! `verdict`) or order work.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::plan::{CellId, CellIndex, NodeKind};
@@ -62,6 +64,17 @@ pub enum Event {
         cell: CellIndex,
         id: CellId,
         note: JobNote,
+    },
+    /// A heartbeat: the cell has been running for another interval
+    /// (`RunOptions::heartbeat`) and has not finished. The runner sends these so a display
+    /// that only reacts to events can still tell a slow cell from a stuck log.
+    StillRunning {
+        cell: CellIndex,
+        id: CellId,
+        /// Since the cell started (all of its attempts so far).
+        running_for: Duration,
+        /// The `stderr.log` of the attempt now running.
+        stderr_log: PathBuf,
     },
     NodeFinished {
         cell: CellIndex,

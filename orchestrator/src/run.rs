@@ -22,7 +22,9 @@ use crate::executor::{CellJob, CellNote, Executor, compare};
 use crate::gpus::Inventory;
 use crate::plan::{Cell, CellIndex, NodeKind, Plan};
 use crate::receipt::tree::Tree;
-use crate::receipt::{AttemptRecord, FileDigest, GpuRef, NodeReceipt, read_node_receipt, slug};
+use crate::receipt::{
+    AttemptRecord, FileDigest, GpuRef, NodeReceipt, attempt_dir_name, read_node_receipt, slug,
+};
 use crate::schedule::{self, Pool, ReadyQueue};
 use crate::verdict::{self, Verdict};
 
@@ -46,7 +48,13 @@ pub struct RunOptions {
     /// against the inventory. While it is above 0, a cell skipped for lack of resources
     /// makes the run not as expected instead of being listed only.
     pub require_gpus: Option<u32>,
+    /// How often a running cell is reported as still running ([`Event::StillRunning`]).
+    pub heartbeat: Duration,
 }
+
+/// The heartbeat interval when nothing else is asked for: often enough that a cron log
+/// shows a slow cell is alive, rarely enough that it does not drown the other lines.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(60);
 
 /// What a run ended with.
 #[derive(Debug, Clone)]
@@ -179,6 +187,17 @@ impl Drop for Workers {
     }
 }
 
+/// A cell that really runs, as the heartbeat sees it.
+#[derive(Debug, Clone)]
+struct Beat {
+    started: Instant,
+    /// Heartbeats already sent for the cell.
+    sent: u32,
+    /// The attempt now running (one past the last finished).
+    attempt: u32,
+    node_dir: PathBuf,
+}
+
 /// The run loop over one plan.
 struct Runner<'a, 'b> {
     plan: &'a Plan,
@@ -201,6 +220,7 @@ struct Runner<'a, 'b> {
     interrupted: bool,
     pending: Vec<Event>,
     workers: Option<Workers>,
+    beats: BTreeMap<CellIndex, Beat>,
 }
 
 /// Runs a plan to the end (or until interrupted) and returns the outcome. Listeners see
@@ -241,6 +261,7 @@ pub fn execute(
         interrupted: false,
         pending: Vec::new(),
         workers: None,
+        beats: BTreeMap::new(),
         listeners,
     };
     runner.emit(&Event::RunStarted {
@@ -347,6 +368,7 @@ impl Runner<'_, '_> {
             while let Ok(msg) = rx.try_recv() {
                 self.handle(msg);
             }
+            self.heartbeats();
         }
         // Whatever did not run: cancelled when the run stopped early, otherwise blocked on a
         // dependency cycle (which a validated plan never has).
@@ -431,6 +453,15 @@ impl Runner<'_, '_> {
         match msg {
             Msg::Started(cell, placement) => {
                 let id = self.plan.cell(cell).id.clone();
+                self.beats.insert(
+                    cell,
+                    Beat {
+                        started: Instant::now(),
+                        sent: 0,
+                        attempt: 1,
+                        node_dir: self.opts.tree.node_dir(&slug(&id.0)),
+                    },
+                );
                 self.emit(&Event::NodeStarted {
                     cell,
                     id,
@@ -439,6 +470,9 @@ impl Runner<'_, '_> {
             }
             Msg::Attempt(cell, rec) => {
                 let id = self.plan.cell(cell).id.clone();
+                if let Some(b) = self.beats.get_mut(&cell) {
+                    b.attempt = rec.n + 1;
+                }
                 self.emit(&Event::AttemptFinished {
                     cell,
                     id,
@@ -460,6 +494,7 @@ impl Runner<'_, '_> {
             } => {
                 self.pool.release(&placement);
                 self.running -= 1;
+                self.beats.remove(&cell);
                 if !reused && self.plan.cell(cell).kind == NodeKind::Setup {
                     // A setup may have written files that cells still to come declare.
                     self.digests.files_changed();
@@ -491,6 +526,35 @@ impl Runner<'_, '_> {
                 };
                 self.done(cell, verdict, event);
             }
+        }
+    }
+
+    /// Sends [`Event::StillRunning`] for every running cell that has passed another
+    /// heartbeat interval since it started. The loop wakes at least every 50 ms, so the
+    /// beats are that close to the interval without a timer thread.
+    fn heartbeats(&mut self) {
+        let every = self.opts.heartbeat;
+        if every.is_zero() {
+            return;
+        }
+        let mut due = Vec::new();
+        for (cell, b) in self.beats.iter_mut() {
+            let next = every.saturating_mul(b.sent + 1);
+            if b.started.elapsed() >= next {
+                b.sent += 1;
+                due.push(Event::StillRunning {
+                    cell: *cell,
+                    id: self.plan.cell(*cell).id.clone(),
+                    running_for: next,
+                    stderr_log: b
+                        .node_dir
+                        .join(attempt_dir_name(b.attempt))
+                        .join("stderr.log"),
+                });
+            }
+        }
+        for e in &due {
+            self.emit(e);
         }
     }
 

@@ -75,6 +75,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     }
     let commit = crate::commit::resolve(&plan.root, args.commit.as_deref())
         .map_err(|e| usage(e.to_string()))?;
+    let heartbeat = heartbeat_interval().map_err(usage)?;
     let receipts = match &args.receipts {
         Some(r) if r.is_absolute() => r.clone(),
         Some(r) => std::env::current_dir()
@@ -111,6 +112,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         previous,
         interrupt,
         require_gpus: require.map(|r| r.gpus),
+        heartbeat,
     };
     let header = RunReceipt::begin(&plan, &commit, &inventory, jobs, &args.filters, args.resume);
     let mode = args.progress.resolve();
@@ -146,6 +148,18 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         eprintln!("memra-orch run: {note}");
     }
     Ok(outcome.exit_code())
+}
+
+/// The environment variable that sets the heartbeat interval of plain progress (a
+/// humantime duration; `0s` turns it off). A knob for tests and operators, read once here.
+pub const HEARTBEAT_ENV: &str = "MEMRA_ORCH_HEARTBEAT";
+
+fn heartbeat_interval() -> Result<Duration, String> {
+    match std::env::var(HEARTBEAT_ENV) {
+        Ok(v) => humantime::parse_duration(v.trim())
+            .map_err(|e| format!("{HEARTBEAT_ENV}={v:?}: {e}; give a duration such as 30s or 5m")),
+        Err(_) => Ok(crate::run::DEFAULT_HEARTBEAT),
+    }
 }
 
 /// How often a run waiting with `--wait-lock` looks at the lock again.

@@ -1,7 +1,9 @@
 //! The live display of a run, as a listener. On a terminal: an overall bar (done/total,
 //! pass/fail counts, ETA from the previous run's durations) and a line per GPU and CPU slot
 //! showing the running cell and its elapsed time (indicatif). Elsewhere (cron, CI logs): one
-//! plain line per event on stderr. Quiet: nothing.
+//! plain line per event on stderr, and a `still running` line per running cell at each
+//! heartbeat the runner sends, so a log read the next morning shows a stuck cell and where
+//! its stderr goes. Quiet: nothing (the caller still prints the final counts).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -298,6 +300,22 @@ impl Listener for Progress {
                 }
             }
             Event::JobChanged { id, note, .. } => self.job_changed(id, note),
+            Event::StillRunning {
+                id,
+                running_for,
+                stderr_log,
+                ..
+            } => {
+                // Bars already show each lane's elapsed time; only plain logs need the line.
+                if self.mode == ProgressMode::Plain {
+                    eprintln!(
+                        "still running {}: {} (log: {})",
+                        humantime::format_duration(Duration::from_secs(running_for.as_secs())),
+                        id.0,
+                        stderr_log.display()
+                    );
+                }
+            }
             Event::NodeFinished {
                 cell,
                 id,

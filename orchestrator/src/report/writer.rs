@@ -167,7 +167,8 @@ impl Listener for ReceiptWriter {
             }
             Event::NodeStarted { .. }
             | Event::AttemptFinished { .. }
-            | Event::JobChanged { .. } => {}
+            | Event::JobChanged { .. }
+            | Event::StillRunning { .. } => {}
         }
     }
 
