@@ -115,7 +115,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub wait_lock: Option<std::time::Duration>,
     /// Progress display: bars on a terminal, one plain line per event otherwise
-    /// (with a `still running` line per running node every minute).
+    /// (with a `still running` line per running node every minute); quiet prints only the
+    /// final counts.
     #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
     pub progress: ProgressMode,
     /// Time between SIGTERM and SIGKILL when a node times out or the run is interrupted

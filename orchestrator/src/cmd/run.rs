@@ -137,7 +137,9 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     };
     let _ = std::fs::remove_dir_all(&tmp_root);
     let written = writer.finish();
-    if mode != ProgressMode::Quiet {
+    if mode == ProgressMode::Quiet {
+        print!("{}", crate::report::summary::footer(&outcome, &tree));
+    } else {
         print!(
             "{}",
             crate::report::summary::table(writer.receipts(), &outcome, &tree)

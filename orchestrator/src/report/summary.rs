@@ -62,6 +62,14 @@ pub fn table(receipts: &[Option<Box<NodeReceipt>>], outcome: &RunOutcome, tree: 
             crate::attest::CHECK
         );
     }
+    out.push_str(&footer(outcome, tree));
+    out
+}
+
+/// The last two lines of the table, the counts and how the run ended: all that
+/// `--progress quiet` prints.
+pub fn footer(outcome: &RunOutcome, tree: &Tree) -> String {
+    let mut out = String::new();
     let _ = writeln!(out, "{}", counts_line(&outcome.counts));
     let _ = writeln!(
         out,
