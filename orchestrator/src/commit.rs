@@ -1,6 +1,7 @@
 //! The commit a run is filed under: `git rev-parse HEAD` of the manifest's root, `-dirty`
 //! when the work tree has uncommitted changes, a `--commit` override, and `no-git` outside
-//! any git repository. It names receipt folders; it does not read or write them.
+//! any git repository, and the paths that made a tree dirty. It names receipt folders; it
+//! does not read or write them.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -74,8 +75,26 @@ fn validate_override(id: &str) -> Result<(), CommitError> {
     }
 }
 
+/// The paths that make the work tree of `root` dirty, as `git status --porcelain` lists
+/// them (a rename as `old -> new`), so a run filed under `<sha>-dirty` can say why.
+pub fn dirty_paths(root: &Path) -> Vec<String> {
+    // Untrimmed: the first line's status column may start with a space.
+    let Some(text) = git_raw(root, &["status", "--porcelain"]) else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| l.get(3..))
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
 /// Runs git in `dir` and returns its trimmed stdout when it succeeded.
 pub(crate) fn git(dir: &Path, args: &[&str]) -> Option<String> {
+    git_raw(dir, args).map(|s| s.trim().to_string())
+}
+
+fn git_raw(dir: &Path, args: &[&str]) -> Option<String> {
     let out = Command::new("git")
         .arg("-C")
         .arg(dir)
@@ -86,7 +105,7 @@ pub(crate) fn git(dir: &Path, args: &[&str]) -> Option<String> {
         .ok()?;
     out.status
         .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// First 12 characters of a 40-hex commit folder name, keeping `-dirty`.

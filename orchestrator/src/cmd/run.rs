@@ -75,6 +75,9 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     }
     let commit = crate::commit::resolve(&plan.root, args.commit.as_deref())
         .map_err(|e| usage(e.to_string()))?;
+    if commit.dirty && args.commit.is_none() {
+        eprintln!("memra-orch: {}", dirty_note(&plan.root, &commit.id));
+    }
     let heartbeat = heartbeat_interval().map_err(usage)?;
     let receipts = match &args.receipts {
         Some(r) if r.is_absolute() => r.clone(),
@@ -150,6 +153,25 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         eprintln!("memra-orch run: {note}");
     }
     Ok(outcome.exit_code())
+}
+
+/// Dirty paths named in the note; the rest are counted.
+const DIRTY_PATHS_SHOWN: usize = 10;
+
+/// Why the run is filed under `<sha>-dirty`: the paths `git status --porcelain` lists, so a
+/// nightly that forgot a scratch file says which one instead of only changing folder name.
+fn dirty_note(root: &Path, id: &str) -> String {
+    let paths = crate::commit::dirty_paths(root);
+    let mut note =
+        format!("the work tree has uncommitted changes, so the run is filed under {id}:");
+    for p in paths.iter().take(DIRTY_PATHS_SHOWN) {
+        note.push_str("\n  ");
+        note.push_str(p);
+    }
+    if paths.len() > DIRTY_PATHS_SHOWN {
+        note.push_str(&format!("\n  and {} more", paths.len() - DIRTY_PATHS_SHOWN));
+    }
+    note
 }
 
 /// The environment variable that sets the heartbeat interval of plain progress (a
