@@ -20,6 +20,7 @@ mod manifest_matrix;
 mod manifests_gpu;
 mod plan_output;
 mod receipts_tree;
+mod run_cron;
 mod run_exec_node;
 mod run_filter;
 mod run_interrupt;
