@@ -114,7 +114,7 @@ gpus = 0
 
 [[arm]]
 id = "long"
-run = ["sleep", "3"]
+run = ["sleep", "5"]
 "#,
     );
     let out = f
