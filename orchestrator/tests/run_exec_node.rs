@@ -23,6 +23,7 @@ fn job(node_dir: &std::path::Path, gate: &str) -> CellJob {
         inherit: vec!["PATH".into()],
         timeout: Duration::from_secs(30),
         reps: 1,
+        deterministic: true,
         retries: 0,
         expect: Expect::Pass,
         verdict_pass: None,
