@@ -16,6 +16,7 @@ pub mod exec_node;
 pub mod inputs;
 pub mod local;
 pub mod process;
+pub mod reps;
 pub mod slurm;
 
 use std::collections::BTreeMap;
