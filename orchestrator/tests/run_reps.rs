@@ -156,6 +156,35 @@ reps = 2
 }
 
 #[test]
+fn deterministic_may_be_defaulted() {
+    let f = Fixture::new(
+        r#"
+schema = 1
+name = "reps-defaults"
+
+[defaults]
+gpus = 0
+deterministic = false
+
+[[arm]]
+id = "allowed"
+run = ["{gates}/rep-artifacts.sh", "text", "by-rep"]
+reps = 2
+
+[[arm]]
+id = "checked"
+run = ["{gates}/rep-artifacts.sh", "text", "by-rep"]
+reps = 2
+deterministic = true
+"#,
+    );
+    let out = f.run(&[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(f.verdict("allowed"), "pass");
+    assert_eq!(f.verdict("checked"), "fail");
+}
+
+#[test]
 fn deterministic_must_be_a_boolean() {
     let f = Fixture::new(
         r#"schema = 1
