@@ -72,6 +72,7 @@ fn receipt(i: usize, generation: usize) -> NodeReceipt {
         signal: None,
         outcome: r.verdict,
         reason: None,
+        artifacts: Vec::new(),
     });
     r.checks = (0..3)
         .map(|c| {

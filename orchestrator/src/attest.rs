@@ -283,6 +283,7 @@ mod tests {
             signal: None,
             outcome: Verdict::Pass,
             reason: None,
+            artifacts: Vec::new(),
         });
         for (k, v) in axes {
             r.cell.insert(k.to_string(), v.to_string());

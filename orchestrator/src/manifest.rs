@@ -101,6 +101,8 @@ pub struct RawNode {
     pub memory: Option<u64>,
     pub timeout: Option<Duration>,
     pub reps: Option<u32>,
+    /// `false` lets reps differ in their artifacts (default true: reps must be bit-identical).
+    pub deterministic: Option<bool>,
     pub retries: Option<u32>,
     pub expect: Option<Expect>,
     pub verdict: Option<RawVerdict>,
@@ -149,6 +151,7 @@ const RUN_KEYS: &[&str] = &[
     "cpus",
     "memory",
     "reps",
+    "deterministic",
     "retries",
     "verdict",
 ];
@@ -168,6 +171,7 @@ const DEFAULT_KEYS: &[&str] = &[
     "cpus",
     "memory",
     "reps",
+    "deterministic",
     "retries",
     "verdict",
     "artifact",
@@ -490,6 +494,7 @@ impl Walker<'_, '_> {
                     }
                 }
                 "reps" => n.reps = self.uint(k, val, 1).map(Spanned::into_inner),
+                "deterministic" => n.deterministic = self.boolean(k, val),
                 "retries" => n.retries = self.uint(k, val, 0).map(Spanned::into_inner),
                 "expect" => {
                     if let Some(s) = self.string(k, val) {

@@ -118,6 +118,9 @@ pub struct Cell {
     pub timeout: Duration,
     /// Run this many times; every rep must pass.
     pub reps: u32,
+    /// Every rep's artifacts must equal rep 1's bit for bit (`deterministic = false` in the
+    /// manifest turns the check off).
+    pub deterministic: bool,
     /// Re-run after crash/timeout/infra error (never after fail), this many times at most.
     pub retries: u32,
     pub expect: Expect,

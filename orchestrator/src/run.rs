@@ -667,6 +667,7 @@ impl Runner<'_, '_> {
             inherit: self.plan.inherit.clone(),
             timeout: c.timeout,
             reps: c.reps,
+            deterministic: c.deterministic,
             retries: c.retries,
             expect: c.expect,
             verdict_pass: c

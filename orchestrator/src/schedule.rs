@@ -377,6 +377,7 @@ mod tests {
                 memory: None,
                 timeout: std::time::Duration::from_secs(1),
                 reps: 1,
+                deterministic: true,
                 retries: 0,
                 expect: Expect::Pass,
                 verdict: None,

@@ -24,6 +24,7 @@ mod run_cron;
 mod run_exec_node;
 mod run_filter;
 mod run_interrupt;
+mod run_reps;
 mod run_require;
 mod run_verdicts;
 mod schedule_gpus;

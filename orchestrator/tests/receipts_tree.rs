@@ -35,6 +35,7 @@ fn cell(id: &str, argv: Vec<String>, root: &Path) -> Cell {
         memory: None,
         timeout: Duration::from_secs(30),
         reps: 1,
+        deterministic: true,
         retries: 0,
         expect: Expect::Pass,
         verdict: None,

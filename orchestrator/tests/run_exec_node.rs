@@ -23,6 +23,7 @@ fn job(node_dir: &std::path::Path, gate: &str) -> CellJob {
         inherit: vec!["PATH".into()],
         timeout: Duration::from_secs(30),
         reps: 1,
+        deterministic: true,
         retries: 0,
         expect: Expect::Pass,
         verdict_pass: None,
@@ -101,4 +102,33 @@ fn exec_node_writes_its_receipt_where_receipt_says_and_nowhere_else() {
     // The node folder holds the attempt's logs, but the cell's receipt is the run's to file.
     assert!(node_dir.join("attempt-1/stdout.log").is_file());
     assert!(!node_dir.join("receipt.json").exists());
+}
+
+#[test]
+fn exec_node_compares_reps_and_a_job_without_the_key_is_deterministic() {
+    let dir = tempfile::tempdir().unwrap();
+    let node_dir = dir.path().join("nodes/remote");
+    let job_file = dir.path().join("job.json");
+    let mut j = job(&node_dir, "rep-artifacts.sh");
+    j.argv.extend(["text".to_string(), "by-rep".to_string()]);
+    j.reps = 2;
+    // A job file written before `deterministic` existed has no such key.
+    let mut value = serde_json::to_value(&j).unwrap();
+    value.as_object_mut().unwrap().remove("deterministic");
+    std::fs::write(&job_file, serde_json::to_vec(&value).unwrap()).unwrap();
+    let out = exec_node(&[], &job_file);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = read_json(&node_dir.join("receipt.json"));
+    assert_eq!(r["verdict"], "fail");
+    let reason = r["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("nondeterministic across reps: notes.txt of rep 2 differs from rep 1"),
+        "{reason}"
+    );
+    assert_eq!(r["attempts"][1]["artifacts"][0]["name"], "notes.txt");
 }

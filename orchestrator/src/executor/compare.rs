@@ -54,6 +54,7 @@ pub fn run(job: &CellJob, reference: &Path, candidate: &Path, policy: &Policy) -
         signal: None,
         outcome,
         reason: raw_reason,
+        artifacts: Vec::new(),
     });
     r.compare = serde_json::to_value(&report)
         .ok()

@@ -167,6 +167,10 @@ pub fn inputs_digest(
     });
     // Only a cell that declares inputs gets the key, so the digest of every other cell is
     // what it was before declared inputs existed and `--resume` keeps their receipts.
+    // Likewise only a cell that opts out of the determinism check gets `deterministic`.
+    if !job.deterministic {
+        value["deterministic"] = false.into();
+    }
     if !job.input_files.is_empty() {
         value["input_files"] = job
             .input_files

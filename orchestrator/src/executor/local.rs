@@ -1,8 +1,9 @@
 //! The local executor: runs a cell's attempts as subprocesses of this machine, isolated per
 //! DESIGN §4 (cleared environment, own process group, stdin from /dev/null, stdout and
 //! stderr to files, a TMPDIR per attempt), and turns them into a node receipt: reps (every
-//! rep must be as expected), retries (after crash, timeout or an error that is not a
-//! protocol violation), `expect = "fail"`, setup `creates`/`produces`, artifacts.
+//! rep must be as expected and, unless the node says `deterministic = false`, leave the
+//! artifacts rep 1 left, as [`reps`] judges), retries (after crash, timeout or an error that
+//! is not a protocol violation), `expect = "fail"`, setup `creates`/`produces`, artifacts.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -18,6 +19,7 @@ use regex::Regex;
 use super::env::{self, OrchVars};
 use super::error::{ExecError, FileErrorKind as Kind};
 use super::process::Watchdog;
+use super::reps;
 use super::{CellJob, CellNote, Executor};
 use crate::plan::{Cell, Expect, NodeKind, TextVerdict};
 use crate::protocol::{self, GateReport, ProcessEnd, Stopped};
@@ -101,6 +103,8 @@ struct AttemptResult {
     protocol_error: bool,
     argv: Vec<String>,
     env: BTreeMap<String, OsString>,
+    /// Why the attempt's artifacts folder could not be listed, if it could not.
+    listing_error: Option<String>,
 }
 
 impl Executor for LocalExecutor {
@@ -134,13 +138,22 @@ impl Executor for LocalExecutor {
         } else {
             Verdict::Pass
         };
+        let check_reps = job.deterministic && job.reps > 1;
         let mut n = 0;
         let mut last: Option<AttemptResult> = None;
+        // Rep 1's artifacts (its last attempt's), which every later rep must match.
+        let mut first: Option<(PathBuf, Vec<Artifact>)> = None;
+        let mut nondeterministic: Option<String> = None;
         'reps: for rep in 1..=job.reps.max(1) {
             let mut retried = 0;
             loop {
                 n += 1;
-                let result = self.attempt(job, n, rep, text.as_ref());
+                let mut result = self.attempt(job, n, rep, text.as_ref());
+                let dir = artifacts_dir(job, n);
+                match list_artifacts(&dir) {
+                    Ok(a) => result.record.artifacts = a,
+                    Err(e) => result.listing_error = Some(e.to_string()),
+                }
                 on_note(CellNote::Attempt(result.record.clone()));
                 receipt.attempts.push(result.record.clone());
                 let outcome = result.record.outcome;
@@ -148,6 +161,8 @@ impl Executor for LocalExecutor {
                     && !result.protocol_error
                     && retried < job.retries
                     && !self.watchdog.is_cancelled();
+                let listed = result.listing_error.is_none();
+                let artifacts = result.record.artifacts.clone();
                 last = Some(result);
                 if retry {
                     retried += 1;
@@ -155,6 +170,32 @@ impl Executor for LocalExecutor {
                 }
                 if outcome != wanted {
                     break 'reps;
+                }
+                if check_reps {
+                    // A rep whose artifacts could not be listed cannot be compared; the
+                    // listing error ends the cell below.
+                    if !listed {
+                        break 'reps;
+                    }
+                    match &first {
+                        None => first = Some((dir, artifacts)),
+                        Some((first_dir, first_artifacts)) => {
+                            let one = reps::RepArtifacts {
+                                rep: 1,
+                                dir: first_dir,
+                                artifacts: first_artifacts,
+                            };
+                            let this = reps::RepArtifacts {
+                                rep,
+                                dir: &dir,
+                                artifacts: &artifacts,
+                            };
+                            if let Some(d) = reps::difference(one, this) {
+                                nondeterministic = Some(d);
+                                break 'reps;
+                            }
+                        }
+                    }
                 }
                 break;
             }
@@ -168,6 +209,9 @@ impl Executor for LocalExecutor {
             String::new()
         };
         let (verdict, reason) = match (job.expect, raw) {
+            // Reps that disagree fail the cell whatever it expects: a negative cell whose
+            // gate fails differently each time proves nothing either.
+            _ if nondeterministic.is_some() => (Verdict::Fail, nondeterministic),
             (Expect::Fail, Verdict::Fail) => (
                 Verdict::Pass,
                 Some(format!(
@@ -190,15 +234,11 @@ impl Executor for LocalExecutor {
         receipt.env = env::for_receipt(&last.env);
         receipt.checks = last.report.checks;
         receipt.doors = last.report.doors;
-        let last_dir = job
-            .node_dir
-            .join(attempt_dir_name(last.record.n))
-            .join("artifacts");
-        match list_artifacts(&last_dir) {
-            Ok(a) => receipt.artifacts = a,
-            Err(e) => {
+        match last.listing_error {
+            None => receipt.artifacts = last.record.artifacts,
+            Some(e) => {
                 receipt.verdict = receipt.verdict.max(Verdict::Error);
-                receipt.reason = Some(e.to_string());
+                receipt.reason = Some(e);
             }
         }
         if job.kind == NodeKind::Setup && receipt.verdict == Verdict::Pass {
@@ -239,11 +279,13 @@ impl LocalExecutor {
                         signal: None,
                         outcome: Verdict::Error,
                         reason: Some(e.to_string()),
+                        artifacts: Vec::new(),
                     },
                     report: GateReport::default(),
                     protocol_error: false,
                     argv: job.argv.clone(),
                     env: BTreeMap::new(),
+                    listing_error: None,
                 };
             }
         };
@@ -277,6 +319,7 @@ impl LocalExecutor {
             signal: None,
             outcome: Verdict::Error,
             reason: None,
+            artifacts: Vec::new(),
         };
         let result = |record: AttemptRecord, report, protocol_error| AttemptResult {
             record,
@@ -284,6 +327,7 @@ impl LocalExecutor {
             protocol_error,
             argv: argv.clone(),
             env: env.clone(),
+            listing_error: None,
         };
         if self.watchdog.is_cancelled() {
             record.outcome = Verdict::Cancelled;
@@ -387,6 +431,11 @@ impl LocalExecutor {
         };
         Ok((end, stopped))
     }
+}
+
+/// The artifacts folder of attempt `n`.
+fn artifacts_dir(job: &CellJob, n: u32) -> PathBuf {
+    job.node_dir.join(attempt_dir_name(n)).join("artifacts")
 }
 
 /// Empties the node folder: a node that runs again (`--resume` after a cancel) must not

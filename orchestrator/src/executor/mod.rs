@@ -16,6 +16,7 @@ pub mod exec_node;
 pub mod inputs;
 pub mod local;
 pub mod process;
+pub mod reps;
 pub mod slurm;
 
 use std::collections::BTreeMap;
@@ -49,6 +50,9 @@ pub struct CellJob {
     pub inherit: Vec<String>,
     pub timeout: Duration,
     pub reps: u32,
+    /// Every rep's artifacts must equal rep 1's; absent in a job file means true.
+    #[serde(default = "yes")]
+    pub deterministic: bool,
     pub retries: u32,
     pub expect: Expect,
     /// Text verdict regexes (sources; validated when the plan was built).
@@ -70,6 +74,11 @@ pub struct CellJob {
     /// executor on another machine resolves `argv[0]` itself when this is absent.
     #[serde(default)]
     pub program: Option<PathBuf>,
+}
+
+/// The serde default of [`CellJob::deterministic`].
+fn yes() -> bool {
+    true
 }
 
 /// What an executor reports of a cell while it runs, before it returns the receipt.

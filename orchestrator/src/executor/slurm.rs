@@ -785,6 +785,7 @@ mod tests {
             inherit: vec![],
             timeout: Duration::from_secs(90),
             reps: 2,
+            deterministic: true,
             retries: 1,
             expect: Expect::Pass,
             verdict_pass: None,

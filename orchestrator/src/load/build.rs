@@ -255,6 +255,7 @@ fn with_defaults(n: &RawNode, d: &RawNode) -> RawNode {
     e.cpus = n.cpus.or(d.cpus);
     e.memory = n.memory.or(d.memory);
     e.reps = n.reps.or(d.reps);
+    e.deterministic = n.deterministic.or(d.deterministic);
     e.retries = n.retries.or(d.retries);
     e.verdict = n.verdict.clone().or_else(|| d.verdict.clone());
     e.env = match (&d.env, &n.env) {
@@ -594,6 +595,7 @@ impl Builder<'_, '_> {
                 memory: n.memory,
                 timeout: n.timeout.unwrap_or(DEFAULT_TIMEOUT),
                 reps: n.reps.unwrap_or(1),
+                deterministic: n.deterministic.unwrap_or(true),
                 retries: n.retries.unwrap_or(0),
                 expect: n.expect.unwrap_or(Expect::Pass),
                 verdict: verdict.clone(),

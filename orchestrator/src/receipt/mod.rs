@@ -70,6 +70,10 @@ pub struct AttemptRecord {
     pub outcome: Verdict,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// What this attempt wrote into its artifacts folder, so every rep's digests are kept
+    /// (the node's `artifacts` are the last attempt's). Absent when it wrote nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<Artifact>,
 }
 
 /// `nodes/<slug>/receipt.json`.

@@ -105,6 +105,7 @@ mod tests {
             signal: None,
             outcome,
             reason: None,
+            artifacts: Vec::new(),
         }
     }
 

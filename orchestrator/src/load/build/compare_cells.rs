@@ -151,6 +151,7 @@ impl Builder<'_, '_> {
                     memory: None,
                     timeout: n.timeout.unwrap_or(DEFAULT_TIMEOUT),
                     reps: 1,
+                    deterministic: true,
                     retries: 0,
                     expect: n.expect.unwrap_or(Expect::Pass),
                     verdict: None,
