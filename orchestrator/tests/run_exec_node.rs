@@ -50,6 +50,19 @@ fn exec_node(args: &[&std::ffi::OsStr], job_file: &std::path::Path) -> std::proc
         .unwrap()
 }
 
+/// Runs exec-node on `job_file`, asserts it exited 0, and returns the receipt it wrote in
+/// `node_dir`.
+fn exec_node_ok(job_file: &std::path::Path, node_dir: &std::path::Path) -> serde_json::Value {
+    let out = exec_node(&[], job_file);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    read_json(&node_dir.join("receipt.json"))
+}
+
 /// Writes the job running `gate` in `node_dir` to `job_file`.
 fn write_job(job_file: &std::path::Path, node_dir: &std::path::Path, gate: &str) {
     std::fs::write(job_file, serde_json::to_vec(&job(node_dir, gate)).unwrap()).unwrap();
@@ -61,14 +74,7 @@ fn exec_node_runs_a_job_file_and_writes_its_receipt() {
     let node_dir = dir.path().join("nodes/remote");
     let job_file = dir.path().join("job.json");
     write_job(&job_file, &node_dir, "fail.sh");
-    let out = exec_node(&[], &job_file);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r = read_json(&node_dir.join("receipt.json"));
+    let r = exec_node_ok(&job_file, &node_dir);
     assert_eq!(r["id"], "remote[b=1]");
     assert_eq!(r["verdict"], "fail");
     assert_eq!(r["env"]["MEMRA_FA3"], "0");
@@ -116,14 +122,7 @@ fn exec_node_compares_reps_and_a_job_without_the_key_is_deterministic() {
     let mut value = serde_json::to_value(&j).unwrap();
     value.as_object_mut().unwrap().remove("deterministic");
     std::fs::write(&job_file, serde_json::to_vec(&value).unwrap()).unwrap();
-    let out = exec_node(&[], &job_file);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r = read_json(&node_dir.join("receipt.json"));
+    let r = exec_node_ok(&job_file, &node_dir);
     assert_eq!(r["verdict"], "fail");
     let reason = r["reason"].as_str().unwrap();
     assert!(
