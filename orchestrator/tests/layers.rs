@@ -1,7 +1,8 @@
 //! The workspace's layering holds: no crate has an import circle (`scripts/import-cycles`
 //! reads the `use` lines of every module and prints the circles it finds), and below the
 //! orchestrator's command layer nothing names the command line (`crate::cli` appears only
-//! in `cli.rs`, `cmd.rs` and `cmd/`).
+//! in `cli.rs`, `cmd.rs` and `cmd/`). Also the README's validate output, which must be
+//! what the shipped manifests validate to.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -76,4 +77,35 @@ fn only_the_command_layer_names_the_command_line() {
         offenders.is_empty(),
         "these modules below the command layer name crate::cli: {offenders:?}"
     );
+}
+
+/// The README's tour shows `memra-orch validate manifests/*.toml`; its lines must be what the
+/// shipped manifests validate to today, so the counts a newcomer reads are never stale.
+#[test]
+fn the_readmes_validate_lines_match_the_shipped_manifests() {
+    let root = workspace();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let mut manifests: Vec<PathBuf> = std::fs::read_dir(root.join("manifests"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    manifests.sort();
+    let out = Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+        .current_dir(&root)
+        .arg("validate")
+        .args(manifests.iter().map(|p| p.strip_prefix(&root).unwrap()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        assert!(
+            readme.contains(&format!("    {line}\n")),
+            "README.md does not show `{line}`; update the tour's validate output"
+        );
+    }
 }
