@@ -40,6 +40,17 @@ pub enum NodeKind {
     Compare,
 }
 
+impl NodeKind {
+    /// The kind as manifests, receipts and every display spell it: `setup`, `arm`, `compare`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeKind::Setup => "setup",
+            NodeKind::Arm => "arm",
+            NodeKind::Compare => "compare",
+        }
+    }
+}
+
 /// What a node is expected to report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -48,6 +59,16 @@ pub enum Expect {
     Pass,
     /// A negative cell (a canary): as expected iff the gate reported fail.
     Fail,
+}
+
+impl Expect {
+    /// As the manifest's `expect` key spells it: `pass` or `fail`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Expect::Pass => "pass",
+            Expect::Fail => "fail",
+        }
+    }
 }
 
 /// Text verdict regexes for third-party gates that only print (`verdict = { pass = "^ALL

@@ -55,8 +55,8 @@ fn ls_show_and_gc() {
     assert_eq!(node.status.code(), Some(1));
     let text = stdout(&node);
     for needle in [
-        "alpha (Arm)",
-        "verdict:   fail",
+        "alpha (arm)",
+        "verdict:   fail (expect pass)",
         "./gate.sh",
         "accuracy",
         "max_abs=0.5",

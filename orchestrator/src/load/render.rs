@@ -39,11 +39,7 @@ fn order(plan: &Plan, selected: &[bool]) -> Vec<usize> {
 }
 
 fn kind_str(c: &Cell) -> &'static str {
-    match c.kind {
-        crate::plan::NodeKind::Setup => "setup",
-        crate::plan::NodeKind::Arm => "arm",
-        crate::plan::NodeKind::Compare => "compare",
-    }
+    c.kind.as_str()
 }
 
 fn policy_str(p: &Policy) -> String {

@@ -77,8 +77,13 @@ pub fn node_text(run: &LoadedRun, r: &NodeReceipt) -> String {
         dir: run.dir.clone(),
     };
     let mut out = String::new();
-    let _ = writeln!(out, "{} ({:?})", r.id, r.kind);
-    let _ = writeln!(out, "  verdict:   {} (expect {:?})", r.verdict, r.expect);
+    let _ = writeln!(out, "{} ({})", r.id, r.kind.as_str());
+    let _ = writeln!(
+        out,
+        "  verdict:   {} (expect {})",
+        r.verdict,
+        r.expect.as_str()
+    );
     if let Some(reason) = &r.reason {
         let _ = writeln!(
             out,
