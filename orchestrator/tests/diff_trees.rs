@@ -132,14 +132,7 @@ fn two_commits_diff_in_three_formats() {
         .orch(&["diff", "HEAD~1", "HEAD", "--format", "json"]);
     assert_eq!(json.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
-    let ids = |key: &str| -> Vec<String> {
-        v[key]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x["id"].as_str().unwrap().to_string())
-            .collect()
-    };
+    let ids = |key: &str| json_ids(&v, key);
     assert_eq!(ids("regressions"), ["regress"]);
     assert_eq!(ids("fixes"), ["fixed"]);
     assert_eq!(ids("still_failing"), ["stuck"]);
@@ -293,14 +286,7 @@ fn a_cell_that_passed_and_is_now_skipped_or_gone_is_lost_coverage() {
     let json = repo.orch(&["diff", "HEAD~1", "HEAD", "--format", "json"]);
     assert_eq!(json.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
-    let ids = |key: &str| -> Vec<String> {
-        v[key]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x["id"].as_str().unwrap().to_string())
-            .collect()
-    };
+    let ids = |key: &str| json_ids(&v, key);
     assert_eq!(ids("lost_coverage"), ["dropped", "needs-gpu"]);
     assert_eq!(v["lost_coverage"][0]["new"], serde_json::Value::Null);
     assert_eq!(v["lost_coverage"][1]["new"], "skipped");
@@ -328,4 +314,14 @@ fn a_cell_that_passed_and_is_now_skipped_or_gone_is_lost_coverage() {
         text.contains("LOST COVERAGE (2)") && text.contains("allowed by --allow-lost"),
         "{text}"
     );
+}
+
+/// The `id` of every entry of the section `key` of a `diff --format json` report.
+fn json_ids(v: &serde_json::Value, key: &str) -> Vec<String> {
+    v[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["id"].as_str().unwrap().to_string())
+        .collect()
 }

@@ -184,14 +184,14 @@ pub(super) fn encode(
     // kernel's bits under both tiers, see docs/numerics.md), for quantized weights and rows
     // within the prologue's width, unless `MEMRA_PROLOGUES=0`. Traced passes keep the
     // standalone kernels, whose outputs are the sites the trace copies back.
-    let prologues =
-        n == 1 && ctx.family == MatvecFamily::Mmvq && !tap.on() && gpu.tuning().prologues;
+    let prologues_on = gpu.tuning().prologues;
+    let prologues = n == 1 && ctx.family == MatvecFamily::Mmvq && !tap.on() && prologues_on;
     // Rows too wide for the prologue (llama-7B's 4096), single or batched, take the norm step
     // split over blocks, out of place: it writes the updated stream to `x_alt` and the walk
     // swaps, as it does after a prologue (both norms of every layer, so again an even number
     // of flips).
     let split_norm = !tap.on()
-        && gpu.tuning().prologues
+        && prologues_on
         && d > Gpu::NORM_PROLOGUE_MAX_COLS
         && d <= Gpu::NORM_WIDE_MAX_COLS;
     let mut step = Step {
