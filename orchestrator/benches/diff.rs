@@ -126,10 +126,14 @@ fn write_tree(dir: &Path, generation: usize) {
             verdict: r.verdict,
             seconds: r.seconds,
             reason: None,
+            carried: None,
         });
     }
     let run = RunReceipt {
         schema: 1,
+        run_id: None,
+        carried_from: None,
+        rerun_failed: false,
         name: "bench".into(),
         manifest: FileDigest {
             path: "m.toml".into(),

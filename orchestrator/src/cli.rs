@@ -91,16 +91,26 @@ pub struct RunArgs {
     /// Stop starting new nodes after the first one that is not as expected.
     #[arg(long)]
     pub fail_fast: bool,
-    /// Run only cells whose id matches this glob or that carry this tag (`tag:NAME`);
-    /// repeatable; what a selected cell needs runs too.
+    /// Run only cells whose id matches this glob or that carry this tag (`tag:NAME`); a
+    /// leading `!` excludes instead (`'!tag:canary'`); repeatable; what a selected cell needs
+    /// runs too. The new run carries the other cells' receipts forward from the newest run
+    /// of this manifest at this commit.
     #[arg(long = "filter", value_name = "GLOB|tag:NAME")]
     pub filters: Vec<String>,
+    /// Leave out cells matching this glob or tag (the same as `--filter '!X'`); repeatable.
+    #[arg(long = "exclude", value_name = "GLOB|tag:NAME")]
+    pub excludes: Vec<String>,
+    /// Run again the cells whose verdict in the newest run of this manifest at this commit
+    /// was not as expected (plus what they need); carry every other receipt forward.
+    #[arg(long)]
+    pub rerun_failed: bool,
     /// Replace a `[vars]` entry of the manifest with VALUE, taken verbatim (e.g. `--var
     /// bin=.device/bin` to run prebuilt binaries); repeatable; a NAME the manifest does not
     /// define is an error. The substituted commands are in the receipts.
     #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
     pub vars: Vec<(String, String)>,
-    /// Complete the existing receipt tree of this commit without re-running finished nodes.
+    /// Complete the newest run of this manifest at this commit: a new run that carries its
+    /// final receipts whose inputs did not change, and runs the rest.
     #[arg(long)]
     pub resume: bool,
     /// Commit id to file the receipts under (default: from git, with `-dirty` when the tree
@@ -155,9 +165,12 @@ pub struct PlanArgs {
     /// the whole plan, machine-readable; `dot`: a Graphviz digraph.
     #[arg(long, value_enum, default_value_t = PlanFormat::Text)]
     pub format: PlanFormat,
-    /// Only cells matching these filters (as for `run`).
+    /// Only cells matching these filters (as for `run`; `!X` excludes).
     #[arg(long = "filter", value_name = "GLOB|tag:NAME")]
     pub filters: Vec<String>,
+    /// Leave out cells matching this glob or tag (as for `run`).
+    #[arg(long = "exclude", value_name = "GLOB|tag:NAME")]
+    pub excludes: Vec<String>,
     /// Replace a `[vars]` entry of the manifest (as for `run`).
     #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
     pub vars: Vec<(String, String)>,
@@ -183,10 +196,11 @@ pub struct GpusArgs {
 
 /// What `diff`, `show`, `ls` and `gc` accept as a run, for `--help`.
 const DIFF_HELP: &str = "\
-OLD and NEW name receipt trees: a run folder (holding run.json), a commit folder, `latest` or
-`previous` (the newest run and the one before it of the same manifest), or a commit-ish git
-resolves in the current folder (`HEAD~1`, a short sha, a tag; `<sha>-dirty` for a dirty run),
-looked up as <receipts>/<sha>[-dirty]/<manifest>.
+OLD and NEW name runs: a run folder (holding run.json), a run id as `memra-orch ls` prints it
+(or a unique start of one), `latest` or `previous` (the newest run and the one before it of
+the same manifest), a commit folder, or a commit-ish git resolves in the current folder
+(`HEAD~1`, a short sha, a tag; `<sha>-dirty` for a dirty run), looked up as
+<receipts>/<sha>[-dirty]/<manifest>; a commit means its newest complete run.
 
 Exit codes:
   0    nothing regressed

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::plan::{CellId, CellIndex, NodeKind};
-use crate::receipt::NodeReceipt;
+use crate::receipt::{Carried, NodeReceipt};
 use crate::verdict::Verdict;
 
 /// Where a node runs: which GPUs (as exported in CUDA_VISIBLE_DEVICES) or a CPU slot.
@@ -87,8 +87,10 @@ pub enum Event {
         seconds: f64,
         /// The node's receipt; `None` for nodes that were never placed (skipped by filter).
         receipt: Option<Box<NodeReceipt>>,
-        /// The receipt came from an earlier run of this tree (`--resume`), nothing ran.
-        reused: bool,
+        /// The receipt was carried forward from an earlier run of this manifest and commit
+        /// (`--resume`, `--filter`, `--rerun-failed`): nothing ran, and the receipt stays in
+        /// that run's tree.
+        carried: Option<Carried>,
     },
     RunFinished {
         counts: BTreeMap<Verdict, usize>,

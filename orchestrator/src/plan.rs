@@ -254,58 +254,33 @@ pub enum FilterErrorKind {
 
 /// Which cells a set of filters selects: each filter is a glob over cell ids and node ids
 /// (`decode-*`; a filter equal to a cell id selects that cell even though `[` is glob syntax)
-/// or `tag:NAME`. No filter selects everything; a selected cell's needs are selected too,
-/// transitively. A filter that selects nothing is an error, so a typo does not silently run
-/// an empty plan.
+/// or `tag:NAME`; a filter starting with `!` (`!tag:canary`, what `--exclude` adds) takes
+/// the cells it matches out again. No positive filter selects everything; exclusions apply
+/// after the positives; then a selected cell's needs are selected too, transitively (so an
+/// excluded cell that a selected one needs still runs). A filter that matches nothing is an
+/// error, so a typo does not silently run an empty plan.
 pub fn select(plan: &Plan, filters: &[String]) -> Result<Vec<bool>, FilterError> {
     if filters.is_empty() {
         return Ok(vec![true; plan.cells.len()]);
     }
-    let mut selected = vec![false; plan.cells.len()];
-    for f in filters {
-        let hit: Box<dyn Fn(&Cell) -> bool> = if let Some(tag) = f.strip_prefix("tag:") {
-            let tag = tag.to_string();
-            Box::new(move |c: &Cell| c.tags.contains(&tag))
-        } else {
-            // A whole cell id may not be a valid glob (a quoted value can hold `]`); it still
-            // selects its cell by exact match.
-            let glob = match globset::GlobBuilder::new(f)
-                .literal_separator(false)
-                .build()
-            {
-                Ok(g) => Some(g.compile_matcher()),
-                Err(_) if plan.cells.iter().any(|c| c.id.0 == *f) => None,
-                Err(e) => {
-                    return Err(FilterError {
-                        filter: f.clone(),
-                        kind: FilterErrorKind::BadGlob(e),
-                    });
-                }
-            };
-            let exact = f.clone();
-            Box::new(move |c: &Cell| {
-                c.id.0 == exact
-                    || glob
-                        .as_ref()
-                        .is_some_and(|g| g.is_match(&c.id.0) || g.is_match(&c.node.0))
-            })
-        };
-        let mut any = false;
-        for (i, c) in plan.cells.iter().enumerate() {
-            if hit(c) {
-                selected[i] = true;
-                any = true;
-            }
-        }
-        if !any {
-            return Err(FilterError {
-                filter: f.clone(),
-                kind: FilterErrorKind::NoMatch {
-                    manifest: plan.name.clone(),
-                },
-            });
+    let (excludes, includes): (Vec<&String>, Vec<&String>) =
+        filters.iter().partition(|f| f.starts_with('!'));
+    let mut selected = vec![includes.is_empty(); plan.cells.len()];
+    for f in includes {
+        for i in matching(plan, f)? {
+            selected[i] = true;
         }
     }
+    for f in excludes {
+        for i in matching(plan, &f[1..])? {
+            selected[i] = false;
+        }
+    }
+    Ok(with_needs(plan, selected))
+}
+
+/// A selection plus everything its cells need, transitively.
+pub fn with_needs(plan: &Plan, mut selected: Vec<bool>) -> Vec<bool> {
     let mut stack: Vec<usize> = (0..plan.cells.len()).filter(|&i| selected[i]).collect();
     while let Some(i) = stack.pop() {
         for n in &plan.cells[i].needs {
@@ -315,5 +290,57 @@ pub fn select(plan: &Plan, filters: &[String]) -> Result<Vec<bool>, FilterError>
             }
         }
     }
-    Ok(selected)
+    selected
+}
+
+/// `--filter` values followed by the `--exclude` values written as `!X` filters.
+pub fn with_excludes(filters: &[String], excludes: &[String]) -> Vec<String> {
+    filters
+        .iter()
+        .cloned()
+        .chain(excludes.iter().map(|e| format!("!{e}")))
+        .collect()
+}
+
+/// The positions of the cells one filter (without its `!`) matches; none is an error.
+fn matching(plan: &Plan, f: &str) -> Result<Vec<usize>, FilterError> {
+    let hit: Box<dyn Fn(&Cell) -> bool> = if let Some(tag) = f.strip_prefix("tag:") {
+        let tag = tag.to_string();
+        Box::new(move |c: &Cell| c.tags.contains(&tag))
+    } else {
+        // A whole cell id may not be a valid glob (a quoted value can hold `]`); it still
+        // selects its cell by exact match.
+        let glob = match globset::GlobBuilder::new(f)
+            .literal_separator(false)
+            .build()
+        {
+            Ok(g) => Some(g.compile_matcher()),
+            Err(_) if plan.cells.iter().any(|c| c.id.0 == *f) => None,
+            Err(e) => {
+                return Err(FilterError {
+                    filter: f.to_string(),
+                    kind: FilterErrorKind::BadGlob(e),
+                });
+            }
+        };
+        let exact = f.to_string();
+        Box::new(move |c: &Cell| {
+            c.id.0 == exact
+                || glob
+                    .as_ref()
+                    .is_some_and(|g| g.is_match(&c.id.0) || g.is_match(&c.node.0))
+        })
+    };
+    let hits: Vec<usize> = (0..plan.cells.len())
+        .filter(|&i| hit(&plan.cells[i]))
+        .collect();
+    if hits.is_empty() {
+        return Err(FilterError {
+            filter: f.to_string(),
+            kind: FilterErrorKind::NoMatch {
+                manifest: plan.name.clone(),
+            },
+        });
+    }
+    Ok(hits)
 }

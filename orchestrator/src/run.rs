@@ -5,8 +5,10 @@
 //! `cmd::run`.
 //!
 //! The loop decides `blocked` (naming the dependency), `skipped` (filter, impossible
-//! resources, a skipped dependency), `cancelled` (interrupt, `--fail-fast`) and reuses
-//! finished receipts on `--resume`. It never prints and never writes receipts itself.
+//! resources, a skipped dependency), `cancelled` (interrupt, `--fail-fast`), and which
+//! receipts of an earlier run are carried forward ([`CarrySource`]): on `--resume` the
+//! finished cells whose inputs did not change, under `--filter`/`--rerun-failed` the cells
+//! not selected. It never prints and never writes receipts itself.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -23,7 +25,8 @@ use crate::gpus::Inventory;
 use crate::plan::{Cell, CellIndex, NodeKind, Plan};
 use crate::receipt::tree::Tree;
 use crate::receipt::{
-    AttemptRecord, FileDigest, GpuRef, NodeReceipt, attempt_dir_name, read_node_receipt, slug,
+    AttemptRecord, Carried, FileDigest, GpuRef, NodeIndexEntry, NodeReceipt, attempt_dir_name,
+    read_node_receipt, slug,
 };
 use crate::schedule::{self, Pool, ReadyQueue};
 use crate::verdict::{self, Verdict};
@@ -35,10 +38,13 @@ pub struct RunOptions {
     /// CPU slots for `gpus = 0` cells.
     pub jobs: usize,
     pub fail_fast: bool,
-    /// Cells chosen by `--filter` (`None`: all).
+    /// Cells chosen by `--filter` / `--rerun-failed` (`None`: all).
     pub selected: Option<Vec<bool>>,
-    /// Keep final receipts already in the tree whose inputs did not change.
+    /// `--resume`: a selected cell whose final receipt in [`RunOptions::carry`] has the
+    /// same inputs is carried instead of run.
     pub resume: bool,
+    /// The earlier run of this manifest and commit whose receipts this run may carry.
+    pub carry: Option<Arc<CarrySource>>,
     /// Seconds per cell id from the previous run of this manifest.
     pub previous: HashMap<String, f64>,
     /// Set (by a signal handler) to interrupt the run; the runner resets it when it acts,
@@ -101,6 +107,49 @@ impl RunOutcome {
     }
 }
 
+/// The earlier run a new run carries receipts from: its tree and its node index by cell id.
+#[derive(Debug, Clone)]
+pub struct CarrySource {
+    pub tree: Tree,
+    /// Where the source run is, from the new run's folder (for receipts it measured itself).
+    pub stamp: Carried,
+    pub entries: HashMap<String, NodeIndexEntry>,
+}
+
+impl CarrySource {
+    /// The source run's index entry of `id`, where its receipt file is, and the mark a run
+    /// carrying it records: a receipt the source itself carried points at the run that
+    /// measured it, so carrying never builds chains.
+    fn lookup(&self, id: &str) -> Option<(&NodeIndexEntry, Option<PathBuf>, Carried)> {
+        let entry = self.entries.get(id)?;
+        let stamp = entry.carried.clone().unwrap_or_else(|| self.stamp.clone());
+        let path = entry.slug.as_deref().and_then(|slug| {
+            let dir = match &entry.carried {
+                Some(c) => self.tree.carried_node_dir(c, slug)?,
+                None => self.tree.node_dir(slug),
+            };
+            Some(dir.join("receipt.json"))
+        });
+        Some((entry, path, stamp))
+    }
+}
+
+/// How the loop treats a cell, decided once when the run starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Runs (selected, no earlier receipt to keep).
+    Run,
+    /// Selected under `--resume`: carried when the source's final receipt has the same
+    /// inputs, else runs.
+    Reuse,
+    /// Not selected, but downstream of a cell that runs: its inputs are computed once its
+    /// dependencies are done, and the source's receipt is carried when they are unchanged;
+    /// otherwise the cell is skipped as stale (never run: it was not selected).
+    Check,
+    /// Not selected and nothing it depends on runs: the source's receipt is carried as is.
+    Carry,
+}
+
 /// What a worker thread reports to the loop.
 enum Msg {
     /// The cell really runs (it was not kept from an earlier run).
@@ -111,7 +160,7 @@ enum Msg {
         cell: CellIndex,
         placement: Placement,
         receipt: Box<NodeReceipt>,
-        reused: bool,
+        carried: Option<Carried>,
     },
 }
 
@@ -221,6 +270,7 @@ struct Runner<'a, 'b> {
     pending: Vec<Event>,
     workers: Option<Workers>,
     beats: BTreeMap<CellIndex, Beat>,
+    modes: Vec<Mode>,
 }
 
 /// Runs a plan to the end (or until interrupted) and returns the outcome. Listeners see
@@ -262,6 +312,7 @@ pub fn execute(
         pending: Vec::new(),
         workers: None,
         beats: BTreeMap::new(),
+        modes: modes(plan, opts),
         listeners,
     };
     runner.emit(&Event::RunStarted {
@@ -322,20 +373,26 @@ impl Runner<'_, '_> {
         let (tx, rx) = mpsc::channel::<Msg>();
         self.workers = Some(Workers::new(self.pool.cpu_slots() + self.pool.gpu_count()));
         // Cells that can never run are decided before anything starts.
+        self.carry_unselected();
         for i in 0..self.plan.cells.len() {
             let cell = &self.plan.cells[i];
-            if let Some(sel) = &self.opts.selected
-                && !sel[i]
-            {
-                self.finish_unplaced(
-                    CellIndex(i),
-                    Verdict::Skipped,
-                    "not selected by --filter".into(),
-                    false,
-                );
+            if matches!(self.state[i], State::Done(_)) {
                 continue;
             }
-            if let Some(why) = self.pool.impossible(cell.gpus) {
+            if self.modes[i] == Mode::Carry {
+                let why = match &self.opts.carry {
+                    None => "not selected by --filter".to_string(),
+                    Some(source) => format!(
+                        "not selected, and run {} has no receipt of it to carry",
+                        source.stamp.label()
+                    ),
+                };
+                self.finish_unplaced(CellIndex(i), Verdict::Skipped, why, false);
+                continue;
+            }
+            if self.modes[i] != Mode::Check
+                && let Some(why) = self.pool.impossible(cell.gpus)
+            {
                 self.lacked[i] = true;
                 self.finish_unplaced(CellIndex(i), Verdict::Skipped, why, true);
             }
@@ -387,10 +444,74 @@ impl Runner<'_, '_> {
         }
     }
 
+    /// Carries the source's receipts of the cells in [`Mode::Carry`] (read in parallel: a
+    /// rerun of one cell of a large tree carries all the others). Cells the source does not
+    /// have, or whose receipt cannot be read, stay for the caller to skip.
+    fn carry_unselected(&mut self) {
+        use rayon::prelude::*;
+        let Some(source) = self.opts.carry.clone() else {
+            return;
+        };
+        let cells: Vec<usize> = (0..self.plan.cells.len())
+            .filter(|&i| self.modes[i] == Mode::Carry)
+            .collect();
+        let found: Vec<(usize, NodeIndexEntry, Option<NodeReceipt>, Carried)> = cells
+            .par_iter()
+            .filter_map(|&i| {
+                let (entry, path, stamp) = source.lookup(&self.plan.cells[i].id.0)?;
+                let receipt = match path {
+                    Some(p) => Some(read_node_receipt(&p).ok().flatten()?),
+                    None => None,
+                };
+                Some((i, entry.clone(), receipt, stamp))
+            })
+            .collect();
+        for (i, entry, receipt, stamp) in found {
+            self.finish_carried(CellIndex(i), entry, receipt.map(Box::new), stamp);
+        }
+    }
+
+    /// Finishes a cell with a receipt carried from the source run.
+    fn finish_carried(
+        &mut self,
+        cell: CellIndex,
+        entry: NodeIndexEntry,
+        receipt: Option<Box<NodeReceipt>>,
+        carried: Carried,
+    ) {
+        let f = &mut self.finished[cell.0];
+        f.reason = entry.reason.clone();
+        if let Some(r) = &receipt {
+            f.produces = r.produces.clone();
+            f.artifacts = r.last_attempt_dir().and_then(|d| {
+                self.opts
+                    .tree
+                    .carried_node_dir(&carried, &r.slug)
+                    .map(|n| n.join(d).join("artifacts"))
+            });
+        }
+        let c = self.plan.cell(cell);
+        let event = Event::NodeFinished {
+            cell,
+            id: c.id.clone(),
+            kind: c.kind,
+            verdict: entry.verdict,
+            reason: entry.reason,
+            seconds: entry.seconds,
+            receipt,
+            carried: Some(carried),
+        };
+        self.done(cell, entry.verdict, event);
+    }
+
     fn make_ready(&mut self, i: CellIndex) {
         self.state[i.0] = State::Ready;
-        self.queue
-            .push(i, self.priority[i.0], self.plan.cell(i).gpus);
+        // A cell only checked against the source never runs, so it needs no GPU.
+        let gpus = match self.modes[i.0] {
+            Mode::Check => 0,
+            _ => self.plan.cell(i).gpus,
+        };
+        self.queue.push(i, self.priority[i.0], gpus);
     }
 
     fn dispatch(&mut self, tx: &mpsc::Sender<Msg>) {
@@ -404,11 +525,14 @@ impl Runner<'_, '_> {
             self.running += 1;
             let job = self.job(cell, &placement);
             let compare = self.compare_paths(cell);
-            let previous = if self.opts.resume {
-                Some(self.opts.tree.receipt_json(&job.slug))
-            } else {
-                None
+            let mode = self.modes[cell.0];
+            let previous = match (mode, &self.opts.carry) {
+                (Mode::Reuse | Mode::Check, Some(source)) => source
+                    .lookup(&job.id)
+                    .and_then(|(_, path, stamp)| Some((path?, stamp))),
+                _ => None,
             };
+            let only_check = mode == Mode::Check;
             let executor = Arc::clone(&self.executor);
             let digests = Arc::clone(&self.digests);
             let tx = tx.clone();
@@ -422,11 +546,23 @@ impl Runner<'_, '_> {
                 // panic becomes this cell's `error` and the run goes on.
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     run_cell(
-                        &placement, job, kind, compare, policy, &globs, previous, &*executor,
-                        &digests, &tx, cell,
+                        &placement,
+                        job,
+                        kind,
+                        compare,
+                        policy,
+                        &globs,
+                        Previous {
+                            receipt: previous,
+                            only_check,
+                        },
+                        &*executor,
+                        &digests,
+                        &tx,
+                        cell,
                     )
                 }));
-                let (receipt, reused) = ran.unwrap_or_else(|panic| {
+                let (receipt, carried) = ran.unwrap_or_else(|panic| {
                     let what = panic
                         .downcast_ref::<String>()
                         .cloned()
@@ -437,13 +573,13 @@ impl Runner<'_, '_> {
                     r.reason = Some(format!(
                         "internal error in memra-orch while running this cell ({what}); please report it"
                     ));
-                    (r, false)
+                    (r, None)
                 });
                 let _ = tx.send(Msg::Done {
                     cell,
                     placement,
                     receipt: Box::new(receipt),
-                    reused,
+                    carried,
                 });
             }));
         }
@@ -490,12 +626,12 @@ impl Runner<'_, '_> {
                 cell,
                 placement,
                 receipt,
-                reused,
+                carried,
             } => {
                 self.pool.release(&placement);
                 self.running -= 1;
                 self.beats.remove(&cell);
-                if !reused && self.plan.cell(cell).kind == NodeKind::Setup {
+                if carried.is_none() && self.plan.cell(cell).kind == NodeKind::Setup {
                     // A setup may have written files that cells still to come declare.
                     self.digests.files_changed();
                 }
@@ -506,13 +642,14 @@ impl Runner<'_, '_> {
                 let f = &mut self.finished[cell.0];
                 f.reason = receipt.reason.clone();
                 f.produces = receipt.produces.clone();
-                f.artifacts = receipt.last_attempt_dir().map(|d| {
-                    self.opts
-                        .tree
-                        .node_dir(&receipt.slug)
-                        .join(d)
-                        .join("artifacts")
-                });
+                let node_dir = match &carried {
+                    Some(c) => self.opts.tree.carried_node_dir(c, &receipt.slug),
+                    None => Some(self.opts.tree.node_dir(&receipt.slug)),
+                };
+                f.artifacts = receipt
+                    .last_attempt_dir()
+                    .zip(node_dir)
+                    .map(|(d, n)| n.join(d).join("artifacts"));
                 let c = self.plan.cell(cell);
                 let event = Event::NodeFinished {
                     cell,
@@ -522,7 +659,7 @@ impl Runner<'_, '_> {
                     reason: receipt.reason.clone(),
                     seconds: receipt.seconds,
                     receipt: Some(receipt),
-                    reused,
+                    carried,
                 };
                 self.done(cell, verdict, event);
             }
@@ -574,7 +711,7 @@ impl Runner<'_, '_> {
             reason: Some(reason),
             seconds: 0.0,
             receipt,
-            reused: false,
+            carried: None,
         };
         self.done(cell, verdict, event);
     }
@@ -618,7 +755,8 @@ impl Runner<'_, '_> {
                 self.finish_unplaced(d, Verdict::Blocked, why, true);
             } else if let State::Waiting(k) = self.state[d.0] {
                 self.state[d.0] = State::Waiting(k - 1);
-                if k == 1 {
+                // A cell to carry never runs: the run finishes it when it starts.
+                if k == 1 && self.modes[d.0] != Mode::Carry {
                     self.make_ready(d);
                 }
             }
@@ -709,8 +847,16 @@ impl Runner<'_, '_> {
     }
 }
 
-/// The worker side of a placed cell: digests (declared inputs included), reuse on
-/// `--resume`, then the compare or the executor.
+/// The earlier receipt a placed cell may carry instead of running.
+struct Previous {
+    /// The source run's receipt file of the cell and the mark to carry it with.
+    receipt: Option<(PathBuf, Carried)>,
+    /// [`Mode::Check`]: the cell is never run; without a receipt to carry it is skipped.
+    only_check: bool,
+}
+
+/// The worker side of a placed cell: digests (declared inputs included), carrying the
+/// earlier receipt when its inputs are the same, then the compare or the executor.
 #[allow(clippy::too_many_arguments)]
 fn run_cell(
     placement: &Placement,
@@ -719,39 +865,61 @@ fn run_cell(
     compare: Option<(PathBuf, PathBuf)>,
     policy: Option<crate::plan::Policy>,
     globs: &[String],
-    previous: Option<PathBuf>,
+    previous: Previous,
     executor: &dyn Executor,
     digests: &DigestCache,
     tx: &mpsc::Sender<Msg>,
     cell: CellIndex,
-) -> (NodeReceipt, bool) {
+) -> (NodeReceipt, Option<Carried>) {
     if kind != NodeKind::Compare && !job.shell {
         job.program = digests.resolve(&job);
         if let Some(d) = job.program.as_deref().and_then(|p| digests.digest(p)) {
             job.binaries.insert(0, d);
         }
     }
-    // A compare's inputs are the two files it compares: hashing them makes `--resume`
-    // redo the comparison when either side produced different bits.
+    // A compare's inputs are the two files it compares: hashing them makes a carried
+    // comparison be redone when either side produced different bits. They are named by
+    // side and file name, not by path: the same bits in another run's tree are the same
+    // input.
     if let Some((reference, candidate)) = &compare {
-        job.binaries.extend(
-            [reference, candidate]
-                .into_iter()
-                .filter_map(|p| digests.digest(p)),
-        );
+        for (side, path) in [("reference", reference), ("candidate", candidate)] {
+            if let Some(mut d) = digests.digest(path) {
+                let name = path.file_name().unwrap_or_default().to_string_lossy();
+                d.path = format!("{side}/{name}");
+                job.binaries.push(d);
+            }
+        }
     }
     job.input_files = digests.declared_inputs(globs);
     job.inputs = inputs_digest(&job, policy.as_ref(), compare.as_ref());
-    if let Some(path) = previous
-        && let Ok(Some(old)) = read_node_receipt(&path)
-        && old.verdict.is_final()
-        && old.inputs == job.inputs
-    {
-        return (old, true);
+    let mut not_carried = "no earlier run at this commit has it".to_string();
+    if let Some((path, carried)) = previous.receipt {
+        let run = carried.label();
+        not_carried = match read_node_receipt(&path) {
+            Ok(Some(old)) if old.verdict.is_final() && old.inputs == job.inputs => {
+                return (old, Some(carried));
+            }
+            Ok(Some(old)) if !old.verdict.is_final() => {
+                format!("its receipt in run {run} is not final ({})", old.verdict)
+            }
+            Ok(Some(_)) => format!(
+                "its receipt in run {run} is stale (the inputs changed since), so it is not carried"
+            ),
+            Ok(None) => format!("run {run} has no receipt of it"),
+            Err(e) => format!("its receipt in run {run} cannot be read ({e})"),
+        };
+    }
+    if previous.only_check {
+        let why = format!("not selected, and {not_carried}");
+        let mut r = job.receipt();
+        r.verdict = Verdict::Skipped;
+        r.reason = Some(why);
+        r.inputs = job.inputs.clone();
+        return (r, None);
     }
     let _ = tx.send(Msg::Started(cell, placement.clone()));
     if let (Some((reference, candidate)), Some(policy)) = (compare, policy) {
-        return (compare::run(&job, &reference, &candidate, &policy), false);
+        return (compare::run(&job, &reference, &candidate, &policy), None);
     }
     let mut on_note = |note: CellNote| {
         let _ = tx.send(match note {
@@ -759,7 +927,59 @@ fn run_cell(
             CellNote::Job(note) => Msg::Job(cell, note),
         });
     };
-    (executor.execute(&job, &mut on_note), false)
+    (executor.execute(&job, &mut on_note), None)
+}
+
+/// Each cell's [`Mode`]: selected cells run (or may be carried on `--resume`); unselected
+/// ones are carried from the source, checked first when something they depend on runs.
+fn modes(plan: &Plan, opts: &RunOptions) -> Vec<Mode> {
+    let n = plan.cells.len();
+    let selected = |i: usize| opts.selected.as_ref().is_none_or(|s| s[i]);
+    // Whether a cell depends, directly or not, on a selected cell. Needs never form a cycle
+    // in a validated plan; the `visiting` guard only keeps a broken one from recursing.
+    let mut downstream: Vec<Option<bool>> = vec![None; n];
+    fn visit(
+        i: usize,
+        plan: &Plan,
+        selected: &dyn Fn(usize) -> bool,
+        memo: &mut [Option<bool>],
+        visiting: &mut [bool],
+    ) -> bool {
+        if let Some(v) = memo[i] {
+            return v;
+        }
+        if visiting[i] {
+            return false;
+        }
+        visiting[i] = true;
+        let mut any = false;
+        for need in &plan.cells[i].needs {
+            if selected(need.0) || visit(need.0, plan, selected, memo, visiting) {
+                any = true;
+            }
+        }
+        visiting[i] = false;
+        memo[i] = Some(any);
+        any
+    }
+    let mut visiting = vec![false; n];
+    (0..n)
+        .map(|i| {
+            if selected(i) {
+                if opts.resume && opts.carry.is_some() {
+                    Mode::Reuse
+                } else {
+                    Mode::Run
+                }
+            } else if opts.carry.is_some()
+                && visit(i, plan, &selected, &mut downstream, &mut visiting)
+            {
+                Mode::Check
+            } else {
+                Mode::Carry
+            }
+        })
+        .collect()
 }
 
 /// The receipt of a cell that never ran: what it would have run, and why it did not.

@@ -10,13 +10,11 @@ fn read_json(path: &std::path::Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
-/// The receipt of the node `n` of run.json's node list.
+/// The receipt of the node `n` of run.json's node list (where the run carried it from,
+/// for a carried one).
 fn node_receipt(tree: &std::path::Path, n: &Value) -> Value {
     read_json(
-        &tree
-            .join("nodes")
-            .join(n["slug"].as_str().unwrap())
-            .join("receipt.json"),
+        &crate::run_support::node_dir_in(tree, n["id"].as_str().unwrap()).join("receipt.json"),
     )
 }
 
@@ -56,8 +54,7 @@ fn a_pin_the_gate_ignores_is_named_in_both_receipts_and_the_summary() {
     assert_eq!(nodes.len(), 4);
     for n in nodes {
         assert_eq!(n["verdict"], "pass");
-        let slug = n["slug"].as_str().unwrap();
-        let r = read_json(&tree.join("nodes").join(slug).join("receipt.json"));
+        let r = node_receipt(&tree, n);
         let warnings: Vec<&Value> = r["checks"]
             .as_array()
             .unwrap()

@@ -102,8 +102,9 @@ impl Repo {
         ])
     }
 
+    /// The newest run of manifest `name` at commit `sha`.
     pub fn tree(&self, sha: &str, name: &str) -> PathBuf {
-        self.path().join("receipts").join(sha).join(name)
+        crate::run_support::newest_run(&self.path().join("receipts").join(sha).join(name))
     }
 }
 

@@ -72,6 +72,7 @@ fn redacted(two: &Two) -> insta::Settings {
     s.add_filter(&two.old[..12], "[old-commit]");
     s.add_filter(&two.new[..12], "[new-commit]");
     s.add_filter(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "[time]");
+    s.add_filter(r"\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{4}", "[run-id]");
     s.add_filter(
         r"manifest sha256: [0-9a-f]+ → [0-9a-f]+",
         "manifest sha256: [a] → [b]",

@@ -75,7 +75,13 @@ fn ls_show_and_gc() {
 
     // A live run holds the oldest tree: gc keeps it and says so.
     let oldest = repo.tree(&shas[0], "battery");
-    std::fs::write(oldest.join(".lock"), format!("{}\n", std::process::id())).unwrap();
+    let lock = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(oldest.parent().unwrap().join(".lock"))
+        .unwrap();
+    lock.lock().unwrap();
     let dry = repo.orch(&["gc", "--keep", "1", "--dry-run"]);
     assert_eq!(dry.status.code(), Some(0));
     assert!(stdout(&dry).contains("2 of 3 runs would be deleted"));
@@ -88,7 +94,7 @@ fn ls_show_and_gc() {
         !repo.path().join("receipts").join(&shas[1]).exists(),
         "tree and commit folder gone"
     );
-    std::fs::remove_file(oldest.join(".lock")).unwrap();
+    drop(lock);
     let gc = repo.orch(&["gc", "--keep", "1"]);
     assert_eq!(gc.status.code(), Some(0));
     assert!(!repo.path().join("receipts").join(&shas[0]).exists());

@@ -23,6 +23,7 @@ mod receipts_tree;
 mod run_cron;
 mod run_exec_node;
 mod run_filter;
+mod run_history;
 mod run_interrupt;
 mod run_reps;
 mod run_require;

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::run_support::read_json;
+use crate::run_support::{newest_run, read_json};
 use serde_json::Value;
 
 /// The repository root, or `None` outside a git checkout (the manifests' paths resolve
@@ -251,7 +251,7 @@ fn on_one_gpu_the_nightly_skips_its_two_gpu_arms_saying_why() {
         "plain",
     ]);
     assert_eq!(out.status.code(), Some(0));
-    let tree = tmp.path().join("receipts/nightly-test/h100-nightly");
+    let tree = newest_run(&tmp.path().join("receipts/nightly-test/h100-nightly"));
     let run = read_json(&tree.join("run.json"));
     let nodes = run["nodes"].as_array().unwrap();
     let verdict = |id: &str| {
@@ -307,17 +307,13 @@ fn the_device_battery_runs_the_one_gpu_battery_with_prebuilt_binaries() {
     ] {
         assert!(results.join(f).is_file(), "$OUT lacks {f}");
     }
-    assert!(
-        results
-            .join("receipts/device-test/h200-single/run.json")
-            .is_file()
-    );
+    assert!(newest_run(&results.join("receipts/device-test/h200-single")).is_dir());
     let run = read_json(&results.join("run.json"));
     assert_eq!(run["verdict"], "pass");
     assert_eq!(run["commit"], "device-test");
     // The build was replaced by the prebuilt binaries; the models were synthesized; every
     // GPU cell was skipped for want of a GPU, not failed.
-    let tree = tmp.path().join("receipts/device-test/h200-single");
+    let tree = newest_run(&tmp.path().join("receipts/device-test/h200-single"));
     for n in run["nodes"].as_array().unwrap() {
         let r = read_json(
             &tree
@@ -364,14 +360,10 @@ fn the_device_battery_runs_the_nightly_on_a_stand_in_for_the_real_checkpoint() {
     assert!(standin.is_file());
     // Filed under the manifest's own name, and the fetch was not attempted: the stand-in
     // is what `creates` found.
-    let tree = tmp.path().join("receipts/device-test/h100-nightly");
+    let tree = newest_run(&tmp.path().join("receipts/device-test/h100-nightly"));
     let run = read_json(&tree.join("run.json"));
     assert_eq!(run["verdict"], "pass");
-    assert!(
-        results
-            .join("receipts/device-test/h100-nightly/run.json")
-            .is_file()
-    );
+    assert!(newest_run(&results.join("receipts/device-test/h100-nightly")).is_dir());
     let fetch = run["nodes"]
         .as_array()
         .unwrap()

@@ -76,13 +76,19 @@ fn hostile_cell_ids_cannot_write_outside_the_tree() {
             .map(|id| cell(id, vec![gate.clone()], &work))
             .collect(),
     };
-    let tree = Tree::new(&work.join("receipts"), "c0", "hostile");
+    let (tree, _id) = Tree::create(&memra_orch::receipt::tree::manifest_dir(
+        &work.join("receipts"),
+        "c0",
+        "hostile",
+    ))
+    .unwrap();
     let opts = RunOptions {
         tree: tree.clone(),
         jobs: 2,
         fail_fast: false,
         selected: None,
         resume: false,
+        carry: None,
         previous: Default::default(),
         interrupt: Arc::new(AtomicBool::new(false)),
         require_gpus: None,
@@ -130,7 +136,7 @@ fn hostile_cell_ids_cannot_write_outside_the_tree() {
 }
 
 #[test]
-fn a_fresh_run_replaces_the_previous_nodes() {
+fn a_new_run_holds_only_its_own_nodes_and_leaves_the_old_run_alone() {
     let manifest = |second: &str| {
         format!(
             "schema = 1\nname = \"fresh\"\n[defaults]\ngpus = 0\n[[arm]]\nid = \"keep\"\nrun = [\"{{gates}}/pass.sh\"]\n[[arm]]\nid = \"{second}\"\nrun = [\"{{gates}}/pass.sh\"]\n"
@@ -144,9 +150,18 @@ fn a_fresh_run_replaces_the_previous_nodes() {
         manifest("new-node").replace("{gates}", &gates().to_string_lossy()),
     )
     .unwrap();
+    let first = f.tree();
     assert_eq!(f.run(&[]).status.code(), Some(0));
-    assert!(!f.tree().join("nodes").join(old_slug).exists());
+    assert_ne!(f.tree(), first);
+    assert!(!f.tree().join("nodes").join(&old_slug).exists());
     assert_eq!(f.verdict("new-node"), "pass");
+    assert!(
+        first
+            .join("nodes")
+            .join(&old_slug)
+            .join("receipt.json")
+            .is_file()
+    );
 }
 
 #[test]
@@ -154,9 +169,15 @@ fn a_second_run_of_one_tree_is_refused_naming_the_holder() {
     let f = Fixture::new(
         "schema = 1\nname = \"locked\"\n[[arm]]\nid = \"a\"\nrun = [\"{gates}/pass.sh\"]\ngpus = 0\n",
     );
-    std::fs::create_dir_all(f.tree()).unwrap();
-    // This test process is alive, so the lock is not stale.
-    std::fs::write(f.tree().join(".lock"), format!("{}\n", std::process::id())).unwrap();
+    // The lock as a run holds it: an flock on the manifest folder's `.lock`, naming its pid.
+    std::fs::create_dir_all(f.manifest_dir()).unwrap();
+    let lock = std::fs::File::create(f.manifest_dir().join(".lock")).unwrap();
+    lock.lock().unwrap();
+    std::fs::write(
+        f.manifest_dir().join(".lock"),
+        format!("{}\n", std::process::id()),
+    )
+    .unwrap();
     let out = f.run(&[]);
     // 75 (EX_TEMPFAIL), not the usage code: the same command succeeds once the holder ends.
     assert_eq!(out.status.code(), Some(75));
@@ -165,5 +186,7 @@ fn a_second_run_of_one_tree_is_refused_naming_the_holder() {
         stderr.contains(&format!("pid {}", std::process::id())),
         "{stderr}"
     );
-    assert!(!f.tree().join("run.json").exists());
+    assert!(f.runs().is_empty());
+    drop(lock);
+    assert_eq!(f.run(&[]).status.code(), Some(0));
 }

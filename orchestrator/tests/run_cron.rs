@@ -24,13 +24,13 @@ run = ["{gates}/wait-for.sh", "${root}/go"]
 
 /// Waits until the first run holds the lock and its cell runs.
 fn wait_until_running(f: &Fixture) {
-    let tree = f.tree();
     let running = || {
-        tree.join(".lock").exists()
-            && std::fs::read_dir(tree.join("nodes")).is_ok_and(|d| {
+        f.runs().iter().any(|tree| {
+            std::fs::read_dir(tree.join("nodes")).is_ok_and(|d| {
                 d.flatten()
                     .any(|e| e.path().join("attempt-1").join("stderr.log").exists())
             })
+        })
     };
     assert!(
         eventually(Duration::from_secs(90), running),
@@ -76,7 +76,7 @@ fn wait_lock_waits_for_the_holder_then_runs() {
         .unwrap();
     let waiting = format!(
         "waiting for the lock of {}: held by memra-orch pid {}",
-        f.tree().display(),
+        f.manifest_dir().display(),
         first.pid()
     );
     let said = eventually(Duration::from_secs(60), || {

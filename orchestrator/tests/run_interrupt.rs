@@ -1,10 +1,11 @@
 //! Ctrl-C (SIGINT to memra-orch) mid-run: running groups are stopped, their receipts say
-//! `cancelled`, the tree is consistent, and `run --resume` completes it without re-running
-//! the nodes that had finished.
+//! `cancelled`, the tree is consistent, and `run --resume` completes it in a run of its
+//! own that carries the nodes that had finished, leaving the interrupted run as it was.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::run_support::{Fixture, eventually, read_json};
+use crate::run_support::{Fixture, eventually, files_under, read_json};
 
 #[test]
 fn interrupt_then_resume_completes_the_tree() {
@@ -38,21 +39,22 @@ run = ["{gates}/pass.sh"]
     // Wait until `slow` is running (its first attempt folder exists). Its gate waits for
     // `go`, which only the resume below writes, so it is still running when the signal
     // comes.
-    let nodes = f.tree().join("nodes");
     let slow_running = || {
-        std::fs::read_dir(&nodes)
-            .map(|d| {
-                d.flatten().any(|e| {
-                    e.file_name().to_string_lossy().starts_with("slow-")
-                        && e.path().join("attempt-1").exists()
+        f.runs().iter().any(|tree| {
+            std::fs::read_dir(tree.join("nodes"))
+                .map(|d| {
+                    d.flatten().any(|e| {
+                        e.file_name().to_string_lossy().starts_with("slow-")
+                            && e.path().join("attempt-1").exists()
+                    })
                 })
-            })
-            .unwrap_or(false)
+                .unwrap_or(false)
+        })
     };
     assert!(
         eventually(Duration::from_secs(90), slow_running),
-        "slow never started; the node folders: {:?}",
-        std::fs::read_dir(&nodes).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+        "slow never started; the runs: {:?}",
+        f.runs()
     );
     // SAFETY: signalling the child we spawned, by its pid.
     unsafe { libc_kill(child.pid(), 2) };
@@ -74,17 +76,17 @@ run = ["{gates}/pass.sh"]
             .unwrap()
             .contains("not started")
     );
-    let quick_path = f
-        .tree()
-        .join("nodes")
-        .join(f.receipt("quick")["slug"].as_str().unwrap())
-        .join("receipt.json");
+    let interrupted = f.tree();
+    let quick_path = f.node_dir("quick").join("receipt.json");
     let quick_before = std::fs::read(&quick_path).unwrap();
     let quick_start = read_json(&quick_path)["attempts"][0]["start"].clone();
-    assert!(
-        !f.tree().join(".lock").exists(),
-        "the run lock must be released"
-    );
+    let interrupted_files: Vec<(PathBuf, Vec<u8>)> = files_under(&interrupted)
+        .into_iter()
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect();
 
     std::fs::write(f.path().join("go"), "").unwrap();
     let out = f.run(&["--resume", "--jobs", "2"]);
@@ -93,7 +95,7 @@ run = ["{gates}/pass.sh"]
     assert!(
         stderr
             .lines()
-            .any(|l| l.contains("quick") && l.contains("kept from the earlier run")),
+            .any(|l| l.contains("quick") && l.contains("[carried from 20")),
         "{stderr}"
     );
     assert!(
@@ -105,7 +107,23 @@ run = ["{gates}/pass.sh"]
         quick_before,
         "quick's receipt was rewritten"
     );
+    // The resumed run is a run of its own; it carries quick's receipt from the interrupted
+    // one, which it never changed.
+    assert_ne!(f.tree(), interrupted);
+    assert_eq!(
+        f.node_dir("quick").canonicalize().unwrap(),
+        quick_path.parent().unwrap().canonicalize().unwrap()
+    );
     assert_eq!(f.receipt("quick")["attempts"][0]["start"], quick_start);
+    for (path, bytes) in &interrupted_files {
+        assert_eq!(
+            &std::fs::read(path).unwrap(),
+            bytes,
+            "{} changed",
+            path.display()
+        );
+    }
+    assert_eq!(files_under(&interrupted).len(), interrupted_files.len());
     assert_eq!(f.verdict("slow"), "pass");
     assert_eq!(f.verdict("after"), "pass");
     // The cancelled attempt of `slow` was replaced, not kept next to the new one.

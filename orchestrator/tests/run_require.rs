@@ -46,7 +46,7 @@ fn refused(f: &Fixture, out: &Output) -> String {
         !f.path().join("receipts").exists(),
         "a refused run wrote receipts"
     );
-    assert!(!f.tree().join("run.json").exists());
+    assert!(f.runs().is_empty());
     stderr(out)
 }
 

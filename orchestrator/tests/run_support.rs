@@ -91,27 +91,34 @@ impl Fixture {
         out
     }
 
-    pub fn tree(&self) -> PathBuf {
+    /// `receipts/<commit>/<manifest>`: the folder holding every run of the fixture.
+    pub fn manifest_dir(&self) -> PathBuf {
         self.path().join("receipts").join(COMMIT).join(&self.name)
+    }
+
+    /// The run folders of the fixture, oldest first (run ids sort by start time).
+    pub fn runs(&self) -> Vec<PathBuf> {
+        runs_in(&self.manifest_dir())
+    }
+
+    /// The newest run's tree.
+    pub fn tree(&self) -> PathBuf {
+        newest_run(&self.manifest_dir())
     }
 
     pub fn run_json(&self) -> Value {
         read_json(&self.tree().join("run.json"))
     }
 
+    /// The folder of a cell's receipt in the newest run: its own, or, for a receipt the run
+    /// carried, the one of the run that measured it.
+    pub fn node_dir(&self, id: &str) -> PathBuf {
+        node_dir_in(&self.tree(), id)
+    }
+
     /// The receipt of a cell, found through run.json's node index.
     pub fn receipt(&self, id: &str) -> Value {
-        let run = self.run_json();
-        let node = run["nodes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|n| n["id"] == id)
-            .unwrap_or_else(|| panic!("{id} is not in run.json: {run:#}"));
-        let slug = node["slug"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{id} has no receipt"));
-        read_json(&self.tree().join("nodes").join(slug).join("receipt.json"))
+        read_json(&self.node_dir(id).join("receipt.json"))
     }
 
     pub fn verdict(&self, id: &str) -> String {
@@ -120,12 +127,50 @@ impl Fixture {
 
     /// The folder of an attempt of a cell.
     pub fn attempt_dir(&self, id: &str, n: u32) -> PathBuf {
-        let r = self.receipt(id);
-        self.tree()
-            .join("nodes")
-            .join(r["slug"].as_str().unwrap())
-            .join(format!("attempt-{n}"))
+        self.node_dir(id).join(format!("attempt-{n}"))
     }
+}
+
+/// The run folders (holding a run.json) in a manifest folder `<receipts>/<commit>/<name>`,
+/// oldest first.
+pub fn runs_in(manifest_dir: &Path) -> Vec<PathBuf> {
+    let mut runs: Vec<PathBuf> = std::fs::read_dir(manifest_dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.join("run.json").is_file())
+                .collect()
+        })
+        .unwrap_or_default();
+    runs.sort();
+    runs
+}
+
+/// The newest run folder in a manifest folder; panics when there is none.
+pub fn newest_run(manifest_dir: &Path) -> PathBuf {
+    runs_in(manifest_dir)
+        .pop()
+        .unwrap_or_else(|| panic!("no run under {}", manifest_dir.display()))
+}
+
+/// The folder of a cell's receipt for the run at `tree`, following a carried entry to the
+/// run that measured it.
+pub fn node_dir_in(tree: &Path, id: &str) -> PathBuf {
+    let run = read_json(&tree.join("run.json"));
+    let node = run["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == id)
+        .unwrap_or_else(|| panic!("{id} is not in run.json: {run:#}"));
+    let slug = node["slug"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{id} has no receipt"));
+    let base = match node["carried"]["from"].as_str() {
+        Some(from) => tree.join(from),
+        None => tree.to_path_buf(),
+    };
+    base.join("nodes").join(slug)
 }
 
 pub fn read_json(path: &Path) -> Value {

@@ -101,7 +101,7 @@ fn run_smoke(manifest: &Path, receipts: &Path, commit: &str, extra: &[&str]) -> 
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    receipts.join(commit).join("smoke")
+    crate::run_support::newest_run(&receipts.join(commit).join("smoke"))
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! `memra-orch gc --keep N`: finds the runs under the receipts folder and deletes all but
-//! the newest N of each manifest (or prints what it would delete).
+//! the newest N of each manifest and the runs those carry receipts from (or prints what it
+//! would delete).
 
 use crate::ExitCode;
 use crate::cli::GcArgs;
@@ -23,9 +24,17 @@ pub fn command(args: &GcArgs) -> ExitCode {
         }
     };
     let keep = usize::try_from(args.keep).unwrap_or(usize::MAX);
-    let doomed = plan(&runs, keep, args.manifest.as_deref());
+    let decided = plan(&runs, keep, args.manifest.as_deref());
+    let doomed = &decided.delete;
+    for (dir, by) in &decided.kept_for_carry {
+        println!(
+            "kept {}: {} carries receipts from it",
+            dir.display(),
+            by.display()
+        );
+    }
     let mut failed = false;
-    for dir in &doomed {
+    for dir in doomed {
         if args.dry_run {
             println!("would delete {}", dir.display());
             continue;

@@ -23,9 +23,11 @@ pub fn command(args: &LsArgs) -> ExitCode {
                     .iter()
                     .map(|r| {
                         json!({
-                            "dir": r.dir, "commit": r.commit, "manifest": r.run.name,
+                            "dir": r.dir, "id": r.id, "commit": r.commit, "manifest": r.run.name,
                             "start": r.run.start, "end": r.run.end, "seconds": r.run.seconds,
-                            "verdict": r.run.verdict, "counts": r.run.counts,
+                            "host": r.run.host, "verdict": r.run.verdict, "counts": r.run.counts,
+                            "carried": crate::report::ls::carried_count(r),
+                            "carried_from": r.run.carried_from,
                         })
                     })
                     .collect();

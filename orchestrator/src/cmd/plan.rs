@@ -14,7 +14,8 @@ pub fn command(args: &PlanArgs) -> ExitCode {
             return ExitCode::Usage;
         }
     };
-    let selected = match crate::plan::select(&plan, &args.filters) {
+    let filters = crate::plan::with_excludes(&args.filters, &args.excludes);
+    let selected = match crate::plan::select(&plan, &filters) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {e}");

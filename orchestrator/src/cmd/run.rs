@@ -1,7 +1,9 @@
 //! `memra-orch run`: the wiring around the run loop. It loads the plan, chooses the
-//! executor and its GPU slots, resolves the commit and the receipt tree, takes the run
-//! lock (waiting for it with `--wait-lock`), installs the signal handlers, builds the [`RunOptions`] and the listeners (receipt
-//! writer, progress display), runs [`crate::run::execute`] and prints the summary table.
+//! executor and its GPU slots, resolves the commit, takes the run lock of the manifest at
+//! that commit (waiting for it with `--wait-lock`), picks the earlier run to carry receipts
+//! from (`--resume`, `--filter`, `--rerun-failed`), makes the new run's own folder, installs
+//! the signal handlers, builds the [`RunOptions`] and the listeners (receipt writer,
+//! progress display), runs [`crate::run::execute`] and prints the summary table.
 //! Its errors are messages with an exit code: the typed errors of the layers below
 //! (including [`SlurmOptionsError`], the one this file builds) end here as text.
 
@@ -18,12 +20,13 @@ use crate::executor::slurm::{Resources, SlurmExecutor, SlurmOptions};
 use crate::executor::{Executor, SlurmError};
 use crate::gpus::Inventory;
 use crate::plan::Plan;
-use crate::receipt::RunReceipt;
 use crate::receipt::error::ReceiptErrorKind;
+use crate::receipt::resolve::{self, FoundRun};
 use crate::receipt::tree::{self, RunLock, Tree};
+use crate::receipt::{Carried, RunReceipt};
 use crate::report::progress::{Progress, ProgressMode};
 use crate::report::writer::ReceiptWriter;
-use crate::run::{RunOptions, execute};
+use crate::run::{CarrySource, RunOptions, execute};
 
 /// The `run` subcommand.
 pub fn command(args: &RunArgs) -> ExitCode {
@@ -40,10 +43,11 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     let usage = |m: String| (ExitCode::Usage, m);
     let plan = crate::load::load_plan_with_vars(&args.manifest, &args.vars)
         .map_err(|d| usage(d.to_string()))?;
-    let selected = if args.filters.is_empty() {
+    let filters = crate::plan::with_excludes(&args.filters, &args.excludes);
+    let mut selected = if filters.is_empty() {
         None
     } else {
-        Some(crate::plan::select(&plan, &args.filters).map_err(|e| usage(e.to_string()))?)
+        Some(crate::plan::select(&plan, &filters).map_err(|e| usage(e.to_string()))?)
     };
     if args.executor == ExecutorKind::Local {
         let given: Vec<&str> = [
@@ -86,15 +90,60 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
             .join(r),
         None => plan.root.join("receipts"),
     };
-    let tree = Tree::new(&receipts, &commit.id, &plan.name);
-    let _lock = acquire_lock(&tree, args.wait_lock)?;
-    let previous = tree::previous_run(&receipts, &plan.name)
-        .map(|r| tree::durations(&r))
+    let manifest_dir = tree::manifest_dir(&receipts, &commit.id, &plan.name);
+    let _lock = acquire_lock(&manifest_dir, args.wait_lock)?;
+    let previous = resolve::previous_run(&receipts, &plan.name)
+        .map(|r| resolve::durations(&r))
         .unwrap_or_default();
     let internal = |m: String| (ExitCode::Internal, m);
-    if !args.resume {
-        tree.clear_nodes().map_err(|e| internal(e.to_string()))?;
+    // The run whose receipts this one may carry: the newest of this manifest at this
+    // commit, complete or not (a killed run is what `--resume` completes).
+    let source = (args.resume || selected.is_some() || args.rerun_failed)
+        .then(|| {
+            resolve::runs_in_manifest_dir(&manifest_dir)
+                .into_iter()
+                .next()
+        })
+        .flatten();
+    if args.rerun_failed {
+        let Some(src) = &source else {
+            return Err(usage(format!(
+                "--rerun-failed: no earlier run of {} at commit {} under {}; run the manifest \
+                 first (or name the cells with --filter)",
+                plan.name,
+                commit.id,
+                receipts.display()
+            )));
+        };
+        match rerun_selection(&plan, src, selected.as_deref()) {
+            Some(s) => selected = Some(s),
+            None => {
+                println!(
+                    "memra-orch run: nothing to rerun: every cell of run {} ({}) was as expected{}",
+                    src.id_label(),
+                    src.dir.display(),
+                    if filters.is_empty() {
+                        ""
+                    } else {
+                        " among the filtered cells"
+                    }
+                );
+                return Ok(ExitCode::Ok);
+            }
+        }
     }
+    let carry = source.as_ref().map(|r| {
+        Arc::new(CarrySource {
+            tree: Tree { dir: r.dir.clone() },
+            stamp: Carried::from_run(r.id.as_deref()),
+            entries: r
+                .run
+                .nodes
+                .iter()
+                .map(|e| (e.id.clone(), e.clone()))
+                .collect(),
+        })
+    });
     let interrupt = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&interrupt))
@@ -106,18 +155,25 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         .max(1);
     let grace = args.grace.unwrap_or(DEFAULT_GRACE);
     let tmp_root = std::env::temp_dir().join(format!("memra-orch-{}", std::process::id()));
+    // The run's own folder is made last, once nothing else can refuse the run, so a
+    // refused run leaves no empty folder behind.
+    let (tree, run_id) = Tree::create(&manifest_dir).map_err(|e| internal(e.to_string()))?;
     let opts = RunOptions {
         tree: tree.clone(),
         jobs,
         fail_fast: args.fail_fast,
         selected,
         resume: args.resume,
+        carry,
         previous,
         interrupt,
         require_gpus: require.map(|r| r.gpus),
         heartbeat,
     };
-    let header = RunReceipt::begin(&plan, &commit, &inventory, jobs, &args.filters, args.resume);
+    let mut header = RunReceipt::begin(&plan, &commit, &inventory, jobs, &filters, args.resume);
+    header.run_id = Some(run_id);
+    header.rerun_failed = args.rerun_failed;
+    header.carried_from = source.as_ref().map(|r| r.id_label().to_string());
     let mode = args.progress.resolve();
     let mut display = Progress::new(mode, &plan, &inventory);
     let executor: Arc<dyn Executor> = match args.executor {
@@ -155,6 +211,29 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     Ok(outcome.exit_code())
 }
 
+/// The cells `--rerun-failed` selects: those whose verdict in `source` was not as expected
+/// (within `filtered` when `--filter`/`--exclude` narrow it), plus what they need. `None`
+/// when there is nothing to rerun.
+fn rerun_selection(plan: &Plan, source: &FoundRun, filtered: Option<&[bool]>) -> Option<Vec<bool>> {
+    let failed: std::collections::HashSet<&str> = source
+        .run
+        .nodes
+        .iter()
+        .filter(|e| !e.verdict.as_expected())
+        .map(|e| e.id.as_str())
+        .collect();
+    let chosen: Vec<bool> = plan
+        .cells
+        .iter()
+        .enumerate()
+        .map(|(i, c)| failed.contains(c.id.0.as_str()) && filtered.is_none_or(|f| f[i]))
+        .collect();
+    if !chosen.iter().any(|&c| c) {
+        return None;
+    }
+    Some(crate::plan::with_needs(plan, chosen))
+}
+
 /// Dirty paths named in the note; the rest are counted.
 const DIRTY_PATHS_SHOWN: usize = 10;
 
@@ -189,14 +268,18 @@ fn heartbeat_interval() -> Result<Duration, String> {
 /// How often a run waiting with `--wait-lock` looks at the lock again.
 const LOCK_POLL: Duration = Duration::from_millis(200);
 
-/// Takes the run lock of `tree`. Held by another run: with `wait`, polls until it is free
-/// or `wait` has passed (saying once whom it waits for); then, or at once without `wait`,
-/// fails with [`ExitCode::Locked`] so cron can tell "try later" from a broken manifest.
-fn acquire_lock(tree: &Tree, wait: Option<Duration>) -> Result<RunLock, (ExitCode, String)> {
+/// Takes the run lock of a manifest folder. Held by another run: with `wait`, polls until it
+/// is free or `wait` has passed (saying once whom it waits for); then, or at once without
+/// `wait`, fails with [`ExitCode::Locked`] so cron can tell "try later" from a broken
+/// manifest.
+fn acquire_lock(
+    manifest_dir: &Path,
+    wait: Option<Duration>,
+) -> Result<RunLock, (ExitCode, String)> {
     let deadline = wait.map(|w| std::time::Instant::now() + w);
     let mut said = false;
     loop {
-        match RunLock::acquire(tree) {
+        match RunLock::acquire(manifest_dir) {
             Ok(lock) => return Ok(lock),
             Err(e) => {
                 let ReceiptErrorKind::Locked(pid) = e.kind else {
@@ -215,8 +298,9 @@ fn acquire_lock(tree: &Tree, wait: Option<Duration>) -> Result<RunLock, (ExitCod
                 }
                 if !said {
                     eprintln!(
-                        "memra-orch: waiting for the lock of {}: held by memra-orch pid {pid}",
-                        tree.dir.display()
+                        "memra-orch: waiting for the lock of {}: held by memra-orch{}",
+                        manifest_dir.display(),
+                        pid.map(|p| format!(" pid {p}")).unwrap_or_default()
                     );
                     said = true;
                 }

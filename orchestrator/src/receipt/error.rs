@@ -42,22 +42,15 @@ pub enum ReceiptErrorKind {
     Read(std::io::Error),
     #[error("cannot create: {0}; check the receipt folder is writable")]
     Create(std::io::Error),
-    #[error(
-        "cannot move the previous run's nodes aside: {0}; check the receipt folder is writable"
-    )]
-    MoveNodesAside(std::io::Error),
-    #[error("cannot remove the previous run's nodes: {0}; remove the folder by hand")]
-    RemoveOldNodes(std::io::Error),
     #[error("cannot create the receipt folder: {0}; check its permissions or pass --receipts DIR")]
     CreateFolder(std::io::Error),
     #[error(
-        "another memra-orch run (pid {0}) is writing this receipt tree; wait for it to finish, or pass --commit or --receipts to write elsewhere"
+        "another memra-orch run{} is running this manifest at this commit; wait for it to finish (or pass --wait-lock DURATION), or pass --commit or --receipts to run elsewhere",
+        .0.map(|pid| format!(" (pid {pid})")).unwrap_or_default()
     )]
-    Locked(i32),
+    Locked(Option<i32>),
     #[error("cannot create the run lock: {0}; check the receipt folder is writable")]
     CreateLock(std::io::Error),
-    #[error("cannot take over a stale run lock; remove the file")]
-    StaleLock,
     #[error("cannot move aside for deletion: {0}; check the receipts folder is writable")]
     MoveAside(std::io::Error),
     #[error("cannot delete: {0}; remove it by hand")]
@@ -70,6 +63,14 @@ pub enum ReceiptErrorKind {
         "node {id:?} has slug {slug:?}, which is not a plain folder name; the run.json was edited or corrupted, so run the battery again"
     )]
     BadSlug { id: String, slug: String },
+    #[error(
+        "node {id:?} is carried from {from:?}, which is not a sibling run folder; the run.json was edited or corrupted, so run the battery again"
+    )]
+    BadCarry { id: String, from: String },
+    #[error(
+        "node {id:?} is carried from {run}, whose receipt is gone; that run was deleted by hand, so run the battery again"
+    )]
+    CarriedMissing { id: String, run: String },
 }
 
 /// A run, commit or node that a user named and that could not be found.
@@ -161,6 +162,13 @@ pub enum FindError {
         if matches.len() > 5 { ", …" } else { "" }
     )]
     ManyNodes { query: String, matches: Vec<String> },
+    #[error(
+        "{spec:?} is the start of {} run ids ({}{}); give more of the id",
+        matches.len(),
+        matches.iter().take(5).cloned().collect::<Vec<_>>().join(", "),
+        if matches.len() > 5 { ", …" } else { "" }
+    )]
+    ManyRuns { spec: String, matches: Vec<String> },
     #[error(transparent)]
     Receipt(#[from] ReceiptError),
 }

@@ -1,54 +1,202 @@
-//! Deleting old receipt trees (`memra-orch gc --keep N`): which trees go, every one but the
-//! N newest runs (by start time) of each manifest ([`plan`]), and deleting one, then its
-//! commit folder when that is left empty ([`delete`]). A tree is deleted under its run
-//! lock, so a run writing it is never pulled out from under (that tree is kept and named).
-//! Only folders holding a `run.json` are ever deleted: anything else under the receipts
-//! folder is not ours.
+//! Deleting old runs (`memra-orch gc --keep N`): which runs go, every one but the N newest
+//! (by start time) of each manifest, except runs whose receipts a kept run carries
+//! ([`plan`]); and deleting one ([`delete`]). A run is deleted under the run lock of its
+//! manifest folder, so a run writing there is never pulled out from under (that run is kept
+//! and named). Only folders holding a `run.json` are ever deleted: anything else under the
+//! receipts folder is not ours. `gc` is the only command that deletes receipts.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use super::error::{ReceiptError, ReceiptErrorKind as Kind};
 use super::resolve::FoundRun;
-use super::tree::{RunLock, Tree};
+use super::tree::{RunLock, is_run_id};
 
-/// What `gc` decided: trees to delete, newest first within each manifest.
-pub fn plan(runs: &[FoundRun], keep: usize, manifest: Option<&str>) -> Vec<PathBuf> {
+/// What `gc` decided.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct GcPlan {
+    /// Runs to delete, newest first within each manifest.
+    pub delete: Vec<PathBuf>,
+    /// Runs past `--keep` that stay because a kept run carries receipts from them, each with
+    /// the run that does.
+    pub kept_for_carry: Vec<(PathBuf, PathBuf)>,
+}
+
+/// Decides which runs go. `runs` is newest first (as `list_runs` gives it).
+pub fn plan(runs: &[FoundRun], keep: usize, manifest: Option<&str>) -> GcPlan {
     let mut per_manifest: BTreeMap<&str, usize> = BTreeMap::new();
     let mut doomed = Vec::new();
-    // `runs` is newest first, so the first `keep` of each manifest survive.
+    let mut kept = Vec::new();
     for r in runs {
         if manifest.is_some_and(|m| r.run.name != m) {
+            kept.push(r);
             continue;
         }
         let seen = per_manifest.entry(r.run.name.as_str()).or_default();
         *seen += 1;
         if *seen > keep {
-            doomed.push(r.dir.clone());
+            doomed.push(r);
+        } else {
+            kept.push(r);
         }
     }
-    doomed
+    // The runs a kept run reads carried receipts from, and who reads them.
+    let mut needed: BTreeMap<PathBuf, PathBuf> = BTreeMap::new();
+    for r in &kept {
+        let sources: BTreeSet<PathBuf> = r
+            .run
+            .nodes
+            .iter()
+            .filter_map(|e| e.carried.as_ref()?.source_dir(&r.dir))
+            .collect();
+        for s in sources {
+            needed.entry(s).or_insert_with(|| r.dir.clone());
+        }
+    }
+    let mut out = GcPlan::default();
+    for r in doomed {
+        match needed.get(&r.dir) {
+            Some(by) => out.kept_for_carry.push((r.dir.clone(), by.clone())),
+            None => out.delete.push(r.dir.clone()),
+        }
+    }
+    out
 }
 
-/// Deletes one tree under its lock; the commit folder goes too when it is left empty.
+/// Deletes one run under the lock of its manifest folder. A run folder is renamed aside and
+/// removed; a tree of the layout before run ids is the manifest folder itself, which may
+/// also hold newer runs, so only its own files go (`run.json` first, so it stops being a
+/// run before anything else is touched).
 pub fn delete(dir: &Path) -> Result<(), ReceiptError> {
-    let tree = Tree {
-        dir: dir.to_path_buf(),
-    };
-    let lock = RunLock::acquire(&tree)?;
-    let parent = dir
-        .parent()
-        .ok_or_else(|| ReceiptError::new(dir, Kind::NoParent))?;
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    // Renamed aside first so that a reader never sees half a tree as a run.
-    let trash = parent.join(format!(".gc-{name}-{}", std::process::id()));
-    std::fs::rename(dir, &trash).map_err(|e| ReceiptError::new(dir, Kind::MoveAside(e)))?;
-    drop(lock);
+    let new_layout = is_run_id(&name);
+    let manifest_dir = if new_layout {
+        dir.parent()
+            .ok_or_else(|| ReceiptError::new(dir, Kind::NoParent))?
+    } else {
+        dir
+    };
+    let lock = RunLock::acquire(manifest_dir)?;
+    let trash = manifest_dir.join(format!(".gc-{name}-{}", std::process::id()));
+    if new_layout {
+        // Renamed aside first so that a reader never sees half a tree as a run.
+        std::fs::rename(dir, &trash).map_err(|e| ReceiptError::new(dir, Kind::MoveAside(e)))?;
+    } else {
+        std::fs::create_dir_all(&trash).map_err(|e| ReceiptError::new(&trash, Kind::Create(e)))?;
+        for part in ["run.json", "summary.md", "junit.xml", "nodes"] {
+            let from = dir.join(part);
+            if from.exists() {
+                std::fs::rename(&from, trash.join(part))
+                    .map_err(|e| ReceiptError::new(&from, Kind::MoveAside(e)))?;
+            }
+        }
+    }
     std::fs::remove_dir_all(&trash).map_err(|e| ReceiptError::new(&trash, Kind::Delete(e)))?;
-    // Fails (and is meant to) when other manifests' trees are still there.
-    let _ = std::fs::remove_dir(parent);
+    // A manifest folder left with nothing but its lock goes, and then its commit folder
+    // when that is empty too (removing fails, as it should, while anything is left).
+    let only_lock = std::fs::read_dir(manifest_dir)
+        .map(|d| d.flatten().all(|e| e.file_name() == ".lock"))
+        .unwrap_or(false);
+    if only_lock {
+        let _ = lock.remove_file();
+        drop(lock);
+        if std::fs::remove_dir(manifest_dir).is_ok()
+            && let Some(commit_dir) = manifest_dir.parent()
+        {
+            let _ = std::fs::remove_dir(commit_dir);
+        }
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::receipt::{Carried, NodeIndexEntry, RunReceipt};
+
+    fn found(dir: &str, name: &str, start: &str, carried: Option<Carried>) -> FoundRun {
+        let mut run: RunReceipt = serde_json::from_value(serde_json::json!({
+            "schema": 1, "name": name, "manifest": {"path": "m", "bytes": 0, "sha256": ""},
+            "env_matrices": [], "commit": "c", "commit_sha": null, "dirty": false, "host": "h",
+            "orchestrator_version": "0", "inventory": null, "cpu_slots": 1, "filters": [],
+            "resumed": false, "start": start, "end": start, "seconds": 1.0,
+            "interrupted": false, "counts": {}, "verdict": "pass", "nodes": []
+        }))
+        .unwrap();
+        if let Some(c) = carried {
+            run.nodes.push(NodeIndexEntry {
+                id: "a".into(),
+                kind: crate::plan::NodeKind::Arm,
+                slug: Some("a-1".into()),
+                verdict: crate::verdict::Verdict::Pass,
+                seconds: 1.0,
+                reason: None,
+                carried: Some(c),
+            });
+        }
+        FoundRun {
+            dir: PathBuf::from(dir),
+            commit: "c".into(),
+            id: Path::new(dir)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned()),
+            run,
+        }
+    }
+
+    #[test]
+    fn keeps_the_newest_and_what_they_carry_from() {
+        let old = "/r/c/smoke/20261101T000000.000Z-aaaa";
+        let mid = "/r/c/smoke/20261102T000000.000Z-bbbb";
+        let new = "/r/c/smoke/20261103T000000.000Z-cccc";
+        let runs = vec![
+            found(
+                new,
+                "smoke",
+                "2026-11-03",
+                Some(Carried::from_run(Some("20261101T000000.000Z-aaaa"))),
+            ),
+            found(
+                "/r/c/other/20261102T000000.000Z-dddd",
+                "other",
+                "2026-11-02",
+                None,
+            ),
+            found(mid, "smoke", "2026-11-02", None),
+            found(old, "smoke", "2026-11-01", None),
+        ];
+        let p = plan(&runs, 1, None);
+        assert_eq!(p.delete, vec![PathBuf::from(mid)]);
+        assert_eq!(
+            p.kept_for_carry,
+            vec![(PathBuf::from(old), PathBuf::from(new))]
+        );
+        // Another manifest's runs are never counted against this one.
+        let p = plan(&runs, 0, Some("other"));
+        assert_eq!(
+            p.delete,
+            vec![PathBuf::from("/r/c/other/20261102T000000.000Z-dddd")]
+        );
+    }
+
+    #[test]
+    fn deleting_an_old_layout_tree_keeps_the_runs_inside_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = tmp.path().join("c/smoke");
+        let inner = m.join("20261103T000000.000Z-cccc");
+        std::fs::create_dir_all(m.join("nodes/a-1")).unwrap();
+        std::fs::create_dir_all(&inner).unwrap();
+        std::fs::write(m.join("run.json"), "{}").unwrap();
+        std::fs::write(inner.join("run.json"), "{}").unwrap();
+        delete(&m).unwrap();
+        assert!(!m.join("run.json").exists() && !m.join("nodes").exists());
+        assert!(inner.join("run.json").is_file());
+        delete(&inner).unwrap();
+        assert!(!inner.exists());
+        // Nothing but the lock was left: the manifest and commit folders went too.
+        assert!(!tmp.path().join("c").exists());
+    }
 }

@@ -1,5 +1,6 @@
 //! Reading a whole receipt tree into memory for `diff` and `show`: `run.json` and every node
-//! receipt its index names, read in parallel (a 10,000-node tree is 10,000 small files),
+//! receipt its index names, read in parallel (a 10,000-node tree is 10,000 small files) —
+//! a receipt the run carried forward from an earlier run is read from that run's tree —
 //! and finding one node of it by what a user typed ([`find`]).
 //!
 //! It reads only; where a tree is (commit-ish, folder, `latest`) is `resolve`'s job.
@@ -51,8 +52,7 @@ pub fn load_as<R: DeserializeOwned + Send>(dir: &Path) -> Result<LoadedRun<R>, R
         .map(|entry| {
             let receipt = match &entry.slug {
                 // The slug comes from a file; a hand-edited one must not lead outside the tree.
-                Some(slug) if is_plain_name(slug) => read_json(&tree.receipt_json(slug))?,
-                Some(slug) => {
+                Some(slug) if !is_plain_name(slug) => {
                     return Err(ReceiptError::new(
                         tree.run_json(),
                         Kind::BadSlug {
@@ -61,6 +61,31 @@ pub fn load_as<R: DeserializeOwned + Send>(dir: &Path) -> Result<LoadedRun<R>, R
                         },
                     ));
                 }
+                Some(slug) => match &entry.carried {
+                    None => read_json(&tree.receipt_json(slug))?,
+                    Some(carried) => {
+                        let dir = tree.carried_node_dir(carried, slug).ok_or_else(|| {
+                            ReceiptError::new(
+                                tree.run_json(),
+                                Kind::BadCarry {
+                                    id: entry.id.clone(),
+                                    from: carried.from.clone(),
+                                },
+                            )
+                        })?;
+                        let receipt = read_json(&dir.join("receipt.json"))?;
+                        if receipt.is_none() {
+                            return Err(ReceiptError::new(
+                                dir.join("receipt.json"),
+                                Kind::CarriedMissing {
+                                    id: entry.id.clone(),
+                                    run: carried.label(),
+                                },
+                            ));
+                        }
+                        receipt
+                    }
+                },
                 None => None,
             };
             Ok((

@@ -184,12 +184,67 @@ pub struct NodeIndexEntry {
     pub seconds: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The receipt was not measured by this run but carried forward from an earlier run of
+    /// the same manifest and commit (`--filter`, `--rerun-failed`, `--resume`); it stays in
+    /// that run's tree and is read from there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carried: Option<Carried>,
+}
+
+/// Where a carried receipt lives: the run that measured it. Runs of one manifest and commit
+/// are sibling folders, so the path is always `../<run id>`, or `..` for a tree of the
+/// layout before run ids (whose folder holds the newer runs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Carried {
+    /// The id of the run that measured it; `None` for a tree of the old layout.
+    pub run: Option<String>,
+    /// That run's folder relative to this run's folder.
+    pub from: String,
+}
+
+impl Carried {
+    /// A receipt carried from the run `run` (its id, `None` for the old layout).
+    pub fn from_run(run: Option<&str>) -> Carried {
+        Carried {
+            run: run.map(str::to_string),
+            from: match run {
+                Some(id) => format!("../{id}"),
+                None => "..".to_string(),
+            },
+        }
+    }
+
+    /// The source run's folder, from the folder of the run that carries the receipt; `None`
+    /// when `from` is anything but `..` or `../<plain name>` (an edited file must not lead
+    /// outside the manifest's folder).
+    pub fn source_dir(&self, run_dir: &Path) -> Option<std::path::PathBuf> {
+        let parent = run_dir.parent()?;
+        match self.from.strip_prefix("../") {
+            None if self.from == ".." => Some(parent.to_path_buf()),
+            Some(id) if load::is_plain_name(id) => Some(parent.join(id)),
+            _ => None,
+        }
+    }
+
+    /// How the source run is named to a user.
+    pub fn label(&self) -> String {
+        self.run
+            .clone()
+            .unwrap_or_else(|| "the tree of the layout before run ids".to_string())
+    }
 }
 
 /// `run.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunReceipt {
     pub schema: u32,
+    /// The run's id, also its folder name (`<commit>/<manifest>/<id>/`); absent in trees of
+    /// the layout before run ids, whose `run.json` sits in `<commit>/<manifest>/` itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// The earlier run whose receipts this one carried forward, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carried_from: Option<String>,
     pub name: String,
     pub manifest: FileDigest,
     pub env_matrices: Vec<FileDigest>,
@@ -203,6 +258,9 @@ pub struct RunReceipt {
     pub cpu_slots: usize,
     pub filters: Vec<String>,
     pub resumed: bool,
+    /// The run was `run --rerun-failed`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rerun_failed: bool,
     pub start: String,
     /// `None` while the run is in progress (or when it was killed before it could finish).
     pub end: Option<String>,
@@ -232,6 +290,8 @@ impl RunReceipt {
     ) -> RunReceipt {
         RunReceipt {
             schema: RUN_SCHEMA,
+            run_id: None,
+            carried_from: None,
             name: plan.name.clone(),
             manifest: source_digest(&plan.manifest),
             env_matrices: plan.env_matrices.iter().map(source_digest).collect(),
@@ -244,6 +304,7 @@ impl RunReceipt {
             cpu_slots,
             filters: filters.to_vec(),
             resumed,
+            rerun_failed: false,
             start: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
             end: None,
             seconds: None,

@@ -1,13 +1,17 @@
-//! Turning what a user names on the command line into a receipt tree folder: a run folder,
-//! a commit folder, `latest` / `previous`, or a commit-ish that git resolves to a sha whose
-//! `<sha>[-dirty]/<manifest>` lives under the receipts folder. Shared by `diff`, `show`,
-//! `ls` and `gc`, which also use [`list_runs`] to see every run under a receipts folder.
+//! Turning what a user names on the command line into a run's tree folder: a run folder, a
+//! run id, a commit folder, `latest` / `previous`, or a commit-ish that git resolves to a
+//! sha whose `<sha>[-dirty]/<manifest>` lives under the receipts folder (a commit means its
+//! newest complete run). Shared by `diff`, `show`, `ls`, `gc` and `run` itself, which also
+//! use [`list_runs`] to see every run under a receipts folder, in both layouts (run folders
+//! with ids, and the older one tree per manifest and commit).
 //!
 //! It reads folder listings and `run.json` files only; it never writes.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::error::FindError;
+use super::tree::is_run_id;
 use super::{RunReceipt, read_json};
 
 /// The receipts folder: `--receipts` when given (relative to the current folder), else
@@ -26,15 +30,30 @@ pub fn receipts_root(given: Option<&Path>) -> Result<PathBuf, FindError> {
 /// One run found under a receipts folder.
 #[derive(Debug, Clone)]
 pub struct FoundRun {
-    /// `<receipts>/<commit>/<manifest>`.
+    /// The folder holding its `run.json`: `<receipts>/<commit>/<manifest>/<run-id>`, or
+    /// `<receipts>/<commit>/<manifest>` for a tree of the layout before run ids.
     pub dir: PathBuf,
     /// The commit folder name.
     pub commit: String,
+    /// The run id (its folder name); `None` for the old layout.
+    pub id: Option<String>,
     pub run: RunReceipt,
 }
 
-/// Every readable run under `receipts`, newest first (by start time). Folders without a
-/// readable `run.json` are not runs and are left out.
+impl FoundRun {
+    /// The run id, or `-` for a tree of the old layout.
+    pub fn id_label(&self) -> &str {
+        self.id.as_deref().unwrap_or("-")
+    }
+
+    /// Whether the run ended (was not killed while running).
+    pub fn complete(&self) -> bool {
+        self.run.end.is_some()
+    }
+}
+
+/// Every readable run under `receipts`, newest first (by start time, then run id). Folders
+/// without a readable `run.json` are not runs and are left out.
 pub fn list_runs(receipts: &Path) -> Result<Vec<FoundRun>, FindError> {
     let commits = std::fs::read_dir(receipts).map_err(|error| FindError::ListReceipts {
         receipts: receipts.to_path_buf(),
@@ -42,44 +61,115 @@ pub fn list_runs(receipts: &Path) -> Result<Vec<FoundRun>, FindError> {
     })?;
     let mut runs = Vec::new();
     for commit in commits.flatten() {
-        let Ok(kind) = commit.file_type() else {
-            continue;
-        };
-        if !kind.is_dir() {
+        if !commit.file_type().is_ok_and(|t| t.is_dir()) {
             continue;
         }
         let Ok(manifests) = std::fs::read_dir(commit.path()) else {
             continue;
         };
+        let commit_name = commit.file_name().to_string_lossy().into_owned();
         for m in manifests.flatten() {
-            if !m.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            if let Ok(Some(run)) = read_json::<RunReceipt>(&m.path().join("run.json")) {
-                runs.push(FoundRun {
-                    dir: m.path(),
-                    commit: commit.file_name().to_string_lossy().into_owned(),
-                    run,
-                });
+            if m.file_type().is_ok_and(|t| t.is_dir()) {
+                runs.extend(runs_in(&m.path(), &commit_name));
             }
         }
     }
-    runs.sort_by(|a, b| b.run.start.cmp(&a.run.start).then(a.dir.cmp(&b.dir)));
+    sort_newest_first(&mut runs);
     Ok(runs)
 }
 
-/// Resolves `spec` to a tree folder:
-/// 1. an existing folder holding `run.json` (a run), or holding run folders (a commit);
+/// The runs in one manifest folder (`<receipts>/<commit>/<manifest>`), newest first: the
+/// run folders in it and, for the old layout, the folder itself.
+pub fn runs_in_manifest_dir(manifest_dir: &Path) -> Vec<FoundRun> {
+    let commit = manifest_dir
+        .parent()
+        .and_then(Path::file_name)
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut runs = runs_in(manifest_dir, &commit);
+    sort_newest_first(&mut runs);
+    runs
+}
+
+fn runs_in(manifest_dir: &Path, commit: &str) -> Vec<FoundRun> {
+    let mut runs = Vec::new();
+    let found = |dir: PathBuf, id: Option<String>| {
+        let run = read_json::<RunReceipt>(&dir.join("run.json"))
+            .ok()
+            .flatten()?;
+        Some(FoundRun {
+            dir,
+            commit: commit.to_string(),
+            id,
+            run,
+        })
+    };
+    runs.extend(found(manifest_dir.to_path_buf(), None));
+    if let Ok(entries) = std::fs::read_dir(manifest_dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if is_run_id(&name) && e.file_type().is_ok_and(|t| t.is_dir()) {
+                runs.extend(found(e.path(), Some(name)));
+            }
+        }
+    }
+    runs
+}
+
+fn sort_newest_first(runs: &mut [FoundRun]) {
+    runs.sort_by(|a, b| {
+        b.run
+            .start
+            .cmp(&a.run.start)
+            .then_with(|| b.id.cmp(&a.id))
+            .then_with(|| a.dir.cmp(&b.dir))
+    });
+}
+
+/// The most recent run of this manifest under the receipts folder (by start time), any
+/// commit. Called before a run writes its own `run.json`, so an earlier run of the same
+/// commit counts as the previous run.
+pub fn previous_run(receipts: &Path, manifest_name: &str) -> Option<RunReceipt> {
+    list_runs(receipts)
+        .ok()?
+        .into_iter()
+        .find(|r| r.run.name == manifest_name)
+        .map(|r| r.run)
+}
+
+/// Seconds per cell id from a run, for cells that actually ran in it.
+pub fn durations(run: &RunReceipt) -> HashMap<String, f64> {
+    run.nodes
+        .iter()
+        .filter(|n| {
+            n.verdict != crate::verdict::Verdict::Skipped && n.seconds > 0.0 && n.carried.is_none()
+        })
+        .map(|n| (n.id.clone(), n.seconds))
+        .collect()
+}
+
+/// Resolves `spec` to a run's tree folder (the folder holding its `run.json`):
+/// 1. an existing folder: a run folder (holding `run.json`), a manifest folder or a commit
+///    folder (their newest complete run);
 /// 2. `latest` / `previous`: the newest run under `receipts` and the one before it of the
 ///    same manifest (`--manifest` narrows both to one manifest);
-/// 3. a commit folder name under `receipts` (`<sha>-dirty`, a `--commit` id, `no-git`);
-/// 4. a commit-ish git resolves in the current folder (`HEAD~1`, a short sha, a tag), with an
+/// 3. a run id, or a prefix of one that names a single run;
+/// 4. a commit folder name under `receipts` (`<sha>-dirty`, a `--commit` id, `no-git`):
+///    its newest complete run;
+/// 5. a commit-ish git resolves in the current folder (`HEAD~1`, a short sha, a tag), with an
 ///    optional `-dirty` suffix: `<sha>` is used when it exists, else `<sha>-dirty`.
 pub fn resolve(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<PathBuf, FindError> {
     let as_path = Path::new(spec);
     if as_path.is_dir() {
-        if as_path.join("run.json").is_file() {
+        if as_path.join("run.json").is_file()
+            && as_path
+                .file_name()
+                .is_some_and(|n| is_run_id(&n.to_string_lossy()))
+        {
             return Ok(as_path.to_path_buf());
+        }
+        if let Some(run) = newest_complete(as_path) {
+            return Ok(run);
         }
         return pick_manifest(as_path, manifest, spec);
     }
@@ -105,6 +195,23 @@ pub fn resolve(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<Pa
                 manifest: latest.run.name.clone(),
                 receipts: receipts.to_path_buf(),
             });
+    }
+    if looks_like_run_id(spec) {
+        let hits: Vec<FoundRun> = list_runs(receipts)?
+            .into_iter()
+            .filter(|r| r.id.as_deref().is_some_and(|id| id.starts_with(spec)))
+            .filter(|r| manifest.is_none_or(|m| r.run.name == m))
+            .collect();
+        match hits.as_slice() {
+            [one] => return Ok(one.dir.clone()),
+            [] => {}
+            many => {
+                return Err(FindError::ManyRuns {
+                    spec: spec.to_string(),
+                    matches: many.iter().map(|r| r.id_label().to_string()).collect(),
+                });
+            }
+        }
     }
     if super::load::is_plain_name(spec) && receipts.join(spec).is_dir() {
         return pick_manifest(&receipts.join(spec), manifest, spec);
@@ -144,7 +251,25 @@ pub fn resolve(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<Pa
     pick_manifest(&dir, manifest, spec)
 }
 
-/// The run folder of `manifest` inside a commit folder, or the only one there is.
+/// Whether `spec` could be (the start of) a run id: eight digits, then `T`, then the rest of
+/// one. Plain commit shas are hex and have no `T`, so the two never mix up.
+fn looks_like_run_id(spec: &str) -> bool {
+    let b = spec.as_bytes();
+    b.len() >= 9 && b[..8].iter().all(u8::is_ascii_digit) && b[8] == b'T'
+}
+
+/// The newest complete run in a manifest folder, else its newest run; `None` when the
+/// folder holds no run.
+fn newest_complete(manifest_dir: &Path) -> Option<PathBuf> {
+    let runs = runs_in_manifest_dir(manifest_dir);
+    runs.iter()
+        .find(|r| r.complete())
+        .or_else(|| runs.first())
+        .map(|r| r.dir.clone())
+}
+
+/// The newest complete run of `manifest` inside a commit folder, or of the only manifest
+/// there is.
 fn pick_manifest(
     commit_dir: &Path,
     manifest: Option<&str>,
@@ -156,31 +281,41 @@ fn pick_manifest(
             error,
         })?
         .flatten()
-        .filter(|e| e.path().join("run.json").is_file())
+        .filter(|e| !runs_in(&e.path(), "").is_empty())
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    match manifest {
-        Some(m) if names.iter().any(|n| n == m) => Ok(commit_dir.join(m)),
-        Some(m) => Err(FindError::NoSuchManifest {
-            spec: spec.to_string(),
-            dir: commit_dir.to_path_buf(),
-            manifest: m.to_string(),
-            held: names,
-        }),
-        None => match names.as_slice() {
-            [one] => Ok(commit_dir.join(one)),
-            [] => Err(FindError::NoTree {
+    let chosen = match manifest {
+        Some(m) if names.iter().any(|n| n == m) => m.to_string(),
+        Some(m) => {
+            return Err(FindError::NoSuchManifest {
                 spec: spec.to_string(),
                 dir: commit_dir.to_path_buf(),
-            }),
-            _ => Err(FindError::SeveralManifests {
-                spec: spec.to_string(),
-                dir: commit_dir.to_path_buf(),
+                manifest: m.to_string(),
                 held: names,
-            }),
+            });
+        }
+        None => match names.as_slice() {
+            [one] => one.clone(),
+            [] => {
+                return Err(FindError::NoTree {
+                    spec: spec.to_string(),
+                    dir: commit_dir.to_path_buf(),
+                });
+            }
+            _ => {
+                return Err(FindError::SeveralManifests {
+                    spec: spec.to_string(),
+                    dir: commit_dir.to_path_buf(),
+                    held: names,
+                });
+            }
         },
-    }
+    };
+    newest_complete(&commit_dir.join(&chosen)).ok_or_else(|| FindError::NoTree {
+        spec: spec.to_string(),
+        dir: commit_dir.to_path_buf(),
+    })
 }
 
 /// Runs git in `dir`; its trimmed stdout when it succeeded and printed something.
@@ -192,41 +327,77 @@ fn git(dir: &Path, args: &[&str]) -> Option<String> {
 mod tests {
     use super::*;
 
-    fn run_json(dir: &Path, name: &str, start: &str) {
+    fn run_json(dir: &Path, name: &str, start: &str, complete: bool) {
         std::fs::create_dir_all(dir).unwrap();
         let run = serde_json::json!({
             "schema": 1, "name": name, "manifest": {"path": "m", "bytes": 0, "sha256": ""},
             "env_matrices": [], "commit": "c", "commit_sha": null, "dirty": false, "host": "h",
             "orchestrator_version": "0", "inventory": null, "cpu_slots": 1, "filters": [],
-            "resumed": false, "start": start, "end": start, "seconds": 1.0,
-            "interrupted": false, "counts": {}, "verdict": "pass", "nodes": []
+            "resumed": false, "start": start, "end": if complete { Some(start) } else { None },
+            "seconds": 1.0, "interrupted": false, "counts": {}, "verdict": "pass",
+            "nodes": [{"id": "a", "kind": "arm", "slug": "a-1", "verdict": "pass", "seconds": 2.0}]
         });
         std::fs::write(dir.join("run.json"), run.to_string()).unwrap();
     }
 
+    const ID1: &str = "20261102T000000.000Z-aaaa";
+    const ID2: &str = "20261102T010000.000Z-bbbb";
+    const ID3: &str = "20261103T000000.000Z-cccc";
+
     #[test]
-    fn commit_folders_latest_previous_and_manifest_choice() {
+    fn commit_folders_run_ids_latest_previous_and_manifest_choice() {
         let tmp = tempfile::tempdir().unwrap();
         let r = tmp.path();
-        run_json(&r.join("c1/smoke"), "smoke", "2026-11-01T00:00:00Z");
-        run_json(&r.join("c2/smoke"), "smoke", "2026-11-02T00:00:00Z");
-        run_json(&r.join("c2/nightly"), "nightly", "2026-11-03T00:00:00Z");
-        // Not a run: no run.json.
+        // c1: a tree of the layout before run ids.
+        run_json(&r.join("c1/smoke"), "smoke", "2026-11-01T00:00:00Z", true);
+        // c2: two runs of smoke (the newer one killed while running) and one of nightly.
+        run_json(
+            &r.join("c2/smoke").join(ID1),
+            "smoke",
+            "2026-11-02T00:00:00Z",
+            true,
+        );
+        run_json(
+            &r.join("c2/smoke").join(ID2),
+            "smoke",
+            "2026-11-02T01:00:00Z",
+            false,
+        );
+        run_json(
+            &r.join("c2/nightly").join(ID3),
+            "nightly",
+            "2026-11-03T00:00:00Z",
+            true,
+        );
+        // Not runs: no run.json, or not a run id.
         std::fs::create_dir_all(r.join("c3/empty")).unwrap();
+        run_json(
+            &r.join("c2/smoke/nodes"),
+            "smoke",
+            "2026-11-09T00:00:00Z",
+            true,
+        );
         assert_eq!(resolve("c1", r, None).unwrap(), r.join("c1/smoke"));
         let err = resolve("c2", r, None).unwrap_err().to_string();
         assert!(
             err.contains("nightly, smoke") && err.contains("--manifest"),
             "{err}"
         );
-        assert_eq!(resolve("c2", r, Some("smoke")).unwrap(), r.join("c2/smoke"));
+        // A commit is its newest complete run.
+        assert_eq!(
+            resolve("c2", r, Some("smoke")).unwrap(),
+            r.join("c2/smoke").join(ID1)
+        );
         assert!(
             resolve("c3", r, None)
                 .unwrap_err()
                 .to_string()
                 .contains("no receipt tree")
         );
-        assert_eq!(resolve("latest", r, None).unwrap(), r.join("c2/nightly"));
+        assert_eq!(
+            resolve("latest", r, None).unwrap(),
+            r.join("c2/nightly").join(ID3)
+        );
         let err = resolve("previous", r, None).unwrap_err().to_string();
         assert!(
             err.contains("only one run of manifest \"nightly\""),
@@ -234,16 +405,59 @@ mod tests {
         );
         assert_eq!(
             resolve("latest", r, Some("smoke")).unwrap(),
-            r.join("c2/smoke")
+            r.join("c2/smoke").join(ID2)
         );
         assert_eq!(
             resolve("previous", r, Some("smoke")).unwrap(),
-            r.join("c1/smoke")
+            r.join("c2/smoke").join(ID1)
         );
+        // Run ids, whole or a unique start.
+        assert_eq!(resolve(ID2, r, None).unwrap(), r.join("c2/smoke").join(ID2));
+        assert_eq!(
+            resolve("20261103T", r, None).unwrap(),
+            r.join("c2/nightly").join(ID3)
+        );
+        let err = resolve("20261102T", r, None).unwrap_err().to_string();
+        assert!(err.contains(ID1) && err.contains(ID2), "{err}");
         let runs = list_runs(r).unwrap();
-        assert_eq!(runs.len(), 3);
-        assert_eq!(runs[0].commit, "c2");
-        let folder = r.join("c1/smoke");
+        assert_eq!(runs.len(), 4);
+        assert_eq!(runs[0].id.as_deref(), Some(ID3));
+        assert_eq!(runs[3].id, None);
+        assert_eq!(runs[3].commit, "c1");
+        // Folders: a run folder is itself, a manifest folder its newest complete run.
+        let folder = r.join("c2/smoke").join(ID2);
         assert_eq!(resolve(folder.to_str().unwrap(), r, None).unwrap(), folder);
+        let m = r.join("c2/smoke");
+        assert_eq!(resolve(m.to_str().unwrap(), r, None).unwrap(), m.join(ID1));
+        let c = r.join("c2");
+        assert_eq!(
+            resolve(c.to_str().unwrap(), r, Some("smoke")).unwrap(),
+            m.join(ID1)
+        );
+        let old = r.join("c1/smoke");
+        assert_eq!(resolve(old.to_str().unwrap(), r, None).unwrap(), old);
+    }
+
+    #[test]
+    fn previous_run_is_the_latest_of_this_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        run_json(&r.join("old/smoke"), "smoke", "2026-11-01T00:00:00Z", true);
+        run_json(
+            &r.join("new/smoke").join(ID1),
+            "smoke",
+            "2026-11-02T00:00:00Z",
+            true,
+        );
+        run_json(
+            &r.join("new/other").join(ID3),
+            "other",
+            "2026-11-03T00:00:00Z",
+            true,
+        );
+        let prev = previous_run(r, "smoke").unwrap();
+        assert_eq!(prev.start, "2026-11-02T00:00:00Z");
+        assert_eq!(durations(&prev)["a"], 2.0);
+        assert!(previous_run(r, "missing").is_none());
     }
 }

@@ -1,40 +1,70 @@
 //! Where things live in a receipt tree, the run lock that keeps two runs of one manifest
-//! out of one tree, and reading what earlier runs left behind (the previous run's node
-//! durations, receipts to keep on `--resume`).
+//! and commit from running at once, and creating a new run's own folder.
 //!
 //! ```text
-//! <receipts>/<commit>[-dirty]/<manifest-name>/
-//!   run.json  summary.md  junit.xml  .lock
-//!   nodes/<slug>/receipt.json
-//!   nodes/<slug>/attempt-<n>/{stdout.log,stderr.log,checks.jsonl,artifacts/}
+//! <receipts>/<commit>[-dirty]/<manifest-name>/          the manifest folder
+//!   .lock                                              the run lock (flock)
+//!   <run-id>/                                          one run, never changed after it ends
+//!     run.json  summary.md  junit.xml
+//!     nodes/<slug>/receipt.json
+//!     nodes/<slug>/attempt-<n>/{stdout.log,stderr.log,checks.jsonl,artifacts/}
 //! ```
+//!
+//! A run id is the UTC start time to the millisecond plus a short random suffix
+//! (`20261201T224109.123Z-3f9a`), so the folders of one manifest folder sort by start. Trees
+//! written before run ids existed have `run.json` and `nodes/` in the manifest folder itself;
+//! they stay readable (see `resolve`), and a new run at that commit becomes a sibling of
+//! their `nodes/`.
 
-use std::collections::HashMap;
-use std::io::Write;
+use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use sha2::{Digest, Sha256};
 
 use super::error::{ReceiptError, ReceiptErrorKind as Kind};
-use super::{RunReceipt, attempt_dir_name, read_json};
+use super::{Carried, attempt_dir_name};
 
-/// The paths of one manifest's receipt tree for one commit.
+/// The paths of one run's receipt tree (the folder holding its `run.json`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tree {
     pub dir: PathBuf,
 }
 
+/// `<receipts>/<commit>/<manifest-name>`: the folder holding every run of one manifest at one
+/// commit, and their lock. `commit` already carries `-dirty` when due.
+pub fn manifest_dir(receipts: &Path, commit: &str, manifest_name: &str) -> PathBuf {
+    receipts.join(commit).join(manifest_name)
+}
+
 impl Tree {
-    /// `<receipts>/<commit>/<manifest-name>`; `commit` already carries `-dirty` when due.
-    pub fn new(receipts: &Path, commit: &str, manifest_name: &str) -> Tree {
-        Tree {
-            dir: receipts.join(commit).join(manifest_name),
+    /// Creates the folder of a new run under `manifest_dir` with a fresh id, and returns
+    /// the tree and the id. The folder is created with `create_dir`, which fails when it
+    /// exists, so a run never writes into a folder it did not make.
+    pub fn create(manifest_dir: &Path) -> Result<(Tree, String), ReceiptError> {
+        std::fs::create_dir_all(manifest_dir)
+            .map_err(|e| ReceiptError::new(manifest_dir, Kind::CreateFolder(e)))?;
+        let now = SystemTime::now();
+        let mut last = None;
+        for salt in 0..16u32 {
+            let id = run_id(now, salt);
+            let dir = manifest_dir.join(&id);
+            match std::fs::create_dir(&dir) {
+                Ok(()) => return Ok((Tree { dir }, id)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+                Err(e) => return Err(ReceiptError::new(dir, Kind::CreateFolder(e))),
+            }
         }
+        let e = last.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::AlreadyExists));
+        Err(ReceiptError::new(manifest_dir, Kind::CreateFolder(e)))
     }
 
-    /// The receipts folder this tree is in (`<receipts>` above).
+    /// The receipts folder this run's tree is in (`<receipts>` above), for a tree with a
+    /// run id.
     pub fn receipts(&self) -> PathBuf {
         self.dir
             .ancestors()
-            .nth(2)
+            .nth(3)
             .map_or_else(|| self.dir.clone(), Path::to_path_buf)
     }
 
@@ -46,9 +76,6 @@ impl Tree {
     }
     pub fn junit_xml(&self) -> PathBuf {
         self.dir.join("junit.xml")
-    }
-    pub fn lock_file(&self) -> PathBuf {
-        self.dir.join(".lock")
     }
     pub fn nodes(&self) -> PathBuf {
         self.dir.join("nodes")
@@ -63,104 +90,117 @@ impl Tree {
         self.node_dir(slug).join(attempt_dir_name(n))
     }
 
-    /// Removes the node folders of an earlier run of this tree (a fresh run, not
-    /// `--resume`), so no stale attempt of a node that no longer exists survives. The old
-    /// folder is renamed away first so the tree is never half-deleted under a new run.
-    pub fn clear_nodes(&self) -> Result<(), ReceiptError> {
-        let nodes = self.nodes();
-        if !nodes.exists() {
-            return Ok(());
-        }
-        let trash = self.dir.join(format!(".nodes.old.{}", std::process::id()));
-        std::fs::rename(&nodes, &trash)
-            .map_err(|e| ReceiptError::new(&nodes, Kind::MoveNodesAside(e)))?;
-        std::fs::remove_dir_all(&trash)
-            .map_err(|e| ReceiptError::new(&trash, Kind::RemoveOldNodes(e)))
+    /// The node folder of a receipt this run carries from an earlier run; `None` when the
+    /// reference does not name a sibling run (see [`Carried::source_dir`]).
+    pub fn carried_node_dir(&self, carried: &Carried, slug: &str) -> Option<PathBuf> {
+        let source = carried.source_dir(&self.dir)?;
+        Some(Tree { dir: source }.node_dir(slug))
     }
 }
 
-/// Held while a run writes a tree; removed on drop. The file holds the holder's pid so a
-/// second run can name it, and a lock left by a process that no longer exists is taken over.
+/// A run id: `YYYYMMDDTHHMMSS.mmmZ-xxxx`, the time in UTC and four hex digits that differ
+/// between processes (pid, the clock's nanoseconds and `salt` hashed).
+pub fn run_id(now: SystemTime, salt: u32) -> String {
+    let stamp: String = humantime::format_rfc3339_millis(now)
+        .to_string()
+        .chars()
+        .filter(|c| *c != '-' && *c != ':')
+        .collect();
+    let nanos = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut h = Sha256::new();
+    h.update(std::process::id().to_le_bytes());
+    h.update(nanos.to_le_bytes());
+    h.update(salt.to_le_bytes());
+    let suffix = super::hex(&h.finalize()[..2]);
+    format!("{stamp}-{suffix}")
+}
+
+/// Whether a folder name is a run id (so a manifest folder's `nodes/` of the old layout and
+/// anything else in it is not taken for a run).
+pub fn is_run_id(name: &str) -> bool {
+    let b = name.as_bytes();
+    b.len() == 25
+        && b[..8].iter().all(u8::is_ascii_digit)
+        && b[8] == b'T'
+        && b[9..15].iter().all(u8::is_ascii_digit)
+        && b[15] == b'.'
+        && b[16..19].iter().all(u8::is_ascii_digit)
+        && b[19] == b'Z'
+        && b[20] == b'-'
+        && b[21..].iter().all(u8::is_ascii_hexdigit)
+}
+
+/// Held while a run of one manifest at one commit runs; released when dropped or when the
+/// process dies, however it dies. It is an OS lock (`flock`) on `<manifest folder>/.lock`, so
+/// there is no stale lock to take over and no race in taking one over. The file holds the
+/// holder's pid so a second run can name it. Only `gc` removes it, while holding it, and
+/// [`RunLock::acquire`] checks after locking that the file it locked is still the one at
+/// the path, so a removed file never lets two processes hold the lock at once.
 #[derive(Debug)]
 pub struct RunLock {
+    _file: std::fs::File,
     path: PathBuf,
 }
 
 impl RunLock {
-    pub fn acquire(tree: &Tree) -> Result<RunLock, ReceiptError> {
-        std::fs::create_dir_all(&tree.dir)
-            .map_err(|e| ReceiptError::new(&tree.dir, Kind::CreateFolder(e)))?;
-        let path = tree.lock_file();
-        for _ in 0..2 {
-            match std::fs::OpenOptions::new()
+    /// The lock file of a manifest folder.
+    pub fn path(manifest_dir: &Path) -> PathBuf {
+        manifest_dir.join(".lock")
+    }
+
+    pub fn acquire(manifest_dir: &Path) -> Result<RunLock, ReceiptError> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::create_dir_all(manifest_dir)
+            .map_err(|e| ReceiptError::new(manifest_dir, Kind::CreateFolder(e)))?;
+        let path = RunLock::path(manifest_dir);
+        loop {
+            let mut file = std::fs::OpenOptions::new()
+                .read(true)
                 .write(true)
-                .create_new(true)
+                .create(true)
+                .truncate(false)
                 .open(&path)
-            {
-                Ok(mut f) => {
-                    let _ = writeln!(f, "{}", std::process::id());
-                    return Ok(RunLock { path });
+                .map_err(|e| ReceiptError::new(&path, Kind::CreateLock(e)))?;
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    let mut text = String::new();
+                    let _ = file.read_to_string(&mut text);
+                    let pid = text.trim().parse::<i32>().ok();
+                    return Err(ReceiptError::new(path, Kind::Locked(pid)));
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let text = std::fs::read_to_string(&path).unwrap_or_default();
-                    match text.trim().parse::<i32>() {
-                        Ok(pid) if process_alive(pid) => {
-                            return Err(ReceiptError::new(path, Kind::Locked(pid)));
-                        }
-                        // The holder is gone (killed with SIGKILL, machine rebooted): the
-                        // lock is stale and the tree is consistent by construction.
-                        _ => {
-                            let _ = std::fs::remove_file(&path);
-                        }
-                    }
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(ReceiptError::new(path, Kind::CreateLock(e)));
                 }
-                Err(e) => return Err(ReceiptError::new(path, Kind::CreateLock(e))),
             }
-        }
-        Err(ReceiptError::new(path, Kind::StaleLock))
-    }
-}
-
-impl Drop for RunLock {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-fn process_alive(pid: i32) -> bool {
-    if pid <= 0 {
-        return false;
-    }
-    // SAFETY: kill with signal 0 only checks that the process exists and may be signalled;
-    // it sends nothing.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
-/// The most recent run of this manifest under the receipts folder (by `start` time), any
-/// commit. Called before a run writes its own `run.json`, so an earlier run of the same
-/// commit counts as the previous run.
-pub fn previous_run(receipts: &Path, manifest_name: &str) -> Option<RunReceipt> {
-    let mut best: Option<RunReceipt> = None;
-    for entry in std::fs::read_dir(receipts).ok()?.flatten() {
-        let path = entry.path().join(manifest_name).join("run.json");
-        let Ok(Some(run)) = read_json::<RunReceipt>(&path) else {
-            continue;
-        };
-        if best.as_ref().is_none_or(|b| run.start > b.start) {
-            best = Some(run);
+            // `gc` removes the lock file of a manifest folder it empties, under the lock.
+            // A lock taken on a file that is no longer at the path guards nothing: take the
+            // one that is there now.
+            let same = match (file.metadata(), std::fs::metadata(&path)) {
+                (Ok(held), Ok(now)) => held.ino() == now.ino() && held.dev() == now.dev(),
+                _ => false,
+            };
+            if !same {
+                std::fs::create_dir_all(manifest_dir)
+                    .map_err(|e| ReceiptError::new(manifest_dir, Kind::CreateFolder(e)))?;
+                continue;
+            }
+            // Best effort: the pid only names the holder in another run's message.
+            let _ = file.set_len(0);
+            let _ = file.rewind();
+            let _ = writeln!(file, "{}", std::process::id());
+            return Ok(RunLock { _file: file, path });
         }
     }
-    best
-}
 
-/// Seconds per cell id from a run, for cells that actually ran.
-pub fn durations(run: &RunReceipt) -> HashMap<String, f64> {
-    run.nodes
-        .iter()
-        .filter(|n| n.verdict != crate::verdict::Verdict::Skipped && n.seconds > 0.0)
-        .map(|n| (n.id.clone(), n.seconds))
-        .collect()
+    /// Removes the lock file while holding the lock (`gc`, emptying a manifest folder). A
+    /// process that opened the old file and takes the lock after this one is released
+    /// sees that the path no longer leads to it and takes the lock on the new file.
+    pub fn remove_file(&self) -> std::io::Result<()> {
+        std::fs::remove_file(&self.path)
+    }
 }
 
 #[cfg(test)]
@@ -169,57 +209,79 @@ mod tests {
 
     #[test]
     fn paths_stay_under_the_tree() {
-        let t = Tree::new(Path::new("/r"), "abc-dirty", "smoke");
+        let t = Tree {
+            dir: manifest_dir(Path::new("/r"), "abc-dirty", "smoke").join("ID"),
+        };
         assert_eq!(
             t.receipt_json("x-1"),
-            PathBuf::from("/r/abc-dirty/smoke/nodes/x-1/receipt.json")
+            PathBuf::from("/r/abc-dirty/smoke/ID/nodes/x-1/receipt.json")
         );
         assert_eq!(
             t.attempt_dir("x-1", 2),
-            PathBuf::from("/r/abc-dirty/smoke/nodes/x-1/attempt-2")
+            PathBuf::from("/r/abc-dirty/smoke/ID/nodes/x-1/attempt-2")
         );
+        assert_eq!(t.receipts(), PathBuf::from("/r"));
+        let old = Carried::from_run(None);
+        assert_eq!(
+            t.carried_node_dir(&old, "x-1").unwrap(),
+            PathBuf::from("/r/abc-dirty/smoke/nodes/x-1")
+        );
+        let sibling = Carried::from_run(Some("OTHER"));
+        assert_eq!(
+            t.carried_node_dir(&sibling, "x-1").unwrap(),
+            PathBuf::from("/r/abc-dirty/smoke/OTHER/nodes/x-1")
+        );
+        for bad in ["../../etc", "/etc", "../a/b", "x", "../.."] {
+            let c = Carried {
+                run: None,
+                from: bad.to_string(),
+            };
+            assert_eq!(t.carried_node_dir(&c, "x-1"), None, "{bad}");
+        }
     }
 
     #[test]
-    fn lock_names_the_holder_and_takes_over_stale_locks() {
+    fn run_ids_sort_by_time_and_are_recognised() {
+        let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_790_000_000_123);
+        let id = run_id(t, 0);
+        assert!(id.starts_with("20260921T"), "{id}");
+        assert!(is_run_id(&id), "{id}");
+        assert_ne!(run_id(t, 0), run_id(t, 1));
+        let later = run_id(t + std::time::Duration::from_millis(1), 0);
+        assert!(later > id);
+        for not in ["nodes", ".lock", "summary.md", "20260921T000000Z-ab12", ""] {
+            assert!(!is_run_id(not), "{not}");
+        }
+    }
+
+    #[test]
+    fn new_runs_get_their_own_folders() {
         let dir = tempfile::tempdir().unwrap();
-        let t = Tree::new(dir.path(), "c", "m");
-        let held = RunLock::acquire(&t).unwrap();
-        let err = RunLock::acquire(&t).unwrap_err();
+        let m = manifest_dir(dir.path(), "c", "m");
+        let (a, ida) = Tree::create(&m).unwrap();
+        let (b, idb) = Tree::create(&m).unwrap();
+        assert_ne!(a.dir, b.dir);
+        assert_ne!(ida, idb);
+        assert!(a.dir.is_dir() && b.dir.is_dir());
+        assert_eq!(a.dir, m.join(&ida));
+    }
+
+    #[test]
+    fn lock_names_the_holder_and_dies_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = manifest_dir(dir.path(), "c", "m");
+        let held = RunLock::acquire(&m).unwrap();
+        let err = RunLock::acquire(&m).unwrap_err();
         assert!(
             err.to_string()
                 .contains(&format!("pid {}", std::process::id())),
             "{err}"
         );
         drop(held);
-        assert!(!t.lock_file().exists());
-        // A pid that cannot exist: the lock is stale and is taken over.
-        std::fs::write(t.lock_file(), "2147483646\n").unwrap();
-        let _again = RunLock::acquire(&t).unwrap();
-    }
-
-    #[test]
-    fn previous_run_is_the_latest_of_this_manifest() {
-        let dir = tempfile::tempdir().unwrap();
-        let write = |commit: &str, name: &str, start: &str, seconds: f64| {
-            let t = Tree::new(dir.path(), commit, name);
-            std::fs::create_dir_all(&t.dir).unwrap();
-            let run = serde_json::json!({
-                "schema": 1, "name": name, "manifest": {"path": "m", "bytes": 0, "sha256": ""},
-                "env_matrices": [], "commit": commit, "commit_sha": null, "dirty": false, "host": "h",
-                "orchestrator_version": "0", "inventory": null, "cpu_slots": 1, "filters": [],
-                "resumed": false, "start": start, "end": start, "seconds": 1.0, "interrupted": false,
-                "counts": {}, "verdict": "pass",
-                "nodes": [{"id": "a", "kind": "arm", "slug": "a-1", "verdict": "pass", "seconds": seconds}]
-            });
-            std::fs::write(t.run_json(), run.to_string()).unwrap();
-        };
-        write("old", "smoke", "2026-11-01T00:00:00Z", 1.0);
-        write("new", "smoke", "2026-11-02T00:00:00Z", 2.0);
-        write("newest", "other", "2026-11-03T00:00:00Z", 3.0);
-        let prev = previous_run(dir.path(), "smoke").unwrap();
-        assert_eq!(prev.commit, "new");
-        assert_eq!(durations(&prev)["a"], 2.0);
-        assert!(previous_run(dir.path(), "missing").is_none());
+        // The file stays; the lock is free again.
+        assert!(RunLock::path(&m).exists());
+        // A pid left by a process that no longer holds the lock means nothing.
+        std::fs::write(RunLock::path(&m), "2147483646\n").unwrap();
+        let _again = RunLock::acquire(&m).unwrap();
     }
 }

@@ -1,5 +1,6 @@
 //! The table `memra-orch ls` prints: every run under the receipts folder, newest first, one
-//! line each with its commit, manifest, start, overall verdict and counts per verdict.
+//! line each with its start, run id, commit, manifest, overall verdict, duration, host and
+//! counts per verdict (and how many of its receipts were carried from an earlier run).
 
 use std::fmt::Write;
 
@@ -26,22 +27,41 @@ pub fn table(runs: &[FoundRun]) -> String {
         .max()
         .unwrap_or(8)
         .max(8);
+    let hw = runs
+        .iter()
+        .map(|r| r.run.host.chars().count())
+        .max()
+        .unwrap_or(4)
+        .max(4);
     let _ = writeln!(
         out,
-        "{:<24}  {:<cw$}  {:<mw$}  {:<8}  {:>8}  counts",
-        "start", "commit", "manifest", "verdict", "seconds"
+        "{:<24}  {:<25}  {:<cw$}  {:<mw$}  {:<8}  {:>8}  {:<hw$}  counts",
+        "start", "run", "commit", "manifest", "verdict", "seconds", "host"
     );
     for r in runs {
+        let carried = carried_count(r);
         let line = format!(
-            "{:<24}  {:<cw$}  {:<mw$}  {:<8}  {:>8}  {}",
+            "{:<24}  {:<25}  {:<cw$}  {:<mw$}  {:<8}  {:>8}  {:<hw$}  {}{}",
             r.run.start,
+            r.id_label(),
             short_commit(&r.commit),
             r.run.name,
             r.run.verdict,
             r.run.seconds.map_or("-".to_string(), |s| format!("{s:.1}")),
-            counts_line(&r.run.counts)
+            r.run.host,
+            counts_line(&r.run.counts),
+            if carried > 0 {
+                format!(" ({carried} carried)")
+            } else {
+                String::new()
+            }
         );
         let _ = writeln!(out, "{}", line.trim_end());
     }
     out
+}
+
+/// How many of a run's cells were carried from an earlier run.
+pub fn carried_count(r: &FoundRun) -> usize {
+    r.run.nodes.iter().filter(|n| n.carried.is_some()).count()
 }

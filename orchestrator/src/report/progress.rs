@@ -322,7 +322,7 @@ impl Listener for Progress {
                 verdict,
                 reason,
                 seconds,
-                reused,
+                carried,
                 ..
             } => {
                 self.done += 1;
@@ -361,13 +361,12 @@ impl Listener for Progress {
                         .as_deref()
                         .map(|r| format!("  ({r})"))
                         .unwrap_or_default();
-                    let reused = if *reused {
-                        "  [kept from the earlier run]"
-                    } else {
-                        ""
-                    };
+                    let carried = carried
+                        .as_ref()
+                        .map(|c| format!("  [carried from {}]", c.label()))
+                        .unwrap_or_default();
                     eprintln!(
-                        "[{:>w$}/{}] {:<9} {:>7.2}s  {}{why}{reused}",
+                        "[{:>w$}/{}] {:<9} {:>7.2}s  {}{why}{carried}",
                         self.done,
                         self.total,
                         verdict.as_str(),

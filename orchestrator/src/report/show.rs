@@ -17,6 +17,22 @@ pub fn run_text(run: &LoadedRun) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{} at {}", r.name, short_commit(&r.commit));
     let _ = writeln!(out, "  folder:   {}", run.dir.display());
+    if let Some(id) = &r.run_id {
+        let _ = writeln!(out, "  run:      {id}");
+    }
+    let carried = run
+        .nodes
+        .values()
+        .filter(|n| n.entry.carried.is_some())
+        .count();
+    if carried > 0 {
+        let _ = writeln!(
+            out,
+            "  carried:  {carried} of {} receipts from earlier runs ({})",
+            run.nodes.len(),
+            r.carried_from.as_deref().unwrap_or("-")
+        );
+    }
     let _ = writeln!(
         out,
         "  verdict:  {}{} — {}",
@@ -53,11 +69,14 @@ pub fn run_text(run: &LoadedRun) -> String {
         "verdict", "seconds", "node"
     );
     for n in nodes {
-        let warn = if n.receipt.as_ref().is_some_and(crate::attest::has_warning) {
-            " [warning: pin had no effect]"
+        let mut warn = if n.receipt.as_ref().is_some_and(crate::attest::has_warning) {
+            " [warning: pin had no effect]".to_string()
         } else {
-            ""
+            String::new()
         };
+        if let Some(c) = &n.entry.carried {
+            warn.push_str(&format!(" [carried from {}]", c.label()));
+        }
         let line = format!(
             "{:<9} {:>8.2}  {:<w$}  {}{}",
             n.entry.verdict.as_str(),
@@ -73,11 +92,19 @@ pub fn run_text(run: &LoadedRun) -> String {
 
 /// The node view.
 pub fn node_text(run: &LoadedRun, r: &NodeReceipt) -> String {
+    let carried = run.nodes.get(&r.id).and_then(|n| n.entry.carried.clone());
+    // A carried receipt's logs are in the tree of the run that measured it.
     let tree = Tree {
-        dir: run.dir.clone(),
+        dir: carried
+            .as_ref()
+            .and_then(|c| c.source_dir(&run.dir))
+            .unwrap_or_else(|| run.dir.clone()),
     };
     let mut out = String::new();
     let _ = writeln!(out, "{} ({})", r.id, r.kind.as_str());
+    if let Some(c) = &carried {
+        let _ = writeln!(out, "  carried:   from run {}", c.label());
+    }
     let _ = writeln!(
         out,
         "  verdict:   {} (expect {})",

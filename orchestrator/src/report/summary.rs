@@ -119,6 +119,17 @@ pub fn markdown(run: &RunReceipt) -> String {
         run.seconds.unwrap_or(0.0),
         md_escape(&run.host),
     );
+    if let Some(id) = &run.run_id {
+        let _ = writeln!(out, "Run `{id}`.\n");
+    }
+    let carried = run.nodes.iter().filter(|n| n.carried.is_some()).count();
+    if carried > 0 {
+        let _ = writeln!(
+            out,
+            "{carried} of {} receipts were carried forward from earlier runs (marked below); they were not measured by this run.\n",
+            run.nodes.len()
+        );
+    }
     if let Some(unmet) = &run.unmet {
         let _ = writeln!(out, "**Requirement not met:** {}\n", md_escape(unmet));
     }
@@ -128,6 +139,12 @@ pub fn markdown(run: &RunReceipt) -> String {
     // Problems first, then in plan order.
     nodes.sort_by_key(|n| n.verdict == Verdict::Pass || n.verdict == Verdict::Skipped);
     for n in nodes {
+        let reason = n.reason.as_deref().unwrap_or("");
+        let reason = match &n.carried {
+            Some(c) if reason.is_empty() => format!("carried from {}", c.label()),
+            Some(c) => format!("carried from {}; {reason}", c.label()),
+            None => reason.to_string(),
+        };
         let _ = writeln!(
             out,
             "| {} | {} | {} | {:.2} | {} |",
@@ -138,7 +155,7 @@ pub fn markdown(run: &RunReceipt) -> String {
                 .unwrap_or_default(),
             n.verdict,
             n.seconds,
-            md_escape(&one_line(n.reason.as_deref().unwrap_or(""), 200)),
+            md_escape(&one_line(&reason, 200)),
         );
     }
     out
@@ -177,9 +194,13 @@ mod tests {
             verdict,
             seconds: 1.0,
             reason: reason.map(str::to_string),
+            carried: None,
         };
         let run = RunReceipt {
             schema: 1,
+            run_id: None,
+            carried_from: None,
+            rerun_failed: false,
             name: "smoke".into(),
             manifest: crate::receipt::FileDigest {
                 path: "m".into(),
@@ -267,7 +288,9 @@ mod tests {
             lacked_resources: 1,
             require_gpus: None,
         };
-        let tree = Tree::new(std::path::Path::new("/r"), "abc123-dirty", "nightly");
+        let tree = Tree {
+            dir: std::path::PathBuf::from("/r/abc123-dirty/nightly/20261201T000000.000Z-abcd"),
+        };
         insta::assert_snapshot!(table(&receipts, &outcome, &tree));
     }
 }

@@ -4,7 +4,8 @@
 //! pin attestation (`attest`) added its warnings to the receipts concerned.
 //!
 //! Every file is written atomically, so a run killed at any point leaves a tree that
-//! `run --resume` can complete.
+//! `run --resume` can complete. Receipts carried forward from an earlier run are listed in
+//! `run.json` with where they are, never copied or rewritten.
 
 use super::junit::RenderError;
 use crate::events::{Event, FinishError, Listener};
@@ -99,7 +100,7 @@ impl Listener for ReceiptWriter {
                 reason,
                 seconds,
                 receipt,
-                reused,
+                carried,
             } => {
                 self.entries[cell.0] = Some(NodeIndexEntry {
                     id: id.0.clone(),
@@ -108,9 +109,11 @@ impl Listener for ReceiptWriter {
                     verdict: *verdict,
                     seconds: *seconds,
                     reason: reason.clone(),
+                    carried: carried.clone(),
                 });
                 if let Some(r) = receipt {
-                    if !reused {
+                    // A carried receipt stays in the tree of the run that measured it.
+                    if carried.is_none() {
                         let dir = self.tree.node_dir(&r.slug);
                         let res = std::fs::create_dir_all(&dir)
                             .map_err(|e| ReceiptError::new(dir, Kind::Create(e)))
@@ -146,6 +149,14 @@ impl Listener for ReceiptWriter {
                 // they are rewritten here.
                 let (findings, changed) = crate::attest::attest(&mut self.receipts, &self.pairs);
                 for i in changed {
+                    // Another run's tree is never written: a carried receipt keeps what its
+                    // own run attested, and this run's summary lists the findings.
+                    let carried = self.entries[i]
+                        .as_ref()
+                        .is_some_and(|e| e.carried.is_some());
+                    if carried {
+                        continue;
+                    }
                     if let Some(r) = &self.receipts[i] {
                         let res = write_json(&self.tree.receipt_json(&r.slug), r);
                         self.record(res);
