@@ -20,6 +20,7 @@ use crate::events::{Event, JobNote, Listener, Placement};
 use crate::executor::inputs::{DigestCache, inputs_digest};
 use crate::executor::{CellJob, CellNote, Executor, compare};
 use crate::gpus::Inventory;
+use crate::lease::{Blocker, GpuLocks};
 use crate::plan::{Cell, CellIndex, NodeKind, Plan};
 use crate::receipt::tree::Tree;
 use crate::receipt::{
@@ -50,6 +51,8 @@ pub struct RunOptions {
     pub require_gpus: Option<u32>,
     /// How often a running cell is reported as still running ([`Event::StillRunning`]).
     pub heartbeat: Duration,
+    /// The machine-wide GPU leases, opened for the inventory (`None`: the run takes none).
+    pub gpu_locks: Option<Arc<GpuLocks>>,
 }
 
 /// The heartbeat interval when nothing else is asked for: often enough that a cron log
@@ -221,6 +224,11 @@ struct Runner<'a, 'b> {
     pending: Vec<Event>,
     workers: Option<Workers>,
     beats: BTreeMap<CellIndex, Beat>,
+    /// Cells waiting for a GPU another process leases: since when, and the GPU and
+    /// blocker last said (said again only when they change).
+    lease_waits: BTreeMap<CellIndex, (Instant, u32, Blocker)>,
+    /// Seconds each cell waited for a lease before it started.
+    lease_waited: Vec<Option<f64>>,
 }
 
 /// Runs a plan to the end (or until interrupted) and returns the outcome. Listeners see
@@ -234,7 +242,7 @@ pub fn execute(
 ) -> RunOutcome {
     let start = Instant::now();
     let estimates = schedule::estimates(plan, &opts.previous);
-    let pool = Pool::new(inventory, opts.jobs);
+    let pool = Pool::new(inventory, opts.jobs).with_locks(opts.gpu_locks.clone());
     let n = plan.cells.len();
     let mut runner = Runner {
         plan,
@@ -262,6 +270,8 @@ pub fn execute(
         pending: Vec::new(),
         workers: None,
         beats: BTreeMap::new(),
+        lease_waits: BTreeMap::new(),
+        lease_waited: vec![None; n],
         listeners,
     };
     runner.emit(&Event::RunStarted {
@@ -357,7 +367,9 @@ impl Runner<'_, '_> {
                 self.dispatch(&tx);
             }
             self.flush();
-            if self.running == 0 {
+            // Ready cells with nothing running wait for GPUs other runs lease: the loop
+            // goes on polling for them until the run is stopped.
+            if self.running == 0 && (self.stop.is_some() || self.queue.is_empty()) {
                 break;
             }
             match rx.recv_timeout(Duration::from_millis(50)) {
@@ -398,8 +410,25 @@ impl Runner<'_, '_> {
             return;
         }
         let plan = self.plan;
-        let started = self.queue.take_placeable(&mut self.pool);
-        for (cell, placement) in started {
+        let taken = self.queue.take_placeable(&mut self.pool, plan);
+        for w in taken.waiting {
+            let said = self.lease_waits.get(&w.cell);
+            if said.is_some_and(|(_, gpu, b)| *gpu == w.gpu && *b == w.blocker) {
+                continue;
+            }
+            let since = said.map_or_else(Instant::now, |(t, _, _)| *t);
+            self.emit(&Event::WaitingForGpu {
+                cell: w.cell,
+                id: plan.cell(w.cell).id.clone(),
+                gpu: w.gpu,
+                blocker: w.blocker.clone(),
+            });
+            self.lease_waits.insert(w.cell, (since, w.gpu, w.blocker));
+        }
+        for (cell, placement) in taken.started {
+            if let Some((since, _, _)) = self.lease_waits.remove(&cell) {
+                self.lease_waited[cell.0] = Some(since.elapsed().as_secs_f64());
+            }
             self.state[cell.0] = State::Running;
             self.running += 1;
             let job = self.job(cell, &placement);
@@ -489,9 +518,12 @@ impl Runner<'_, '_> {
             Msg::Done {
                 cell,
                 placement,
-                receipt,
+                mut receipt,
                 reused,
             } => {
+                if !reused {
+                    receipt.lease_wait_seconds = self.lease_waited[cell.0];
+                }
                 self.pool.release(&placement);
                 self.running -= 1;
                 self.beats.remove(&cell);

@@ -56,7 +56,8 @@ impl Fixture {
     }
 
     /// `memra-orch run manifest.toml` with receipts in the fixture folder, a fixed commit,
-    /// plain progress and the fixture's grace, plus `args`.
+    /// plain progress and the fixture's grace, plus `args`. Its GPU leases live in the
+    /// fixture folder too, so tests running at once never wait for each other's GPUs.
     pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_memra-orch"));
         cmd.arg("run")
@@ -72,7 +73,8 @@ impl Fixture {
                 self.grace,
             ])
             .args(args)
-            .current_dir(self.path());
+            .current_dir(self.path())
+            .env("MEMRA_GPU_LOCK_DIR", self.path().join("gpu-leases"));
         cmd
     }
 

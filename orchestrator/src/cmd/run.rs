@@ -17,6 +17,7 @@ use crate::executor::local::{DEFAULT_GRACE, LocalExecutor};
 use crate::executor::slurm::{Resources, SlurmExecutor, SlurmOptions};
 use crate::executor::{Executor, SlurmError};
 use crate::gpus::Inventory;
+use crate::lease::{self, GpuLocks, LockDir};
 use crate::plan::Plan;
 use crate::receipt::RunReceipt;
 use crate::receipt::error::ReceiptErrorKind;
@@ -106,6 +107,25 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         .max(1);
     let grace = args.grace.unwrap_or(DEFAULT_GRACE);
     let tmp_root = std::env::temp_dir().join(format!("memra-orch-{}", std::process::id()));
+    let gpu_locks = match args.executor {
+        ExecutorKind::Local if !inventory.gpus.is_empty() => Some(Arc::new(
+            GpuLocks::open(
+                &LockDir::from_env(),
+                &inventory.gpus,
+                lease::Run {
+                    manifest: plan.name.clone(),
+                    tree: tree.dir.clone(),
+                },
+            )
+            .map_err(|e| usage(e.to_string()))?,
+        )),
+        // A run without GPUs has nothing to lease.
+        ExecutorKind::Local => None,
+        // Slurm jobs take no local leases: their GPU slots name no device of this host.
+        // Slurm picks the GPUs on whichever node a job lands on and keeps jobs apart by its
+        // own gres accounting, which every other user of the cluster goes through too.
+        ExecutorKind::Slurm => None,
+    };
     let opts = RunOptions {
         tree: tree.clone(),
         jobs,
@@ -116,6 +136,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         interrupt,
         require_gpus: require.map(|r| r.gpus),
         heartbeat,
+        gpu_locks,
     };
     let header = RunReceipt::begin(&plan, &commit, &inventory, jobs, &args.filters, args.resume);
     let mode = args.progress.resolve();
