@@ -1,6 +1,7 @@
 //! Machine-wide GPU leases through the real binary: two runs of two manifests that share
-//! one lock folder never hold the same fake GPU at once, the one that waits says for whom,
-//! a SIGKILLed holder frees its GPUs at once, and `memra-orch gpus` shows who holds what.
+//! one lock folder never hold the same fake GPU at once, the one that waits says for whom
+//! (and is cancelled by SIGTERM as usual), a SIGKILLed holder frees its GPUs at once, and
+//! `memra-orch gpus` shows who holds what.
 
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -174,6 +175,25 @@ gpus = 1
         )) && text.contains("  gpu 1: free\n"),
         "{text}"
     );
+
+    // A run waiting for the GPU is cancelled by SIGTERM as any run is.
+    let waiter = Fixture::new(&manifest("lease-waiter", "waits", 1, 0));
+    let log = waiter.path().join("stderr.txt");
+    let mut cmd = command(&waiter, "fake:1", leases.path());
+    cmd.stderr(std::fs::File::create(&log).unwrap());
+    let mut w = Background::start(cmd);
+    let said = format!("waiting for gpu 0: held by memra-orch pid {pid},");
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        eventually(Duration::from_secs(30), || read().contains(&said)),
+        "{}",
+        read()
+    );
+    // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
+    unsafe { libc::kill(w.child().id() as i32, libc::SIGTERM) };
+    let out = w.finish();
+    assert_eq!(out.status.code(), Some(130), "{}", read());
+    assert_eq!(waiter.verdict("waits"), "cancelled");
 
     run.child().kill().unwrap();
     run.child().wait().unwrap();
