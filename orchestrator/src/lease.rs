@@ -12,7 +12,7 @@
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -249,19 +249,10 @@ impl GpuLocks {
         order.sort_by(|&a, &b| self.files[a].name.cmp(&self.files[b].name));
         let since = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
         for (k, &p) in order.iter().enumerate() {
-            let lock = &self.files[p];
-            let blocker = match lock.file.try_lock() {
-                Ok(()) => continue,
-                Err(TryLockError::WouldBlock) => read_holder(&lock.file)
-                    .map(Blocker::Held)
-                    .unwrap_or(Blocker::Unknown),
-                Err(TryLockError::Error(e)) => Blocker::Failed {
-                    path: lock.path.clone(),
-                    error: e.to_string(),
-                },
-            };
-            self.release(&order[..k]);
-            return Err((p, blocker));
+            if let Err(blocker) = self.files[p].try_lock() {
+                self.release(&order[..k]);
+                return Err((p, blocker));
+            }
         }
         let holder = Holder {
             pid: std::process::id(),
@@ -298,6 +289,41 @@ impl GpuLocks {
     }
 }
 
+/// Open flags for lock files. The folder is writable by every user, so a name in it may
+/// be a symbolic link planted by another user to a file of ours: never following one
+/// (and never blocking on a planted FIFO) keeps the holder text out of anything but a
+/// plain lock file.
+const OPEN_FLAGS: i32 = libc::O_NOFOLLOW | libc::O_NONBLOCK;
+
+impl LockFile {
+    fn try_lock(&self) -> Result<(), Blocker> {
+        let mut tries = 0;
+        loop {
+            match self.file.try_lock() {
+                Ok(()) => return Ok(()),
+                Err(TryLockError::WouldBlock) => match read_holder(&self.file) {
+                    Some(h) => return Err(Blocker::Held(h)),
+                    // A holder writes its name right after taking the lock and clears it
+                    // right before giving it back: a file that names nobody is most often
+                    // one of those instants. One more look, a moment later, keeps them
+                    // from being reported as a stranger's lock.
+                    None if tries == 0 => {
+                        tries += 1;
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                    None => return Err(Blocker::Unknown),
+                },
+                Err(TryLockError::Error(e)) => {
+                    return Err(Blocker::Failed {
+                        path: self.path.clone(),
+                        error: e.to_string(),
+                    });
+                }
+            }
+        }
+    }
+}
+
 fn open_lock_file(path: PathBuf, name: String) -> Result<LockFile, LeaseError> {
     let rw = OpenOptions::new()
         .read(true)
@@ -305,6 +331,7 @@ fn open_lock_file(path: PathBuf, name: String) -> Result<LockFile, LeaseError> {
         .create(true)
         .truncate(false)
         .mode(LOCK_FILE_MODE)
+        .custom_flags(OPEN_FLAGS)
         .open(&path);
     let (file, writable) = match rw {
         Ok(f) => {
@@ -321,7 +348,7 @@ fn open_lock_file(path: PathBuf, name: String) -> Result<LockFile, LeaseError> {
         // Another user's file that is not writable for us still takes an flock (flock
         // does not need write access); only our holder text cannot be written.
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-            let f = File::open(&path).map_err(|error| LeaseError::File {
+            let f = open_read_only(&path).map_err(|error| LeaseError::File {
                 path: path.clone(),
                 error,
             })?;
@@ -329,12 +356,30 @@ fn open_lock_file(path: PathBuf, name: String) -> Result<LockFile, LeaseError> {
         }
         Err(error) => return Err(LeaseError::File { path, error }),
     };
+    // A hard link planted in the shared folder would be another file of ours under a lock
+    // file's name; only a plain file with one name is a lock file.
+    let plain = file.metadata().is_ok_and(|m| m.is_file() && m.nlink() == 1);
+    if !plain {
+        return Err(LeaseError::File {
+            path,
+            error: io::Error::other(
+                "it is not a plain file with one name (a link or a special file); remove it",
+            ),
+        });
+    }
     Ok(LockFile {
         path,
         file,
         name,
         writable,
     })
+}
+
+fn open_read_only(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(OPEN_FLAGS)
+        .open(path)
 }
 
 /// The holder a lock file names, if its text is a whole holder record.
@@ -369,7 +414,7 @@ pub enum LeaseState {
 /// that tries the lease in that instant sees it held and tries again a moment later).
 pub fn probe(dir: &LockDir, gpu: &Gpu) -> LeaseState {
     let path = dir.lock_file(gpu);
-    let file = match File::open(&path) {
+    let file = match open_read_only(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return LeaseState::Free,
         Err(e) => {
@@ -495,6 +540,33 @@ mod tests {
         );
         drop(other);
         b.try_take(&[0], "x").unwrap();
+    }
+
+    #[test]
+    fn a_link_in_place_of_a_lock_file_is_refused_and_its_target_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "keep me").unwrap();
+        let lock = dir.path().join("GPU-fake-0.lock");
+        let d = LockDir::from_value(Some(dir.path().as_os_str().to_owned()));
+        let open = || {
+            GpuLocks::open(
+                &d,
+                &Inventory::fake(1).gpus,
+                Run {
+                    manifest: "m".into(),
+                    tree: PathBuf::new(),
+                },
+            )
+        };
+        std::os::unix::fs::symlink(&victim, &lock).unwrap();
+        let e = open().unwrap_err().to_string();
+        assert!(e.contains("GPU-fake-0.lock"), "{e}");
+        std::fs::remove_file(&lock).unwrap();
+        std::fs::hard_link(&victim, &lock).unwrap();
+        let e = open().unwrap_err().to_string();
+        assert!(e.contains("not a plain file with one name"), "{e}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
     }
 
     #[test]
