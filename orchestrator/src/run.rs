@@ -20,7 +20,7 @@ use crate::events::{Event, JobNote, Listener, Placement};
 use crate::executor::inputs::{DigestCache, inputs_digest};
 use crate::executor::{CellJob, CellNote, Executor, compare};
 use crate::gpus::Inventory;
-use crate::lease::{Blocker, GpuLocks};
+use crate::lease::GpuLocks;
 use crate::plan::{Cell, CellIndex, NodeKind, Plan};
 use crate::receipt::tree::Tree;
 use crate::receipt::{
@@ -224,10 +224,7 @@ struct Runner<'a, 'b> {
     pending: Vec<Event>,
     workers: Option<Workers>,
     beats: BTreeMap<CellIndex, Beat>,
-    /// Cells waiting for a GPU another process leases: since when, and the GPU and
-    /// blocker last said (said again only when they change).
-    lease_waits: BTreeMap<CellIndex, (Instant, u32, Blocker)>,
-    /// Seconds each cell waited for a lease before it started.
+    /// Seconds each cell waited for a GPU another process leased, before it started.
     lease_waited: Vec<Option<f64>>,
 }
 
@@ -270,7 +267,6 @@ pub fn execute(
         pending: Vec::new(),
         workers: None,
         beats: BTreeMap::new(),
-        lease_waits: BTreeMap::new(),
         lease_waited: vec![None; n],
         listeners,
     };
@@ -412,23 +408,17 @@ impl Runner<'_, '_> {
         let plan = self.plan;
         let taken = self.queue.take_placeable(&mut self.pool, plan);
         for w in taken.waiting {
-            let said = self.lease_waits.get(&w.cell);
-            if said.is_some_and(|(_, gpu, b)| *gpu == w.gpu && *b == w.blocker) {
-                continue;
-            }
-            let since = said.map_or_else(Instant::now, |(t, _, _)| *t);
             self.emit(&Event::WaitingForGpu {
                 cell: w.cell,
                 id: plan.cell(w.cell).id.clone(),
                 gpu: w.gpu,
-                blocker: w.blocker.clone(),
+                blocker: w.blocker,
             });
-            self.lease_waits.insert(w.cell, (since, w.gpu, w.blocker));
+        }
+        for (cell, seconds) in taken.waited {
+            self.lease_waited[cell.0] = Some(seconds);
         }
         for (cell, placement) in taken.started {
-            if let Some((since, _, _)) = self.lease_waits.remove(&cell) {
-                self.lease_waited[cell.0] = Some(since.elapsed().as_secs_f64());
-            }
             self.state[cell.0] = State::Running;
             self.running += 1;
             let job = self.job(cell, &placement);

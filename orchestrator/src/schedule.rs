@@ -51,7 +51,7 @@ pub enum NotNow {
 }
 
 /// A cell that waits for a GPU another process leases, as [`ReadyQueue::take_placeable`]
-/// reports it.
+/// reports it: when the wait begins, and again when the GPU or what holds it changes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseWait {
     pub cell: CellIndex,
@@ -64,7 +64,10 @@ pub struct LeaseWait {
 #[derive(Debug, Default)]
 pub struct Taken {
     pub started: Vec<(CellIndex, Placement)>,
+    /// Waits to say: begun, or changed since last said.
     pub waiting: Vec<LeaseWait>,
+    /// Cells of `started` that had waited for a lease, and for how many seconds.
+    pub waited: Vec<(CellIndex, f64)>,
 }
 
 impl Pool {
@@ -296,6 +299,9 @@ pub fn priorities(plan: &Plan, estimates: &[Option<f64>]) -> Vec<f64> {
 pub struct ReadyQueue {
     cpu: BinaryHeap<Entry>,
     gpu: BinaryHeap<Entry>,
+    /// Cells waiting for a lease another process holds: since when, and the GPU and
+    /// blocker last said.
+    lease_waits: HashMap<CellIndex, (Instant, u32, Blocker)>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -364,14 +370,15 @@ impl ReadyQueue {
             && let Some(e) = self.gpu.pop()
         {
             match pool.try_lease(e.gpus, &plan.cell(e.cell).id.0) {
-                Ok(p) => taken.started.push((e.cell, p)),
+                Ok(p) => {
+                    if let Some((since, _, _)) = self.lease_waits.remove(&e.cell) {
+                        taken.waited.push((e.cell, since.elapsed().as_secs_f64()));
+                    }
+                    taken.started.push((e.cell, p))
+                }
                 Err(why) => {
                     if let NotNow::Leased { gpu, blocker } = why {
-                        taken.waiting.push(LeaseWait {
-                            cell: e.cell,
-                            gpu,
-                            blocker,
-                        });
+                        self.note_wait(e.cell, gpu, blocker, &mut taken.waiting);
                     }
                     waiting.push(e)
                 }
@@ -379,6 +386,18 @@ impl ReadyQueue {
         }
         self.gpu.extend(waiting);
         taken
+    }
+
+    /// Records that `cell` waits for `gpu`, held by `blocker`, and queues it to be said
+    /// unless exactly that was said last.
+    fn note_wait(&mut self, cell: CellIndex, gpu: u32, blocker: Blocker, say: &mut Vec<LeaseWait>) {
+        let last = self.lease_waits.get(&cell);
+        if last.is_some_and(|(_, g, b)| *g == gpu && *b == blocker) {
+            return;
+        }
+        let since = last.map_or_else(Instant::now, |(t, _, _)| *t);
+        self.lease_waits.insert(cell, (since, gpu, blocker.clone()));
+        say.push(LeaseWait { cell, gpu, blocker });
     }
 }
 
@@ -478,6 +497,53 @@ mod tests {
         );
         pool.release(&Placement::Gpus(vec![0, 1]));
         other.try_take(&[0, 1], "x").unwrap();
+    }
+
+    #[test]
+    fn a_lease_wait_is_said_once_and_again_when_the_holder_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = locks(dir.path(), 1, "other");
+        other.try_take(&[0], "first").unwrap();
+        let mut pool =
+            Pool::new(&Inventory::fake(1), 1).with_locks(Some(locks(dir.path(), 1, "m")));
+        let p = plan(&[&[]]);
+        let mut q = ReadyQueue::default();
+        q.push(CellIndex(0), 1.0, 1);
+        let cells_of = |t: &Taken| -> Vec<String> {
+            t.waiting
+                .iter()
+                .map(|w| match &w.blocker {
+                    Blocker::Held(h) => format!("{} gpu {} {}", w.cell.0, w.gpu, h.cell),
+                    b => format!("{b:?}"),
+                })
+                .collect()
+        };
+        let t = q.take_placeable(&mut pool, &p);
+        assert!(t.started.is_empty());
+        assert_eq!(cells_of(&t), ["0 gpu 0 first"]);
+        std::thread::sleep(LEASE_POLL);
+        assert!(
+            cells_of(&q.take_placeable(&mut pool, &p)).is_empty(),
+            "said once"
+        );
+        other.release(&[0]);
+        other.try_take(&[0], "second").unwrap();
+        std::thread::sleep(LEASE_POLL);
+        assert_eq!(
+            cells_of(&q.take_placeable(&mut pool, &p)),
+            ["0 gpu 0 second"]
+        );
+        other.release(&[0]);
+        std::thread::sleep(LEASE_POLL);
+        let t = q.take_placeable(&mut pool, &p);
+        assert_eq!(t.started, [(CellIndex(0), Placement::Gpus(vec![0]))]);
+        assert_eq!(t.waited.len(), 1);
+        assert!(
+            t.waited[0].1 >= 2.0 * LEASE_POLL.as_secs_f64(),
+            "{:?}",
+            t.waited
+        );
+        assert!(q.is_empty());
     }
 
     #[test]
