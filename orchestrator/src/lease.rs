@@ -131,8 +131,8 @@ pub enum LeaseError {
     )]
     Folder { path: PathBuf, error: io::Error },
     #[error(
-        "cannot open the GPU lock file {}: {error}; its owner can make it readable \
-         (chmod 666), or set {LOCK_DIR_ENV} to another folder",
+        "cannot use the GPU lock file {}: {error}; its owner can fix or remove it (lock \
+         files are plain files of mode 666), or set {LOCK_DIR_ENV} to another folder",
         path.display()
     )]
     File { path: PathBuf, error: io::Error },
@@ -265,10 +265,10 @@ impl GpuLocks {
         text.push(b'\n');
         for &p in positions {
             let lock = &self.files[p];
-            // Writing over the old text and then cutting it to length, instead of
-            // truncating first, leaves no moment in which a waiting run reads an empty
-            // file. The text is only for people: a lease whose text could not be written
-            // is still held.
+            // Writing over any old text (a killed holder leaves its own) and then cutting
+            // it to length, instead of truncating first, leaves no extra moment in which
+            // a waiting run reads an empty file. The text is only for people: a lease
+            // whose text could not be written is still held.
             if lock.writable && lock.file.write_all_at(&text, 0).is_ok() {
                 let _ = lock.file.set_len(text.len() as u64);
             }
