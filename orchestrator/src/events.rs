@@ -1,6 +1,6 @@
 //! What a run reports while it happens: the events the runner emits (`RunStarted`,
-//! `NodeStarted`, `AttemptFinished`, `JobChanged`, `StillRunning`, `NodeFinished`,
-//! `RunFinished`).
+//! `WaitingForGpu`, `NodeStarted`, `AttemptFinished`, `JobChanged`, `StillRunning`,
+//! `NodeFinished`, `RunFinished`).
 //!
 //! The runner never prints and never writes files about itself; the terminal display and the
 //! receipt writer (which renders `junit.xml` at the end) are [`Listener`]s fed with these
@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::lease::Blocker;
 use crate::plan::{CellId, CellIndex, NodeKind};
 use crate::receipt::{Carried, NodeReceipt};
 use crate::verdict::Verdict;
@@ -45,6 +46,16 @@ pub enum Event {
         estimates: Vec<Option<f64>>,
         gpus: usize,
         cpu_slots: usize,
+    },
+    /// A ready cell waits for a GPU that another process on the machine leases. Sent when
+    /// the wait begins and again when what holds the GPU changes; the cell keeps its place
+    /// in the queue and starts when the lease is free.
+    WaitingForGpu {
+        cell: CellIndex,
+        id: CellId,
+        /// The `Gpu::index` of the GPU it waits for.
+        gpu: u32,
+        blocker: Blocker,
     },
     NodeStarted {
         cell: CellIndex,

@@ -21,6 +21,7 @@ pub mod executor;
 pub mod exit;
 pub mod gpus;
 pub mod graph;
+pub mod lease;
 pub mod load;
 pub mod manifest;
 pub mod matrix;

@@ -22,6 +22,7 @@ use crate::events::{Event, JobNote, Listener, Placement};
 use crate::executor::inputs::{DigestCache, inputs_digest};
 use crate::executor::{CellJob, CellNote, Executor, compare};
 use crate::gpus::Inventory;
+use crate::lease::GpuLocks;
 use crate::plan::{Cell, CellIndex, NodeKind, Plan};
 use crate::receipt::tree::Tree;
 use crate::receipt::{
@@ -56,6 +57,8 @@ pub struct RunOptions {
     pub require_gpus: Option<u32>,
     /// How often a running cell is reported as still running ([`Event::StillRunning`]).
     pub heartbeat: Duration,
+    /// The machine-wide GPU leases, opened for the inventory (`None`: the run takes none).
+    pub gpu_locks: Option<Arc<GpuLocks>>,
 }
 
 /// The heartbeat interval when nothing else is asked for: often enough that a cron log
@@ -271,6 +274,8 @@ struct Runner<'a, 'b> {
     workers: Option<Workers>,
     beats: BTreeMap<CellIndex, Beat>,
     modes: Vec<Mode>,
+    /// Seconds each cell waited for a GPU another process leased, before it started.
+    lease_waited: Vec<Option<f64>>,
 }
 
 /// Runs a plan to the end (or until interrupted) and returns the outcome. Listeners see
@@ -284,7 +289,7 @@ pub fn execute(
 ) -> RunOutcome {
     let start = Instant::now();
     let estimates = schedule::estimates(plan, &opts.previous);
-    let pool = Pool::new(inventory, opts.jobs);
+    let pool = Pool::new(inventory, opts.jobs).with_locks(opts.gpu_locks.clone());
     let n = plan.cells.len();
     let mut runner = Runner {
         plan,
@@ -313,6 +318,7 @@ pub fn execute(
         workers: None,
         beats: BTreeMap::new(),
         modes: modes(plan, opts),
+        lease_waited: vec![None; n],
         listeners,
     };
     runner.emit(&Event::RunStarted {
@@ -414,7 +420,9 @@ impl Runner<'_, '_> {
                 self.dispatch(&tx);
             }
             self.flush();
-            if self.running == 0 {
+            // Ready cells with nothing running wait for GPUs other runs lease: the loop
+            // goes on polling for them until the run is stopped.
+            if self.running == 0 && (self.stop.is_some() || self.queue.is_empty()) {
                 break;
             }
             match rx.recv_timeout(Duration::from_millis(50)) {
@@ -519,8 +527,19 @@ impl Runner<'_, '_> {
             return;
         }
         let plan = self.plan;
-        let started = self.queue.take_placeable(&mut self.pool);
-        for (cell, placement) in started {
+        let taken = self.queue.take_placeable(&mut self.pool, plan);
+        for w in taken.waiting {
+            self.emit(&Event::WaitingForGpu {
+                cell: w.cell,
+                id: plan.cell(w.cell).id.clone(),
+                gpu: w.gpu,
+                blocker: w.blocker,
+            });
+        }
+        for (cell, seconds) in taken.waited {
+            self.lease_waited[cell.0] = Some(seconds);
+        }
+        for (cell, placement) in taken.started {
             self.state[cell.0] = State::Running;
             self.running += 1;
             let job = self.job(cell, &placement);
@@ -625,9 +644,12 @@ impl Runner<'_, '_> {
             Msg::Done {
                 cell,
                 placement,
-                receipt,
+                mut receipt,
                 carried,
             } => {
+                if carried.is_none() {
+                    receipt.lease_wait_seconds = self.lease_waited[cell.0];
+                }
                 self.pool.release(&placement);
                 self.running -= 1;
                 self.beats.remove(&cell);

@@ -1,19 +1,30 @@
 //! The scheduler: which ready cell starts next and on what. It leases resources — GPUs
 //! exclusively (`gpus = n`, NVLink-connected sets preferred), CPU slots for `gpus = 0`
 //! (`--jobs`) — orders ready cells longest-remaining-path first using the previous run's
-//! durations, and says up front when a request can never be met.
+//! durations, and says up front when a request can never be met. A GPU is exclusive within
+//! the run by its busy flag and across the machine by its lease ([`crate::lease`]): a set
+//! is placed only when both are free, and a GPU another process holds is tried again every
+//! [`LEASE_POLL`].
 //!
 //! It does not spawn anything (the executor does) and does not track verdicts (the runner
 //! does).
 
 use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::events::Placement;
 use crate::gpus::Inventory;
+use crate::lease::{Blocker, GpuLocks};
 use crate::plan::{CellIndex, Plan};
 
 /// Seconds assumed for a cell the previous run did not time, when nothing else is known.
 pub const DEFAULT_ESTIMATE: f64 = 1.0;
+
+/// How long a GPU found leased by another process counts as taken before its lock is
+/// tried again: often enough that a freed GPU is picked up within a blink, rarely enough
+/// that a waiting run costs nothing.
+pub const LEASE_POLL: Duration = Duration::from_millis(250);
 
 /// Free and busy GPUs and CPU slots.
 #[derive(Debug, Clone)]
@@ -23,6 +34,40 @@ pub struct Pool {
     peers: Vec<Vec<u32>>,
     gpu_busy: Vec<bool>,
     cpu_busy: Vec<bool>,
+    /// The machine-wide leases, by inventory position (`None`: this run takes none).
+    locks: Option<Arc<GpuLocks>>,
+    /// GPUs last found leased by another process: when, and by whom.
+    held: Vec<Option<(Instant, Blocker)>>,
+}
+
+/// Why a cell cannot be placed now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotNow {
+    /// Its resources are busy with this run's own cells.
+    Busy,
+    /// Enough GPUs are free in this run, but another process leases one of them:
+    /// `gpu` (its `Gpu::index`) and what holds it.
+    Leased { gpu: u32, blocker: Blocker },
+}
+
+/// A cell that waits for a GPU another process leases, as [`ReadyQueue::take_placeable`]
+/// reports it: when the wait begins, and again when the GPU or what holds it changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseWait {
+    pub cell: CellIndex,
+    /// The `Gpu::index` of the GPU it waits for.
+    pub gpu: u32,
+    pub blocker: Blocker,
+}
+
+/// What one look at the ready queue placed, and who waits for a lease.
+#[derive(Debug, Default)]
+pub struct Taken {
+    pub started: Vec<(CellIndex, Placement)>,
+    /// Waits to say: begun, or changed since last said.
+    pub waiting: Vec<LeaseWait>,
+    /// Cells of `started` that had waited for a lease, and for how many seconds.
+    pub waited: Vec<(CellIndex, f64)>,
 }
 
 impl Pool {
@@ -36,7 +81,22 @@ impl Pool {
                 .collect(),
             gpu_busy: vec![false; inventory.gpus.len()],
             cpu_busy: vec![false; cpu_slots.max(1)],
+            locks: None,
+            held: vec![None; inventory.gpus.len()],
         }
+    }
+
+    /// The same pool taking a machine-wide lease on every GPU it places, through `locks`
+    /// (opened for the same inventory).
+    pub fn with_locks(self, locks: Option<Arc<GpuLocks>>) -> Pool {
+        if let Some(l) = &locks {
+            assert_eq!(
+                l.len(),
+                self.gpu_index.len(),
+                "the lock files are opened for the pool's inventory"
+            );
+        }
+        Pool { locks, ..self }
     }
 
     pub fn gpu_count(&self) -> usize {
@@ -58,32 +118,76 @@ impl Pool {
         })
     }
 
-    /// Leases resources for a cell needing `gpus` GPUs (a CPU slot when 0), or `None` when
-    /// they are busy now.
-    pub fn try_lease(&mut self, gpus: u32) -> Option<Placement> {
+    /// Whether a GPU is free in this run and not known to be leased elsewhere (a lease
+    /// seen more than [`LEASE_POLL`] ago is worth trying again).
+    fn gpu_available(&self, i: usize) -> bool {
+        !self.gpu_busy[i]
+            && self.held[i]
+                .as_ref()
+                .is_none_or(|(seen, _)| seen.elapsed() >= LEASE_POLL)
+    }
+
+    /// Leases resources for `cell` needing `gpus` GPUs (a CPU slot when 0), or says why not
+    /// now. GPUs are taken machine-wide too when the pool has lock files: a chosen set
+    /// of which one is leased elsewhere is given back whole, and the next best set of the
+    /// remaining GPUs is tried.
+    pub fn try_lease(&mut self, gpus: u32, cell: &str) -> Result<Placement, NotNow> {
         if gpus == 0 {
-            let slot = self.cpu_busy.iter().position(|b| !b)?;
+            let slot = self.cpu_busy.iter().position(|b| !b).ok_or(NotNow::Busy)?;
             self.cpu_busy[slot] = true;
-            return Some(Placement::CpuSlot(slot));
+            return Ok(Placement::CpuSlot(slot));
         }
-        let free: Vec<usize> = (0..self.gpu_busy.len())
+        let n = gpus as usize;
+        loop {
+            let free: Vec<usize> = (0..self.gpu_busy.len())
+                .filter(|&i| self.gpu_available(i))
+                .collect();
+            if free.len() < n {
+                return Err(self.why_not(n));
+            }
+            let chosen = self.best_set(&free, n);
+            if let Some(locks) = &self.locks
+                && let Err((position, blocker)) = locks.try_take(&chosen, cell)
+            {
+                // Each round marks one more GPU as leased, so the loop ends.
+                self.held[position] = Some((Instant::now(), blocker));
+                continue;
+            }
+            for &i in &chosen {
+                self.gpu_busy[i] = true;
+                self.held[i] = None;
+            }
+            return Ok(Placement::Gpus(chosen));
+        }
+    }
+
+    /// Why `n` GPUs cannot be placed now: this run's own cells hold too many of them, or
+    /// enough are free here and the first one another process leases is to blame.
+    fn why_not(&self, n: usize) -> NotNow {
+        let free_here: Vec<usize> = (0..self.gpu_busy.len())
             .filter(|&i| !self.gpu_busy[i])
             .collect();
-        let n = gpus as usize;
-        if free.len() < n {
-            return None;
+        if free_here.len() < n {
+            return NotNow::Busy;
         }
-        let chosen = self.best_set(&free, n);
-        for &i in &chosen {
-            self.gpu_busy[i] = true;
-        }
-        Some(Placement::Gpus(chosen))
+        free_here
+            .iter()
+            .find_map(|&i| {
+                self.held[i].as_ref().map(|(_, b)| NotNow::Leased {
+                    gpu: self.gpu_index[i],
+                    blocker: b.clone(),
+                })
+            })
+            .unwrap_or(NotNow::Busy)
     }
 
     pub fn release(&mut self, placement: &Placement) {
         match placement {
             Placement::CpuSlot(s) => self.cpu_busy[*s] = false,
             Placement::Gpus(list) => {
+                if let Some(locks) = &self.locks {
+                    locks.release(list);
+                }
                 for &i in list {
                     self.gpu_busy[i] = false;
                 }
@@ -195,6 +299,9 @@ pub fn priorities(plan: &Plan, estimates: &[Option<f64>]) -> Vec<f64> {
 pub struct ReadyQueue {
     cpu: BinaryHeap<Entry>,
     gpu: BinaryHeap<Entry>,
+    /// Cells waiting for a lease another process holds: since when, and the GPU and
+    /// blocker last said.
+    lease_waits: HashMap<CellIndex, (Instant, u32, Blocker)>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -242,32 +349,55 @@ impl ReadyQueue {
         self.cpu.len() + self.gpu.len()
     }
 
-    /// Takes every ready cell that can be placed now, in priority order within CPU cells
-    /// and within GPU cells, leasing its resources; cells that do not fit stay queued. A
-    /// lower-priority GPU cell may start before a higher one that waits for more GPUs
-    /// (backfilling), which keeps GPUs busy.
-    pub fn take_placeable(&mut self, pool: &mut Pool) -> Vec<(CellIndex, Placement)> {
-        let mut started = Vec::new();
+    /// Takes every ready cell of `plan` that can be placed now, in priority order within
+    /// CPU cells and within GPU cells, leasing its resources; cells that do not fit stay
+    /// queued, in their place. A lower-priority GPU cell may start before a higher one that
+    /// waits for more GPUs (backfilling), which keeps GPUs busy. Cells that were tried and
+    /// wait for a GPU another process leases are reported in [`Taken::waiting`].
+    pub fn take_placeable(&mut self, pool: &mut Pool, plan: &Plan) -> Taken {
+        let mut taken = Taken::default();
         while let Some(e) = self.cpu.peek() {
-            match pool.try_lease(0) {
-                Some(p) => {
-                    started.push((e.cell, p));
+            match pool.try_lease(0, &plan.cell(e.cell).id.0) {
+                Ok(p) => {
+                    taken.started.push((e.cell, p));
                     self.cpu.pop();
                 }
-                None => break,
+                Err(_) => break,
             }
         }
         let mut waiting = Vec::new();
-        while pool.gpu_busy.iter().any(|b| !b)
+        while (0..pool.gpu_busy.len()).any(|i| pool.gpu_available(i))
             && let Some(e) = self.gpu.pop()
         {
-            match pool.try_lease(e.gpus) {
-                Some(p) => started.push((e.cell, p)),
-                None => waiting.push(e),
+            match pool.try_lease(e.gpus, &plan.cell(e.cell).id.0) {
+                Ok(p) => {
+                    if let Some((since, _, _)) = self.lease_waits.remove(&e.cell) {
+                        taken.waited.push((e.cell, since.elapsed().as_secs_f64()));
+                    }
+                    taken.started.push((e.cell, p))
+                }
+                Err(why) => {
+                    if let NotNow::Leased { gpu, blocker } = why {
+                        self.note_wait(e.cell, gpu, blocker, &mut taken.waiting);
+                    }
+                    waiting.push(e)
+                }
             }
         }
         self.gpu.extend(waiting);
-        started
+        taken
+    }
+
+    /// Records that `cell` waits for `gpu`, held by `blocker`, and queues it to be said
+    /// unless exactly that was said last.
+    fn note_wait(&mut self, cell: CellIndex, gpu: u32, blocker: Blocker, say: &mut Vec<LeaseWait>) {
+        let last = self.lease_waits.get(&cell);
+        if last.is_some_and(|(_, g, b)| *g == gpu && *b == blocker) {
+            return;
+        }
+        let since = last.map_or_else(Instant::now, |(t, _, _)| *t);
+        self.lease_waits.insert(cell, (since, gpu, blocker.clone()));
+        say.push(LeaseWait { cell, gpu, blocker });
     }
 }
 
@@ -288,21 +418,21 @@ mod tests {
     #[test]
     fn gpus_are_exclusive_and_released() {
         let mut pool = Pool::new(&Inventory::fake(4), 2);
-        let a = pool.try_lease(2).unwrap();
-        let b = pool.try_lease(2).unwrap();
+        let a = pool.try_lease(2, "c").unwrap();
+        let b = pool.try_lease(2, "c").unwrap();
         assert_eq!(a, Placement::Gpus(vec![0, 1]));
         assert_eq!(b, Placement::Gpus(vec![2, 3]));
-        assert_eq!(pool.try_lease(1), None);
+        assert_eq!(pool.try_lease(1, "c").ok(), None);
         pool.release(&a);
-        assert_eq!(pool.try_lease(1), Some(Placement::Gpus(vec![0])));
+        assert_eq!(pool.try_lease(1, "c").ok(), Some(Placement::Gpus(vec![0])));
     }
 
     #[test]
     fn cpu_slots_bound_gpu_free_cells() {
         let mut pool = Pool::new(&Inventory::fake(0), 2);
-        assert_eq!(pool.try_lease(0), Some(Placement::CpuSlot(0)));
-        assert_eq!(pool.try_lease(0), Some(Placement::CpuSlot(1)));
-        assert_eq!(pool.try_lease(0), None);
+        assert_eq!(pool.try_lease(0, "c").ok(), Some(Placement::CpuSlot(0)));
+        assert_eq!(pool.try_lease(0, "c").ok(), Some(Placement::CpuSlot(1)));
+        assert_eq!(pool.try_lease(0, "c").ok(), None);
     }
 
     #[test]
@@ -310,10 +440,110 @@ mod tests {
         // 0-1 not linked; 1-3 linked; 2-3 linked.
         let inv = nvlink_pairs(4, &[(1, 3), (2, 3)]);
         let mut pool = Pool::new(&inv, 1);
-        assert_eq!(pool.try_lease(2), Some(Placement::Gpus(vec![1, 3])));
+        assert_eq!(
+            pool.try_lease(2, "c").ok(),
+            Some(Placement::Gpus(vec![1, 3]))
+        );
         let inv = nvlink_pairs(4, &[(0, 2), (2, 3), (0, 3)]);
         let mut pool = Pool::new(&inv, 1);
-        assert_eq!(pool.try_lease(3), Some(Placement::Gpus(vec![0, 2, 3])));
+        assert_eq!(
+            pool.try_lease(3, "c").ok(),
+            Some(Placement::Gpus(vec![0, 2, 3]))
+        );
+    }
+
+    fn locks(dir: &std::path::Path, n: u32, manifest: &str) -> Arc<GpuLocks> {
+        let d = crate::lease::LockDir::from_value(Some(dir.as_os_str().to_owned()));
+        let run = crate::lease::Run {
+            manifest: manifest.into(),
+            tree: "/t".into(),
+        };
+        Arc::new(GpuLocks::open(&d, &Inventory::fake(n).gpus, run).unwrap())
+    }
+
+    #[test]
+    fn gpus_leased_by_another_run_are_passed_over_or_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = locks(dir.path(), 2, "other");
+        other.try_take(&[0], "theirs").unwrap();
+        let mut pool =
+            Pool::new(&Inventory::fake(2), 1).with_locks(Some(locks(dir.path(), 2, "m")));
+        // Two GPUs are free here, but the other run leases GPU 0: a pair must wait, and
+        // says for which GPU and whom.
+        let Err(NotNow::Leased { gpu, blocker }) = pool.try_lease(2, "pair") else {
+            panic!("a pair of which one GPU is leased elsewhere was placed")
+        };
+        assert_eq!(gpu, 0);
+        let Blocker::Held(h) = blocker else {
+            panic!("{blocker:?}")
+        };
+        assert_eq!((h.manifest.as_str(), h.cell.as_str()), ("other", "theirs"));
+        // A single GPU cell takes the other GPU meanwhile; then a pair is short of GPUs in
+        // this run (busy, not a lease wait), and one more single cell waits for GPU 0.
+        assert_eq!(pool.try_lease(1, "one"), Ok(Placement::Gpus(vec![1])));
+        assert_eq!(pool.try_lease(2, "pair"), Err(NotNow::Busy));
+        assert!(matches!(
+            pool.try_lease(1, "two"),
+            Err(NotNow::Leased { gpu: 0, .. })
+        ));
+        pool.release(&Placement::Gpus(vec![1]));
+        other.release(&[0]);
+        // The freed lease is seen once the poll interval has passed.
+        std::thread::sleep(LEASE_POLL);
+        assert_eq!(pool.try_lease(2, "pair"), Ok(Placement::Gpus(vec![0, 1])));
+        assert!(
+            other.try_take(&[1], "x").is_err(),
+            "the pair holds GPU 1 machine-wide"
+        );
+        pool.release(&Placement::Gpus(vec![0, 1]));
+        other.try_take(&[0, 1], "x").unwrap();
+    }
+
+    #[test]
+    fn a_lease_wait_is_said_once_and_again_when_the_holder_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = locks(dir.path(), 1, "other");
+        other.try_take(&[0], "first").unwrap();
+        let mut pool =
+            Pool::new(&Inventory::fake(1), 1).with_locks(Some(locks(dir.path(), 1, "m")));
+        let p = plan(&[&[]]);
+        let mut q = ReadyQueue::default();
+        q.push(CellIndex(0), 1.0, 1);
+        let cells_of = |t: &Taken| -> Vec<String> {
+            t.waiting
+                .iter()
+                .map(|w| match &w.blocker {
+                    Blocker::Held(h) => format!("{} gpu {} {}", w.cell.0, w.gpu, h.cell),
+                    b => format!("{b:?}"),
+                })
+                .collect()
+        };
+        let t = q.take_placeable(&mut pool, &p);
+        assert!(t.started.is_empty());
+        assert_eq!(cells_of(&t), ["0 gpu 0 first"]);
+        std::thread::sleep(LEASE_POLL);
+        assert!(
+            cells_of(&q.take_placeable(&mut pool, &p)).is_empty(),
+            "said once"
+        );
+        other.release(&[0]);
+        other.try_take(&[0], "second").unwrap();
+        std::thread::sleep(LEASE_POLL);
+        assert_eq!(
+            cells_of(&q.take_placeable(&mut pool, &p)),
+            ["0 gpu 0 second"]
+        );
+        other.release(&[0]);
+        std::thread::sleep(LEASE_POLL);
+        let t = q.take_placeable(&mut pool, &p);
+        assert_eq!(t.started, [(CellIndex(0), Placement::Gpus(vec![0]))]);
+        assert_eq!(t.waited.len(), 1);
+        assert!(
+            t.waited[0].1 >= 2.0 * LEASE_POLL.as_secs_f64(),
+            "{:?}",
+            t.waited
+        );
+        assert!(q.is_empty());
     }
 
     #[test]
@@ -347,12 +577,14 @@ mod tests {
         q.push(CellIndex(3), 9.0, 2);
         q.push(CellIndex(4), 2.0, 1);
         let mut pool = Pool::new(&Inventory::fake(1), 2);
-        let started = q.take_placeable(&mut pool);
-        let ids: Vec<usize> = started.iter().map(|(c, _)| c.0).collect();
+        let p = plan(&[&[], &[], &[], &[], &[]]);
+        let taken = q.take_placeable(&mut pool, &p);
+        let ids: Vec<usize> = taken.started.iter().map(|(c, _)| c.0).collect();
         assert_eq!(ids, [1, 2, 4]);
+        assert!(taken.waiting.is_empty());
         assert_eq!(q.len(), 2);
         // Nothing is free now: nothing starts, nothing is lost.
-        assert!(q.take_placeable(&mut pool).is_empty());
+        assert!(q.take_placeable(&mut pool, &p).started.is_empty());
         assert_eq!(q.len(), 2);
     }
 
@@ -428,7 +660,8 @@ mod tests {
         }
         let mut pool = Pool::new(&Inventory::fake(0), 3);
         let order: Vec<usize> = q
-            .take_placeable(&mut pool)
+            .take_placeable(&mut pool, &p)
+            .started
             .iter()
             .map(|(c, _)| c.0)
             .collect();

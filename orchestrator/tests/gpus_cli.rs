@@ -5,8 +5,12 @@
 use std::process::Command;
 
 fn gpus(args: &[&str], cvd: Option<&str>) -> (i32, String, String) {
+    // An empty lock folder of its own: every GPU's lease reads free.
+    let leases = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_memra-orch"));
-    cmd.arg("gpus").args(args);
+    cmd.arg("gpus")
+        .args(args)
+        .env("MEMRA_GPU_LOCK_DIR", leases.path());
     match cvd {
         Some(v) => cmd.env("CUDA_VISIBLE_DEVICES", v),
         None => cmd.env_remove("CUDA_VISIBLE_DEVICES"),
@@ -64,6 +68,10 @@ fn fake_and_none() {
     let (_, out, _) = gpus(&["--gpus", "fake:2"], None);
     assert!(out.starts_with("index  uuid"), "{out}");
     assert!(out.contains("2 GPUs (source: fake)"), "{out}");
+    assert!(
+        out.ends_with("\n  gpu 0: free\n  gpu 1: free\n"),
+        "each GPU's lease follows the table: {out}"
+    );
 }
 
 #[test]

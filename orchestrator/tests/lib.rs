@@ -10,6 +10,7 @@ mod attest_pins;
 mod compare_artifacts;
 mod declared_inputs;
 mod diff_trees;
+mod gpu_leases;
 mod gpus_cli;
 mod housekeeping_cli;
 mod isolation_env;

@@ -41,8 +41,11 @@ macro_rules! root_or_skip {
 }
 
 fn orch(args: &[&str]) -> Output {
+    // Leases of its own, so a run here never waits for another test's fake GPUs.
+    let leases = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_memra-orch"))
         .args(args)
+        .env("MEMRA_GPU_LOCK_DIR", leases.path())
         .output()
         .unwrap();
     eprintln!(

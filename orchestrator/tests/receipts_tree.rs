@@ -93,6 +93,7 @@ fn hostile_cell_ids_cannot_write_outside_the_tree() {
         interrupt: Arc::new(AtomicBool::new(false)),
         require_gpus: None,
         heartbeat: memra_orch::run::DEFAULT_HEARTBEAT,
+        gpu_locks: None,
     };
     let header: RunReceipt = serde_json::from_value(serde_json::json!({
         "schema": RUN_SCHEMA, "name": "hostile", "manifest": {"path": "m", "bytes": 0, "sha256": ""},

@@ -156,6 +156,7 @@ run = ["{gates}/pass.sh"]
         .arg("--receipts")
         .arg(f.path().join("receipts"))
         .args(["--commit", COMMIT, "--progress", "quiet"])
+        .env("MEMRA_GPU_LOCK_DIR", f.path().join("gpu-leases"))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -56,7 +56,8 @@ impl Fixture {
     }
 
     /// `memra-orch run manifest.toml` with receipts in the fixture folder, a fixed commit,
-    /// plain progress and the fixture's grace, plus `args`.
+    /// plain progress and the fixture's grace, plus `args`. Its GPU leases live in the
+    /// fixture folder too, so tests running at once never wait for each other's GPUs.
     pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_memra-orch"));
         cmd.arg("run")
@@ -72,7 +73,8 @@ impl Fixture {
                 self.grace,
             ])
             .args(args)
-            .current_dir(self.path());
+            .current_dir(self.path())
+            .env("MEMRA_GPU_LOCK_DIR", self.path().join("gpu-leases"));
         cmd
     }
 
@@ -99,6 +101,12 @@ impl Fixture {
     /// The run folders of the fixture, oldest first (run ids sort by start time).
     pub fn runs(&self) -> Vec<PathBuf> {
         runs_in(&self.manifest_dir())
+    }
+
+    /// The newest run's tree, if a run has written its run.json yet (for polling while a
+    /// run starts).
+    pub fn current_tree(&self) -> Option<PathBuf> {
+        self.runs().pop()
     }
 
     /// The newest run's tree.

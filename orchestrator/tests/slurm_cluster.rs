@@ -544,14 +544,16 @@ run = ["{{gates}}/pass.sh"]
     // the CPU job at once or keep it behind the waiting GPU job (reason `Priority`) until
     // its backfill pass: either way the interrupt meets running and pending jobs.
     let pids = |f: &Fixture| -> Vec<PathBuf> {
-        files_under(&f.tree().join("nodes"))
+        f.current_tree()
+            .map(|t| files_under(&t.join("nodes")))
+            .unwrap_or_default()
             .into_iter()
             .filter(|p| p.ends_with("artifacts/grandchild.pid"))
             .collect()
     };
     let ready = |f: &Fixture| {
         let running = count_in(&name, "RUNNING");
-        f.tree().join("nodes").is_dir()
+        f.current_tree().is_some_and(|t| t.join("nodes").is_dir())
             && running >= 4
             && pids(f).len() == running
             && running + count_in(&name, "PENDING") == 6

@@ -19,6 +19,7 @@ use crate::executor::local::{DEFAULT_GRACE, LocalExecutor};
 use crate::executor::slurm::{Resources, SlurmExecutor, SlurmOptions};
 use crate::executor::{Executor, SlurmError};
 use crate::gpus::Inventory;
+use crate::lease::{self, GpuLocks, LockDir};
 use crate::plan::Plan;
 use crate::receipt::error::ReceiptErrorKind;
 use crate::receipt::resolve::{self, FoundRun};
@@ -158,6 +159,25 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     // The run's own folder is made last, once nothing else can refuse the run, so a
     // refused run leaves no empty folder behind.
     let (tree, run_id) = Tree::create(&manifest_dir).map_err(|e| internal(e.to_string()))?;
+    let gpu_locks = match args.executor {
+        ExecutorKind::Local if !inventory.gpus.is_empty() => Some(Arc::new(
+            GpuLocks::open(
+                &LockDir::from_env(),
+                &inventory.gpus,
+                lease::Run {
+                    manifest: plan.name.clone(),
+                    tree: tree.dir.clone(),
+                },
+            )
+            .map_err(|e| usage(e.to_string()))?,
+        )),
+        // A run without GPUs has nothing to lease.
+        ExecutorKind::Local => None,
+        // Slurm jobs take no local leases: their GPU slots name no device of this host.
+        // Slurm picks the GPUs on whichever node a job lands on and keeps jobs apart by its
+        // own gres accounting, which every other user of the cluster goes through too.
+        ExecutorKind::Slurm => None,
+    };
     let opts = RunOptions {
         tree: tree.clone(),
         jobs,
@@ -169,6 +189,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         interrupt,
         require_gpus: require.map(|r| r.gpus),
         heartbeat,
+        gpu_locks,
     };
     let mut header = RunReceipt::begin(&plan, &commit, &inventory, jobs, &filters, args.resume);
     header.run_id = Some(run_id);

@@ -125,6 +125,10 @@ pub struct NodeReceipt {
     /// order), for executors that place work on a cluster; absent for local runs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub slurm_jobs: Vec<String>,
+    /// Seconds the cell waited for a GPU that another run on the machine leased, before
+    /// it started; absent when it did not wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_wait_seconds: Option<f64>,
 }
 
 impl NodeReceipt {
@@ -158,6 +162,7 @@ impl NodeReceipt {
             compare: None,
             seconds: 0.0,
             slurm_jobs: Vec::new(),
+            lease_wait_seconds: None,
         }
     }
 

@@ -3,7 +3,9 @@
 //! showing the running cell and its elapsed time (indicatif). Elsewhere (cron, CI logs): one
 //! plain line per event on stderr, and a `still running` line per running cell at each
 //! heartbeat the runner sends, so a log read the next morning shows a stuck cell and where
-//! its stderr goes. Quiet: nothing (the caller still prints the final counts).
+//! its stderr goes. Either way a cell that waits for a GPU another run leases says so
+//! (`waiting for gpu 0: held by memra-orch pid …`). Quiet: nothing (the caller still prints
+//! the final counts).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -265,6 +267,16 @@ impl Listener for Progress {
                         if *cpu_slots == 1 { "" } else { "s" }
                     ),
                     ProgressMode::Auto | ProgressMode::Quiet => {}
+                }
+            }
+            Event::WaitingForGpu {
+                id, gpu, blocker, ..
+            } => {
+                let line = format!("waiting for gpu {gpu}: {blocker}; wanted by {}", id.0);
+                match (&self.bars, self.mode) {
+                    (Some(b), _) => b.overall.println(line),
+                    (None, ProgressMode::Plain) => eprintln!("{line}"),
+                    _ => {}
                 }
             }
             Event::NodeStarted {

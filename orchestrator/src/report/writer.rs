@@ -177,6 +177,7 @@ impl Listener for ReceiptWriter {
                 }
             }
             Event::NodeStarted { .. }
+            | Event::WaitingForGpu { .. }
             | Event::AttemptFinished { .. }
             | Event::JobChanged { .. }
             | Event::StillRunning { .. } => {}

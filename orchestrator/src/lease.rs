@@ -1,0 +1,611 @@
+//! Machine-wide GPU leases: the lock that every memra-orch process on a host honours before
+//! a cell takes a GPU, so two runs never share one. A lease is an `flock(2)` on one lock
+//! file per GPU (named by its UUID, fake GPUs by their fake ids) in a lock folder that all
+//! users of the box share. The kernel drops the lock when its holder dies, SIGKILL
+//! included, so there is no pid file to go stale and no takeover race. While the lock is
+//! held, the file says who holds it (pid, manifest, receipt tree, cell, since).
+//!
+//! This module owns the folder, the lock files and the holder text. It does not choose
+//! which GPUs a cell gets or when it retries (the scheduler does), and it does not print
+//! (the runner turns a refusal into an event).
+
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+use crate::gpus::Gpu;
+
+/// The environment variable that moves the lock folder.
+pub const LOCK_DIR_ENV: &str = "MEMRA_GPU_LOCK_DIR";
+
+/// The lock folder when [`LOCK_DIR_ENV`] is not set. It is spelled out instead of taken
+/// from `std::env::temp_dir()`: that follows each user's TMPDIR (often per user or per
+/// batch job), and users whose runs look in different folders would share GPUs.
+pub const DEFAULT_LOCK_DIR: &str = "/tmp/memra-orch-gpu-leases";
+
+/// Mode of the default folder: everyone may create lock files, nobody may delete another
+/// user's (the sticky bit), like /tmp itself.
+const SHARED_DIR_MODE: u32 = 0o1777;
+
+/// Mode of a lock file: readable and writable by everyone, so that whichever user's run
+/// holds the lease can record itself as holder. Writing the file does not take the lock;
+/// the worst another user can do is mislead the waiting line.
+const LOCK_FILE_MODE: u32 = 0o666;
+
+/// Where the lock files live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockDir {
+    path: PathBuf,
+    /// The default folder, shared by every user of the machine (created 1777); a folder
+    /// given by [`LOCK_DIR_ENV`] is the caller's, created with their umask.
+    shared: bool,
+}
+
+impl LockDir {
+    /// The folder named by [`LOCK_DIR_ENV`] (read once, here), or the default.
+    pub fn from_env() -> LockDir {
+        LockDir::from_value(std::env::var_os(LOCK_DIR_ENV))
+    }
+
+    /// The folder for a value of [`LOCK_DIR_ENV`] (`None` or empty: the default).
+    pub fn from_value(value: Option<OsString>) -> LockDir {
+        match value.filter(|v| !v.is_empty()) {
+            Some(v) => LockDir {
+                path: PathBuf::from(v),
+                shared: false,
+            },
+            None => LockDir {
+                path: PathBuf::from(DEFAULT_LOCK_DIR),
+                shared: true,
+            },
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The lock file of a GPU.
+    pub fn lock_file(&self, gpu: &Gpu) -> PathBuf {
+        self.path.join(format!("{}.lock", lock_name(gpu)))
+    }
+
+    /// Creates the folder when it is missing. Only a folder this call created gets the
+    /// shared mode: one that exists belongs to whoever made it.
+    fn prepare(&self) -> Result<(), LeaseError> {
+        let err = |error| LeaseError::Folder {
+            path: self.path.clone(),
+            error,
+        };
+        if self.shared {
+            match std::fs::DirBuilder::new().mode(0o700).create(&self.path) {
+                Ok(()) => std::fs::set_permissions(
+                    &self.path,
+                    std::fs::Permissions::from_mode(SHARED_DIR_MODE),
+                )
+                .map_err(err)?,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(err(e)),
+            }
+        } else {
+            std::fs::create_dir_all(&self.path).map_err(err)?;
+        }
+        if !self.path.is_dir() {
+            return Err(err(io::Error::other("it is not a folder")));
+        }
+        Ok(())
+    }
+}
+
+/// The name a GPU's lock file has: its UUID (fake GPUs: `GPU-fake-<i>`), or its NVML index
+/// when NVML gave no UUID. Characters that do not belong in a file name become `_`.
+fn lock_name(gpu: &Gpu) -> String {
+    let name = if gpu.uuid.is_empty() {
+        format!("nvml-index-{}", gpu.index)
+    } else {
+        gpu.uuid.clone()
+    };
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Why the leases of a run could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error(
+        "cannot use the GPU lock folder {}: {error}; set {LOCK_DIR_ENV} to a folder every \
+         memra-orch user of this machine can write",
+        path.display()
+    )]
+    Folder { path: PathBuf, error: io::Error },
+    #[error(
+        "cannot use the GPU lock file {}: {error}; its owner can fix or remove it (lock \
+         files are plain files of mode 666), or set {LOCK_DIR_ENV} to another folder",
+        path.display()
+    )]
+    File { path: PathBuf, error: io::Error },
+}
+
+/// Who holds a lease, as the lock file says it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    pub pid: u32,
+    pub manifest: String,
+    /// The receipt tree folder of the holding run.
+    pub tree: PathBuf,
+    pub cell: String,
+    /// When the lease was taken (RFC 3339, UTC).
+    pub since: String,
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "memra-orch pid {}, manifest {} (cell {})",
+            self.pid, self.manifest, self.cell
+        )
+    }
+}
+
+/// What keeps a GPU from a cell: a holder, one that has not said who it is, or a lock that
+/// cannot be taken at all. Its text follows `waiting for gpu N: `.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Blocker {
+    Held(Holder),
+    /// The lock is held, but the file does not name a memra-orch holder (another program
+    /// took it, or the holder is still writing its name).
+    Unknown,
+    /// Taking the lock failed for another reason than its being held.
+    Failed {
+        path: PathBuf,
+        error: String,
+    },
+}
+
+impl std::fmt::Display for Blocker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Blocker::Held(h) => write!(f, "held by {h}"),
+            Blocker::Unknown => write!(
+                f,
+                "held by another process (its lock file does not say who)"
+            ),
+            Blocker::Failed { path, error } => write!(
+                f,
+                "cannot lock {}: {error}; set {LOCK_DIR_ENV} to a folder on a local file system",
+                path.display()
+            ),
+        }
+    }
+}
+
+/// The holder fields that stay the same for every lease of one run.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub manifest: String,
+    pub tree: PathBuf,
+}
+
+/// One GPU's lock file, open for the whole run so that taking a lease is one `flock`.
+#[derive(Debug)]
+struct LockFile {
+    path: PathBuf,
+    file: File,
+    /// Sorting key: the file name, so every process takes a set in the same order.
+    name: String,
+    /// The file could be opened for writing (it can hold our holder text).
+    writable: bool,
+}
+
+/// The lock files of a run's GPUs, by inventory position. Every method takes `&self`: a
+/// lease is state in the kernel, not here, and the scheduler that calls these keeps its own
+/// record of what it took.
+#[derive(Debug)]
+pub struct GpuLocks {
+    files: Vec<LockFile>,
+    run: Run,
+}
+
+impl GpuLocks {
+    /// Opens (creating where needed) the lock file of every GPU in `gpus`, in the folder
+    /// `dir` (created when missing). Nothing is locked yet.
+    pub fn open(dir: &LockDir, gpus: &[Gpu], run: Run) -> Result<GpuLocks, LeaseError> {
+        dir.prepare()?;
+        let files = gpus
+            .iter()
+            .map(|g| open_lock_file(dir.lock_file(g), lock_name(g)))
+            .collect::<Result<_, _>>()?;
+        Ok(GpuLocks { files, run })
+    }
+
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+
+    /// Takes the leases of every position in `positions` for `cell`, or none of them: the
+    /// locks are tried in lock-file order (the same in every process, so two runs wanting
+    /// overlapping sets cannot each hold a part the other waits for), and when one is
+    /// held the ones already taken are given back. `Err` names the first position that
+    /// could not be taken and what holds it.
+    pub fn try_take(&self, positions: &[usize], cell: &str) -> Result<(), (usize, Blocker)> {
+        let mut order = positions.to_vec();
+        order.sort_by(|&a, &b| self.files[a].name.cmp(&self.files[b].name));
+        let since = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
+        for (k, &p) in order.iter().enumerate() {
+            if let Err(blocker) = self.files[p].try_lock() {
+                self.release(&order[..k]);
+                return Err((p, blocker));
+            }
+        }
+        let holder = Holder {
+            pid: std::process::id(),
+            manifest: self.run.manifest.clone(),
+            tree: self.run.tree.clone(),
+            cell: cell.to_string(),
+            since,
+        };
+        let mut text = serde_json::to_vec(&holder).expect("a holder serializes");
+        text.push(b'\n');
+        for &p in positions {
+            let lock = &self.files[p];
+            // Writing over any old text (a killed holder leaves its own) and then cutting
+            // it to length, instead of truncating first, leaves no extra moment in which
+            // a waiting run reads an empty file. The text is only for people: a lease
+            // whose text could not be written is still held.
+            if lock.writable && lock.file.write_all_at(&text, 0).is_ok() {
+                let _ = lock.file.set_len(text.len() as u64);
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives back the leases of `positions` (which this process holds), clearing the
+    /// holder text first so that it never names a run that no longer holds the GPU.
+    pub fn release(&self, positions: &[usize]) {
+        for &p in positions {
+            let lock = &self.files[p];
+            if lock.writable {
+                let _ = lock.file.set_len(0);
+            }
+            let _ = lock.file.unlock();
+        }
+    }
+}
+
+/// Open flags for lock files. The folder is writable by every user, so a name in it may
+/// be a symbolic link planted by another user to a file of ours: never following one
+/// (and never blocking on a planted FIFO) keeps the holder text out of anything but a
+/// plain lock file.
+const OPEN_FLAGS: i32 = libc::O_NOFOLLOW | libc::O_NONBLOCK;
+
+impl LockFile {
+    fn try_lock(&self) -> Result<(), Blocker> {
+        let mut tries = 0;
+        loop {
+            match self.file.try_lock() {
+                Ok(()) => return Ok(()),
+                Err(TryLockError::WouldBlock) => match read_holder(&self.file) {
+                    Some(h) => return Err(Blocker::Held(h)),
+                    // A holder writes its name right after taking the lock and clears it
+                    // right before giving it back: a file that names nobody is most often
+                    // one of those instants. One more look, a moment later, keeps them
+                    // from being reported as a stranger's lock.
+                    None if tries == 0 => {
+                        tries += 1;
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                    None => return Err(Blocker::Unknown),
+                },
+                Err(TryLockError::Error(e)) => {
+                    return Err(Blocker::Failed {
+                        path: self.path.clone(),
+                        error: e.to_string(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn open_lock_file(path: PathBuf, name: String) -> Result<LockFile, LeaseError> {
+    let rw = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(LOCK_FILE_MODE)
+        .custom_flags(OPEN_FLAGS)
+        .open(&path);
+    let (file, writable) = match rw {
+        Ok(f) => {
+            // The umask narrowed the mode of a file this call created; widen it so other
+            // users' runs can write their holder text. A file of another user keeps its
+            // mode (only its owner may change it).
+            if f.metadata()
+                .is_ok_and(|m| m.permissions().mode() & 0o777 != LOCK_FILE_MODE)
+            {
+                let _ = f.set_permissions(std::fs::Permissions::from_mode(LOCK_FILE_MODE));
+            }
+            (f, true)
+        }
+        // Another user's file that is not writable for us still takes an flock (flock
+        // does not need write access); only our holder text cannot be written.
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            let f = open_read_only(&path).map_err(|error| LeaseError::File {
+                path: path.clone(),
+                error,
+            })?;
+            (f, false)
+        }
+        Err(error) => return Err(LeaseError::File { path, error }),
+    };
+    // A hard link planted in the shared folder would be another file of ours under a lock
+    // file's name; only a plain file with one name is a lock file.
+    let plain = file.metadata().is_ok_and(|m| m.is_file() && m.nlink() == 1);
+    if !plain {
+        return Err(LeaseError::File {
+            path,
+            error: io::Error::other(
+                "it is not a plain file with one name (a link or a special file); remove it",
+            ),
+        });
+    }
+    Ok(LockFile {
+        path,
+        file,
+        name,
+        writable,
+    })
+}
+
+fn open_read_only(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(OPEN_FLAGS)
+        .open(path)
+}
+
+/// The holder a lock file names, if its text is a whole holder record.
+fn read_holder(file: &File) -> Option<Holder> {
+    let mut text = Vec::new();
+    // Positioned reads, like the holder's positioned writes, need no seek.
+    let mut buf = [0u8; 4096];
+    let mut at = 0u64;
+    loop {
+        let n = file.read_at(&mut buf, at).ok()?;
+        if n == 0 {
+            break;
+        }
+        text.extend_from_slice(&buf[..n]);
+        at += n as u64;
+        if text.len() > 64 * 1024 {
+            return None;
+        }
+    }
+    serde_json::from_slice(text.trim_ascii()).ok()
+}
+
+/// Whether a GPU's lease is held now, for `memra-orch gpus`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseState {
+    Free,
+    Taken(Blocker),
+}
+
+/// Looks at a GPU's lease without taking it for longer than the look. A lock file that
+/// does not exist is free; otherwise a shared lock is tried and given back at once (a run
+/// that tries the lease in that instant sees it held and tries again a moment later).
+pub fn probe(dir: &LockDir, gpu: &Gpu) -> LeaseState {
+    let path = dir.lock_file(gpu);
+    let file = match open_read_only(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return LeaseState::Free,
+        Err(e) => {
+            return LeaseState::Taken(Blocker::Failed {
+                path,
+                error: e.to_string(),
+            });
+        }
+    };
+    match file.try_lock_shared() {
+        Ok(()) => {
+            let _ = file.unlock();
+            LeaseState::Free
+        }
+        Err(TryLockError::WouldBlock) => LeaseState::Taken(
+            read_holder(&file)
+                .map(Blocker::Held)
+                .unwrap_or(Blocker::Unknown),
+        ),
+        Err(TryLockError::Error(e)) => LeaseState::Taken(Blocker::Failed {
+            path,
+            error: e.to_string(),
+        }),
+    }
+}
+
+/// One line per GPU saying whether its lease is held and by whom, for `memra-orch gpus`.
+pub fn render_leases(dir: &LockDir, gpus: &[Gpu]) -> String {
+    let mut s = format!("leases ({}):\n", dir.path().display());
+    for g in gpus {
+        let state = match probe(dir, g) {
+            LeaseState::Free => "free".to_string(),
+            LeaseState::Taken(Blocker::Held(h)) => format!("leased by {h} since {}", h.since),
+            LeaseState::Taken(b) => b.to_string(),
+        };
+        s.push_str(&format!("  gpu {}: {state}\n", g.index));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpus::Inventory;
+
+    fn locks(dir: &Path, n: u32, manifest: &str) -> GpuLocks {
+        let d = LockDir::from_value(Some(dir.as_os_str().to_owned()));
+        GpuLocks::open(
+            &d,
+            &Inventory::fake(n).gpus,
+            Run {
+                manifest: manifest.into(),
+                tree: PathBuf::from("/r/tree"),
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_set_is_taken_whole_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        // Two runs (one lock file description each, so flock sets them apart even in one
+        // process) on the same two GPUs.
+        let a = locks(dir.path(), 2, "a");
+        let b = locks(dir.path(), 2, "b");
+        a.try_take(&[1], "one").unwrap();
+        let (pos, blocker) = b.try_take(&[0, 1], "both").unwrap_err();
+        assert_eq!(pos, 1);
+        let Blocker::Held(h) = blocker else {
+            panic!("{blocker:?}")
+        };
+        assert_eq!((h.manifest.as_str(), h.cell.as_str()), ("a", "one"));
+        // `b` gave GPU 0 back when GPU 1 was held: `a` can take it.
+        a.try_take(&[0], "zero").unwrap();
+        a.release(&[0, 1]);
+        b.try_take(&[0, 1], "both").unwrap();
+        assert!(a.try_take(&[0], "zero").is_err());
+    }
+
+    #[test]
+    fn the_lock_file_says_who_holds_it_while_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = locks(dir.path(), 1, "h200-single");
+        let b = locks(dir.path(), 1, "other");
+        a.try_take(&[0], "decode[q=q4]").unwrap();
+        let text = std::fs::read_to_string(dir.path().join("GPU-fake-0.lock")).unwrap();
+        let h: Holder = serde_json::from_str(&text).unwrap();
+        assert_eq!(h.pid, std::process::id());
+        assert_eq!(h.tree, Path::new("/r/tree"));
+        assert!(humantime::parse_rfc3339(&h.since).is_ok(), "{}", h.since);
+        let (_, blocker) = b.try_take(&[0], "x").unwrap_err();
+        assert_eq!(
+            blocker.to_string(),
+            format!(
+                "held by memra-orch pid {}, manifest h200-single (cell decode[q=q4])",
+                std::process::id()
+            )
+        );
+        let d = LockDir::from_value(Some(dir.path().as_os_str().to_owned()));
+        let gpu = &Inventory::fake(1).gpus[0];
+        assert_eq!(probe(&d, gpu), LeaseState::Taken(blocker));
+        a.release(&[0]);
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("GPU-fake-0.lock")).unwrap(),
+            "",
+            "a released lease names nobody"
+        );
+        assert_eq!(probe(&d, gpu), LeaseState::Free);
+        b.try_take(&[0], "x").unwrap();
+    }
+
+    #[test]
+    fn a_lock_without_a_holder_record_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = locks(dir.path(), 1, "b");
+        let other = File::open(dir.path().join("GPU-fake-0.lock")).unwrap();
+        other.lock().unwrap();
+        let (_, blocker) = b.try_take(&[0], "x").unwrap_err();
+        assert_eq!(blocker, Blocker::Unknown);
+        assert_eq!(
+            blocker.to_string(),
+            "held by another process (its lock file does not say who)"
+        );
+        drop(other);
+        b.try_take(&[0], "x").unwrap();
+    }
+
+    #[test]
+    fn a_link_in_place_of_a_lock_file_is_refused_and_its_target_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "keep me").unwrap();
+        let lock = dir.path().join("GPU-fake-0.lock");
+        let d = LockDir::from_value(Some(dir.path().as_os_str().to_owned()));
+        let open = || {
+            GpuLocks::open(
+                &d,
+                &Inventory::fake(1).gpus,
+                Run {
+                    manifest: "m".into(),
+                    tree: PathBuf::new(),
+                },
+            )
+        };
+        std::os::unix::fs::symlink(&victim, &lock).unwrap();
+        let e = open().unwrap_err().to_string();
+        assert!(e.contains("GPU-fake-0.lock"), "{e}");
+        std::fs::remove_file(&lock).unwrap();
+        std::fs::hard_link(&victim, &lock).unwrap();
+        let e = open().unwrap_err().to_string();
+        assert!(e.contains("not a plain file with one name"), "{e}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+    }
+
+    #[test]
+    fn the_default_folder_is_shared_and_lock_files_are_writable_by_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = LockDir {
+            path: dir.path().join("leases"),
+            shared: true,
+        };
+        GpuLocks::open(
+            &shared,
+            &Inventory::fake(1).gpus,
+            Run {
+                manifest: "m".into(),
+                tree: PathBuf::new(),
+            },
+        )
+        .unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(shared.path()), 0o1777);
+        assert_eq!(mode(&shared.path().join("GPU-fake-0.lock")), 0o666);
+        assert_eq!(
+            LockDir::from_value(None).path(),
+            Path::new(DEFAULT_LOCK_DIR)
+        );
+        assert_eq!(
+            LockDir::from_value(Some("".into())).path(),
+            Path::new(DEFAULT_LOCK_DIR)
+        );
+    }
+
+    #[test]
+    fn lock_names_come_from_uuids() {
+        let mut g = Inventory::fake(1).gpus.remove(0);
+        assert_eq!(lock_name(&g), "GPU-fake-0");
+        g.uuid = "GPU-ab/../c d".into();
+        assert_eq!(lock_name(&g), "GPU-ab____c_d");
+        g.uuid.clear();
+        g.index = 3;
+        assert_eq!(lock_name(&g), "nvml-index-3");
+    }
+}
