@@ -22,6 +22,10 @@ pub enum ExitCode {
     /// ran. Not a usage error: the same command succeeds once that run ends, so a cron job
     /// can tell "try later" from "broken".
     Locked = 75,
+    /// The file system of the receipt tree filled (ENOSPC, EDQUOT; sysexits' `EX_IOERR`):
+    /// the run stopped starting cells, marked the cells it lost as `error: disk full at …`
+    /// and finalized `run.json`. Not a gate failure: free space and run again.
+    DiskFull = 74,
     /// Interrupted by Ctrl-C or SIGTERM; running nodes were cancelled.
     Interrupted = 130,
 }
@@ -41,6 +45,8 @@ Exit codes:
   2    manifest or usage error: nothing ran
   3    internal error of memra-orch
   4    the machine does not meet the requirement (`[require]`, --require-gpus): nothing ran
-  75   another run holds the lock of the receipt tree (after --wait-lock, if given): nothing
-       ran; try again later
+  74   the disk of the receipt tree filled: the run stopped, its cells that could not finish
+       or be recorded are `error: disk full at …`, run.json is final; free space, run again
+  75   another run of this manifest at this commit holds the lock (after --wait-lock, if
+       given): nothing ran; try again later
   130  interrupted (Ctrl-C / SIGTERM): running nodes were cancelled";

@@ -16,6 +16,7 @@ pub mod compare;
 pub mod declared_inputs;
 pub mod diagnostics;
 pub mod diff;
+pub mod diskfull;
 pub mod events;
 pub mod executor;
 pub mod exit;

@@ -11,13 +11,14 @@
 //! not selected. It never prints and never writes receipts itself.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::ExitCode;
+use crate::diskfull::DiskFull;
 use crate::events::{Event, JobNote, Listener, Placement};
 use crate::executor::inputs::{DigestCache, inputs_digest};
 use crate::executor::{CellJob, CellNote, Executor, compare};
@@ -59,6 +60,9 @@ pub struct RunOptions {
     pub heartbeat: Duration,
     /// The machine-wide GPU leases, opened for the inventory (`None`: the run takes none).
     pub gpu_locks: Option<Arc<GpuLocks>>,
+    /// Set by the loop or the receipt writer when the tree's file system fills; the loop
+    /// then starts nothing more.
+    pub disk_full: DiskFull,
 }
 
 /// The heartbeat interval when nothing else is asked for: often enough that a cron log
@@ -76,6 +80,8 @@ pub struct RunOutcome {
     pub lacked_resources: usize,
     /// The requirement in force ([`RunOptions::require_gpus`]).
     pub require_gpus: Option<u32>,
+    /// Where the run found the disk full, if it did.
+    pub disk_full: Option<PathBuf>,
 }
 
 impl RunOutcome {
@@ -100,7 +106,9 @@ impl RunOutcome {
 
     /// The exit code of a run with this outcome.
     pub fn exit_code(&self) -> ExitCode {
-        if self.interrupted {
+        if self.disk_full.is_some() {
+            ExitCode::DiskFull
+        } else if self.interrupted {
             ExitCode::Interrupted
         } else if self.all_as_expected() {
             ExitCode::Ok
@@ -348,6 +356,7 @@ pub fn execute(
         elapsed,
         lacked_resources: runner.lacked.iter().filter(|&&l| l).count(),
         require_gpus: opts.require_gpus,
+        disk_full: opts.disk_full.get().map(Path::to_path_buf),
     };
     runner.emit(&Event::RunFinished {
         counts: outcome.counts.clone(),
@@ -411,6 +420,11 @@ impl Runner<'_, '_> {
         loop {
             // The flag is taken (reset) each time, so a second Ctrl-C is seen as such and
             // escalates: the executor kills what still runs without waiting for the grace.
+            if self.stop.is_none()
+                && let Some(at) = self.opts.disk_full.get()
+            {
+                self.stop = Some(format!("the disk is full at {}", at.display()));
+            }
             if self.opts.interrupt.swap(false, Ordering::SeqCst) {
                 self.interrupted = true;
                 self.stop = Some("the run was interrupted".to_string());
@@ -477,6 +491,31 @@ impl Runner<'_, '_> {
         for (i, entry, receipt, stamp) in found {
             self.finish_carried(CellIndex(i), entry, receipt.map(Box::new), stamp);
         }
+    }
+
+    /// A cell that did not end as expected while the tree's file system has (almost) no room
+    /// left failed for want of space, not because of what it tests: its verdict becomes
+    /// `error` naming the place, and the run stops starting cells.
+    fn blame_a_full_disk(&self, receipt: &mut NodeReceipt) {
+        let dir = &self.opts.tree.dir;
+        let Some(free) = crate::diskfull::free_bytes(dir) else {
+            return;
+        };
+        if free >= crate::diskfull::FULL_BELOW {
+            return;
+        }
+        let was = receipt
+            .reason
+            .as_deref()
+            .map(|r| format!("; the cell reported: {r}"))
+            .unwrap_or_default();
+        receipt.reason = Some(format!(
+            "disk full at {} ({free} bytes free after the cell ended {}){was}; free space and run it again",
+            dir.display(),
+            receipt.verdict
+        ));
+        receipt.verdict = Verdict::Error;
+        self.opts.disk_full.set(dir);
     }
 
     /// Finishes a cell with a receipt carried from the source run.
@@ -656,6 +695,9 @@ impl Runner<'_, '_> {
                 if carried.is_none() && self.plan.cell(cell).kind == NodeKind::Setup {
                     // A setup may have written files that cells still to come declare.
                     self.digests.files_changed();
+                }
+                if carried.is_none() && !receipt.verdict.as_expected() {
+                    self.blame_a_full_disk(&mut receipt);
                 }
                 let verdict = receipt.verdict;
                 if self.opts.fail_fast && !verdict.as_expected() && self.stop.is_none() {

@@ -22,6 +22,7 @@ mod manifests_gpu;
 mod plan_output;
 mod receipts_tree;
 mod run_cron;
+mod run_diskfull;
 mod run_exec_node;
 mod run_filter;
 mod run_history;

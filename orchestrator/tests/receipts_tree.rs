@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use crate::run_support::{Fixture, files_under, gates, read_json};
+use crate::run_support::{Fixture, epoch, files_under, gates, read_json};
 use memra_orch::events::Listener;
 use memra_orch::executor::local::LocalExecutor;
 use memra_orch::gpus::Inventory;
@@ -89,6 +89,7 @@ fn hostile_cell_ids_cannot_write_outside_the_tree() {
         selected: None,
         resume: false,
         carry: None,
+        disk_full: Default::default(),
         previous: Default::default(),
         interrupt: Arc::new(AtomicBool::new(false)),
         require_gpus: None,
@@ -190,4 +191,49 @@ fn a_second_run_of_one_tree_is_refused_naming_the_holder() {
     assert!(f.runs().is_empty());
     drop(lock);
     assert_eq!(f.run(&[]).status.code(), Some(0));
+}
+
+/// After a crash (a lock file naming a dead pid, a run folder left `running`), four runs
+/// started at once, thirty times: the lock lets one run at a time, so no two runs ever
+/// overlap, each writes only its own folder, and every other one exits 75.
+#[test]
+fn runs_started_together_after_a_crash_never_share_a_tree() {
+    let f = Fixture::new(
+        "schema = 1\nname = \"race\"\n[[arm]]\nid = \"a\"\nrun = [\"{gates}/pass.sh\"]\ngpus = 0\n",
+    );
+    let m = f.manifest_dir();
+    std::fs::create_dir_all(m.join("20260101T000000.000Z-dead/nodes")).unwrap();
+    std::fs::write(
+        m.join("20260101T000000.000Z-dead/run.json"),
+        "{\"verdict\": \"running\"}",
+    )
+    .unwrap();
+    for trial in 0..30 {
+        std::fs::write(m.join(".lock"), "2147483646\n").unwrap();
+        let mut children: Vec<_> = (0..4).map(|_| f.spawn(&[])).collect();
+        let codes: Vec<Option<i32>> = children.iter_mut().map(|c| c.wait().code()).collect();
+        assert!(
+            codes.iter().all(|c| matches!(c, Some(0) | Some(75))),
+            "trial {trial}: {codes:?}"
+        );
+        assert!(codes.contains(&Some(0)), "trial {trial}: {codes:?}");
+    }
+    let mut spans: Vec<(f64, f64)> = f
+        .runs()
+        .iter()
+        .filter(|t| t.join("summary.md").exists())
+        .map(|t| {
+            let run = read_json(&t.join("run.json"));
+            assert_eq!(run["verdict"], "pass", "{}", t.display());
+            (
+                epoch(run["start"].as_str().unwrap()),
+                epoch(run["end"].as_str().unwrap()),
+            )
+        })
+        .collect();
+    assert!(spans.len() >= 30, "{} runs", spans.len());
+    spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for w in spans.windows(2) {
+        assert!(w[0].1 <= w[1].0, "two runs overlapped: {w:?}");
+    }
 }

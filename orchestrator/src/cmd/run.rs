@@ -158,7 +158,15 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     let tmp_root = std::env::temp_dir().join(format!("memra-orch-{}", std::process::id()));
     // The run's own folder is made last, once nothing else can refuse the run, so a
     // refused run leaves no empty folder behind.
-    let (tree, run_id) = Tree::create(&manifest_dir).map_err(|e| internal(e.to_string()))?;
+    let (tree, run_id) = Tree::create(&manifest_dir).map_err(|e| {
+        let code = if e.is_disk_full() {
+            ExitCode::DiskFull
+        } else {
+            ExitCode::Internal
+        };
+        (code, e.to_string())
+    })?;
+    let disk_full = crate::diskfull::DiskFull::new();
     let gpu_locks = match args.executor {
         ExecutorKind::Local if !inventory.gpus.is_empty() => Some(Arc::new(
             GpuLocks::open(
@@ -190,6 +198,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         require_gpus: require.map(|r| r.gpus),
         heartbeat,
         gpu_locks,
+        disk_full: disk_full.clone(),
     };
     let mut header = RunReceipt::begin(&plan, &commit, &inventory, jobs, &filters, args.resume);
     header.run_id = Some(run_id);
@@ -210,13 +219,19 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         .filter_map(|c| c.compare.as_ref())
         .map(|c| (c.reference.0, c.candidate.0))
         .collect();
-    let mut writer = ReceiptWriter::new(tree.clone(), header, plan.cells.len()).with_pairs(pairs);
-    let outcome = {
+    let mut writer = ReceiptWriter::new(tree.clone(), header, plan.cells.len())
+        .with_pairs(pairs)
+        .with_disk_full(disk_full.clone());
+    let mut outcome = {
         let mut listeners: [&mut dyn Listener; 2] = [&mut writer, &mut display];
         execute(&plan, &inventory, executor, &opts, &mut listeners)
     };
     let _ = std::fs::remove_dir_all(&tmp_root);
     let written = writer.finish();
+    // The writer may have found the disk full after the loop ended (the last files).
+    if outcome.disk_full.is_none() {
+        outcome.disk_full = disk_full.get().map(Path::to_path_buf);
+    }
     if mode == ProgressMode::Quiet {
         print!("{}", crate::report::summary::footer(&outcome, &tree));
     } else {
@@ -224,6 +239,20 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
             "{}",
             crate::report::summary::table(writer.receipts(), &outcome, &tree)
         );
+    }
+    if let Some(at) = &outcome.disk_full {
+        // Not a bug of memra-orch and not a gate failure: its own exit code, and what was
+        // lost is in run.json and on stderr.
+        eprintln!(
+            "memra-orch run: the disk is full at {}: the run stopped starting cells and \
+             finalized {}; free space and run again (`memra-orch gc --keep N` deletes old runs)",
+            at.display(),
+            tree.run_json().display()
+        );
+        if let Err(e) = &written {
+            eprintln!("memra-orch run: {e}");
+        }
+        return Ok(outcome.exit_code());
     }
     written.map_err(|e| internal(e.to_string()))?;
     if let Some(note) = outcome.lacked_resources_note() {

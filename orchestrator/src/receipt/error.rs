@@ -21,6 +21,17 @@ impl ReceiptError {
             kind,
         }
     }
+
+    /// Whether the operation failed because the file system is full (or the quota used up).
+    pub fn is_disk_full(&self) -> bool {
+        use ReceiptErrorKind as K;
+        match &self.kind {
+            K::Write(e) | K::Rename(e) | K::Create(e) | K::CreateFolder(e) | K::CreateLock(e) => {
+                crate::diskfull::is_disk_full(e)
+            }
+            _ => false,
+        }
+    }
 }
 
 /// What went wrong at a [`ReceiptError`]'s path.

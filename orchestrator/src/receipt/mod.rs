@@ -276,6 +276,10 @@ pub struct RunReceipt {
     /// resources while a GPU requirement was in force. Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unmet: Option<String>,
+    /// Where the run found the receipt tree's disk full; the run stopped there. Absent
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_full: Option<String>,
     /// `pass` when every node ended as expected (skipped included) and no requirement went
     /// unmet, else `fail`; `running` while in progress.
     pub verdict: String,
@@ -315,6 +319,7 @@ impl RunReceipt {
             seconds: None,
             interrupted: false,
             unmet: None,
+            disk_full: None,
             counts: BTreeMap::new(),
             verdict: "running".to_string(),
             nodes: Vec::new(),
@@ -414,8 +419,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReceiptError> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(|e| ReceiptError::new(&tmp, Kind::Write(e)))?;
-    std::fs::rename(&tmp, path).map_err(|e| ReceiptError::new(path, Kind::Rename(e)))
+    // A write that fails (a full disk) leaves no half-written temporary file behind.
+    std::fs::write(&tmp, bytes).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        ReceiptError::new(&tmp, Kind::Write(e))
+    })?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        ReceiptError::new(path, Kind::Rename(e))
+    })
 }
 
 /// Serialises a record as pretty JSON with a trailing newline and writes it atomically.

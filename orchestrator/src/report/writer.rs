@@ -8,6 +8,7 @@
 //! `run.json` with where they are, never copied or rewritten.
 
 use super::junit::RenderError;
+use crate::diskfull::{DiskFull, Reserve};
 use crate::events::{Event, FinishError, Listener};
 use crate::receipt::error::{ReceiptError, ReceiptErrorKind as Kind};
 use crate::receipt::tree::Tree;
@@ -23,6 +24,10 @@ pub struct ReceiptWriter {
     /// Every compare's (reference, candidate) cell positions, for pin attestation.
     pairs: Vec<(usize, usize)>,
     errors: Vec<WriteError>,
+    /// Set when a write finds the disk full; shared with the run loop.
+    disk_full: DiskFull,
+    /// Space kept back in the tree for the last writes of a run whose disk fills.
+    reserve: Option<Reserve>,
 }
 
 /// One file of the receipt tree that could not be written.
@@ -55,7 +60,15 @@ impl ReceiptWriter {
             receipts: vec![None; cells],
             pairs: Vec::new(),
             errors: Vec::new(),
+            disk_full: DiskFull::new(),
+            reserve: None,
         }
+    }
+
+    /// The flag the run loop watches: a write that finds the disk full sets it.
+    pub fn with_disk_full(mut self, flag: DiskFull) -> ReceiptWriter {
+        self.disk_full = flag;
+        self
     }
 
     /// The compares' (reference, candidate) cell positions, so attestation also checks that
@@ -75,9 +88,21 @@ impl ReceiptWriter {
         &self.run
     }
 
-    fn record(&mut self, r: Result<(), impl Into<WriteError>>) {
-        if let Err(e) = r {
-            self.errors.push(e.into());
+    /// Keeps a failed write for [`Listener::finish`]; a disk-full one also sets the flag.
+    /// Returns whether the write succeeded.
+    fn record(&mut self, r: Result<(), impl Into<WriteError>>) -> bool {
+        match r {
+            Ok(()) => true,
+            Err(e) => {
+                let e = e.into();
+                if let WriteError::Receipt(re) = &e
+                    && re.is_disk_full()
+                {
+                    self.disk_full.set(&re.path);
+                }
+                self.errors.push(e);
+                false
+            }
         }
     }
 }
@@ -91,6 +116,7 @@ impl Listener for ReceiptWriter {
                     .map_err(|e| ReceiptError::new(nodes, Kind::Create(e)))
                     .and_then(|()| write_json(&self.tree.run_json(), &self.run));
                 self.record(r);
+                self.reserve = Some(Reserve::take(&self.tree.dir));
             }
             Event::NodeFinished {
                 cell,
@@ -118,7 +144,20 @@ impl Listener for ReceiptWriter {
                         let res = std::fs::create_dir_all(&dir)
                             .map_err(|e| ReceiptError::new(dir, Kind::Create(e)))
                             .and_then(|()| write_json(&self.tree.receipt_json(&r.slug), r));
-                        self.record(res);
+                        let full = res.as_ref().is_err_and(ReceiptError::is_disk_full);
+                        if !self.record(res)
+                            && full
+                            && let Some(e) = self.entries[cell.0].as_mut()
+                        {
+                            // The index says what happened to a cell whose receipt is lost.
+                            e.reason = Some(format!(
+                                "disk full at {}: its receipt could not be written (the cell ended {})",
+                                self.tree.dir.display(),
+                                e.verdict
+                            ));
+                            e.verdict = crate::verdict::Verdict::Error;
+                            e.slug = None;
+                        }
                     }
                     self.receipts[cell.0] = Some(r.clone());
                 }
@@ -129,8 +168,21 @@ impl Listener for ReceiptWriter {
                 interrupted,
                 unmet,
             } => {
+                // A full disk: give the reserve back first, so the last files fit.
+                let full = self.disk_full.get().map(|p| p.display().to_string());
+                if full.is_some()
+                    && let Some(mut r) = self.reserve.take()
+                {
+                    r.release();
+                }
                 self.run.nodes = self.entries.iter().flatten().cloned().collect();
                 self.run.counts = counts.clone();
+                if full.is_some() {
+                    // Cells whose receipts were lost changed verdict here.
+                    self.run.counts =
+                        crate::verdict::count(self.run.nodes.iter().map(|n| n.verdict));
+                }
+                self.run.disk_full = full.clone();
                 self.run.end = Some(
                     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
                 );
@@ -138,6 +190,7 @@ impl Listener for ReceiptWriter {
                 self.run.interrupted = *interrupted;
                 self.run.unmet = unmet.clone();
                 let ok = counts.iter().all(|(v, n)| *n == 0 || v.as_expected());
+                let ok = ok && full.is_none();
                 self.run.verdict = if ok && !interrupted && unmet.is_none() {
                     "pass"
                 } else {
@@ -173,7 +226,12 @@ impl Listener for ReceiptWriter {
                         let r = write_atomic(&self.tree.junit_xml(), xml.as_bytes());
                         self.record(r);
                     }
-                    Err(e) => self.record(Err(e)),
+                    Err(e) => {
+                        self.record(Err(e));
+                    }
+                }
+                if let Some(mut r) = self.reserve.take() {
+                    r.release();
                 }
             }
             Event::NodeStarted { .. }
