@@ -16,6 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::ExitCode;
+use crate::attempt_file;
+use crate::compare::ArtifactPath;
 use crate::events::{Event, JobNote, Listener, Placement};
 use crate::executor::inputs::{DigestCache, inputs_digest};
 use crate::executor::{CellJob, CellNote, Executor, compare};
@@ -221,6 +223,8 @@ struct Runner<'a, 'b> {
     pending: Vec<Event>,
     workers: Option<Workers>,
     beats: BTreeMap<CellIndex, Beat>,
+    /// Set on interrupt: compare cells, which the orchestrator runs itself, stop waiting.
+    compare_cancel: Arc<AtomicBool>,
 }
 
 /// Runs a plan to the end (or until interrupted) and returns the outcome. Listeners see
@@ -262,6 +266,7 @@ pub fn execute(
         pending: Vec::new(),
         workers: None,
         beats: BTreeMap::new(),
+        compare_cancel: Arc::new(AtomicBool::new(false)),
         listeners,
     };
     runner.emit(&Event::RunStarted {
@@ -352,6 +357,7 @@ impl Runner<'_, '_> {
                 self.interrupted = true;
                 self.stop = Some("the run was interrupted".to_string());
                 self.executor.cancel_all();
+                self.compare_cancel.store(true, Ordering::SeqCst);
             }
             if self.stop.is_none() {
                 self.dispatch(&tx);
@@ -415,6 +421,7 @@ impl Runner<'_, '_> {
             let kind = plan.cell(cell).kind;
             let policy = plan.cell(cell).compare.as_ref().map(|c| c.policy.clone());
             let globs = plan.cell(cell).inputs.clone();
+            let cancel = Arc::clone(&self.compare_cancel);
             let workers = self.workers.as_ref().expect("workers start with the run");
             workers.submit(Box::new(move || {
                 let identity = job.receipt();
@@ -423,7 +430,7 @@ impl Runner<'_, '_> {
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     run_cell(
                         &placement, job, kind, compare, policy, &globs, previous, &*executor,
-                        &digests, &tx, cell,
+                        &digests, &tx, cell, &cancel,
                     )
                 }));
                 let (receipt, reused) = ran.unwrap_or_else(|panic| {
@@ -690,7 +697,7 @@ impl Runner<'_, '_> {
     }
 
     /// For a compare cell: the reference's and the candidate's artifact file.
-    fn compare_paths(&self, i: CellIndex) -> Option<(PathBuf, PathBuf)> {
+    fn compare_paths(&self, i: CellIndex) -> Option<(ArtifactPath, ArtifactPath)> {
         let spec = self.plan.cell(i).compare.as_ref()?;
         let side = |c: CellIndex| {
             self.finished[c.0].artifacts.clone().unwrap_or_else(|| {
@@ -702,10 +709,17 @@ impl Runner<'_, '_> {
                     .join("artifacts")
             })
         };
-        Some((
-            side(spec.reference).join(&spec.artifact),
-            side(spec.candidate).join(&spec.artifact),
-        ))
+        // The file is read below its attempt folder (the artifacts folder's parent), so a
+        // link anywhere from `artifacts/` down is refused.
+        let path = |c: CellIndex| {
+            let dir = side(c);
+            ArtifactPath {
+                cell: self.plan.cell(c).id.0.clone(),
+                attempt: dir.parent().map(PathBuf::from).unwrap_or_default(),
+                rel: PathBuf::from("artifacts").join(&spec.artifact),
+            }
+        };
+        Some((path(spec.reference), path(spec.candidate)))
     }
 }
 
@@ -716,7 +730,7 @@ fn run_cell(
     placement: &Placement,
     mut job: CellJob,
     kind: NodeKind,
-    compare: Option<(PathBuf, PathBuf)>,
+    compare: Option<(ArtifactPath, ArtifactPath)>,
     policy: Option<crate::plan::Policy>,
     globs: &[String],
     previous: Option<PathBuf>,
@@ -724,6 +738,7 @@ fn run_cell(
     digests: &DigestCache,
     tx: &mpsc::Sender<Msg>,
     cell: CellIndex,
+    cancel: &AtomicBool,
 ) -> (NodeReceipt, bool) {
     if kind != NodeKind::Compare && !job.shell {
         job.program = digests.resolve(&job);
@@ -733,15 +748,23 @@ fn run_cell(
     }
     // A compare's inputs are the two files it compares: hashing them makes `--resume`
     // redo the comparison when either side produced different bits.
+    // They are hashed as the compare reads them (no link followed, nothing but a regular
+    // file opened), so a FIFO or a link cannot hang or mislead the digest either.
     if let Some((reference, candidate)) = &compare {
-        job.binaries.extend(
-            [reference, candidate]
-                .into_iter()
-                .filter_map(|p| digests.digest(p)),
-        );
+        job.binaries
+            .extend([reference, candidate].into_iter().filter_map(|a| {
+                attempt_file::sha256(&a.attempt, &a.rel)
+                    .ok()
+                    .map(|(bytes, sha256)| FileDigest {
+                        path: a.full().to_string_lossy().into_owned(),
+                        bytes,
+                        sha256,
+                    })
+            }));
     }
     job.input_files = digests.declared_inputs(globs);
-    job.inputs = inputs_digest(&job, policy.as_ref(), compare.as_ref());
+    let full = compare.as_ref().map(|(r, c)| (r.full(), c.full()));
+    job.inputs = inputs_digest(&job, policy.as_ref(), full.as_ref());
     if let Some(path) = previous
         && let Ok(Some(old)) = read_node_receipt(&path)
         && old.verdict.is_final()
@@ -751,7 +774,10 @@ fn run_cell(
     }
     let _ = tx.send(Msg::Started(cell, placement.clone()));
     if let (Some((reference, candidate)), Some(policy)) = (compare, policy) {
-        return (compare::run(&job, &reference, &candidate, &policy), false);
+        return (
+            compare::run(&job, &reference, &candidate, &policy, cancel),
+            false,
+        );
     }
     let mut on_note = |note: CellNote| {
         let _ = tx.send(match note {
