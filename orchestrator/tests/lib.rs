@@ -8,6 +8,7 @@ mod run_support;
 
 mod attest_pins;
 mod compare_artifacts;
+mod compare_cells;
 mod declared_inputs;
 mod diff_trees;
 mod gpus_cli;
