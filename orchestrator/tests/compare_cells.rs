@@ -259,3 +259,76 @@ unsafe extern "C" {
     #[link_name = "kill"]
     fn libc_kill(pid: i32, sig: i32) -> i32;
 }
+
+/// `memra-orch show` on one node of the fixture's tree.
+fn show(f: &Fixture, node: &str, format: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+        .arg("show")
+        .arg(f.tree())
+        .arg(node)
+        .args(["--format", format])
+        .output()
+        .unwrap();
+    assert!(out.status.code().is_some(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn show_prints_a_compare_as_a_table() {
+    let f = Fixture::new(&manifest(
+        "run = [\"{gates}/logits.sh\", \"moved\"]",
+        &compare("logits.safetensors", ""),
+    ));
+    f.run(&[]);
+    assert_eq!(f.verdict(PAIR), "fail");
+    let text = show(&f, PAIR, "text");
+    let start = text.find("\ncompare:").expect("a compare section");
+    let table = text[start..].replace(&*f.tree().to_string_lossy(), "[tree]");
+    let slug = f.receipt(PAIR)["slug"].as_str().unwrap().to_string();
+    let table = table
+        .replace(f.receipt("ref")["slug"].as_str().unwrap(), "[ref]")
+        .replace(f.receipt("cand")["slug"].as_str().unwrap(), "[cand]")
+        .replace(&slug, "[pair]");
+    insta::assert_snapshot!(table);
+    // The JSON view stays the stored report.
+    let json: serde_json::Value = serde_json::from_str(&show(&f, PAIR, "json")).unwrap();
+    assert_eq!(json["compare"]["mismatches"], 1);
+}
+
+#[test]
+fn show_escapes_control_characters_a_gate_wrote() {
+    let f = Fixture::new(&format!(
+        "{HEADER}[[arm]]\nid = \"loud\"\nshell = true\n\
+         run = [\"printf '{{\\\"check\\\":\\\"c\\\",\\\"status\\\":\\\"fail\\\",\\\"message\\\":\\\"\\\\\\\\u001b[2Jgone\\\\\\\\u0000\\\"}}\\\\n' >> \\\"$MEMRA_ORCH_CHECKS\\\"; exit 1\"]\n"
+    ));
+    f.run(&[]);
+    let r = f.receipt("loud");
+    assert_eq!(
+        r["checks"][0]["message"], "\u{1b}[2Jgone\u{0}",
+        "the receipt keeps what the gate wrote: {r:#}"
+    );
+    let text = show(&f, "loud", "text");
+    assert!(!text.contains('\u{1b}') && !text.contains('\0'), "{text:?}");
+    assert!(text.contains("\\x1b[2Jgone\\x00"), "{text}");
+}
+
+#[test]
+fn show_prints_argmax_agreement_for_argmax_policies() {
+    let f = Fixture::new(&manifest(
+        "run = [\"{gates}/logits.sh\", \"moved\"]",
+        "[[compare]]\nid = \"pair\"\nreference = \"ref\"\ncandidates = [\"cand\"]\n\
+         artifact = \"logits.safetensors\"\npolicy = { min_agree = 1.0 }\n",
+    ));
+    f.run(&[]);
+    let text = show(&f, PAIR, "text");
+    let rows: Vec<&str> = text.lines().skip_while(|l| *l != "compare:").collect();
+    assert!(rows.iter().any(|l| l.ends_with("argmax agree")), "{text}");
+    // Row 0 is [1, 1] against [1, 2]: the argmax moves from index 0 to 1.
+    assert!(
+        rows.iter()
+            .any(|l| l.starts_with("  logits") && l.ends_with("0/1")),
+        "{text}"
+    );
+    assert!(text.contains("(argmax: ref 0, got 1)"), "{text}");
+    assert!(text.contains("policy:    { min_agree = 1 }"), "{text}");
+}
