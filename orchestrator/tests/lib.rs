@@ -19,6 +19,7 @@ mod layers;
 mod manifest_errors;
 mod manifest_matrix;
 mod manifests_gpu;
+mod output_memory;
 mod plan_output;
 mod receipts_tree;
 mod run_cron;
