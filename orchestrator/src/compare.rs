@@ -2,7 +2,9 @@
 //! judge them with a [`Policy`]. A pure library function ([`compare_files`]) returning a
 //! serializable [`CompareReport`]; it does not know about cells, receipts or the scheduler.
 //! An artifact it cannot read is a [`CompareError`], recorded as text among the report's
-//! failures.
+//! failures. Files are opened through `attempt_file` (no link followed, never blocking,
+//! regular files only); running a comparison against a deadline is the compare cell's job
+//! (`executor::compare`), which can tell it to stop between tensors and rows.
 //!
 //! Files are memory-mapped and compared row by row (rows are the leading dimensions of a
 //! tensor, the last one being the row length, e.g. `logits` [T, n_vocab]) in parallel.

@@ -1,7 +1,8 @@
 //! The gate protocol of DESIGN §5, seen from the orchestrator: a gate's `checks.jsonl`
-//! read for a receipt (nested keys sorted, so receipts diff cleanly), and how an attempt
-//! ended (exit status, timeout, cancellation, check rows, text verdict regexes) turned into
-//! one outcome with a reason.
+//! read for a receipt (line by line, keeping at most what a receipt stores, nested keys
+//! sorted so receipts diff cleanly), stdout scanned line by line for text verdicts, and
+//! how an attempt ended (exit status, timeout, cancellation, check rows, text verdict
+//! regexes) turned into one outcome with a reason.
 //!
 //! It owns the judging rules and the receipt's view of the rows only. The rows, their
 //! reader and the exit codes are `memra-protocol`'s, shared with every gate; spawning
@@ -349,11 +350,11 @@ pub fn judge(
     } else {
         None
     };
-    if let Some((t, why)) = text {
-        if t > outcome {
-            outcome = t;
-            reason = why;
-        }
+    if let Some((t, why)) = text
+        && t > outcome
+    {
+        outcome = t;
+        reason = why;
     }
     if !report.problems.is_empty() {
         return Judgement {
@@ -397,12 +398,9 @@ pub fn judge_text(tv: &TextVerdict, stdout: impl Read) -> (Verdict, Option<Strin
     let mut reader = std::io::BufReader::with_capacity(1 << 16, stdout);
     let mut buf = Vec::new();
     let mut passed = false;
-    loop {
-        // A clipped line's rest is skipped; the pieces are read as they come instead.
-        let line = match read_piece(&mut reader, &mut buf, MAX_LINE) {
-            Ok(true) => String::from_utf8_lossy(&buf),
-            _ => break,
-        };
+    // An unreadable rest of stdout ends the scan like its end would.
+    while let Ok(true) = read_piece(&mut reader, &mut buf, MAX_LINE) {
+        let line = String::from_utf8_lossy(&buf);
         if let Some(fail) = &tv.fail
             && fail.is_match(&line)
         {
