@@ -38,6 +38,8 @@ pub enum OpenError {
         path.display()
     )]
     NotRegular { path: PathBuf, what: &'static str },
+    #[error("{} is a {what}, not a folder", path.display())]
+    NotAFolder { path: PathBuf, what: &'static str },
     #[error(
         "{} is not a relative path below the attempt folder (no `..`, no leading `/`)",
         path.display()
@@ -57,6 +59,7 @@ impl OpenError {
             OpenError::NotFound { path }
             | OpenError::Symlink { path }
             | OpenError::NotRegular { path, .. }
+            | OpenError::NotAFolder { path, .. }
             | OpenError::Outside { path }
             | OpenError::Io { path, .. } => path,
         }
@@ -67,7 +70,10 @@ impl OpenError {
     pub fn is_refusal(&self) -> bool {
         matches!(
             self,
-            OpenError::Symlink { .. } | OpenError::NotRegular { .. } | OpenError::Outside { .. }
+            OpenError::Symlink { .. }
+                | OpenError::NotRegular { .. }
+                | OpenError::NotAFolder { .. }
+                | OpenError::Outside { .. }
         )
     }
 }
@@ -125,7 +131,7 @@ pub fn check_dir(attempt: &Path, rel: &Path) -> Result<bool, OpenError> {
         match std::fs::symlink_metadata(&path) {
             Ok(m) if m.file_type().is_symlink() => return Err(OpenError::Symlink { path }),
             Ok(m) if !m.is_dir() => {
-                return Err(OpenError::NotRegular {
+                return Err(OpenError::NotAFolder {
                     what: kind_of(&m.file_type()),
                     path,
                 });
@@ -292,7 +298,7 @@ fn openat(
                     });
                 }
                 Ok(m) if !m.is_dir() && flags & libc::O_DIRECTORY != 0 => {
-                    return Err(OpenError::NotRegular {
+                    return Err(OpenError::NotAFolder {
                         path: full.to_path_buf(),
                         what: kind_of(&m.file_type()),
                     });
@@ -323,7 +329,9 @@ fn cstring(p: &Path) -> Result<CString, OpenError> {
 /// What kind of file a type is, in words.
 fn kind_of(ft: &std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
-    if ft.is_dir() {
+    if ft.is_file() {
+        "regular file"
+    } else if ft.is_dir() {
         "folder"
     } else if ft.is_symlink() {
         "symbolic link"
@@ -381,6 +389,13 @@ mod tests {
         ));
         let e = files_below(a, Path::new("artifacts")).unwrap_err();
         assert!(e.is_refusal(), "{e}");
+        // A file where a folder should be.
+        let e = open(a, Path::new("artifacts/sub/x.bin/y")).unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("x.bin is a regular file, not a folder"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub const MAX_MESSAGE: usize = 4096;
 pub const MAX_LINE: usize = 1 << 20;
 /// The problems a report keeps; later ones are counted in one last problem.
 pub const MAX_PROBLEMS: usize = 100;
+/// The keys the merged doors row keeps; a gate that names more breaks the protocol.
+pub const MAX_DOOR_KEYS: usize = 1000;
 /// The check name of the row that says rows were dropped.
 pub const DROPPED_CHECK: &str = "memra-orch.dropped-rows";
 
@@ -100,6 +102,8 @@ struct Rows {
     full: bool,
     /// A failing row is among the kept ones.
     kept_fail: bool,
+    /// The doors rows named more than [`MAX_DOOR_KEYS`] keys (said once).
+    too_many_doors: bool,
 }
 
 impl Rows {
@@ -109,6 +113,20 @@ impl Rows {
         if self.report.problems.len() > MAX_PROBLEMS {
             self.report.problems.truncate(MAX_PROBLEMS);
             self.more_problems += 1;
+        }
+        if let Some(doors) = &mut self.report.doors
+            && doors.len() > MAX_DOOR_KEYS
+        {
+            while doors.len() > MAX_DOOR_KEYS {
+                doors.pop_last();
+            }
+            if !self.too_many_doors {
+                self.too_many_doors = true;
+                self.problem(format!(
+                    "checks.jsonl line {n}: the doors rows name more than {MAX_DOOR_KEYS} keys; \
+                     a doors row names the code paths a gate ran, a handful of keys"
+                ));
+            }
         }
         if self.report.checks.len() == rows {
             return;
@@ -673,6 +691,18 @@ mod tests {
         assert_eq!(r.checks.len(), 2);
         assert_eq!(r.problems.len(), 1, "{:?}", r.problems);
         assert!(r.problems[0].starts_with("checks.jsonl line 2: longer than 1 MiB"));
+    }
+
+    #[test]
+    fn doors_rows_keep_a_bounded_number_of_keys() {
+        let mut text = String::new();
+        for i in 0..MAX_DOOR_KEYS + 10 {
+            text.push_str(&format!("{{\"doors\":{{\"k{i:05}\":1}}}}\n"));
+        }
+        let r = parse_checks(&text);
+        assert_eq!(r.doors.unwrap().len(), MAX_DOOR_KEYS);
+        assert_eq!(r.problems.len(), 1, "{:?}", r.problems);
+        assert!(r.problems[0].contains("more than 1000 keys"));
     }
 
     #[test]

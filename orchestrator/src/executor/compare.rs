@@ -202,7 +202,12 @@ fn unusable(side: Side, a: &ArtifactPath, e: &OpenError) -> String {
             a.cell
         );
     };
-    let folder = a.rel.parent().unwrap_or(Path::new(""));
+    // What the cell wrote is listed from the artifacts folder down (`artifacts/`).
+    let folder = a
+        .rel
+        .components()
+        .next()
+        .map_or(Path::new(""), |c| Path::new(c.as_os_str()));
     let wanted = a.rel.strip_prefix(folder).unwrap_or(&a.rel);
     let wanted = wanted.to_string_lossy();
     let written: Vec<String> = attempt_file::files_below(&a.attempt, folder)
