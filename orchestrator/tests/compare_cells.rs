@@ -57,12 +57,14 @@ fn a_misspelt_artifact_ends_error_naming_what_the_cell_wrote() {
         "{why}"
     );
     assert!(why.contains("the candidate cell `cand`"), "{why}");
-    // The report says the same, so `show` prints it.
+    // The report says the same, so `show` prints it, with the attempt's outcome.
     assert_eq!(
         r["compare"]["failures"].as_array().unwrap().len(),
         2,
         "{r:#}"
     );
+    let text = show(&f, PAIR, "text");
+    assert!(text.contains("\n  result:    error\n"), "{text}");
 }
 
 #[test]

@@ -13,6 +13,7 @@ use crate::receipt::NodeReceipt;
 use crate::receipt::load::{LoadedNode, LoadedRun};
 use crate::receipt::tree::Tree;
 use crate::report::summary::counts_line;
+use crate::verdict::Verdict;
 
 /// The run view: header, then every node, problems first.
 pub fn run_text(run: &LoadedRun) -> String {
@@ -174,7 +175,13 @@ pub fn node_text(run: &LoadedRun, r: &NodeReceipt) -> String {
     }
     if let Some(c) = &r.compare {
         match serde_json::from_value::<CompareReport>(c.clone()) {
-            Ok(report) => compare_table(&mut out, &report),
+            Ok(report) => {
+                // The attempt's own outcome (before `expect`): `error` for an artifact
+                // that is missing or refused, which the report alone cannot tell from
+                // `fail`.
+                let outcome = r.attempts.last().map(|a| a.outcome);
+                compare_table(&mut out, &report, outcome)
+            }
             // A report of another format version: shown as it is stored.
             Err(_) => {
                 let _ = writeln!(out, "\ncompare: {c}");
@@ -186,7 +193,7 @@ pub fn node_text(run: &LoadedRun, r: &NodeReceipt) -> String {
 
 /// A compare's report: the two files, a row per tensor, the first mismatch, the policy and
 /// the result.
-fn compare_table(out: &mut String, c: &CompareReport) {
+fn compare_table(out: &mut String, c: &CompareReport, outcome: Option<Verdict>) {
     let _ = writeln!(out, "\ncompare:");
     let _ = writeln!(out, "  reference: {}", c.reference.display());
     let _ = writeln!(out, "  candidate: {}", c.candidate.display());
@@ -276,10 +283,13 @@ fn compare_table(out: &mut String, c: &CompareReport) {
         );
     }
     let _ = writeln!(out, "  policy:    {}", policy_text(&c.policy));
-    if c.failures.is_empty() {
-        let _ = writeln!(out, "  result:    pass");
+    let result = outcome.unwrap_or(if c.passed() {
+        Verdict::Pass
     } else {
-        let _ = writeln!(out, "  result:    fail");
+        Verdict::Fail
+    });
+    let _ = writeln!(out, "  result:    {result}");
+    if !c.failures.is_empty() {
         for f in &c.failures {
             let _ = writeln!(out, "    - {}", f.replace('\n', " "));
         }
