@@ -94,6 +94,24 @@ pub struct CompareReport {
 }
 
 impl CompareReport {
+    /// The report of a comparison of these files that has found nothing yet.
+    pub fn new(reference: &Path, candidate: &Path, policy: &Policy) -> CompareReport {
+        CompareReport {
+            version: COMPARE_REPORT_VERSION,
+            reference: reference.to_path_buf(),
+            candidate: candidate.to_path_buf(),
+            policy: policy.clone(),
+            failures: Vec::new(),
+            tensors_compared: 0,
+            values_compared: 0,
+            mismatches: 0,
+            rows: 0,
+            argmax_agree: 0,
+            tensors: Vec::new(),
+            first_mismatch: None,
+        }
+    }
+
     pub fn passed(&self) -> bool {
         self.failures.is_empty()
     }
@@ -142,20 +160,7 @@ pub fn compare_opened(
     policy: &Policy,
     stop: &AtomicBool,
 ) -> CompareReport {
-    let mut report = CompareReport {
-        version: COMPARE_REPORT_VERSION,
-        reference: reference.to_path_buf(),
-        candidate: candidate.to_path_buf(),
-        policy: policy.clone(),
-        failures: Vec::new(),
-        tensors_compared: 0,
-        values_compared: 0,
-        mismatches: 0,
-        rows: 0,
-        argmax_agree: 0,
-        tensors: Vec::new(),
-        first_mismatch: None,
-    };
+    let mut report = CompareReport::new(reference, candidate, policy);
     let (r_map, c_map) = match (
         r_file.and_then(|f| map(&f, reference, Side::Reference)),
         c_file.and_then(|f| map(&f, candidate, Side::Candidate)),

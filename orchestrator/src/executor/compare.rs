@@ -87,37 +87,21 @@ pub fn run(
 ) -> NodeReceipt {
     let start_wall = SystemTime::now();
     let started = Instant::now();
-    let r_file = attempt_file::open(&reference.attempt, &reference.rel);
-    let c_file = attempt_file::open(&candidate.attempt, &candidate.rel);
-    // A missing or refused artifact is a mistake of the manifest or the gate, not a
-    // numeric failure: the cell ends `error`, saying which.
-    let unusable: Vec<String> = [
-        (Side::Reference, reference, &r_file),
-        (Side::Candidate, candidate, &c_file),
-    ]
-    .into_iter()
-    .filter_map(|(side, a, f)| f.as_ref().err().map(|e| unusable(side, a, e)))
-    .collect();
-    let ended = if unusable.is_empty() {
-        let (r_path, c_path) = (reference.full(), candidate.full());
-        let policy = policy.clone();
-        let (r_file, c_file) = (
-            r_file.map_err(to_compare(Side::Reference)),
-            c_file.map_err(to_compare(Side::Candidate)),
-        );
-        bounded(job.timeout, cancel, move |stop| {
-            hold_for_tests();
-            compare_opened((&r_path, r_file), (&c_path, c_file), &policy, stop)
-        })
-    } else {
-        Bounded::Done(refused_report(reference, candidate, policy, &unusable))
-    };
+    // Opening runs on the bounded thread too: it cannot block on a FIFO or a lease, but a
+    // file on a hung network filesystem could still hold it.
+    let (r, c, p) = (reference.clone(), candidate.clone(), policy.clone());
+    let ended = bounded(job.timeout, cancel, move |stop| {
+        hold_for_tests();
+        judge_pair(&r, &c, &p, stop)
+    });
     let (outcome, raw_reason, report) = match ended {
-        Bounded::Done(report) if !unusable.is_empty() => {
-            (Verdict::Error, Some(unusable.join("; ")), Some(report))
+        Bounded::Done(Judged::Unusable(why, report)) => {
+            (Verdict::Error, Some(why.join("; ")), Some(report))
         }
-        Bounded::Done(report) if report.passed() => (Verdict::Pass, None, Some(report)),
-        Bounded::Done(report) => {
+        Bounded::Done(Judged::Compared(report)) if report.passed() => {
+            (Verdict::Pass, None, Some(report))
+        }
+        Bounded::Done(Judged::Compared(report)) => {
             let why = report.failures.join("; ");
             (Verdict::Fail, Some(why), Some(report))
         }
@@ -189,6 +173,51 @@ pub fn run(
     r
 }
 
+/// What the bounded thread found.
+#[derive(Debug)]
+enum Judged {
+    /// An artifact is missing or refused: the reasons, and a report carrying them.
+    Unusable(Vec<String>, CompareReport),
+    Compared(CompareReport),
+}
+
+/// Opens both artifacts and compares them, or says why either cannot be compared.
+fn judge_pair(
+    reference: &ArtifactPath,
+    candidate: &ArtifactPath,
+    policy: &Policy,
+    stop: &AtomicBool,
+) -> Judged {
+    let r_file = attempt_file::open(&reference.attempt, &reference.rel);
+    let c_file = attempt_file::open(&candidate.attempt, &candidate.rel);
+    // A missing or refused artifact is a mistake of the manifest or the gate, not a
+    // numeric failure: the cell ends `error`, saying which.
+    let why: Vec<String> = [
+        (Side::Reference, reference, &r_file),
+        (Side::Candidate, candidate, &c_file),
+    ]
+    .into_iter()
+    .filter_map(|(side, a, f)| f.as_ref().err().map(|e| unusable(side, a, e)))
+    .collect();
+    if !why.is_empty() {
+        let mut report = CompareReport::new(&reference.full(), &candidate.full(), policy);
+        report.failures = why.clone();
+        return Judged::Unusable(why, report);
+    }
+    Judged::Compared(compare_opened(
+        (
+            &reference.full(),
+            r_file.map_err(to_compare(Side::Reference)),
+        ),
+        (
+            &candidate.full(),
+            c_file.map_err(to_compare(Side::Candidate)),
+        ),
+        policy,
+        stop,
+    ))
+}
+
 fn to_compare(side: Side) -> impl FnOnce(OpenError) -> CompareError {
     move |error| CompareError::Open { side, error }
 }
@@ -246,32 +275,6 @@ fn closest<'a>(wanted: &str, written: &'a [String]) -> Option<&'a str> {
         .iter()
         .min_by_key(|n| strsim::levenshtein(wanted, n))
         .map(String::as_str)
-}
-
-/// The report of a comparison that never started, carrying the reasons as its failures.
-fn refused_report(
-    reference: &ArtifactPath,
-    candidate: &ArtifactPath,
-    policy: &Policy,
-    why: &[String],
-) -> CompareReport {
-    let mut report = compare_opened(
-        (&reference.full(), Err(placeholder(Side::Reference))),
-        (&candidate.full(), Err(placeholder(Side::Candidate))),
-        policy,
-        &AtomicBool::new(false),
-    );
-    report.failures = why.to_vec();
-    report
-}
-
-fn placeholder(side: Side) -> CompareError {
-    CompareError::Open {
-        side,
-        error: OpenError::NotFound {
-            path: PathBuf::new(),
-        },
-    }
 }
 
 /// In debug builds only, `MEMRA_ORCH_TEST_HOLD_COMPARE` set makes every comparison hang
