@@ -155,6 +155,7 @@ fn write_tree(dir: &Path, generation: usize) {
         seconds: Some(1.0),
         interrupted: false,
         unmet: None,
+        disk_full: None,
         counts: count(entries.iter().map(|e| e.verdict)),
         verdict: "pass".into(),
         nodes: entries,

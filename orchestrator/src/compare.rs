@@ -2,14 +2,18 @@
 //! judge them with a [`Policy`]. A pure library function ([`compare_files`]) returning a
 //! serializable [`CompareReport`]; it does not know about cells, receipts or the scheduler.
 //! An artifact it cannot read is a [`CompareError`], recorded as text among the report's
-//! failures.
+//! failures. Files are opened through `attempt_file` (no link followed, never blocking,
+//! regular files only); running a comparison against a deadline is the compare cell's job
+//! (`executor::compare`), which can tell it to stop between tensors and rows.
 //!
 //! Files are memory-mapped and compared row by row (rows are the leading dimensions of a
 //! tensor, the last one being the row length, e.g. `logits` [T, n_vocab]) in parallel.
 //! Bitwise comparison first tests whole rows for byte equality and only walks rows that
 //! differ, element by element as u32 bit patterns.
 
+use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors};
@@ -90,31 +94,76 @@ pub struct CompareReport {
 }
 
 impl CompareReport {
+    /// The report of a comparison of these files that has found nothing yet.
+    pub fn new(reference: &Path, candidate: &Path, policy: &Policy) -> CompareReport {
+        CompareReport {
+            version: COMPARE_REPORT_VERSION,
+            reference: reference.to_path_buf(),
+            candidate: candidate.to_path_buf(),
+            policy: policy.clone(),
+            failures: Vec::new(),
+            tensors_compared: 0,
+            values_compared: 0,
+            mismatches: 0,
+            rows: 0,
+            argmax_agree: 0,
+            tensors: Vec::new(),
+            first_mismatch: None,
+        }
+    }
+
     pub fn passed(&self) -> bool {
         self.failures.is_empty()
     }
 }
 
+/// An artifact file of a finished cell: the cell, its attempt folder and the file's path
+/// below that folder (`artifacts/<name>`). Reading it never leaves the attempt folder
+/// ([`crate::attempt_file`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArtifactPath {
+    /// The cell id that wrote (or should have written) the file.
+    pub cell: String,
+    pub attempt: PathBuf,
+    pub rel: PathBuf,
+}
+
+impl ArtifactPath {
+    /// The file's full path, for messages and digests.
+    pub fn full(&self) -> PathBuf {
+        self.attempt.join(&self.rel)
+    }
+}
+
 /// Compares `candidate` against `reference` under `policy`. Never panics on bad input: an
 /// unreadable file, a missing tensor, a shape or dtype mismatch is a failure with its reason.
+/// Each file is opened without following a link in its last component, without blocking,
+/// and only if it is a regular file ([`crate::attempt_file::open_path`]).
 pub fn compare_files(reference: &Path, candidate: &Path, policy: &Policy) -> CompareReport {
-    let mut report = CompareReport {
-        version: COMPARE_REPORT_VERSION,
-        reference: reference.to_path_buf(),
-        candidate: candidate.to_path_buf(),
-        policy: policy.clone(),
-        failures: Vec::new(),
-        tensors_compared: 0,
-        values_compared: 0,
-        mismatches: 0,
-        rows: 0,
-        argmax_agree: 0,
-        tensors: Vec::new(),
-        first_mismatch: None,
+    let open = |path: &Path, side| {
+        crate::attempt_file::open_path(path).map_err(|error| CompareError::Open { side, error })
     };
+    compare_opened(
+        (reference, open(reference, Side::Reference)),
+        (candidate, open(candidate, Side::Candidate)),
+        policy,
+        &AtomicBool::new(false),
+    )
+}
+
+/// Compares two files already opened (or the reasons they could not be). `stop` is looked
+/// at between tensors and rows: once it is set the comparison ends early with a report that
+/// means nothing, which the caller (a cell past its deadline, a cancelled run) drops.
+pub fn compare_opened(
+    (reference, r_file): (&Path, Result<File, CompareError>),
+    (candidate, c_file): (&Path, Result<File, CompareError>),
+    policy: &Policy,
+    stop: &AtomicBool,
+) -> CompareReport {
+    let mut report = CompareReport::new(reference, candidate, policy);
     let (r_map, c_map) = match (
-        map(reference, Side::Reference),
-        map(candidate, Side::Candidate),
+        r_file.and_then(|f| map(&f, reference, Side::Reference)),
+        c_file.and_then(|f| map(&f, candidate, Side::Candidate)),
     ) {
         (Ok(r), Ok(c)) => (r, c),
         (r, c) => {
@@ -134,7 +183,7 @@ pub fn compare_files(reference: &Path, candidate: &Path, policy: &Policy) -> Com
             return report;
         }
     };
-    compare_tensors(&r, &c, policy, &mut report);
+    compare_tensors(&r, &c, policy, &mut report, stop);
     report
 }
 
@@ -158,11 +207,10 @@ impl std::fmt::Display for Side {
 /// [`CompareReport::failures`], so it is part of the report format.
 #[derive(Debug, thiserror::Error)]
 pub enum CompareError {
-    #[error("cannot open the {side} artifact {}: {error}", path.display())]
+    #[error("cannot open the {side} artifact: {error}")]
     Open {
         side: Side,
-        path: PathBuf,
-        error: std::io::Error,
+        error: crate::attempt_file::OpenError,
     },
     #[error("cannot map the {side} artifact {}: {error}", path.display())]
     Map {
@@ -178,15 +226,10 @@ pub enum CompareError {
     },
 }
 
-fn map(path: &Path, side: Side) -> Result<memmap2::Mmap, CompareError> {
-    let file = std::fs::File::open(path).map_err(|error| CompareError::Open {
-        side,
-        path: path.to_path_buf(),
-        error,
-    })?;
+fn map(file: &File, path: &Path, side: Side) -> Result<memmap2::Mmap, CompareError> {
     // SAFETY: the artifact files belong to finished attempts of this run and are not written
     // while compared; a concurrent truncation would be a bug elsewhere, surfacing as SIGBUS.
-    unsafe { memmap2::Mmap::map(&file) }.map_err(|error| CompareError::Map {
+    unsafe { memmap2::Mmap::map(file) }.map_err(|error| CompareError::Map {
         side,
         path: path.to_path_buf(),
         error,
@@ -207,6 +250,7 @@ fn compare_tensors(
     c: &SafeTensors<'_>,
     policy: &Policy,
     report: &mut CompareReport,
+    stop: &AtomicBool,
 ) {
     let mut r_names: Vec<&str> = r.names().into_iter().collect();
     r_names.sort_unstable();
@@ -227,6 +271,9 @@ fn compare_tensors(
         }
     }
     for name in r_names {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
         let (Ok(rt), Ok(ct)) = (r.tensor(name), c.tensor(name)) else {
             continue;
         };
@@ -253,7 +300,7 @@ fn compare_tensors(
             ));
             continue;
         }
-        let t = compare_f32(name, rt.shape(), rt.data(), ct.data(), policy);
+        let t = compare_f32(name, rt.shape(), rt.data(), ct.data(), policy, stop);
         report.tensors_compared += 1;
         report.values_compared += t.values;
         report.mismatches += t.mismatches;
@@ -401,7 +448,14 @@ fn compare_row(r: &[u8], g: &[u8], policy: &Policy) -> RowStats {
 }
 
 /// Compares one F32 tensor pair given as little-endian bytes of equal length.
-fn compare_f32(name: &str, shape: &[usize], r: &[u8], g: &[u8], policy: &Policy) -> TensorReport {
+fn compare_f32(
+    name: &str,
+    shape: &[usize],
+    r: &[u8],
+    g: &[u8],
+    policy: &Policy,
+    stop: &AtomicBool,
+) -> TensorReport {
     let values = (r.len() / 4) as u64;
     let row_len = shape.last().copied().filter(|&n| n > 0).unwrap_or(1);
     let row_bytes = row_len * 4;
@@ -409,7 +463,13 @@ fn compare_f32(name: &str, shape: &[usize], r: &[u8], g: &[u8], policy: &Policy)
     let stats: Vec<RowStats> = r
         .par_chunks(row_bytes)
         .zip(g.par_chunks(row_bytes))
-        .map(|(a, b)| compare_row(a, b, policy))
+        .map(|(a, b)| {
+            if stop.load(Ordering::Relaxed) {
+                RowStats::default()
+            } else {
+                compare_row(a, b, policy)
+            }
+        })
         .collect();
     let step = name.strip_prefix("step.").and_then(|s| s.parse().ok());
     let mut t = TensorReport {
@@ -500,7 +560,14 @@ mod tests {
     fn rows_and_indices_of_the_first_mismatch() {
         let r = bytes(&[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
         let g = bytes(&[0.0, 1.0, 2.0, 3.0, 4.5, 5.0]);
-        let t = compare_f32("step.7", &[2, 3], &r, &g, &Policy::Bitwise);
+        let t = compare_f32(
+            "step.7",
+            &[2, 3],
+            &r,
+            &g,
+            &Policy::Bitwise,
+            &AtomicBool::new(false),
+        );
         assert_eq!(t.rows, 2);
         assert_eq!(t.mismatches, 1);
         let m = t.first_mismatch.unwrap();
@@ -520,6 +587,7 @@ mod tests {
             &r,
             &g,
             &Policy::ArgmaxAgree { min_agree: 1.0 },
+            &AtomicBool::new(false),
         );
         assert_eq!(t.argmax_agree, 0);
         let m = t.first_mismatch.unwrap();

@@ -34,6 +34,7 @@ pub fn free_bytes(path: &Path) -> Option<u64> {
     // SAFETY: statvfs writes into the zeroed struct we own; the path is a valid C string.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     let r = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    #[allow(clippy::useless_conversion)] // The field types differ between targets.
     (r == 0).then(|| u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
 }
 

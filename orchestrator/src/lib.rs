@@ -8,6 +8,7 @@
 //! module per subcommand that turns them into the library's options; nothing below `cmd`
 //! knows the command line exists.
 
+pub mod attempt_file;
 pub mod attest;
 pub mod cli;
 pub mod cmd;

@@ -18,6 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::ExitCode;
+use crate::attempt_file;
+use crate::compare::ArtifactPath;
 use crate::diskfull::DiskFull;
 use crate::events::{Event, JobNote, Listener, Placement};
 use crate::executor::inputs::{DigestCache, inputs_digest};
@@ -284,6 +286,8 @@ struct Runner<'a, 'b> {
     modes: Vec<Mode>,
     /// Seconds each cell waited for a GPU another process leased, before it started.
     lease_waited: Vec<Option<f64>>,
+    /// Set on interrupt: compare cells, which the orchestrator runs itself, stop waiting.
+    compare_cancel: Arc<AtomicBool>,
 }
 
 /// Runs a plan to the end (or until interrupted) and returns the outcome. Listeners see
@@ -327,6 +331,7 @@ pub fn execute(
         beats: BTreeMap::new(),
         modes: modes(plan, opts),
         lease_waited: vec![None; n],
+        compare_cancel: Arc::new(AtomicBool::new(false)),
         listeners,
     };
     runner.emit(&Event::RunStarted {
@@ -429,6 +434,7 @@ impl Runner<'_, '_> {
                 self.interrupted = true;
                 self.stop = Some("the run was interrupted".to_string());
                 self.executor.cancel_all();
+                self.compare_cancel.store(true, Ordering::SeqCst);
             }
             if self.stop.is_none() {
                 self.dispatch(&tx);
@@ -597,6 +603,7 @@ impl Runner<'_, '_> {
             let kind = plan.cell(cell).kind;
             let policy = plan.cell(cell).compare.as_ref().map(|c| c.policy.clone());
             let globs = plan.cell(cell).inputs.clone();
+            let cancel = Arc::clone(&self.compare_cancel);
             let workers = self.workers.as_ref().expect("workers start with the run");
             workers.submit(Box::new(move || {
                 let identity = job.receipt();
@@ -618,6 +625,7 @@ impl Runner<'_, '_> {
                         &digests,
                         &tx,
                         cell,
+                        &cancel,
                     )
                 }));
                 let (receipt, carried) = ran.unwrap_or_else(|panic| {
@@ -892,7 +900,7 @@ impl Runner<'_, '_> {
     }
 
     /// For a compare cell: the reference's and the candidate's artifact file.
-    fn compare_paths(&self, i: CellIndex) -> Option<(PathBuf, PathBuf)> {
+    fn compare_paths(&self, i: CellIndex) -> Option<(ArtifactPath, ArtifactPath)> {
         let spec = self.plan.cell(i).compare.as_ref()?;
         let side = |c: CellIndex| {
             self.finished[c.0].artifacts.clone().unwrap_or_else(|| {
@@ -904,10 +912,17 @@ impl Runner<'_, '_> {
                     .join("artifacts")
             })
         };
-        Some((
-            side(spec.reference).join(&spec.artifact),
-            side(spec.candidate).join(&spec.artifact),
-        ))
+        // The file is read below its attempt folder (the artifacts folder's parent), so a
+        // link anywhere from `artifacts/` down is refused.
+        let path = |c: CellIndex| {
+            let dir = side(c);
+            ArtifactPath {
+                cell: self.plan.cell(c).id.0.clone(),
+                attempt: dir.parent().map(PathBuf::from).unwrap_or_default(),
+                rel: PathBuf::from("artifacts").join(&spec.artifact),
+            }
+        };
+        Some((path(spec.reference), path(spec.candidate)))
     }
 }
 
@@ -926,7 +941,7 @@ fn run_cell(
     placement: &Placement,
     mut job: CellJob,
     kind: NodeKind,
-    compare: Option<(PathBuf, PathBuf)>,
+    compare: Option<(ArtifactPath, ArtifactPath)>,
     policy: Option<crate::plan::Policy>,
     globs: &[String],
     previous: Previous,
@@ -934,6 +949,7 @@ fn run_cell(
     digests: &DigestCache,
     tx: &mpsc::Sender<Msg>,
     cell: CellIndex,
+    cancel: &AtomicBool,
 ) -> (NodeReceipt, Option<Carried>) {
     if kind != NodeKind::Compare && !job.shell {
         job.program = digests.resolve(&job);
@@ -945,17 +961,23 @@ fn run_cell(
     // comparison be redone when either side produced different bits. They are named by
     // side and file name, not by path: the same bits in another run's tree are the same
     // input.
+    // They are hashed as the compare reads them (no link followed, nothing but a regular
+    // file opened), so a FIFO or a link cannot hang or mislead the digest either.
     if let Some((reference, candidate)) = &compare {
-        for (side, path) in [("reference", reference), ("candidate", candidate)] {
-            if let Some(mut d) = digests.digest(path) {
-                let name = path.file_name().unwrap_or_default().to_string_lossy();
-                d.path = format!("{side}/{name}");
-                job.binaries.push(d);
+        for (side, a) in [("reference", reference), ("candidate", candidate)] {
+            if let Ok((bytes, sha256)) = attempt_file::sha256(&a.attempt, &a.rel) {
+                let name = a.rel.file_name().unwrap_or_default().to_string_lossy();
+                job.binaries.push(FileDigest {
+                    path: format!("{side}/{name}"),
+                    bytes,
+                    sha256,
+                });
             }
         }
     }
     job.input_files = digests.declared_inputs(globs);
-    job.inputs = inputs_digest(&job, policy.as_ref(), compare.as_ref());
+    let full = compare.as_ref().map(|(r, c)| (r.full(), c.full()));
+    job.inputs = inputs_digest(&job, policy.as_ref(), full.as_ref());
     let mut not_carried = "no earlier run at this commit has it".to_string();
     if let Some((path, carried)) = previous.receipt {
         let run = carried.label();
@@ -983,7 +1005,10 @@ fn run_cell(
     }
     let _ = tx.send(Msg::Started(cell, placement.clone()));
     if let (Some((reference, candidate)), Some(policy)) = (compare, policy) {
-        return (compare::run(&job, &reference, &candidate, &policy), None);
+        return (
+            compare::run(&job, &reference, &candidate, &policy, cancel),
+            None,
+        );
     }
     let mut on_note = |note: CellNote| {
         let _ = tx.send(match note {

@@ -305,3 +305,58 @@ fn dtype_mismatch_fails_with_the_reason() {
         r.failures
     );
 }
+
+/// Runs `compare_files` on a thread and fails the test if it does not answer within
+/// `limit` (a comparison that blocks would otherwise hang the test binary).
+fn within(
+    limit: std::time::Duration,
+    a: PathBuf,
+    b: PathBuf,
+) -> memra_orch::compare::CompareReport {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(compare_files(&a, &b, &Policy::Bitwise));
+    });
+    rx.recv_timeout(limit)
+        .expect("compare_files blocked instead of refusing the file")
+}
+
+#[test]
+fn a_fifo_artifact_is_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = write(
+        dir.path(),
+        "a.safetensors",
+        &[("logits", vec![1, 4], logits(1, 4))],
+    );
+    let fifo = dir.path().join("b.safetensors");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let r = within(std::time::Duration::from_secs(20), a, fifo);
+    assert!(!r.passed());
+    assert_eq!(r.failures.len(), 1, "{:?}", r.failures);
+    assert!(
+        r.failures[0].starts_with("cannot open the candidate artifact: ")
+            && r.failures[0].contains("b.safetensors is a FIFO, not a regular file"),
+        "{:?}",
+        r.failures
+    );
+}
+
+#[test]
+fn a_linked_artifact_is_refused_and_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = [("logits", vec![2, 8], logits(2, 8))];
+    let a = write(dir.path(), "a.safetensors", &t);
+    let outside = write(dir.path(), "outside.safetensors", &t);
+    let link = dir.path().join("b.safetensors");
+    std::os::unix::fs::symlink(&outside, &link).unwrap();
+    let r = within(std::time::Duration::from_secs(20), a, link);
+    assert_eq!(r.tensors_compared, 0, "the target was not read");
+    assert!(
+        r.failures[0].contains("b.safetensors is a symbolic link"),
+        "{:?}",
+        r.failures
+    );
+}

@@ -8,6 +8,7 @@ mod run_support;
 
 mod attest_pins;
 mod compare_artifacts;
+mod compare_cells;
 mod declared_inputs;
 mod diff_trees;
 mod gpu_leases;
@@ -19,6 +20,7 @@ mod layers;
 mod manifest_errors;
 mod manifest_matrix;
 mod manifests_gpu;
+mod output_memory;
 mod plan_output;
 mod receipts_tree;
 mod run_cron;

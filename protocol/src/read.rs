@@ -78,42 +78,48 @@ pub fn read_checks(path: &Path) -> GateReport {
 pub fn parse_checks(text: &str) -> GateReport {
     let mut report = GateReport::default();
     for (i, line) in text.lines().enumerate() {
-        let n = i + 1;
+        report.add_line(i + 1, line);
+    }
+    report
+}
+
+impl GateReport {
+    /// Adds line `n` (counted from 1) of a checks file: a check row, a doors row merged into
+    /// [`GateReport::doors`], or a problem naming the line. Blank lines are ignored. A reader
+    /// that streams a large file line by line calls this for each line.
+    pub fn add_line(&mut self, n: usize, line: &str) {
         let line = line.trim();
         if line.is_empty() {
-            continue;
+            return;
         }
         let value: Value = match serde_json::from_str(line) {
             Ok(v) => v,
             Err(e) => {
-                report
-                    .problems
+                self.problems
                     .push(format!("checks.jsonl line {n}: not JSON ({e})"));
-                continue;
+                return;
             }
         };
         let Value::Object(obj) = &value else {
-            report
-                .problems
+            self.problems
                 .push(format!("checks.jsonl line {n}: not a JSON object"));
-            continue;
+            return;
         };
         if let Some(doors) = obj.get("doors") {
             match doors_map(doors) {
-                Ok(map) => report.doors.get_or_insert_with(BTreeMap::new).extend(map),
-                Err(e) => report.problems.push(format!("checks.jsonl line {n}: {e}")),
+                Ok(map) => self.doors.get_or_insert_with(BTreeMap::new).extend(map),
+                Err(e) => self.problems.push(format!("checks.jsonl line {n}: {e}")),
             }
-            continue;
+            return;
         }
         match serde_json::from_value::<CheckRow>(value) {
-            Ok(row) => report.checks.push(row),
-            Err(e) => report.problems.push(format!(
+            Ok(row) => self.checks.push(row),
+            Err(e) => self.problems.push(format!(
                 "checks.jsonl line {n}: not a check row ({e}); expected \
                  {{\"check\":NAME,\"status\":\"pass|fail|warn|skip\",…}} or {{\"doors\":{{…}}}}"
             )),
         }
     }
-    report
 }
 
 fn doors_map(doors: &Value) -> Result<BTreeMap<String, Value>, String> {

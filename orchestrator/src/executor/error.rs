@@ -28,6 +28,10 @@ pub enum ExecError {
         cwd: PathBuf,
         error: std::io::Error,
     },
+    /// A file of the attempt that was not opened; a refusal (a link, not a regular file)
+    /// is the gate's protocol error.
+    #[error("{}{}", if .0.is_refusal() { "protocol error: " } else { "" }, .0)]
+    AttemptFile(crate::attempt_file::OpenError),
     #[error("waiting for pid {pgid} failed: {error}")]
     Wait { pgid: i32, error: std::io::Error },
     #[error("{node}: verdict.{which} {pattern:?} is not a valid regex: {error}")]

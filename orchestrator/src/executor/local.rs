@@ -21,6 +21,7 @@ use super::error::{ExecError, FileErrorKind as Kind};
 use super::process::Watchdog;
 use super::reps;
 use super::{CellJob, CellNote, Executor};
+use crate::attempt_file;
 use crate::plan::{Cell, Expect, NodeKind, TextVerdict};
 use crate::protocol::{self, GateReport, ProcessEnd, Stopped};
 use crate::receipt::{
@@ -353,11 +354,11 @@ impl LocalExecutor {
             ProcessEnd::NotStarted => {}
         }
         let report = protocol::read_checks(&checks);
-        let stdout = text.map(|_| {
-            String::from_utf8_lossy(&std::fs::read(dir.join("stdout.log")).unwrap_or_default())
-                .into_owned()
-        });
-        let mut judgement = protocol::judge(end, stopped, &report, text.zip(stdout.as_deref()));
+        // Stdout is scanned only when it can matter (an attempt that was not stopped).
+        let text = text
+            .filter(|_| stopped == Stopped::No)
+            .map(|tv| protocol::judge_text_file(tv, &dir.join("stdout.log")));
+        let mut judgement = protocol::judge(end, stopped, &report, text);
         if judgement.outcome == Verdict::Timeout {
             judgement.reason = Some(format!(
                 "timed out after {}",
@@ -491,39 +492,25 @@ fn finish_setup(job: &CellJob, receipt: &mut NodeReceipt) {
     }
 }
 
-/// Every file under an artifacts folder, sorted by name (relative path).
+/// Every file under an artifacts folder, sorted by name (relative path). A link or anything
+/// but a folder or a regular file below the attempt folder is a protocol error naming it,
+/// never followed ([`crate::attempt_file`]).
 pub fn list_artifacts(dir: &Path) -> Result<Vec<Artifact>, ExecError> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let entries = match std::fs::read_dir(&d) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(ExecError::file(d, Kind::ListArtifacts(e))),
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let ft = entry
-                .file_type()
-                .map_err(|e| ExecError::file(&path, Kind::ArtifactType(e)))?;
-            if ft.is_dir() {
-                stack.push(path);
-            } else if ft.is_file() {
-                let (bytes, sha256) = sha256_file(&path)
-                    .map_err(|e| ExecError::file(&path, Kind::HashArtifact(e)))?;
-                let name = path
-                    .strip_prefix(dir)
-                    .unwrap_or(&path)
-                    .to_string_lossy()
-                    .into_owned();
-                out.push(Artifact {
-                    name,
-                    bytes,
-                    sha256,
-                });
-            }
-        }
-    }
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(out)
+    let (attempt, folder) = match (dir.parent(), dir.file_name()) {
+        (Some(p), Some(n)) => (p, Path::new(n)),
+        _ => (dir, Path::new(".")),
+    };
+    let names = attempt_file::files_below(attempt, folder).map_err(ExecError::AttemptFile)?;
+    names
+        .into_iter()
+        .map(|name| {
+            let (bytes, sha256) = attempt_file::sha256(attempt, &folder.join(&name))
+                .map_err(ExecError::AttemptFile)?;
+            Ok(Artifact {
+                name: name.to_string_lossy().into_owned(),
+                bytes,
+                sha256,
+            })
+        })
+        .collect()
 }

@@ -1,15 +1,19 @@
 //! What `memra-orch show` prints of a stored run: the run view (header and a row per node,
 //! problems first) and the node view (command, pins, attempts, checks, doors, artifacts,
-//! where its logs are). It formats a loaded tree only; finding and reading it is
-//! `receipt`'s job.
+//! a compare's report as a table, where its logs are). Control characters a gate wrote
+//! (ESC, NUL, …) are printed escaped, never raw, so a receipt cannot drive the terminal.
+//! It formats a loaded tree only; finding and reading it is `receipt`'s job.
 
 use std::fmt::Write;
 
 use crate::commit::short_commit;
+use crate::compare::CompareReport;
+use crate::plan::Policy;
 use crate::receipt::NodeReceipt;
 use crate::receipt::load::{LoadedNode, LoadedRun};
 use crate::receipt::tree::Tree;
 use crate::report::summary::counts_line;
+use crate::verdict::Verdict;
 
 /// The run view: header, then every node, problems first.
 pub fn run_text(run: &LoadedRun) -> String {
@@ -87,7 +91,7 @@ pub fn run_text(run: &LoadedRun) -> String {
         );
         let _ = writeln!(out, "{}", line.trim_end());
     }
-    out
+    escape_controls(&out)
 }
 
 /// The node view.
@@ -197,7 +201,192 @@ pub fn node_text(run: &LoadedRun, r: &NodeReceipt) -> String {
         }
     }
     if let Some(c) = &r.compare {
-        let _ = writeln!(out, "\ncompare: {c}");
+        match serde_json::from_value::<CompareReport>(c.clone()) {
+            Ok(report) => {
+                // The attempt's own outcome (before `expect`): `error` for an artifact
+                // that is missing or refused, which the report alone cannot tell from
+                // `fail`.
+                let outcome = r.attempts.last().map(|a| a.outcome);
+                compare_table(&mut out, &report, outcome)
+            }
+            // A report of another format version: shown as it is stored.
+            Err(_) => {
+                let _ = writeln!(out, "\ncompare: {c}");
+            }
+        }
+    }
+    escape_controls(&out)
+}
+
+/// A compare's report: the two files, a row per tensor, the first mismatch, the policy and
+/// the result.
+fn compare_table(out: &mut String, c: &CompareReport, outcome: Option<Verdict>) {
+    let _ = writeln!(out, "\ncompare:");
+    let _ = writeln!(out, "  reference: {}", c.reference.display());
+    let _ = writeln!(out, "  candidate: {}", c.candidate.display());
+    let argmax = matches!(
+        c.policy,
+        Policy::ArgmaxAgree { .. } | Policy::Tolerance { argmax: true, .. }
+    );
+    if !c.tensors.is_empty() {
+        let head = [
+            "tensor",
+            "shape",
+            "values",
+            "differ",
+            "max |Δ|",
+            "max rel",
+            "argmax agree",
+        ];
+        let rows: Vec<[String; 7]> = c
+            .tensors
+            .iter()
+            .map(|t| {
+                [
+                    t.name.clone(),
+                    format!("{:?}", t.shape),
+                    t.values.to_string(),
+                    t.mismatches.to_string(),
+                    number(t.max_abs),
+                    number(t.max_rel),
+                    if argmax {
+                        format!("{}/{}", t.argmax_agree, t.rows)
+                    } else {
+                        "-".to_string()
+                    },
+                ]
+            })
+            .collect();
+        let mut w = head.map(|h| h.chars().count());
+        for r in &rows {
+            for (i, cell) in r.iter().enumerate() {
+                w[i] = w[i].max(cell.chars().count());
+            }
+        }
+        // The argmax column only for policies that compute it.
+        let shown = if argmax { 7 } else { 6 };
+        let line = |cells: [&str; 7]| {
+            let mut l = String::new();
+            for (i, cell) in cells.iter().take(shown).enumerate() {
+                let pad = w[i] - cell.chars().count();
+                // Names and shapes read left to right; numbers line up on the right.
+                if i < 2 {
+                    let _ = write!(l, "  {cell}{}", " ".repeat(pad));
+                } else {
+                    let _ = write!(l, "  {}{cell}", " ".repeat(pad));
+                }
+            }
+            l.trim_end().to_string()
+        };
+        let _ = writeln!(out, "{}", line(head));
+        for r in &rows {
+            let _ = writeln!(out, "{}", line(r.each_ref().map(String::as_str)));
+        }
+        if c.tensors.len() > 1 {
+            let _ = writeln!(
+                out,
+                "  all {} tensors: {} values, {} differ{}",
+                c.tensors_compared,
+                c.values_compared,
+                c.mismatches,
+                if argmax {
+                    format!(", argmax agrees on {} of {} rows", c.argmax_agree, c.rows)
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
+    if let Some(m) = &c.first_mismatch {
+        let step = m.step.map_or(String::new(), |s| format!(", step {s}"));
+        let kind = match m.got_argmax {
+            Some(g) => format!(" (argmax: ref {}, got {g})", m.index),
+            None => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "  first mismatch: tensor {}{step}, row {}, index {}: ref {:e}, got {:e}{kind}",
+            m.tensor, m.row, m.index, m.reference, m.got
+        );
+    }
+    let _ = writeln!(out, "  policy:    {}", policy_text(&c.policy));
+    let result = outcome.unwrap_or(if c.passed() {
+        Verdict::Pass
+    } else {
+        Verdict::Fail
+    });
+    let _ = writeln!(out, "  result:    {result}");
+    if !c.failures.is_empty() {
+        for f in &c.failures {
+            let _ = writeln!(out, "    - {}", f.replace('\n', " "));
+        }
+    }
+}
+
+/// A float for the table: 0 as `0`, else three significant digits in exponent form.
+fn number(x: f64) -> String {
+    if x == 0.0 {
+        "0".to_string()
+    } else {
+        format!("{x:.2e}")
+    }
+}
+
+/// A policy in the spelling of manifests.
+fn policy_text(p: &Policy) -> String {
+    match p {
+        Policy::Bitwise => "bitwise".to_string(),
+        Policy::Tolerance {
+            max_abs,
+            max_rel,
+            argmax,
+        } => {
+            let mut parts = Vec::new();
+            if let Some(a) = max_abs {
+                parts.push(format!("max_abs = {a}"));
+            }
+            if let Some(r) = max_rel {
+                parts.push(format!("max_rel = {r}"));
+            }
+            parts.push(format!("argmax = {argmax}"));
+            format!("{{ {} }}", parts.join(", "))
+        }
+        Policy::ArgmaxAgree { min_agree } => format!("{{ min_agree = {min_agree} }}"),
+    }
+}
+
+/// `text` with every control character but the newline written as an escape (`\x1b`,
+/// `\x00`, `\u{9b}`), so what a gate wrote into its rows cannot reach the terminal raw.
+pub fn escape_controls(text: &str) -> String {
+    if !text.chars().any(|c| c.is_control() && c != '\n') {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push(c),
+            c if c.is_control() && (c as u32) < 0x80 => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_escaped_and_newlines_kept() {
+        assert_eq!(
+            escape_controls("a\u{1b}[31mred\0\nnext\u{9b}\t"),
+            "a\\x1b[31mred\\x00\nnext\\u{9b}\\x09"
+        );
+        assert_eq!(escape_controls("plain — text"), "plain — text");
+    }
 }

@@ -222,6 +222,7 @@ mod tests {
             seconds: Some(2.0),
             interrupted: false,
             unmet: None,
+            disk_full: None,
             counts: count([Verdict::Pass, Verdict::Fail]),
             verdict: "fail".into(),
             nodes: vec![
@@ -287,6 +288,7 @@ mod tests {
             elapsed: std::time::Duration::from_millis(16_250),
             lacked_resources: 1,
             require_gpus: None,
+            disk_full: None,
         };
         let tree = Tree {
             dir: std::path::PathBuf::from("/r/abc123-dirty/nightly/20261201T000000.000Z-abcd"),
