@@ -24,6 +24,7 @@ pub mod graph;
 pub mod load;
 pub mod manifest;
 pub mod matrix;
+pub mod name_clash;
 pub mod plan;
 pub mod protocol;
 pub mod receipt;

@@ -16,6 +16,16 @@ pub const SECRET_NAME: &str = "(?i)(secret|token|password|passwd|key|credential|
 /// What a redacted value reads as.
 pub const REDACTED: &str = "<redacted>";
 
+/// Names the orchestrator sets itself for every attempt, besides the `MEMRA_ORCH_` family
+/// ([`is_reserved`]); a manifest may not pin them.
+pub const RESERVED: &[&str] = &["CUDA_VISIBLE_DEVICES", "TMPDIR"];
+
+/// Whether `name` is one the orchestrator sets for every attempt, so that a pin of it would
+/// be overridden.
+pub fn is_reserved(name: &str) -> bool {
+    RESERVED.contains(&name) || name.starts_with("MEMRA_ORCH_")
+}
+
 /// The orchestrator's own variables for one attempt.
 #[derive(Debug, Clone)]
 pub struct OrchVars<'a> {
