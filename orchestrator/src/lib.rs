@@ -28,6 +28,7 @@ pub mod name_clash;
 pub mod plan;
 pub mod protocol;
 pub mod receipt;
+pub mod redact;
 pub mod report;
 pub mod require;
 pub mod run;

@@ -400,6 +400,7 @@ mod tests {
             inherit: Vec::new(),
             require: Default::default(),
             cells,
+            redact: Default::default(),
         }
     }
 

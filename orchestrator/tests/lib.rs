@@ -11,6 +11,7 @@ mod compare_artifacts;
 mod declared_inputs;
 mod diff_trees;
 mod gpus_cli;
+mod hostile_input;
 mod housekeeping_cli;
 mod isolation_env;
 mod isolation_timeout;

@@ -75,6 +75,7 @@ fn hostile_cell_ids_cannot_write_outside_the_tree() {
             .iter()
             .map(|id| cell(id, vec![gate.clone()], &work))
             .collect(),
+        redact: Default::default(),
     };
     let tree = Tree::new(&work.join("receipts"), "c0", "hostile");
     let opts = RunOptions {

@@ -258,6 +258,16 @@ pub fn build(
         Some(list) => list.iter().map(|s| s.get_ref().clone()).collect(),
         None => DEFAULT_INHERIT.iter().map(|s| s.to_string()).collect(),
     };
+    let marked: Vec<String> = raw.secret.iter().map(|s| s.get_ref().clone()).collect();
+    let named = vars
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .chain(
+            cells
+                .iter()
+                .flat_map(|c| c.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+        );
+    let redact = crate::redact::Redactor::new(marked, named);
     Some(Plan {
         name,
         description: raw.description.clone(),
@@ -272,6 +282,7 @@ pub fn build(
             gpus: raw.require.gpus.as_ref().map(|g| *g.get_ref()),
         },
         cells,
+        redact,
     })
 }
 

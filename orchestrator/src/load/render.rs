@@ -22,6 +22,7 @@ pub enum PlanFormat {
 
 /// Renders the selected cells of a plan in the chosen format.
 pub fn render(plan: &Plan, selected: &[bool], format: PlanFormat) -> String {
+    let plan = &plan.redact.plan(plan);
     match format {
         PlanFormat::Text => text(plan, selected),
         PlanFormat::Json => json(plan, selected),

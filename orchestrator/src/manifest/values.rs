@@ -102,10 +102,12 @@ impl Walker<'_, '_> {
     }
 
     /// Refuses a string holding a NUL byte: no argv entry, environment value or path can
-    /// carry one (the OS ends the string there), so every attempt would fail.
-    fn no_nul(&mut self, key: &Key<'_>, span: Range<usize>, s: &str) -> bool {
+    /// carry one (the OS ends the string there), so every attempt would fail. The value is
+    /// still used for the rest of the checks (the error stops the plan), so one bad byte
+    /// does not also read as a missing key.
+    fn no_nul(&mut self, key: &Key<'_>, span: Range<usize>, s: &str) {
         if !s.contains('\0') {
-            return true;
+            return;
         }
         let msg = format!("`{}` holds a NUL byte (\\u0000)", key.get_ref());
         self.err(
@@ -114,14 +116,14 @@ impl Walker<'_, '_> {
             "remove it: argv entries, environment values and paths cannot carry NUL bytes"
                 .to_string(),
         );
-        false
     }
 
     pub(super) fn string(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<Sp<String>> {
         match v.get_ref().as_str() {
-            Some(s) => self
-                .no_nul(key, v.span(), s)
-                .then(|| Spanned::new(v.span(), s.to_string())),
+            Some(s) => {
+                self.no_nul(key, v.span(), s);
+                Some(Spanned::new(v.span(), s.to_string()))
+            }
             None => {
                 let k = key.get_ref().to_string();
                 self.wrong_type(key, v, "a string", &format!("quote it: `{k} = \"…\"`"));
@@ -133,9 +135,10 @@ impl Walker<'_, '_> {
     /// A string, or a number or boolean turned into its written form.
     pub(super) fn scalar(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<Sp<String>> {
         match v.get_ref() {
-            DeValue::String(s) => self
-                .no_nul(key, v.span(), s)
-                .then(|| Spanned::new(v.span(), s.to_string())),
+            DeValue::String(s) => {
+                self.no_nul(key, v.span(), s);
+                Some(Spanned::new(v.span(), s.to_string()))
+            }
             DeValue::Integer(_) | DeValue::Float(_) | DeValue::Boolean(_) => Some(Spanned::new(
                 v.span(),
                 self.src.slice(&v.span()).to_string(),
@@ -169,7 +172,7 @@ impl Walker<'_, '_> {
         for item in a.iter() {
             match item.get_ref().as_str() {
                 Some(s) => {
-                    ok &= self.no_nul(key, item.span(), s);
+                    self.no_nul(key, item.span(), s);
                     out.push(Spanned::new(item.span(), s.to_string()));
                 }
                 None => {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use super::escape::control;
 use crate::events::{Event, JobNote, Listener, Placement};
 use crate::gpus::{Inventory, InventorySource};
 use crate::plan::{CellId, CellIndex, Plan};
@@ -118,7 +119,13 @@ impl Progress {
                 } else {
                     format!(" ({})", n.reason)
                 };
-                eprintln!("slurm    {} job {} {}{why}", id.0, n.job_id, n.state);
+                eprintln!(
+                    "slurm    {} job {} {}{}",
+                    control(&id.0),
+                    control(&n.job_id),
+                    control(&n.state),
+                    control(&why)
+                );
             }
             ProgressMode::Bars => {
                 let l = &mut self.jobs_line;
@@ -274,11 +281,11 @@ impl Listener for Progress {
             } => {
                 self.placement.insert(*cell, placement.clone());
                 for bar in self.lane(placement) {
-                    bar.set_message(id.0.clone());
+                    bar.set_message(control(&id.0).into_owned());
                     bar.reset_elapsed();
                 }
                 if self.mode == ProgressMode::Plain {
-                    eprintln!("start    {} {}", id.0, self.where_(placement));
+                    eprintln!("start    {} {}", control(&id.0), self.where_(placement));
                 }
             }
             Event::AttemptFinished {
@@ -295,7 +302,7 @@ impl Listener for Progress {
                 {
                     eprintln!(
                         "attempt  {} #{attempt} (rep {rep}) ended {outcome} after {seconds:.1}s",
-                        id.0
+                        control(&id.0)
                     );
                 }
             }
@@ -311,7 +318,7 @@ impl Listener for Progress {
                     eprintln!(
                         "still running {}: {} (log: {})",
                         humantime::format_duration(Duration::from_secs(running_for.as_secs())),
-                        id.0,
+                        control(&id.0),
                         stderr_log.display()
                     );
                 }
@@ -346,12 +353,12 @@ impl Listener for Progress {
                     if !verdict.as_expected() {
                         let why = reason
                             .as_deref()
-                            .map(|r| format!(": {r}"))
+                            .map(|r| format!(": {}", control(r)))
                             .unwrap_or_default();
                         b.overall.println(format!(
                             "{:>8} {}{why}",
                             verdict.as_str().to_uppercase(),
-                            id.0
+                            control(&id.0)
                         ));
                     }
                 }
@@ -359,7 +366,7 @@ impl Listener for Progress {
                     let w = self.total.to_string().len();
                     let why = reason
                         .as_deref()
-                        .map(|r| format!("  ({r})"))
+                        .map(|r| format!("  ({})", control(r)))
                         .unwrap_or_default();
                     let reused = if *reused {
                         "  [kept from the earlier run]"
@@ -372,7 +379,7 @@ impl Listener for Progress {
                         self.total,
                         verdict.as_str(),
                         seconds,
-                        id.0
+                        control(&id.0)
                     );
                 }
             }

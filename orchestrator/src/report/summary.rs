@@ -3,6 +3,7 @@
 
 use std::fmt::Write;
 
+use super::escape;
 use crate::receipt::tree::Tree;
 use crate::receipt::{NodeIndexEntry, NodeReceipt, RunReceipt};
 use crate::run::RunOutcome;
@@ -20,7 +21,7 @@ pub fn table(receipts: &[Option<Box<NodeReceipt>>], outcome: &RunOutcome, tree: 
             rows.push((
                 r.verdict,
                 r.seconds,
-                r.id.clone(),
+                escape::control(&r.id).into_owned(),
                 r.reason.clone().unwrap_or_default(),
             ));
         }
@@ -144,11 +145,14 @@ pub fn markdown(run: &RunReceipt) -> String {
     out
 }
 
+/// `s` on one line (line breaks become spaces, other control characters escapes), cut to
+/// `max` characters.
 fn one_line(s: &str, max: usize) -> String {
-    let flat: String = s
+    let spaced: String = s
         .chars()
         .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
         .collect();
+    let flat = escape::control(&spaced).into_owned();
     if flat.chars().count() <= max {
         flat
     } else {
@@ -157,8 +161,9 @@ fn one_line(s: &str, max: usize) -> String {
     }
 }
 
+/// Text for a markdown table cell: control characters escaped, `|` too.
 fn md_escape(s: &str) -> String {
-    s.replace('|', "\\|")
+    escape::control(s).replace('|', "\\|")
 }
 
 #[cfg(test)]
