@@ -50,6 +50,14 @@ pub struct RawManifest {
     pub nodes: Vec<RawNode>,
 }
 
+/// `[isolation]` as written.
+#[derive(Debug, Default)]
+pub struct RawIsolation {
+    /// `None` when absent: the default list applies.
+    pub inherit: Option<Vec<Sp<String>>>,
+    pub secret: Vec<Sp<String>>,
+}
+
 /// `[require]` as written: the resources a run refuses to start without.
 #[derive(Debug, Clone, Default)]
 pub struct RawRequire {
@@ -245,9 +253,9 @@ pub fn parse(src: &SourceText, diags: &mut Vec<Diagnostic>) -> Option<RawManifes
                     .unwrap_or_default()
             }
             "isolation" => {
-                if let Some((inherit, secret)) = w.isolation(key, value) {
-                    m.inherit = inherit;
-                    m.secret = secret;
+                if let Some(iso) = w.isolation(key, value) {
+                    m.inherit = iso.inherit;
+                    m.secret = iso.secret;
                 }
             }
             "max_cells" => m.max_cells = w.uint(key, value, 1),

@@ -275,7 +275,11 @@ mod tests {
         let mut d = Vec::new();
         assert!(expand(&m, &src, DEFAULT_MAX_CELLS, &mut d).is_empty());
         assert_eq!(d.len(), 1);
-        assert!(d[0].message.contains("1000000000 combinations"), "{}", d[0].message);
+        assert!(
+            d[0].message.contains("1000000000 combinations"),
+            "{}",
+            d[0].message
+        );
         assert!(d[0].help.as_deref().unwrap().contains("max_cells"));
         assert_eq!(product_size([usize::MAX, 2]), None);
         assert_eq!(product_size([3, 4]), Some(12));

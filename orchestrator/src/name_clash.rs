@@ -134,7 +134,11 @@ mod tests {
     #[test]
     fn old_layout_same_file_passes_other_file_is_refused() {
         let f = files();
-        run_json(&f.receipts.join("abc/nightly"), &f.a, "2026-12-01T00:00:00Z");
+        run_json(
+            &f.receipts.join("abc/nightly"),
+            &f.a,
+            "2026-12-01T00:00:00Z",
+        );
         assert_eq!(check(&f.receipts, "abc", "nightly", &f.a), Ok(()));
         // The same file spelled through `sub/..` is still the same file.
         let spelled = f.b.parent().unwrap().join("../a.toml");
@@ -164,7 +168,11 @@ mod tests {
     fn a_recorded_file_that_is_gone_or_identical_is_no_clash() {
         let f = files();
         let gone = f.a.with_file_name("gone.toml");
-        run_json(&f.receipts.join("abc/nightly"), &gone, "2026-12-01T00:00:00Z");
+        run_json(
+            &f.receipts.join("abc/nightly"),
+            &gone,
+            "2026-12-01T00:00:00Z",
+        );
         assert_eq!(check(&f.receipts, "abc", "nightly", &f.b), Ok(()));
 
         let copy = f.a.with_file_name("copy.toml");

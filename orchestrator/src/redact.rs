@@ -15,18 +15,15 @@
 //!   receipt;
 //! - the password of a URL (`scheme://user:password@host`) is redacted in any value.
 //!
-//! This module decides what is secret and rewrites text; it does not know where files go
-//! (the writers call it through the runner's events and the plan printer).
+//! This module decides what is secret and rewrites text; it knows no receipt, event or plan
+//! (`events` applies it to what the runner emits, `load::render` to a printed plan) and
+//! does not know where files go.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use regex::Regex;
-
-use crate::events::Event;
-use crate::plan::Plan;
-use crate::receipt::NodeReceipt;
 
 /// What a redacted value reads as.
 pub const REDACTED: &str = "<redacted>";
@@ -99,8 +96,7 @@ impl Redactor {
             .into_iter()
             .filter(|(k, v)| {
                 !v.is_empty()
-                    && (marked.iter().any(|m| m == k)
-                        || (secret_name(k) && v.len() >= MIN_SPREAD))
+                    && (marked.iter().any(|m| m == k) || (secret_name(k) && v.len() >= MIN_SPREAD))
             })
             .map(|(_, v)| v)
             .collect();
@@ -145,59 +141,6 @@ impl Redactor {
             .map(|(k, v)| (k.clone(), self.value(k, v)))
             .collect()
     }
-
-    /// Redacts a receipt in place: its command, folder, environment, reason and the
-    /// messages of its checks.
-    pub fn receipt(&self, r: &mut NodeReceipt) {
-        for a in &mut r.argv {
-            *a = self.text(a).into_owned();
-        }
-        r.cwd = self.text(&r.cwd).into_owned();
-        r.env = self.env(&r.env);
-        if let Some(reason) = &mut r.reason {
-            *reason = self.text(reason).into_owned();
-        }
-        for a in &mut r.attempts {
-            if let Some(reason) = &mut a.reason {
-                *reason = self.text(reason).into_owned();
-            }
-        }
-        for c in &mut r.checks {
-            if let Some(m) = &mut c.message {
-                *m = self.text(m).into_owned();
-            }
-        }
-    }
-
-    /// An event as listeners may see it.
-    pub fn event(&self, event: &Event) -> Event {
-        let mut e = event.clone();
-        if let Event::NodeFinished {
-            reason, receipt, ..
-        } = &mut e
-        {
-            if let Some(r) = reason {
-                *r = self.text(r).into_owned();
-            }
-            if let Some(r) = receipt {
-                self.receipt(r);
-            }
-        }
-        e
-    }
-
-    /// A copy of `plan` fit for printing: every cell's argv, cwd and pins redacted.
-    pub fn plan(&self, plan: &Plan) -> Plan {
-        let mut p = plan.clone();
-        for c in &mut p.cells {
-            for a in &mut c.argv {
-                *a = self.text(a).into_owned();
-            }
-            c.cwd = self.text(&c.cwd.to_string_lossy()).into_owned().into();
-            c.env = self.env(&c.env);
-        }
-        p
-    }
 }
 
 #[cfg(test)]
@@ -233,7 +176,10 @@ mod tests {
             url_passwords("postgres://u:p@ss@db:5432/x and s3://k:v@b"),
             "postgres://u:<redacted>@db:5432/x and s3://k:<redacted>@b"
         );
-        assert_eq!(url_passwords("https://example.com/a:b@c"), "https://example.com/a:b@c");
+        assert_eq!(
+            url_passwords("https://example.com/a:b@c"),
+            "https://example.com/a:b@c"
+        );
         // Idempotent: a redacted URL stays as it is.
         let once = url_passwords("https://u:pw@h").into_owned();
         assert_eq!(url_passwords(&once), once);
@@ -258,7 +204,10 @@ mod tests {
         assert_eq!(r.value("SHORT", "xy"), REDACTED);
         assert_eq!(r.value("MEMRA_KEY_CACHE", "1"), REDACTED);
         assert_eq!(r.value("OTHER", "a tok-123 b"), "a <redacted> b");
-        assert_eq!(r.value("OTHER", "https://u:pw@h/"), "https://u:<redacted>@h/");
+        assert_eq!(
+            r.value("OTHER", "https://u:pw@h/"),
+            "https://u:<redacted>@h/"
+        );
         assert!(Redactor::default().text("anything").eq("anything"));
     }
 }

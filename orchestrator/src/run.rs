@@ -309,7 +309,7 @@ impl Runner<'_, '_> {
     fn emit(&mut self, event: &Event) {
         // The one door to every listener (display, receipts, summary, JUnit): secrets are
         // redacted here, after the executor handed the child its real values.
-        self.pending.push(self.plan.redact.event(event));
+        self.pending.push(event.redacted(&self.plan.redact));
     }
 
     fn flush(&mut self) {

@@ -101,8 +101,9 @@ pub fn substitute(s: &str, scope: &Scope<'_>) -> Result<String, SubstError> {
                 message: format!(
                     "this string expands to more than {MAX_EXPANDED} bytes after substitution"
                 ),
-                help: "vars that repeat other vars grow fast; build the value with fewer repetitions"
-                    .into(),
+                help:
+                    "vars that repeat other vars grow fast; build the value with fewer repetitions"
+                        .into(),
             });
         }
         rest = &after[close + 1..];
@@ -364,7 +365,10 @@ mod tests {
             shell: true,
             ..scope(&vars, &[])
         };
-        assert_eq!(substitute("'${bin}/x' ${bin}", &s).unwrap(), "'/opt/bin/x' /opt/bin");
+        assert_eq!(
+            substitute("'${bin}/x' ${bin}", &s).unwrap(),
+            "'/opt/bin/x' /opt/bin"
+        );
     }
 
     #[test]
@@ -379,7 +383,10 @@ mod tests {
         assert_eq!(sh(&substitute("${raw:build}", &s).unwrap()), "a\nb\n");
         let plain = scope(&vars, &[]);
         assert_eq!(substitute("${build}", &plain).unwrap(), "echo a && echo b");
-        assert_eq!(substitute("${raw:build}", &plain).unwrap(), "echo a && echo b");
+        assert_eq!(
+            substitute("${raw:build}", &plain).unwrap(),
+            "echo a && echo b"
+        );
         // The per-attempt tokens stay literal for the runner.
         assert_eq!(substitute("${artifacts}/x", &s).unwrap(), "${artifacts}/x");
     }

@@ -11,6 +11,10 @@ use crate::run_support::{Fixture, files_under};
 
 /// Runs `memra-orch ARGS` in `dir` and returns (exit code, stdout + stderr, wall time, max
 /// RSS in KiB), the RSS read from the kernel's accounting of exactly that child (`wait4`).
+#[allow(
+    clippy::zombie_processes,
+    reason = "the child is reaped by wait4, which std cannot do"
+)]
 fn measured(dir: &Path, args: &[&str]) -> (i32, String, Duration, i64) {
     let start = Instant::now();
     let child = Command::new(env!("CARGO_BIN_EXE_memra-orch"))
@@ -88,7 +92,9 @@ fn a_billion_cells_are_refused_fast_without_allocating_them() {
     let (code, text, ..) = measured(dir.path(), &["validate", "two.toml"]);
     assert_eq!(code, 2, "{text}");
     assert!(
-        text.contains("node `y` expands to 1000 cells, which takes the manifest past the limit of 1500 cells"),
+        text.contains(
+            "node `y` expands to 1000 cells, which takes the manifest past the limit of 1500 cells"
+        ),
         "{text}"
     );
     std::fs::write(
@@ -187,7 +193,11 @@ fn secrets_reach_the_gate_and_nothing_the_orchestrator_writes_or_prints() {
         }
         let text = String::from_utf8_lossy(&std::fs::read(&file).unwrap()).into_owned();
         for secret in CLEAR {
-            assert!(!text.contains(secret), "{secret} in {}:\n{text}", file.display());
+            assert!(
+                !text.contains(secret),
+                "{secret} in {}:\n{text}",
+                file.display()
+            );
         }
         checked += 1;
     }
@@ -231,7 +241,10 @@ fn secrets_reach_the_gate_and_nothing_the_orchestrator_writes_or_prints() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("<redacted>"), "{text}");
         for secret in CLEAR {
-            assert!(!text.contains(secret), "{secret} in plan --format {format}:\n{text}");
+            assert!(
+                !text.contains(secret),
+                "{secret} in plan --format {format}:\n{text}"
+            );
         }
     }
 }
@@ -317,4 +330,30 @@ gpus = 0
     let junit = std::fs::read_to_string(f.tree().join("junit.xml")).unwrap();
     clean("junit.xml", &junit);
     assert!(junit.contains("\\x1b[2J"), "{junit}");
+}
+
+#[test]
+fn env_matrix_files_that_are_devices_fifos_or_huge_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.toml");
+    let c = std::ffi::CString::new(fifo.to_string_lossy().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let huge = dir.path().join("huge.toml");
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len(memra_orch::load::MAX_FILE_BYTES + 1)
+        .unwrap();
+    std::fs::write(
+        dir.path().join("m.toml"),
+        "schema = 1\nname = \"dev\"\n[[arm]]\nid = \"x\"\nrun = [\"true\"]\n\
+         env_matrix = [\"/dev/zero\", \"fifo.toml\", \"huge.toml\"]\n",
+    )
+    .unwrap();
+    let (code, text, elapsed, rss_kib) = measured(dir.path(), &["validate", "m.toml"]);
+    assert_eq!(code, 2, "{text}");
+    assert_eq!(text.matches("not a regular file").count(), 2, "{text}");
+    assert!(text.contains("larger than 16 MiB"), "{text}");
+    assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
+    assert!(rss_kib < 200 * 1024, "max RSS {rss_kib} KiB");
 }

@@ -259,14 +259,11 @@ pub fn build(
         None => DEFAULT_INHERIT.iter().map(|s| s.to_string()).collect(),
     };
     let marked: Vec<String> = raw.secret.iter().map(|s| s.get_ref().clone()).collect();
-    let named = vars
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .chain(
-            cells
-                .iter()
-                .flat_map(|c| c.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
-        );
+    let named = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).chain(
+        cells
+            .iter()
+            .flat_map(|c| c.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+    );
     let redact = crate::redact::Redactor::new(marked, named);
     Some(Plan {
         name,

@@ -9,7 +9,7 @@ use std::ops::Range;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
-use super::{Pairs, RawMatrix, RawRun, RawVerdict, Sp, is_env_name};
+use super::{Pairs, RawIsolation, RawMatrix, RawRun, RawVerdict, Sp, is_env_name};
 use crate::diagnostics::{Diagnostic, SourceText, did_you_mean};
 use crate::plan::Policy;
 
@@ -312,13 +312,12 @@ impl Walker<'_, '_> {
         Some(out)
     }
 
-    /// `[isolation]`: the `inherit` list (`None` when absent: the default list applies) and
-    /// the `secret` names.
+    /// `[isolation]`: the `inherit` list and the `secret` names.
     pub(super) fn isolation(
         &mut self,
         key: &Key<'_>,
         v: &Spanned<DeValue<'_>>,
-    ) -> Option<(Option<Vec<Sp<String>>>, Vec<Sp<String>>)> {
+    ) -> Option<RawIsolation> {
         let t = self.expect_table(key, v, "[isolation]\ninherit = [\"PATH\", \"HOME\"]")?;
         let mut inherit = None;
         let mut secret = None;
@@ -355,7 +354,7 @@ impl Walker<'_, '_> {
                 );
             }
         }
-        Some((inherit, secret))
+        Some(RawIsolation { inherit, secret })
     }
 
     pub(super) fn axis_values(

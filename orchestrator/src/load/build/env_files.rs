@@ -51,7 +51,7 @@ impl Builder<'_, '_> {
         path_s: &str,
         abs: &Path,
     ) -> Option<std::rc::Rc<EnvMatrix>> {
-        let bytes = match std::fs::read(abs) {
+        let bytes = match crate::load::read_bounded(abs) {
             Ok(b) => b,
             Err(e) => {
                 let msg = format!(
