@@ -357,3 +357,26 @@ fn env_matrix_files_that_are_devices_fifos_or_huge_are_refused() {
     assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
     assert!(rss_kib < 200 * 1024, "max RSS {rss_kib} KiB");
 }
+
+#[test]
+fn needs_between_two_large_nodes_are_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let values: Vec<String> = (0..4000).map(|i| format!("\"{i}\"")).collect();
+    let axis = values.join(", ");
+    std::fs::write(
+        dir.path().join("m.toml"),
+        format!(
+            "schema = 1\nname = \"edges\"\n\
+             [[arm]]\nid = \"a\"\nrun = [\"true\"]\nmatrix = {{ v = [{axis}] }}\n\
+             [[arm]]\nid = \"b\"\nneeds = [\"a\"]\nrun = [\"true\"]\nmatrix = {{ v = [{axis}] }}\n"
+        ),
+    )
+    .unwrap();
+    let (code, text, elapsed, _) = measured(dir.path(), &["validate", "m.toml"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("node `b` has 4000 cells that each need 4000"),
+        "{text}"
+    );
+    assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
+}
