@@ -4,6 +4,8 @@
 //! plain line per event on stderr, and a `still running` line per running cell at each
 //! heartbeat the runner sends, so a log read the next morning shows a stuck cell and where
 //! its stderr goes. Quiet: nothing (the caller still prints the final counts).
+//! Cell ids and reasons are printed with their control characters escaped
+//! ([`super::escape::control`]): they come from manifests and gates.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};

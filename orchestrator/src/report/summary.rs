@@ -1,5 +1,6 @@
 //! The end-of-run summary: counts per verdict and a row per node that did not pass (every
-//! node for small runs), as a terminal table and as the tree's `summary.md`.
+//! node for small runs), as a terminal table and as the tree's `summary.md`. Ids and reasons
+//! are escaped for both (control characters; `|` in markdown).
 
 use std::fmt::Write;
 
