@@ -4,9 +4,9 @@
 //!
 //! The runner never prints and never writes files about itself; the terminal display and the
 //! receipt writer (which renders `junit.xml` at the end) are [`Listener`]s fed with these
-//! events. This module
-//! owns the types only; it does not decide verdicts (see `protocol`; the vocabulary is
-//! `verdict`) or order work.
+//! events. This module owns the types, and the redaction of an event for listeners
+//! ([`Event::redacted`], with the rules of [`crate::redact`]); it does not decide verdicts
+//! (see `protocol`; the vocabulary is `verdict`) or order work.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -15,6 +15,7 @@ use std::time::Duration;
 use crate::lease::Blocker;
 use crate::plan::{CellId, CellIndex, NodeKind};
 use crate::receipt::{Carried, NodeReceipt};
+use crate::redact::Redactor;
 use crate::verdict::Verdict;
 
 /// Where a node runs: which GPUs (as exported in CUDA_VISIBLE_DEVICES) or a CPU slot.
@@ -111,6 +112,50 @@ pub enum Event {
         /// of resources while a requirement was in force (`RunOutcome::lacked_resources_note`).
         unmet: Option<String>,
     },
+}
+
+impl Event {
+    /// The event as listeners may see it: a finished node's reason and receipt redacted
+    /// ([`redact_receipt`]). The runner sends every event through this, after the executor
+    /// handed the child its real values.
+    pub fn redacted(&self, r: &Redactor) -> Event {
+        let mut e = self.clone();
+        if let Event::NodeFinished {
+            reason, receipt, ..
+        } = &mut e
+        {
+            if let Some(why) = reason {
+                *why = r.text(why).into_owned();
+            }
+            if let Some(rec) = receipt {
+                redact_receipt(r, rec);
+            }
+        }
+        e
+    }
+}
+
+/// Redacts a receipt in place: its command, folder, environment, the reasons of the node
+/// and of its attempts, and the messages of its checks.
+pub fn redact_receipt(r: &Redactor, rec: &mut NodeReceipt) {
+    for a in &mut rec.argv {
+        *a = r.text(a).into_owned();
+    }
+    rec.cwd = r.text(&rec.cwd).into_owned();
+    rec.env = r.env(&rec.env);
+    if let Some(reason) = &mut rec.reason {
+        *reason = r.text(reason).into_owned();
+    }
+    for a in &mut rec.attempts {
+        if let Some(reason) = &mut a.reason {
+            *reason = r.text(reason).into_owned();
+        }
+    }
+    for c in &mut rec.checks {
+        if let Some(m) = &mut c.message {
+            *m = r.text(m).into_owned();
+        }
+    }
 }
 
 /// Something that observes a run: the terminal display, the receipt writer, the JUnit

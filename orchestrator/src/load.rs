@@ -24,13 +24,26 @@ pub fn load_plan_with_vars(
     path: &Path,
     overrides: &[(String, String)],
 ) -> Result<Plan, Diagnostics> {
-    let bytes = std::fs::read(path).map_err(|e| {
+    let bytes = read_bounded(path).map_err(|e| {
         Diagnostics(vec![Diagnostic::whole_file(
             path,
             format!("cannot read manifest: {e}"),
             Some("check the path".into()),
         )])
     })?;
+    plan_from_bytes(path, bytes, &find_root(path), overrides)
+}
+
+/// The text → plan half of [`load_plan_with_vars`]: `bytes` are the manifest as read from
+/// `path` (which only names it in messages and in the plan), `root` is the folder relative
+/// paths resolve against. Env-matrix files are still read, from below `root` or where an
+/// absolute path points (the fuzz target gives an empty temporary root).
+pub fn plan_from_bytes(
+    path: &Path,
+    bytes: Vec<u8>,
+    root: &Path,
+    overrides: &[(String, String)],
+) -> Result<Plan, Diagnostics> {
     let text = String::from_utf8(bytes.clone()).map_err(|_| {
         Diagnostics(vec![Diagnostic::whole_file(
             path,
@@ -38,11 +51,10 @@ pub fn load_plan_with_vars(
             Some("save it as UTF-8 TOML".into()),
         )])
     })?;
-    let root = find_root(path);
     let src = SourceText::new(path.to_path_buf(), text);
     let mut diags = Vec::new();
     let plan = crate::manifest::parse(&src, &mut diags)
-        .and_then(|raw| build::build(&raw, &src, &bytes, &root, overrides, &mut diags));
+        .and_then(|raw| build::build(&raw, &src, &bytes, root, overrides, &mut diags));
     match plan {
         Some(plan) if diags.is_empty() => Ok(plan),
         _ => {
@@ -51,6 +63,29 @@ pub fn load_plan_with_vars(
             Err(d)
         }
     }
+}
+
+/// Largest manifest or env-matrix file read; anything larger is a mistake (or `/dev/zero`).
+pub const MAX_FILE_BYTES: u64 = 16 << 20;
+
+/// Reads a regular file of at most [`MAX_FILE_BYTES`]: a FIFO, a device or a huge file named
+/// by mistake must end in an error, not in a hang or an exhausted memory.
+pub fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    // Checked before opening: opening a FIFO for reading blocks until a writer comes.
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let file = std::fs::File::open(path)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(std::io::Error::other(format!(
+            "larger than {} MiB",
+            MAX_FILE_BYTES >> 20
+        )));
+    }
+    Ok(bytes)
 }
 
 /// The git top-level holding the manifest (the nearest folder above it with a `.git` entry),

@@ -15,6 +15,7 @@ use toml::de::{DeTable, DeValue};
 
 mod values;
 
+pub(crate) use values::reserved_pin;
 use values::{Walker, entries, is_array_of_tables, owned_key};
 
 use crate::diagnostics::{Diagnostic, SourceText};
@@ -35,12 +36,26 @@ pub struct RawManifest {
     pub defaults: RawNode,
     pub env: Pairs,
     pub inherit: Option<Vec<Sp<String>>>,
+    /// `[isolation] secret`: names of environment variables and `[vars]` whose values are
+    /// secret (redacted wherever the orchestrator writes them, never hidden from the child).
+    pub secret: Vec<Sp<String>>,
+    /// `max_cells = N`: the most cells the plan may expand to (default
+    /// [`crate::matrix::DEFAULT_MAX_CELLS`]).
+    pub max_cells: Option<Sp<u32>>,
     pub vars: Pairs,
     /// `[require]`: what the machine must offer before anything runs.
     pub require: RawRequire,
     /// `[[setup]]`, `[[arm]]` and `[[compare]]` tables in the order kinds are listed in the
     /// plan: setups, then arms, then compares, each in file order.
     pub nodes: Vec<RawNode>,
+}
+
+/// `[isolation]` as written.
+#[derive(Debug, Default)]
+pub struct RawIsolation {
+    /// `None` when absent: the default list applies.
+    pub inherit: Option<Vec<Sp<String>>>,
+    pub secret: Vec<Sp<String>>,
 }
 
 /// `[require]` as written: the resources a run refuses to start without.
@@ -124,6 +139,7 @@ const TOP_KEYS: &[&str] = &[
     "isolation",
     "vars",
     "require",
+    "max_cells",
     "setup",
     "arm",
     "compare",
@@ -236,7 +252,13 @@ pub fn parse(src: &SourceText, diags: &mut Vec<Diagnostic>) -> Option<RawManifes
                     .scalar_table(key, value, "[vars]\nmodel = \"models/m.gguf\"")
                     .unwrap_or_default()
             }
-            "isolation" => m.inherit = w.isolation(key, value),
+            "isolation" => {
+                if let Some(iso) = w.isolation(key, value) {
+                    m.inherit = iso.inherit;
+                    m.secret = iso.secret;
+                }
+            }
+            "max_cells" => m.max_cells = w.uint(key, value, 1),
             "require" => {
                 if let Some(t) = w.expect_table(key, value, "[require]\ngpus = 2") {
                     m.require = w.require(t);

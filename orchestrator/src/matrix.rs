@@ -21,23 +21,41 @@ use crate::manifest::RawMatrix;
 /// added, in the order they first appear).
 pub type Combo = Vec<(String, String)>;
 
-/// Most combinations one node may expand to; more is almost certainly a mistake and would
-/// make plans unusably large.
-pub const MAX_CELLS_PER_NODE: usize = 100_000;
+/// Most cells a manifest may expand to unless it sets `max_cells`; more is almost certainly
+/// a mistake and would make plans unusably large.
+pub const DEFAULT_MAX_CELLS: usize = 100_000;
 
-/// Expands one matrix. Problems (exclude keys that are not axes, runaway sizes) are pushed to
-/// `diags`, pointing into `src`.
-pub fn expand(m: &RawMatrix, src: &SourceText, diags: &mut Vec<Diagnostic>) -> Vec<Combo> {
+/// The help line of every "too many cells" error: how to shrink the plan, and how to allow
+/// a larger one on purpose.
+pub fn cap_help(cap: usize) -> String {
+    format!(
+        "use fewer axis values or split the node; to allow more, set `max_cells = N` at the top \
+         of the manifest (now {cap}, default {DEFAULT_MAX_CELLS})"
+    )
+}
+
+/// The number of cells a product of parts of these sizes has, `None` past `usize::MAX`.
+/// Sizes are multiplied before anything is allocated, so a runaway product costs nothing.
+pub fn product_size(sizes: impl IntoIterator<Item = usize>) -> Option<usize> {
+    sizes.into_iter().try_fold(1usize, usize::checked_mul)
+}
+
+/// Expands one matrix of at most `cap` combinations. Problems (exclude keys that are not
+/// axes, runaway sizes) are pushed to `diags`, pointing into `src`.
+pub fn expand(
+    m: &RawMatrix,
+    src: &SourceText,
+    cap: usize,
+    diags: &mut Vec<Diagnostic>,
+) -> Vec<Combo> {
     let axis_names: Vec<&str> = m.axes.iter().map(|(k, _)| k.get_ref().as_str()).collect();
-    let size = m
-        .axes
-        .iter()
-        .try_fold(1usize, |acc, (_, v)| acc.checked_mul(v.len()));
-    if size.is_none_or(|s| s > MAX_CELLS_PER_NODE) {
+    let size = product_size(m.axes.iter().map(|(_, v)| v.len()));
+    if size.is_none_or(|s| s > cap) {
+        let count = size.map_or_else(|| "more than 2^64".to_string(), |s| s.to_string());
         diags.push(src.diag(
             m.span.clone(),
-            format!("this matrix expands to more than {MAX_CELLS_PER_NODE} combinations"),
-            Some("split the node or use fewer axis values".into()),
+            format!("this matrix expands to {count} combinations, more than the limit of {cap}"),
+            Some(cap_help(cap)),
         ));
         return Vec::new();
     }
@@ -197,7 +215,7 @@ mod tests {
     fn run(m: &RawMatrix) -> Vec<String> {
         let src = SourceText::new("m.toml".into(), String::new());
         let mut d = Vec::new();
-        let out = expand(m, &src, &mut d);
+        let out = expand(m, &src, DEFAULT_MAX_CELLS, &mut d);
         assert!(d.is_empty(), "{d:?}");
         out.iter().map(|c| cell_id("x", c)).collect()
     }
@@ -241,9 +259,30 @@ mod tests {
         };
         let src = SourceText::new("m.toml".into(), String::new());
         let mut d = Vec::new();
-        expand(&m, &src, &mut d);
+        expand(&m, &src, DEFAULT_MAX_CELLS, &mut d);
         assert_eq!(d.len(), 1);
         assert!(d[0].message.contains("exclude key `b` is not an axis"));
+    }
+
+    #[test]
+    fn runaway_axes_are_refused_before_allocating() {
+        let values: Vec<&str> = vec!["v"; 1000];
+        let m = RawMatrix {
+            axes: vec![axis("a", &values), axis("b", &values), axis("c", &values)],
+            ..Default::default()
+        };
+        let src = SourceText::new("m.toml".into(), String::new());
+        let mut d = Vec::new();
+        assert!(expand(&m, &src, DEFAULT_MAX_CELLS, &mut d).is_empty());
+        assert_eq!(d.len(), 1);
+        assert!(
+            d[0].message.contains("1000000000 combinations"),
+            "{}",
+            d[0].message
+        );
+        assert!(d[0].help.as_deref().unwrap().contains("max_cells"));
+        assert_eq!(product_size([usize::MAX, 2]), None);
+        assert_eq!(product_size([3, 4]), Some(12));
     }
 
     #[test]

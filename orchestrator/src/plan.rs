@@ -196,6 +196,8 @@ pub struct Plan {
     /// The manifest's `[require]` table.
     pub require: Require,
     pub cells: Vec<Cell>,
+    /// The manifest's secrets, redacted from everything the orchestrator writes or prints.
+    pub redact: crate::redact::Redactor,
 }
 
 /// What a manifest requires of the machine before anything runs (`[require]`); a run that

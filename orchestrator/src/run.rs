@@ -378,7 +378,9 @@ impl Runner<'_, '_> {
     /// lets the loop start the next cell before a listener writes a receipt, so receipt
     /// I/O overlaps with running gates instead of delaying them.
     fn emit(&mut self, event: &Event) {
-        self.pending.push(event.clone());
+        // The one door to every listener (display, receipts, summary, JUnit): secrets are
+        // redacted here, after the executor handed the child its real values.
+        self.pending.push(event.redacted(&self.plan.redact));
     }
 
     fn flush(&mut self) {
@@ -1084,16 +1086,8 @@ fn static_receipt(c: &Cell, verdict: Verdict, reason: &str) -> NodeReceipt {
     r.env = c
         .env
         .iter()
-        .map(|(k, v)| (k.clone(), redact_pin(k, v)))
+        .map(|(k, v)| (k.clone(), crate::redact::by_name(k, v)))
         .collect();
     r.expect = c.expect;
     r
-}
-
-fn redact_pin(name: &str, value: &str) -> String {
-    if crate::executor::env::looks_secret(name) {
-        crate::executor::env::REDACTED.to_string()
-    } else {
-        value.to_string()
-    }
 }

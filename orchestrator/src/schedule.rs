@@ -632,6 +632,7 @@ mod tests {
             inherit: Vec::new(),
             require: Default::default(),
             cells,
+            redact: Default::default(),
         }
     }
 

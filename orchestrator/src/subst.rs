@@ -6,6 +6,13 @@
 //! writes a literal `${`; a `$` not followed by `{` is left alone, so shell text such as
 //! `$HOME` passes through. This module substitutes one string at a time; it does not know
 //! which strings of a manifest are substituted (the `load` pipeline does).
+//!
+//! In shell text (`run` of a `shell = true` node, [`Scope::shell`]) a substituted value is
+//! quoted for the spot it lands in, so a matrix value `$(reboot)` stays data: bare, it is
+//! single-quoted (unless it holds only characters the shell never interprets); inside
+//! `'…'` its single quotes are escaped; inside `"…"` its `$`, `` ` ``, `"` and `\` are.
+//! `${raw:NAME}` pastes the value verbatim, for values that are meant as shell text (a
+//! `--var build="cargo build …"` command line).
 
 use std::ops::Range;
 
@@ -21,7 +28,13 @@ pub struct Scope<'a> {
     /// The cell's axis values; `None` where no cell exists yet.
     pub matrix: Option<&'a [(String, String)]>,
     pub vars: &'a [(String, String)],
+    /// The string is shell text: substituted values are quoted (see the module docs).
+    pub shell: bool,
 }
+
+/// Longest string a substitution may produce. `[vars]` may build on earlier vars, so ten
+/// lines that each repeat the previous var ten times would otherwise expand to gigabytes.
+pub const MAX_EXPANDED: usize = 1 << 20;
 
 /// Why a string could not be substituted; `at` is the byte range inside the string.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,19 +50,23 @@ pub fn substitute(s: &str, scope: &Scope<'_>) -> Result<String, SubstError> {
         return Ok(s.to_string());
     }
     let mut out = String::with_capacity(s.len());
+    let mut shell = ShellState::default();
     let mut rest = s;
     let mut pos = 0;
     while let Some(i) = rest.find('$') {
         out.push_str(&rest[..i]);
+        shell.feed(&rest[..i]);
         let after = &rest[i..];
         if let Some(tail) = after.strip_prefix("$${") {
             out.push_str("${");
+            shell.feed("${");
             rest = tail;
             pos += i + 3;
             continue;
         }
         if !after.starts_with("${") {
             out.push('$');
+            shell.feed("$");
             rest = &after[1..];
             pos += i + 1;
             continue;
@@ -61,18 +78,125 @@ pub fn substitute(s: &str, scope: &Scope<'_>) -> Result<String, SubstError> {
                 help: "close it with `}`, or write `$${` for a literal `${`".into(),
             });
         };
-        let name = &after[2..close];
+        let written = &after[2..close];
         let at = pos + i..pos + i + close + 1;
-        out.push_str(&lookup(name, scope).map_err(|(message, help)| SubstError {
-            at,
+        let (raw, name) = match written.strip_prefix("raw:") {
+            Some(name) => (true, name),
+            None => (false, written),
+        };
+        let value = lookup(name, scope).map_err(|(message, help)| SubstError {
+            at: at.clone(),
             message,
             help,
-        })?);
+        })?;
+        let builtin_token = name == "artifacts" || name == "tmp";
+        if scope.shell && !raw && !builtin_token {
+            shell.quote_into(&value, &mut out);
+        } else {
+            out.push_str(&value);
+        }
+        if out.len() > MAX_EXPANDED {
+            return Err(SubstError {
+                at,
+                message: format!(
+                    "this string expands to more than {MAX_EXPANDED} bytes after substitution"
+                ),
+                help:
+                    "vars that repeat other vars grow fast; build the value with fewer repetitions"
+                        .into(),
+            });
+        }
         rest = &after[close + 1..];
         pos += i + close + 1;
     }
     out.push_str(rest);
+    if out.len() > MAX_EXPANDED {
+        return Err(SubstError {
+            at: 0..s.len(),
+            message: format!(
+                "this string expands to more than {MAX_EXPANDED} bytes after substitution"
+            ),
+            help: "vars that repeat other vars grow fast; build the value with fewer repetitions"
+                .into(),
+        });
+    }
     Ok(out)
+}
+
+/// Where shell text stands at a byte: bare, inside `'…'`, inside `"…"`, or inside a
+/// command substitution or subshell (bare again). A small POSIX `sh` lexer: enough to know
+/// how a value must be quoted at a substitution, not a parser.
+#[derive(Debug, Default)]
+struct ShellState {
+    stack: Vec<Quote>,
+    escaped: bool,
+    dollar: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Quote {
+    Single,
+    Double,
+    /// `$(…)` or `(…)`: bare text until the matching `)`.
+    Paren,
+}
+
+impl ShellState {
+    fn feed(&mut self, text: &str) {
+        for c in text.chars() {
+            let top = self.stack.last().copied();
+            let dollar = std::mem::take(&mut self.dollar);
+            if std::mem::take(&mut self.escaped) {
+                continue;
+            }
+            match (top, c) {
+                (Some(Quote::Single), '\'') => {
+                    self.stack.pop();
+                }
+                (Some(Quote::Single), _) => {}
+                (_, '\\') => self.escaped = true,
+                (Some(Quote::Double), '"') => {
+                    self.stack.pop();
+                }
+                (Some(Quote::Double), '(') if dollar => self.stack.push(Quote::Paren),
+                (Some(Quote::Double), _) => {}
+                (_, '\'') => self.stack.push(Quote::Single),
+                (_, '"') => self.stack.push(Quote::Double),
+                (_, '(') => self.stack.push(Quote::Paren),
+                (Some(Quote::Paren), ')') => {
+                    self.stack.pop();
+                }
+                _ => {}
+            }
+            self.dollar = c == '$';
+        }
+    }
+
+    /// Appends `value` quoted for the current spot.
+    fn quote_into(&self, value: &str, out: &mut String) {
+        match self.stack.last() {
+            Some(Quote::Single) => out.push_str(&value.replace('\'', "'\\''")),
+            Some(Quote::Double) => {
+                for c in value.chars() {
+                    if matches!(c, '$' | '`' | '"' | '\\') {
+                        out.push('\\');
+                    }
+                    out.push(c);
+                }
+            }
+            None | Some(Quote::Paren) => out.push_str(&quote_word(value)),
+        }
+    }
+}
+
+/// `value` as one shell word: unchanged when every character is one the shell never
+/// interprets, else in single quotes (each `'` written as `'\''`).
+pub fn quote_word(value: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c);
+    if !value.is_empty() && value.chars().all(safe) {
+        return value.to_string();
+    }
+    format!("'{}'", value.replace('\'', "'\\''"))
 }
 
 fn lookup(name: &str, scope: &Scope<'_>) -> Result<String, (String, String)> {
@@ -164,6 +288,7 @@ mod tests {
             node: Some("a[b=4]"),
             matrix: Some(matrix),
             vars,
+            shell: false,
         }
     }
 
@@ -196,6 +321,83 @@ mod tests {
         let e = substitute("${matrix.batch}", &s).unwrap_err();
         assert!(e.message.contains("no axis `batch`"));
         assert!(substitute("${unclosed", &s).is_err());
+    }
+
+    /// Runs `sh -c` on the substituted text and returns its stdout.
+    fn sh(text: &str) -> String {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(text)
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    #[test]
+    fn shell_text_quotes_values_for_where_they_land() {
+        let hostile = "$(echo pwned) `echo pwned` \"'\\ $HOME;x";
+        let vars = vec![("v".to_string(), hostile.to_string())];
+        let s = Scope {
+            shell: true,
+            ..scope(&vars, &[])
+        };
+        for text in [
+            "printf %s ${v}",
+            "printf %s '${v}'",
+            "printf %s \"${v}\"",
+            "printf %s \"$(printf %s '${v}')\"",
+            "printf %s $(printf %s ${v})",
+        ] {
+            let expanded = substitute(text, &s).unwrap();
+            let got = sh(&expanded);
+            let want = if text.ends_with("$(printf %s ${v})") {
+                // An unquoted command substitution splits into words; printf joins them.
+                hostile.split_whitespace().collect::<String>()
+            } else {
+                hostile.to_string()
+            };
+            // Equal to the value itself: nothing in it ran or was expanded.
+            assert_eq!(got, want, "{text} -> {expanded}");
+        }
+        // Safe values are not touched, so `'${bin}/x'` in existing manifests means the same.
+        let vars = vec![("bin".to_string(), "/opt/bin".to_string())];
+        let s = Scope {
+            shell: true,
+            ..scope(&vars, &[])
+        };
+        assert_eq!(
+            substitute("'${bin}/x' ${bin}", &s).unwrap(),
+            "'/opt/bin/x' /opt/bin"
+        );
+    }
+
+    #[test]
+    fn raw_pastes_shell_text_and_argv_mode_never_quotes() {
+        let vars = vec![("build".to_string(), "echo a && echo b".to_string())];
+        let s = Scope {
+            shell: true,
+            ..scope(&vars, &[])
+        };
+        assert_eq!(substitute("${raw:build}", &s).unwrap(), "echo a && echo b");
+        assert_eq!(substitute("${build}", &s).unwrap(), "'echo a && echo b'");
+        assert_eq!(sh(&substitute("${raw:build}", &s).unwrap()), "a\nb\n");
+        let plain = scope(&vars, &[]);
+        assert_eq!(substitute("${build}", &plain).unwrap(), "echo a && echo b");
+        assert_eq!(
+            substitute("${raw:build}", &plain).unwrap(),
+            "echo a && echo b"
+        );
+        // The per-attempt tokens stay literal for the runner.
+        assert_eq!(substitute("${artifacts}/x", &s).unwrap(), "${artifacts}/x");
+    }
+
+    #[test]
+    fn runaway_expansion_is_refused() {
+        let vars = vec![("a".to_string(), "x".repeat(MAX_EXPANDED / 4))];
+        let s = scope(&vars, &[]);
+        assert!(substitute("${a}${a}${a}", &s).is_ok());
+        let e = substitute("${a}${a}${a}${a}${a}", &s).unwrap_err();
+        assert!(e.message.contains("more than"), "{}", e.message);
     }
 
     #[test]

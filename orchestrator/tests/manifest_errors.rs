@@ -206,3 +206,23 @@ fn no_prefix_of_a_manifest_makes_the_loader_panic() {
     }
     assert!(failures > 0);
 }
+
+#[test]
+fn nul_bytes_in_vars_argv_and_env_are_located() {
+    let e = bad("nul-byte.toml", 3);
+    assert!(e.contains("nul-byte.toml:5:9"), "{e}");
+    assert!(e.contains("nul-byte.toml:9:16"), "{e}");
+    assert!(e.contains("nul-byte.toml:10:27"), "{e}");
+    assert!(e.contains("holds a NUL byte"), "{e}");
+    insta::assert_snapshot!(e);
+}
+
+#[test]
+fn pins_of_the_orchestrators_own_variables_are_refused() {
+    let e = bad("reserved-pin.toml", 4);
+    assert!(e.contains("reserved-pin.toml:5:1"), "{e}");
+    assert!(e.contains("`TMPDIR` is set by memra-orch"), "{e}");
+    assert!(e.contains("`MEMRA_ORCH_NODE` is set by memra-orch"), "{e}");
+    assert!(e.contains("env-matrices/reserved.toml:2:1"), "{e}");
+    insta::assert_snapshot!(e);
+}

@@ -75,6 +75,7 @@ fn hostile_cell_ids_cannot_write_outside_the_tree() {
             .iter()
             .map(|id| cell(id, vec![gate.clone()], &work))
             .collect(),
+        redact: Default::default(),
     };
     let (tree, _id) = Tree::create(&memra_orch::receipt::tree::manifest_dir(
         &work.join("receipts"),

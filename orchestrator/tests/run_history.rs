@@ -335,3 +335,33 @@ fn a_tree_of_the_layout_before_run_ids_stays_readable_and_carries() {
     assert_eq!(diff.status.code(), Some(0));
     assert_eq!(orch(&f, &["show", "latest", "b"]).status.code(), Some(0));
 }
+
+#[test]
+fn two_manifest_files_with_one_name_are_refused_instead_of_sharing_runs() {
+    let f = Fixture::new(
+        "schema = 1\nname = \"twin\"\n[[arm]]\nid = \"a\"\nrun = [\"{gates}/pass.sh\"]\ngpus = 0\n",
+    );
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    let other = f.path().join("other.toml");
+    std::fs::write(
+        &other,
+        "schema = 1\nname = \"twin\"\n[[arm]]\nid = \"b\"\nrun = [\"true\"]\ngpus = 0\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+        .arg("run")
+        .arg(&other)
+        .arg("--receipts")
+        .arg(f.path().join("receipts"))
+        .args(["--commit", crate::run_support::COMMIT])
+        .current_dir(f.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("manifest name `twin` is already used by") && err.contains("rename one"),
+        "{err}"
+    );
+    assert_eq!(f.runs().len(), 1);
+}

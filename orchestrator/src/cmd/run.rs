@@ -93,6 +93,10 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     };
     let manifest_dir = tree::manifest_dir(&receipts, &commit.id, &plan.name);
     let _lock = acquire_lock(&manifest_dir, args.wait_lock)?;
+    // Two manifest files with one `name` would file their runs in one folder and read each
+    // other's receipts as their own earlier runs.
+    crate::name_clash::check(&receipts, &commit.id, &plan.name, &plan.manifest.path)
+        .map_err(|e| usage(e.to_string()))?;
     let previous = resolve::previous_run(&receipts, &plan.name)
         .map(|r| resolve::durations(&r))
         .unwrap_or_default();

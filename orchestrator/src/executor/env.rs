@@ -1,20 +1,23 @@
 //! The environment of an attempt (DESIGN §4): nothing of the caller but the names on the
 //! inherit list, then the cell's pins, then the orchestrator's own protocol variables
-//! (DESIGN §5). Also the redaction of secret-looking values for receipts.
+//! (DESIGN §5), and the environment as a receipt records it.
 //!
-//! It computes environments; it does not spawn (see `process`).
+//! It computes environments; it does not spawn (see `process`) or decide what is secret
+//! (see [`crate::redact`]).
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::Path;
-use std::sync::OnceLock;
 
-use regex::Regex;
+/// Names the orchestrator sets itself for every attempt, besides the `MEMRA_ORCH_` family
+/// ([`is_reserved`]); a manifest may not pin them.
+pub const RESERVED: &[&str] = &["CUDA_VISIBLE_DEVICES", "TMPDIR"];
 
-/// Names whose values never reach a receipt.
-pub const SECRET_NAME: &str = "(?i)(secret|token|password|passwd|key|credential|auth)";
-/// What a redacted value reads as.
-pub const REDACTED: &str = "<redacted>";
+/// Whether `name` is one the orchestrator sets for every attempt, so that a pin of it would
+/// be overridden.
+pub fn is_reserved(name: &str) -> bool {
+    RESERVED.contains(&name) || name.starts_with("MEMRA_ORCH_")
+}
 
 /// The orchestrator's own variables for one attempt.
 #[derive(Debug, Clone)]
@@ -67,24 +70,12 @@ pub fn build(
     env
 }
 
-/// Whether a variable name looks like it holds a secret.
-pub fn looks_secret(name: &str) -> bool {
-    static RE: OnceLock<Regex> = OnceLock::new();
-    RE.get_or_init(|| Regex::new(SECRET_NAME).expect("the secret-name pattern is a valid regex"))
-        .is_match(name)
-}
-
-/// The environment as a receipt records it: values as text, secret-looking ones redacted.
+/// The environment as a receipt records it: values as text, secret-looking ones redacted
+/// by name ([`crate::redact::by_name`]; the runner applies the manifest's own secrets to the
+/// whole receipt afterwards).
 pub fn for_receipt(env: &BTreeMap<String, OsString>) -> BTreeMap<String, String> {
     env.iter()
-        .map(|(k, v)| {
-            let value = if looks_secret(k) {
-                REDACTED.to_string()
-            } else {
-                v.to_string_lossy().into_owned()
-            };
-            (k.clone(), value)
-        })
+        .map(|(k, v)| (k.clone(), crate::redact::by_name(k, &v.to_string_lossy())))
         .collect()
 }
 
@@ -134,13 +125,18 @@ mod tests {
 
     #[test]
     fn secret_looking_names_are_redacted() {
+        use crate::redact::REDACTED;
         let env = BTreeMap::from([
             ("HF_TOKEN".to_string(), OsString::from("hf_abc")),
             ("aws_secret_access_key".to_string(), OsString::from("x")),
             ("MY_PASSWD".to_string(), OsString::from("x")),
             ("PATH".to_string(), OsString::from("/bin")),
+            ("DB_PASS".to_string(), OsString::from("x")),
+            ("MIRROR".to_string(), OsString::from("https://u:pw@h/")),
         ]);
         let r = for_receipt(&env);
+        assert_eq!(r["DB_PASS"], REDACTED);
+        assert_eq!(r["MIRROR"], "https://u:<redacted>@h/");
         assert_eq!(r["HF_TOKEN"], REDACTED);
         assert_eq!(r["aws_secret_access_key"], REDACTED);
         assert_eq!(r["MY_PASSWD"], REDACTED);

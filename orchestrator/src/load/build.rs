@@ -26,6 +26,10 @@ mod env_files;
 
 use env_files::EnvMatrix;
 
+/// Dependencies allowed per cell of `max_cells`, on average: a cell that needs every cell of
+/// a large node is fine, every cell of a large node needing every cell of another is not.
+const EDGES_PER_CELL: usize = 100;
+
 /// Timeout of a node that states none, in the manifest or in `[defaults]`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 
@@ -44,9 +48,14 @@ pub fn build(
     overrides: &[(String, String)],
     diags: &mut Vec<Diagnostic>,
 ) -> Option<Plan> {
+    let max_cells = raw
+        .max_cells
+        .as_ref()
+        .map_or(matrix::DEFAULT_MAX_CELLS, |c| *c.get_ref() as usize);
     let mut b = Builder {
         src,
         root,
+        max_cells,
         root_str: root.to_string_lossy().into_owned(),
         diags,
         env_files: HashMap::new(),
@@ -152,8 +161,22 @@ pub fn build(
             Some(NodeKind::Compare) => {
                 b.compare_cells(n, &raw.defaults, &raw.nodes, &ids, &node_cells, &cells)
             }
-            _ => b.run_cells(n, &raw.defaults, &env_top, &vars),
+            _ => {
+                let budget = max_cells.saturating_sub(cells.len());
+                b.run_cells(n, &raw.defaults, &env_top, &vars, budget)
+            }
         };
+        if cells.len() + new.len() > max_cells {
+            // Compare cells are bounded by their candidates' cells, but together they can
+            // still pass the cap.
+            let msg = format!(
+                "the manifest expands to more than {max_cells} cells (node `{}` brings it to {})",
+                names[i],
+                cells.len() + new.len()
+            );
+            b.err(n.span.clone(), msg, matrix::cap_help(max_cells));
+            break;
+        }
         for cell in new {
             if let Some(&first) = seen_ids.get(&cell.id.0) {
                 let msg = format!("two cells share the id `{}`", cell.id.0);
@@ -172,7 +195,35 @@ pub fn build(
         }
     }
 
-    // `needs` of run cells are whole nodes; compare cells already hold their pair.
+    // `needs` of run cells are whole nodes: every cell of a node holds every cell it needs,
+    // so the edges are counted before they are made.
+    let mut edges_total: usize = 0;
+    for (i, n) in raw.nodes.iter().enumerate() {
+        let needed: usize = n
+            .needs
+            .iter()
+            .filter_map(|need| ids.get(need.get_ref().as_str()))
+            .map(|&to| node_cells[to].len())
+            .sum();
+        edges_total = edges_total.saturating_add(needed.saturating_mul(node_cells[i].len()));
+        let edge_cap = max_cells.saturating_mul(EDGES_PER_CELL);
+        if edges_total > edge_cap {
+            let msg = format!(
+                "the cells' `needs` add up to more than {edge_cap} dependencies (node `{}` has {} cells that each need {needed})",
+                names[i],
+                node_cells[i].len()
+            );
+            b.err(
+                n.span.clone(),
+                msg,
+                format!(
+                    "depend on a smaller node, or raise `max_cells` (the limit is {EDGES_PER_CELL} dependencies per allowed cell)"
+                ),
+            );
+            return None;
+        }
+    }
+    // Compare cells already hold their pair.
     let mut needs_of: Vec<Vec<CellIndex>> = vec![Vec::new(); cells.len()];
     for (i, n) in raw.nodes.iter().enumerate() {
         let mut needed: Vec<CellIndex> = Vec::new();
@@ -207,6 +258,13 @@ pub fn build(
         Some(list) => list.iter().map(|s| s.get_ref().clone()).collect(),
         None => DEFAULT_INHERIT.iter().map(|s| s.to_string()).collect(),
     };
+    let marked: Vec<String> = raw.secret.iter().map(|s| s.get_ref().clone()).collect();
+    let named = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).chain(
+        cells
+            .iter()
+            .flat_map(|c| c.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+    );
+    let redact = crate::redact::Redactor::new(marked, named);
     Some(Plan {
         name,
         description: raw.description.clone(),
@@ -221,12 +279,15 @@ pub fn build(
             gpus: raw.require.gpus.as_ref().map(|g| *g.get_ref()),
         },
         cells,
+        redact,
     })
 }
 
 struct Builder<'a, 'd> {
     src: &'a SourceText,
     root: &'a Path,
+    /// The most cells the plan may hold (`max_cells`).
+    max_cells: usize,
     root_str: String,
     diags: &'d mut Vec<Diagnostic>,
     /// Env-matrix files by absolute path; `None` when the file could not be used.
@@ -372,6 +433,7 @@ impl Builder<'_, '_> {
                 node: None,
                 matrix: None,
                 vars: &out,
+                shell: false,
             };
             match subst::substitute(v.get_ref(), &scope) {
                 Ok(s) => out.push((k.get_ref().clone(), s)),
@@ -422,6 +484,7 @@ impl Builder<'_, '_> {
         defaults: &RawNode,
         env_top: &Pairs,
         vars: &[(String, String)],
+        budget: usize,
     ) -> Vec<Cell> {
         let n = with_defaults(raw, defaults);
         let id = n.id.as_ref().expect("checked").get_ref().clone();
@@ -452,7 +515,7 @@ impl Builder<'_, '_> {
         let mut env_axes: Vec<String> = Vec::new();
         let mut axis_owner: HashMap<String, String> = HashMap::new();
         if let Some(m) = &n.matrix {
-            let combos = matrix::expand(m, self.src, self.diags);
+            let combos = matrix::expand(m, self.src, self.max_cells, self.diags);
             for k in m
                 .axes
                 .iter()
@@ -489,20 +552,26 @@ impl Builder<'_, '_> {
         if self.diags.len() > before {
             return Vec::new();
         }
-        let combos = matrix::product(&parts);
-        if combos.len() > matrix::MAX_CELLS_PER_NODE {
-            let msg = format!(
-                "node `{id}` expands to {} cells (more than {})",
-                combos.len(),
-                matrix::MAX_CELLS_PER_NODE
-            );
-            self.err(
-                n.span.clone(),
-                msg,
-                "use fewer axis values or split the node".into(),
-            );
+        // The size is known before the product is built: three env-matrix files of 1,000
+        // cells each would otherwise allocate 10^9 combinations before any check.
+        let size = matrix::product_size(parts.iter().map(Vec::len));
+        if size.is_none_or(|s| s > budget) {
+            let count = size.map_or_else(|| "more than 2^64".to_string(), |s| s.to_string());
+            let msg = if size.is_some_and(|s| s <= self.max_cells) {
+                format!(
+                    "node `{id}` expands to {count} cells, which takes the manifest past the limit of {} cells",
+                    self.max_cells
+                )
+            } else {
+                format!(
+                    "node `{id}` expands to {count} cells, more than the limit of {}",
+                    self.max_cells
+                )
+            };
+            self.err(n.span.clone(), msg, matrix::cap_help(self.max_cells));
             return Vec::new();
         }
+        let combos = matrix::product(&parts);
 
         let tags: Vec<String> = n
             .tags
@@ -535,10 +604,12 @@ impl Builder<'_, '_> {
                 node: Some(&cell_id),
                 matrix: Some(&combo),
                 vars,
+                shell: false,
             };
+            let run_scope = Scope { shell, ..scope };
             let mut argv: Vec<String> = Vec::with_capacity(run.args.len());
             for a in &run.args {
-                argv.extend(self.subst(a, &scope));
+                argv.extend(self.subst(a, &run_scope));
             }
             if !shell
                 && let Some(first) = argv.first_mut()

@@ -22,11 +22,27 @@ pub enum PlanFormat {
 
 /// Renders the selected cells of a plan in the chosen format.
 pub fn render(plan: &Plan, selected: &[bool], format: PlanFormat) -> String {
+    let plan = &redacted(plan);
     match format {
         PlanFormat::Text => text(plan, selected),
         PlanFormat::Json => json(plan, selected),
         PlanFormat::Dot => dot(plan, selected),
     }
+}
+
+/// A copy of `plan` fit for printing: every cell's argv, cwd and pins redacted by the
+/// manifest's secrets ([`crate::redact`]).
+fn redacted(plan: &Plan) -> Plan {
+    let r = &plan.redact;
+    let mut p = plan.clone();
+    for c in &mut p.cells {
+        for a in &mut c.argv {
+            *a = r.text(a).into_owned();
+        }
+        c.cwd = r.text(&c.cwd.to_string_lossy()).into_owned().into();
+        c.env = r.env(&c.env);
+    }
+    p
 }
 
 fn order(plan: &Plan, selected: &[bool]) -> Vec<usize> {

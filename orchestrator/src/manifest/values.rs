@@ -9,7 +9,7 @@ use std::ops::Range;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
-use super::{Pairs, RawMatrix, RawRun, RawVerdict, Sp, is_env_name};
+use super::{Pairs, RawIsolation, RawMatrix, RawRun, RawVerdict, Sp, is_env_name};
 use crate::diagnostics::{Diagnostic, SourceText, did_you_mean};
 use crate::plan::Policy;
 
@@ -54,6 +54,18 @@ pub(super) struct Walker<'a, 'd> {
     pub(super) diags: &'d mut Vec<Diagnostic>,
 }
 
+/// Why `name` cannot be pinned, as (message, help), when memra-orch sets it itself.
+pub(crate) fn reserved_pin(name: &str) -> Option<(String, String)> {
+    crate::executor::env::is_reserved(name).then(|| {
+        (
+            format!("`{name}` is set by memra-orch for every attempt and cannot be pinned"),
+            "remove this pin; the orchestrator exports CUDA_VISIBLE_DEVICES (the leased GPUs), \
+             TMPDIR (a private folder per attempt) and MEMRA_ORCH_* (see docs/manifest.md)"
+                .to_string(),
+        )
+    })
+}
+
 pub(super) type Key<'i> = Spanned<std::borrow::Cow<'i, str>>;
 
 impl Walker<'_, '_> {
@@ -89,9 +101,29 @@ impl Walker<'_, '_> {
         self.err(key.span(), format!("unknown key `{name}` in {place}"), help);
     }
 
+    /// Refuses a string holding a NUL byte: no argv entry, environment value or path can
+    /// carry one (the OS ends the string there), so every attempt would fail. The value is
+    /// still used for the rest of the checks (the error stops the plan), so one bad byte
+    /// does not also read as a missing key.
+    fn no_nul(&mut self, key: &Key<'_>, span: Range<usize>, s: &str) {
+        if !s.contains('\0') {
+            return;
+        }
+        let msg = format!("`{}` holds a NUL byte (\\u0000)", key.get_ref());
+        self.err(
+            span,
+            msg,
+            "remove it: argv entries, environment values and paths cannot carry NUL bytes"
+                .to_string(),
+        );
+    }
+
     pub(super) fn string(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<Sp<String>> {
         match v.get_ref().as_str() {
-            Some(s) => Some(Spanned::new(v.span(), s.to_string())),
+            Some(s) => {
+                self.no_nul(key, v.span(), s);
+                Some(Spanned::new(v.span(), s.to_string()))
+            }
             None => {
                 let k = key.get_ref().to_string();
                 self.wrong_type(key, v, "a string", &format!("quote it: `{k} = \"…\"`"));
@@ -103,7 +135,10 @@ impl Walker<'_, '_> {
     /// A string, or a number or boolean turned into its written form.
     pub(super) fn scalar(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<Sp<String>> {
         match v.get_ref() {
-            DeValue::String(s) => Some(Spanned::new(v.span(), s.to_string())),
+            DeValue::String(s) => {
+                self.no_nul(key, v.span(), s);
+                Some(Spanned::new(v.span(), s.to_string()))
+            }
             DeValue::Integer(_) | DeValue::Float(_) | DeValue::Boolean(_) => Some(Spanned::new(
                 v.span(),
                 self.src.slice(&v.span()).to_string(),
@@ -136,7 +171,10 @@ impl Walker<'_, '_> {
         let mut ok = true;
         for item in a.iter() {
             match item.get_ref().as_str() {
-                Some(s) => out.push(Spanned::new(item.span(), s.to_string())),
+                Some(s) => {
+                    self.no_nul(key, item.span(), s);
+                    out.push(Spanned::new(item.span(), s.to_string()));
+                }
                 None => {
                     ok = false;
                     let msg = format!(
@@ -224,6 +262,8 @@ impl Walker<'_, '_> {
         }
     }
 
+    /// Checks the name of a pin: a portable variable name that is not one the orchestrator
+    /// sets itself for every attempt (a pin of it would be silently overridden).
     pub(super) fn env_name(&mut self, k: &Key<'_>) -> bool {
         let ok = is_env_name(k.get_ref());
         if !ok {
@@ -233,8 +273,13 @@ impl Walker<'_, '_> {
                 msg,
                 "use letters, digits and `_`, not starting with a digit".to_string(),
             );
+            return false;
         }
-        ok
+        if let Some((message, help)) = reserved_pin(k.get_ref()) {
+            self.err(k.span(), message, help);
+            return false;
+        }
+        true
     }
 
     pub(super) fn scalar_table(
@@ -267,17 +312,20 @@ impl Walker<'_, '_> {
         Some(out)
     }
 
+    /// `[isolation]`: the `inherit` list and the `secret` names.
     pub(super) fn isolation(
         &mut self,
         key: &Key<'_>,
         v: &Spanned<DeValue<'_>>,
-    ) -> Option<Vec<Sp<String>>> {
+    ) -> Option<RawIsolation> {
         let t = self.expect_table(key, v, "[isolation]\ninherit = [\"PATH\", \"HOME\"]")?;
         let mut inherit = None;
+        let mut secret = None;
         for (k, val) in entries(t) {
             match k.get_ref().as_ref() {
                 "inherit" => inherit = self.strings(k, val),
-                other => self.unknown_key(k, other, &["inherit"], "[isolation]"),
+                "secret" => secret = self.strings(k, val),
+                other => self.unknown_key(k, other, &["inherit", "secret"], "[isolation]"),
             }
         }
         for name in inherit.iter().flatten() {
@@ -293,7 +341,20 @@ impl Walker<'_, '_> {
                 );
             }
         }
-        inherit
+        let secret = secret.unwrap_or_default();
+        for name in &secret {
+            let s = name.get_ref();
+            if s.is_empty() || s.contains(|c: char| c.is_whitespace() || c.is_control()) {
+                let msg = format!("`{s}` cannot name a variable in `secret`");
+                self.err(
+                    name.span(),
+                    msg,
+                    "list names of [env] or [vars] entries, e.g. `secret = [\"DB_PASS\"]`"
+                        .to_string(),
+                );
+            }
+        }
+        Some(RawIsolation { inherit, secret })
     }
 
     pub(super) fn axis_values(

@@ -7,6 +7,7 @@ use quick_junit::{
 };
 use std::time::Duration;
 
+use super::escape;
 use crate::receipt::{AttemptRecord, NodeReceipt, RunReceipt};
 use crate::verdict::Verdict;
 
@@ -53,17 +54,14 @@ fn rerun(a: &AttemptRecord) -> TestRerun {
     t.set_message(format!(
         "attempt {}: {}",
         a.n,
-        a.reason.as_deref().unwrap_or(a.outcome.as_str())
+        escape::control(a.reason.as_deref().unwrap_or(a.outcome.as_str()))
     ));
     t
 }
 
 fn case(r: &NodeReceipt) -> TestCase {
     let reruns: Vec<TestRerun> = retried(r).into_iter().map(rerun).collect();
-    let message = r
-        .reason
-        .clone()
-        .unwrap_or_else(|| r.verdict.as_str().to_string());
+    let message = escape::control(r.reason.as_deref().unwrap_or(r.verdict.as_str())).into_owned();
     let status = match r.verdict {
         Verdict::Pass => TestCaseStatus::Success { flaky_runs: reruns },
         Verdict::Skipped => {
@@ -85,7 +83,7 @@ fn case(r: &NodeReceipt) -> TestCase {
             s
         }
     };
-    let mut c = TestCase::new(r.id.as_str(), status);
+    let mut c = TestCase::new(escape::control(&r.id).as_ref(), status);
     c.set_classname(r.node.as_str());
     c.set_time(Duration::from_secs_f64(r.seconds));
     c

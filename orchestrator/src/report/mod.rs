@@ -4,9 +4,13 @@
 //! `summary.md`, [`summary`]) and `junit.xml` ([`junit`]); and the views of stored runs
 //! that `show` ([`show`]) and `ls` ([`ls`]) print.
 //!
+//! Text that came from a manifest or a gate passes through [`escape::control`] on its way to
+//! a terminal, `summary.md` or `junit.xml`.
+//!
 //! Only the writer writes files, and only through `receipt`'s formats and paths; the rest
 //! renders. The runner's events and the receipts are the input.
 
+pub mod escape;
 pub mod junit;
 pub mod ls;
 pub mod progress;

@@ -6,12 +6,15 @@
 //! its stderr goes. Either way a cell that waits for a GPU another run leases says so
 //! (`waiting for gpu 0: held by memra-orch pid …`). Quiet: nothing (the caller still prints
 //! the final counts).
+//! Cell ids and reasons are printed with their control characters escaped
+//! ([`super::escape::control`]): they come from manifests and gates.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use super::escape::control;
 use crate::events::{Event, JobNote, Listener, Placement};
 use crate::gpus::{Inventory, InventorySource};
 use crate::plan::{CellId, CellIndex, Plan};
@@ -120,7 +123,13 @@ impl Progress {
                 } else {
                     format!(" ({})", n.reason)
                 };
-                eprintln!("slurm    {} job {} {}{why}", id.0, n.job_id, n.state);
+                eprintln!(
+                    "slurm    {} job {} {}{}",
+                    control(&id.0),
+                    control(&n.job_id),
+                    control(&n.state),
+                    control(&why)
+                );
             }
             ProgressMode::Bars => {
                 let l = &mut self.jobs_line;
@@ -286,11 +295,11 @@ impl Listener for Progress {
             } => {
                 self.placement.insert(*cell, placement.clone());
                 for bar in self.lane(placement) {
-                    bar.set_message(id.0.clone());
+                    bar.set_message(control(&id.0).into_owned());
                     bar.reset_elapsed();
                 }
                 if self.mode == ProgressMode::Plain {
-                    eprintln!("start    {} {}", id.0, self.where_(placement));
+                    eprintln!("start    {} {}", control(&id.0), self.where_(placement));
                 }
             }
             Event::AttemptFinished {
@@ -307,7 +316,7 @@ impl Listener for Progress {
                 {
                     eprintln!(
                         "attempt  {} #{attempt} (rep {rep}) ended {outcome} after {seconds:.1}s",
-                        id.0
+                        control(&id.0)
                     );
                 }
             }
@@ -323,7 +332,7 @@ impl Listener for Progress {
                     eprintln!(
                         "still running {}: {} (log: {})",
                         humantime::format_duration(Duration::from_secs(running_for.as_secs())),
-                        id.0,
+                        control(&id.0),
                         stderr_log.display()
                     );
                 }
@@ -358,12 +367,12 @@ impl Listener for Progress {
                     if !verdict.as_expected() {
                         let why = reason
                             .as_deref()
-                            .map(|r| format!(": {r}"))
+                            .map(|r| format!(": {}", control(r)))
                             .unwrap_or_default();
                         b.overall.println(format!(
                             "{:>8} {}{why}",
                             verdict.as_str().to_uppercase(),
-                            id.0
+                            control(&id.0)
                         ));
                     }
                 }
@@ -371,7 +380,7 @@ impl Listener for Progress {
                     let w = self.total.to_string().len();
                     let why = reason
                         .as_deref()
-                        .map(|r| format!("  ({r})"))
+                        .map(|r| format!("  ({})", control(r)))
                         .unwrap_or_default();
                     let carried = carried
                         .as_ref()
@@ -383,7 +392,7 @@ impl Listener for Progress {
                         self.total,
                         verdict.as_str(),
                         seconds,
-                        id.0
+                        control(&id.0)
                     );
                 }
             }

@@ -1,8 +1,10 @@
 //! The end-of-run summary: counts per verdict and a row per node that did not pass (every
-//! node for small runs), as a terminal table and as the tree's `summary.md`.
+//! node for small runs), as a terminal table and as the tree's `summary.md`. Ids and reasons
+//! are escaped for both (control characters; `|` in markdown).
 
 use std::fmt::Write;
 
+use super::escape;
 use crate::receipt::tree::Tree;
 use crate::receipt::{NodeIndexEntry, NodeReceipt, RunReceipt};
 use crate::run::RunOutcome;
@@ -20,7 +22,7 @@ pub fn table(receipts: &[Option<Box<NodeReceipt>>], outcome: &RunOutcome, tree: 
             rows.push((
                 r.verdict,
                 r.seconds,
-                r.id.clone(),
+                escape::control(&r.id).into_owned(),
                 r.reason.clone().unwrap_or_default(),
             ));
         }
@@ -161,11 +163,14 @@ pub fn markdown(run: &RunReceipt) -> String {
     out
 }
 
+/// `s` on one line (line breaks become spaces, other control characters escapes), cut to
+/// `max` characters.
 fn one_line(s: &str, max: usize) -> String {
-    let flat: String = s
+    let spaced: String = s
         .chars()
         .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
         .collect();
+    let flat = escape::control(&spaced).into_owned();
     if flat.chars().count() <= max {
         flat
     } else {
@@ -174,8 +179,9 @@ fn one_line(s: &str, max: usize) -> String {
     }
 }
 
+/// Text for a markdown table cell: control characters escaped, `|` too.
 fn md_escape(s: &str) -> String {
-    s.replace('|', "\\|")
+    escape::control(s).replace('|', "\\|")
 }
 
 #[cfg(test)]

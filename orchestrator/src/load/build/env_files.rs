@@ -33,6 +33,7 @@ impl Builder<'_, '_> {
             node: None,
             matrix: None,
             vars,
+            shell: false,
         };
         let path_s = self.subst(written, &scope)?;
         let abs = self.resolve_path(&path_s);
@@ -50,7 +51,7 @@ impl Builder<'_, '_> {
         path_s: &str,
         abs: &Path,
     ) -> Option<std::rc::Rc<EnvMatrix>> {
-        let bytes = match std::fs::read(abs) {
+        let bytes = match crate::load::read_bounded(abs) {
             Ok(b) => b,
             Err(e) => {
                 let msg = format!(
@@ -76,7 +77,7 @@ impl Builder<'_, '_> {
         let src = SourceText::new(PathBuf::from(path_s), text);
         let before = self.diags.len();
         let raw: RawMatrix = manifest::parse_env_matrix(&src, self.diags)?;
-        let combos = matrix::expand(&raw, &src, self.diags);
+        let combos = matrix::expand(&raw, &src, self.max_cells, self.diags);
         for entry in raw.include.iter().flatten() {
             if !manifest::is_env_name(entry.0.get_ref()) {
                 let msg = format!(
@@ -88,6 +89,9 @@ impl Builder<'_, '_> {
                     msg,
                     Some("env-matrix keys become environment variables".into()),
                 ));
+            } else if let Some((message, help)) = manifest::reserved_pin(entry.0.get_ref()) {
+                self.diags
+                    .push(src.diag(entry.0.span(), message, Some(help)));
             }
         }
         if self.diags.len() > before {
