@@ -96,7 +96,12 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         tree.clear_nodes().map_err(|e| internal(e.to_string()))?;
     }
     let interrupt = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+    // SIGHUP is what closing the terminal sends: it ends the run as Ctrl-C does.
+    for sig in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
         signal_hook::flag::register(sig, Arc::clone(&interrupt))
             .map_err(|e| internal(format!("cannot install the signal handler: {e}")))?;
     }
@@ -105,7 +110,6 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
     let grace = args.grace.unwrap_or(DEFAULT_GRACE);
-    let tmp_root = std::env::temp_dir().join(format!("memra-orch-{}", std::process::id()));
     let opts = RunOptions {
         tree: tree.clone(),
         jobs,
@@ -121,7 +125,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     let mode = args.progress.resolve();
     let mut display = Progress::new(mode, &plan, &inventory);
     let executor: Arc<dyn Executor> = match args.executor {
-        ExecutorKind::Local => Arc::new(LocalExecutor::new(grace, tmp_root.clone())),
+        ExecutorKind::Local => Arc::new(LocalExecutor::new(grace, std::env::temp_dir())),
         ExecutorKind::Slurm => Arc::new(SlurmExecutor::new(
             slurm_options(args, &plan, &receipts, &commit.id, grace)
                 .map_err(|e| internal(e.to_string()))?,
@@ -138,7 +142,6 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         let mut listeners: [&mut dyn Listener; 2] = [&mut writer, &mut display];
         execute(&plan, &inventory, executor, &opts, &mut listeners)
     };
-    let _ = std::fs::remove_dir_all(&tmp_root);
     let written = writer.finish();
     if mode == ProgressMode::Quiet {
         print!("{}", crate::report::summary::footer(&outcome, &tree));

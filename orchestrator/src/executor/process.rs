@@ -92,17 +92,14 @@ impl Watchdog {
     }
 
     /// Stops watching a group whose leader has exited; says whether the watchdog had stopped
-    /// it. Any member still alive (a grandchild the gate left behind) is killed now, so
-    /// nothing of an attempt outlives it.
+    /// it. What the gate left behind is not the watchdog's: the attempt's supervisor has
+    /// killed all of it by then ([`super::supervise`]), and signalling the group again could
+    /// reach a new group that reused its id.
     pub fn unwatch(&self, watch: Watch) -> Stopped {
-        let entry = self.lock().entries.remove(&watch.0);
-        match entry {
-            Some(e) => {
-                signal_group(e.pgid, libc::SIGKILL);
-                e.stopped
-            }
-            None => Stopped::No,
-        }
+        self.lock()
+            .entries
+            .remove(&watch.0)
+            .map_or(Stopped::No, |e| e.stopped)
     }
 
     /// Cancels the run: every watched group is stopped, and so is any group watched later.
