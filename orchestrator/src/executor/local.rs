@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::PipeReader;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -73,7 +74,7 @@ impl LocalExecutor {
         let root = self.tmp_root.get_or_init(|| {
             std::fs::create_dir_all(&self.tmp_parent)
                 .and_then(|()| {
-                    tempfile::Builder::new()
+                    private_dir()
                         .prefix("memra-orch-")
                         .tempdir_in(&self.tmp_parent)
                 })
@@ -87,7 +88,7 @@ impl LocalExecutor {
                 return Err(ExecError::file(&self.tmp_parent, Kind::CreateTmp(e)));
             }
         };
-        tempfile::Builder::new()
+        private_dir()
             .prefix("t")
             .tempdir_in(root)
             .map(tempfile::TempDir::keep)
@@ -100,6 +101,15 @@ impl LocalExecutor {
     fn give_back_tmp(&self, dir: &Path) {
         let _ = std::fs::remove_dir_all(dir);
     }
+}
+
+/// A builder of folders only their owner may enter: mode 0700 is given to mkdir itself, so
+/// there is no moment at which the folder is open to others (tempfile's default follows
+/// the umask).
+fn private_dir() -> tempfile::Builder<'static, 'static> {
+    let mut b = tempfile::Builder::new();
+    b.permissions(std::fs::Permissions::from_mode(0o700));
+    b
 }
 
 impl Drop for LocalExecutor {

@@ -1,0 +1,192 @@
+//! Arms die with their run: a SIGKILL of memra-orch takes every process of the run down,
+//! `setsid` children included; a `setsid` child does not outlive its attempt; SIGHUP (a
+//! closed terminal) ends the run `cancelled`; and a process that escaped a killed run cannot
+//! put files into the attempts of the resumed run.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::run_support::{Fixture, alive, eventually, proc_stat};
+
+/// The `--grace` of these runs, and how long the processes of a killed run may live on.
+const GRACE: Duration = Duration::from_secs(5);
+
+/// How long a gate may take to start on a loaded machine.
+const START: Duration = Duration::from_secs(90);
+
+fn read_pid(path: &Path) -> i32 {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn signal(pid: i32, sig: i32) {
+    // SAFETY: kill takes plain integers; the pids are of processes this test started.
+    assert_eq!(unsafe { kill(pid, sig) }, 0, "kill({pid}, {sig})");
+}
+
+unsafe extern "C" {
+    fn kill(pid: i32, sig: i32) -> i32;
+}
+
+const SIGHUP: i32 = 1;
+const SIGKILL: i32 = 9;
+const SIGSTOP: i32 = 19;
+
+fn escape_fixture(mode: &str) -> Fixture {
+    Fixture::new(&format!(
+        r#"
+schema = 1
+name = "escape"
+
+[[arm]]
+id = "escape"
+run = ["{{gates}}/escape.sh", "${{root}}", "{mode}"]
+gpus = 0
+"#
+    ))
+    .with_grace("5s")
+}
+
+#[test]
+fn sigkill_of_memra_orch_takes_every_process_of_the_run_down() {
+    let f = escape_fixture("hang");
+    let mut run = f.spawn(&[]);
+    let setsid_pid = f.path().join("setsid.pid");
+    assert!(
+        eventually(START, || setsid_pid.exists()),
+        "the gate never started its setsid child"
+    );
+    let pids = [
+        ("gate", read_pid(&f.path().join("gate.pid"))),
+        ("supervisor", read_pid(&f.path().join("parent.pid"))),
+        ("setsid child", read_pid(&setsid_pid)),
+    ];
+    for (what, pid) in pids {
+        assert!(alive(pid), "the {what} {pid} is not running");
+    }
+    signal(run.pid(), SIGKILL);
+    run.wait();
+    for (what, pid) in pids {
+        assert!(
+            eventually(GRACE, || !alive(pid)),
+            "the {what} {pid} outlived the SIGKILLed run by more than the grace: {}",
+            proc_stat(pid)
+        );
+    }
+}
+
+#[test]
+fn a_setsid_child_does_not_outlive_its_attempt() {
+    let f = escape_fixture("exit");
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    let pid = read_pid(&f.path().join("setsid.pid"));
+    assert!(
+        eventually(GRACE, || !alive(pid)),
+        "the gate's setsid child {pid} survived its attempt: {}",
+        proc_stat(pid)
+    );
+}
+
+#[test]
+fn sighup_ends_the_run_cancelled() {
+    let f = Fixture::new(
+        r#"
+schema = 1
+name = "hangup"
+
+[[arm]]
+id = "slow"
+run = ["{gates}/wait-for.sh", "${root}/go"]
+gpus = 0
+"#,
+    )
+    // The gate must die of the cancel's SIGTERM, not of a SIGKILL after a short grace.
+    .with_grace("10m");
+    let mut run = f.spawn(&[]);
+    assert!(
+        eventually(START, || f.tree().join("nodes").read_dir().is_ok_and(|d| d
+            .flatten()
+            .any(|e| e.path().join("attempt-1").exists()))),
+        "slow never started"
+    );
+    signal(run.pid(), SIGHUP);
+    assert_eq!(run.wait().code(), Some(130));
+    let summary = f.run_json();
+    assert_eq!(summary["interrupted"], true, "{summary:#}");
+    let slow = f.receipt("slow");
+    assert_eq!(slow["verdict"], "cancelled", "{slow:#}");
+    assert_eq!(slow["attempts"][0]["signal"], 15, "{slow:#}");
+}
+
+#[test]
+fn a_resumed_run_does_not_list_what_a_leftover_of_the_killed_run_wrote() {
+    let f = Fixture::new(
+        r#"
+schema = 1
+name = "leftover"
+
+[[arm]]
+id = "arm"
+run = ["{gates}/leftover.sh", "${root}"]
+gpus = 0
+"#,
+    );
+    let mut run = f.spawn(&[]);
+    let writer_pid = f.path().join("writer.pid");
+    assert!(
+        eventually(START, || writer_pid.exists()),
+        "the gate never started its writer"
+    );
+    let writer = read_pid(&writer_pid);
+    let supervisor = read_pid(&f.path().join("parent.pid"));
+    // What no supervisor survives (the OOM killer, a kill of every process of the user):
+    // memra-orch and the supervisor both die at once, before the supervisor can sweep.
+    signal(supervisor, SIGSTOP);
+    signal(run.pid(), SIGKILL);
+    run.wait();
+    signal(supervisor, SIGKILL);
+    let _stop_writer = KillOnDrop(writer);
+    assert!(alive(writer), "the writer did not outlive the killed run");
+    let stale = |dir: &Path| dir.join("artifacts/stale.txt");
+    let node_dir = f.tree().join("nodes");
+    assert!(
+        eventually(START, || std::fs::read_dir(&node_dir).is_ok_and(|d| d
+            .flatten()
+            .any(|e| stale(&e.path().join("attempt-1")).exists()))),
+        "the writer never wrote into its attempt folder"
+    );
+
+    std::fs::write(f.path().join("go"), "").unwrap();
+    let out = f.run(&["--resume"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        alive(writer),
+        "the writer died before the resumed run ended"
+    );
+    let receipt = f.receipt("arm");
+    assert_eq!(receipt["verdict"], "pass", "{receipt:#}");
+    let names: Vec<&str> = receipt["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["fresh.txt"], "{receipt:#}");
+    assert!(
+        !stale(&f.attempt_dir("arm", 1)).exists(),
+        "the leftover writer reached the resumed run's attempt folder"
+    );
+}
+
+/// Kills a process that escaped a run when the test ends, whatever its outcome.
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: kill takes plain integers; the pid is the writer this test started.
+        unsafe { kill(self.0, SIGKILL) };
+    }
+}
