@@ -79,6 +79,34 @@ fn sigkill_of_memra_orch_takes_every_process_of_the_run_down() {
 }
 
 #[test]
+fn the_processes_of_a_killed_supervisor_die_with_the_run() {
+    let f = escape_fixture("hang");
+    let mut run = f.spawn(&[]);
+    let setsid_pid = f.path().join("setsid.pid");
+    assert!(
+        eventually(START, || setsid_pid.exists()),
+        "the gate never started its setsid child"
+    );
+    let child = read_pid(&setsid_pid);
+    signal(read_pid(&f.path().join("parent.pid")), SIGKILL);
+    assert_eq!(run.wait().code(), Some(1));
+    let receipt = f.receipt("escape");
+    assert_eq!(receipt["verdict"], "error", "{receipt:#}");
+    assert!(
+        receipt["reason"]
+            .as_str()
+            .unwrap()
+            .contains("supervisor (pid"),
+        "{receipt:#}"
+    );
+    assert!(
+        eventually(GRACE, || !alive(child)),
+        "the setsid child {child} of a killed supervisor outlived the run: {}",
+        proc_stat(child)
+    );
+}
+
+#[test]
 fn a_setsid_child_does_not_outlive_its_attempt() {
     let f = escape_fixture("exit");
     assert_eq!(f.run(&[]).status.code(), Some(0));

@@ -138,10 +138,12 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         .map(|c| (c.reference.0, c.candidate.0))
         .collect();
     let mut writer = ReceiptWriter::new(tree.clone(), header, plan.cells.len()).with_pairs(pairs);
+    crate::executor::supervise::adopt_orphans();
     let outcome = {
         let mut listeners: [&mut dyn Listener; 2] = [&mut writer, &mut display];
         execute(&plan, &inventory, executor, &opts, &mut listeners)
     };
+    crate::executor::supervise::reap_orphans();
     let written = writer.finish();
     if mode == ProgressMode::Quiet {
         print!("{}", crate::report::summary::footer(&outcome, &tree));

@@ -470,7 +470,16 @@ impl LocalExecutor {
             cwd: job.cwd.clone(),
             error,
         };
-        let mut supervised = Supervised::spawn(cmd).map_err(spawn_error)?;
+        let mut supervised = Supervised::spawn(cmd).map_err(|error| {
+            if error.kind() == std::io::ErrorKind::NotFound && !self.supervisor.is_file() {
+                ExecError::Supervisor(format!(
+                    "the attempt supervisor {} does not exist (it is the memra-orch binary)",
+                    self.supervisor.display()
+                ))
+            } else {
+                spawn_error(error)
+            }
+        })?;
         // The gate's process group, once the supervisor reported it (0 until then).
         let gate = Arc::new(AtomicI32::new(0));
         let capture = |from: PipeReader, to: std::fs::File, log: &'static str| {

@@ -80,7 +80,7 @@ pub fn marker(log: &str, cap: u64) -> String {
 /// A byte count as a manifest would write it: `1GiB`, `512MiB`, or plain bytes.
 pub fn format_size(bytes: u64) -> String {
     for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
             return format!("{}{unit}", bytes >> shift);
         }
     }

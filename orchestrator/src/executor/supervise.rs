@@ -163,6 +163,22 @@ fn wait_for_hangup(link: &UnixStream, stop: &AtomicBool) {
     }
 }
 
+/// Makes this process (memra-orch running a manifest or a job) a child subreaper, so that
+/// the processes of a supervisor that died (killed by someone else while memra-orch lives)
+/// re-parent to it; [`reap_orphans`] kills them once the run is over. Call it only from
+/// the memra-orch binary: a library user's process would collect strays it did not start.
+pub fn adopt_orphans() {
+    // SAFETY: PR_SET_CHILD_SUBREAPER takes an integer flag and touches no memory.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+}
+
+/// Kills and reaps every process still below this one. Call it only once every attempt
+/// has ended and every child memra-orch started itself was waited for: whatever is left
+/// then is a stray of a dead supervisor.
+pub fn reap_orphans() {
+    sweep_all(std::process::id() as libc::pid_t);
+}
+
 fn sweep_all(me: libc::pid_t) {
     let _guard = SWEEP.lock().unwrap_or_else(|p| p.into_inner());
     sweep(me);
