@@ -22,7 +22,7 @@ pub enum ExitCode {
     /// ran. Not a usage error: the same command succeeds once that run ends, so a cron job
     /// can tell "try later" from "broken".
     Locked = 75,
-    /// Interrupted by Ctrl-C or SIGTERM; running nodes were cancelled.
+    /// Interrupted by Ctrl-C, SIGTERM or SIGHUP; running nodes were cancelled.
     Interrupted = 130,
 }
 
@@ -43,4 +43,4 @@ Exit codes:
   4    the machine does not meet the requirement (`[require]`, --require-gpus): nothing ran
   75   another run holds the lock of the receipt tree (after --wait-lock, if given): nothing
        ran; try again later
-  130  interrupted (Ctrl-C / SIGTERM): running nodes were cancelled";
+  130  interrupted (Ctrl-C / SIGTERM / SIGHUP): running nodes were cancelled";
