@@ -122,20 +122,23 @@ fn supervise(argv: &[OsString]) -> i32 {
             if let Ok(link) = link {
                 wait_for_hangup(&link, &stop);
             }
-            sweep_all(me);
+            // The guard is held until the process exits, so the main thread, which may
+            // have lost the gate's status to this sweep, never reports after it.
+            let _guard = SWEEP.lock().unwrap_or_else(|p| p.into_inner());
+            sweep(me);
             std::process::exit(0);
         });
     }
     let status = child.wait();
     sweep_all(me);
-    match status {
-        Ok(s) => match (s.code(), s.signal()) {
+    // Without a status (the lifeline thread reaped the gate) there is nothing true to
+    // report; memra-orch reads the missing report as a lost supervisor.
+    if let Ok(s) = status {
+        match (s.code(), s.signal()) {
             (Some(c), _) => send(&format!("exit {c}")),
             (None, Some(n)) => send(&format!("signal {n}")),
-            (None, None) => send("signal 0"),
-        },
-        // The lifeline thread reaped the gate while sweeping; it is exiting the process.
-        Err(_) => std::thread::sleep(Duration::from_secs(60)),
+            (None, None) => {}
+        }
     }
     0
 }
