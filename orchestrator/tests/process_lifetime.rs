@@ -171,11 +171,19 @@ gpus = 0
     let writer = read_pid(&writer_pid);
     let supervisor = read_pid(&f.path().join("parent.pid"));
     // What no supervisor survives (the OOM killer, a kill of every process of the user):
-    // memra-orch and the supervisor both die at once, before the supervisor can sweep.
-    signal(supervisor, SIGSTOP);
+    // the supervisor and memra-orch both die before either can act. memra-orch is
+    // stopped first, so it cannot reap the strays the supervisor's death hands it; the
+    // supervisor is not stopped, since a stopped process in a group orphaned by
+    // memra-orch's death would be sent SIGHUP and SIGCONT, and sweep.
+    signal(run.pid(), SIGSTOP);
+    assert!(
+        eventually(START, || stopped(run.pid())),
+        "memra-orch did not stop: {}",
+        proc_stat(run.pid())
+    );
+    signal(supervisor, SIGKILL);
     signal(run.pid(), SIGKILL);
     run.wait();
-    signal(supervisor, SIGKILL);
     let _stop_writer = KillOnDrop(writer);
     assert!(alive(writer), "the writer did not outlive the killed run");
     let stale = |dir: &Path| dir.join("artifacts/stale.txt");
@@ -207,6 +215,21 @@ gpus = 0
         !stale(&f.attempt_dir("arm", 1)).exists(),
         "the leftover writer reached the resumed run's attempt folder"
     );
+}
+
+/// Whether every thread of a process is stopped (state `T`).
+fn stopped(pid: i32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|tasks| {
+        tasks.flatten().all(|t| {
+            std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+                stat.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('T')
+            })
+        })
+    })
 }
 
 /// Kills a process that escaped a run when the test ends, whatever its outcome.

@@ -570,10 +570,20 @@ fn artifacts_dir(job: &CellJob, n: u32) -> PathBuf {
 }
 
 /// Empties the node folder: a node that runs again (`--resume` after a cancel) must not
-/// keep attempts of the earlier try.
+/// keep attempts of the earlier try. The old folder is first moved aside in one rename,
+/// so a process left from the earlier try that still writes into it by path cannot make
+/// the removal fail, and loses its way at once; what cannot be removed of it is left in a
+/// hidden `.old-*` folder beside it.
 fn reset_dir(dir: &Path) -> Result<(), ExecError> {
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(|e| ExecError::file(dir, Kind::ClearNodeDir(e)))?;
+    let clear = |e| ExecError::file(dir, Kind::ClearNodeDir(e));
+    if std::fs::symlink_metadata(dir).is_ok() {
+        let parent = dir.parent().unwrap_or(Path::new("."));
+        let aside = tempfile::Builder::new()
+            .prefix(".old-")
+            .tempdir_in(parent)
+            .map_err(clear)?;
+        std::fs::rename(dir, aside.path().join("node")).map_err(clear)?;
+        let _ = std::fs::remove_dir_all(aside.keep());
     }
     std::fs::create_dir_all(dir).map_err(|e| ExecError::file(dir, Kind::CreateNodeDir(e)))
 }
