@@ -4,6 +4,7 @@
 //! put files into the attempts of the resumed run.
 
 use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::run_support::{Fixture, alive, eventually, proc_stat};
@@ -147,6 +148,49 @@ gpus = 0
     let slow = f.receipt("slow");
     assert_eq!(slow["verdict"], "cancelled", "{slow:#}");
     assert_eq!(slow["attempts"][0]["signal"], 15, "{slow:#}");
+}
+
+#[test]
+fn under_nohup_sighup_does_not_end_the_run() {
+    let f = Fixture::new(
+        r#"
+schema = 1
+name = "nohup"
+
+[[arm]]
+id = "slow"
+run = ["{gates}/wait-for.sh", "${root}/go"]
+gpus = 0
+"#,
+    );
+    // `nohup` ignores SIGHUP and execs; an ignored signal stays ignored across exec.
+    let mut cmd = f.command(&[]);
+    let program = cmd.get_program().to_owned();
+    let args: Vec<_> = cmd.get_args().map(|a| a.to_owned()).collect();
+    cmd = Command::new("nohup");
+    cmd.arg(program)
+        .args(args)
+        .current_dir(f.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut run = cmd.spawn().unwrap();
+    let pid = run.id() as i32;
+    let started = || {
+        f.tree()
+            .join("nodes")
+            .read_dir()
+            .is_ok_and(|d| d.flatten().any(|e| e.path().join("attempt-1").exists()))
+    };
+    assert!(eventually(START, started), "slow never started");
+    signal(pid, SIGHUP);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        run.try_wait().unwrap().is_none(),
+        "a run under nohup ended on SIGHUP"
+    );
+    std::fs::write(f.path().join("go"), "").unwrap();
+    assert_eq!(run.wait().unwrap().code(), Some(0));
+    assert_eq!(f.verdict("slow"), "pass");
 }
 
 #[test]

@@ -96,12 +96,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         tree.clear_nodes().map_err(|e| internal(e.to_string()))?;
     }
     let interrupt = Arc::new(AtomicBool::new(false));
-    // SIGHUP is what closing the terminal sends: it ends the run as Ctrl-C does.
-    for sig in [
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ] {
+    for sig in crate::executor::process::cancel_signals() {
         signal_hook::flag::register(sig, Arc::clone(&interrupt))
             .map_err(|e| internal(format!("cannot install the signal handler: {e}")))?;
     }

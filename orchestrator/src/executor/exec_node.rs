@@ -63,11 +63,7 @@ pub fn exec_node(args: &ExecNodeOptions) -> ExitCode {
         (job.visible_devices, job.gpus) = gpus_from_env(cvd.as_deref());
     }
     let interrupt = Arc::new(AtomicBool::new(false));
-    for sig in [
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ] {
+    for sig in super::process::cancel_signals() {
         if let Err(e) = signal_hook::flag::register(sig, Arc::clone(&interrupt)) {
             eprintln!("memra-orch exec-node: cannot install the signal handler: {e}");
             return ExitCode::Internal;

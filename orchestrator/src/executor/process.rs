@@ -178,6 +178,24 @@ fn watch_loop(shared: &Shared) {
     }
 }
 
+/// The signals that cancel a run: SIGINT (Ctrl-C), SIGTERM, and SIGHUP (what closing the
+/// terminal sends), unless SIGHUP is ignored already, as `nohup` leaves it: a run started
+/// under nohup is meant to outlive its terminal.
+pub fn cancel_signals() -> Vec<i32> {
+    let mut signals = vec![libc::SIGINT, libc::SIGTERM];
+    // SAFETY: sigaction with a null new action only reads the current one into `old`, a
+    // zeroed sigaction that lives across the call.
+    let hangup_ignored = unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGHUP, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
+    };
+    if !hangup_ignored {
+        signals.push(libc::SIGHUP);
+    }
+    signals
+}
+
 /// Sends a signal to every process of a group. A group that no longer exists is fine.
 pub fn signal_group(pgid: i32, signal: i32) {
     if pgid <= 1 {
