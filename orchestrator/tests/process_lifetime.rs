@@ -54,7 +54,7 @@ gpus = 0
 #[test]
 fn sigkill_of_memra_orch_takes_every_process_of_the_run_down() {
     let f = escape_fixture("hang");
-    let mut run = f.spawn(&[]);
+    let mut run = spawn_killable(&f);
     let setsid_pid = f.path().join("setsid.pid");
     assert!(
         eventually(START, || setsid_pid.exists()),
@@ -206,7 +206,7 @@ run = ["{gates}/leftover.sh", "${root}"]
 gpus = 0
 "#,
     );
-    let mut run = f.spawn(&[]);
+    let mut run = spawn_killable(&f);
     let writer_pid = f.path().join("writer.pid");
     assert!(
         eventually(START, || writer_pid.exists()),
@@ -259,6 +259,36 @@ gpus = 0
         !stale(&f.attempt_dir("arm", 1)).exists(),
         "the leftover writer reached the resumed run's attempt folder"
     );
+}
+
+/// A run this test will SIGKILL, which leaves its temporary folders behind: they go in
+/// the fixture's folder, removed with it, not in the machine's.
+fn spawn_killable(f: &Fixture) -> Run {
+    let tmp = f.path().join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    Run(f.command(&[]).env("TMPDIR", tmp).spawn().unwrap())
+}
+
+/// A background run, killed if the test ends before it does.
+struct Run(std::process::Child);
+
+impl Run {
+    fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+
+    fn wait(&mut self) -> std::process::ExitStatus {
+        self.0.wait().unwrap()
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
 }
 
 /// Whether every thread of a process is stopped (state `T`).

@@ -1,10 +1,12 @@
-//! Local processes: spawning one attempt in its own process group with files for stdout and
-//! stderr, and the watchdog that stops groups (timeout, cancellation) with SIGTERM, a grace
-//! period, then SIGKILL.
+//! Stopping local process groups: the watchdog that stops a gate's group (timeout,
+//! cancellation) with SIGTERM, a grace period, then SIGKILL, and the signals that cancel a
+//! run ([`cancel_signals`]).
 //!
-//! The attempt's thread blocks in `wait()`, so a finished process is noticed at once; only
-//! the stopping is done by the watchdog's single thread, which sleeps until the next
-//! deadline. It knows nothing of gates, verdicts or receipts.
+//! The attempt's thread blocks waiting for its supervisor, so a finished process is
+//! noticed at once; only the stopping is done by the watchdog's single thread, which sleeps
+//! until the next deadline. Spawning is [`super::supervise`]'s and [`super::local`]'s; what
+//! a gate leaves outside its group is the supervisor's to kill. It knows nothing of gates,
+//! verdicts or receipts.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
