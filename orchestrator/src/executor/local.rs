@@ -1,19 +1,19 @@
 //! The local executor: runs a cell's attempts as subprocesses of this machine, isolated per
 //! DESIGN §4 (cleared environment, own process group, stdin from /dev/null, stdout and
-//! stderr to capped logs, a fresh private TMPDIR per attempt, every process of the attempt
-//! gone when it ends: [`supervise`]), and turns them into a node receipt: reps (every
-//! rep must be as expected and, unless the node says `deterministic = false`, leave the
-//! artifacts rep 1 left, as [`reps`] judges), retries (after crash, timeout or an error that
-//! is not a protocol violation), `expect = "fail"`, setup `creates`/`produces`, artifacts.
+//! stderr to capped logs ([`output`]), a fresh private TMPDIR per attempt
+//! ([`super::scratch`]), every process of the attempt gone when it ends ([`supervise`])),
+//! and turns them into a node receipt: reps (every rep must be as expected and, unless the
+//! node says `deterministic = false`, leave the artifacts rep 1 left, as [`reps`] judges),
+//! retries (after crash, timeout or an error that is not a protocol violation),
+//! `expect = "fail"`, setup `creates`/`produces`, artifacts.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::PipeReader;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use regex::Regex;
@@ -23,6 +23,7 @@ use super::error::{ExecError, FileErrorKind as Kind};
 use super::output;
 use super::process::{Watchdog, signal_group};
 use super::reps;
+use super::scratch::{AttemptDoor, TmpDirs, reset_dir};
 use super::supervise::{self, SUPERVISE_ARG, SuperviseError, Supervised};
 use super::{CellJob, CellNote, Executor};
 use crate::plan::{Cell, Expect, NodeKind, TextVerdict};
@@ -39,11 +40,8 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub struct LocalExecutor {
     watchdog: Watchdog,
-    /// The caller's temporary folder: the run's own folder is created below it.
-    tmp_parent: PathBuf,
-    /// The run's folder of attempt TMPDIRs, made (0700, unpredictable name) at the first
-    /// attempt and removed when the executor is dropped; or why it could not be made.
-    tmp_root: OnceLock<Result<PathBuf, (std::io::ErrorKind, String)>>,
+    /// The attempts' TMPDIRs.
+    tmp: TmpDirs,
     /// The memra-orch binary, re-executed as each attempt's supervisor.
     supervisor: PathBuf,
 }
@@ -54,8 +52,7 @@ impl LocalExecutor {
     pub fn new(grace: Duration, tmp_parent: PathBuf) -> LocalExecutor {
         LocalExecutor {
             watchdog: Watchdog::new(grace),
-            tmp_parent,
-            tmp_root: OnceLock::new(),
+            tmp: TmpDirs::new(tmp_parent),
             supervisor: supervise::default_program(),
         }
     }
@@ -64,59 +61,6 @@ impl LocalExecutor {
     pub fn with_supervisor(mut self, program: PathBuf) -> LocalExecutor {
         self.supervisor = program;
         self
-    }
-
-    /// A fresh TMPDIR for one attempt: created with mkdtemp semantics (mode 0700, a random
-    /// name, never an existing path, so never a link someone planted), inside the run's
-    /// folder, which is made the same way. Never reused: a folder an attempt had is removed
-    /// with it, so nothing one attempt leaves can reach the next.
-    fn take_tmp(&self) -> Result<PathBuf, ExecError> {
-        let root = self.tmp_root.get_or_init(|| {
-            std::fs::create_dir_all(&self.tmp_parent)
-                .and_then(|()| {
-                    private_dir()
-                        .prefix("memra-orch-")
-                        .tempdir_in(&self.tmp_parent)
-                })
-                .map(tempfile::TempDir::keep)
-                .map_err(|e| (e.kind(), e.to_string()))
-        });
-        let root = match root {
-            Ok(r) => r,
-            Err((kind, msg)) => {
-                let e = std::io::Error::new(*kind, msg.clone());
-                return Err(ExecError::file(&self.tmp_parent, Kind::CreateTmp(e)));
-            }
-        };
-        private_dir()
-            .prefix("t")
-            .tempdir_in(root)
-            .map(tempfile::TempDir::keep)
-            .map_err(|e| ExecError::file(root, Kind::CreateTmp(e)))
-    }
-
-    /// Removes an attempt's TMPDIR. `remove_dir_all` removes links the gate left inside
-    /// without following them, so a link to a folder elsewhere leaves that folder as it is.
-    /// A folder the gate made unremovable (read-only) stays until the run's folder goes.
-    fn give_back_tmp(&self, dir: &Path) {
-        let _ = std::fs::remove_dir_all(dir);
-    }
-}
-
-/// A builder of folders only their owner may enter: mode 0700 is given to mkdir itself, so
-/// there is no moment at which the folder is open to others (tempfile's default follows
-/// the umask).
-fn private_dir() -> tempfile::Builder<'static, 'static> {
-    let mut b = tempfile::Builder::new();
-    b.permissions(std::fs::Permissions::from_mode(0o700));
-    b
-}
-
-impl Drop for LocalExecutor {
-    fn drop(&mut self) {
-        if let Some(Ok(root)) = self.tmp_root.get() {
-            let _ = std::fs::remove_dir_all(root);
-        }
     }
 }
 
@@ -312,14 +256,14 @@ impl LocalExecutor {
                 listing_error: None,
             }
         };
-        let tmp = match self.take_tmp() {
+        let tmp = match self.tmp.take() {
             Ok(t) => t,
             Err(e) => return not_started(record, e.to_string()),
         };
         let door = match AttemptDoor::open(&job.node_dir, n) {
             Ok(d) => d,
             Err(e) => {
-                self.give_back_tmp(&tmp);
+                self.tmp.give_back(&tmp);
                 return not_started(record, e.to_string());
             }
         };
@@ -363,7 +307,7 @@ impl LocalExecutor {
         };
         if self.watchdog.is_cancelled() {
             drop(door);
-            self.give_back_tmp(&tmp);
+            self.tmp.give_back(&tmp);
             record.outcome = Verdict::Cancelled;
             record.reason =
                 Some("cancelled: the run was interrupted before this attempt started".into());
@@ -371,7 +315,7 @@ impl LocalExecutor {
         }
         let run = self.spawn_and_wait(job, &gate_argv, &gate_env, &dir, &artifacts, &checks);
         drop(door);
-        self.give_back_tmp(&tmp);
+        self.tmp.give_back(&tmp);
         record.seconds = started.elapsed().as_secs_f64();
         let run = match run {
             Ok(r) => r,
@@ -542,50 +486,9 @@ fn stop_gate(gate: &AtomicI32) {
     }
 }
 
-/// The path through which a gate reaches its attempt folder: a link in the node folder,
-/// with a fresh random name, to `attempt-<n>`, removed when the attempt ends. A process an
-/// earlier run left behind (one that escaped its supervisor) holds the path of its own
-/// run's link, which `--resume` removed with the node folder, so it cannot write into the
-/// new attempt folder of the same name.
-struct AttemptDoor(tempfile::NamedTempFile<()>);
-
-impl AttemptDoor {
-    fn open(node_dir: &Path, n: u32) -> Result<AttemptDoor, ExecError> {
-        let target = attempt_dir_name(n);
-        tempfile::Builder::new()
-            .prefix(&format!(".{target}-"))
-            .make_in(node_dir, |p| std::os::unix::fs::symlink(&target, p))
-            .map(AttemptDoor)
-            .map_err(|e| ExecError::file(node_dir, Kind::CreateAttemptDir(e)))
-    }
-
-    fn path(&self) -> &Path {
-        self.0.path()
-    }
-}
-
 /// The artifacts folder of attempt `n`.
 fn artifacts_dir(job: &CellJob, n: u32) -> PathBuf {
     job.node_dir.join(attempt_dir_name(n)).join("artifacts")
-}
-
-/// Empties the node folder: a node that runs again (`--resume` after a cancel) must not
-/// keep attempts of the earlier try. The old folder is first moved aside in one rename,
-/// so a process left from the earlier try that still writes into it by path cannot make
-/// the removal fail, and loses its way at once; what cannot be removed of it is left in a
-/// hidden `.old-*` folder beside it.
-fn reset_dir(dir: &Path) -> Result<(), ExecError> {
-    let clear = |e| ExecError::file(dir, Kind::ClearNodeDir(e));
-    if std::fs::symlink_metadata(dir).is_ok() {
-        let parent = dir.parent().unwrap_or(Path::new("."));
-        let aside = tempfile::Builder::new()
-            .prefix(".old-")
-            .tempdir_in(parent)
-            .map_err(clear)?;
-        std::fs::rename(dir, aside.path().join("node")).map_err(clear)?;
-        let _ = std::fs::remove_dir_all(aside.keep());
-    }
-    std::fs::create_dir_all(dir).map_err(|e| ExecError::file(dir, Kind::CreateNodeDir(e)))
 }
 
 fn text_verdict(job: &CellJob) -> Result<Option<TextVerdict>, ExecError> {

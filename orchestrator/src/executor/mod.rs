@@ -18,6 +18,7 @@ pub mod local;
 pub mod output;
 pub mod process;
 pub mod reps;
+pub mod scratch;
 pub mod slurm;
 pub mod supervise;
 
