@@ -26,7 +26,7 @@ pub enum ExitCode {
     /// the run stopped starting cells, marked the cells it lost as `error: disk full at …`
     /// and finalized `run.json`. Not a gate failure: free space and run again.
     DiskFull = 74,
-    /// Interrupted by Ctrl-C or SIGTERM; running nodes were cancelled.
+    /// Interrupted by Ctrl-C, SIGTERM or SIGHUP; running nodes were cancelled.
     Interrupted = 130,
 }
 
@@ -49,4 +49,4 @@ Exit codes:
        or be recorded are `error: disk full at …`, run.json is final; free space, run again
   75   another run of this manifest at this commit holds the lock (after --wait-lock, if
        given): nothing ran; try again later
-  130  interrupted (Ctrl-C / SIGTERM): running nodes were cancelled";
+  130  interrupted (Ctrl-C / SIGTERM / SIGHUP): running nodes were cancelled";

@@ -43,5 +43,8 @@ pub use exit::ExitCode;
 
 /// Entry point of the `memra-orch` binary; returns the process exit code.
 pub fn main() -> i32 {
+    if let Some(code) = executor::supervise::main_if_asked() {
+        return code;
+    }
     cmd::main()
 }

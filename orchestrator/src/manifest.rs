@@ -114,6 +114,8 @@ pub struct RawNode {
     pub gpus: Option<Sp<u32>>,
     pub cpus: Option<u32>,
     pub memory: Option<u64>,
+    /// `max_output`: bytes kept of stdout and of stderr each.
+    pub max_output: Option<u64>,
     pub timeout: Option<Duration>,
     pub reps: Option<u32>,
     /// `false` lets reps differ in their artifacts (default true: reps must be bit-identical).
@@ -166,6 +168,7 @@ const RUN_KEYS: &[&str] = &[
     "gpus",
     "cpus",
     "memory",
+    "max_output",
     "reps",
     "deterministic",
     "retries",
@@ -186,6 +189,7 @@ const DEFAULT_KEYS: &[&str] = &[
     "gpus",
     "cpus",
     "memory",
+    "max_output",
     "reps",
     "deterministic",
     "retries",
@@ -494,6 +498,22 @@ impl Walker<'_, '_> {
                         );
                     }
                 }
+                "max_output" => n.max_output = self.string(k, val).and_then(|s| {
+                    let bytes = parse_memory(s.get_ref()).filter(|b| *b > 0);
+                    if bytes.is_none() {
+                        let msg = format!(
+                            "`max_output` must be a size above zero such as \"1GiB\", found `{}`",
+                            self.src.slice(&val.span())
+                        );
+                        self.err(
+                            val.span(),
+                            msg,
+                            "write `max_output = \"4GiB\"` (K, M, G, T are powers of 1024)"
+                                .to_string(),
+                        );
+                    }
+                    bytes
+                }),
                 "timeout" => {
                     if let Some(s) = self.string(k, val) {
                         match humantime::parse_duration(s.get_ref()) {

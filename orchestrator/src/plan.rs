@@ -137,6 +137,9 @@ pub struct Cell {
     pub cpus: Option<u32>,
     pub memory: Option<u64>,
     pub timeout: Duration,
+    /// The most bytes kept of stdout and of stderr each (`max_output`, default 1 GiB);
+    /// past it the log is cut and the cell ends `error`.
+    pub max_output: u64,
     /// Run this many times; every rep must pass.
     pub reps: u32,
     /// Every rep's artifacts must equal rep 1's bit for bit (`deterministic = false` in the

@@ -878,6 +878,7 @@ impl Runner<'_, '_> {
             pins: c.env.clone(),
             inherit: self.plan.inherit.clone(),
             timeout: c.timeout,
+            max_output: c.max_output,
             reps: c.reps,
             deterministic: c.deterministic,
             retries: c.retries,

@@ -608,6 +608,7 @@ mod tests {
                 cpus: None,
                 memory: None,
                 timeout: std::time::Duration::from_secs(1),
+                max_output: 1 << 30,
                 reps: 1,
                 deterministic: true,
                 retries: 0,

@@ -34,6 +34,7 @@ fn cell(id: &str, argv: Vec<String>, root: &Path) -> Cell {
         cpus: None,
         memory: None,
         timeout: Duration::from_secs(30),
+        max_output: 1 << 30,
         reps: 1,
         deterministic: true,
         retries: 0,

@@ -22,6 +22,7 @@ fn job(node_dir: &std::path::Path, gate: &str) -> CellJob {
         pins: BTreeMap::from([("MEMRA_FA3".to_string(), "0".to_string())]),
         inherit: vec!["PATH".into()],
         timeout: Duration::from_secs(30),
+        max_output: 1 << 30,
         reps: 1,
         deterministic: true,
         retries: 0,

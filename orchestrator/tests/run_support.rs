@@ -192,11 +192,13 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p)
-            } else {
-                out.push(p)
+            // Links are not followed (nor listed): a running attempt's folder is also
+            // reachable through its `.attempt-N-*` link.
+            let Ok(kind) = e.file_type() else { continue };
+            if kind.is_dir() {
+                stack.push(e.path())
+            } else if !kind.is_symlink() {
+                out.push(e.path())
             }
         }
     }

@@ -8,10 +8,13 @@ use crate::executor::exec_node::{ExecNodeOptions, exec_node};
 /// The `exec-node` subcommand.
 pub fn command(args: &ExecNodeArgs) -> ExitCode {
     let defaults = ExecNodeOptions::default();
-    exec_node(&ExecNodeOptions {
+    crate::executor::supervise::adopt_orphans();
+    let code = exec_node(&ExecNodeOptions {
         job: args.job.clone(),
         grace: args.grace.unwrap_or(defaults.grace),
         gpus_from_env: args.gpus_from_env,
         receipt: args.receipt.clone(),
-    })
+    });
+    crate::executor::supervise::reap_orphans();
+    code
 }

@@ -150,7 +150,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         })
     });
     let interrupt = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+    for sig in crate::executor::process::cancel_signals() {
         signal_hook::flag::register(sig, Arc::clone(&interrupt))
             .map_err(|e| internal(format!("cannot install the signal handler: {e}")))?;
     }
@@ -159,7 +159,6 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
     let grace = args.grace.unwrap_or(DEFAULT_GRACE);
-    let tmp_root = std::env::temp_dir().join(format!("memra-orch-{}", std::process::id()));
     // The run's own folder is made last, once nothing else can refuse the run, so a
     // refused run leaves no empty folder behind.
     let (tree, run_id) = Tree::create(&manifest_dir).map_err(|e| {
@@ -211,7 +210,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     let mode = args.progress.resolve();
     let mut display = Progress::new(mode, &plan, &inventory);
     let executor: Arc<dyn Executor> = match args.executor {
-        ExecutorKind::Local => Arc::new(LocalExecutor::new(grace, tmp_root.clone())),
+        ExecutorKind::Local => Arc::new(LocalExecutor::new(grace, std::env::temp_dir())),
         ExecutorKind::Slurm => Arc::new(SlurmExecutor::new(
             slurm_options(args, &plan, &receipts, &commit.id, grace)
                 .map_err(|e| internal(e.to_string()))?,
@@ -226,11 +225,12 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     let mut writer = ReceiptWriter::new(tree.clone(), header, plan.cells.len())
         .with_pairs(pairs)
         .with_disk_full(disk_full.clone());
+    crate::executor::supervise::adopt_orphans();
     let mut outcome = {
         let mut listeners: [&mut dyn Listener; 2] = [&mut writer, &mut display];
         execute(&plan, &inventory, executor, &opts, &mut listeners)
     };
-    let _ = std::fs::remove_dir_all(&tmp_root);
+    crate::executor::supervise::reap_orphans();
     let written = writer.finish();
     // The writer may have found the disk full after the loop ended (the last files).
     if outcome.disk_full.is_none() {

@@ -34,6 +34,11 @@ pub enum ExecError {
     AttemptFile(crate::attempt_file::OpenError),
     #[error("waiting for pid {pgid} failed: {error}")]
     Wait { pgid: i32, error: std::io::Error },
+    /// The attempt's supervisor ended without saying how the gate ended.
+    #[error(
+        "{0}; run the cell again, and if this repeats look for what kills memra-orch's children"
+    )]
+    Supervisor(String),
     #[error("{node}: verdict.{which} {pattern:?} is not a valid regex: {error}")]
     BadRegex {
         node: String,
@@ -66,6 +71,8 @@ pub enum FileErrorKind {
     CreateStdout(std::io::Error),
     #[error("cannot create stderr.log: {0}")]
     CreateStderr(std::io::Error),
+    #[error("cannot write the log: {0}")]
+    WriteLog(std::io::Error),
     #[error("cannot clear the node folder: {0}")]
     ClearNodeDir(std::io::Error),
     #[error("cannot create the node folder: {0}")]

@@ -40,7 +40,7 @@ impl Default for ExecNodeOptions {
 }
 
 /// Runs one cell from a job file through the local executor, on whatever machine this is,
-/// and writes `<node_dir>/receipt.json` (or the `receipt` path). SIGTERM or SIGINT (a
+/// and writes `<node_dir>/receipt.json` (or the `receipt` path). SIGTERM, SIGINT or SIGHUP (a
 /// cancelled cluster job) stops the cell's process groups and the receipt says
 /// `cancelled`. Exit code 0 when the receipt was written (its verdict is in the file), 2
 /// for an unreadable job file, 3 when the receipt could not be written.
@@ -63,14 +63,13 @@ pub fn exec_node(args: &ExecNodeOptions) -> ExitCode {
         (job.visible_devices, job.gpus) = gpus_from_env(cvd.as_deref());
     }
     let interrupt = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+    for sig in super::process::cancel_signals() {
         if let Err(e) = signal_hook::flag::register(sig, Arc::clone(&interrupt)) {
             eprintln!("memra-orch exec-node: cannot install the signal handler: {e}");
             return ExitCode::Internal;
         }
     }
-    let tmp_root = std::env::temp_dir().join(format!("memra-orch-{}", std::process::id()));
-    let executor = Arc::new(LocalExecutor::new(args.grace, tmp_root.clone()));
+    let executor = Arc::new(LocalExecutor::new(args.grace, std::env::temp_dir()));
     let done = Arc::new(AtomicBool::new(false));
     // The executor blocks in the cell; a small thread turns a signal into a cancellation.
     let canceller = {
@@ -92,7 +91,6 @@ pub fn exec_node(args: &ExecNodeOptions) -> ExitCode {
     let receipt = executor.execute(&job, &mut |_| {});
     done.store(true, Ordering::SeqCst);
     let _ = canceller.join();
-    let _ = std::fs::remove_dir_all(&tmp_root);
     let path = args
         .receipt
         .clone()

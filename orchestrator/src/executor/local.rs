@@ -1,25 +1,30 @@
 //! The local executor: runs a cell's attempts as subprocesses of this machine, isolated per
 //! DESIGN §4 (cleared environment, own process group, stdin from /dev/null, stdout and
-//! stderr to files, a TMPDIR per attempt), and turns them into a node receipt: reps (every
-//! rep must be as expected and, unless the node says `deterministic = false`, leave the
-//! artifacts rep 1 left, as [`reps`] judges), retries (after crash, timeout or an error that
-//! is not a protocol violation), `expect = "fail"`, setup `creates`/`produces`, artifacts.
+//! stderr to capped logs ([`output`]), a fresh private TMPDIR per attempt
+//! ([`super::scratch`]), every process of the attempt gone when it ends ([`supervise`])),
+//! and turns them into a node receipt: reps (every rep must be as expected and, unless the
+//! node says `deterministic = false`, leave the artifacts rep 1 left, as [`reps`] judges),
+//! retries (after crash, timeout or an error that is not a protocol violation),
+//! `expect = "fail"`, setup `creates`/`produces`, artifacts.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::io::PipeReader;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use regex::Regex;
 
 use super::env::{self, OrchVars};
 use super::error::{ExecError, FileErrorKind as Kind};
-use super::process::Watchdog;
+use super::output;
+use super::process::{Watchdog, signal_group};
 use super::reps;
+use super::scratch::{AttemptDoor, TmpDirs, reset_dir};
+use super::supervise::{self, SUPERVISE_ARG, SuperviseError, Supervised};
 use super::{CellJob, CellNote, Executor};
 use crate::attempt_file;
 use crate::plan::{Cell, Expect, NodeKind, TextVerdict};
@@ -36,64 +41,27 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub struct LocalExecutor {
     watchdog: Watchdog,
-    /// Per-attempt TMPDIRs live below this folder (outside the receipt tree).
-    tmp_root: PathBuf,
-    /// Emptied TMPDIRs ready for the next attempt. An attempt gets a folder no other
-    /// running attempt has, emptied when the attempt ends; reusing the folder instead of
-    /// creating and deleting one per attempt spares the filesystem two inode operations per
-    /// attempt, which dominate the cost of short gates.
-    free_tmp: Mutex<Vec<PathBuf>>,
-    next_tmp: AtomicUsize,
+    /// The attempts' TMPDIRs.
+    tmp: TmpDirs,
+    /// The memra-orch binary, re-executed as each attempt's supervisor.
+    supervisor: PathBuf,
 }
 
 impl LocalExecutor {
-    pub fn new(grace: Duration, tmp_root: PathBuf) -> LocalExecutor {
+    /// An executor whose attempts get TMPDIRs below a fresh private folder in `tmp_parent`
+    /// (the caller's temporary folder, usually `std::env::temp_dir()`).
+    pub fn new(grace: Duration, tmp_parent: PathBuf) -> LocalExecutor {
         LocalExecutor {
             watchdog: Watchdog::new(grace),
-            tmp_root,
-            free_tmp: Mutex::new(Vec::new()),
-            next_tmp: AtomicUsize::new(0),
+            tmp: TmpDirs::new(tmp_parent),
+            supervisor: supervise::default_program(),
         }
     }
 
-    /// An empty TMPDIR for one attempt (created when none is free).
-    fn take_tmp(&self) -> Result<PathBuf, ExecError> {
-        if let Some(dir) = self
-            .free_tmp
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop()
-        {
-            return Ok(dir);
-        }
-        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
-        let dir = self.tmp_root.join(format!("t{n}"));
-        match std::fs::create_dir_all(&dir) {
-            Ok(()) => Ok(dir),
-            Err(e) => Err(ExecError::file(dir, Kind::CreateTmp(e))),
-        }
-    }
-
-    /// Empties a TMPDIR after its attempt and makes it available again; one that cannot be
-    /// emptied (a gate left a read-only folder) is removed as far as possible and not reused.
-    fn give_back_tmp(&self, dir: PathBuf) {
-        let emptied = std::fs::read_dir(&dir).is_ok_and(|entries| {
-            entries.flatten().all(|e| {
-                let p = e.path();
-                match e.file_type() {
-                    Ok(t) if t.is_dir() => std::fs::remove_dir_all(&p).is_ok(),
-                    _ => std::fs::remove_file(&p).is_ok(),
-                }
-            })
-        });
-        if emptied {
-            self.free_tmp
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(dir);
-        } else {
-            let _ = std::fs::remove_dir_all(&dir);
-        }
+    /// The same executor with another supervisor binary (memra-orch, by path).
+    pub fn with_supervisor(mut self, program: PathBuf) -> LocalExecutor {
+        self.supervisor = program;
+        self
     }
 }
 
@@ -267,50 +235,6 @@ impl LocalExecutor {
         let dir = job.node_dir.join(attempt_dir_name(n));
         let artifacts = dir.join("artifacts");
         let checks = dir.join("checks.jsonl");
-        let tmp = match self.take_tmp() {
-            Ok(t) => t,
-            Err(e) => {
-                return AttemptResult {
-                    record: AttemptRecord {
-                        n,
-                        rep,
-                        start: humantime::format_rfc3339_millis(start_wall).to_string(),
-                        seconds: 0.0,
-                        exit: None,
-                        signal: None,
-                        outcome: Verdict::Error,
-                        reason: Some(e.to_string()),
-                        artifacts: Vec::new(),
-                    },
-                    report: GateReport::default(),
-                    protocol_error: false,
-                    argv: job.argv.clone(),
-                    env: BTreeMap::new(),
-                    listing_error: None,
-                };
-            }
-        };
-        let visible = job.visible_devices.join(",");
-        let vars = OrchVars {
-            checks: &checks,
-            artifacts: &artifacts,
-            node: &job.id,
-            attempt: n,
-            rep,
-            visible_devices: &visible,
-            tmp: &tmp,
-        };
-        let pins: BTreeMap<String, String> = job
-            .pins
-            .iter()
-            .map(|(k, v)| (k.clone(), Cell::attempt_string(v, &artifacts, &tmp)))
-            .collect();
-        let env = env::build(&job.inherit, |name| std::env::var_os(name), &pins, &vars);
-        let argv: Vec<String> = job
-            .argv
-            .iter()
-            .map(|a| Cell::attempt_string(a, &artifacts, &tmp))
-            .collect();
         let mut record = AttemptRecord {
             n,
             rep,
@@ -322,6 +246,58 @@ impl LocalExecutor {
             reason: None,
             artifacts: Vec::new(),
         };
+        let not_started = |mut record: AttemptRecord, reason: String| {
+            record.reason = Some(reason);
+            AttemptResult {
+                record,
+                report: GateReport::default(),
+                protocol_error: false,
+                argv: job.argv.clone(),
+                env: BTreeMap::new(),
+                listing_error: None,
+            }
+        };
+        let tmp = match self.tmp.take() {
+            Ok(t) => t,
+            Err(e) => return not_started(record, e.to_string()),
+        };
+        let door = match AttemptDoor::open(&job.node_dir, n) {
+            Ok(d) => d,
+            Err(e) => {
+                self.tmp.give_back(&tmp);
+                return not_started(record, e.to_string());
+            }
+        };
+        let visible = job.visible_devices.join(",");
+        // The attempt's argv and environment for the given attempt folder: the gate gets
+        // the door's path, the receipt records the folder's own.
+        let command_for = |folder: &Path| {
+            let artifacts = folder.join("artifacts");
+            let checks = folder.join("checks.jsonl");
+            let vars = OrchVars {
+                checks: &checks,
+                artifacts: &artifacts,
+                node: &job.id,
+                attempt: n,
+                rep,
+                visible_devices: &visible,
+                tmp: &tmp,
+            };
+            let pins: BTreeMap<String, String> = job
+                .pins
+                .iter()
+                .map(|(k, v)| (k.clone(), Cell::attempt_string(v, &artifacts, &tmp)))
+                .collect();
+            let env = env::build(&job.inherit, |name| std::env::var_os(name), &pins, &vars);
+            let argv: Vec<String> = job
+                .argv
+                .iter()
+                .map(|a| Cell::attempt_string(a, &artifacts, &tmp))
+                .collect();
+            (argv, env)
+        };
+        let (gate_argv, gate_env) = command_for(door.path());
+        let (argv, env) = command_for(&dir);
         let result = |record: AttemptRecord, report, protocol_error| AttemptResult {
             record,
             report,
@@ -331,34 +307,48 @@ impl LocalExecutor {
             listing_error: None,
         };
         if self.watchdog.is_cancelled() {
+            drop(door);
+            self.tmp.give_back(&tmp);
             record.outcome = Verdict::Cancelled;
             record.reason =
                 Some("cancelled: the run was interrupted before this attempt started".into());
             return result(record, GateReport::default(), false);
         }
-        let (end, stopped) = match self.spawn_and_wait(job, &argv, &env, &dir, &artifacts, &checks)
-        {
-            Ok(x) => x,
+        let run = self.spawn_and_wait(job, &gate_argv, &gate_env, &dir, &artifacts, &checks);
+        drop(door);
+        self.tmp.give_back(&tmp);
+        record.seconds = started.elapsed().as_secs_f64();
+        let run = match run {
+            Ok(r) => r,
             Err(e) => {
-                self.give_back_tmp(tmp.clone());
                 record.reason = Some(e.to_string());
-                record.seconds = started.elapsed().as_secs_f64();
                 return result(record, GateReport::default(), false);
             }
         };
-        self.give_back_tmp(tmp.clone());
-        record.seconds = started.elapsed().as_secs_f64();
-        match end {
+        match run.end {
             ProcessEnd::Exited(c) => record.exit = Some(c),
             ProcessEnd::Signaled(s) => record.signal = Some(s),
             ProcessEnd::NotStarted => {}
         }
         let report = protocol::read_checks(&checks);
+        if let Some(log) = run.cut {
+            // The gate was stopped for its output, so its exit says nothing; and a retry
+            // would print as much again.
+            record.outcome = Verdict::Error;
+            record.reason = Some(format!(
+                "{log} passed max_output = \"{cap}\": the log was cut there and the gate \
+                 stopped; raise the node's `max_output` (e.g. max_output = \"{more}\") if it \
+                 must print more",
+                cap = output::format_size(job.max_output),
+                more = output::format_size(job.max_output.saturating_mul(4)),
+            ));
+            return result(record, report, true);
+        }
         // Stdout is scanned only when it can matter (an attempt that was not stopped).
         let text = text
-            .filter(|_| stopped == Stopped::No)
+            .filter(|_| run.stopped == Stopped::No)
             .map(|tv| protocol::judge_text_file(tv, &dir.join("stdout.log")));
-        let mut judgement = protocol::judge(end, stopped, &report, text);
+        let mut judgement = protocol::judge(run.end, run.stopped, &report, text);
         if judgement.outcome == Verdict::Timeout {
             judgement.reason = Some(format!(
                 "timed out after {}",
@@ -370,6 +360,9 @@ impl LocalExecutor {
         result(record, report, judgement.protocol_error)
     }
 
+    /// Starts the attempt's supervisor (which starts the gate), captures stdout and stderr
+    /// into their logs under the cap, and waits until the gate and everything it started
+    /// are gone.
     #[allow(clippy::too_many_arguments)]
     fn spawn_and_wait(
         &self,
@@ -379,7 +372,7 @@ impl LocalExecutor {
         dir: &Path,
         artifacts: &Path,
         checks: &Path,
-    ) -> Result<(ProcessEnd, Stopped), ExecError> {
+    ) -> Result<Run, ExecError> {
         std::fs::create_dir_all(artifacts)
             .map_err(|e| ExecError::file(artifacts, Kind::CreateAttemptDir(e)))?;
         std::fs::File::create(checks)
@@ -390,10 +383,14 @@ impl LocalExecutor {
             .map_err(|e| ExecError::file(&stdout_path, Kind::CreateStdout(e)))?;
         let stderr = std::fs::File::create(&stderr_path)
             .map_err(|e| ExecError::file(&stderr_path, Kind::CreateStderr(e)))?;
-        let mut cmd = if job.shell {
-            let mut c = Command::new("/bin/sh");
-            c.arg("-c").arg(argv.join(" "));
-            c
+        let (out_r, out_w) =
+            std::io::pipe().map_err(|e| ExecError::file(&stdout_path, Kind::CreateStdout(e)))?;
+        let (err_r, err_w) =
+            std::io::pipe().map_err(|e| ExecError::file(&stderr_path, Kind::CreateStderr(e)))?;
+        let mut cmd = Command::new(&self.supervisor);
+        cmd.arg(SUPERVISE_ARG);
+        if job.shell {
+            cmd.arg("/bin/sh").arg("-c").arg(argv.join(" "));
         } else {
             let Some((program, args)) = argv.split_first() else {
                 return Err(ExecError::EmptyRun {
@@ -401,51 +398,97 @@ impl LocalExecutor {
                 });
             };
             // A resolved program saves the PATH search at every spawn.
-            let mut c = match &job.program {
-                Some(p) => Command::new(p),
-                None => Command::new(program),
+            match &job.program {
+                Some(p) => cmd.arg(p),
+                None => cmd.arg(program),
             };
-            c.args(args);
-            c
-        };
+            cmd.args(args);
+        }
         cmd.env_clear()
             .envs(env)
             .current_dir(&job.cwd)
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
-            .process_group(0);
-        let mut child = cmd.spawn().map_err(|error| ExecError::Spawn {
+            .stdout(out_w)
+            .stderr(err_w);
+        let spawn_error = |error| ExecError::Spawn {
             program: argv.first().map_or("/bin/sh", String::as_str).to_string(),
             cwd: job.cwd.clone(),
             error,
-        })?;
-        let pgid = child.id() as i32;
-        let watch = self.watchdog.watch(pgid, job.timeout);
-        let status = child.wait();
-        let stopped = self.watchdog.unwatch(watch);
-        let status = status.map_err(|error| ExecError::Wait { pgid, error })?;
-        let end = match (status.code(), status.signal()) {
-            (Some(c), _) => ProcessEnd::Exited(c),
-            (None, Some(s)) => ProcessEnd::Signaled(s),
-            (None, None) => ProcessEnd::NotStarted,
         };
-        Ok((end, stopped))
+        let mut supervised = Supervised::spawn(cmd).map_err(|error| {
+            if error.kind() == std::io::ErrorKind::NotFound && !self.supervisor.is_file() {
+                ExecError::Supervisor(format!(
+                    "the attempt supervisor {} does not exist (it is the memra-orch binary)",
+                    self.supervisor.display()
+                ))
+            } else {
+                spawn_error(error)
+            }
+        })?;
+        // The gate's process group, once the supervisor reported it (0 until then).
+        let gate = Arc::new(AtomicI32::new(0));
+        let capture = |from: PipeReader, to: std::fs::File, log: &'static str| {
+            let gate = Arc::clone(&gate);
+            let cap = job.max_output;
+            std::thread::spawn(move || output::capture(from, to, cap, log, || stop_gate(&gate)))
+        };
+        let out_copy = capture(out_r, stdout, "stdout.log");
+        let err_copy = capture(err_r, stderr, "stderr.log");
+        let ended = supervised.started().and_then(|pgid| {
+            gate.store(pgid, Ordering::SeqCst);
+            let watch = self.watchdog.watch(pgid, job.timeout);
+            let end = supervised.wait();
+            let stopped = self.watchdog.unwatch(watch);
+            end.map(|end| (end, stopped))
+        });
+        let (end, stopped) = match ended {
+            Ok(x) => x,
+            Err(SuperviseError::Spawn(error)) => return Err(spawn_error(error)),
+            // A supervisor that died unreported may have left processes holding the logs'
+            // pipes, so the copies are not waited for.
+            Err(SuperviseError::Lost(why)) => return Err(ExecError::Supervisor(why)),
+        };
+        let mut cut = None;
+        for (copy, log, path) in [
+            (out_copy, "stdout.log", &stdout_path),
+            (err_copy, "stderr.log", &stderr_path),
+        ] {
+            let got = copy.join().unwrap_or_default();
+            if let Some(e) = got.error {
+                return Err(ExecError::file(path, Kind::WriteLog(e)));
+            }
+            if got.truncated && cut.is_none() {
+                cut = Some(log);
+            }
+        }
+        Ok(Run { end, stopped, cut })
+    }
+}
+
+/// How a started attempt ended.
+struct Run {
+    end: ProcessEnd,
+    stopped: Stopped,
+    /// The log that passed `max_output`, if one did.
+    cut: Option<&'static str>,
+}
+
+/// Kills the gate's group for output past the cap; the supervisor then sweeps the rest.
+/// The group is known a moment after the gate starts, and output can come before that.
+fn stop_gate(gate: &AtomicI32) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until {
+        let pgid = gate.load(Ordering::SeqCst);
+        if pgid > 0 {
+            signal_group(pgid, libc::SIGKILL);
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
 /// The artifacts folder of attempt `n`.
 fn artifacts_dir(job: &CellJob, n: u32) -> PathBuf {
     job.node_dir.join(attempt_dir_name(n)).join("artifacts")
-}
-
-/// Empties the node folder: a node that runs again (`--resume` after a cancel) must not
-/// keep attempts of the earlier try.
-fn reset_dir(dir: &Path) -> Result<(), ExecError> {
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(|e| ExecError::file(dir, Kind::ClearNodeDir(e)))?;
-    }
-    std::fs::create_dir_all(dir).map_err(|e| ExecError::file(dir, Kind::CreateNodeDir(e)))
 }
 
 fn text_verdict(job: &CellJob) -> Result<Option<TextVerdict>, ExecError> {

@@ -15,9 +15,12 @@ pub mod error;
 pub mod exec_node;
 pub mod inputs;
 pub mod local;
+pub mod output;
 pub mod process;
 pub mod reps;
+pub mod scratch;
 pub mod slurm;
+pub mod supervise;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -49,6 +52,9 @@ pub struct CellJob {
     /// Names taken from the environment of the process that runs the attempt.
     pub inherit: Vec<String>,
     pub timeout: Duration,
+    /// The most bytes kept of stdout and of stderr each; absent in a job file means 1 GiB.
+    #[serde(default = "default_max_output")]
+    pub max_output: u64,
     pub reps: u32,
     /// Every rep's artifacts must equal rep 1's; absent in a job file means true.
     #[serde(default = "yes")]
@@ -79,6 +85,11 @@ pub struct CellJob {
 /// The serde default of [`CellJob::deterministic`].
 fn yes() -> bool {
     true
+}
+
+/// The serde default of [`CellJob::max_output`].
+fn default_max_output() -> u64 {
+    output::DEFAULT_MAX_OUTPUT
 }
 
 /// What an executor reports of a cell while it runs, before it returns the receipt.

@@ -1,10 +1,12 @@
-//! Local processes: spawning one attempt in its own process group with files for stdout and
-//! stderr, and the watchdog that stops groups (timeout, cancellation) with SIGTERM, a grace
-//! period, then SIGKILL.
+//! Stopping local process groups: the watchdog that stops a gate's group (timeout,
+//! cancellation) with SIGTERM, a grace period, then SIGKILL, and the signals that cancel a
+//! run ([`cancel_signals`]).
 //!
-//! The attempt's thread blocks in `wait()`, so a finished process is noticed at once; only
-//! the stopping is done by the watchdog's single thread, which sleeps until the next
-//! deadline. It knows nothing of gates, verdicts or receipts.
+//! The attempt's thread blocks waiting for its supervisor, so a finished process is
+//! noticed at once; only the stopping is done by the watchdog's single thread, which sleeps
+//! until the next deadline. Spawning is [`super::supervise`]'s and [`super::local`]'s; what
+//! a gate leaves outside its group is the supervisor's to kill. It knows nothing of gates,
+//! verdicts or receipts.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -92,17 +94,14 @@ impl Watchdog {
     }
 
     /// Stops watching a group whose leader has exited; says whether the watchdog had stopped
-    /// it. Any member still alive (a grandchild the gate left behind) is killed now, so
-    /// nothing of an attempt outlives it.
+    /// it. What the gate left behind is not the watchdog's: the attempt's supervisor has
+    /// killed all of it by then ([`super::supervise`]), and signalling the group again could
+    /// reach a new group that reused its id.
     pub fn unwatch(&self, watch: Watch) -> Stopped {
-        let entry = self.lock().entries.remove(&watch.0);
-        match entry {
-            Some(e) => {
-                signal_group(e.pgid, libc::SIGKILL);
-                e.stopped
-            }
-            None => Stopped::No,
-        }
+        self.lock()
+            .entries
+            .remove(&watch.0)
+            .map_or(Stopped::No, |e| e.stopped)
     }
 
     /// Cancels the run: every watched group is stopped, and so is any group watched later.
@@ -179,6 +178,24 @@ fn watch_loop(shared: &Shared) {
             None => shared.wake.wait(st).unwrap_or_else(|p| p.into_inner()),
         };
     }
+}
+
+/// The signals that cancel a run: SIGINT (Ctrl-C), SIGTERM, and SIGHUP (what closing the
+/// terminal sends), unless SIGHUP is ignored already, as `nohup` leaves it: a run started
+/// under nohup is meant to outlive its terminal.
+pub fn cancel_signals() -> Vec<i32> {
+    let mut signals = vec![libc::SIGINT, libc::SIGTERM];
+    // SAFETY: sigaction with a null new action only reads the current one into `old`, a
+    // zeroed sigaction that lives across the call.
+    let hangup_ignored = unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGHUP, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
+    };
+    if !hangup_ignored {
+        signals.push(libc::SIGHUP);
+    }
+    signals
 }
 
 /// Sends a signal to every process of a group. A group that no longer exists is fine.

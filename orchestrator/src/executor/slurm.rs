@@ -784,6 +784,7 @@ mod tests {
             pins: BTreeMap::new(),
             inherit: vec![],
             timeout: Duration::from_secs(90),
+            max_output: 1 << 30,
             reps: 2,
             deterministic: true,
             retries: 1,

@@ -315,6 +315,7 @@ fn with_defaults(n: &RawNode, d: &RawNode) -> RawNode {
     e.gpus = n.gpus.clone().or_else(|| d.gpus.clone());
     e.cpus = n.cpus.or(d.cpus);
     e.memory = n.memory.or(d.memory);
+    e.max_output = n.max_output.or(d.max_output);
     e.reps = n.reps.or(d.reps);
     e.deterministic = n.deterministic.or(d.deterministic);
     e.retries = n.retries.or(d.retries);
@@ -665,6 +666,9 @@ impl Builder<'_, '_> {
                 cpus: n.cpus,
                 memory: n.memory,
                 timeout: n.timeout.unwrap_or(DEFAULT_TIMEOUT),
+                max_output: n
+                    .max_output
+                    .unwrap_or(crate::executor::output::DEFAULT_MAX_OUTPUT),
                 reps: n.reps.unwrap_or(1),
                 deterministic: n.deterministic.unwrap_or(true),
                 retries: n.retries.unwrap_or(0),
