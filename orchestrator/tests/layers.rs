@@ -109,3 +109,30 @@ fn the_readmes_validate_lines_match_the_shipped_manifests() {
         );
     }
 }
+
+/// The README's main command builds with exactly the command the smoke manifest's `build`
+/// cell runs, so the first run compiles the workspace once (a different command, or a
+/// `cargo run -p memra-orch` with another feature set, would compile it twice).
+#[test]
+fn the_readmes_main_command_builds_what_the_smoke_battery_builds() {
+    let root = workspace();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let smoke = std::fs::read_to_string(root.join("manifests/smoke.toml")).unwrap();
+    let build = smoke
+        .lines()
+        .find_map(|l| l.strip_prefix("build = \""))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .expect("smoke.toml sets [vars] build");
+    let main = format!("    {build} && target/release/memra-orch run manifests/smoke.toml");
+    assert!(
+        readme.lines().any(|l| l == main),
+        "README.md's set-up command must be `{}`",
+        main.trim()
+    );
+    let ci = std::fs::read_to_string(root.join(".ci/run")).unwrap();
+    assert!(
+        ci.contains("cargo test --workspace --locked")
+            && readme.contains("    cargo test --workspace --locked\n"),
+        "README and .ci/run run the same test command"
+    );
+}
