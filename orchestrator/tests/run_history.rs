@@ -365,3 +365,32 @@ fn two_manifest_files_with_one_name_are_refused_instead_of_sharing_runs() {
     );
     assert_eq!(f.runs().len(), 1);
 }
+
+/// `--resume --filter X` used to leave run.json contradicting the receipts and turn passing
+/// compares into `skipped`: now it is a run like any other, whose compare is carried (its
+/// inputs did not move) and whose index agrees with every receipt.
+#[test]
+fn resume_with_a_filter_keeps_every_compare_and_agrees_with_its_receipts() {
+    let f = Fixture::new(PARTIAL);
+    std::fs::write(f.path().join("mode"), "same").unwrap();
+    std::fs::write(f.path().join("fixed"), "").unwrap();
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    let first = f.tree();
+    assert_eq!(
+        f.run(&["--resume", "--filter", "ref"]).status.code(),
+        Some(0)
+    );
+    let second = f.tree();
+    assert_ne!(second, first);
+    // Everything was carried: `ref` (selected) because its inputs did not change.
+    assert!(measured(&second).is_empty(), "{:?}", measured(&second));
+    assert_eq!(f.verdict("gen-vs-ref[candidate=gen]"), "pass");
+    assert_eq!(
+        carried_from(&second, "gen-vs-ref[candidate=gen]").as_deref(),
+        Some(run_id(&first).as_str())
+    );
+    let run = read_json(&second.join("run.json"));
+    assert_eq!(run["verdict"], "pass");
+    assert_eq!(run["counts"]["pass"], 5);
+    agrees(&second);
+}
