@@ -310,7 +310,8 @@ fn quantize_site(
 /// (q4_0: `d·n_j` and `-8·d`; q4_1: `d·n_j` and `m`; q8_0 and floats: `w_j` and 0), so a
 /// block's product is `Σ a_j·x_j + c·Σ x_j`. When the site is quantized, a quantized
 /// weight's activations are its q8_1 blocks: `x_j` becomes `d·q_j` and `Σ x_j` the block's
-/// stored float sum `s`, both as f16 — the meaning ggml gives a q4/q8 × q8_1 product.
+/// stored sum `s = d·Σq`, both as f16 — the meaning ggml's CPU build gives a q4/q8 × q8_1
+/// product.
 fn matmul(w: &Weight, x: &SiteActs) -> Vec<f32> {
     let (a, c) = weight_parts(w);
     let quantized = w.data.is_quantized();
@@ -391,29 +392,30 @@ fn weight_parts(w: &Weight) -> (Vec<f64>, Option<Vec<f64>>) {
 
 /// One activation row as the values a weight's scaled parts meet and the per-block sums its
 /// offsets meet: the f32 values and their exact sums, or under `quantize` the row's q8_1
-/// blocks (`d = amax/127`, `q_j = round(x_j/d)` half away from zero, `d` and `s = Σ x_j`
-/// stored as f16).
+/// blocks (`d = amax/127`, `q_j = round(x_j/d)` half away from zero, `d` and `s = d·Σq_j`
+/// stored as f16, `s` from the unrounded `d`).
 fn activation_parts(x: &[f32], quantize: bool) -> (Vec<f64>, Vec<f64>) {
     let mut values = Vec::with_capacity(x.len());
     let mut sums = Vec::with_capacity(x.len() / 32);
     for block in x.chunks(32) {
-        let sum: f64 = block.iter().map(|&v| v as f64).sum();
         if quantize {
             let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
             let d16 = half::f16::from_f32(d).to_f64();
+            let mut qsum = 0.0f64;
             for &v in block {
                 let q = if amax == 0.0 {
                     0.0
                 } else {
                     (v / d).round() as f64
                 };
+                qsum += q;
                 values.push(d16 * q);
             }
-            sums.push(half::f16::from_f64(sum).to_f64());
+            sums.push(half::f16::from_f64(qsum * (amax as f64 / 127.0)).to_f64());
         } else {
             values.extend(block.iter().map(|&v| v as f64));
-            sums.push(sum);
+            sums.push(block.iter().map(|&v| v as f64).sum());
         }
     }
     (values, sums)

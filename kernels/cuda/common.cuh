@@ -68,6 +68,13 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// The integer butterfly: the same shuffles as warp_sum; exact in any order.
+__device__ __forceinline__ int warp_sum_i32(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -120,15 +127,22 @@ __device__ __forceinline__ float exp_mirrored(float x) {
 }
 
 // One q8_1 block from the lane's value (all 32 lanes of the warp call this together).
+// The block sum is s = d·Σq, the sum of the rounded values, as ggml's quantize_row_q8_1_ref
+// stores it (not the float sum of the activations): the 32 quants summed exactly in i32,
+// converted to f32 (exact, |Σq| ≤ 32·127), times the f32 scale d = amax/127 (the one before
+// its f16 rounding) in one f32 multiply rounded to nearest even, then rounded to f16 to
+// nearest even. So a Q4_1 weight block's offset m meets the same values its scaled part
+// does, and the activations' rounding error no longer escapes through m·s.
+// Twin: twin::quantize::quantize_block, the same operations in the same order.
 __device__ __forceinline__ void quantize_lane(float xi, block_q8_1* out, int lane) {
     const float amax = warp_max(fabsf(xi));
-    const float sum = warp_sum(xi);
     const float d = amax / 127.0f;
     const i8 q = amax == 0.0f ? 0 : (i8)roundf(xi / d);
+    const int qsum = warp_sum_i32((int)q);
     out->qs[lane] = q;
     if (lane == 0) {
         out->d = f2h(d);
-        out->s = f2h(sum);
+        out->s = f2h((float)qsum * d);
     }
 }
 

@@ -33,8 +33,10 @@ pub struct BlockQ8_0 {
     pub qs: [i8; QK],
 }
 
-/// Q8_1 (activations only): `d` scale, `s` = sum of the block's *float* activations (as the
-/// CUDA kernels compute it, not d * sum(q)), 32 signed bytes. 36 bytes.
+/// Q8_1 (activations only): `d` scale, `s = d·Σq` the sum of the block's *rounded* values
+/// (as ggml's CPU `quantize_row_q8_1_ref` stores it, not the float sum of the activations
+/// ggml's CUDA kernels store), 32 signed bytes. 36 bytes. The composition is
+/// `twin::quantize_q8_1`'s.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BlockQ8_1 {

@@ -10,8 +10,8 @@
 //! each of the oracle's activations by at most [`TIE_WINDOW`] steps of the block's q grid
 //! (`ε = TIE_WINDOW · d`, `d = amax/127`). So a `q` is followed when `|x/d − (k+½)| ≤
 //! TIE_WINDOW`; the f16 `d` when `amax/127` is within `ε/127` of the midpoint of the two f16
-//! values; the f16 sum `s` when the exact sum is within `32·ε` of theirs. Each may differ
-//! by one step only. Everything else — a `q` off by two, a `q` off by one far from a tie, a
+//! values; the f16 block sum `s = d·Σq` (the rounded values' sum, over the `q` as followed)
+//! when `Σq·amax/127` is within `|Σq|·ε/127` of theirs. Each may differ by one step only. Everything else — a `q` off by two, a `q` off by one far from a tie, a
 //! `d` or `s` on another f16 value without a tie, a fused factor `r` off by more than a
 //! relative 1e-3 — is a hard mismatch, reported with its place, after which the oracle
 //! goes on with its own value.
@@ -33,9 +33,9 @@ pub const R_WINDOW: f64 = 1e-3;
 /// The rounding error of the backend's f32 `amax/127`, relative: one f32 rounding.
 const F32_DIV: f64 = 1.0 / (1u64 << 24) as f64;
 
-/// The rounding error bound of the backend's f32 sum of a block, relative to `Σ|x_j|`: a
-/// tree of 32 values rounds 5 times on every path (first order, `5·2⁻²⁴`).
-const F32_TREE_SUM: f64 = 5.0 / (1u64 << 24) as f64;
+/// The rounding error of the backend's f32 block sum `Σq·d`, relative: `d = amax/127` and the
+/// product each round once (`Σq` converts exactly).
+const F32_BLOCK_SUM: f64 = 2.0 / (1u64 << 24) as f64;
 
 /// How many mismatches a report keeps in full (all of them are counted).
 pub const KEPT_MISMATCHES: usize = 32;
@@ -155,7 +155,8 @@ impl Follower<'_> {
 
     /// One row of one site quantized to q8_1, following the backend's record at ties:
     /// the values the weights' scaled parts meet (`d·q`) and the block sums their offsets
-    /// meet (`s`), both as the f16 values the blocks hold.
+    /// meet (`s = d·Σq` over the block's `q` as followed), both as the f16 values the blocks
+    /// hold.
     pub fn quantize_row(
         &mut self,
         x: &[f32],
@@ -212,9 +213,7 @@ impl Follower<'_> {
             // copy is rounded to f16.
             let d32 = amax / 127.0;
             let eps = TIE_WINDOW * d32 as f64;
-            let exact_sum: f64 = block.iter().map(|&v| v as f64).sum();
             let mut d16 = f16::from_f64(amax as f64 / 127.0);
-            let mut s16 = f16::from_f64(exact_sum);
             let engine = rec.map(|r| &r.blocks[b]);
             if let Some(e) = engine {
                 let d_window = eps / 127.0 + F32_DIV * d32 as f64;
@@ -230,22 +229,9 @@ impl Follower<'_> {
                             .mismatch(place(None, "d", d16.to_f64(), e.d.to_f64()))
                     }
                 }
-                let abs_sum: f64 = block.iter().map(|&v| (v as f64).abs()).sum();
-                let s_window = 32.0 * eps + F32_TREE_SUM * abs_sum;
-                match f16_follow(exact_sum, s16, e.s, s_window) {
-                    F16Step::Same => {}
-                    F16Step::Tie(frac) => {
-                        s16 = e.s;
-                        self.report.ties_s += 1;
-                        self.report.tie(frac);
-                    }
-                    F16Step::Apart => {
-                        self.report
-                            .mismatch(place(None, "s", s16.to_f64(), e.s.to_f64()))
-                    }
-                }
             }
             let d = d16.to_f64();
+            let mut qsum = 0.0f64;
             for (j, &v) in block.iter().enumerate() {
                 let (mut q, t) = if amax == 0.0 {
                     (0.0, 0.0)
@@ -267,7 +253,27 @@ impl Follower<'_> {
                         }
                     }
                 }
+                qsum += q;
                 values.push(d * q);
+            }
+            // The block sum is d·Σq with the unrounded d, as the kernels store it; Σq is over
+            // the q values as followed, so a followed q step moves it with the backend's.
+            let exact_s = qsum * (amax as f64 / 127.0);
+            let mut s16 = f16::from_f64(exact_s);
+            if let Some(e) = engine {
+                let s_window = qsum.abs() * eps / 127.0 + F32_BLOCK_SUM * exact_s.abs();
+                match f16_follow(exact_s, s16, e.s, s_window) {
+                    F16Step::Same => {}
+                    F16Step::Tie(frac) => {
+                        s16 = e.s;
+                        self.report.ties_s += 1;
+                        self.report.tie(frac);
+                    }
+                    F16Step::Apart => {
+                        self.report
+                            .mismatch(place(None, "s", s16.to_f64(), e.s.to_f64()))
+                    }
+                }
             }
             sums.push(s16.to_f64());
         }
@@ -346,7 +352,7 @@ mod tests {
         }
         BlockQ8_1 {
             d: f16::from_f32(1.0),
-            s: f16::from_f64(x.iter().map(|&v| v as f64).sum()),
+            s: f16::from_f64(q.iter().map(|&v| v as f64).sum()),
             qs: q,
         }
     }
@@ -368,9 +374,48 @@ mod tests {
         let mut e = own_block(&x);
         assert_eq!(e.qs[1], 3, "half away from zero");
         e.qs[1] = 2;
+        e.s = f16::from_f32(129.0);
         let (v, rep) = follow(&x, e);
         assert_eq!((rep.ties_q, rep.mismatch_count), (1, 0));
         assert_eq!(v[1], 2.0);
+    }
+
+    /// The block sum is d·Σq over the q as followed: the backend's s after its side of a q
+    /// tie is explained, the s of the oracle's side is not.
+    #[test]
+    fn the_block_sum_follows_the_followed_quants() {
+        let x = tie_block();
+        let mut e = own_block(&x);
+        e.qs[1] = 2;
+        let (sums, rep) = {
+            let trace = trace_of(e);
+            let mut f = Follower {
+                trace: &trace,
+                seq: SeqId(0),
+                report: FollowReport::default(),
+            };
+            let (_, sums) = f.quantize_row(&x, 0, 0, Site::AttnOut);
+            (sums, f.report)
+        };
+        assert_eq!(e.s.to_f32(), 130.0, "the sum of the oracle's own quants");
+        assert_eq!((rep.ties_q, rep.mismatch_count), (1, 1));
+        assert_eq!(rep.mismatches[0].field, "s");
+        assert_eq!(
+            (rep.mismatches[0].oracle, rep.mismatches[0].engine),
+            (129.0, 130.0)
+        );
+        assert_eq!(
+            sums,
+            [129.0],
+            "the oracle keeps d·Σq of the followed quants"
+        );
+
+        // Not the float sum either: 127 + 2.5 + 31 · 0.25 would be 137.25.
+        let mut x = tie_block();
+        x[2..].fill(0.25);
+        let e = own_block(&x);
+        assert_eq!(e.s.to_f32(), 130.0);
+        assert_eq!(follow(&x, e).1.mismatch_count, 0);
     }
 
     #[test]

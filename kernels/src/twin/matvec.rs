@@ -16,6 +16,8 @@
 //!   the 4 warps reduces with the butterfly, then `(w0 + w1) + (w2 + w3)` through shared memory.
 //!
 //! `dw`, `mw` (weights) and `dx`, `sx` (q8_1 `d` and `s`) are the f16 fields widened to f32.
+//! `sx` is `d·Σq`, the sum of the block's rounded values (`twin::quantize_q8_1`), so the
+//! offset terms `mw*sx` and `-8*sx` meet the values the integer sums do.
 //! Float weights (F32/F16/BF16, widened exactly) meet f32 activations in one composition
 //! whatever the family: lane `l` accumulates `w[j]*x[j]` for `j = l, l+32, …`, then the
 //! butterfly. The batched forms compute every batch row with exactly this arithmetic, so a row
