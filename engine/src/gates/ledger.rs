@@ -159,8 +159,10 @@ pub fn host_argmax(row: &[f32]) -> u32 {
     best as u32
 }
 
-/// The reference gate's policy: every element within `max_abs` absolutely or `max_rel`
-/// relative to `max(1, |ref|)`, and the same argmax.
+/// The reference gate's policy: every element within `max_abs` absolutely **and** within
+/// `max_rel` relative to `max(1, |ref|)`, and the same argmax. Both bounds, as the seed's
+/// policy and memra-orch's own compare have them: with "either", a large logit could move
+/// by `max_rel·|ref|` (0.4 on a logit of 40) and pass.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Policy {
     pub max_abs: f64,
@@ -193,7 +195,7 @@ impl Policy {
             let rel = d / (r as f64).abs().max(1.0);
             v.max_abs = v.max_abs.max(d);
             v.max_rel = v.max_rel.max(rel);
-            if d > self.max_abs && rel > self.max_rel && v.first_bad.is_none() {
+            if (d > self.max_abs || rel > self.max_rel) && v.first_bad.is_none() {
                 v.first_bad = Some(i);
             }
         }
@@ -215,7 +217,7 @@ pub struct RowVerdict {
     pub rel_rms: f64,
     pub argmax_ref: u32,
     pub argmax_got: u32,
-    /// First element outside both bounds.
+    /// First element outside either bound.
     pub first_bad: Option<usize>,
     pub ok: bool,
 }
@@ -263,10 +265,14 @@ mod tests {
     }
 
     #[test]
-    fn policy_allows_relative_error_on_large_logits_only() {
+    fn policy_needs_both_bounds() {
         let p = Policy::REFERENCE;
-        assert!(p.row(&[50.0, 1.0], &[50.4, 1.0]).ok);
+        // Within 0.01 relative of a large logit but 0.4 away: outside max_abs, so it fails.
+        let far = p.row(&[50.0, 1.0], &[50.4, 1.0]);
+        assert!(!far.ok && far.first_bad == Some(0), "{far:?}");
+        assert!(p.row(&[50.0, 1.0], &[50.005, 1.0]).ok);
         assert!(!p.row(&[0.5, 1.0], &[0.52, 1.0]).ok);
+        assert!(p.row(&[0.5, 1.0], &[0.505, 1.0]).ok);
         let swapped = p.row(&[1.0, 1.001], &[1.001, 1.0]);
         assert!(
             swapped.first_bad.is_none() && !swapped.ok,

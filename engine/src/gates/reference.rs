@@ -30,7 +30,7 @@ use crate::reference::{self as oracle, Activations, FollowReport};
 #[derive(Debug, Parser)]
 #[command(
     name = "reference-gate",
-    about = "The engine vs the host f32 oracle (max_abs <= 0.01 or max_rel <= 0.01 of \
+    about = "The engine vs the host f32 oracle (max_abs <= 0.01 and max_rel <= 0.01 of \
              max(1,|ref|), equal argmax) on synthesized Q8_0/Q4_1/float checkpoints and an \
              optional real model, plus loader goldens. Exit 0 pass, 1 fail, 2 usage or setup \
              error."
@@ -62,9 +62,15 @@ const SYNTH_SEED: u64 = 7;
 /// The synthesized arms: (arm, preset, weight type). A quantized arm comes first because
 /// the header's doors row is the first arm's backend report, and the quantized matvec family
 /// is the door worth recording (each check row names its own arm's family too).
-const SYNTH_ARMS: [(&str, &str, &str); 3] = [
+/// Every weight type the engine loads has an arm: the three quantized ones against the
+/// tie-following oracle, the three float ones (F16 and BF16 through their own matvec
+/// kernels) against the plain oracle.
+const SYNTH_ARMS: [(&str, &str, &str); 6] = [
     ("q8_0", "tiny", "q8_0"),
     ("q4_1", "tiny", "q4_1"),
+    ("q4_0", "tiny", "q4_0"),
+    ("f16", "tiny", "f16"),
+    ("bf16", "tiny", "bf16"),
     ("tiny", "tiny-untied", "f32"),
 ];
 
@@ -217,7 +223,7 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
                 &doors,
                 &[(
                     "policy",
-                    json!("max_abs<=0.01|max_rel<=0.01 of max(1,|ref|), equal argmax"),
+                    json!("max_abs<=0.01&max_rel<=0.01 of max(1,|ref|), equal argmax"),
                 )],
             )?;
             receipt.text = receipt_header(&be.doors_report().to_json());
@@ -277,7 +283,7 @@ fn receipt_header(doors: &serde_json::Value) -> String {
         .map(|b| goldens::hex(&Sha256::digest(&b)))
         .unwrap_or_else(|e| format!("unknown({e})"));
     format!(
-        "# reference-gate\tbinary_sha256={sha}\tdoors={doors}\tpolicy=max_abs<=0.01|max_rel<=0.01,argmax\n\
+        "# reference-gate\tbinary_sha256={sha}\tdoors={doors}\tpolicy=max_abs<=0.01&max_rel<=0.01,argmax\n\
          arm\tkind\trow\tmax_abs\tmax_rel\trel_rms\targmax_ref\targmax_got\tverdict\n"
     )
 }
