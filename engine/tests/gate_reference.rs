@@ -115,9 +115,18 @@ fn synthesized_arms_are_green_against_the_banked_goldens() {
             .iter()
             .filter(|l| l.starts_with("# summary\t"))
             .count(),
-        4,
-        "three arms and the goldens"
+        7,
+        "six arms and the goldens"
     );
+    for arm in ["q8_0", "q4_1", "q4_0", "f16", "bf16", "tiny"] {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with(&format!("# summary\tarm={arm}\t"))
+                    && l.contains("\tfailures=0\t")),
+            "no clean summary of arm {arm}"
+        );
+    }
     // The float arm is within the policy by orders of magnitude.
     let tiny = r
         .rows
