@@ -43,8 +43,9 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Writes the goldens file (atomically), creating its folder.
-pub fn write(path: &Path, goldens: &Goldens) -> Result<(), GateError> {
+/// Writes the goldens file (atomically), creating its folder. `minted_by` names the build
+/// that minted it (a comment line the reader skips), so a file can be traced to its binary.
+pub fn write(path: &Path, goldens: &Goldens, minted_by: &str) -> Result<(), GateError> {
     let fail = |e: std::io::Error| {
         GateError::new(format!(
             "{}: cannot write the goldens: {e}; pass --goldens with a writable path",
@@ -54,7 +55,7 @@ pub fn write(path: &Path, goldens: &Goldens) -> Result<(), GateError> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(fail)?;
     }
-    let mut text = format!("{FORMAT}\n# arm\ttensor\tsha256(f32 le)\n");
+    let mut text = format!("{FORMAT}\n# minted by {minted_by}\n# arm\ttensor\tsha256(f32 le)\n");
     for ((arm, tensor), digest) in goldens {
         text.push_str(&format!("{arm}\t{tensor}\t{digest}\n"));
     }
@@ -134,7 +135,12 @@ mod tests {
             "a".repeat(64),
         );
         g.insert(("q8_0".into(), "output_norm.weight".into()), "b".repeat(64));
-        write(&path, &g).unwrap();
+        write(&path, &g, "test-build sha256=0").unwrap();
+        assert!(
+            std::fs::read_to_string(&path)
+                .unwrap()
+                .contains("\n# minted by test-build sha256=0\n")
+        );
         let back = read(&path).unwrap();
         assert_eq!(back, g);
         let mut moved = g.clone();

@@ -198,6 +198,11 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
         failures: 0,
     };
     let policy = Policy::REFERENCE;
+    let arm_names = arms
+        .iter()
+        .map(|(a, _)| a.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
     for (i, (arm, model)) in arms.into_iter().enumerate() {
         let quantized = model.has_quantized();
         let mode = if quantized {
@@ -226,7 +231,7 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
                     json!("max_abs<=0.01&max_rel<=0.01 of max(1,|ref|), equal argmax"),
                 )],
             )?;
-            receipt.text = receipt_header(&be.doors_report().to_json());
+            receipt.text = receipt_header(&be.doors_report().to_json(), &arm_names);
         }
         let check = match check_arm(
             &mut *be,
@@ -277,13 +282,18 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
     Ok(rep.finish())
 }
 
-fn receipt_header(doors: &serde_json::Value) -> String {
-    let sha = std::env::current_exe()
+/// sha256 of this gate's own binary (`unknown(…)` when it cannot be read).
+fn binary_sha256() -> String {
+    std::env::current_exe()
         .and_then(std::fs::read)
         .map(|b| goldens::hex(&Sha256::digest(&b)))
-        .unwrap_or_else(|e| format!("unknown({e})"));
+        .unwrap_or_else(|e| format!("unknown({e})"))
+}
+
+fn receipt_header(doors: &serde_json::Value, arms: &str) -> String {
+    let sha = binary_sha256();
     format!(
-        "# reference-gate\tbinary_sha256={sha}\tdoors={doors}\tpolicy=max_abs<=0.01&max_rel<=0.01,argmax\n\
+        "# reference-gate\tbinary_sha256={sha}\tdoors={doors}\tpolicy=max_abs<=0.01&max_rel<=0.01,argmax\tarms={arms}\tprogram_len={PROGRAM_LEN}\tchunk={CHUNK}\n\
          arm\tkind\trow\tmax_abs\tmax_rel\trel_rms\targmax_ref\targmax_got\tverdict\n"
     )
 }
@@ -335,6 +345,17 @@ fn check_arm(
         input.quantized,
     );
     let v = be.config().n_vocab;
+    // What the arm ran, so the receipt alone says which program its rows belong to.
+    let _ = writeln!(
+        receipt.text,
+        "# arm\tarm={arm}\tvocab={v}\tprompt_len={PREFILL_LEN}\tdecode_steps={}\ttokens={}",
+        tokens.len().saturating_sub(PREFILL_LEN),
+        tokens
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    );
     let seq = SeqId(0);
     let mut follows = Vec::new();
     // Whatever ran before this arm is not part of its programs.
@@ -371,6 +392,9 @@ fn check_arm(
     })?;
 
     let mut rows = Vec::new();
+    // The largest |logit| of the reference rows: how large the values were that the
+    // absolute bound of the policy was applied to.
+    let mut ref_absmax = 0.0f64;
     // The chunked program is compared with the one-shot prefill, not the oracle.
     be.take_trace();
     let class = if quantized && input.follow.is_none() {
@@ -386,6 +410,10 @@ fn check_arm(
                 .enumerate()
             {
                 let verdict = policy.row(r, g);
+                ref_absmax = r
+                    .iter()
+                    .filter(|x| x.is_finite())
+                    .fold(ref_absmax, |m, x| m.max(f64::from(x.abs())));
                 let status = match (verdict.ok, class) {
                     (true, _) => Status::Pass,
                     (false, Class::Q8Flips)
@@ -463,7 +491,7 @@ fn check_arm(
     let rel_rms = rows.iter().map(|(r, _, _)| r.v.rel_rms).fold(0.0, f64::max);
     let _ = writeln!(
         receipt.text,
-        "# summary\tarm={arm}\trows={}\tfailures={failures}\twarnings={warnings}\tmax_abs={max_abs:.3e}\tmax_rel={max_rel:.3e}\trel_rms={rel_rms:.3e}",
+        "# summary\tarm={arm}\trows={}\tfailures={failures}\twarnings={warnings}\tmax_abs={max_abs:.3e}\tmax_rel={max_rel:.3e}\trel_rms={rel_rms:.3e}\tref_absmax={ref_absmax:.3e}",
         rows.len()
     );
     let first_bad = rows.iter().find(|(r, _, _)| r.verdict == Status::Fail);
@@ -549,7 +577,12 @@ fn with_seq<T>(
 fn golden_check(args: &Args, current: &Goldens) -> Result<Check, GateError> {
     let path: &Path = &args.goldens;
     if args.write_goldens {
-        goldens::write(path, current)?;
+        let by = format!(
+            "reference-gate {} binary_sha256={}",
+            env!("CARGO_PKG_VERSION"),
+            binary_sha256()
+        );
+        goldens::write(path, current, &by)?;
         return Ok(Check::new(
             "loader-goldens",
             Status::Pass,
