@@ -3,11 +3,13 @@
 //! rerun of the first. [`check`] refuses a run whose newest predecessor of that name at this
 //! commit came from a different manifest file.
 //!
-//! It only reads `run.json` files (both the layout with one run per manifest folder,
-//! `<name>/run.json`, and the layout with a folder per run, `<name>/<run-id>/run.json`); it
-//! does not create, lock or lay out trees (the `receipt` module does).
+//! It reads the runs of the manifest folder as `receipt::resolve` finds them (both the
+//! layout with one run per manifest folder, `<name>/run.json`, and the layout with a folder
+//! per run, `<name>/<run-id>/run.json`); it does not create, lock or lay out trees.
 
 use std::path::{Path, PathBuf};
+
+use crate::receipt::resolve::{FoundRun, runs_in_manifest_dir};
 
 /// Two manifest files share a name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -33,9 +35,22 @@ pub struct NameClash {
 /// Relative recorded paths are taken relative to the current directory, as they were
 /// written.
 pub fn check(receipts: &Path, commit: &str, name: &str, manifest: &Path) -> Result<(), NameClash> {
-    let Some((run_json, recorded, sha256)) = newest_run(&receipts.join(commit).join(name)) else {
+    let runs = runs_in_manifest_dir(&receipts.join(commit).join(name));
+    check_against(runs.first(), name, manifest)
+}
+
+/// [`check`] against the newest run of the manifest folder, already listed (`run` lists the
+/// folder once for this and for the run it may carry receipts from).
+pub fn check_against(
+    newest: Option<&FoundRun>,
+    name: &str,
+    manifest: &Path,
+) -> Result<(), NameClash> {
+    let Some(run) = newest else {
         return Ok(());
     };
+    let recorded = PathBuf::from(&run.run.manifest.path);
+    let sha256 = &run.run.manifest.sha256;
     let this = canonical(manifest);
     let Ok(other) = std::fs::canonicalize(&recorded) else {
         return Ok(());
@@ -45,7 +60,7 @@ pub fn check(receipts: &Path, commit: &str, name: &str, manifest: &Path) -> Resu
     }
     if let Ok(bytes) = std::fs::read(&other)
         && !sha256.is_empty()
-        && crate::load::build::sha256_hex(&bytes) == sha256
+        && crate::load::build::sha256_hex(&bytes) == *sha256
         && std::fs::read(&this).is_ok_and(|b| b == bytes)
     {
         return Ok(());
@@ -54,7 +69,7 @@ pub fn check(receipts: &Path, commit: &str, name: &str, manifest: &Path) -> Resu
         name: name.to_string(),
         other: other.display().to_string(),
         this: this.display().to_string(),
-        run_json: run_json.display().to_string(),
+        run_json: run.dir.join("run.json").display().to_string(),
     })
 }
 
@@ -62,46 +77,29 @@ fn canonical(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
-/// The newest `run.json` directly in `dir` or one level below, by its `start` time (RFC
-/// 3339, so text order is time order), with the manifest path and digest it records.
-fn newest_run(dir: &Path) -> Option<(PathBuf, PathBuf, String)> {
-    let mut candidates = vec![dir.join("run.json")];
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        candidates.extend(
-            entries
-                .flatten()
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .map(|e| e.path().join("run.json")),
-        );
-    }
-    candidates
-        .into_iter()
-        .filter_map(|p| {
-            let text = std::fs::read_to_string(&p).ok()?;
-            let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-            let path = v["manifest"]["path"].as_str()?.to_string();
-            let sha = v["manifest"]["sha256"].as_str().unwrap_or("").to_string();
-            let start = v["start"].as_str().unwrap_or("").to_string();
-            Some((start, p, PathBuf::from(path), sha))
-        })
-        .max_by(|a, b| a.0.cmp(&b.0))
-        .map(|(_, p, path, sha)| (p, path, sha))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn run_json(dir: &Path, manifest: &Path, start: &str) {
+        run_json_with(dir, manifest, "0", start);
+    }
+
+    fn run_json_with(dir: &Path, manifest: &Path, sha256: &str, start: &str) {
         std::fs::create_dir_all(dir).unwrap();
         let v = serde_json::json!({
-            "schema": 1,
-            "name": "nightly",
-            "manifest": {"path": manifest.to_string_lossy(), "bytes": 0, "sha256": "0"},
-            "start": start,
+            "schema": 1, "name": "nightly",
+            "manifest": {"path": manifest.to_string_lossy(), "bytes": 0, "sha256": sha256},
+            "env_matrices": [], "commit": "abc", "commit_sha": null, "dirty": false,
+            "host": "h", "orchestrator_version": "0", "inventory": null, "cpu_slots": 1,
+            "filters": [], "resumed": false, "start": start, "end": start, "seconds": 1.0,
+            "interrupted": false, "counts": {}, "verdict": "pass", "nodes": []
         });
         std::fs::write(dir.join("run.json"), v.to_string()).unwrap();
     }
+
+    const RUN_1: &str = "20261201T000000.000Z-aaaa";
+    const RUN_2: &str = "20261201T010000.000Z-bbbb";
 
     struct Files {
         _dir: tempfile::TempDir,
@@ -156,12 +154,16 @@ mod tests {
     fn new_layout_compares_with_the_newest_run() {
         let f = files();
         let tree = f.receipts.join("abc/nightly");
-        run_json(&tree.join("run-1"), &f.a, "2026-12-01T00:00:00Z");
-        run_json(&tree.join("run-2"), &f.b, "2026-12-01T01:00:00Z");
+        run_json(&tree.join(RUN_1), &f.a, "2026-12-01T00:00:00Z");
+        run_json(&tree.join(RUN_2), &f.b, "2026-12-01T01:00:00Z");
         assert_eq!(check(&f.receipts, "abc", "nightly", &f.b), Ok(()));
         let e = check(&f.receipts, "abc", "nightly", &f.a).unwrap_err();
         assert_eq!(e.other, canonical(&f.b).display().to_string());
-        assert!(e.run_json.ends_with("run-2/run.json"), "{}", e.run_json);
+        assert!(
+            e.run_json.ends_with(&format!("{RUN_2}/run.json")),
+            "{}",
+            e.run_json
+        );
     }
 
     #[test]
@@ -179,11 +181,7 @@ mod tests {
         std::fs::copy(&f.a, &copy).unwrap();
         let sha = crate::load::build::sha256_hex(&std::fs::read(&f.a).unwrap());
         let dir = f.receipts.join("abc/nightly");
-        let v = serde_json::json!({
-            "manifest": {"path": copy.to_string_lossy(), "sha256": sha},
-            "start": "2026-12-01T02:00:00Z",
-        });
-        std::fs::write(dir.join("run.json"), v.to_string()).unwrap();
+        run_json_with(&dir, &copy, &sha, "2026-12-01T02:00:00Z");
         assert_eq!(check(&f.receipts, "abc", "nightly", &f.a), Ok(()));
         assert!(check(&f.receipts, "abc", "nightly", &f.b).is_err());
     }

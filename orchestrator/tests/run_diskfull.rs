@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::run_support::{Fixture, files_under, read_json};
+use crate::run_support::{Fixture, files_under, logged, read_json};
 
 /// A tmpfs of `size` mounted at a fresh folder, unmounted on drop.
 struct Tmpfs {
@@ -72,28 +72,24 @@ fn a_run_that_fills_the_disk_ends_disk_full_with_a_final_run_json() {
     let f = Fixture::new(FILLS);
     let receipts = fs.path().join("receipts");
     let run = |extra: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_memra-orch"))
-            .arg("run")
-            .arg(f.path().join("manifest.toml"))
-            .arg("--receipts")
-            .arg(&receipts)
-            .args([
-                "--commit",
-                crate::run_support::COMMIT,
-                "--progress",
-                "plain",
-            ])
-            .args(["-j", "1"])
-            .args(extra)
-            .current_dir(f.path())
-            .output()
-            .unwrap();
-        eprintln!(
-            "{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out
+        logged(
+            Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+                .arg("run")
+                .arg(f.path().join("manifest.toml"))
+                .arg("--receipts")
+                .arg(&receipts)
+                .args([
+                    "--commit",
+                    crate::run_support::COMMIT,
+                    "--progress",
+                    "plain",
+                ])
+                .args(["-j", "1"])
+                .args(extra)
+                .current_dir(f.path())
+                .output()
+                .unwrap(),
+        )
     };
     // An earlier run, of the cells that fit.
     assert_eq!(run(&["--filter", "later"]).status.code(), Some(0));

@@ -84,13 +84,7 @@ impl Fixture {
     }
 
     pub fn run(&self, args: &[&str]) -> Output {
-        let out = self.command(args).output().unwrap();
-        eprintln!(
-            "--- memra-orch stdout\n{}\n--- stderr\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out
+        logged(self.command(args).output().unwrap())
     }
 
     /// `receipts/<commit>/<manifest>`: the folder holding every run of the fixture.
@@ -179,6 +173,17 @@ pub fn node_dir_in(tree: &Path, id: &str) -> PathBuf {
         None => tree.to_path_buf(),
     };
     base.join("nodes").join(slug)
+}
+
+/// Prints a finished memra-orch's stdout and stderr (shown when a test fails) and hands the
+/// output back.
+pub fn logged(out: Output) -> Output {
+    eprintln!(
+        "--- memra-orch stdout\n{}\n--- stderr\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
 
 pub fn read_json(path: &Path) -> Value {

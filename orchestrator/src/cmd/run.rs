@@ -95,7 +95,8 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     let _lock = acquire_lock(&manifest_dir, args.wait_lock)?;
     // Two manifest files with one `name` would file their runs in one folder and read each
     // other's receipts as their own earlier runs.
-    crate::name_clash::check(&receipts, &commit.id, &plan.name, &plan.manifest.path)
+    let earlier = resolve::runs_in_manifest_dir(&manifest_dir);
+    crate::name_clash::check_against(earlier.first(), &plan.name, &plan.manifest.path)
         .map_err(|e| usage(e.to_string()))?;
     let previous = resolve::previous_run(&receipts, &plan.name)
         .map(|r| resolve::durations(&r))
@@ -104,11 +105,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     // The run whose receipts this one may carry: the newest of this manifest at this
     // commit, complete or not (a killed run is what `--resume` completes).
     let source = (args.resume || selected.is_some() || args.rerun_failed)
-        .then(|| {
-            resolve::runs_in_manifest_dir(&manifest_dir)
-                .into_iter()
-                .next()
-        })
+        .then(|| earlier.into_iter().next())
         .flatten();
     if args.rerun_failed {
         let Some(src) = &source else {

@@ -130,11 +130,19 @@ fn sort_newest_first(runs: &mut [FoundRun]) {
 /// commit. Called before a run writes its own `run.json`, so an earlier run of the same
 /// commit counts as the previous run.
 pub fn previous_run(receipts: &Path, manifest_name: &str) -> Option<RunReceipt> {
-    list_runs(receipts)
+    // Only this manifest's folders are read: a run starts by reading its own history, not
+    // every run.json of every manifest under the receipts folder.
+    let mut runs: Vec<FoundRun> = std::fs::read_dir(receipts)
         .ok()?
-        .into_iter()
-        .find(|r| r.run.name == manifest_name)
-        .map(|r| r.run)
+        .flatten()
+        .filter(|c| c.file_type().is_ok_and(|t| t.is_dir()))
+        .flat_map(|c| {
+            let commit = c.file_name().to_string_lossy().into_owned();
+            runs_in(&c.path().join(manifest_name), &commit)
+        })
+        .collect();
+    sort_newest_first(&mut runs);
+    runs.into_iter().next().map(|r| r.run)
 }
 
 /// Seconds per cell id from a run, for cells that actually ran in it.
