@@ -92,15 +92,20 @@ pub enum GateDefect {
     /// The sampler's counter of a batched row is its position plus its batch row index
     /// (gate3's sampled streams at B=N vs B=1 catch it).
     SampleCounter,
+    /// One weight block of the engine's copy of the model is perturbed when a backend opens
+    /// (see `backend::plant_weight_block`): a wrong value that every path computes alike,
+    /// so only a gate against an independent model catches it (the exact-model gate).
+    WeightBlock,
 }
 
 impl GateDefect {
     /// Every defect with its `MEMRA_GATE_DEFECT` value.
-    pub const ALL: [(GateDefect, &'static str); 4] = [
+    pub const ALL: [(GateDefect, &'static str); 5] = [
         (GateDefect::BatchReduction, "batch-reduction"),
         (GateDefect::StageRange, "stage-range"),
         (GateDefect::BoundaryCopy, "boundary-copy"),
         (GateDefect::SampleCounter, "sample-counter"),
+        (GateDefect::WeightBlock, "weight-block"),
     ];
 
     pub fn as_str(self) -> &'static str {

@@ -20,7 +20,10 @@
 
 use rayon::prelude::*;
 
+mod exact;
 mod following;
+
+pub use exact::forward_exact;
 
 pub use following::{FollowReport, KEPT_MISMATCHES, QuantMismatch, R_WINDOW, TIE_WINDOW};
 

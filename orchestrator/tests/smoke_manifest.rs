@@ -215,7 +215,7 @@ fn the_smoke_battery_runs_every_node_as_expected() {
     // The engine half. The build's products and the synthesized model are hashed into the
     // gates' receipts, so a receipt names the exact binary and model it judged.
     let build = tree.receipt("build");
-    assert_eq!(build["produces"].as_array().unwrap().len(), 4);
+    assert_eq!(build["produces"].as_array().unwrap().len(), 5);
     let model = &tree.receipt("synth-tiny")["produces"][0];
     let strict = tree.receipt("decode-strict");
     for hashed in [&build["produces"][1]["sha256"], &model["sha256"]] {
@@ -248,6 +248,14 @@ fn the_smoke_battery_runs_every_node_as_expected() {
     assert_eq!(canary["expect"], "fail");
     assert_eq!(canary["attempts"][0]["outcome"], "fail");
     assert_eq!(canary["doors"]["canary"], true);
+    // The exact-model gate holds every synthesized arm to its banked bounds, and its
+    // canary (one perturbed weight block) fails it.
+    let exact = tree.receipt("exact");
+    assert_eq!(check(&exact, "exact.q4_1.decode")["status"], "pass");
+    let exact_canary = tree.receipt("exact-canary");
+    assert_eq!(exact_canary["attempts"][0]["outcome"], "fail");
+    assert_eq!(exact_canary["doors"]["defect"], "weight-block");
+    assert_eq!(check(&exact_canary, "exact.q4_1.decode")["status"], "fail");
     let pp = tree.receipt("decode-pp");
     assert_eq!(pp["doors"]["mode"], "pp");
     let reference = tree.receipt("reference");

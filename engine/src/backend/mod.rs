@@ -17,7 +17,7 @@ pub mod trace;
 pub use crate::error::EngineError;
 pub use crate::seq::SeqId;
 
-use crate::doors::{BackendChoice, Doors, DoorsReport};
+use crate::doors::{BackendChoice, Doors, DoorsReport, GateDefect};
 use crate::model::{LlamaConfig, LlamaModel};
 use crate::sampling::SamplingParams;
 
@@ -207,6 +207,11 @@ pub(crate) fn batch_rows(
 /// usable device is there; `auto`, the CUDA backend when a device and the CUDA libraries
 /// are present and the CPU backend otherwise, saying so once per process on stderr.
 pub fn open_backend(model: LlamaModel, doors: &Doors) -> Result<Box<dyn Backend>, EngineError> {
+    let model = if doors.gate_defect == Some(GateDefect::WeightBlock) {
+        plant_weight_block(model)
+    } else {
+        model
+    };
     match doors.backend {
         BackendChoice::Cpu => Ok(Box::new(cpu::CpuBackend::new(model, doors.clone())?)),
         BackendChoice::Cuda => Ok(Box::new(
@@ -229,6 +234,33 @@ pub fn open_backend(model: LlamaModel, doors: &Doors) -> Result<Box<dyn Backend>
             }
         },
     }
+}
+
+/// The planted defect of `MEMRA_GATE_DEFECT=weight-block`: the first block of row 0 of
+/// layer 0's `ffn_down` scaled by −16 (a quantized block's `d`, and `m` for q4_1; the 32
+/// values of a float block). One block of 32 weights out of the whole model: every backend
+/// and path computes with it alike, so the gates that compare the engine with itself cannot
+/// see it, and one that holds it to the exact model must.
+pub fn plant_weight_block(mut model: LlamaModel) -> LlamaModel {
+    use crate::model::WeightData;
+    let Some(layer) = model.layers.first_mut() else {
+        return model;
+    };
+    let k = half::f16::from_f32(-16.0);
+    match &mut layer.w_down.data {
+        WeightData::Q4_0(b) => b[0].d *= k,
+        WeightData::Q4_1(b) => {
+            b[0].d *= k;
+            b[0].m *= k;
+        }
+        WeightData::Q8_0(b) => b[0].d *= k,
+        WeightData::F32(v) => v[..32].iter_mut().for_each(|x| *x *= -16.0),
+        WeightData::F16(v) => v[..32].iter_mut().for_each(|x| *x *= k),
+        WeightData::BF16(v) => v[..32]
+            .iter_mut()
+            .for_each(|x| *x *= half::bf16::from_f32(-16.0)),
+    }
+    model
 }
 
 /// Prints the reason `MEMRA_BACKEND=auto` runs on the CPU, the first time only.

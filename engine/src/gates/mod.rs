@@ -1,7 +1,8 @@
 //! The gates: programs that check exactness properties of the engine and report through the
 //! gate protocol (DESIGN §5). `decode-batch-gate` ([`decode_batch`]) proves batched decode
 //! and the pipeline split exact; `reference-gate` ([`reference`]) holds every backend to the
-//! host f32 oracle and the loader to its banked goldens; `cuda-check` ([`cuda_check`]) holds
+//! host f32 oracle and the loader to its banked goldens; `exact-gate` ([`exact`]) holds the
+//! engine statistically to the exact float64 model of its weights; `cuda-check` ([`cuda_check`]) holds
 //! the CUDA backend to the oracle, the CPU backend and itself on a GPU.
 //!
 //! This module tree owns the gates' logic; the binaries in `src/bin/` only call `main`. The
@@ -12,6 +13,7 @@
 
 pub mod cuda_check;
 pub mod decode_batch;
+pub mod exact;
 pub mod goldens;
 pub mod ledger;
 pub mod protocol;

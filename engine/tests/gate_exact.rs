@@ -1,0 +1,272 @@
+//! `exact-gate` end to end through the real binary on the CPU backend: green against the
+//! banked bounds on the synthesized arms and on SmolLM2-135M (fetched), the planted
+//! weight-block defect failing every arm, calibration banking only what it measured, an
+//! uncalibrated door setting failing closed, and the receipt's format.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+    receipt: String,
+    rows: Vec<Value>,
+}
+
+impl Run {
+    fn check(&self, name: &str) -> &Value {
+        self.rows
+            .iter()
+            .find(|r| r["check"] == name)
+            .unwrap_or_else(|| panic!("no check {name}: {}", self.stdout))
+    }
+
+    fn checks(&self) -> Vec<&Value> {
+        self.rows
+            .iter()
+            .filter(|r| r.get("check").is_some())
+            .collect()
+    }
+}
+
+/// Runs the gate from the repository root (where the default bounds path resolves).
+fn gate(args: &[&str], env: &[(&str, &str)]) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let receipt = dir.path().join("receipt.tsv");
+    let checks = dir.path().join("checks.jsonl");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_exact-gate"));
+    for var in memra_engine::doors::DOOR_VARIABLES {
+        cmd.env_remove(var);
+    }
+    let out = cmd
+        .current_dir(common::repo_root())
+        .env("MEMRA_BACKEND", "cpu")
+        .env("MEMRA_ORCH_CHECKS", &checks)
+        .env_remove("MEMRA_ORCH_ARTIFACTS")
+        .arg(&receipt)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        receipt: std::fs::read_to_string(&receipt).unwrap_or_default(),
+        rows: std::fs::read_to_string(&checks)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect(),
+    }
+}
+
+const SYNTH_CHECKS: [&str; 8] = [
+    "exact.q4_1.prefill",
+    "exact.q4_1.decode",
+    "exact.q4_0.prefill",
+    "exact.q4_0.decode",
+    "exact.q8_0.prefill",
+    "exact.q8_0.decode",
+    "exact.f16.prefill",
+    "exact.f16.decode",
+];
+
+#[test]
+fn synthesized_arms_are_within_the_banked_bounds() {
+    let r = gate(&[], &[]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    for name in SYNTH_CHECKS {
+        let c = r.check(name);
+        assert_eq!(c["status"], "pass", "{c}");
+        let m = &c["metrics"];
+        assert!(m["kl_mean"].as_f64().unwrap() <= m["kl_mean_max"].as_f64().unwrap());
+        assert!(
+            m["positions"].as_u64().unwrap() > 128,
+            "the long program runs: {c}"
+        );
+    }
+    // The quantized arms are measurably away from the exact model (activations through
+    // q8_1), the float arm only by f32 rounding: the statistic sees the difference.
+    let kl = |n: &str| r.check(n)["metrics"]["kl_mean"].as_f64().unwrap();
+    assert!(
+        kl("exact.q4_1.prefill") > 1e-5,
+        "{}",
+        kl("exact.q4_1.prefill")
+    );
+    assert!(
+        kl("exact.f16.prefill") < 1e-9,
+        "{}",
+        kl("exact.f16.prefill")
+    );
+    assert!(
+        r.receipt.starts_with("# exact-gate\tbinary_sha256="),
+        "{}",
+        r.receipt
+    );
+    assert!(
+        r.receipt
+            .contains("\narm\tpath\tprogram\tpos\tkl\ttop1_exact\ttop1_engine\tmax_abs\n")
+    );
+    assert!(r.receipt.contains("# arm\tarm=q4_1\tmodel_sha256="));
+    assert!(
+        r.receipt.contains(",140\n"),
+        "the long program's length is recorded"
+    );
+    assert!(
+        r.receipt
+            .contains("# summary\tarm=q4_1\tpath=decode\tpositions=")
+    );
+    assert!(r.receipt.ends_with("# verdict\tfailures=0\n"));
+}
+
+#[test]
+fn a_perturbed_weight_block_fails_every_arm() {
+    let r = gate(&[], &[("MEMRA_GATE_DEFECT", "weight-block")]);
+    assert_eq!(r.code, 1, "{}\n{}", r.stdout, r.stderr);
+    for name in SYNTH_CHECKS {
+        let c = r.check(name);
+        assert_eq!(c["status"], "fail", "{c}");
+        let m = &c["metrics"];
+        // Not by a hair: the mean KL is several times its bound.
+        assert!(
+            m["kl_mean"].as_f64().unwrap() > 3.0 * m["kl_mean_max"].as_f64().unwrap(),
+            "{c}"
+        );
+        assert!(
+            c["message"]
+                .as_str()
+                .unwrap()
+                .contains("further from the exact model than banked"),
+            "{c}"
+        );
+    }
+    let doors = r.rows.iter().find(|r| r.get("doors").is_some()).unwrap();
+    assert_eq!(doors["doors"]["defect"], "weight-block");
+}
+
+#[test]
+fn an_uncalibrated_model_fails_closed_and_says_how_to_calibrate() {
+    let r = gate(&["--no-synth", "--model"], &[]);
+    assert_eq!(r.code, 2, "--model needs a value: {}", r.stderr);
+    // A checkpoint no bound is banked for (another seed than the gate's own arms).
+    let m = common::synth_model("tiny", "q4_1", 3);
+    let r = gate(&["--no-synth", "--model", m.to_str().unwrap()], &[]);
+    assert_eq!(r.code, 1, "{}\n{}", r.stdout, r.stderr);
+    for c in r.checks() {
+        assert_eq!(c["status"], "fail", "{c}");
+        let msg = c["message"].as_str().unwrap();
+        assert!(
+            msg.contains("no bound banked in engine/goldens/exact-bounds.toml"),
+            "{msg}"
+        );
+        assert!(msg.contains("exact-gate --calibrate"), "{msg}");
+    }
+    let r = gate(&["--no-synth"], &[]);
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("--no-synth needs at least one --model"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn calibration_banks_the_arms_it_ran_and_keeps_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let bounds = dir.path().join("bounds.toml");
+    std::fs::copy(
+        common::repo_root().join("engine/goldens/exact-bounds.toml"),
+        &bounds,
+    )
+    .unwrap();
+    let before = std::fs::read_to_string(&bounds).unwrap();
+    let m = common::synth_model("tiny", "q8_0", 5);
+    let b = bounds.to_str().unwrap();
+    let args = ["--no-synth", "--model", m.to_str().unwrap(), "--bounds", b];
+    // Uncalibrated, then calibrated under the naive attention door, then green.
+    assert_eq!(gate(&args, &[("MEMRA_FA3", "0")]).code, 1);
+    let mut cal = args.to_vec();
+    cal.push("--calibrate");
+    let r = gate(&cal, &[("MEMRA_FA3", "0")]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let after = std::fs::read_to_string(&bounds).unwrap();
+    let entries = |t: &str| t.matches("[[bound]]").count();
+    assert_eq!(
+        entries(&after),
+        entries(&before) + 2,
+        "two paths banked, none lost"
+    );
+    assert!(after.contains("attention=naive"));
+    let r = gate(&args, &[("MEMRA_FA3", "0")]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    // Under the default doors this model still has no bound.
+    assert_eq!(gate(&args, &[]).code, 1);
+    // A broken file is a setup error that names it.
+    std::fs::write(&bounds, "format = 1\n[[bound]]\narm = 3\n").unwrap();
+    let r = gate(&args, &[]);
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("not an exact-model bounds file"),
+        "{}",
+        r.stderr
+    );
+}
+
+/// The real model on the CPU backend against its banked bounds, and the canary.
+#[test]
+fn smollm2_is_within_its_banked_bounds_and_the_canary_fails_it() {
+    let Some(model) = common::real_model() else {
+        return;
+    };
+    let m = model.to_str().unwrap();
+    let r = gate(&["--no-synth", "--model", m], &[]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let name = |path: &str| format!("exact.{}.{path}", stem(&model));
+    for path in ["prefill", "decode"] {
+        let c = r.check(&name(path));
+        assert_eq!(c["status"], "pass", "{c}");
+    }
+    // The four prompts of docs/numerics.md: 54 positions, and the engine agrees with the
+    // exact model's argmax on at least 53 of them.
+    let short = r
+        .receipt
+        .lines()
+        .find(|l| l.starts_with("# short") && l.contains("path=prefill"))
+        .unwrap();
+    assert!(short.contains("\tpositions=54\t"), "{short}");
+    let agree: usize = field(short, "top1_agree").parse().unwrap();
+    assert!(agree >= 53, "{short}");
+    let median: f64 = field(short, "top5_median").parse().unwrap();
+    assert!(median <= 0.15, "{short}");
+
+    let r = gate(
+        &["--no-synth", "--model", m],
+        &[("MEMRA_GATE_DEFECT", "weight-block")],
+    );
+    assert_eq!(r.code, 1, "{}\n{}", r.stdout, r.stderr);
+    for path in ["prefill", "decode"] {
+        let c = r.check(&name(path));
+        assert_eq!(c["status"], "fail", "{c}");
+        let m = &c["metrics"];
+        assert!(
+            m["kl_mean"].as_f64().unwrap() > 3.0 * m["kl_mean_max"].as_f64().unwrap(),
+            "{c}"
+        );
+    }
+}
+
+fn stem(p: &Path) -> String {
+    p.file_stem().unwrap().to_string_lossy().into_owned()
+}
+
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split('\t')
+        .find_map(|f| f.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+}
