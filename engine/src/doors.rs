@@ -96,16 +96,22 @@ pub enum GateDefect {
     /// (see `backend::plant_weight_block`): a wrong value that every path computes alike,
     /// so only a gate against an independent model catches it (the exact-model gate).
     WeightBlock,
+    /// A prefill that continues a sequence (a later chunk of a chunked prefill) commits one
+    /// position too few, so the next call overwrites the chunk's last key and value: a cache
+    /// written wrong by chunks (reference-gate's chunked and decode-after-chunked rows catch
+    /// it; a one-shot prefill never continues a sequence, so nothing else moves).
+    ChunkCache,
 }
 
 impl GateDefect {
     /// Every defect with its `MEMRA_GATE_DEFECT` value.
-    pub const ALL: [(GateDefect, &'static str); 5] = [
+    pub const ALL: [(GateDefect, &'static str); 6] = [
         (GateDefect::BatchReduction, "batch-reduction"),
         (GateDefect::StageRange, "stage-range"),
         (GateDefect::BoundaryCopy, "boundary-copy"),
         (GateDefect::SampleCounter, "sample-counter"),
         (GateDefect::WeightBlock, "weight-block"),
+        (GateDefect::ChunkCache, "chunk-cache"),
     ];
 
     pub fn as_str(self) -> &'static str {

@@ -102,7 +102,13 @@ fn synthesized_arms_are_green_against_the_banked_goldens() {
             r.receipt
         );
     }
-    for kind in ["prefill", "decode", "decode-batch", "chunked"] {
+    for kind in [
+        "prefill",
+        "decode",
+        "decode-batch",
+        "chunked",
+        "decode-after-chunked",
+    ] {
         assert!(
             lines
                 .iter()
@@ -185,6 +191,41 @@ fn the_canary_fails_every_arm() {
     }
     let last = r.receipt.lines().last().unwrap();
     assert!(last.starts_with("# verdict\tfailures=") && last != "# verdict\tfailures=0");
+}
+
+/// A cache written wrong by a chunked prefill fails the chunked rows and the decode steps
+/// after a chunked prefill, and nothing else: the one-shot programs never continue a
+/// sequence, so the oracle rows stay green.
+#[test]
+fn a_cache_written_wrong_by_chunks_fails_the_chunked_programs_only() {
+    let r = gate(&[], &[("MEMRA_GATE_DEFECT", "chunk-cache")]);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    let failing: Vec<(&str, &str)> = r
+        .receipt
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.ends_with("\tFAIL"))
+        .map(|l| {
+            let mut f = l.split('\t');
+            (f.next().unwrap(), f.next().unwrap())
+        })
+        .collect();
+    for arm in ["q8_0", "q4_1", "q4_0", "f16", "bf16", "tiny"] {
+        for kind in ["chunked", "decode-after-chunked"] {
+            assert!(
+                failing.contains(&(arm, kind)),
+                "{arm} {kind} must fail: {}",
+                r.receipt
+            );
+        }
+        assert_eq!(r.status(&format!("reference.{arm}")), "fail");
+    }
+    assert!(
+        failing
+            .iter()
+            .all(|(_, k)| *k == "chunked" || *k == "decode-after-chunked"),
+        "{failing:?}"
+    );
+    assert_eq!(r.status("loader-goldens"), "pass");
 }
 
 #[test]

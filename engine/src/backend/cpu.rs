@@ -23,7 +23,9 @@ use rayon::prelude::*;
 
 use super::stages::{StagePlan, boundary_copy};
 use super::trace::{ActivationTrace, Composition, Site, SiteKey, SiteRecord};
-use super::{Backend, RowSpec, batch_rows, canary_token, check_token, reserve_positions};
+use super::{
+    Backend, RowSpec, batch_rows, canary_token, check_token, prompt_commit, reserve_positions,
+};
 use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::error::EngineError;
 use crate::model::{LayerWeights, LlamaConfig, LlamaModel, Weight, WeightData};
@@ -697,14 +699,14 @@ impl Backend for CpuBackend {
     fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
         let rows = self.prompt_rows(seq, tokens)?;
         let logits = self.forward(&rows, Tier::Separate, 0..rows.len())?;
-        self.commit_positions(seq, rows.len());
+        self.commit_positions(seq, prompt_commit(&self.doors, &rows));
         Ok(logits)
     }
 
     fn prime(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
         let rows = self.prompt_rows(seq, tokens)?;
         let logits = self.forward(&rows, Tier::Separate, rows.len() - 1..rows.len())?;
-        self.commit_positions(seq, rows.len());
+        self.commit_positions(seq, prompt_commit(&self.doors, &rows));
         Ok(logits)
     }
 

@@ -236,6 +236,19 @@ pub fn open_backend(model: LlamaModel, doors: &Doors) -> Result<Box<dyn Backend>
     }
 }
 
+/// How many of a prompt's `rows` positions a backend commits to the sequence: all of them,
+/// except under `MEMRA_GATE_DEFECT=chunk-cache`, where a prompt that continues the sequence
+/// (its first row is not position 0) commits one too few. Shared by every backend so the
+/// defect reaches each alike.
+pub(crate) fn prompt_commit(doors: &Doors, rows: &[RowSpec]) -> usize {
+    let continues = rows.first().is_some_and(|r| r.pos > 0);
+    if continues && rows.len() > 1 && doors.gate_defect == Some(GateDefect::ChunkCache) {
+        rows.len() - 1
+    } else {
+        rows.len()
+    }
+}
+
 /// The planted defect of `MEMRA_GATE_DEFECT=weight-block`: the first block of row 0 of
 /// layer 0's `ffn_down` scaled by −16 (a quantized block's `d`, and `m` for q4_1; the 32
 /// values of a float block). One block of 32 weights out of the whole model: every backend

@@ -108,6 +108,14 @@ enum Class {
     /// its relative RMS error exceeds [`Q8_REL_RMS_FAIL`]: flips move a small part of a row,
     /// a wrong kernel or token moves most of it.
     Q8Flips,
+    /// The engine against itself through the same composition: a row passes only when
+    /// every value has the same bits (the policy's figures are still reported).
+    Bitwise,
+}
+
+/// Whether two rows hold the same bits.
+fn bit_identical(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 /// Relative RMS error (`‖got − ref‖₂ / ‖ref‖₂`) above which a quantized row fails even
@@ -185,7 +193,7 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
                 "the synthesized {arm} checkpoint does not load back: {e}"
             ))
         })?;
-        current.extend(goldens::digest_file(arm, &path)?);
+        current.extend(goldens::digest_model(arm, &model));
         arms.push((arm.to_string(), model));
     }
     if let Some(m) = real {
@@ -390,6 +398,18 @@ fn check_arm(
         }
         Ok(rows)
     })?;
+    // The decode program again, after a prefill written in chunks: what a chunk left in the
+    // cache is read by every later step.
+    let after_chunks = with_seq(be, seq, tokens.len(), |be| {
+        let mut rows = Vec::new();
+        for c in tokens[..PREFILL_LEN].chunks(CHUNK) {
+            rows.extend(be.prefill(seq, c)?);
+        }
+        for &t in &tokens[PREFILL_LEN..] {
+            rows.extend(be.decode_step_h(seq, t)?);
+        }
+        Ok(rows)
+    })?;
 
     let mut rows = Vec::new();
     // The largest |logit| of the reference rows: how large the values were that the
@@ -409,7 +429,10 @@ fn check_arm(
                 .zip(got.chunks_exact(v))
                 .enumerate()
             {
-                let verdict = policy.row(r, g);
+                let mut verdict = policy.row(r, g);
+                if class == Class::Bitwise {
+                    verdict.ok &= bit_identical(r, g);
+                }
                 ref_absmax = r
                     .iter()
                     .filter(|x| x.is_finite())
@@ -450,8 +473,17 @@ fn check_arm(
         PREFILL_LEN,
         class,
     );
-    // Chunked against one-shot prefill is the engine against itself: no oracle rounding.
-    cmp("chunked", &one_shot, &chunked, 0, Class::Oracle);
+    // Chunked against one-shot prefill is the engine against itself through one
+    // composition (every row of a prompt is computed alike, whatever rows share its pass):
+    // bit for bit. So is decode after a chunked prefill against decode after a one-shot one.
+    cmp("chunked", &one_shot, &chunked, 0, Class::Bitwise);
+    cmp(
+        "decode-after-chunked",
+        &single[PREFILL_LEN * v..],
+        &after_chunks[PREFILL_LEN * v..],
+        PREFILL_LEN,
+        Class::Bitwise,
+    );
 
     // A hard mismatch of the following oracle (a q8_1 value the backend produced that no
     // rounding tie explains) fails the arm even when the logits happen to agree.
@@ -513,7 +545,8 @@ fn check_arm(
                  rounding tie; first: {q}"
             ),
             (None, None) => format!(
-                "{} rows (prefill, decode, decode-batch, chunked) within policy",
+                "{} rows (prefill, decode, decode-batch within policy; chunked, \
+                 decode-after-chunked bit for bit)",
                 rows.len()
             ),
             (Some((r, _, _)), _) => format!(

@@ -65,7 +65,9 @@ pub use weights::{DevModel, DevWeight, PeerAccess, Placement};
 
 use super::stages::StagePlan;
 use super::trace::ActivationTrace;
-use super::{Backend, RowSpec, batch_rows, canary_token, check_token, reserve_positions};
+use super::{
+    Backend, RowSpec, batch_rows, canary_token, check_token, prompt_commit, reserve_positions,
+};
 use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::error::EngineError;
 use crate::model::{LlamaConfig, LlamaModel};
@@ -649,7 +651,7 @@ impl CudaBackend {
                 out.extend_from_slice(&l[(chunk.len() - 1) * v..]);
             }
         }
-        self.commit(seq, rows.len());
+        self.commit(seq, prompt_commit(&self.doors, &rows));
         Ok(out)
     }
 
