@@ -157,6 +157,56 @@ fn the_canary_fails_every_mode() {
 }
 
 #[test]
+fn the_canary_fails_gate1_on_every_draw_from_the_first_steps() {
+    let m = model_arg();
+    let canary = [("MEMRA_GATE_CANARY", "1")];
+    // The single path takes a wrong token at every step and the batched path at B=1 none,
+    // so every draw diverges early and the multi-draw rule fires.
+    let r = gate(&[&m, "--steps", "4", "--batch", "1"], &canary);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    let g1 = r.check("gate1");
+    assert_eq!(g1["status"], "fail", "{g1:#}");
+    assert_eq!(g1["metrics"]["draws"], 6, "{g1:#}");
+    assert_eq!(g1["metrics"]["early_divergences"], 6, "{g1:#}");
+    let strict = gate(&[&m, "--steps", "4", "--mode", "strict"], &canary);
+    assert_eq!(strict.status("gate1"), "fail");
+    assert_eq!(strict.check("gate1")["first_mismatch"]["step"], 0);
+    // Under MEMRA_SERVE_B1FAST=1 both sides of gate1 take the single path; gate2 still
+    // catches the canary, on the rows whose alone runs took the single path.
+    let fast = gate(
+        &[&m, "--steps", "4"],
+        &[canary[0], ("MEMRA_SERVE_B1FAST", "1")],
+    );
+    assert_eq!(fast.code, 1, "{}", fast.stdout);
+    assert_eq!(fast.status("gate2[B=4]"), "fail");
+    assert_eq!(fast.check("gate2[B=4]")["first_mismatch"]["row"], 0);
+}
+
+#[test]
+fn prompts_past_two_attention_chunks_stay_green() {
+    let m = model_arg();
+    // 130 positions and more: attention over three chunks of 64 in every mode.
+    for (args, env) in [
+        (vec!["--batch", "1,3"], vec![]),
+        (vec!["--mode", "strict", "--batch", "2"], EQUALIZED.to_vec()),
+        (
+            vec!["--mode", "pp", "--batch", "1,3", "--reps", "1"],
+            vec![],
+        ),
+    ] {
+        let mut argv = vec![m.as_str(), "--steps", "3", "--plen", "130"];
+        argv.extend(&args);
+        let r = gate(&argv, &env);
+        assert_eq!(r.code, 0, "{args:?}: {}", r.stdout);
+        assert_eq!(
+            r.rows[0]["doors"]["plen"], 130,
+            "{args:?}: the doors row names it"
+        );
+        assert!(r.rows.iter().skip(1).all(|c| c["status"] == "pass"));
+    }
+}
+
+#[test]
 fn a_batch_size_dependent_reduction_is_caught_by_gate2_only() {
     let m = model_arg();
     let r = gate(

@@ -100,6 +100,47 @@ fn splits_are_green_in_every_placement() {
 }
 
 #[test]
+fn the_b1_fast_path_per_stage_is_green_under_the_default_pins() {
+    // MEMRA_SERVE_B1FAST=1 sends every B=1 step of the split, and of the reference, to the
+    // fused single-sequence path; the localizer and its reference both walk the batched body.
+    let b1fast = [("MEMRA_SERVE_B1FAST", "1")];
+    let (code, out, rows) = pp(&["--batch", "1,4"], &b1fast);
+    assert_eq!(code, 0, "{out}");
+    for arm in ["pp.split", "pp.localizer", "pp.epilogue"] {
+        assert_eq!(status(&rows, arm), "pass", "{arm}: {out}");
+    }
+    assert_eq!(rows[0]["doors"]["b1fast"], true);
+    // Through the fast path the stage defects are still caught and localized.
+    let (_, _, range) = pp(
+        &["--batch", "1"],
+        &[b1fast[0], ("MEMRA_GATE_DEFECT", "stage-range")],
+    );
+    assert_eq!(status(&range, "pp.split"), "fail");
+    assert_eq!(status(&range, "pp.localizer"), "fail");
+    let (_, _, copy) = pp(
+        &["--batch", "1"],
+        &[b1fast[0], ("MEMRA_GATE_DEFECT", "boundary-copy")],
+    );
+    assert_eq!(status(&copy, "pp.split"), "fail");
+    assert_eq!(status(&copy, "pp.localizer"), "pass");
+}
+
+#[test]
+fn a_batch_list_runs_every_size_through_the_split() {
+    let (code, out, rows) = pp(&["--batch", "1,4,8", "--reps", "1"], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(rows[0]["doors"]["batch"], "1,4,8");
+    let metric = |arm: &str| {
+        rows.iter().find(|c| c["check"] == arm).unwrap()["metrics"]["rows"]
+            .as_u64()
+            .unwrap()
+    };
+    // One row per sequence and step: 4 steps of 1 + 4 + 8 sequences, in every arm.
+    assert_eq!(metric("pp.split"), 4 * 13);
+    assert_eq!(metric("pp.localizer"), 4 * 13);
+}
+
+#[test]
 fn reps_multiply_the_split_arm() {
     let (_, _, one) = pp(&["--reps", "1"], &[]);
     let (_, _, three) = pp(&["--reps", "3"], &[]);

@@ -19,6 +19,7 @@ mod isolation_env;
 mod isolation_timeout;
 mod isolation_tmp;
 mod layers;
+mod manifest_batteries;
 mod manifest_errors;
 mod manifest_matrix;
 mod manifests_gpu;

@@ -155,7 +155,7 @@ fn the_smoke_battery_runs_every_node_as_expected() {
     planned.sort_unstable();
     ran.sort_unstable();
     assert_eq!(planned, ran);
-    assert!(ran.len() >= 29, "{ran:?}");
+    assert!(ran.len() >= 35, "{ran:?}");
 
     for n in &tree.nodes {
         let id = n["id"].as_str().unwrap();
@@ -248,6 +248,9 @@ fn the_smoke_battery_runs_every_node_as_expected() {
     assert_eq!(canary["expect"], "fail");
     assert_eq!(canary["attempts"][0]["outcome"], "fail");
     assert_eq!(canary["doors"]["canary"], true);
+    // The canary reaches gate1 too: every draw diverges early.
+    assert_eq!(check(&canary, "gate1")["status"], "fail");
+    assert_eq!(check(&canary, "gate1")["metrics"]["early_divergences"], 6);
     // The exact-model gate holds every synthesized arm to its banked bounds, and its
     // canary (one perturbed weight block) fails it.
     let exact = tree.receipt("exact");
@@ -258,6 +261,25 @@ fn the_smoke_battery_runs_every_node_as_expected() {
     assert_eq!(check(&exact_canary, "exact.q4_1.decode")["status"], "fail");
     let pp = tree.receipt("decode-pp");
     assert_eq!(pp["doors"]["mode"], "pp");
+    // The B=1 fast path per stage holds (the localizer's reference walks the batched body
+    // as its candidate does), and each planted split defect fails the arms it should.
+    let fast = tree.receipt("decode-pp-b1fast");
+    assert_eq!(fast["doors"]["b1fast"], true, "{fast:#}");
+    assert_eq!(fast["doors"]["batch"], "1,4");
+    assert_eq!(check(&fast, "pp.localizer")["status"], "pass");
+    for (defect, localizer) in [("stage-range", "fail"), ("boundary-copy", "pass")] {
+        let r = tree.receipt(&format!("decode-pp-defect[defect={defect}]"));
+        assert_eq!(r["attempts"][0]["outcome"], "fail", "{r:#}");
+        assert_eq!(r["doors"]["defect"], defect);
+        assert_eq!(check(&r, "pp.split")["status"], "fail");
+        assert_eq!(check(&r, "pp.localizer")["status"], localizer, "{defect}");
+    }
+    // Prompts past 64 and past 128 positions, attested by the doors row.
+    for plen in [70, 130] {
+        let r = tree.receipt(&format!("decode-long[plen={plen}]"));
+        assert_eq!(r["doors"]["plen"], plen, "{r:#}");
+        assert_eq!(check(&r, "gate2[B=2]")["status"], "pass");
+    }
     let reference = tree.receipt("reference");
     assert_eq!(check(&reference, "loader-goldens")["status"], "pass");
     assert!(

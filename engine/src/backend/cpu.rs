@@ -24,7 +24,8 @@ use rayon::prelude::*;
 use super::stages::{StagePlan, boundary_copy};
 use super::trace::{ActivationTrace, Composition, Site, SiteKey, SiteRecord};
 use super::{
-    Backend, RowSpec, batch_rows, canary_token, check_token, prompt_commit, reserve_positions,
+    Backend, RowSpec, TokenSite, batch_rows, canary_token, check_token, prompt_commit,
+    reserve_positions,
 };
 use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::error::EngineError;
@@ -713,7 +714,7 @@ impl Backend for CpuBackend {
     fn decode_step_h(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, EngineError> {
         check_token(token, self.config.n_vocab)?;
         let pos = self.reserve(seq, 1)?;
-        let token = canary_token(&self.doors, token, self.config.n_vocab, pos == 1);
+        let token = canary_token(&self.doors, token, self.config.n_vocab, TokenSite::Single);
         let tier = if self.fused_single {
             Tier::Fused
         } else {
@@ -841,7 +842,12 @@ impl CpuBackend {
             .map(|(i, &token)| RowSpec {
                 seq,
                 pos: start + i,
-                token: canary_token(&self.doors, token, self.config.n_vocab, start + i == 1),
+                token: canary_token(
+                    &self.doors,
+                    token,
+                    self.config.n_vocab,
+                    TokenSite::Prompt { pos: start + i },
+                ),
             })
             .collect())
     }

@@ -172,7 +172,7 @@ pub(crate) fn reserve_positions(
 /// The rows of one batched decode step, validated before any cache moves: one token per
 /// sequence, no sequence twice, every token in the vocabulary, and room in every cache
 /// (`reserve(seq)` returns the position the row takes, or why it cannot). The canary rule
-/// ([`canary_token`]) applies to the last row of a batch of two or more.
+/// ([`canary_token`]) applies to each row as a [`TokenSite::BatchRow`].
 pub(crate) fn batch_rows(
     seqs: &[SeqId],
     tokens: &[u32],
@@ -196,8 +196,11 @@ pub(crate) fn batch_rows(
             return Err(EngineError::DuplicateInBatch { seq });
         }
         let pos = reserve(seq)?;
-        let last_of_many = seqs.len() >= 2 && b == seqs.len() - 1;
-        let token = canary_token(doors, token, n_vocab, last_of_many);
+        let site = TokenSite::BatchRow {
+            row: b,
+            rows: seqs.len(),
+        };
+        let token = canary_token(doors, token, n_vocab, site);
         rows.push(RowSpec { seq, pos, token });
     }
     Ok(rows)
@@ -284,14 +287,67 @@ fn announce_cpu_fallback(why: &str) {
     });
 }
 
-/// The planted plumbing defect of `MEMRA_GATE_CANARY=1` (one wrong token), shared by every
-/// backend so gates catch it the same way everywhere: the token a sequence receives at
-/// position 1 through the single-sequence path or prefill, and the token of the last row of
-/// a batched step with B ≥ 2, are replaced by the next vocabulary id.
-pub fn canary_token(doors: &Doors, token: u32, n_vocab: usize, hit: bool) -> u32 {
+/// Where a token enters a sequence, for the canary rule ([`canary_token`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenSite {
+    /// A prompt token (prefill or prime) taking position `pos`.
+    Prompt { pos: usize },
+    /// A token through the single-sequence path (`decode_step_h` and its sampled variant,
+    /// also when `MEMRA_SERVE_B1FAST=1` routes a batched B=1 call there).
+    Single,
+    /// Row `row` of a batched step of `rows` rows (the split walk or the unsplit body).
+    BatchRow { row: usize, rows: usize },
+}
+
+/// The planted plumbing defect of `MEMRA_GATE_CANARY=1` (a wrong token), shared by every
+/// backend so gates catch it the same way everywhere. The token is replaced by the next
+/// vocabulary id
+/// - at position 1 of a prompt (so prompt-only programs such as reference-gate's prefill
+///   see it),
+/// - at every step of the single-sequence path (so gate1, which runs the same primed
+///   prompts through the single path and through the batched path at B=1, sees the two
+///   diverge from the first decode step on every draw; under `MEMRA_SERVE_B1FAST=1` both
+///   of its sides take the single path and gate2 catches it instead),
+/// - in the last row of every batched step with B ≥ 2 (so gate2, which runs the same
+///   sequences alone at B=1 through the batched path, points at that row).
+pub fn canary_token(doors: &Doors, token: u32, n_vocab: usize, site: TokenSite) -> u32 {
+    let hit = match site {
+        TokenSite::Prompt { pos } => pos == 1,
+        TokenSite::Single => true,
+        TokenSite::BatchRow { row, rows } => rows >= 2 && row == rows - 1,
+    };
     if doors.gate_canary && hit {
         ((token as usize + 1) % n_vocab) as u32
     } else {
         token
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_canary_hits_prompt_position_1_every_single_step_and_the_last_of_many_rows() {
+        let on = Doors {
+            gate_canary: true,
+            ..Doors::default()
+        };
+        let hit = |site| canary_token(&on, 7, 8, site) != 7;
+        assert!(hit(TokenSite::Prompt { pos: 1 }));
+        assert!(!hit(TokenSite::Prompt { pos: 0 }) && !hit(TokenSite::Prompt { pos: 2 }));
+        assert!(hit(TokenSite::Single));
+        assert!(hit(TokenSite::BatchRow { row: 3, rows: 4 }));
+        assert!(!hit(TokenSite::BatchRow { row: 2, rows: 4 }));
+        assert!(
+            !hit(TokenSite::BatchRow { row: 0, rows: 1 }),
+            "B=1 is gate1's reference"
+        );
+        assert_eq!(
+            canary_token(&on, 7, 8, TokenSite::Single),
+            0,
+            "the next id, wrapped"
+        );
+        assert_eq!(canary_token(&Doors::default(), 7, 8, TokenSite::Single), 7);
     }
 }

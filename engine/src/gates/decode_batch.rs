@@ -202,6 +202,9 @@ fn gate_extra(s: &Settings) -> Vec<(&'static str, serde_json::Value)> {
             ),
         ),
         ("steps", json!(s.steps)),
+        // The base prompt length: a receipt shows how far past the attention chunks of 64
+        // positions its prompts reached.
+        ("plen", json!(s.plen)),
     ]
 }
 
@@ -526,10 +529,21 @@ fn pp_gate(
             }
         }
         // The localizer primes its caches through its own walk, and so does its reference,
-        // so a broken split walk cannot reach it through the prompt.
+        // so a broken split walk cannot reach it through the prompt. The reference walks the
+        // unsplit body too (on an unsplit model it equals the batched step bit for bit): the
+        // priming steps are all B=1, and through `decode_step_batch` they would take the
+        // single-sequence route MEMRA_SERVE_B1FAST gives it, which the candidate's unsplit
+        // walk never takes.
         let local =
             run_primed(&mut *split, &ps, 0, s.steps, Tick::Unsplit, Prime::Steps).and_then(|t| {
-                let r = run_primed(&mut *reference, &ps, 0, s.steps, greedy, Prime::Steps)?;
+                let r = run_primed(
+                    &mut *reference,
+                    &ps,
+                    0,
+                    s.steps,
+                    Tick::Unsplit,
+                    Prime::Steps,
+                )?;
                 Ok((r, t))
             });
         match local {

@@ -112,7 +112,7 @@ impl Reporter {
             );
         }
         if doors.gate_canary {
-            say!("WARNING: MEMRA_GATE_CANARY=1 feeds one wrong token; this gate must FAIL");
+            say!("WARNING: MEMRA_GATE_CANARY=1 feeds wrong tokens; this gate must FAIL");
         }
         self.checks.doors(&row).map_err(append_error)
     }

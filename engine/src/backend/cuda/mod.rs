@@ -66,7 +66,8 @@ pub use weights::{DevModel, DevWeight, PeerAccess, Placement};
 use super::stages::StagePlan;
 use super::trace::ActivationTrace;
 use super::{
-    Backend, RowSpec, batch_rows, canary_token, check_token, prompt_commit, reserve_positions,
+    Backend, RowSpec, TokenSite, batch_rows, canary_token, check_token, prompt_commit,
+    reserve_positions,
 };
 use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::error::EngineError;
@@ -616,7 +617,12 @@ impl CudaBackend {
             .map(|(i, &token)| RowSpec {
                 seq,
                 pos: start + i,
-                token: canary_token(&self.doors, token, n_vocab, start + i == 1),
+                token: canary_token(
+                    &self.doors,
+                    token,
+                    n_vocab,
+                    TokenSite::Prompt { pos: start + i },
+                ),
             })
             .collect())
     }
@@ -659,7 +665,12 @@ impl CudaBackend {
     fn single_row(&self, seq: SeqId, token: u32) -> Result<(RowSpec, Tier), EngineError> {
         check_token(token, self.dm.config.n_vocab)?;
         let pos = self.reserve(seq, 1)?;
-        let token = canary_token(&self.doors, token, self.dm.config.n_vocab, pos == 1);
+        let token = canary_token(
+            &self.doors,
+            token,
+            self.dm.config.n_vocab,
+            TokenSite::Single,
+        );
         let tier = if self.fused_single {
             Tier::Fused
         } else {
