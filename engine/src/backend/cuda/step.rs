@@ -520,6 +520,19 @@ impl<'a> Step<'a> {
             c.rms_eps,
             self.walked,
         )?;
+        if ctx.reversed_head_norm {
+            // The planted defect overwrites the norm step's outputs; `self.x` holds the stream
+            // that step updated, whichever buffer it is on now.
+            gpu.rmsnorm_reversed_q8_1(
+                self.x,
+                &dm.output_norm,
+                (!head.quantized()).then_some(&mut *self.xf),
+                self.xq,
+                n,
+                d,
+                c.rms_eps,
+            )?;
+        }
         tap.record(
             gpu,
             c.n_layer,
