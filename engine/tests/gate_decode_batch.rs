@@ -105,6 +105,17 @@ fn config_mode_is_green_and_speaks_the_protocol() {
         assert_eq!(r.status(name), "pass", "{name}: {}", r.stdout);
     }
     assert_eq!(r.check("gate2[B=3]")["metrics"]["rows"], 15);
+    // gate3 holds the mixed greedy/sampled batch among its parts.
+    let msg = r.check("gate3[B=3]")["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for part in [
+        "mixed greedy/sampled rows == each row alone",
+        "mixed batch greedy rows == host argmax",
+    ] {
+        assert!(msg.contains(part), "{msg}");
+    }
     // The first batch size dumps to logits.safetensors, the others to logits.b<B>.
     for (file, b) in [("logits.safetensors", 1), ("logits.b3.safetensors", 3)] {
         let bytes = std::fs::read(r.artifacts.path().join(file)).unwrap();
@@ -195,7 +206,11 @@ fn a_wrong_sampling_counter_is_caught_by_gate3_only() {
         .to_string();
     assert!(msg.contains("sampled streams B=N == B=1"), "{msg}");
     assert!(
-        !msg.contains("device greedy"),
+        msg.contains("mixed greedy/sampled rows == each row alone"),
+        "the mixed batch's sampled rows move too: {msg}"
+    );
+    assert!(
+        !msg.contains("device greedy") && !msg.contains("mixed batch greedy rows"),
         "greedy needs no counter: {msg}"
     );
 }
