@@ -168,7 +168,7 @@ fn the_canary_fails_every_mode() {
 }
 
 #[test]
-fn a_batch_size_dependent_reduction_is_caught_by_gate2_only() {
+fn a_batch_size_dependent_reduction_is_caught_by_gate2_and_the_mixed_batch() {
     let m = model_arg();
     let r = gate(
         &[&m, "--steps", "4"],
@@ -182,6 +182,17 @@ fn a_batch_size_dependent_reduction_is_caught_by_gate2_only() {
     assert_eq!(r.rows[0]["doors"]["defect"], "batch-reduction");
     assert_eq!(r.status("gate2[B=4]"), "fail");
     assert_eq!(r.status("gate1"), "pass");
+    // gate3's mixed batch compares its parked logits with each row alone, so it sees the
+    // rows move too; its other parts compare batches of one size with each other.
+    let msg = r.check("gate3[B=4]")["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        msg.contains("mixed greedy/sampled rows == each row alone"),
+        "{msg}"
+    );
+    assert!(!msg.contains("parked logits == full tick"), "{msg}");
     // At B=1 the defect is dormant: gate2 at B=1 has nothing to see.
     let b1 = gate(
         &[&m, "--steps", "4", "--batch", "1"],
