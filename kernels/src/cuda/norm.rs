@@ -222,23 +222,24 @@ impl Gpu {
         }
     }
 
-    /// Test-only, for the planted defect `MEMRA_GATE_DEFECT=batch-reduction`: q8_1 of
-    /// `(x * r) * g` for `rows` rows of `cols` into `yq` (the f32 values into `xf` when
-    /// given), with `r` from a sum of squares taken by one thread from the last element to
-    /// the first. No residual add: `x` is only read. The engine launches it after the head's
-    /// real norm step, over the updated stream, to overwrite that step's outputs.
+    /// Test-only, for the planted defect `MEMRA_GATE_DEFECT=batch-reduction`: the
+    /// composition of [`Gpu::rmsnorm_quantize_fused`] for `rows` rows of `cols` (q8_1 of
+    /// `x * g` into `yq`, the f32 values into `xf` when given, `r` into `r_out` for a
+    /// post-scale of the matvec's output), with `r` from a sum of squares taken by one thread
+    /// from the last element to the first. No residual add: `x` is only read.
     #[allow(clippy::too_many_arguments)]
-    pub fn rmsnorm_reversed_q8_1(
+    pub fn rmsnorm_quantize_reversed(
         &self,
         x: &CudaSlice<f32>,
         g: &CudaSlice<f32>,
         xf: Option<&mut CudaSlice<f32>>,
         yq: &mut CudaSlice<BlockQ8_1>,
+        r_out: &mut CudaSlice<f32>,
         rows: usize,
         cols: usize,
         eps: f32,
     ) -> Result<(), KernelError> {
-        const K: &str = "rmsnorm_reversed_q8_1_f32";
+        const K: &str = "rmsnorm_quantize_reversed_f32";
         if !cols.is_multiple_of(QK) || cols == 0 || rows == 0 {
             return Err(shape(
                 K,
@@ -251,6 +252,7 @@ impl Gpu {
             need(K, "xf", f.len(), rows * cols)?;
         }
         need(K, "yq", yq.len(), rows * cols / QK)?;
+        need(K, "r_out", r_out.len(), rows)?;
         let c = int(K, "cols", cols)?;
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
@@ -258,8 +260,9 @@ impl Gpu {
             shared_mem_bytes: 0,
         };
         // SAFETY: one block per row; x and xf hold rows * cols values, yq rows * cols / 32
-        // blocks, g cols, all checked above; a null xf is tested by the kernel before use.
-        unsafe { self.launch(&sources::NORM, K, cfg, &[x, g, &xf, yq, &c, &eps]) }
+        // blocks, r_out one per row, g cols, all checked above; a null xf is tested by the
+        // kernel before use.
+        unsafe { self.launch(&sources::NORM, K, cfg, &[x, g, &xf, yq, r_out, &c, &eps]) }
     }
 
     /// The widest row the norm step keeps in registers in its narrow kernel, and the widest a

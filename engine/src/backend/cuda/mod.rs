@@ -809,8 +809,8 @@ struct PassCtx<'a> {
     /// buffers held instead of the previous stage's output.
     skip_boundary_copy: bool,
     /// The test-only `batch-reduction` defect: the head's norm step of this batched pass is
-    /// followed by `rmsnorm_reversed_q8_1`, which rewrites its outputs from a sum of squares
-    /// in reverse order.
+    /// followed by `rmsnorm_quantize_reversed`, which rewrites its outputs in the fused
+    /// composition from a sum of squares in reverse order, and the logits are post-scaled.
     reversed_head_norm: bool,
     /// Per layer, on that layer's device: the rows' cache addresses.
     kptr: &'a [CudaSlice<u64>],
