@@ -1,6 +1,7 @@
 //! The engine API every backend implements (DESIGN §7): sequences with their own KV caches,
 //! prompt prefill, single-sequence decode (`decode_step_h`), batched decode
-//! (`decode_step_batch`) and their sampled variants.
+//! (`decode_step_batch`) and their sampled variants, the batched one with sampling
+//! parameters per row (`decode_step_batch_sampled_rows`).
 //!
 //! This module owns the contract (the [`Backend`] trait, the row and batch rules, the
 //! canary rule) and backend selection from the doors. The sequence identity and the error

@@ -14,7 +14,8 @@
 //! so the launches of one decode step are captured once per (rows, tier, attention chunk
 //! bucket, walk) and replayed. Sampled steps ("lean ticks") pick tokens on the device and copy
 //! back only the tokens, parking their logits in a device buffer for
-//! [`Backend::parked_logits`].
+//! [`Backend::parked_logits`]; each row is picked under its own sampling parameters (one
+//! `sample_rows_f32` launch per pass, or the argmax kernel when every row is greedy).
 //!
 //! While an activation trace is recorded ([`Backend::start_trace`]) every pass runs eagerly
 //! (a graph cannot stop to copy) and copies each quantization site back right after the
