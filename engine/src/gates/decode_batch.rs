@@ -1,7 +1,8 @@
 //! `decode-batch-gate`: batched decode is exact. gate1 compares the single-sequence path with
 //! the batched path at B=1, gate2 batch rows with the same sequences alone, gate3 device
-//! token choice and sampling with the host; `--mode pp` compares a pipeline split with the
-//! unsplit body, localizing a failure to the split or to the stage-owned placement.
+//! token choice and sampling with the host (a batch mixing greedy and sampled rows among
+//! its parts); `--mode pp` compares a pipeline split with the unsplit body, localizing a
+//! failure to the split or to the stage-owned placement.
 //!
 //! It owns the flags, the arms and their verdicts. Programs and ledgers come from
 //! [`super::workload`] and [`super::ledger`], the protocol from [`super::protocol`].

@@ -335,9 +335,9 @@ impl CudaBackend {
     /// scratch logits buffer of `self.logits_slot`. A decode step (`kind` other than
     /// [`PassKind::Prompt`]) replays (or captures) the pass as CUDA graphs, one per segment,
     /// unless a trace is being recorded: then every launch is eager, since a graph cannot
-    /// stop to copy a site back. `head` are the rows whose
-    /// logits the caller keeps, the rows whose head input a trace records (as the CPU
-    /// backend records the head input of the rows it computes logits for).
+    /// stop to copy a site back. `head` are the rows whose logits the caller keeps, the rows
+    /// whose head input a trace records (as the CPU backend records the head input of the
+    /// rows it computes logits for).
     fn pass(
         &mut self,
         rows: &[RowSpec],
