@@ -80,8 +80,10 @@ pub struct Doors {
 /// when one is in force, so a receipt can never pass one off as a real run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GateDefect {
-    /// The batched path's final rmsnorm sums its squares in reverse order when B ≥ 2: a
-    /// batch-size-dependent reduction (gate2 catches it).
+    /// The batched path's final rmsnorm sums its squares in reverse order when B ≥ 2, with
+    /// its factor applied after the head matvec: a batch-size-dependent reduction (gate2
+    /// catches it, and gate3's mixed batch, which compares logits with each row alone). Both
+    /// backends plant it.
     BatchReduction,
     /// Every stage after the first starts one layer late, so the layer at each cut belongs
     /// to no stage (the pipeline gate's split arm and its localizer both catch it).
@@ -90,7 +92,9 @@ pub enum GateDefect {
     /// reads a stale buffer (the split arm catches it, the localizer does not).
     BoundaryCopy,
     /// The sampler's counter of a batched row is its position plus its batch row index
-    /// (gate3's sampled streams at B=N vs B=1 catch it).
+    /// (gate3's sampled streams at B=N vs B=1 and its mixed batch catch it). Both backends
+    /// plant it: the CPU in its host sampler, CUDA in the steps it uploads for the device
+    /// sampler.
     SampleCounter,
     /// One weight block of the engine's copy of the model is perturbed when a backend opens
     /// (see `backend::plant_weight_block`): a wrong value that every path computes alike,

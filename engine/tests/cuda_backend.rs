@@ -11,7 +11,10 @@
 //! presets and the SmolLM2-135M shape), a tampered block caught, logits unmoved by tracing,
 //! split stages or two devices recording the one-stage trace bit for bit, and
 //! `reference-gate` on the GPU under the strict policy; the harness itself runs on the CPU
-//! backend without a GPU.
+//! backend without a GPU. Device sampling with per-row parameters: a batch mixing greedy and
+//! sampled rows picks each row's host token (and not under the `sample-counter` defect), and
+//! `decode-batch-gate` on the GPU catches the `batch-reduction` defect in gate2 and the
+//! `sample-counter` defect in gate3.
 //!
 //! GPU tests print why and return when no usable GPU is present (no driver, no CUDA
 //! libraries, no device), or when a test needs two devices and the machine has one, so CI
@@ -1187,4 +1190,190 @@ fn cuda_reference_gate_judges_quantized_arms_by_the_following_oracle() {
             "{c}"
         );
     }
+}
+
+/// Greedy on even rows, sampled on odd rows with a seed and top-p of their own.
+fn mixed_params(rows: usize) -> Vec<SamplingParams> {
+    (0..rows)
+        .map(|b| {
+            if b % 2 == 0 {
+                SamplingParams::greedy()
+            } else {
+                SamplingParams {
+                    temperature: 0.9,
+                    top_p: if b % 4 == 1 { 1.0 } else { 0.8 },
+                    seed: 40 + b as u64,
+                }
+            }
+        })
+        .collect()
+}
+
+/// Whether every row of a lean tick with per-row parameters picked the host's token for that
+/// row under its own parameters, over twin sequence sets at several batch sizes (one above
+/// MAX_ROWS, so the parameters of a second pass count too), with the parked logits the full
+/// step's bit for bit and the greedy rows the host argmax.
+fn mixed_rows_pick_the_hosts_tokens(doors: Doors) -> bool {
+    let model = synth("tiny", "q4_1");
+    let v = model.config.n_vocab;
+    let mut be = CudaBackend::new(&model, doors).unwrap();
+    let mut all_agree = true;
+    for batch in [2u32, 5, cuda::MAX_ROWS as u32 + 3] {
+        let params = mixed_params(batch as usize);
+        let full = open_fed(&mut be, 0, batch, 16);
+        let lean = open_fed(&mut be, 1000, batch, 16);
+        for step in 0..3 {
+            let feed = tokens(v, 60 + step, batch as usize);
+            let logits = be.decode_step_batch(&full, &feed).unwrap();
+            let picked = be
+                .decode_step_batch_sampled_rows(&lean, &feed, &params)
+                .unwrap();
+            let parked = be.parked_logits().unwrap();
+            assert_eq!(bits(&parked), bits(&logits), "B={batch}, step {step}");
+            for (b, &s) in lean.iter().enumerate() {
+                let row = &logits[b * v..(b + 1) * v];
+                let host = sample_token(row, &params[b], s, be.seq_len(s).unwrap()).unwrap();
+                if params[b].temperature == 0.0 {
+                    assert_eq!(picked[b], argmax(row), "B={batch}, greedy row {b}");
+                }
+                all_agree &= picked[b] == host;
+            }
+        }
+        for s in full.into_iter().chain(lean) {
+            be.close_sequence(s).unwrap();
+        }
+    }
+    all_agree
+}
+
+#[test]
+fn cuda_mixed_greedy_and_sampled_rows_pick_each_rows_host_token() {
+    if !gpu_present("cuda_mixed_greedy_and_sampled_rows_pick_each_rows_host_token") {
+        return;
+    }
+    for b1fast in [false, true] {
+        let doors = Doors {
+            backend: BackendChoice::Cuda,
+            serve_b1fast: b1fast,
+            ..Doors::default()
+        };
+        assert!(mixed_rows_pick_the_hosts_tokens(doors), "b1fast {b1fast}");
+    }
+    // The planted counter defect moves the sampled rows away from the host's draws.
+    let defect = Doors {
+        backend: BackendChoice::Cuda,
+        gate_defect: Some(GateDefect::SampleCounter),
+        ..Doors::default()
+    };
+    assert!(!mixed_rows_pick_the_hosts_tokens(defect));
+}
+
+#[test]
+fn cuda_per_row_parameters_are_one_valid_set_per_row() {
+    if !gpu_present("cuda_per_row_parameters_are_one_valid_set_per_row") {
+        return;
+    }
+    let model = synth("tiny", "q4_1");
+    let mut be = CudaBackend::new(&model, Doors::default()).unwrap();
+    let seqs = open_fed(&mut be, 0, 2, 16);
+    let before: Vec<usize> = seqs.iter().map(|&s| be.seq_len(s).unwrap()).collect();
+    let err = be
+        .decode_step_batch_sampled_rows(&seqs, &[1, 2], &mixed_params(3))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("3 sampling parameter sets"), "{err}");
+    let after: Vec<usize> = seqs.iter().map(|&s| be.seq_len(s).unwrap()).collect();
+    assert_eq!(before, after, "a refused step moves no cache");
+}
+
+/// The check rows, output and exit status of `decode-batch-gate` on the CUDA backend over
+/// the tiny Q4_1 model, with the extra environment `env`.
+fn decode_gate_on_cuda(
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (i32, String, Vec<serde_json::Value>) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny-q4_1.gguf");
+    memra_engine::synth::write_preset("tiny", "q4_1", 11, &model).unwrap();
+    let checks = dir.path().join("checks.jsonl");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_decode-batch-gate"));
+    for var in memra_engine::doors::DOOR_VARIABLES {
+        cmd.env_remove(var);
+    }
+    let out = cmd
+        .env("MEMRA_BACKEND", "cuda")
+        .env("MEMRA_ORCH_CHECKS", &checks)
+        .env_remove("MEMRA_ORCH_ARTIFACTS")
+        .arg(&model)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let rows = std::fs::read_to_string(&checks)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text, rows)
+}
+
+fn check_row<'a>(rows: &'a [serde_json::Value], name: &str) -> &'a serde_json::Value {
+    rows.iter()
+        .find(|c| c["check"] == name)
+        .unwrap_or_else(|| panic!("no check {name} in {rows:#?}"))
+}
+
+#[test]
+fn cuda_decode_batch_gate_catches_the_batch_reduction_and_sample_counter_defects() {
+    if !gpu_present("cuda_decode_batch_gate_catches_the_batch_reduction_and_sample_counter_defects")
+    {
+        return;
+    }
+    let args = ["--steps", "6", "--batch", "1,4"];
+    // Clean, every gate holds on the GPU, the mixed greedy/sampled batch among gate3's parts.
+    let (code, text, rows) = decode_gate_on_cuda(&args, &[]);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(rows[0]["doors"]["backend"], "cuda", "{text}");
+    let gate3 = check_row(&rows, "gate3[B=4]");
+    assert_eq!(gate3["status"], "pass", "{gate3}");
+    assert!(
+        gate3["message"]
+            .as_str()
+            .unwrap()
+            .contains("mixed greedy/sampled rows == each row alone"),
+        "{gate3}"
+    );
+
+    // The reversed head norm of batched passes: gate2 sees the B=4 rows move, B=1 does not.
+    let (code, text, rows) =
+        decode_gate_on_cuda(&args, &[("MEMRA_GATE_DEFECT", "batch-reduction")]);
+    assert_eq!(code, 1, "{text}");
+    assert_eq!(rows[0]["doors"]["defect"], "batch-reduction", "{text}");
+    assert_eq!(check_row(&rows, "gate2[B=4]")["status"], "fail", "{text}");
+    assert_eq!(check_row(&rows, "gate2[B=1]")["status"], "pass", "{text}");
+    assert_eq!(check_row(&rows, "gate1")["status"], "pass", "{text}");
+
+    // The device sampler's counter offset by the batch row: gate3's sampled streams and its
+    // mixed batch fail, greedy and gate2 hold.
+    let (code, text, rows) = decode_gate_on_cuda(&args, &[("MEMRA_GATE_DEFECT", "sample-counter")]);
+    assert_eq!(code, 1, "{text}");
+    assert_eq!(rows[0]["doors"]["defect"], "sample-counter", "{text}");
+    assert_eq!(check_row(&rows, "gate2[B=4]")["status"], "pass", "{text}");
+    let gate3 = check_row(&rows, "gate3[B=4]");
+    assert_eq!(gate3["status"], "fail", "{gate3}");
+    let msg = gate3["message"].as_str().unwrap();
+    assert!(msg.contains("sampled streams B=N == B=1"), "{msg}");
+    assert!(
+        msg.contains("mixed greedy/sampled rows == each row alone"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("device greedy") && !msg.contains("mixed batch greedy rows"),
+        "greedy needs no counter: {msg}"
+    );
 }

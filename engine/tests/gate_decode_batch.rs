@@ -105,6 +105,17 @@ fn config_mode_is_green_and_speaks_the_protocol() {
         assert_eq!(r.status(name), "pass", "{name}: {}", r.stdout);
     }
     assert_eq!(r.check("gate2[B=3]")["metrics"]["rows"], 15);
+    // gate3 holds the mixed greedy/sampled batch among its parts.
+    let msg = r.check("gate3[B=3]")["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for part in [
+        "mixed greedy/sampled rows == each row alone",
+        "mixed batch greedy rows == host argmax",
+    ] {
+        assert!(msg.contains(part), "{msg}");
+    }
     // The first batch size dumps to logits.safetensors, the others to logits.b<B>.
     for (file, b) in [("logits.safetensors", 1), ("logits.b3.safetensors", 3)] {
         let bytes = std::fs::read(r.artifacts.path().join(file)).unwrap();
@@ -207,7 +218,7 @@ fn prompts_past_two_attention_chunks_stay_green() {
 }
 
 #[test]
-fn a_batch_size_dependent_reduction_is_caught_by_gate2_only() {
+fn a_batch_size_dependent_reduction_is_caught_by_gate2_and_the_mixed_batch() {
     let m = model_arg();
     let r = gate(
         &[&m, "--steps", "4"],
@@ -221,6 +232,17 @@ fn a_batch_size_dependent_reduction_is_caught_by_gate2_only() {
     assert_eq!(r.rows[0]["doors"]["defect"], "batch-reduction");
     assert_eq!(r.status("gate2[B=4]"), "fail");
     assert_eq!(r.status("gate1"), "pass");
+    // gate3's mixed batch compares its parked logits with each row alone, so it sees the
+    // rows move too; its other parts compare batches of one size with each other.
+    let msg = r.check("gate3[B=4]")["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        msg.contains("mixed greedy/sampled rows == each row alone"),
+        "{msg}"
+    );
+    assert!(!msg.contains("parked logits == full tick"), "{msg}");
     // At B=1 the defect is dormant: gate2 at B=1 has nothing to see.
     let b1 = gate(
         &[&m, "--steps", "4", "--batch", "1"],
@@ -245,7 +267,11 @@ fn a_wrong_sampling_counter_is_caught_by_gate3_only() {
         .to_string();
     assert!(msg.contains("sampled streams B=N == B=1"), "{msg}");
     assert!(
-        !msg.contains("device greedy"),
+        msg.contains("mixed greedy/sampled rows == each row alone"),
+        "the mixed batch's sampled rows move too: {msg}"
+    );
+    assert!(
+        !msg.contains("device greedy") && !msg.contains("mixed batch greedy rows"),
         "greedy needs no counter: {msg}"
     );
 }

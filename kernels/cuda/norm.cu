@@ -137,3 +137,32 @@ extern "C" __global__ void add_rmsnorm_q8_1_split_f32(const float* x, const floa
                  share * (int)blockIdx.y, share);
     if (first && r_out != 0 && threadIdx.x == 0) r_out[blockIdx.x] = r;
 }
+
+// Test-only: the planted defect MEMRA_GATE_DEFECT=batch-reduction (engine/src/doors.rs), as
+// the CPU backend plants it: rmsnorm_quantize_fused_f32's composition (q8_1 of x * g, and r to
+// r_out[row] for the head's post-scale; the f32 values x * g to xf, nullable), with r from a
+// sum of squares that thread 0 takes alone from the last element to the first. The backend
+// launches it over the head's rows of a batched pass of two or more rows, after the real norm
+// step has updated the residual stream, so those rows no longer carry the bits of the same
+// rows alone. x is only read. One block of 256 per row, cols a multiple of 32.
+extern "C" __global__ void rmsnorm_quantize_reversed_f32(const float* x, const float* g,
+                                                         float* xf, block_q8_1* yq,
+                                                         float* r_out, int cols, float eps) {
+    PDL_ENTRY;
+    const float* xr = x + (size_t)blockIdx.x * cols;
+    if (threadIdx.x == 0) {
+        float acc = 0.0f;
+        for (int i = cols - 1; i >= 0; --i) acc += xr[i] * xr[i];
+        r_out[blockIdx.x] = 1.0f / sqrtf(acc / (float)cols + eps);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const int nb = cols / QK;
+    block_q8_1* qrow = yq + (size_t)blockIdx.x * nb;
+    float* frow = xf != 0 ? xf + (size_t)blockIdx.x * cols : 0;
+    for (int b = warp; b < nb; b += nwarps) {
+        const int i = b * QK + lane;
+        const float y = xr[i] * g[i];
+        if (frow != 0) frow[i] = y;
+        quantize_lane(y, qrow + b, lane);
+    }
+}

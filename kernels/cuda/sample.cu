@@ -150,22 +150,19 @@ __device__ __forceinline__ float mass(const float* p, int lo, int hi, float tau,
     return *total;
 }
 
-// 256 threads per block, one block per batch row. p: scratch of batch * n floats. seq[b] and
-// step[b] key each row's draw together with the 64-bit seed.
-extern "C" __global__ void sample_f32(const float* logits, float* p_scratch, u32* out, int n,
-                                      float temp, float top_p, u32 seed_lo, u32 seed_hi,
-                                      const u32* seq, const u32* step) {
-    PDL_ENTRY;
+// The token of one row of n logits `l`, written to *out by thread 0 of the block (256
+// threads): the argmax when temp is not > 0, otherwise the temperature + top-p draw keyed by
+// (seed_lo, seed_hi, seq, step). p: the row's n floats of scratch.
+__device__ __forceinline__ void sample_row(const float* l, float* p, u32* out, int n, float temp,
+                                           float top_p, u32 seed_lo, u32 seed_hi, u32 seq,
+                                           u32 step) {
     __shared__ float shv[32];
     __shared__ u32 shi[32];
     __shared__ float sums[SAMPLE_THREADS];
     __shared__ float total;
-    const int b = blockIdx.x;
-    const float* l = logits + (size_t)b * n;
-    float* p = p_scratch + (size_t)b * n;
     if (!(temp > 0.0f)) {
         const u32 r = block_argmax(l, n, shv, shi);
-        if (threadIdx.x == 0) out[b] = r;
+        if (threadIdx.x == 0) *out = r;
         return;
     }
     const int chunk = (n + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
@@ -188,7 +185,7 @@ extern "C" __global__ void sample_f32(const float* logits, float* p_scratch, u32
     const float tau = __uint_as_float(tau_bits);
     const float kept = mass(p, lo, hi, tau, sums, &total);
     if (threadIdx.x != 0) return;
-    u32 c[4] = {step[b], seq[b], 0u, 0u};
+    u32 c[4] = {step, seq, 0u, 0u};
     philox4x32_10(c, seed_lo, seed_hi);
     const float target = (float)(c[0] >> 8) * (1.0f / 16777216.0f) * kept;
     float run = 0.0f;
@@ -200,10 +197,10 @@ extern "C" __global__ void sample_f32(const float* logits, float* p_scratch, u32
                 if (p[i] >= tau) {
                     last = i;
                     run += p[i];
-                    if (run > target) { out[b] = (u32)i; return; }
+                    if (run > target) { *out = (u32)i; return; }
                 }
             }
-            out[b] = last < 0 ? 0u : (u32)last;
+            *out = last < 0 ? 0u : (u32)last;
             return;
         }
         run += sums[ch];
@@ -211,5 +208,31 @@ extern "C" __global__ void sample_f32(const float* logits, float* p_scratch, u32
     int last = 0;
     for (int i = n - 1; i >= 0; --i)
         if (p[i] >= tau) { last = i; break; }
-    out[b] = (u32)last;
+    *out = (u32)last;
+}
+
+// 256 threads per block, one block per batch row: sample_row of row b with one set of
+// parameters for every row. p: scratch of batch * n floats. seq[b] and step[b] key each row's
+// draw together with the 64-bit seed.
+extern "C" __global__ void sample_f32(const float* logits, float* p_scratch, u32* out, int n,
+                                      float temp, float top_p, u32 seed_lo, u32 seed_hi,
+                                      const u32* seq, const u32* step) {
+    PDL_ENTRY;
+    const size_t b = blockIdx.x;
+    sample_row(logits + b * n, p_scratch + b * n, out + b, n, temp, top_p, seed_lo, seed_hi,
+               seq[b], step[b]);
+}
+
+// sample_f32 with parameters per row: row b is drawn under temp[b], top_p[b] and seed[b] (a
+// 64-bit seed, split into its low and high words as the host splits sample_f32's), so a batch
+// may mix greedy rows (temp[b] = 0) with sampled ones.
+extern "C" __global__ void sample_rows_f32(const float* logits, float* p_scratch, u32* out,
+                                           int n, const float* temp, const float* top_p,
+                                           const u64* seed, const u32* seq,
+                                           const u32* step) {
+    PDL_ENTRY;
+    const size_t b = blockIdx.x;
+    const u64 s = seed[b];
+    sample_row(logits + b * n, p_scratch + b * n, out + b, n, temp[b], top_p[b], (u32)s,
+               (u32)(s >> 32), seq[b], step[b]);
 }

@@ -210,7 +210,7 @@ fn the_nightly_plans_pp_on_two_gpus_in_both_orders_with_canaries_and_compares() 
 }
 
 #[test]
-fn the_one_gpu_battery_needs_one_gpu_and_places_both_stages_on_it() {
+fn the_one_gpu_battery_needs_one_gpu_places_both_stages_on_it_and_plants_the_cuda_defects() {
     let root = root_or_skip!();
     let plan = plan_json(&root.join("manifests/h200-single.toml"));
     let cells = plan["cells"].as_array().unwrap();
@@ -223,6 +223,14 @@ fn the_one_gpu_battery_needs_one_gpu_and_places_both_stages_on_it() {
         cells.iter().all(|c| c["node"] != "fetch-model"),
         "the one-GPU battery needs no network"
     );
+    // The planted defects reach the CUDA backend through the gate's environment, each a
+    // negative cell.
+    for defect in ["batch-reduction", "sample-counter"] {
+        let cell = &cells_of(&plan, &format!("decode-defect-{defect}"))[0];
+        assert_eq!(cell["env"]["MEMRA_GATE_DEFECT"], defect, "{cell:#}");
+        assert_eq!(cell["env"]["MEMRA_BACKEND"], "cuda", "{cell:#}");
+        assert_eq!(cell["expect"], "fail", "{cell:#}");
+    }
 }
 
 #[test]

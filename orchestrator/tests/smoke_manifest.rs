@@ -259,6 +259,17 @@ fn the_smoke_battery_runs_every_node_as_expected() {
     assert_eq!(exact_canary["attempts"][0]["outcome"], "fail");
     assert_eq!(exact_canary["doors"]["defect"], "weight-block");
     assert_eq!(check(&exact_canary, "exact.q4_1.decode")["status"], "fail");
+    // Each planted defect fails the gate meant for it, and its doors row names it.
+    let reduction = tree.receipt("decode-defect-batch-reduction");
+    assert_eq!(reduction["attempts"][0]["outcome"], "fail");
+    assert_eq!(reduction["doors"]["defect"], "batch-reduction");
+    assert_eq!(check(&reduction, "gate2[B=4]")["status"], "fail");
+    assert_eq!(check(&reduction, "gate2[B=1]")["status"], "pass");
+    let counter = tree.receipt("decode-defect-sample-counter");
+    assert_eq!(counter["attempts"][0]["outcome"], "fail");
+    assert_eq!(counter["doors"]["defect"], "sample-counter");
+    assert_eq!(check(&counter, "gate3[B=4]")["status"], "fail");
+    assert_eq!(check(&counter, "gate2[B=4]")["status"], "pass");
     let pp = tree.receipt("decode-pp");
     assert_eq!(pp["doors"]["mode"], "pp");
     // The B=1 fast path per stage holds (the localizer's reference walks the batched body

@@ -24,8 +24,8 @@ use rayon::prelude::*;
 use super::stages::{StagePlan, boundary_copy};
 use super::trace::{ActivationTrace, Composition, Site, SiteKey, SiteRecord};
 use super::{
-    Backend, RowSpec, TokenSite, batch_rows, canary_token, check_token, prompt_commit,
-    reserve_positions,
+    Backend, RowSpec, TokenSite, batch_rows, canary_token, check_row_params, check_token,
+    prompt_commit, reserve_positions,
 };
 use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::error::EngineError;
@@ -774,26 +774,28 @@ impl Backend for CpuBackend {
     }
 
     /// The lean tick: one batched step whose logits stay parked in the backend
-    /// ([`Backend::parked_logits`]) while only the tokens come back.
-    fn decode_step_batch_sampled(
+    /// ([`Backend::parked_logits`]) while only the tokens come back, row `b` chosen under
+    /// `params[b]`.
+    fn decode_step_batch_sampled_rows(
         &mut self,
         seqs: &[SeqId],
         tokens: &[u32],
-        params: &SamplingParams,
+        params: &[SamplingParams],
     ) -> Result<Vec<u32>, EngineError> {
-        params.validate()?;
+        check_row_params(seqs, params)?;
         let logits = self.decode_step_batch(seqs, tokens)?;
         let n_vocab = self.config.n_vocab;
         let wrong_counter = self.doors.gate_defect == Some(GateDefect::SampleCounter);
         let out = seqs
             .iter()
+            .zip(params)
             .zip(logits.chunks_exact(n_vocab))
             .enumerate()
-            .map(|(b, (&seq, row))| {
+            .map(|(b, ((&seq, p), row))| {
                 let step = self.seq_len(seq)?;
                 // The planted defect keys the stream by the batch row as well as the step.
                 let counter = if wrong_counter { step + b } else { step };
-                sample_token(row, params, seq, counter)
+                sample_token(row, p, seq, counter)
             })
             .collect::<Result<Vec<u32>, EngineError>>()?;
         self.parked = Some(logits);

@@ -1,6 +1,7 @@
 //! The engine API every backend implements (DESIGN §7): sequences with their own KV caches,
 //! prompt prefill, single-sequence decode (`decode_step_h`), batched decode
-//! (`decode_step_batch`) and their sampled variants.
+//! (`decode_step_batch`) and their sampled variants, the batched one with sampling
+//! parameters per row (`decode_step_batch_sampled_rows`).
 //!
 //! This module owns the contract (the [`Backend`] trait, the row and batch rules, the
 //! canary rule) and backend selection from the doors. The sequence identity and the error
@@ -113,23 +114,53 @@ pub trait Backend: Send {
         crate::sampling::sample_token(&logits, params, seq, step)
     }
 
-    /// [`Backend::decode_step_batch`], then one sampled token per row.
+    /// [`Backend::decode_step_batch_sampled_rows`] with the same parameters for every row.
     fn decode_step_batch_sampled(
         &mut self,
         seqs: &[SeqId],
         tokens: &[u32],
         params: &SamplingParams,
     ) -> Result<Vec<u32>, EngineError> {
+        self.decode_step_batch_sampled_rows(seqs, tokens, &vec![*params; seqs.len()])
+    }
+
+    /// [`Backend::decode_step_batch`], then one token per row, row `b` chosen under
+    /// `params[b]` (one set per row, so a batch may mix greedy and sampled rows). Row `b`'s
+    /// token is the one the same sequence gets alone under `params[b]`. The parameters are
+    /// checked ([`check_row_params`]) before any cache moves.
+    fn decode_step_batch_sampled_rows(
+        &mut self,
+        seqs: &[SeqId],
+        tokens: &[u32],
+        params: &[SamplingParams],
+    ) -> Result<Vec<u32>, EngineError> {
+        check_row_params(seqs, params)?;
         let logits = self.decode_step_batch(seqs, tokens)?;
         let n_vocab = self.config().n_vocab;
         seqs.iter()
+            .zip(params)
             .zip(logits.chunks_exact(n_vocab))
-            .map(|(&seq, row)| {
+            .map(|((&seq, p), row)| {
                 let step = self.seq_len(seq)?;
-                crate::sampling::sample_token(row, params, seq, step)
+                crate::sampling::sample_token(row, p, seq, step)
             })
             .collect()
     }
+}
+
+/// Refuses per-row sampling parameters that are not one valid set per sequence of the batch.
+pub(crate) fn check_row_params(
+    seqs: &[SeqId],
+    params: &[SamplingParams],
+) -> Result<(), EngineError> {
+    if params.len() != seqs.len() {
+        return Err(EngineError::BadSampling(format!(
+            "{} sampling parameter sets for a batch of {} sequences: give one set per row",
+            params.len(),
+            seqs.len()
+        )));
+    }
+    params.iter().try_for_each(SamplingParams::validate)
 }
 
 /// One row of a forward pass: which sequence, at which position, with which token. Shared by

@@ -1,7 +1,8 @@
 //! `decode-batch-gate`: batched decode is exact. gate1 compares the single-sequence path with
 //! the batched path at B=1, gate2 batch rows with the same sequences alone, gate3 device
-//! token choice and sampling with the host; `--mode pp` compares a pipeline split with the
-//! unsplit body, localizing a failure to the split or to the stage-owned placement.
+//! token choice and sampling with the host (a batch mixing greedy and sampled rows among
+//! its parts); `--mode pp` compares a pipeline split with the unsplit body, localizing a
+//! failure to the split or to the stage-owned placement.
 //!
 //! It owns the flags, the arms and their verdicts. Programs and ledgers come from
 //! [`super::workload`] and [`super::ledger`], the protocol from [`super::protocol`].
@@ -16,7 +17,9 @@ use super::ledger::{Ledger, host_argmax};
 use memra_protocol::{Check, Status};
 
 use super::protocol::{GateError, GateExit, Reporter};
-use super::workload::{Prime, Tick, Trace, prompts, run, run_alone, run_primed};
+use super::workload::{
+    Prime, Tick, Trace, prompts, run, run_alone, run_primed, run_rows, run_rows_alone,
+};
 use crate::backend::{Backend, open_backend};
 use crate::doors::{Doors, PpSplits};
 use crate::model::LlamaModel;
@@ -87,6 +90,26 @@ fn sampled(seed: u64) -> SamplingParams {
         top_p: 1.0,
         seed,
     }
+}
+
+/// The per-row sampling of gate3's mixed batch: even rows greedy, odd rows sampled at
+/// temperature 0.7 with a seed of their own and top-p alternating 1 and 0.9, so any batch of
+/// two or more mixes greedy and sampled rows in one step, the first sampled row sits at a
+/// nonzero batch index, and rows that took another row's parameters draw other tokens.
+fn mixed_params(rows: usize, seed: u64) -> Vec<SamplingParams> {
+    (0..rows)
+        .map(|b| {
+            if b % 2 == 0 {
+                SamplingParams::greedy()
+            } else {
+                SamplingParams {
+                    temperature: 0.7,
+                    top_p: if b % 4 == 1 { 1.0 } else { 0.9 },
+                    seed: seed.wrapping_add(b as u64),
+                }
+            }
+        })
+        .collect()
 }
 
 /// Runs the gate on the process arguments and environment; returns the exit status.
@@ -395,7 +418,8 @@ impl Gate3 {
 }
 
 /// gate3: device greedy == host argmax of the same row; a lean tick gives the full tick's
-/// tokens and parks its logits bit for bit; sampled streams at B=N equal those at B=1.
+/// tokens and parks its logits bit for bit; sampled streams at B=N equal those at B=1; and a
+/// batch mixing greedy and sampled rows ([`gate3_mixed`]) gives each row what it gets alone.
 fn gate3(
     be: &mut dyn Backend,
     ps: &[Vec<u32>],
@@ -422,14 +446,52 @@ fn gate3(
         parked.logits(Some(step), &full.logits[step], &lean.logits[step], n_vocab);
         streams.tokens(Some(step), &alone.tokens[step], &lean.tokens[step]);
     }
-    Ok(Gate3 {
-        parts: vec![
-            ("device greedy == host argmax", argmax),
-            ("lean tick tokens == full tick tokens", lean_tokens),
-            ("parked logits == full tick logits", parked),
-            ("sampled streams B=N == B=1", streams),
-        ],
-    })
+    let mut parts = vec![
+        ("device greedy == host argmax", argmax),
+        ("lean tick tokens == full tick tokens", lean_tokens),
+        ("parked logits == full tick logits", parked),
+        ("sampled streams B=N == B=1", streams),
+    ];
+    parts.extend(gate3_mixed(be, ps, steps, seed)?);
+    Ok(Gate3 { parts })
+}
+
+/// gate3's mixed batch: the rows under [`mixed_params`] decode together through lean ticks
+/// with per-row parameters, and again each alone at B=1 under its own parameters. Each row
+/// must give the tokens and parked logits it gives alone (a wrong counter or a row that
+/// took another row's parameters fails this), and the greedy rows' tokens must be the host
+/// argmax of their parked logits.
+fn gate3_mixed(
+    be: &mut dyn Backend,
+    ps: &[Vec<u32>],
+    steps: usize,
+    seed: u64,
+) -> Result<[(&'static str, Ledger); 2], crate::backend::EngineError> {
+    let n_vocab = be.config().n_vocab;
+    let params = mixed_params(ps.len(), seed);
+    let together = run_rows(be, ps, 0, steps, &params)?;
+    let alone = run_rows_alone(be, ps, 0, steps, &params)?;
+    let mut rows = Ledger::default();
+    let mut greedy = Ledger::default();
+    for step in 0..steps {
+        rows.tokens(Some(step), &alone.tokens[step], &together.tokens[step]);
+        rows.logits(
+            Some(step),
+            &alone.logits[step],
+            &together.logits[step],
+            n_vocab,
+        );
+        let logits = together.logits[step].chunks_exact(n_vocab);
+        for (b, (row, p)) in logits.zip(&params).enumerate() {
+            if p.temperature == 0.0 {
+                greedy.token(Some(step), b, host_argmax(row), together.tokens[step][b]);
+            }
+        }
+    }
+    Ok([
+        ("mixed greedy/sampled rows == each row alone", rows),
+        ("mixed batch greedy rows == host argmax", greedy),
+    ])
 }
 
 /// The doors of the split candidate and of the unsplit reference in pp mode.
@@ -638,6 +700,7 @@ fn compare(l: &mut Ledger, reference: &Trace, got: &Trace, n_vocab: usize, token
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::{EngineError, SeqId};
 
     fn args(extra: &[&str]) -> Result<Settings, GateError> {
         let mut argv = vec!["decode-batch-gate", "m.gguf"];
@@ -666,6 +729,95 @@ mod tests {
         assert_eq!(config_verdict(&three), (3, false));
         let four = [Some(0), Some(1), Some(2), Some(2), None, Some(9)];
         assert_eq!(config_verdict(&four), (4, true));
+    }
+
+    fn tiny_cpu(defect: Option<crate::doors::GateDefect>) -> Box<dyn Backend> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.gguf");
+        crate::synth::write_preset("tiny", "q4_1", 5, &path).unwrap();
+        let doors = Doors {
+            backend: crate::doors::BackendChoice::Cpu,
+            gate_defect: defect,
+            ..Doors::default()
+        };
+        open_backend(LlamaModel::open(&path).unwrap(), &doors).unwrap()
+    }
+
+    /// A wrong-row parameters bug over a real backend: each row of a sampled batch gets the
+    /// parameters of the next row.
+    struct NextRowsParams(Box<dyn Backend>);
+
+    impl Backend for NextRowsParams {
+        fn config(&self) -> &crate::model::LlamaConfig {
+            self.0.config()
+        }
+        fn doors_report(&self) -> crate::doors::DoorsReport {
+            self.0.doors_report()
+        }
+        fn open_sequence(&mut self, seq: SeqId, capacity: usize) -> Result<(), EngineError> {
+            self.0.open_sequence(seq, capacity)
+        }
+        fn close_sequence(&mut self, seq: SeqId) -> Result<(), EngineError> {
+            self.0.close_sequence(seq)
+        }
+        fn seq_len(&self, seq: SeqId) -> Result<usize, EngineError> {
+            self.0.seq_len(seq)
+        }
+        fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
+            self.0.prefill(seq, tokens)
+        }
+        fn prime(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
+            self.0.prime(seq, tokens)
+        }
+        fn decode_step_h(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, EngineError> {
+            self.0.decode_step_h(seq, token)
+        }
+        fn decode_step_batch(
+            &mut self,
+            seqs: &[SeqId],
+            tokens: &[u32],
+        ) -> Result<Vec<f32>, EngineError> {
+            self.0.decode_step_batch(seqs, tokens)
+        }
+        fn parked_logits(&self) -> Result<Vec<f32>, EngineError> {
+            self.0.parked_logits()
+        }
+        fn decode_step_batch_sampled_rows(
+            &mut self,
+            seqs: &[SeqId],
+            tokens: &[u32],
+            params: &[SamplingParams],
+        ) -> Result<Vec<u32>, EngineError> {
+            let mut wrong = params.to_vec();
+            wrong.rotate_left(1);
+            self.0.decode_step_batch_sampled_rows(seqs, tokens, &wrong)
+        }
+    }
+
+    fn mixed_verdicts(be: &mut dyn Backend) -> [bool; 2] {
+        let ps = prompts(be.config().n_vocab, 4, 5, 3, 0);
+        gate3_mixed(be, &ps, 6, 3).unwrap().map(|(_, l)| l.clean())
+    }
+
+    #[test]
+    fn mixed_batches_alternate_greedy_and_sampled_rows() {
+        let p = mixed_params(4, 10);
+        let temps: Vec<f32> = p.iter().map(|p| p.temperature).collect();
+        assert_eq!(temps, [0.0, 0.7, 0.0, 0.7]);
+        assert_ne!(p[1], p[3], "sampled rows differ in seed and top-p");
+    }
+
+    #[test]
+    fn the_mixed_batch_passes_clean_and_catches_wrong_row_params_and_counters() {
+        assert_eq!(mixed_verdicts(&mut *tiny_cpu(None)), [true, true]);
+        let [rows, _] = mixed_verdicts(&mut NextRowsParams(tiny_cpu(None)));
+        assert!(!rows, "rows that take the next row's parameters must fail");
+        let counter = Some(crate::doors::GateDefect::SampleCounter);
+        assert_eq!(
+            mixed_verdicts(&mut *tiny_cpu(counter)),
+            [false, true],
+            "a wrong counter moves the sampled rows only; greedy needs no counter"
+        );
     }
 
     #[test]

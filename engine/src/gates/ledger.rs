@@ -74,21 +74,26 @@ impl Ledger {
     /// token ids as `ref` and `got` (index 0).
     pub fn tokens(&mut self, step: Option<usize>, reference: &[u32], got: &[u32]) {
         for (row, (&r, &g)) in reference.iter().zip(got).enumerate() {
-            self.rows += 1;
-            self.compared += 1;
-            if r != g {
-                self.rows_mismatched += 1;
-                self.first.get_or_insert(FirstMismatch {
-                    step,
-                    row,
-                    index: 0,
-                    reference: r as f64,
-                    got: g as f64,
-                });
-            }
+            self.token(step, row, r, g);
         }
         if reference.len() != got.len() {
             self.rows_mismatched += 1;
+        }
+    }
+
+    /// One row's chosen token, for checks that hold on some rows of a batch only.
+    pub fn token(&mut self, step: Option<usize>, row: usize, reference: u32, got: u32) {
+        self.rows += 1;
+        self.compared += 1;
+        if reference != got {
+            self.rows_mismatched += 1;
+            self.first.get_or_insert(FirstMismatch {
+                step,
+                row,
+                index: 0,
+                reference: reference as f64,
+                got: got as f64,
+            });
         }
     }
 

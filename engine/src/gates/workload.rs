@@ -167,6 +167,83 @@ pub fn run_alone(
     Ok(Trace::side_by_side(runs))
 }
 
+/// [`run`] through lean ticks with sampling parameters per row: row `b` (`SeqId(first_id +
+/// b)`) chooses its first token from its prime logits and every later one through
+/// [`Backend::decode_step_batch_sampled_rows`] under `params[b]`; the trace's logits are the
+/// parked ones. Sequences are closed afterwards, also on error.
+pub fn run_rows(
+    be: &mut dyn Backend,
+    prompts: &[Vec<u32>],
+    first_id: u32,
+    steps: usize,
+    params: &[SamplingParams],
+) -> Result<Trace, EngineError> {
+    one_set_per_row(prompts, params)?;
+    let seqs: Vec<SeqId> = (0..prompts.len() as u32)
+        .map(|b| SeqId(first_id + b))
+        .collect();
+    let mut opened = Vec::new();
+    let result = (|| {
+        let mut next = Vec::with_capacity(prompts.len());
+        for ((&seq, prompt), p) in seqs.iter().zip(prompts).zip(params) {
+            be.open_sequence(seq, prompt.len() + steps + 1)?;
+            opened.push(seq);
+            let logits = be.prime(seq, prompt)?;
+            next.push(choose(&logits, Tick::Lean(*p), seq, prompt.len())?);
+        }
+        let mut trace = Trace::default();
+        for _ in 0..steps {
+            let chosen = be.decode_step_batch_sampled_rows(&seqs, &next, params)?;
+            trace.logits.push(be.parked_logits()?);
+            trace.tokens.push(chosen.clone());
+            next = chosen;
+        }
+        Ok(trace)
+    })();
+    for seq in opened {
+        let _ = be.close_sequence(seq);
+    }
+    result
+}
+
+/// [`run_rows`] with every prompt alone at B=1 under its own parameters (same sequence
+/// ids), side by side.
+pub fn run_rows_alone(
+    be: &mut dyn Backend,
+    prompts: &[Vec<u32>],
+    first_id: u32,
+    steps: usize,
+    params: &[SamplingParams],
+) -> Result<Trace, EngineError> {
+    one_set_per_row(prompts, params)?;
+    let runs = prompts
+        .iter()
+        .zip(params)
+        .enumerate()
+        .map(|(b, (prompt, p))| {
+            run_rows(
+                be,
+                std::slice::from_ref(prompt),
+                first_id + b as u32,
+                steps,
+                std::slice::from_ref(p),
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Trace::side_by_side(runs))
+}
+
+fn one_set_per_row(prompts: &[Vec<u32>], params: &[SamplingParams]) -> Result<(), EngineError> {
+    if params.len() == prompts.len() {
+        return Ok(());
+    }
+    Err(EngineError::BadSampling(format!(
+        "{} sampling parameter sets for {} prompts: give one set per row",
+        params.len(),
+        prompts.len()
+    )))
+}
+
 fn choose(logits: &[f32], tick: Tick, seq: SeqId, pos: usize) -> Result<u32, EngineError> {
     match tick {
         Tick::Full(p) | Tick::Lean(p) if p.temperature > 0.0 => sample_token(logits, &p, seq, pos),

@@ -222,6 +222,49 @@ impl Gpu {
         }
     }
 
+    /// Test-only, for the planted defect `MEMRA_GATE_DEFECT=batch-reduction`: the
+    /// composition of [`Gpu::rmsnorm_quantize_fused`] for `rows` rows of `cols` (q8_1 of
+    /// `x * g` into `yq`, the f32 values into `xf` when given, `r` into `r_out` for a
+    /// post-scale of the matvec's output), with `r` from a sum of squares taken by one thread
+    /// from the last element to the first. No residual add: `x` is only read.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm_quantize_reversed(
+        &self,
+        x: &CudaSlice<f32>,
+        g: &CudaSlice<f32>,
+        xf: Option<&mut CudaSlice<f32>>,
+        yq: &mut CudaSlice<BlockQ8_1>,
+        r_out: &mut CudaSlice<f32>,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<(), KernelError> {
+        const K: &str = "rmsnorm_quantize_reversed_f32";
+        if !cols.is_multiple_of(QK) || cols == 0 || rows == 0 {
+            return Err(shape(
+                K,
+                format!("cols = {cols} must be a positive multiple of 32, rows = {rows} positive"),
+            ));
+        }
+        need(K, "x", x.len(), rows * cols)?;
+        need(K, "g", g.len(), cols)?;
+        if let Some(f) = &xf {
+            need(K, "xf", f.len(), rows * cols)?;
+        }
+        need(K, "yq", yq.len(), rows * cols / QK)?;
+        need(K, "r_out", r_out.len(), rows)?;
+        let c = int(K, "cols", cols)?;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (NORM_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: one block per row; x and xf hold rows * cols values, yq rows * cols / 32
+        // blocks, r_out one per row, g cols, all checked above; a null xf is tested by the
+        // kernel before use.
+        unsafe { self.launch(&sources::NORM, K, cfg, &[x, g, &xf, yq, r_out, &c, &eps]) }
+    }
+
     /// The widest row the norm step keeps in registers in its narrow kernel, and the widest a
     /// single-row matvec computes as its norm prologue (`NORM_REG_COLS` in common.cuh).
     pub const NORM_PROLOGUE_MAX_COLS: usize = 1024;

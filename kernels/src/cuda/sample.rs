@@ -96,6 +96,56 @@ impl Gpu {
         }
     }
 
+    /// [`Gpu::sample`] with parameters per row: row `b` is drawn under `temp[b]`, `top_p[b]`
+    /// and `seed[b]`, keyed by `(seed[b], seq[b], step[b])`, and is the argmax where
+    /// `temp[b]` is 0, so one launch serves a batch that mixes greedy and sampled rows. Each
+    /// row's token is the one [`Gpu::sample`] draws for that row under its parameters.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample_rows(
+        &self,
+        logits: &CudaSlice<f32>,
+        p_scratch: &mut CudaSlice<f32>,
+        out: &mut CudaSlice<u32>,
+        batch: usize,
+        n: usize,
+        temp: &CudaSlice<f32>,
+        top_p: &CudaSlice<f32>,
+        seed: &CudaSlice<u64>,
+        seq: &CudaSlice<u32>,
+        step: &CudaSlice<u32>,
+    ) -> Result<(), KernelError> {
+        const K: &str = "sample_rows_f32";
+        if n == 0 || batch == 0 {
+            return Err(shape(
+                K,
+                format!("batch = {batch} and n = {n} must be positive"),
+            ));
+        }
+        need(K, "logits", logits.len(), batch * n)?;
+        need(K, "p_scratch", p_scratch.len(), batch * n)?;
+        need(K, "out", out.len(), batch)?;
+        need(K, "temp", temp.len(), batch)?;
+        need(K, "top_p", top_p.len(), batch)?;
+        need(K, "seed", seed.len(), batch)?;
+        need(K, "seq", seq.len(), batch)?;
+        need(K, "step", step.len(), batch)?;
+        let ni = int(K, "n", n)?;
+        let cfg = LaunchConfig {
+            grid_dim: (batch as u32, 1, 1),
+            block_dim: (SAMPLE_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: every buffer was checked for batch rows of n (or one value per row).
+        unsafe {
+            self.launch(
+                &sources::SAMPLE,
+                K,
+                cfg,
+                &[logits, p_scratch, out, &ni, temp, top_p, seed, seq, step],
+            )
+        }
+    }
+
     /// `out[i] = exp_mirrored(x[i])` for `n` values (the sampler's exp; for kernel-check).
     pub fn exp_mirrored(
         &self,

@@ -135,6 +135,10 @@ pub(super) struct Scratch {
     pub(super) pos: CudaSlice<i32>,
     pub(super) seq_ids: CudaSlice<u32>,
     pub(super) steps: CudaSlice<u32>,
+    /// Each row's sampling parameters (temperature, top-p, seed) for the sampler.
+    pub(super) temps: CudaSlice<f32>,
+    pub(super) top_ps: CudaSlice<f32>,
+    pub(super) seeds: CudaSlice<u64>,
     pub(super) picked: CudaSlice<u32>,
     /// The greedy pick's per-row counters and chunk partials (zero between launches).
     pub(super) argmax_scratch: CudaSlice<u32>,
@@ -209,6 +213,9 @@ impl Scratch {
             pos: alloc(stream, "the positions", r)?,
             seq_ids: alloc(stream, "the sequence ids", r)?,
             steps: alloc(stream, "the sampling steps", r)?,
+            temps: alloc(stream, "the sampling temperatures", r)?,
+            top_ps: alloc(stream, "the sampling top-p masses", r)?,
+            seeds: alloc(stream, "the sampling seeds", r)?,
             picked: alloc(stream, "the picked tokens", r)?,
             argmax_scratch: alloc(
                 stream,

@@ -36,6 +36,10 @@ pub(super) struct GraphKey {
     /// graph captured with the separate `rope_store_rows` launch never replays for a pass
     /// that may skip it, nor the other way round.
     pub(super) fuse_rope: bool,
+    /// Whether the head holds the test-only reversed norm launch
+    /// ([`PassCtx::reversed_head_norm`]): a graph replays only for passes that want the
+    /// launches it was captured with.
+    pub(super) reversed_head_norm: bool,
 }
 
 /// Captures the launches of segment `k` of one pass as a graph on its device's stream.

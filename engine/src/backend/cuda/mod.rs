@@ -14,7 +14,8 @@
 //! so the launches of one decode step are captured once per (rows, tier, attention chunk
 //! bucket, walk) and replayed. Sampled steps ("lean ticks") pick tokens on the device and copy
 //! back only the tokens, parking their logits in a device buffer for
-//! [`Backend::parked_logits`].
+//! [`Backend::parked_logits`]; each row is picked under its own sampling parameters (one
+//! `sample_rows_f32` launch per pass, or the argmax kernel when every row is greedy).
 //!
 //! While an activation trace is recorded ([`Backend::start_trace`]) every pass runs eagerly
 //! (a graph cannot stop to copy) and copies each quantization site back right after the
@@ -83,6 +84,15 @@ use tap::Tap;
 /// Rows of one pass: decode batches and prompt chunks larger than this run as several
 /// passes (rows are independent, so the split changes no bit).
 pub const MAX_ROWS: usize = 64;
+
+/// What a pass computes: a prompt chunk (eager launches), a single-sequence decode step or
+/// a step of the batched path (both replayed as CUDA graphs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PassKind {
+    Prompt,
+    Single,
+    Batched,
+}
 
 /// Which composition a pass runs (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -325,17 +335,18 @@ impl CudaBackend {
     }
 
     /// Runs one pass of at most [`MAX_ROWS`] rows, leaving `[rows, n_vocab]` logits in the
-    /// scratch logits buffer of `self.logits_slot`. `graph` replays (or captures) the pass as
-    /// CUDA graphs, one per segment, unless a trace is being recorded: then every launch is
-    /// eager, since a graph cannot stop to copy a site back. `head` are the rows whose
-    /// logits the caller keeps, the rows whose head input a trace records (as the CPU
-    /// backend records the head input of the rows it computes logits for).
+    /// scratch logits buffer of `self.logits_slot`. A decode step (`kind` other than
+    /// [`PassKind::Prompt`]) replays (or captures) the pass as CUDA graphs, one per segment,
+    /// unless a trace is being recorded: then every launch is eager, since a graph cannot
+    /// stop to copy a site back. `head` are the rows whose logits the caller keeps, the rows
+    /// whose head input a trace records (as the CPU backend records the head input of the
+    /// rows it computes logits for).
     fn pass(
         &mut self,
         rows: &[RowSpec],
         tier: Tier,
         walk: Walk,
-        graph: bool,
+        kind: PassKind,
         head: Range<usize>,
     ) -> Result<(), EngineError> {
         debug_assert!(!rows.is_empty() && rows.len() <= MAX_ROWS);
@@ -409,6 +420,12 @@ impl CudaBackend {
             head_dim: c.head_dim,
         };
         let fuse_rope = distinct_sequences(rows) && geometry.rope_fusable();
+        // The test-only `batch-reduction` defect, as the CPU backend plants it: a batched
+        // step of two or more rows (a batch above MAX_ROWS counts per pass) takes the head's
+        // rmsnorm with its sum of squares in reverse order.
+        let reversed_head_norm = kind == PassKind::Batched
+            && n >= 2
+            && self.doors.gate_defect == Some(GateDefect::BatchReduction);
         let ctx = PassCtx {
             dm: &dm,
             family: self.family,
@@ -420,6 +437,7 @@ impl CudaBackend {
             n_segments: segs.len(),
             walk,
             skip_boundary_copy: self.doors.gate_defect == Some(GateDefect::BoundaryCopy),
+            reversed_head_norm,
             kptr: &bufs.kptr,
             vptr: &bufs.vptr,
             fuse_rope,
@@ -439,8 +457,9 @@ impl CudaBackend {
             chunks,
             walk,
             fuse_rope,
+            reversed_head_norm,
         };
-        let replay = graph && self.use_graphs && self.trace.is_none();
+        let replay = kind != PassKind::Prompt && self.use_graphs && self.trace.is_none();
         let mut tap = Tap {
             trace: self.trace.as_mut(),
             rows,
@@ -544,42 +563,82 @@ impl CudaBackend {
     }
 
     /// Picks one token per row of the last pass on the logits' device and copies back only
-    /// those.
+    /// those: row `j` of `rows` under `params[j]`. `first_row` is the batch row index of
+    /// `rows[0]` (a batch above [`MAX_ROWS`] picks per pass), which only the test-only
+    /// `sample-counter` defect reads.
     fn pick_tokens(
         &mut self,
         rows: &[RowSpec],
-        params: &SamplingParams,
+        params: &[SamplingParams],
+        first_row: usize,
     ) -> Result<Vec<u32>, EngineError> {
-        params.validate()?;
+        if params.len() != rows.len() {
+            return Err(EngineError::BadSampling(format!(
+                "{} sampling parameter sets for {} rows: give one per row",
+                params.len(),
+                rows.len()
+            )));
+        }
+        for p in params {
+            p.validate()?;
+        }
         let n = rows.len();
         let v = self.dm.config.n_vocab;
+        let wrong_counter = self.doors.gate_defect == Some(GateDefect::SampleCounter);
         let slot = self.logits_slot;
         let stream = self.stream(slot);
         let gpu = &self.dm.gpus[slot];
         let s = &mut self.scratch.as_mut().expect("a pass ran").slots[slot];
-        if params.temperature == 0.0 {
+        if params.iter().all(|p| p.temperature == 0.0) {
             gpu.argmax(&s.logits, &mut s.picked, &mut s.argmax_scratch, n, v)
                 .map_err(kernel_err)?;
         } else {
             let up = |e| device_err("copying the sampling keys to the device", e);
             let seqs: Vec<u32> = rows.iter().map(|r| r.seq.0).collect();
-            // The step is the position the sampled token will take.
-            let steps: Vec<u32> = rows.iter().map(|r| r.pos as u32 + 1).collect();
+            let steps: Vec<u32> = rows
+                .iter()
+                .enumerate()
+                .map(|(j, r)| {
+                    // The step is the position the sampled token will take; the planted
+                    // defect keys the stream by the batch row as well.
+                    let step = r.pos + 1;
+                    let counter = if wrong_counter {
+                        step + first_row + j
+                    } else {
+                        step
+                    };
+                    counter as u32
+                })
+                .collect();
+            let temps: Vec<f32> = params.iter().map(|p| p.temperature).collect();
+            let top_ps: Vec<f32> = params.iter().map(|p| p.top_p).collect();
+            let seeds: Vec<u64> = params.iter().map(|p| p.seed).collect();
             stream
                 .memcpy_htod(&seqs, &mut s.seq_ids.slice_mut(..n))
                 .map_err(up)?;
             stream
                 .memcpy_htod(&steps, &mut s.steps.slice_mut(..n))
                 .map_err(up)?;
-            gpu.sample(
+            stream
+                .memcpy_htod(&temps, &mut s.temps.slice_mut(..n))
+                .map_err(up)?;
+            stream
+                .memcpy_htod(&top_ps, &mut s.top_ps.slice_mut(..n))
+                .map_err(up)?;
+            stream
+                .memcpy_htod(&seeds, &mut s.seeds.slice_mut(..n))
+                .map_err(up)?;
+            // Greedy rows of a mixed batch take the sampler's own argmax, the same total
+            // order as the argmax kernel's, hence the same token.
+            gpu.sample_rows(
                 &s.logits,
                 &mut s.p_scratch,
                 &mut s.picked,
                 n,
                 v,
-                params.temperature,
-                params.top_p,
-                params.seed,
+                &s.temps,
+                &s.top_ps,
+                &s.seeds,
                 &s.seq_ids,
                 &s.steps,
             )
@@ -648,7 +707,7 @@ impl CudaBackend {
             } else {
                 0..0
             };
-            self.pass(chunk, Tier::Separate, Walk::Split, false, head)?;
+            self.pass(chunk, Tier::Separate, Walk::Split, PassKind::Prompt, head)?;
             if all_logits {
                 out.extend(self.download_logits(chunk.len())?);
             } else if i == last {
@@ -689,7 +748,13 @@ impl CudaBackend {
         let rows = self.batch_rows(seqs, tokens)?;
         let mut out = Vec::with_capacity(rows.len() * self.dm.config.n_vocab);
         for chunk in rows.chunks(MAX_ROWS) {
-            self.pass(chunk, Tier::Separate, walk, true, 0..chunk.len())?;
+            self.pass(
+                chunk,
+                Tier::Separate,
+                walk,
+                PassKind::Batched,
+                0..chunk.len(),
+            )?;
             out.extend(self.download_logits(chunk.len())?);
         }
         for &seq in seqs {
@@ -757,6 +822,10 @@ struct PassCtx<'a> {
     /// The test-only `boundary-copy` defect: a split walk's stage runs on whatever its
     /// buffers held instead of the previous stage's output.
     skip_boundary_copy: bool,
+    /// The test-only `batch-reduction` defect: the head's norm step of this batched pass is
+    /// followed by `rmsnorm_quantize_reversed`, which rewrites its outputs in the fused
+    /// composition from a sum of squares in reverse order, and the logits are post-scaled.
+    reversed_head_norm: bool,
     /// Per layer, on that layer's device: the rows' cache addresses.
     kptr: &'a [CudaSlice<u64>],
     vptr: &'a [CudaSlice<u64>],
@@ -865,7 +934,7 @@ impl Backend for CudaBackend {
 
     fn decode_step_h(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, EngineError> {
         let (row, tier) = self.single_row(seq, token)?;
-        self.pass(&[row], tier, Walk::Split, true, 0..1)?;
+        self.pass(&[row], tier, Walk::Split, PassKind::Single, 0..1)?;
         let logits = self.download_logits(1)?;
         self.commit(seq, 1);
         Ok(logits)
@@ -928,26 +997,26 @@ impl Backend for CudaBackend {
     ) -> Result<u32, EngineError> {
         params.validate()?;
         let (row, tier) = self.single_row(seq, token)?;
-        self.pass(&[row], tier, Walk::Split, true, 0..1)?;
-        let t = self.pick_tokens(&[row], params)?;
+        self.pass(&[row], tier, Walk::Split, PassKind::Single, 0..1)?;
+        let t = self.pick_tokens(&[row], std::slice::from_ref(params), 0)?;
         self.commit(seq, 1);
         Ok(t[0])
     }
 
-    fn decode_step_batch_sampled(
+    fn decode_step_batch_sampled_rows(
         &mut self,
         seqs: &[SeqId],
         tokens: &[u32],
-        params: &SamplingParams,
+        params: &[SamplingParams],
     ) -> Result<Vec<u32>, EngineError> {
-        params.validate()?;
+        super::check_row_params(seqs, params)?;
         if seqs.len() == 1 && tokens.len() == 1 && self.doors.serve_b1fast {
             // The single-sequence route, parking its one row like the batched route.
             let (row, tier) = self.single_row(seqs[0], tokens[0])?;
             self.begin_parking(1)?;
-            self.pass(&[row], tier, Walk::Split, true, 0..1)?;
+            self.pass(&[row], tier, Walk::Split, PassKind::Single, 0..1)?;
             self.park_chunk(0, 1)?;
-            let t = self.pick_tokens(&[row], params)?;
+            let t = self.pick_tokens(&[row], params, 0)?;
             self.commit(seqs[0], 1);
             self.parked_rows = Some(1);
             return Ok(t);
@@ -955,10 +1024,20 @@ impl Backend for CudaBackend {
         let rows = self.batch_rows(seqs, tokens)?;
         self.begin_parking(rows.len())?;
         let mut out = Vec::with_capacity(rows.len());
-        for (i, chunk) in rows.chunks(MAX_ROWS).enumerate() {
-            self.pass(chunk, Tier::Separate, Walk::Split, true, 0..chunk.len())?;
+        for (i, (chunk, chunk_params)) in rows
+            .chunks(MAX_ROWS)
+            .zip(params.chunks(MAX_ROWS))
+            .enumerate()
+        {
+            self.pass(
+                chunk,
+                Tier::Separate,
+                Walk::Split,
+                PassKind::Batched,
+                0..chunk.len(),
+            )?;
             self.park_chunk(i * MAX_ROWS, chunk.len())?;
-            out.extend(self.pick_tokens(chunk, params)?);
+            out.extend(self.pick_tokens(chunk, chunk_params, i * MAX_ROWS)?);
         }
         for &seq in seqs {
             self.commit(seq, 1);

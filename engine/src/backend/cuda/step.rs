@@ -520,17 +520,35 @@ impl<'a> Step<'a> {
             c.rms_eps,
             self.walked,
         )?;
+        // The planted `batch-reduction` defect, as the CPU backend plants it: the fused
+        // composition (q8_1 of x * g, the factor applied to the logits after the matvec) with
+        // the factor from a sum of squares in reverse order. It overwrites the norm step's
+        // outputs; `self.x` holds the stream that step updated, whichever buffer it is on now.
+        let reversed = ctx.reversed_head_norm;
+        if reversed {
+            gpu.rmsnorm_quantize_reversed(
+                self.x,
+                &dm.output_norm,
+                (!head.quantized()).then_some(&mut *self.xf),
+                self.xq,
+                self.r,
+                n,
+                d,
+                c.rms_eps,
+            )?;
+        }
+        let post_scale = fused || reversed;
         tap.record(
             gpu,
             c.n_layer,
             Site::HeadIn,
             self.xq,
             d,
-            fused.then_some(&*self.r),
+            post_scale.then_some(&*self.r),
         )?;
         // The fused tier (single rows, mmvq) applies the head's post-scale as the matvec writes
         // each logit: the same multiply as the scale launch it saves.
-        if fused && n == 1 && ctx.family == MatvecFamily::Mmvq && head.quantized() {
+        if fused && !reversed && n == 1 && ctx.family == MatvecFamily::Mmvq && head.quantized() {
             gpu.matvec_scaled_b1(
                 head.view(),
                 head.rows,
@@ -541,7 +559,7 @@ impl<'a> Step<'a> {
             )?;
         } else {
             matvec(gpu, ctx.family, head, self.xq, self.xf, n, self.logits)?;
-            if fused {
+            if post_scale {
                 gpu.scale(self.logits, self.r, n * c.n_vocab, c.n_vocab)?;
             }
         }

@@ -148,5 +148,34 @@ pub fn sampling(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
             batch,
         ));
     }
+
+    // Parameters per row: the rows cycle through greedy and three samplings, each with its
+    // own seed, and each row must draw what the twin draws for it alone.
+    let combos = [(0.0f32, 1.0f32), (0.7, 0.9), (1.0, 1.0), (1.0, 0.5)];
+    let temps: Vec<f32> = (0..batch).map(|b| combos[b % 4].0).collect();
+    let top_ps: Vec<f32> = (0..batch).map(|b| combos[b % 4].1).collect();
+    let seeds: Vec<u64> = (0..batch as u64).map(|b| seed ^ (b << 40) ^ b).collect();
+    let (dtemp, dtop, dseed) = (up(gpu, &temps)?, up(gpu, &top_ps)?, up(gpu, &seeds)?);
+    let mut want = Vec::new();
+    let mut got = Vec::new();
+    for step in 0..25u32 {
+        let dstep = up(gpu, &vec![step; batch])?;
+        let mut dtok = zeros::<u32>(gpu, batch)?;
+        gpu.sample_rows(
+            &dl, &mut p, &mut dtok, batch, vocab, &dtemp, &dtop, &dseed, &dseq, &dstep,
+        )?;
+        got.extend(down(gpu, &dtok)?);
+        for (b, row) in logits.chunks(vocab).enumerate() {
+            want.push(twin::sample(
+                row, temps[b], top_ps[b], seeds[b], b as u32, step,
+            ));
+        }
+    }
+    out.push(compare_u32(
+        format!("kernel-check/sample_rows_f32/{batch}x{vocab}/mixed-params/25-steps"),
+        &want,
+        &got,
+        batch,
+    ));
     Ok(out)
 }
