@@ -92,6 +92,10 @@ enum Command {
         /// Comma-separated token ids.
         #[arg(long, value_delimiter = ',')]
         tokens: Option<Vec<u32>>,
+        /// Prefill only the first N tokens and feed the rest through the single-sequence
+        /// decode path one at a time (default: one prefill of the whole program).
+        #[arg(long, value_name = "N")]
+        decode_from: Option<usize>,
         #[arg(long)]
         out: PathBuf,
     },
@@ -285,6 +289,7 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             model,
             prompt,
             tokens,
+            decode_from,
             out,
         } => {
             let doors = doors()?;
@@ -296,7 +301,17 @@ fn dispatch(command: Command) -> Result<(), Failure> {
                 (None, None) => return Err(bad("pass --prompt TEXT or --tokens 1,2,3")),
             };
             let n_vocab = engine.backend.config().n_vocab;
-            let logits = engine.logits(&ids).map_err(engine_failure)?;
+            if decode_from.is_some_and(|n| n == 0 || n > ids.len()) {
+                return Err(bad(format!(
+                    "--decode-from {} is outside the program of {} tokens; pass 1..={}",
+                    decode_from.unwrap_or(0),
+                    ids.len(),
+                    ids.len()
+                )));
+            }
+            let logits = engine
+                .logits_decoding_from(&ids, decode_from.unwrap_or(ids.len()))
+                .map_err(engine_failure)?;
             write_logits(&out, &logits, ids.len(), n_vocab)?;
             // Under the orchestrator the dump names the paths it ran, as every gate does, so
             // a compare of two dumps shows which doors and switches each side ran (and pin

@@ -137,8 +137,26 @@ impl Engine {
     /// Logits after every position of `tokens` (`[T, n_vocab]`, row i after position i),
     /// computed by prefill in a fresh sequence.
     pub fn logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
+        self.logits_decoding_from(tokens, tokens.len())
+    }
+
+    /// [`Engine::logits`] with the first `prefill` tokens prefilled and every later one fed
+    /// through the single-sequence decode path (`decode_step_h`), so the rows past `prefill`
+    /// show that path's composition (the fused norm tier under the default doors).
+    pub fn logits_decoding_from(
+        &mut self,
+        tokens: &[u32],
+        prefill: usize,
+    ) -> Result<Vec<f32>, EngineError> {
+        let prefill = prefill.clamp(1, tokens.len().max(1));
         self.backend.open_sequence(SEQ, tokens.len().max(1))?;
-        let result = self.backend.prefill(SEQ, tokens);
+        let result = (|| {
+            let mut rows = self.backend.prefill(SEQ, &tokens[..prefill.min(tokens.len())])?;
+            for &t in tokens.iter().skip(prefill) {
+                rows.extend(self.backend.decode_step_h(SEQ, t)?);
+            }
+            Ok(rows)
+        })();
         self.backend.close_sequence(SEQ)?;
         result
     }

@@ -65,13 +65,26 @@ const SYNTH_SEED: u64 = 7;
 /// Every weight type the engine loads has an arm: the three quantized ones against the
 /// tie-following oracle, the three float ones (F16 and BF16 through their own matvec
 /// kernels) against the plain oracle.
-const SYNTH_ARMS: [(&str, &str, &str); 6] = [
+/// Three more arms carry the constants real checkpoints have and the tiny preset does not,
+/// so a backend bug that only shows off the preset's values (a RoPE table built with the
+/// default base, an epsilon read wrong, a head width or GQA ratio assumed) meets the
+/// oracle, which computes RoPE, the norms and attention itself: RoPE bases 100000 (SmolLM2)
+/// and 500000 (llama-3), rms epsilon 1e-6, head_dim 128, GQA ratios 4 and 1, and a
+/// vocabulary that is not a power of two.
+const SYNTH_ARMS: [(&str, &str, &str); 9] = [
     ("q8_0", "tiny", "q8_0"),
     ("q4_1", "tiny", "q4_1"),
     ("q4_0", "tiny", "q4_0"),
     ("f16", "tiny", "f16"),
     ("bf16", "tiny", "bf16"),
     ("tiny", "tiny-untied", "f32"),
+    ("rope1e5", "tiny:rope_base=1e5,rms_eps=1e-6,n_vocab=997", "q4_1"),
+    (
+        "rope5e5-hd128-gqa4",
+        "tiny:rope_base=5e5,head_dim=128,n_head=4,n_head_kv=1",
+        "q8_0",
+    ),
+    ("mha", "tiny:n_head_kv=4,n_vocab=771", "f16"),
 ];
 
 /// Runs the gate on the process arguments and environment; returns the exit status.
