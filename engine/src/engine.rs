@@ -151,7 +151,9 @@ impl Engine {
         let prefill = prefill.clamp(1, tokens.len().max(1));
         self.backend.open_sequence(SEQ, tokens.len().max(1))?;
         let result = (|| {
-            let mut rows = self.backend.prefill(SEQ, &tokens[..prefill.min(tokens.len())])?;
+            let mut rows = self
+                .backend
+                .prefill(SEQ, &tokens[..prefill.min(tokens.len())])?;
             for &t in tokens.iter().skip(prefill) {
                 rows.extend(self.backend.decode_step_h(SEQ, t)?);
             }

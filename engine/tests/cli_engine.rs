@@ -95,6 +95,53 @@ fn subcommands_run_on_a_synthesized_model() {
     let mut engine =
         memra_engine::engine::Engine::open(&model, memra_engine::doors::Doors::default()).unwrap();
     assert_eq!(dumped, engine.logits(&[5, 6, 7]).unwrap());
+    // --decode-from N: the rows past N come from the single-sequence decode path.
+    let o = run(&[
+        "dump",
+        m,
+        "--tokens",
+        "5,6,7,8",
+        "--decode-from",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bytes = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let decoded: Vec<f32> = st
+        .tensor("logits")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let seq = memra_engine::backend::SeqId(0);
+    let be = &mut engine.backend;
+    be.open_sequence(seq, 4).unwrap();
+    let mut want = be.prefill(seq, &[5, 6]).unwrap();
+    want.extend(be.decode_step_h(seq, 7).unwrap());
+    want.extend(be.decode_step_h(seq, 8).unwrap());
+    be.close_sequence(seq).unwrap();
+    assert_eq!(decoded, want);
+    for bad in ["0", "5"] {
+        let o = run(&[
+            "dump",
+            m,
+            "--tokens",
+            "5,6,7,8",
+            "--decode-from",
+            bad,
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(
+            stderr(&o).contains("outside the program of 4 tokens"),
+            "{}",
+            stderr(&o)
+        );
+    }
     // Run by hand, the dump writes no checks file; under the orchestrator it appends the
     // doors row of the paths it ran, performance switches included.
     assert!(!dir.path().join("checks.jsonl").exists());

@@ -150,6 +150,31 @@ fn a_perturbed_weight_block_fails_every_arm() {
     assert_eq!(doors["doors"]["defect"], "weight-block");
 }
 
+/// A pipeline split is held to the unsplit model's bounds (the split is not part of the
+/// door key), so it meets the exact model as an independent reference; a split that drops a
+/// layer fails it.
+#[test]
+fn a_split_run_meets_the_unsplit_bounds_and_a_broken_split_fails_them() {
+    let r = gate(&[], &[("MEMRA_PP_STAGES", "2")]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let doors = r.rows.iter().find(|r| r.get("doors").is_some()).unwrap();
+    assert_eq!(doors["doors"]["pp_stages"], 2);
+    for name in SYNTH_CHECKS {
+        assert_eq!(r.check(name)["status"], "pass");
+    }
+    let r = gate(
+        &[],
+        &[
+            ("MEMRA_PP_STAGES", "2"),
+            ("MEMRA_GATE_DEFECT", "stage-range"),
+        ],
+    );
+    assert_eq!(r.code, 1, "{}\n{}", r.stdout, r.stderr);
+    for name in SYNTH_CHECKS {
+        assert_eq!(r.check(name)["status"], "fail", "{name}");
+    }
+}
+
 #[test]
 fn an_uncalibrated_model_fails_closed_and_says_how_to_calibrate() {
     let r = gate(&["--no-synth", "--model"], &[]);

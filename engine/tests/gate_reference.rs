@@ -14,6 +14,19 @@ fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Every synthesized arm, in the gate's order.
+const ARMS: [&str; 9] = [
+    "q8_0",
+    "q4_1",
+    "q4_0",
+    "f16",
+    "bf16",
+    "tiny",
+    "rope1e5",
+    "rope5e5-hd128-gqa4",
+    "mha",
+];
+
 struct Run {
     code: i32,
     stdout: String,
@@ -121,18 +134,18 @@ fn synthesized_arms_are_green_against_the_banked_goldens() {
             .iter()
             .filter(|l| l.starts_with("# summary\t"))
             .count(),
-        7,
-        "six arms and the goldens"
+        10,
+        "nine arms and the goldens"
     );
     // The receipt alone says what ran: the arm list and program shape in the header, each
     // arm's token program and vocabulary, and how large the compared logits were.
     assert!(
-        lines[0].contains("\tarms=q8_0,q4_1,q4_0,f16,bf16,tiny\t")
+        lines[0].contains("\tarms=q8_0,q4_1,q4_0,f16,bf16,tiny,rope1e5,rope5e5-hd128-gqa4,mha\t")
             && lines[0].contains("\tprogram_len=20\t"),
         "{}",
         lines[0]
     );
-    for arm in ["q8_0", "q4_1", "q4_0", "f16", "bf16", "tiny"] {
+    for arm in ARMS {
         let line = lines
             .iter()
             .find(|l| l.starts_with(&format!("# arm\tarm={arm}\t")))
@@ -154,7 +167,7 @@ fn synthesized_arms_are_green_against_the_banked_goldens() {
             .unwrap();
         assert!(absmax > 1.0, "{summary}");
     }
-    for arm in ["q8_0", "q4_1", "q4_0", "f16", "bf16", "tiny"] {
+    for arm in ARMS {
         assert!(
             lines
                 .iter()
@@ -171,6 +184,21 @@ fn synthesized_arms_are_green_against_the_banked_goldens() {
         .unwrap();
     assert!(tiny["metrics"]["max_abs"].as_f64().unwrap() < 1e-4);
     assert!(r.rows[0]["doors"]["policy"].is_string());
+    // The arms with real checkpoints' constants (RoPE bases, epsilon, head width, GQA
+    // ratios, vocabularies that are not powers of two) meet the oracle too.
+    for (arm, vocab) in [("rope1e5", 997), ("rope5e5-hd128-gqa4", 512), ("mha", 771)] {
+        assert_eq!(
+            r.status(&format!("reference.{arm}")),
+            "pass",
+            "{}",
+            r.stdout
+        );
+        assert!(
+            r.receipt
+                .contains(&format!("# arm\tarm={arm}\tvocab={vocab}\t")),
+            "{arm}"
+        );
+    }
 }
 
 #[test]
@@ -209,7 +237,7 @@ fn a_cache_written_wrong_by_chunks_fails_the_chunked_programs_only() {
             (f.next().unwrap(), f.next().unwrap())
         })
         .collect();
-    for arm in ["q8_0", "q4_1", "q4_0", "f16", "bf16", "tiny"] {
+    for arm in ARMS {
         for kind in ["chunked", "decode-after-chunked"] {
             assert!(
                 failing.contains(&(arm, kind)),

@@ -255,6 +255,20 @@ fn the_smoke_battery_runs_every_node_as_expected() {
     // canary (one perturbed weight block) fails it.
     let exact = tree.receipt("exact");
     assert_eq!(check(&exact, "exact.q4_1.decode")["status"], "pass");
+    let exact_pp = tree.receipt("exact-pp");
+    assert_eq!(exact_pp["doors"]["pp_stages"], 2);
+    assert_eq!(check(&exact_pp, "exact.q4_1.decode")["status"], "pass");
+    // The fused norm tier against the separate one, under a bound.
+    let fused = tree.receipt("fused-vs-unfused[candidate=dump-decode]");
+    assert!(
+        fused["compare"]["values_compared"].as_u64().unwrap() > 0,
+        "{fused:#}"
+    );
+    assert_eq!(tree.receipt("dump-decode")["doors"]["norm"], "fused");
+    assert_eq!(
+        tree.receipt("dump-decode-unfused")["doors"]["norm"],
+        "separate"
+    );
     let exact_canary = tree.receipt("exact-canary");
     assert_eq!(exact_canary["attempts"][0]["outcome"], "fail");
     assert_eq!(exact_canary["doors"]["defect"], "weight-block");

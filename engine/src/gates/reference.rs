@@ -78,7 +78,11 @@ const SYNTH_ARMS: [(&str, &str, &str); 9] = [
     ("f16", "tiny", "f16"),
     ("bf16", "tiny", "bf16"),
     ("tiny", "tiny-untied", "f32"),
-    ("rope1e5", "tiny:rope_base=1e5,rms_eps=1e-6,n_vocab=997", "q4_1"),
+    (
+        "rope1e5",
+        "tiny:rope_base=1e5,rms_eps=1e-6,n_vocab=997",
+        "q4_1",
+    ),
     (
         "rope5e5-hd128-gqa4",
         "tiny:rope_base=5e5,head_dim=128,n_head=4,n_head_kv=1",
