@@ -162,7 +162,17 @@ pub fn sampling(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
         let dstep = up(gpu, &vec![step; batch])?;
         let mut dtok = zeros::<u32>(gpu, batch)?;
         gpu.sample_rows(
-            &dl, &mut p, &mut dtok, batch, vocab, &dtemp, &dtop, &dseed, &dseq, &dstep,
+            &dl,
+            &mut p,
+            &mut dtok,
+            batch,
+            vocab,
+            &dtemp,
+            &dtop,
+            &dseed,
+            &dseq,
+            &dstep,
+            twin::Nucleus::Exact,
         )?;
         got.extend(down(gpu, &dtok)?);
         for (b, row) in logits.chunks(vocab).enumerate() {
