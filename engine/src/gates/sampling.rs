@@ -367,7 +367,7 @@ impl Tally {
             .metric("compared", self.compared)
             .metric("ambiguous", self.ambiguous)
             .metric("mismatches", self.mismatches);
-        c.first_mismatch = self.first.as_ref().map(|f| f.0.clone());
+        c.first_mismatch = self.first.as_ref().map(|f| f.0);
         c
     }
 }

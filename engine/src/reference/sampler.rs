@@ -73,7 +73,8 @@ pub fn distribution(logits: &[f32], temperature: f32, top_p: f32) -> Distributio
             cut_ambiguous: false,
         };
     };
-    if !(temperature > 0.0) {
+    // NaN is greedy too, as in the engine's twin.
+    if temperature.is_nan() || temperature <= 0.0 {
         return Distribution {
             kept: vec![(first, 1.0)],
             cut_ambiguous: false,
@@ -226,8 +227,14 @@ mod tests {
         let d = distribution(&l, 1.0, 0.8);
         assert_eq!(d.kept.len(), 4, "{d:?}");
         assert!(close(d.prob(2), 0.125) && close(d.prob(3), 0.125));
-        // top_p = 1 keeps every token.
+        // top_p = 1 keeps every token; the smallest top_p keeps the top token alone.
         assert_eq!(distribution(&l, 1.0, 1.0).kept.len(), 4);
+        assert_eq!(
+            distribution(&l, 1.0, f32::MIN_POSITIVE).kept,
+            vec![(0, 1.0)]
+        );
+        // Just below 1 the last pair is still needed, and both of it are kept.
+        assert_eq!(distribution(&l, 1.0, 0.99).kept.len(), 4);
     }
 
     #[test]
