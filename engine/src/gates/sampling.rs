@@ -356,8 +356,10 @@ impl Tally {
                 ),
             )
         } else if self.compared == 0 {
+            // Not evidence of a fault (a flat distribution over a large vocabulary can make
+            // every draw ambiguous), but nothing was held either: a warning says so.
             (
-                Status::Fail,
+                Status::Warn,
                 "every draw was ambiguous: nothing was compared; raise --steps".to_string(),
             )
         } else {
@@ -459,11 +461,10 @@ pub struct DistributionTest {
     pub bins: usize,
     pub chi2: f64,
     pub p_value: f64,
-    /// Draws of tokens outside the reference's nucleus, and the first such token.
+    /// Draws of tokens outside every plausible nucleus of the reference, and the first such
+    /// token.
     pub outside: usize,
     pub first_outside: Option<u32>,
-    /// The reference's nucleus edge is ambiguous (draws just outside it are then excused).
-    pub cut_ambiguous: bool,
 }
 
 /// Draws `draws` tokens with `draw(step)` (steps 0, 1, …) and tests their counts against
@@ -481,6 +482,8 @@ pub fn distribution_test(
         let t = draw(step)?;
         match dist.kept.binary_search_by_key(&t, |&(i, _)| i) {
             Ok(j) => counts[j] += 1,
+            // A token only an alternative nucleus keeps is a legitimate f32 cut: not counted.
+            Err(_) if dist.may_keep(t) => {}
             Err(_) => {
                 outside += 1;
                 first_outside.get_or_insert(t);
@@ -497,13 +500,12 @@ pub fn distribution_test(
         p_value: chi2_sf(chi2, bins.saturating_sub(1)),
         outside,
         first_outside,
-        cut_ambiguous: dist.cut_ambiguous,
     })
 }
 
 impl DistributionTest {
     fn check(&self, name: &str) -> Check {
-        let (status, message) = if self.outside > 0 && !self.cut_ambiguous {
+        let (status, message) = if self.outside > 0 {
             (
                 Status::Fail,
                 format!(
@@ -722,7 +724,7 @@ mod tests {
     }
 
     #[test]
-    fn tally_fails_on_a_mismatch_and_on_nothing_compared() {
+    fn tally_fails_on_a_mismatch_and_warns_when_nothing_was_compared() {
         let row = [0.0f32, 0.0, 0.0, 0.0];
         let p = SamplingParams {
             temperature: 1.0,
@@ -740,6 +742,6 @@ mod tests {
         let c = bad.check("b");
         assert_eq!(c.status, Status::Fail);
         assert!(c.first_mismatch.is_some());
-        assert_eq!(Tally::default().check("e").status, Status::Fail);
+        assert_eq!(Tally::default().check("e").status, Status::Warn);
     }
 }

@@ -18,10 +18,11 @@
 //!    cumulative probability exceeds `u`.
 //!
 //! A draw is *ambiguous* when f32 arithmetic may legitimately pick another token: `u` lies
-//! within [`EPS`] of either end of the chosen token's CDF interval, or the nucleus's edge is
-//! within [`EPS`] of `top_p` (the cumulative mass just before or at the cut), or the token
-//! after the cut has a weight within a relative [`EPS`] of the cut token's (f32 may round
-//! the two to a tie and keep both). A gate compares only unambiguous draws.
+//! within [`EPS`] of an inner end of the chosen token's CDF interval; or another nucleus
+//! whose edge mass is within [`EPS`] of `top_p` (the cut the engine's f32 sums may take
+//! instead) draws another token at `u`; or the first token left out has a weight within a
+//! relative [`TIE_REL`] of the last one kept (f32 may round the two to a tie and keep both).
+//! A gate compares only unambiguous draws.
 //!
 //! `T = 0` is greedy: the first token of the order (the argmax, ties to the lower id). There
 //! is no top-k, in the engine or here.
@@ -31,22 +32,37 @@
 
 use crate::seq::SeqId;
 
-/// Width of the ambiguity window, in probability (of the nucleus, or of the whole
-/// distribution at the cut) and as a relative weight difference at the cut. The engine sums
-/// in f32 over chunks (relative error near `(n/256 + 256)·2⁻²⁴`, about `3e-5` at a vocabulary
-/// of 49152) after an `exp` within 2 ulp, so `1e-4` is a few times the largest legitimate
-/// difference and still a small share of the draws.
-pub const EPS: f64 = 1e-4;
+/// Width of the ambiguity window, in probability: of the nucleus for a CDF boundary, of the
+/// whole distribution for the nucleus edge. The engine sums in f32 over chunks (of
+/// `ceil(n/256)` values, then the 256 chunk sums) after an `exp` within 2 ulp: the rounding of
+/// those sums is about `1e-6` relative in practice (a random walk of 2⁻²⁵ steps), bounded by
+/// `(n/256 + 256)·2⁻²⁴` (`2.7e-5` at a vocabulary of 49152) only if every rounding went the
+/// same way. `1e-5` is ten times the practical error and keeps most draws of a flat
+/// 49152-token distribution (boundaries about `2e-5` apart) comparable.
+pub const EPS: f64 = 1e-5;
+
+/// Relative weight difference under which the token at the cut and the first one left out
+/// may round to one f32 value (a tie the engine keeps whole) or swap places: a few ulp of
+/// f32.
+pub const TIE_REL: f64 = 1e-6;
+
+/// Most alternative nuclei a distribution keeps; a cut with more plausible neighbours (a
+/// long flat run of tiny probabilities at the edge) is ambiguous as a whole.
+const MAX_ALTERNATIVES: usize = 32;
 
 /// The kept tokens of one logits row under one temperature and top-p, with their
-/// renormalized probabilities, and whether the cut itself is ambiguous.
+/// renormalized probabilities, and the other nuclei f32 arithmetic may legitimately keep.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Distribution {
     /// `(token, probability)` of every kept token in token-id order; the probabilities sum
     /// to 1.
     pub kept: Vec<(u32, f64)>,
-    /// The nucleus edge lies within [`EPS`] of `top_p`, or the first token left out nearly
-    /// ties the last one kept.
+    /// The other nuclei (same form) whose edge mass lies within [`EPS`] of `top_p`: the
+    /// engine's f32 cut may land on any of them, so a draw that any of them changes is
+    /// ambiguous.
+    pub alternatives: Vec<Vec<(u32, f64)>>,
+    /// The first token left out nearly ties the last one kept ([`TIE_REL`]), or more than
+    /// `MAX_ALTERNATIVES` nuclei are plausible: every draw is ambiguous.
     pub cut_ambiguous: bool,
 }
 
@@ -70,6 +86,7 @@ pub fn distribution(logits: &[f32], temperature: f32, top_p: f32) -> Distributio
     let Some(&first) = order.first() else {
         return Distribution {
             kept: vec![(0, 1.0)],
+            alternatives: Vec::new(),
             cut_ambiguous: false,
         };
     };
@@ -77,6 +94,7 @@ pub fn distribution(logits: &[f32], temperature: f32, top_p: f32) -> Distributio
     if temperature.is_nan() || temperature <= 0.0 {
         return Distribution {
             kept: vec![(first, 1.0)],
+            alternatives: Vec::new(),
             cut_ambiguous: false,
         };
     }
@@ -87,66 +105,104 @@ pub fn distribution(logits: &[f32], temperature: f32, top_p: f32) -> Distributio
         .map(|&i| ((logits[i as usize] as f64 - max) / t).exp())
         .collect();
     let total: f64 = w.iter().sum();
-    let mut len = order.len();
-    let mut cut_ambiguous = false;
-    if top_p < 1.0 {
-        let p = top_p as f64;
-        let mut cum = 0.0f64;
-        let mut k = order.len() - 1;
-        for (j, &wj) in w.iter().enumerate() {
-            let before = cum;
-            cum += wj;
-            if cum / total >= p {
-                k = j;
-                cut_ambiguous = (before / total - p).abs() < EPS || (cum / total - p).abs() < EPS;
-                break;
+    let n = order.len();
+    // The nucleus of the cut at sorted index j: j and every later token tied with it
+    // (equal logits give equal weights), renormalized, in id order.
+    let nucleus = |j: usize| -> Vec<(u32, f64)> {
+        let mut len = j + 1;
+        while len < n && logits[order[len] as usize] == logits[order[j] as usize] {
+            len += 1;
+        }
+        let mass: f64 = w[..len].iter().sum();
+        let mut kept: Vec<(u32, f64)> = order[..len]
+            .iter()
+            .zip(&w)
+            .map(|(&i, &wi)| (i, wi / mass))
+            .collect();
+        kept.sort_by_key(|&(i, _)| i);
+        kept
+    };
+    if top_p >= 1.0 {
+        return Distribution {
+            kept: nucleus(n - 1),
+            alternatives: Vec::new(),
+            cut_ambiguous: false,
+        };
+    }
+    let p = top_p as f64;
+    // The first sorted index whose cumulative share reaches `share` (the last if none).
+    let mut cum = Vec::with_capacity(n);
+    let mut run = 0.0f64;
+    for &wj in &w {
+        run += wj;
+        cum.push(run / total);
+    }
+    let reach = |share: f64| cum.iter().position(|&c| c >= share).unwrap_or(n - 1);
+    let (k, lo, hi) = (reach(p), reach(p - EPS), reach(p + EPS));
+    let kept = nucleus(k);
+    let mut alternatives: Vec<Vec<(u32, f64)>> = Vec::new();
+    let mut cut_ambiguous = hi - lo > MAX_ALTERNATIVES;
+    if !cut_ambiguous {
+        for j in lo..=hi {
+            let alt = nucleus(j);
+            if alt.len() != kept.len() && alternatives.last().is_none_or(|a| a.len() != alt.len()) {
+                alternatives.push(alt);
             }
         }
-        // Ties at the cut are kept: equal logits give equal weights.
-        let cut_logit = logits[order[k] as usize];
-        while k + 1 < order.len() && logits[order[k + 1] as usize] == cut_logit {
-            k += 1;
-        }
-        if k + 1 < order.len() && (w[k] - w[k + 1]) <= EPS * w[k] {
-            cut_ambiguous = true;
-        }
-        len = k + 1;
     }
-    let kept_mass: f64 = w[..len].iter().sum();
-    let mut kept: Vec<(u32, f64)> = order[..len]
-        .iter()
-        .zip(&w)
-        .map(|(&i, &wi)| (i, wi / kept_mass))
-        .collect();
-    kept.sort_by_key(|&(i, _)| i);
+    // The weight just past the kept set: nearly equal to the last kept one, f32 may keep
+    // both or swap them.
+    let len = kept.len();
+    if len < n && w[len - 1] - w[len] <= TIE_REL * w[len - 1] {
+        cut_ambiguous = true;
+    }
     Distribution {
         kept,
+        alternatives,
         cut_ambiguous,
     }
+}
+
+/// The first kept token whose cumulative probability (in id order) exceeds `u`, the last if
+/// rounding leaves none, with the ends of its interval.
+fn invert(kept: &[(u32, f64)], u: f64) -> (usize, f64, f64) {
+    let mut lo = 0.0f64;
+    for (j, &(_, p)) in kept.iter().enumerate() {
+        let hi = lo + p;
+        if hi > u || j + 1 == kept.len() {
+            return (j, lo, hi);
+        }
+        lo = hi;
+    }
+    unreachable!("a distribution keeps at least one token")
 }
 
 impl Distribution {
     /// The token the inverse CDF (in token-id order) gives at `u` in `[0, 1)`: the first
     /// whose cumulative probability exceeds `u` (the last kept token if rounding leaves
-    /// none), ambiguous when `u` is within [`EPS`] of either end of its interval or the cut
-    /// is.
+    /// none). Ambiguous when `u` is within [`EPS`] of an inner end of its interval, when an
+    /// alternative nucleus gives another token at `u`, or when the cut is ambiguous.
     pub fn draw(&self, u: f64) -> Draw {
-        let mut lo = 0.0f64;
-        for (j, &(token, p)) in self.kept.iter().enumerate() {
-            let hi = lo + p;
-            if hi > u || j + 1 == self.kept.len() {
-                // The last interval ends at 1 by construction; rounding of the sum is not
-                // an edge a draw can sit near.
-                let hi_edge = j + 1 < self.kept.len() && (hi - u).abs() < EPS;
-                let lo_edge = j > 0 && (u - lo).abs() < EPS;
-                return Draw {
-                    token,
-                    ambiguous: self.cut_ambiguous || hi_edge || lo_edge,
-                };
-            }
-            lo = hi;
+        let (j, lo, hi) = invert(&self.kept, u);
+        let token = self.kept[j].0;
+        // The outer ends 0 and 1 are no boundary between two tokens.
+        let hi_edge = j + 1 < self.kept.len() && (hi - u).abs() < EPS;
+        let lo_edge = j > 0 && (u - lo).abs() < EPS;
+        let moved = self
+            .alternatives
+            .iter()
+            .any(|a| a[invert(a, u).0].0 != token);
+        Draw {
+            token,
+            ambiguous: self.cut_ambiguous || hi_edge || lo_edge || moved,
         }
-        unreachable!("a distribution keeps at least one token")
+    }
+
+    /// Whether some plausible nucleus (the kept one or an alternative) holds `token`.
+    pub fn may_keep(&self, token: u32) -> bool {
+        std::iter::once(&self.kept)
+            .chain(&self.alternatives)
+            .any(|k| k.binary_search_by_key(&token, |&(i, _)| i).is_ok())
     }
 
     /// The probability of `token` (0 outside the nucleus).
@@ -276,19 +332,31 @@ mod tests {
     #[test]
     fn ambiguity_at_the_nucleus_edge() {
         let l = halves();
-        // top_p exactly at a cumulative mass (0.75 after two tokens): f32 may cut on either
-        // side, so every draw is ambiguous.
+        // top_p exactly at a cumulative mass (0.75 after two tokens): f32 may also keep the
+        // tied pair after them. A draw both nuclei agree on stays comparable; one they
+        // split is ambiguous.
         let d = distribution(&l, 1.0, 0.75);
-        assert!(d.cut_ambiguous);
-        assert!(d.draw(0.1).ambiguous);
-        // Just past the mass before the cut (0.5 + EPS/2): the same.
-        assert!(distribution(&l, 1.0, 0.500_05).cut_ambiguous);
-        // Well inside: not ambiguous.
-        assert!(!distribution(&l, 1.0, 0.6).cut_ambiguous);
-        // A near tie across the cut (the next weight within EPS relative) is ambiguous.
-        let d = distribution(&[1.0, 0.0, -1e-5, -5.0], 1.0, 0.7);
+        assert_eq!(d.kept.len(), 2);
+        assert_eq!(d.alternatives.len(), 1);
+        assert_eq!(d.alternatives[0].len(), 4);
+        assert!(!d.draw(0.1).ambiguous);
+        // At 0.6 the two-token nucleus draws token 0 (2/3), the four-token one token 1.
+        assert_eq!(d.draw(0.6).token, 0);
+        assert!(d.draw(0.6).ambiguous);
+        assert!(d.may_keep(3) && !distribution(&l, 1.0, 0.6).may_keep(3));
+        // Just past the mass before the cut (0.5 + EPS/2): f32 may keep token 0 alone.
+        let d = distribution(&l, 1.0, 0.5 + (EPS / 2.0) as f32);
+        assert_eq!(d.alternatives, vec![vec![(0, 1.0)]]);
+        assert!(d.draw(0.9).ambiguous && !d.draw(0.1).ambiguous);
+        // Well inside: nothing else is plausible.
+        let d = distribution(&l, 1.0, 0.6);
+        assert!(d.alternatives.is_empty() && !d.cut_ambiguous);
+        // A near tie across the cut (the next weight within TIE_REL) is ambiguous.
+        let d = distribution(&[1.0, 0.0, -1e-7, -5.0], 1.0, 0.7);
         assert_eq!(d.kept.len(), 2, "{d:?}");
-        assert!(d.cut_ambiguous);
+        assert!(d.cut_ambiguous && d.draw(0.1).ambiguous);
+        // One ten times wider is not.
+        assert!(!distribution(&[1.0, 0.0, -1e-5, -5.0], 1.0, 0.7).cut_ambiguous);
     }
 
     /// On spread-out random rows the twin draws the reference's token wherever the draw is
@@ -320,6 +388,36 @@ mod tests {
         assert!(compared > 700, "{compared}");
         assert_eq!(exact_off, 0);
         assert!(early_off > 50, "{early_off}");
+    }
+
+    /// The same at a real vocabulary (49152) with a flat distribution, where the chunked
+    /// f32 sums are longest and the CDF boundaries closest: still no unambiguous mismatch,
+    /// and most draws compared.
+    #[test]
+    fn the_twin_agrees_on_a_wide_flat_row() {
+        use memra_kernels::twin::{Nucleus, sample_with};
+        let mut st = 11u32;
+        let row: Vec<f32> = (0..49152)
+            .map(|_| {
+                st = st.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (st >> 8) as f32 / 16_777_216.0 * 3.0
+            })
+            .collect();
+        let (mut compared, mut off) = (0, 0);
+        for (t, p) in [(1.3f32, 1.0f32), (1.0, 0.9), (0.7, 0.5), (1.0, 0.2)] {
+            let d = distribution(&row, t, p);
+            for step in 0..40u32 {
+                let u = memra_kernels::twin::draw_uniform(5, 2, step) as f64;
+                let r = d.draw(u);
+                if r.ambiguous {
+                    continue;
+                }
+                compared += 1;
+                off += usize::from(sample_with(&row, t, p, 5, 2, step, Nucleus::Exact) != r.token);
+            }
+        }
+        assert_eq!(off, 0, "of {compared}");
+        assert!(compared > 80, "{compared}");
     }
 
     #[test]
