@@ -246,7 +246,7 @@ pub fn gate(
             let p = SamplingParams {
                 temperature,
                 top_p,
-                seed: SEED_BASE ^ doors.gate_seed ^ ((r * DIST_SETS.len() + j) as u64) << 16,
+                seed: SEED_BASE ^ doors.gate_seed ^ (((r * DIST_SETS.len() + j) as u64) << 16),
             };
             let name = format!("distribution[row={r},T={temperature},top_p={top_p}]");
             let draw = |step: usize| {
