@@ -105,17 +105,25 @@ pub enum GateDefect {
     /// written wrong by chunks (reference-gate's chunked and decode-after-chunked rows catch
     /// it; a one-shot prefill never continues a sequence, so nothing else moves).
     ChunkCache,
+    /// The nucleus cut one token early: the samplers keep the tokens strictly above the cut
+    /// probability, dropping the token (or tied tokens) at the cut, whenever `top_p < 1` and
+    /// something would remain (`twin::Nucleus::OneEarly`). Both backends plant it: the CPU in
+    /// its host sampler, CUDA through the device sampler's `cut_early` argument. Every check
+    /// that compares the device with the twin passes under it; sampling-gate, against an
+    /// independent reference sampler, catches it.
+    TopPCut,
 }
 
 impl GateDefect {
     /// Every defect with its `MEMRA_GATE_DEFECT` value.
-    pub const ALL: [(GateDefect, &'static str); 6] = [
+    pub const ALL: [(GateDefect, &'static str); 7] = [
         (GateDefect::BatchReduction, "batch-reduction"),
         (GateDefect::StageRange, "stage-range"),
         (GateDefect::BoundaryCopy, "boundary-copy"),
         (GateDefect::SampleCounter, "sample-counter"),
         (GateDefect::WeightBlock, "weight-block"),
         (GateDefect::ChunkCache, "chunk-cache"),
+        (GateDefect::TopPCut, "top-p-cut"),
     ];
 
     pub fn as_str(self) -> &'static str {

@@ -12,7 +12,7 @@ use crate::doors::Doors;
 use crate::error::EngineError;
 use crate::gguf::GgufFile;
 use crate::model::{LlamaModel, LoadError};
-use crate::sampling::{SamplingParams, sample_token};
+use crate::sampling::{self, SamplingParams, sample_token_with};
 use crate::seq::SeqId;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
@@ -119,7 +119,8 @@ impl Engine {
             return Ok(out);
         }
         let logits = self.backend.prime(SEQ, prompt)?;
-        let mut token = sample_token(&logits, params, SEQ, prompt.len())?;
+        let nucleus = sampling::nucleus(&self.doors);
+        let mut token = sample_token_with(&logits, params, SEQ, prompt.len(), nucleus)?;
         loop {
             if Some(token) == self.tokenizer.eos() {
                 break;

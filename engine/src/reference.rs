@@ -17,11 +17,15 @@
 //! [`forward_following`], since without a trace one q8_1 rounding flip (an activation a few
 //! ulps from a tie landing on the other side in f32 than in f64) moves a row a lot. The
 //! measured bounds are in `docs/numerics.md` ("The oracle and q8_1 rounding ties").
+//!
+//! [`sampler`] is the sampling counterpart: temperature + top-p restated from its definition
+//! in f64, sharing only the Philox stream with the engine's sampler.
 
 use rayon::prelude::*;
 
 mod exact;
 mod following;
+pub mod sampler;
 
 pub use exact::forward_exact;
 

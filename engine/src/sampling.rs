@@ -3,10 +3,14 @@
 //!
 //! This module owns the parameters, their validation and the keying rule; the arithmetic is
 //! the kernel twin's (`memra_kernels::twin::{argmax, sample}`), so the CPU backend samples
-//! exactly what the CUDA sampling kernel would.
+//! exactly what the CUDA sampling kernel would. There is no top-k: temperature and the
+//! nucleus are the whole contract, and `reference::sampler` is its independent restatement.
 
 use memra_kernels::twin;
 
+pub use memra_kernels::twin::Nucleus;
+
+use crate::doors::{Doors, GateDefect};
 use crate::error::EngineError;
 use crate::seq::SeqId;
 
@@ -58,6 +62,27 @@ pub fn sample_token(
     seq: SeqId,
     step: usize,
 ) -> Result<u32, EngineError> {
+    sample_token_with(logits, params, seq, step, Nucleus::Exact)
+}
+
+/// The nucleus the backends' samplers keep under `doors`: the contract's, or one token fewer
+/// under the planted `top-p-cut` defect.
+pub fn nucleus(doors: &Doors) -> Nucleus {
+    if doors.gate_defect == Some(GateDefect::TopPCut) {
+        Nucleus::OneEarly
+    } else {
+        Nucleus::Exact
+    }
+}
+
+/// [`sample_token`] with a choice of nucleus (the backends pass [`nucleus`] of their doors).
+pub fn sample_token_with(
+    logits: &[f32],
+    params: &SamplingParams,
+    seq: SeqId,
+    step: usize,
+    nucleus: Nucleus,
+) -> Result<u32, EngineError> {
     params.validate()?;
     if logits.is_empty() {
         return Err(EngineError::Empty { what: "logits row" });
@@ -65,12 +90,13 @@ pub fn sample_token(
     if params.temperature == 0.0 {
         return Ok(twin::argmax(logits));
     }
-    Ok(twin::sample(
+    Ok(twin::sample_with(
         logits,
         params.temperature,
         params.top_p,
         params.seed,
         seq.0,
         step as u32,
+        nucleus,
     ))
 }

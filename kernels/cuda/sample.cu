@@ -152,10 +152,12 @@ __device__ __forceinline__ float mass(const float* p, int lo, int hi, float tau,
 
 // The token of one row of n logits `l`, written to *out by thread 0 of the block (256
 // threads): the argmax when temp is not > 0, otherwise the temperature + top-p draw keyed by
-// (seed_lo, seed_hi, seq, step). p: the row's n floats of scratch.
+// (seed_lo, seed_hi, seq, step). p: the row's n floats of scratch. cut_early != 0 plants the
+// test-only top-p-cut defect (twin::Nucleus::OneEarly): the nucleus keeps p_i > tau* instead
+// of p_i >= tau*, where that leaves anything kept.
 __device__ __forceinline__ void sample_row(const float* l, float* p, u32* out, int n, float temp,
                                            float top_p, u32 seed_lo, u32 seed_hi, u32 seq,
-                                           u32 step) {
+                                           u32 step, int cut_early) {
     __shared__ float shv[32];
     __shared__ u32 shi[32];
     __shared__ float sums[SAMPLE_THREADS];
@@ -181,6 +183,7 @@ __device__ __forceinline__ void sample_row(const float* l, float* p, u32* out, i
             if (mass(p, lo, hi, __uint_as_float(mid), sums, &total) >= want) a = mid; else z = mid;
         }
         tau_bits = a;
+        if (cut_early && mass(p, lo, hi, __uint_as_float(z), sums, &total) > 0.0f) tau_bits = z;
     }
     const float tau = __uint_as_float(tau_bits);
     const float kept = mass(p, lo, hi, tau, sums, &total);
@@ -220,19 +223,20 @@ extern "C" __global__ void sample_f32(const float* logits, float* p_scratch, u32
     PDL_ENTRY;
     const size_t b = blockIdx.x;
     sample_row(logits + b * n, p_scratch + b * n, out + b, n, temp, top_p, seed_lo, seed_hi,
-               seq[b], step[b]);
+               seq[b], step[b], 0);
 }
 
 // sample_f32 with parameters per row: row b is drawn under temp[b], top_p[b] and seed[b] (a
 // 64-bit seed, split into its low and high words as the host splits sample_f32's), so a batch
-// may mix greedy rows (temp[b] = 0) with sampled ones.
+// may mix greedy rows (temp[b] = 0) with sampled ones. cut_early: 0, or 1 for the test-only
+// top-p-cut defect (see sample_row).
 extern "C" __global__ void sample_rows_f32(const float* logits, float* p_scratch, u32* out,
                                            int n, const float* temp, const float* top_p,
-                                           const u64* seed, const u32* seq,
-                                           const u32* step) {
+                                           const u64* seed, const u32* seq, const u32* step,
+                                           int cut_early) {
     PDL_ENTRY;
     const size_t b = blockIdx.x;
     const u64 s = seed[b];
     sample_row(logits + b * n, p_scratch + b * n, out + b, n, temp[b], top_p[b], (u32)s,
-               (u32)(s >> 32), seq[b], step[b]);
+               (u32)(s >> 32), seq[b], step[b], cut_early);
 }

@@ -231,6 +231,27 @@ fn the_one_gpu_battery_needs_one_gpu_places_both_stages_on_it_and_plants_the_cud
         assert_eq!(cell["env"]["MEMRA_BACKEND"], "cuda", "{cell:#}");
         assert_eq!(cell["expect"], "fail", "{cell:#}");
     }
+    // The device sampler against the reference sampler on the synthesized model, green and
+    // under the nucleus cut one token early (a negative cell).
+    let sampling = &cells_of(&plan, "sampling")[0];
+    let cut = &cells_of(&plan, "sampling-defect")[0];
+    for c in [sampling, cut] {
+        assert!(
+            c["argv"][0].as_str().unwrap().ends_with("sampling-gate"),
+            "{c:#}"
+        );
+        assert!(
+            c["argv"][1]
+                .as_str()
+                .unwrap()
+                .ends_with("smollm2-135m-q4_1.gguf"),
+            "{c:#}"
+        );
+        assert_eq!(c["env"]["MEMRA_BACKEND"], "cuda", "{c:#}");
+    }
+    assert_eq!(sampling["expect"], "pass", "{sampling:#}");
+    assert_eq!(cut["env"]["MEMRA_GATE_DEFECT"], "top-p-cut", "{cut:#}");
+    assert_eq!(cut["expect"], "fail", "{cut:#}");
 }
 
 #[test]
@@ -338,7 +359,7 @@ fn the_device_battery_runs_the_one_gpu_battery_with_prebuilt_binaries() {
             assert_eq!(r["verdict"], "skipped", "{r:#}");
         }
         if r["id"] == "build" {
-            assert_eq!(r["produces"].as_array().unwrap().len(), 7);
+            assert_eq!(r["produces"].as_array().unwrap().len(), 8);
         }
     }
     assert!(tmp.path().join("models/smollm2-135m-q4_1.gguf").is_file());

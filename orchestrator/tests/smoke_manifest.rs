@@ -215,7 +215,7 @@ fn the_smoke_battery_runs_every_node_as_expected() {
     // The engine half. The build's products and the synthesized model are hashed into the
     // gates' receipts, so a receipt names the exact binary and model it judged.
     let build = tree.receipt("build");
-    assert_eq!(build["produces"].as_array().unwrap().len(), 5);
+    assert_eq!(build["produces"].as_array().unwrap().len(), 6);
     let model = &tree.receipt("synth-tiny")["produces"][0];
     let strict = tree.receipt("decode-strict");
     for hashed in [&build["produces"][1]["sha256"], &model["sha256"]] {
@@ -284,6 +284,29 @@ fn the_smoke_battery_runs_every_node_as_expected() {
     assert_eq!(counter["doors"]["defect"], "sample-counter");
     assert_eq!(check(&counter, "gate3[B=4]")["status"], "fail");
     assert_eq!(check(&counter, "gate2[B=4]")["status"], "pass");
+    // The sampler against the independent reference sampler, and the nucleus cut one token
+    // early, which only it catches: every untruncated row stays green under the defect.
+    let sampling = tree.receipt("sampling");
+    assert_eq!(sampling["attempts"][0]["outcome"], "pass", "{sampling:#}");
+    assert_eq!(check(&sampling, "steps[T=1,top_p=0.5]")["status"], "pass");
+    assert_eq!(
+        check(&sampling, "steps[T=1,top_p=0.5]")["metrics"]["mismatches"],
+        0
+    );
+    let cut = tree.receipt("sampling-defect");
+    assert_eq!(cut["expect"], "fail");
+    assert_eq!(cut["attempts"][0]["outcome"], "fail", "{cut:#}");
+    assert_eq!(cut["doors"]["defect"], "top-p-cut");
+    assert_eq!(check(&cut, "steps[T=1,top_p=1]")["status"], "pass");
+    assert!(
+        cut["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["status"] == "fail"
+                && c["check"].as_str().unwrap().starts_with("distribution[")),
+        "{cut:#}"
+    );
     let pp = tree.receipt("decode-pp");
     assert_eq!(pp["doors"]["mode"], "pp");
     // The B=1 fast path per stage holds (the localizer's reference walks the batched body

@@ -30,7 +30,7 @@ use super::{
 use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::error::EngineError;
 use crate::model::{LayerWeights, LlamaConfig, LlamaModel, Weight, WeightData};
-use crate::sampling::{SamplingParams, sample_token};
+use crate::sampling::{SamplingParams, sample_token_with};
 use crate::seq::SeqId;
 
 /// Which composition a forward pass runs.
@@ -773,6 +773,25 @@ impl Backend for CpuBackend {
         })
     }
 
+    /// [`Backend::decode_step_h`], then one token from the host sampler under this
+    /// backend's doors (the planted `top-p-cut` defect reaches it too).
+    fn decode_step_h_sampled(
+        &mut self,
+        seq: SeqId,
+        token: u32,
+        params: &SamplingParams,
+    ) -> Result<u32, EngineError> {
+        let logits = self.decode_step_h(seq, token)?;
+        let step = self.seq_len(seq)?;
+        sample_token_with(
+            &logits,
+            params,
+            seq,
+            step,
+            crate::sampling::nucleus(&self.doors),
+        )
+    }
+
     /// The lean tick: one batched step whose logits stay parked in the backend
     /// ([`Backend::parked_logits`]) while only the tokens come back, row `b` chosen under
     /// `params[b]`.
@@ -786,6 +805,7 @@ impl Backend for CpuBackend {
         let logits = self.decode_step_batch(seqs, tokens)?;
         let n_vocab = self.config.n_vocab;
         let wrong_counter = self.doors.gate_defect == Some(GateDefect::SampleCounter);
+        let nucleus = crate::sampling::nucleus(&self.doors);
         let out = seqs
             .iter()
             .zip(params)
@@ -795,7 +815,7 @@ impl Backend for CpuBackend {
                 let step = self.seq_len(seq)?;
                 // The planted defect keys the stream by the batch row as well as the step.
                 let counter = if wrong_counter { step + b } else { step };
-                sample_token(row, p, seq, counter)
+                sample_token_with(row, p, seq, counter, nucleus)
             })
             .collect::<Result<Vec<u32>, EngineError>>()?;
         self.parked = Some(logits);

@@ -8,7 +8,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig};
 use super::{Gpu, int, need, shape};
 use crate::error::KernelError;
 use crate::sources;
-use crate::twin::SAMPLE_THREADS;
+use crate::twin::{Nucleus, SAMPLE_THREADS};
 
 /// argmax_f32 (sample.cu): threads per block and elements per block.
 const ARGMAX_THREADS: u32 = 256;
@@ -100,6 +100,7 @@ impl Gpu {
     /// and `seed[b]`, keyed by `(seed[b], seq[b], step[b])`, and is the argmax where
     /// `temp[b]` is 0, so one launch serves a batch that mixes greedy and sampled rows. Each
     /// row's token is the one [`Gpu::sample`] draws for that row under its parameters.
+    /// `nucleus` is [`Nucleus::Exact`] except under the planted `top-p-cut` test defect.
     #[allow(clippy::too_many_arguments)]
     pub fn sample_rows(
         &self,
@@ -113,6 +114,7 @@ impl Gpu {
         seed: &CudaSlice<u64>,
         seq: &CudaSlice<u32>,
         step: &CudaSlice<u32>,
+        nucleus: Nucleus,
     ) -> Result<(), KernelError> {
         const K: &str = "sample_rows_f32";
         if n == 0 || batch == 0 {
@@ -130,18 +132,22 @@ impl Gpu {
         need(K, "seq", seq.len(), batch)?;
         need(K, "step", step.len(), batch)?;
         let ni = int(K, "n", n)?;
+        let cut_early: i32 = (nucleus == Nucleus::OneEarly).into();
         let cfg = LaunchConfig {
             grid_dim: (batch as u32, 1, 1),
             block_dim: (SAMPLE_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: every buffer was checked for batch rows of n (or one value per row).
+        // SAFETY: every buffer was checked for batch rows of n (or one value per row);
+        // cut_early is the kernel's trailing int.
         unsafe {
             self.launch(
                 &sources::SAMPLE,
                 K,
                 cfg,
-                &[logits, p_scratch, out, &ni, temp, top_p, seed, seq, step],
+                &[
+                    logits, p_scratch, out, &ni, temp, top_p, seed, seq, step, &cut_early,
+                ],
             )
         }
     }

@@ -32,7 +32,8 @@ pub use quantize::quantize_q8_1;
 pub use reduce::{block_sum, warp_sum};
 pub use rope::{rope, rope_table};
 pub use sample::{
-    SAMPLE_THREADS, argmax, exp_mirrored, philox4x32_10, sample, uniform_from_philox,
+    Nucleus, SAMPLE_THREADS, argmax, draw_uniform, exp_mirrored, philox4x32_10, sample,
+    sample_with, uniform_from_philox,
 };
 
 /// A twin refused its arguments.

@@ -151,10 +151,45 @@ pub fn exp_mirrored(x: f32) -> f32 {
     }
 }
 
+/// The uniform in `[0, 1)` the sampler draws for `(seed, seq, step)`: [`uniform_from_philox`]
+/// of the first word of Philox4x32-10 with counter `[step, seq, 0, 0]` and key
+/// `[seed_lo, seed_hi]`. This stream is the sampler's contract; an independent sampler that
+/// inverts its own CDF at this `u` must pick the engine's token.
+pub fn draw_uniform(seed: u64, seq: u32, step: u32) -> f32 {
+    let r = philox4x32_10([step, seq, 0, 0], [seed as u32, (seed >> 32) as u32]);
+    uniform_from_philox(r[0])
+}
+
+/// Which nucleus the sampler keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nucleus {
+    /// The contract: `{ i : p_i >= τ* }` (module documentation, step 3).
+    Exact,
+    /// A planted test defect: the cut one token early, `{ i : p_i > τ* }`, which drops the
+    /// token (or the tied tokens) at the cut. The bisection's upper end `τ*` + 1 ulp is that
+    /// threshold, so the defect is one choice of end, the same on the device. It applies
+    /// only where it leaves something to draw from (the nucleus holds more than the cut
+    /// group) and only when `top_p < 1`.
+    OneEarly,
+}
+
 /// Draws a token from `logits` at temperature `temp` with nucleus `top_p`, keyed by
 /// `(seed, seq, step)`; see the module documentation for the exact composition. An empty row
 /// gives 0.
 pub fn sample(logits: &[f32], temp: f32, top_p: f32, seed: u64, seq: u32, step: u32) -> u32 {
+    sample_with(logits, temp, top_p, seed, seq, step, Nucleus::Exact)
+}
+
+/// [`sample`] with a choice of [`Nucleus`] (the planted `top-p-cut` defect's hook).
+pub fn sample_with(
+    logits: &[f32],
+    temp: f32,
+    top_p: f32,
+    seed: u64,
+    seq: u32,
+    step: u32,
+    nucleus: Nucleus,
+) -> u32 {
     let n = logits.len();
     if n == 0 || temp <= 0.0 || temp.is_nan() {
         return argmax(logits);
@@ -181,11 +216,13 @@ pub fn sample(logits: &[f32], temp: f32, top_p: f32, seed: u64, seq: u32, step: 
             }
         }
         tau_bits = lo;
+        if nucleus == Nucleus::OneEarly && mass(&p, f32::from_bits(hi), chunk, &mut sums) > 0.0 {
+            tau_bits = hi;
+        }
     }
     let tau = f32::from_bits(tau_bits);
     let kept = mass(&p, tau, chunk, &mut sums);
-    let r = philox4x32_10([step, seq, 0, 0], [seed as u32, (seed >> 32) as u32]);
-    let target = uniform_from_philox(r[0]) * kept;
+    let target = draw_uniform(seed, seq, step) * kept;
     let last_kept = |range: std::ops::Range<usize>| range.rev().find(|&i| p[i] >= tau);
     let mut run = 0.0f32;
     for (c, &s) in sums.iter().enumerate() {
@@ -352,6 +389,22 @@ mod tests {
             .map(|s| sample(&logits, 1.0, 1.0, 42, 0, s))
             .collect();
         assert!(draws.len() > 10);
+    }
+
+    /// The planted early cut drops the token at the cut and nothing else, and leaves a
+    /// one-token nucleus alone.
+    #[test]
+    fn one_early_drops_the_cut_token() {
+        let logits = [4.0f32.ln(), 2.0f32.ln(), 0.0, 0.0];
+        let draws = |top_p: f32, nucleus: Nucleus| -> std::collections::BTreeSet<u32> {
+            (0..400)
+                .map(|s| sample_with(&logits, 1.0, top_p, 3, 0, s, nucleus))
+                .collect()
+        };
+        assert_eq!(draws(0.6, Nucleus::Exact), [0, 1].into());
+        assert_eq!(draws(0.6, Nucleus::OneEarly), [0].into());
+        assert_eq!(draws(0.4, Nucleus::OneEarly), [0].into());
+        assert_eq!(draws(1.0, Nucleus::OneEarly).len(), 4);
     }
 
     /// Top-p keeps the smallest high-probability set: with one dominant token and p below its

@@ -585,6 +585,7 @@ impl CudaBackend {
         let n = rows.len();
         let v = self.dm.config.n_vocab;
         let wrong_counter = self.doors.gate_defect == Some(GateDefect::SampleCounter);
+        let nucleus = crate::sampling::nucleus(&self.doors);
         let slot = self.logits_slot;
         let stream = self.stream(slot);
         let gpu = &self.dm.gpus[slot];
@@ -641,6 +642,7 @@ impl CudaBackend {
                 &s.seeds,
                 &s.seq_ids,
                 &s.steps,
+                nucleus,
             )
             .map_err(kernel_err)?;
         }

@@ -156,26 +156,34 @@ pub fn sampling(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
     let top_ps: Vec<f32> = (0..batch).map(|b| combos[b % 4].1).collect();
     let seeds: Vec<u64> = (0..batch as u64).map(|b| seed ^ (b << 40) ^ b).collect();
     let (dtemp, dtop, dseed) = (up(gpu, &temps)?, up(gpu, &top_ps)?, up(gpu, &seeds)?);
-    let mut want = Vec::new();
-    let mut got = Vec::new();
-    for step in 0..25u32 {
-        let dstep = up(gpu, &vec![step; batch])?;
-        let mut dtok = zeros::<u32>(gpu, batch)?;
-        gpu.sample_rows(
-            &dl, &mut p, &mut dtok, batch, vocab, &dtemp, &dtop, &dseed, &dseq, &dstep,
-        )?;
-        got.extend(down(gpu, &dtok)?);
-        for (b, row) in logits.chunks(vocab).enumerate() {
-            want.push(twin::sample(
-                row, temps[b], top_ps[b], seeds[b], b as u32, step,
-            ));
+    // The test-only early cut (`MEMRA_GATE_DEFECT=top-p-cut`) as well: the device's
+    // `cut_early` must drop what the twin's `Nucleus::OneEarly` drops, so sampling-gate's
+    // negative cell on the GPU fails for the defect it plants and nothing else.
+    for (nucleus, tag) in [
+        (twin::Nucleus::Exact, ""),
+        (twin::Nucleus::OneEarly, "/cut-early"),
+    ] {
+        let mut want = Vec::new();
+        let mut got = Vec::new();
+        for step in 0..25u32 {
+            let dstep = up(gpu, &vec![step; batch])?;
+            let mut dtok = zeros::<u32>(gpu, batch)?;
+            gpu.sample_rows(
+                &dl, &mut p, &mut dtok, batch, vocab, &dtemp, &dtop, &dseed, &dseq, &dstep, nucleus,
+            )?;
+            got.extend(down(gpu, &dtok)?);
+            for (b, row) in logits.chunks(vocab).enumerate() {
+                want.push(twin::sample_with(
+                    row, temps[b], top_ps[b], seeds[b], b as u32, step, nucleus,
+                ));
+            }
         }
+        out.push(compare_u32(
+            format!("kernel-check/sample_rows_f32/{batch}x{vocab}/mixed-params{tag}/25-steps"),
+            &want,
+            &got,
+            batch,
+        ));
     }
-    out.push(compare_u32(
-        format!("kernel-check/sample_rows_f32/{batch}x{vocab}/mixed-params/25-steps"),
-        &want,
-        &got,
-        batch,
-    ));
     Ok(out)
 }

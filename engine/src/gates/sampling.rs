@@ -1,0 +1,596 @@
+//! `sampling-gate`: the engine's sampled tokens held to the independent reference sampler
+//! (`crate::reference::sampler`), so a fault the kernel twin and the CUDA sampler share,
+//! which kernel-check cannot see, still fails a gate.
+//!
+//! Two kinds of check, under every parameter set of [`PARAM_SETS`] (temperature 0.7, 1.0,
+//! 1.3 by top-p 1.0, 0.9, 0.5, 0.2):
+//! - `steps[…]`: a prompt program decoded through the backend's sampled paths — a batch of
+//!   one row per parameter set through `decode_step_batch_sampled_rows` (logits read back
+//!   from `parked_logits`), and each set alone through `decode_step_h_sampled` (logits from
+//!   a twin sequence fed the same tokens through `decode_step_h`) — with each step's token
+//!   compared with the reference's at the engine's own uniform. Ambiguous draws (the
+//!   reference's flag) are counted, not compared; one mismatch fails the row.
+//! - `distribution[…]`: on a few fixed logits rows taken from the engine, [`Settings::draws`]
+//!   draws from the engine's sampler at consecutive steps of the Philox stream, and a
+//!   chi-square test of the counts against the reference's probabilities (bins with an
+//!   expected count below 5 pooled). It fails when `p <` [`P_FAIL`], or when a draw lands
+//!   outside the reference's nucleus.
+//!
+//! It owns the programs, the comparisons and the verdict; the chi-square arithmetic is
+//! [`super::chi_square`]'s, the engine's sampler `crate::sampling`, the reference
+//! `crate::reference::sampler`. `docs/gates.md`
+//! ("sampling-gate") is the user's guide.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use serde_json::json;
+
+use super::chi_square::{chi2_sf, pooled_chi2};
+use super::ledger::host_argmax;
+use super::protocol::{GateError, GateExit, Reporter};
+use super::workload::prompts;
+use crate::backend::{Backend, EngineError, SeqId, open_backend};
+use crate::doors::Doors;
+use crate::model::LlamaModel;
+use crate::reference::sampler;
+use crate::sampling::{self, SamplingParams};
+use memra_protocol::{Check, FirstMismatch, Status};
+
+/// Flags of `sampling-gate`. Exit status: 0 pass, 1 a check failed, 2 bad flags, pins or
+/// model.
+#[derive(Debug, Parser)]
+#[command(
+    name = "sampling-gate",
+    about = "The engine's sampled tokens vs an independent f64 reference sampler (temperature \
+             + top-p, the engine's Philox stream): per parameter set, every unambiguous decode \
+             step's token, and a chi-square test of many draws on fixed logits rows (fails at \
+             p < 1e-6). Exit 0 pass, 1 fail, 2 usage or setup error."
+)]
+pub struct Args {
+    /// The GGUF checkpoint.
+    pub model: PathBuf,
+    /// Decode steps per sequence.
+    #[arg(long, default_value_t = 16)]
+    pub steps: usize,
+    /// Prompt length of the programs.
+    #[arg(long, default_value_t = 6)]
+    pub plen: usize,
+    /// Draws per distribution test (at least 100).
+    #[arg(long, default_value_t = 4000)]
+    pub draws: usize,
+    /// Fixed logits rows of the distribution test (the most spread rows the batched run saw).
+    #[arg(long, default_value_t = 3)]
+    pub rows: usize,
+}
+
+/// Validated settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    pub steps: usize,
+    pub plen: usize,
+    pub draws: usize,
+    pub rows: usize,
+}
+
+/// Every (temperature, top-p) the step checks run: each temperature with no truncation and
+/// with nuclei from wide to narrow.
+pub const PARAM_SETS: [(f32, f32); 12] = [
+    (0.7, 1.0),
+    (0.7, 0.9),
+    (0.7, 0.5),
+    (0.7, 0.2),
+    (1.0, 1.0),
+    (1.0, 0.9),
+    (1.0, 0.5),
+    (1.0, 0.2),
+    (1.3, 1.0),
+    (1.3, 0.9),
+    (1.3, 0.5),
+    (1.3, 0.2),
+];
+
+/// The sets of the distribution test: one per temperature and every top-p, so each row is
+/// tested without truncation and through nuclei of three widths.
+pub const DIST_SETS: [(f32, f32); 4] = [(1.0, 1.0), (0.7, 0.9), (1.3, 0.5), (1.0, 0.2)];
+
+/// A distribution test fails when the chi-square p-value falls below this. With a dozen
+/// tests a run, a correct sampler fails one by chance about once in 10^5 runs.
+pub const P_FAIL: f64 = 1e-6;
+
+/// Base of the sampling seeds (offset by `MEMRA_GATE_SEED` and the set index).
+const SEED_BASE: u64 = 0x5a3b_11e0_0000_0000;
+
+/// Sequence ids of the programs: the batch rows, the single-path sequences and their twins,
+/// the distribution rows' streams.
+const BATCH_ID: u32 = 0;
+const SINGLE_ID: u32 = 100;
+const TWIN_ID: u32 = 200;
+const DIST_ID: u32 = 900;
+
+/// Runs the gate on the process arguments and environment; returns the exit status.
+pub fn main() -> i32 {
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return e.exit_code();
+        }
+    };
+    match run_gate(&args) {
+        Ok(exit) => exit as i32,
+        Err(e) => {
+            eprintln!("sampling-gate: {e}");
+            GateExit::Usage as i32
+        }
+    }
+}
+
+fn settings(args: &Args) -> Result<Settings, GateError> {
+    if args.steps == 0 {
+        return Err(GateError::new("--steps 0: give at least one decode step"));
+    }
+    if args.plen == 0 {
+        return Err(GateError::new("--plen 0: prompts need at least one token"));
+    }
+    if args.draws < 100 {
+        return Err(GateError::new(format!(
+            "--draws {}: a chi-square test needs at least 100 draws (a few thousand is the \
+             useful range)",
+            args.draws
+        )));
+    }
+    if args.rows == 0 || args.rows > PARAM_SETS.len() * args.steps {
+        return Err(GateError::new(format!(
+            "--rows {}: give 1 to {} fixed logits rows (they are picked from the {} rows x \
+             --steps {} the batched run sees)",
+            args.rows,
+            PARAM_SETS.len() * args.steps,
+            PARAM_SETS.len(),
+            args.steps
+        )));
+    }
+    Ok(Settings {
+        steps: args.steps,
+        plen: args.plen,
+        draws: args.draws,
+        rows: args.rows,
+    })
+}
+
+/// The parameters of set `i` under the doors' seed.
+fn params(i: usize, gate_seed: u64) -> SamplingParams {
+    let (temperature, top_p) = PARAM_SETS[i];
+    SamplingParams {
+        temperature,
+        top_p,
+        seed: SEED_BASE ^ gate_seed.wrapping_mul(0x9e37_79b9) ^ i as u64,
+    }
+}
+
+fn set_name(kind: &str, (t, p): (f32, f32)) -> String {
+    format!("{kind}[T={t},top_p={p}]")
+}
+
+/// The whole gate: flags, doors and model are read here; errors before the first check are
+/// setup errors (exit 2).
+pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
+    let s = settings(args)?;
+    let doors = Doors::from_env().map_err(|e| GateError::new(format!("bad pins: {e}")))?;
+    let model = LlamaModel::open(&args.model).map_err(|e| {
+        GateError::new(format!(
+            "cannot load the model {}: {e}; pass a llama GGUF checkpoint (memra-engine synth \
+             writes one)",
+            args.model.display()
+        ))
+    })?;
+    let need = s.plen + 4 + s.steps + 1;
+    if need > model.config.n_ctx {
+        return Err(GateError::new(format!(
+            "--plen {} and --steps {} need {need} positions but the model's context is {}; \
+             lower them",
+            s.plen, s.steps, model.config.n_ctx
+        )));
+    }
+    let mut be = open_backend(model, &doors).map_err(|e| GateError::new(e.to_string()))?;
+    let mut rep = Reporter::from_env("sampling-gate");
+    let extra = [
+        ("steps", json!(s.steps)),
+        ("plen", json!(s.plen)),
+        ("draws", json!(s.draws)),
+        ("dist_rows", json!(s.rows)),
+        ("param_sets", json!(PARAM_SETS.len())),
+        ("p_fail", json!(P_FAIL)),
+    ];
+    rep.header(&be.doors_report(), &doors, &extra)?;
+    gate(&mut *be, &doors, &s, &mut rep)?;
+    Ok(rep.finish())
+}
+
+/// Every check of the gate on an open backend.
+pub fn gate(
+    be: &mut dyn Backend,
+    doors: &Doors,
+    s: &Settings,
+    rep: &mut Reporter,
+) -> Result<(), GateError> {
+    let sets: Vec<SamplingParams> = (0..PARAM_SETS.len())
+        .map(|i| params(i, doors.gate_seed))
+        .collect();
+    let n_vocab = be.config().n_vocab;
+    let ps = prompts(n_vocab, sets.len(), s.plen, doors.gate_seed, 0);
+    let mut tallies = vec![Tally::default(); sets.len()];
+    let mut dist_rows = Vec::new();
+    match batched(be, &ps, &sets, s.steps, &mut tallies) {
+        Ok(seen) => dist_rows = spread_rows(seen, s.rows),
+        Err(e) => {
+            for t in &mut tallies {
+                t.refused.get_or_insert(format!("batched path: {e}"));
+            }
+        }
+    }
+    for (i, p) in sets.iter().enumerate() {
+        if let Err(e) = single(be, &ps[i], i, p, s.steps, &mut tallies[i]) {
+            tallies[i]
+                .refused
+                .get_or_insert(format!("single-sequence path: {e}"));
+        }
+    }
+    for (i, t) in tallies.iter().enumerate() {
+        rep.check(&t.check(&set_name("steps", PARAM_SETS[i])))?;
+    }
+    let nucleus = sampling::nucleus(doors);
+    for (r, row) in dist_rows.iter().enumerate() {
+        for (j, &(temperature, top_p)) in DIST_SETS.iter().enumerate() {
+            let p = SamplingParams {
+                temperature,
+                top_p,
+                seed: SEED_BASE ^ doors.gate_seed ^ (((r * DIST_SETS.len() + j) as u64) << 16),
+            };
+            let name = format!("distribution[row={r},T={temperature},top_p={top_p}]");
+            let draw = |step: usize| {
+                sampling::sample_token_with(row, &p, SeqId(DIST_ID + r as u32), step, nucleus)
+            };
+            let c = match distribution_test(row, &p, s.draws, draw) {
+                Ok(d) => d.check(&name),
+                Err(e) => Check::new(
+                    &name,
+                    Status::Fail,
+                    format!("the engine's sampler refused: {e}"),
+                ),
+            };
+            rep.check(&c)?;
+        }
+    }
+    if dist_rows.is_empty() {
+        rep.check(&Check::new(
+            "distribution",
+            Status::Fail,
+            "no logits rows: the batched run that provides them was refused (see the steps \
+             rows)",
+        ))?;
+    }
+    Ok(())
+}
+
+/// The `count` rows of `seen` whose distribution at temperature 1 has the most entropy
+/// (earliest first among equals), in the order they were seen: a peaked row keeps one token
+/// under every top-p and tests nothing, so the distribution test takes the spread ones.
+fn spread_rows(seen: Vec<Vec<f32>>, count: usize) -> Vec<Vec<f32>> {
+    let entropy = |row: &[f32]| -> f64 {
+        let d = sampler::distribution(row, 1.0, 1.0);
+        -d.kept
+            .iter()
+            .filter(|k| k.1 > 0.0)
+            .map(|&(_, p)| p * p.ln())
+            .sum::<f64>()
+    };
+    let h: Vec<f64> = seen.iter().map(|r| entropy(r)).collect();
+    let mut order: Vec<usize> = (0..seen.len()).collect();
+    order.sort_by(|&a, &b| h[b].total_cmp(&h[a]));
+    order.truncate(count);
+    order.sort_unstable();
+    let mut seen: Vec<Option<Vec<f32>>> = seen.into_iter().map(Some).collect();
+    order.iter().filter_map(|&i| seen[i].take()).collect()
+}
+
+/// The step comparisons of one parameter set over both paths.
+#[derive(Debug, Clone, Default)]
+struct Tally {
+    compared: usize,
+    ambiguous: usize,
+    mismatches: usize,
+    /// The first mismatch and the path it came from.
+    first: Option<(FirstMismatch, &'static str)>,
+    /// Why a path could not run (the engine refused).
+    refused: Option<String>,
+}
+
+impl Tally {
+    /// Compares the engine's `got` for `seq` at `step` (the position the token takes) with
+    /// the reference's draw from `logits`; `row` names the batch row in a mismatch.
+    #[allow(clippy::too_many_arguments)]
+    fn compare(
+        &mut self,
+        path: &'static str,
+        logits: &[f32],
+        p: &SamplingParams,
+        seq: SeqId,
+        step: usize,
+        row: usize,
+        got: u32,
+    ) {
+        let r = sampler::sample(logits, p.temperature, p.top_p, p.seed, seq, step);
+        if r.ambiguous {
+            self.ambiguous += 1;
+            return;
+        }
+        self.compared += 1;
+        if r.token != got {
+            self.mismatches += 1;
+            self.first.get_or_insert((
+                FirstMismatch {
+                    step: Some(step),
+                    row,
+                    index: seq.0 as usize,
+                    reference: r.token as f64,
+                    got: got as f64,
+                },
+                path,
+            ));
+        }
+    }
+
+    fn check(&self, name: &str) -> Check {
+        let (status, message) = if let Some(why) = &self.refused {
+            (Status::Fail, format!("the engine refused: {why}"))
+        } else if self.mismatches > 0 {
+            let path = self.first.as_ref().map_or("", |f| f.1);
+            (
+                Status::Fail,
+                format!(
+                    "{} of {} unambiguous draws differ from the reference sampler (first on \
+                     the {path} path: step = position, index = sequence id, ref/got = tokens)",
+                    self.mismatches, self.compared
+                ),
+            )
+        } else if self.compared == 0 {
+            // Not evidence of a fault (a flat distribution over a large vocabulary can make
+            // every draw ambiguous), but nothing was held either: a warning says so.
+            (
+                Status::Warn,
+                "every draw was ambiguous: nothing was compared; raise --steps".to_string(),
+            )
+        } else {
+            (Status::Pass, String::new())
+        };
+        let mut c = Check::new(name, status, message)
+            .metric("compared", self.compared)
+            .metric("ambiguous", self.ambiguous)
+            .metric("mismatches", self.mismatches);
+        c.first_mismatch = self.first.as_ref().map(|f| f.0);
+        c
+    }
+}
+
+/// The batch of one row per parameter set through `decode_step_batch_sampled_rows`, every
+/// step's tokens held to the reference on the parked logits. Returns every logits row it
+/// saw (the distribution test picks its fixed rows from them). Sequences are closed
+/// afterwards, also on error.
+fn batched(
+    be: &mut dyn Backend,
+    prompts: &[Vec<u32>],
+    sets: &[SamplingParams],
+    steps: usize,
+    tallies: &mut [Tally],
+) -> Result<Vec<Vec<f32>>, EngineError> {
+    let n_vocab = be.config().n_vocab;
+    let seqs: Vec<SeqId> = (0..prompts.len() as u32)
+        .map(|b| SeqId(BATCH_ID + b))
+        .collect();
+    let mut opened = Vec::new();
+    let result = (|| {
+        let mut next = Vec::new();
+        for (&seq, prompt) in seqs.iter().zip(prompts) {
+            be.open_sequence(seq, prompt.len() + steps + 1)?;
+            opened.push(seq);
+            next.push(host_argmax(&be.prime(seq, prompt)?));
+        }
+        let mut rows = Vec::new();
+        for _ in 0..steps {
+            let got = be.decode_step_batch_sampled_rows(&seqs, &next, sets)?;
+            let logits = be.parked_logits()?;
+            for (b, row) in logits.chunks_exact(n_vocab).enumerate() {
+                let step = be.seq_len(seqs[b])?;
+                tallies[b].compare("batched", row, &sets[b], seqs[b], step, b, got[b]);
+                rows.push(row.to_vec());
+            }
+            next = got;
+        }
+        Ok(rows)
+    })();
+    for seq in opened {
+        let _ = be.close_sequence(seq);
+    }
+    result
+}
+
+/// Set `i` alone through `decode_step_h_sampled`, its logits from a twin sequence fed the
+/// same prompt and tokens through `decode_step_h` (the single-sequence path computes the
+/// same bits for the same sequence). Sequences are closed afterwards, also on error.
+fn single(
+    be: &mut dyn Backend,
+    prompt: &[u32],
+    i: usize,
+    p: &SamplingParams,
+    steps: usize,
+    tally: &mut Tally,
+) -> Result<(), EngineError> {
+    let (seq, twin) = (SeqId(SINGLE_ID + i as u32), SeqId(TWIN_ID + i as u32));
+    let mut opened = Vec::new();
+    let result = (|| {
+        be.open_sequence(seq, prompt.len() + steps + 1)?;
+        opened.push(seq);
+        be.open_sequence(twin, prompt.len() + steps + 1)?;
+        opened.push(twin);
+        let mut next = host_argmax(&be.prime(seq, prompt)?);
+        be.prime(twin, prompt)?;
+        for _ in 0..steps {
+            let got = be.decode_step_h_sampled(seq, next, p)?;
+            let logits = be.decode_step_h(twin, next)?;
+            let step = be.seq_len(seq)?;
+            tally.compare("single-sequence", &logits, p, seq, step, 0, got);
+            next = got;
+        }
+        Ok(())
+    })();
+    for s in opened {
+        let _ = be.close_sequence(s);
+    }
+    result
+}
+
+/// What one distribution test found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DistributionTest {
+    pub draws: usize,
+    /// Tokens in the reference's nucleus.
+    pub kept: usize,
+    /// Bins after pooling, and the chi-square statistic over them.
+    pub bins: usize,
+    pub chi2: f64,
+    pub p_value: f64,
+    /// Draws of tokens outside every plausible nucleus of the reference, and the first such
+    /// token.
+    pub outside: usize,
+    pub first_outside: Option<u32>,
+}
+
+/// Draws `draws` tokens with `draw(step)` (steps 0, 1, …) and tests their counts against
+/// the reference's distribution of `row` under `p`.
+pub fn distribution_test(
+    row: &[f32],
+    p: &SamplingParams,
+    draws: usize,
+    mut draw: impl FnMut(usize) -> Result<u32, EngineError>,
+) -> Result<DistributionTest, EngineError> {
+    let dist = sampler::distribution(row, p.temperature, p.top_p);
+    let mut counts = vec![0usize; dist.kept.len()];
+    let (mut outside, mut first_outside) = (0, None);
+    for step in 0..draws {
+        let t = draw(step)?;
+        match dist.kept.binary_search_by_key(&t, |&(i, _)| i) {
+            Ok(j) => counts[j] += 1,
+            // A token only an alternative nucleus keeps is a legitimate f32 cut: not counted.
+            Err(_) if dist.may_keep(t) => {}
+            Err(_) => {
+                outside += 1;
+                first_outside.get_or_insert(t);
+            }
+        }
+    }
+    let expected: Vec<f64> = dist.kept.iter().map(|&(_, q)| q * draws as f64).collect();
+    let (chi2, bins) = pooled_chi2(&counts, &expected);
+    Ok(DistributionTest {
+        draws,
+        kept: dist.kept.len(),
+        bins,
+        chi2,
+        p_value: chi2_sf(chi2, bins.saturating_sub(1)),
+        outside,
+        first_outside,
+    })
+}
+
+impl DistributionTest {
+    fn check(&self, name: &str) -> Check {
+        let (status, message) = if self.outside > 0 {
+            (
+                Status::Fail,
+                format!(
+                    "{} of {} draws are outside the reference's nucleus of {} tokens (first: \
+                     token {})",
+                    self.outside,
+                    self.draws,
+                    self.kept,
+                    self.first_outside.unwrap_or(0)
+                ),
+            )
+        } else if self.p_value < P_FAIL {
+            (
+                Status::Fail,
+                format!(
+                    "the counts do not follow the reference's probabilities: chi2 {:.1} over \
+                     {} bins, p = {:.2e} < {P_FAIL:e}",
+                    self.chi2, self.bins, self.p_value
+                ),
+            )
+        } else {
+            (Status::Pass, String::new())
+        };
+        Check::new(name, status, message)
+            .metric("draws", self.draws)
+            .metric("kept", self.kept)
+            .metric("bins", self.bins)
+            .metric("chi2", self.chi2)
+            .metric("p_value", self.p_value)
+            .metric("outside", self.outside)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sampler that never draws the cut token fails the test; the engine's host sampler
+    /// passes it.
+    #[test]
+    fn distribution_test_catches_an_early_cut() {
+        // Probabilities 0.5, 0.25, 0.125, 0.125: top_p 0.6 keeps tokens 0 and 1.
+        let row: Vec<f32> = [4.0f64, 2.0, 1.0, 1.0]
+            .iter()
+            .map(|x| x.ln() as f32)
+            .collect();
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_p: 0.6,
+            seed: 9,
+        };
+        let r = &row;
+        let draw = |nucleus| {
+            move |step: usize| sampling::sample_token_with(r, &p, SeqId(1), step, nucleus)
+        };
+        let good = distribution_test(&row, &p, 3000, draw(sampling::Nucleus::Exact)).unwrap();
+        assert!(good.p_value > 1e-3 && good.outside == 0, "{good:?}");
+        assert_eq!(good.check("x").status, Status::Pass);
+        let bad = distribution_test(&row, &p, 3000, draw(sampling::Nucleus::OneEarly)).unwrap();
+        assert!(bad.p_value < P_FAIL, "{bad:?}");
+        assert_eq!(bad.check("x").status, Status::Fail);
+        // Draws outside the nucleus fail however the counts look.
+        let outside = distribution_test(&row, &p, 200, |_| Ok(3)).unwrap();
+        assert_eq!(outside.outside, 200);
+        assert_eq!(outside.check("x").status, Status::Fail);
+    }
+
+    #[test]
+    fn tally_fails_on_a_mismatch_and_warns_when_nothing_was_compared() {
+        let row = [0.0f32, 0.0, 0.0, 0.0];
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            seed: 1,
+        };
+        let mut good = Tally::default();
+        let mut bad = Tally::default();
+        for step in 0..50 {
+            let r = sampler::sample(&row, 1.0, 1.0, 1, SeqId(0), step);
+            good.compare("batched", &row, &p, SeqId(0), step, 0, r.token);
+            bad.compare("batched", &row, &p, SeqId(0), step, 0, (r.token + 1) % 4);
+        }
+        assert_eq!(good.check("g").status, Status::Pass);
+        let c = bad.check("b");
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.first_mismatch.is_some());
+        assert_eq!(Tally::default().check("e").status, Status::Warn);
+    }
+}
