@@ -112,17 +112,22 @@ pub enum GateDefect {
     /// that compares the device with the twin passes under it; sampling-gate, against an
     /// independent reference sampler, catches it.
     TopPCut,
+    /// The fused norm tier (the single-sequence path's rmsnorm+quantize, factor as a
+    /// post-op) takes epsilon 1.0 instead of the model's; the separate tier keeps it
+    /// (`backend::norm_eps`). A bug in one tier alone: `fused-vs-unfused` catches it.
+    FusedNorm,
 }
 
 impl GateDefect {
     /// Every defect with its `MEMRA_GATE_DEFECT` value.
-    pub const ALL: [(GateDefect, &'static str); 7] = [
+    pub const ALL: [(GateDefect, &'static str); 8] = [
         (GateDefect::BatchReduction, "batch-reduction"),
         (GateDefect::StageRange, "stage-range"),
         (GateDefect::BoundaryCopy, "boundary-copy"),
         (GateDefect::SampleCounter, "sample-counter"),
         (GateDefect::WeightBlock, "weight-block"),
         (GateDefect::ChunkCache, "chunk-cache"),
+        (GateDefect::FusedNorm, "fused-norm"),
         (GateDefect::TopPCut, "top-p-cut"),
     ];
 

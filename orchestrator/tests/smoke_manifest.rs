@@ -269,6 +269,13 @@ fn the_smoke_battery_runs_every_node_as_expected() {
         tree.receipt("dump-decode-unfused")["doors"]["norm"],
         "separate"
     );
+    let fused_bug = tree.receipt("fused-vs-unfused-defect[candidate=dump-decode-defect]");
+    assert_eq!(fused_bug["expect"], "fail");
+    assert_eq!(fused_bug["attempts"][0]["outcome"], "fail", "{fused_bug:#}");
+    assert_eq!(
+        tree.receipt("dump-decode-defect")["doors"]["defect"],
+        "fused-norm"
+    );
     let exact_canary = tree.receipt("exact-canary");
     assert_eq!(exact_canary["attempts"][0]["outcome"], "fail");
     assert_eq!(exact_canary["doors"]["defect"], "weight-block");

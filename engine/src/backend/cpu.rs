@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use super::stages::{StagePlan, boundary_copy};
 use super::trace::{ActivationTrace, Composition, Site, SiteKey, SiteRecord};
 use super::{
-    Backend, RowSpec, TokenSite, batch_rows, canary_token, check_row_params, check_token,
+    Backend, RowSpec, TokenSite, batch_rows, canary_token, check_row_params, check_token, norm_eps,
     prompt_commit, reserve_positions,
 };
 use crate::doors::{Doors, DoorsReport, GateDefect};
@@ -233,6 +233,7 @@ impl CpuBackend {
             tier,
             split_k: self.doors.fa3,
             rope_table: &self.rope_table,
+            eps: norm_eps(&self.doors, tier == Tier::Fused, c.rms_eps),
         };
         match walk {
             Walk::Unsplit => {
@@ -284,7 +285,12 @@ impl CpuBackend {
         let acts = if reversed {
             reversed_sum_acts(sel, &self.output_norm, c.rms_eps)?
         } else {
-            normed_acts(sel, &self.output_norm, c.rms_eps, tier)?
+            normed_acts(
+                sel,
+                &self.output_norm,
+                norm_eps(&self.doors, tier == Tier::Fused, c.rms_eps),
+                tier,
+            )?
         };
         let mut rec = Recorder {
             trace: self.trace.as_mut(),
@@ -513,6 +519,8 @@ struct PassCtx<'a> {
     tier: Tier,
     split_k: bool,
     rope_table: &'a [f32],
+    /// The rms epsilon of this pass's norm steps ([`norm_eps`]).
+    eps: f32,
 }
 
 /// One transformer layer over every row, in place on the residual stream `x`.
@@ -529,12 +537,13 @@ fn layer_forward(
         tier,
         split_k,
         rope_table: table,
+        eps,
     } = *ctx;
     let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
     let w = &layer.w;
 
     // Attention block.
-    let acts = normed_acts(x, &w.attn_norm, c.rms_eps, tier)?;
+    let acts = normed_acts(x, &w.attn_norm, eps, tier)?;
     rec.record(Site::AttnIn, &acts);
     let [mut q, mut k, v]: [Vec<f32>; 3] = matmul_many(family, &[&w.wq, &w.wk, &w.wv], &acts)?
         .try_into()
@@ -595,7 +604,7 @@ fn layer_forward(
     twin::add(x, &o).map_err(twin_err)?;
 
     // Feed-forward block.
-    let acts = normed_acts(x, &w.ffn_norm, c.rms_eps, tier)?;
+    let acts = normed_acts(x, &w.ffn_norm, eps, tier)?;
     rec.record(Site::FfnIn, &acts);
     let [gate, up]: [Vec<f32>; 2] = matmul_many(family, &[&w.w_gate, &w.w_up], &acts)?
         .try_into()

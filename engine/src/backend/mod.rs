@@ -283,6 +283,17 @@ pub(crate) fn prompt_commit(doors: &Doors, rows: &[RowSpec]) -> usize {
     }
 }
 
+/// The rms epsilon a norm step uses: the model's, except under `MEMRA_GATE_DEFECT=fused-norm`,
+/// where the fused tier (`fused`: rmsnorm+quantize with the factor as a post-op) takes 1.0.
+/// Shared by every backend so the defect reaches each alike.
+pub(crate) fn norm_eps(doors: &Doors, fused: bool, eps: f32) -> f32 {
+    if fused && doors.gate_defect == Some(GateDefect::FusedNorm) {
+        1.0
+    } else {
+        eps
+    }
+}
+
 /// The planted defect of `MEMRA_GATE_DEFECT=weight-block`: the first block of row 0 of
 /// layer 0's `ffn_down` scaled by −16 (a quantized block's `d`, and `m` for q4_1; the 32
 /// values of a float block). One block of 32 weights out of the whole model: every backend

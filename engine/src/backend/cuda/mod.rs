@@ -67,7 +67,7 @@ pub use weights::{DevModel, DevWeight, PeerAccess, Placement};
 use super::stages::StagePlan;
 use super::trace::ActivationTrace;
 use super::{
-    Backend, RowSpec, TokenSite, batch_rows, canary_token, check_token, prompt_commit,
+    Backend, RowSpec, TokenSite, batch_rows, canary_token, check_token, norm_eps, prompt_commit,
     reserve_positions,
 };
 use crate::doors::{Doors, DoorsReport, GateDefect};
@@ -438,6 +438,7 @@ impl CudaBackend {
             walk,
             skip_boundary_copy: self.doors.gate_defect == Some(GateDefect::BoundaryCopy),
             reversed_head_norm,
+            eps: norm_eps(&self.doors, tier == Tier::Fused, c.rms_eps),
             kptr: &bufs.kptr,
             vptr: &bufs.vptr,
             fuse_rope,
@@ -828,6 +829,10 @@ struct PassCtx<'a> {
     /// followed by `rmsnorm_quantize_reversed`, which rewrites its outputs in the fused
     /// composition from a sum of squares in reverse order, and the logits are post-scaled.
     reversed_head_norm: bool,
+    /// The rms epsilon of this pass's norm steps (`backend::norm_eps`: the model's, but for
+    /// the fused tier under the test-only `fused-norm` defect). A process's doors never
+    /// change, so graphs captured with it replay only passes that want it.
+    eps: f32,
     /// Per layer, on that layer's device: the rows' cache addresses.
     kptr: &'a [CudaSlice<u64>],
     vptr: &'a [CudaSlice<u64>],

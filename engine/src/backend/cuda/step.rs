@@ -319,7 +319,7 @@ impl<'a> Step<'a> {
                 self.x,
                 self.walked.then_some(&*self.delta),
                 &layer.attn_norm,
-                c.rms_eps,
+                ctx.eps,
                 self.x_alt,
                 fused.then_some(&mut *self.r),
                 self.qkv,
@@ -338,7 +338,7 @@ impl<'a> Step<'a> {
                 fused.then_some(&mut *self.r),
                 n,
                 d,
-                c.rms_eps,
+                ctx.eps,
                 // After a layer, x is the previous layer's feed-forward norm step's
                 // output, three launches back; before the first, the embedding or a
                 // boundary copy has just written it.
@@ -449,7 +449,7 @@ impl<'a> Step<'a> {
                 self.x,
                 Some(&*self.delta),
                 &layer.ffn_norm,
-                c.rms_eps,
+                ctx.eps,
                 self.x_alt,
                 fused.then_some(&mut *self.r),
                 self.gu,
@@ -468,7 +468,7 @@ impl<'a> Step<'a> {
                 fused.then_some(&mut *self.r),
                 n,
                 d,
-                c.rms_eps,
+                ctx.eps,
                 // x is this layer's attention norm step's output, three launches back.
                 true,
             )?;
@@ -517,7 +517,7 @@ impl<'a> Step<'a> {
             fused.then_some(&mut *self.r),
             n,
             d,
-            c.rms_eps,
+            ctx.eps,
             self.walked,
         )?;
         // The planted `batch-reduction` defect, as the CPU backend plants it: the fused
@@ -534,7 +534,7 @@ impl<'a> Step<'a> {
                 self.r,
                 n,
                 d,
-                c.rms_eps,
+                ctx.eps,
             )?;
         }
         let post_scale = fused || reversed;
