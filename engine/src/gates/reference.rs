@@ -70,7 +70,8 @@ const SYNTH_SEED: u64 = 7;
 /// default base, an epsilon read wrong, a head width or GQA ratio assumed) meets the
 /// oracle, which computes RoPE, the norms and attention itself: RoPE bases 100000 (SmolLM2)
 /// and 500000 (llama-3), rms epsilon 1e-6, head_dim 128, GQA ratios 4 and 1, and a
-/// vocabulary that is not a power of two.
+/// vocabulary that is not a power of two. `mha`'s context is exactly its program's length,
+/// so its programs reach the last position the context holds.
 const SYNTH_ARMS: [(&str, &str, &str); 9] = [
     ("q8_0", "tiny", "q8_0"),
     ("q4_1", "tiny", "q4_1"),
@@ -88,7 +89,7 @@ const SYNTH_ARMS: [(&str, &str, &str); 9] = [
         "tiny:rope_base=5e5,head_dim=128,n_head=4,n_head_kv=1",
         "q8_0",
     ),
-    ("mha", "tiny:n_head_kv=4,n_vocab=771", "f16"),
+    ("mha", "tiny:n_head_kv=4,n_vocab=771,n_ctx=20", "f16"),
 ];
 
 /// Runs the gate on the process arguments and environment; returns the exit status.
