@@ -293,6 +293,7 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             out,
         } => {
             let doors = doors()?;
+            let defect = doors.gate_defect.map(|d| d.as_str()).unwrap_or("none");
             check_model_path(&model)?;
             let mut engine = Engine::open(&model, doors)?;
             let ids = match (prompt, tokens) {
@@ -316,8 +317,12 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             // Under the orchestrator the dump names the paths it ran, as every gate does, so
             // a compare of two dumps shows which doors and switches each side ran (and pin
             // attestation can hold a candidate's pins to them). Run by hand, it writes nothing.
+            // A planted defect is named, as every gate names it, so a dump under one can
+            // never pass for a real run.
+            let mut row = engine.backend.doors_report().doors_row();
+            row.insert("defect", defect);
             memra_protocol::ChecksWriter::from_env()
-                .doors(&engine.backend.doors_report().doors_row())
+                .doors(&row)
                 .map_err(failed)?;
             eprintln!(
                 "memra-engine: wrote logits [{}, {n_vocab}] to {}",
