@@ -428,28 +428,55 @@ fn activation_parts(x: &[f32], quantize: bool) -> (Vec<f64>, Vec<f64>) {
     (values, sums)
 }
 
+/// The value type the oracles' shared steps (RoPE, attention, the residual add) store:
+/// `f32` for the f32 oracle, `f64` for the exact model (`reference/exact.rs`). Each step
+/// computes in f64 and stores through `from_f64`, so the f32 oracle rounds once per stored
+/// value and the exact model not at all.
+trait Real: Copy + Send + Sync + Default + std::ops::AddAssign {
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
+}
+
+impl Real for f32 {
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> f32 {
+        v as f32
+    }
+}
+
+impl Real for f64 {
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f64(v: f64) -> f64 {
+        v
+    }
+}
+
 /// llama.cpp's "normal" RoPE for llama-arch GGUF: within each head, the adjacent pair
 /// `(x[2i], x[2i+1])` is rotated by `pos · base^(-2i/head_dim)`.
-fn rope(x: &mut [f32], pos: usize, c: &LlamaConfig) {
+fn rope<T: Real>(x: &mut [T], pos: usize, c: &LlamaConfig) {
     let hd = c.head_dim;
     for head in x.chunks_exact_mut(hd) {
         for i in 0..hd / 2 {
             let theta = pos as f64 * (c.rope_base as f64).powf(-2.0 * i as f64 / hd as f64);
             let (s, co) = theta.sin_cos();
-            let (a, b) = (head[2 * i] as f64, head[2 * i + 1] as f64);
-            head[2 * i] = (a * co - b * s) as f32;
-            head[2 * i + 1] = (a * s + b * co) as f32;
+            let (a, b) = (head[2 * i].to_f64(), head[2 * i + 1].to_f64());
+            head[2 * i] = T::from_f64(a * co - b * s);
+            head[2 * i + 1] = T::from_f64(a * s + b * co);
         }
     }
 }
 
-/// Causal grouped-query attention over all positions at once. Query head `h` reads KV head
-/// `h / (n_head / n_head_kv)`.
-fn attention(q: &[f32], k: &[f32], v: &[f32], n: usize, c: &LlamaConfig) -> Vec<f32> {
+/// Causal grouped-query attention over all positions at once, with an exact softmax in
+/// f64. Query head `h` reads KV head `h / (n_head / n_head_kv)`.
+fn attention<T: Real>(q: &[T], k: &[T], v: &[T], n: usize, c: &LlamaConfig) -> Vec<T> {
     let hd = c.head_dim;
     let group = c.n_head / c.n_head_kv;
     let scale = 1.0 / (hd as f64).sqrt();
-    let mut out = vec![0.0f32; n * c.q_dim()];
+    let mut out = vec![T::default(); n * c.q_dim()];
     out.par_chunks_exact_mut(c.q_dim())
         .enumerate()
         .for_each(|(t, out_t)| {
@@ -461,7 +488,7 @@ fn attention(q: &[f32], k: &[f32], v: &[f32], n: usize, c: &LlamaConfig) -> Vec<
                         let kj = &k[j * c.kv_dim() + kvh * hd..][..hd];
                         qh.iter()
                             .zip(kj)
-                            .map(|(&a, &b)| a as f64 * b as f64)
+                            .map(|(&a, &b)| a.to_f64() * b.to_f64())
                             .sum::<f64>()
                             * scale
                     })
@@ -471,16 +498,17 @@ fn attention(q: &[f32], k: &[f32], v: &[f32], n: usize, c: &LlamaConfig) -> Vec<
                 let total: f64 = weights.iter().sum();
                 for e in 0..hd {
                     let acc: f64 = (0..=t)
-                        .map(|j| weights[j] * v[j * c.kv_dim() + kvh * hd + e] as f64)
+                        .map(|j| weights[j] * v[j * c.kv_dim() + kvh * hd + e].to_f64())
                         .sum();
-                    out_t[h * hd + e] = (acc / total) as f32;
+                    out_t[h * hd + e] = T::from_f64(acc / total);
                 }
             }
         });
     out
 }
 
-fn add_into(x: &mut [f32], y: &[f32]) {
+/// `x += y` element by element, in `T`'s own arithmetic.
+fn add_into<T: Real>(x: &mut [T], y: &[T]) {
     for (a, &b) in x.iter_mut().zip(y) {
         *a += b;
     }

@@ -114,20 +114,7 @@ fn mixed_params(rows: usize, seed: u64) -> Vec<SamplingParams> {
 
 /// Runs the gate on the process arguments and environment; returns the exit status.
 pub fn main() -> i32 {
-    let args = match Args::try_parse() {
-        Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return e.exit_code();
-        }
-    };
-    match run_gate(&args) {
-        Ok(exit) => exit as i32,
-        Err(e) => {
-            eprintln!("decode-batch-gate: {e}");
-            GateExit::Usage as i32
-        }
-    }
+    super::protocol::gate_main::<Args>("decode-batch-gate", run_gate)
 }
 
 fn settings(args: &Args) -> Result<Settings, GateError> {

@@ -108,20 +108,7 @@ pub const BOUNDS_FORMAT: u32 = 1;
 
 /// Runs the gate on the process arguments and environment; returns the exit status.
 pub fn main() -> i32 {
-    let args = match Args::try_parse() {
-        Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return e.exit_code();
-        }
-    };
-    match run_gate(&args) {
-        Ok(exit) => exit as i32,
-        Err(e) => {
-            eprintln!("exact-gate: {e}");
-            GateExit::Usage as i32
-        }
-    }
+    super::protocol::gate_main::<Args>("exact-gate", run_gate)
 }
 
 /// One checkpoint under test.

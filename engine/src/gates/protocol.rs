@@ -35,6 +35,29 @@ pub enum GateExit {
     Usage = 2,
 }
 
+/// A gate binary's `main`: parses `A` from the process arguments (clap prints its own
+/// usage errors and help, with its exit code), runs `run`, and turns a setup error into
+/// `gate: message` on stderr and exit 2.
+pub fn gate_main<A: clap::Parser>(
+    gate: &str,
+    run: impl FnOnce(&A) -> Result<GateExit, GateError>,
+) -> i32 {
+    let args = match A::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return e.exit_code();
+        }
+    };
+    match run(&args) {
+        Ok(exit) => exit as i32,
+        Err(e) => {
+            eprintln!("{gate}: {e}");
+            GateExit::Usage as i32
+        }
+    }
+}
+
 /// Why a gate could not run at all (exit 2). The message names the file or value, the
 /// problem and the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -94,20 +94,7 @@ const SYNTH_ARMS: [(&str, &str, &str); 9] = [
 
 /// Runs the gate on the process arguments and environment; returns the exit status.
 pub fn main() -> i32 {
-    let args = match Args::try_parse() {
-        Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return e.exit_code();
-        }
-    };
-    match run_gate(&args) {
-        Ok(exit) => exit as i32,
-        Err(e) => {
-            eprintln!("reference-gate: {e}");
-            GateExit::Usage as i32
-        }
-    }
+    super::protocol::gate_main::<Args>("reference-gate", run_gate)
 }
 
 /// How an arm's rows against the oracle are judged.

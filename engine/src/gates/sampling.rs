@@ -110,20 +110,7 @@ const DIST_ID: u32 = 900;
 
 /// Runs the gate on the process arguments and environment; returns the exit status.
 pub fn main() -> i32 {
-    let args = match Args::try_parse() {
-        Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return e.exit_code();
-        }
-    };
-    match run_gate(&args) {
-        Ok(exit) => exit as i32,
-        Err(e) => {
-            eprintln!("sampling-gate: {e}");
-            GateExit::Usage as i32
-        }
-    }
+    super::protocol::gate_main::<Args>("sampling-gate", run_gate)
 }
 
 fn settings(args: &Args) -> Result<Settings, GateError> {

@@ -10,12 +10,14 @@
 //! this model statistically (KL divergence, top-1 agreement, RMS of the logit difference),
 //! the way llama.cpp's `perplexity --kl-divergence` holds a quantization to its base model.
 //!
-//! It owns nothing but the forward pass. It reads weights one row at a time, so a 7B shape
-//! needs no f64 copy of the model.
+//! It owns its forward pass, its matmul and its norm; RoPE, attention and the residual add
+//! are the f32 oracle's own steps (`reference.rs`), run in f64. It reads weights one row at
+//! a time, so a 7B shape needs no f64 copy of the model.
 
 use rayon::prelude::*;
 
-use crate::model::{LlamaConfig, LlamaModel, Weight, WeightData};
+use super::{add_into, attention, rope};
+use crate::model::{LlamaModel, Weight, WeightData};
 
 /// Logits after every position of `tokens` in float64: `[tokens.len(), n_vocab]`,
 /// row-major (row `i` is the distribution of the token following position `i`).
@@ -139,59 +141,6 @@ fn rmsnorm(x: &[f64], g: &[f32], eps: f32) -> Vec<f64> {
         out.extend(row.iter().zip(g).map(|(&v, &g)| v * factor * g as f64));
     }
     out
-}
-
-/// llama.cpp's "normal" RoPE: within each head, the adjacent pair `(x[2i], x[2i+1])` turns
-/// by `pos · base^(-2i/head_dim)`.
-fn rope(x: &mut [f64], pos: usize, c: &LlamaConfig) {
-    let hd = c.head_dim;
-    for head in x.chunks_exact_mut(hd) {
-        for i in 0..hd / 2 {
-            let theta = pos as f64 * (c.rope_base as f64).powf(-2.0 * i as f64 / hd as f64);
-            let (s, co) = theta.sin_cos();
-            let (a, b) = (head[2 * i], head[2 * i + 1]);
-            head[2 * i] = a * co - b * s;
-            head[2 * i + 1] = a * s + b * co;
-        }
-    }
-}
-
-/// Causal grouped-query attention with an exact softmax over all positions at once.
-fn attention(q: &[f64], k: &[f64], v: &[f64], n: usize, c: &LlamaConfig) -> Vec<f64> {
-    let hd = c.head_dim;
-    let group = c.n_head / c.n_head_kv;
-    let scale = 1.0 / (hd as f64).sqrt();
-    let mut out = vec![0.0f64; n * c.q_dim()];
-    out.par_chunks_exact_mut(c.q_dim())
-        .enumerate()
-        .for_each(|(t, out_t)| {
-            for h in 0..c.n_head {
-                let kvh = h / group;
-                let qh = &q[t * c.q_dim() + h * hd..][..hd];
-                let scores: Vec<f64> = (0..=t)
-                    .map(|j| {
-                        let kj = &k[j * c.kv_dim() + kvh * hd..][..hd];
-                        qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>() * scale
-                    })
-                    .collect();
-                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let total: f64 = weights.iter().sum();
-                for e in 0..hd {
-                    let acc: f64 = (0..=t)
-                        .map(|j| weights[j] * v[j * c.kv_dim() + kvh * hd + e])
-                        .sum();
-                    out_t[h * hd + e] = acc / total;
-                }
-            }
-        });
-    out
-}
-
-fn add_into(x: &mut [f64], y: &[f64]) {
-    for (a, &b) in x.iter_mut().zip(y) {
-        *a += b;
-    }
 }
 
 #[cfg(test)]
