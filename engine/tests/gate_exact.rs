@@ -6,64 +6,10 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
-
-use serde_json::Value;
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-    receipt: String,
-    rows: Vec<Value>,
-}
-
-impl Run {
-    fn check(&self, name: &str) -> &Value {
-        self.rows
-            .iter()
-            .find(|r| r["check"] == name)
-            .unwrap_or_else(|| panic!("no check {name}: {}", self.stdout))
-    }
-
-    fn checks(&self) -> Vec<&Value> {
-        self.rows
-            .iter()
-            .filter(|r| r.get("check").is_some())
-            .collect()
-    }
-}
 
 /// Runs the gate from the repository root (where the default bounds path resolves).
-fn gate(args: &[&str], env: &[(&str, &str)]) -> Run {
-    let dir = tempfile::tempdir().unwrap();
-    let receipt = dir.path().join("receipt.tsv");
-    let checks = dir.path().join("checks.jsonl");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_exact-gate"));
-    for var in memra_engine::doors::DOOR_VARIABLES {
-        cmd.env_remove(var);
-    }
-    let out = cmd
-        .current_dir(common::repo_root())
-        .env("MEMRA_BACKEND", "cpu")
-        .env("MEMRA_ORCH_CHECKS", &checks)
-        .env_remove("MEMRA_ORCH_ARTIFACTS")
-        .arg(&receipt)
-        .args(args)
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        receipt: std::fs::read_to_string(&receipt).unwrap_or_default(),
-        rows: std::fs::read_to_string(&checks)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect(),
-    }
+fn gate(args: &[&str], env: &[(&str, &str)]) -> common::GateRun {
+    common::run_gate(env!("CARGO_BIN_EXE_exact-gate"), true, args, env)
 }
 
 const SYNTH_CHECKS: [&str; 8] = [

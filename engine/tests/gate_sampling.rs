@@ -3,77 +3,21 @@
 //! planted `top-p-cut` defect failing exactly rows with top-p below 1, and clean usage
 //! errors.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
-use std::sync::OnceLock;
+mod common;
 
 use serde_json::Value;
 
-/// The smoke battery's tiny Q4_1 checkpoint (`memra-engine synth --preset tiny --quant
-/// q4_1`, seed 0), written once per test process.
-fn tiny() -> PathBuf {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    static ONCE: OnceLock<PathBuf> = OnceLock::new();
-    ONCE.get_or_init(|| {
-        let dir = DIR.get_or_init(|| tempfile::tempdir().unwrap());
-        let path = dir.path().join("tiny-q4_1.gguf");
-        memra_engine::synth::write_preset("tiny", "q4_1", 0, &path).unwrap();
-        path
-    })
-    .clone()
-}
-
-/// What one gate run reported.
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-    rows: Vec<Value>,
-}
-
-impl Run {
-    /// The check rows (every row but the doors row).
-    fn checks(&self) -> Vec<&Value> {
-        self.rows
-            .iter()
-            .filter(|r| r.get("check").is_some())
-            .collect()
-    }
-}
-
-/// Runs the gate with `args` and exactly the pins in `env` (every other MEMRA_* removed) on
-/// the CPU backend.
-fn gate(args: &[&str], env: &[(&str, &str)]) -> Run {
-    let dir = tempfile::tempdir().unwrap();
-    let checks = dir.path().join("checks.jsonl");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sampling-gate"));
-    for var in memra_engine::doors::DOOR_VARIABLES {
-        cmd.env_remove(var);
-    }
-    cmd.env("MEMRA_BACKEND", "cpu")
-        .env("MEMRA_ORCH_CHECKS", &checks)
-        .args(args)
-        .envs(env.iter().copied());
-    let Output {
-        status,
-        stdout,
-        stderr,
-    } = cmd.output().expect("run sampling-gate");
-    let rows = std::fs::read_to_string(&checks)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("every check row is JSON"))
-        .collect();
-    Run {
-        code: status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&stderr).into_owned(),
-        rows,
-    }
+/// Runs the gate with `args` and exactly the pins in `env` on the CPU backend.
+fn gate(args: &[&str], env: &[(&str, &str)]) -> common::GateRun {
+    common::run_gate(env!("CARGO_BIN_EXE_sampling-gate"), false, args, env)
 }
 
 fn model_arg() -> String {
-    tiny().to_str().unwrap().to_string()
+    // The smoke battery's tiny Q4_1 checkpoint (seed 0).
+    common::synth_model("tiny", "q4_1", 0)
+        .to_str()
+        .unwrap()
+        .to_string()
 }
 
 /// Whether a check's name carries `top_p=1]` (no truncation).

@@ -211,3 +211,67 @@ pub fn judge_following(
     }
     o
 }
+
+/// What one run of a gate binary reported: its exit code, its output, the receipt file it
+/// wrote (when it takes one as its first argument) and its check rows.
+pub struct GateRun {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub receipt: String,
+    pub rows: Vec<serde_json::Value>,
+}
+
+impl GateRun {
+    /// The check row named `name`.
+    pub fn check(&self, name: &str) -> &serde_json::Value {
+        self.rows
+            .iter()
+            .find(|r| r["check"] == name)
+            .unwrap_or_else(|| panic!("no check {name}: {}", self.stdout))
+    }
+
+    /// The check rows (every row but the doors row).
+    pub fn checks(&self) -> Vec<&serde_json::Value> {
+        self.rows
+            .iter()
+            .filter(|r| r.get("check").is_some())
+            .collect()
+    }
+}
+
+/// Runs the gate binary `bin` from the repository root on the CPU backend with exactly the
+/// pins in `env` (every other door variable removed) and the checks file the orchestrator
+/// would give it; with `receipt`, a receipt path in a temporary folder goes first in argv.
+pub fn run_gate(bin: &str, receipt: bool, args: &[&str], env: &[(&str, &str)]) -> GateRun {
+    let dir = tempfile::tempdir().unwrap();
+    let receipt_path = dir.path().join("receipt.tsv");
+    let checks = dir.path().join("checks.jsonl");
+    let mut cmd = Command::new(bin);
+    for var in memra_engine::doors::DOOR_VARIABLES {
+        cmd.env_remove(var);
+    }
+    cmd.current_dir(repo_root())
+        .env("MEMRA_BACKEND", "cpu")
+        .env("MEMRA_ORCH_CHECKS", &checks)
+        .env_remove("MEMRA_ORCH_ARTIFACTS");
+    if receipt {
+        cmd.arg(&receipt_path);
+    }
+    let out = cmd
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap_or_else(|e| panic!("run {bin}: {e}"));
+    GateRun {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        receipt: std::fs::read_to_string(&receipt_path).unwrap_or_default(),
+        rows: std::fs::read_to_string(&checks)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("every check row is JSON"))
+            .collect(),
+    }
+}
