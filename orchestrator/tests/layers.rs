@@ -129,10 +129,20 @@ fn the_readmes_main_command_builds_what_the_smoke_battery_builds() {
         "README.md's set-up command must be `{}`",
         main.trim()
     );
+    // The test command is the first indented line after "Run the tests", and `.ci/run` runs
+    // exactly it as one of its lines.
+    let test = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("Run the tests"))
+        .find_map(|l| l.strip_prefix("    "))
+        .expect("README.md says `Run the tests` and then the command, indented");
+    assert!(
+        test.starts_with("cargo test --workspace --locked"),
+        "README's test command runs the workspace's tests: {test}"
+    );
     let ci = std::fs::read_to_string(root.join(".ci/run")).unwrap();
     assert!(
-        ci.contains("cargo test --workspace --locked")
-            && readme.contains("    cargo test --workspace --locked\n"),
-        "README and .ci/run run the same test command"
+        ci.lines().any(|l| l == test),
+        "README and .ci/run run the same test command: `.ci/run` must hold the line `{test}`"
     );
 }
