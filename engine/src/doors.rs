@@ -116,11 +116,16 @@ pub enum GateDefect {
     /// post-op) takes epsilon 1.0 instead of the model's; the separate tier keeps it
     /// (`backend::norm_eps`). A bug in one tier alone: `fused-vs-unfused` catches it.
     FusedNorm,
+    /// The CUDA backend's `exp` of the model's arithmetic (attention's softmax and split-K
+    /// combine, SiLU) returns one ulp above the shared `exp_mirrored` wherever its result is
+    /// finite and nonzero (the kernels compile with `MEMRA_DEFECT_EXP_ULP`). The CPU backend
+    /// is untouched: only the bitwise `cpu-vs-cuda` comparison can see a change this small.
+    ExpUlp,
 }
 
 impl GateDefect {
     /// Every defect with its `MEMRA_GATE_DEFECT` value.
-    pub const ALL: [(GateDefect, &'static str); 8] = [
+    pub const ALL: [(GateDefect, &'static str); 9] = [
         (GateDefect::BatchReduction, "batch-reduction"),
         (GateDefect::StageRange, "stage-range"),
         (GateDefect::BoundaryCopy, "boundary-copy"),
@@ -129,6 +134,7 @@ impl GateDefect {
         (GateDefect::ChunkCache, "chunk-cache"),
         (GateDefect::FusedNorm, "fused-norm"),
         (GateDefect::TopPCut, "top-p-cut"),
+        (GateDefect::ExpUlp, "exp-ulp"),
     ];
 
     pub fn as_str(self) -> &'static str {

@@ -2,10 +2,10 @@
 // ([t][kv_head][d]), query head h reading KV head h / (n_heads / n_kv_heads). Two families
 // (MEMRA_FA3): attention_naive_f32 (one 128-thread block per head) and split-K
 // (attention_split_k_f32 per 64-token chunk, then attention_combine_f32). Twins:
-// twin::attention_naive, twin::attention_split_k. Only expf differs from the twins. The
-// batched rows forms serve the engine; their decode forms (attention_rope_*_rows_f32, at the
-// end) also do rope_store_rows_f32's RoPE and KV store, so a decode layer needs no separate
-// prologue launch.
+// twin::attention_naive, twin::attention_split_k, bit for bit (exp is exp_model, common.cuh,
+// the twins' exp_mirrored). The batched rows forms serve the engine; their decode forms
+// (attention_rope_*_rows_f32, at the end) also do rope_store_rows_f32's RoPE and KV store, so
+// a decode layer needs no separate prologue launch.
 
 #define ATTN_THREADS 128
 #define SPLIT_K_CHUNK 64
@@ -163,7 +163,7 @@ __device__ __forceinline__ float attn_values(const float* s, const Rows& kv, int
     return acc;
 }
 
-// Over the n scores in s: m = max, s[i] = expf(s[i] - m), l = block_sum (thread i takes
+// Over the n scores in s: m = max, s[i] = exp_model(s[i] - m), l = block_sum (thread i takes
 // i, i+128, ...). Returns m and l in *m_out, *l_out on every thread.
 __device__ __forceinline__ void attn_softmax(float* s, int n, float* sh, float* m_out,
                                              float* l_out) {
@@ -173,7 +173,7 @@ __device__ __forceinline__ void attn_softmax(float* s, int n, float* sh, float* 
     m = block_max(m, sh);
     float part = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float e = expf(s[i] - m);
+        const float e = exp_model(s[i] - m);
         s[i] = e;
         part += e;
     }
@@ -259,7 +259,7 @@ extern "C" __global__ void attention_combine_f32(const float* part_o, const floa
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float big_l = 0.0f, o = 0.0f;
         for (int c = 0; c < n_chunks; ++c) {
-            const float f = expf(ml[2 * c] - big_m);
+            const float f = exp_model(ml[2 * c] - big_m);
             big_l += f * ml[2 * c + 1];
             o += f * part_o[((size_t)h * n_chunks + c) * head_dim + d];
         }
@@ -314,7 +314,7 @@ extern "C" __global__ void attention_combine_rows_f32(const float* part_o, const
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float big_l = 0.0f, o = 0.0f;
         for (int c = 0; c < n_chunks; ++c) {
-            const float f = expf(ml[2 * c] - big_m);
+            const float f = exp_model(ml[2 * c] - big_m);
             big_l += f * ml[2 * c + 1];
             o += f * part_o[(base + c) * head_dim + d];
         }

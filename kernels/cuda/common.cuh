@@ -104,9 +104,9 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
     return warp_max(t);
 }
 
-// exp(x) in exactly the operations of twin::exp_mirrored (kernels/src/twin/sample.rs; this
-// file is compiled with --fmad=false), so sampling picks the same token as its twin where
-// expf and the host's exp could differ by an ulp at a boundary. See the twin for the method.
+// exp(x) in exactly the operations of twin::exp_mirrored (kernels/src/twin/exp.rs; this file
+// is compiled with --fmad=false), so the device and the CPU backend compute the same bits
+// where expf and the host's exp would differ by an ulp. See the twin for the method.
 __device__ __forceinline__ float exp_mirrored(float x) {
     if (x != x) return x;
     if (x < __int_as_float(0xc2cff5c3)) return 0.0f;
@@ -122,8 +122,22 @@ __device__ __forceinline__ float exp_mirrored(float x) {
     p = p * r + 1.0f;
     p = p * r + 1.0f;
     const int ki = (int)k;
+    if (ki > 127) return (p * __int_as_float((ki + 127 - 64) << 23)) * __int_as_float((127 + 64) << 23);
     if (ki >= -126) return p * __int_as_float((ki + 127) << 23);
     return (p * __int_as_float((ki + 127 + 64) << 23)) * __int_as_float((127 - 64) << 23);
+}
+
+// The exp of the model's arithmetic (attention's softmax and split-K combine, SiLU):
+// exp_mirrored. Test-only: compiled with MEMRA_DEFECT_EXP_ULP (the planted defect
+// MEMRA_GATE_DEFECT=exp-ulp, engine/src/doors.rs), a finite nonzero result is one ulp larger,
+// which only a bitwise comparison with the CPU backend sees. The sampler calls exp_mirrored
+// itself and is never planted.
+__device__ __forceinline__ float exp_model(float x) {
+    const float e = exp_mirrored(x);
+#ifdef MEMRA_DEFECT_EXP_ULP
+    if (e > 0.0f && e < __int_as_float(0x7f800000)) return __int_as_float(__float_as_int(e) + 1);
+#endif
+    return e;
 }
 
 // One q8_1 block from the lane's value (all 32 lanes of the warp call this together).

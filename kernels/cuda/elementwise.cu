@@ -14,7 +14,7 @@ extern "C" __global__ void swiglu_f32(const float* gate, const float* up, float*
         g *= s;
         u *= s;
     }
-    out[i] = (g / (1.0f + expf(-g))) * u;
+    out[i] = (g / (1.0f + exp_model(-g))) * u;
 }
 
 extern "C" __global__ void add_f32(float* x, const float* y, int n) {
@@ -58,7 +58,7 @@ extern "C" __global__ void swiglu_q8_1_f32(const float* gate, const float* up, i
         g *= s;
         u *= s;
     }
-    const float o = (g / (1.0f + expf(-g))) * u;
+    const float o = (g / (1.0f + exp_model(-g))) * u;
     if (hf != 0) hf[(size_t)b * n_ff + i] = o;
     quantize_lane(o, hq + (size_t)b * nb + blk, lane);
 }

@@ -172,8 +172,20 @@ pub fn compile(
     arch: &'static str,
     cache: Option<&PtxCache>,
 ) -> Result<CompiledPtx, KernelError> {
+    compile_with(src, arch, cache, &[])
+}
+
+/// [`compile`] with `#define NAME 1` for each of `defines` ahead of the source
+/// ([`KernelSource::composed_with`]); the defines are part of the composed text, so of the
+/// cache key too.
+pub fn compile_with(
+    src: &KernelSource,
+    arch: &'static str,
+    cache: Option<&PtxCache>,
+    defines: &[&str],
+) -> Result<CompiledPtx, KernelError> {
     let version = nvrtc_version()?;
-    let composed = src.composed();
+    let composed = src.composed_with(defines);
     let opts = options(arch);
     let key = cache_key(&composed, &opts, version);
     if let Some(ptx) = cache.and_then(|c| c.get(src.file, &key)) {

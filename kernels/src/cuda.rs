@@ -122,6 +122,8 @@ pub struct Gpu {
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     compiled: Mutex<Vec<CompiledPtx>>,
     canary_row: i32,
+    /// Test-only: the families compile with [`EXP_DEFECT`] ([`Gpu::plant_exp_defect`]).
+    exp_defect: bool,
     /// Whether launches carry the programmatic-dependent-launch attribute ([`launch`]):
     /// on unless `MEMRA_PDL=0` when the device is opened. A performance switch only: every
     /// kernel waits for its predecessor's results either way, so the bits do not change.
@@ -186,6 +188,9 @@ fn int(kernel: &'static str, what: &str, v: usize) -> Result<i32, KernelError> {
     })
 }
 
+/// The define of the planted exp defect (`exp_model` in `common.cuh`).
+pub const EXP_DEFECT: &str = "MEMRA_DEFECT_EXP_ULP";
+
 impl Gpu {
     /// Opens device `ordinal` (after [`probe`]) with the performance switches `tuning`;
     /// kernels compile on first use for its compute capability, cached in
@@ -236,6 +241,7 @@ impl Gpu {
             functions: Mutex::new(HashMap::new()),
             compiled: Mutex::new(Vec::new()),
             canary_row: -1,
+            exp_defect: false,
             pdl: tuning.pdl,
             smem_optin,
             opted_in: Mutex::new(HashMap::new()),
@@ -367,6 +373,31 @@ impl Gpu {
         self.compiled.lock().map(|c| c.clone()).unwrap_or_default()
     }
 
+    /// Test-only, for the planted defect `MEMRA_GATE_DEFECT=exp-ulp`: every family compiles
+    /// with [`EXP_DEFECT`] defined, so `exp_model` (attention, SiLU) returns one ulp above
+    /// `exp_mirrored`. Families loaded already are dropped, so they load again planted.
+    pub fn plant_exp_defect(&mut self) {
+        self.exp_defect = true;
+        if let Ok(m) = self.modules.get_mut() {
+            m.clear();
+        }
+        if let Ok(f) = self.functions.get_mut() {
+            f.clear();
+        }
+        // What was set or measured on the dropped functions goes with them.
+        if let Ok(o) = self.opted_in.get_mut() {
+            o.clear();
+        }
+        if let Ok(o) = self.occupancy.get_mut() {
+            o.clear();
+        }
+    }
+
+    /// Whether the families compile with the planted exp defect.
+    pub fn exp_defect(&self) -> bool {
+        self.exp_defect
+    }
+
     /// Compiles (or reads from the cache) and loads every family now.
     pub fn load_all(&self) -> Result<(), KernelError> {
         self.load_where(|_| true)
@@ -394,7 +425,8 @@ impl Gpu {
         {
             return Ok(m);
         }
-        let compiled = compile::compile(src, self.arch, self.cache.as_ref())?;
+        let defines: Vec<&str> = self.exp_defect.then_some(EXP_DEFECT).into_iter().collect();
+        let compiled = compile::compile_with(src, self.arch, self.cache.as_ref(), &defines)?;
         let module = self
             .ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(compiled.ptx.clone()))

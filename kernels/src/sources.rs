@@ -59,10 +59,21 @@ impl KernelSource {
     /// The text NVRTC compiles: `common.cuh` then the family, each behind a `#line` directive
     /// so that compiler messages name the original file and line.
     pub fn composed(&self) -> String {
-        format!(
+        self.composed_with(&[])
+    }
+
+    /// [`KernelSource::composed`] behind `#define NAME 1` for each of `defines` (the planted
+    /// test defects are compiled in this way, so no kernel carries an argument for them).
+    pub fn composed_with(&self, defines: &[&str]) -> String {
+        let mut out = String::new();
+        for d in defines {
+            out.push_str(&format!("#define {d} 1\n"));
+        }
+        out.push_str(&format!(
             "#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"{}\"\n{}",
             self.file, self.text
-        )
+        ));
+        out
     }
 }
 

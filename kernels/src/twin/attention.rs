@@ -9,13 +9,14 @@
 //! Composition shared by both families (a block of [`ATTN_THREADS`] = 128 threads, 4 warps):
 //! the score of token `t` is `dot * scale`, where `dot` is the butterfly sum of 32 lanes and
 //! lane `l` accumulates `q[d] * k[t][d]` for `d = l, l+32, …` from `0.0`. Softmax weights are
-//! `e_t = exp(s_t - m)` with `m` the maximum score of the block's token range; the weight sum
+//! `e_t = exp(s_t - m)` ([`exp_mirrored`], as on the device) with `m` the maximum score of the
+//! block's token range; the weight sum
 //! is a [`block_sum`](super::block_sum) where thread `i` accumulates `e_t` for the range's
 //! tokens `i, i+128, …`; the output numerator for element `d` accumulates `e_t * v[t][d]` over
 //! the range's tokens in order from `0.0`.
 
 use super::{
-    ShapeError, check_len,
+    ShapeError, check_len, exp_mirrored,
     reduce::{block_sum, warp_sum},
 };
 
@@ -111,7 +112,7 @@ fn softmax_parts(s: &mut [f32]) -> (f32, f32) {
     let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut partials = [0.0f32; ATTN_THREADS];
     for (i, e) in s.iter_mut().enumerate() {
-        *e = (*e - m).exp();
+        *e = exp_mirrored(*e - m);
         partials[i % ATTN_THREADS] += *e;
     }
     (m, block_sum(&partials))
@@ -221,7 +222,7 @@ pub fn attention_split_k_head(
     let mut big_l = 0.0f32;
     out.fill(0.0);
     for c in 0..n_chunks {
-        let f = (ms[c] - big_m).exp();
+        let f = exp_mirrored(ms[c] - big_m);
         big_l += f * ls[c];
         for (o, &oc) in out.iter_mut().zip(&os[c * hd..(c + 1) * hd]) {
             *o += f * oc;

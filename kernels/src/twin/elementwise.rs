@@ -1,12 +1,12 @@
 //! Twins of `elementwise.cu`: SwiGLU, residual add, scale and the KV-cache store. Each
 //! element is independent, so the composition is the per-element formula alone.
 
-use super::{ShapeError, check_len};
+use super::{ShapeError, check_len, exp_mirrored};
 
-/// `silu(g) = g / (1 + exp(-g))`. `exp` is where GPU (`expf`) and twin may differ by an ulp.
+/// `silu(g) = g / (1 + exp(-g))`, with the device's `exp` ([`exp_mirrored`]).
 #[inline(always)]
 pub fn silu(g: f32) -> f32 {
-    g / (1.0 + (-g).exp())
+    g / (1.0 + exp_mirrored(-g))
 }
 
 /// `out[i] = silu(g) * u` with `g = gate[i]`, `u = up[i]`, both first multiplied by the

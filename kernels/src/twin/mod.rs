@@ -1,9 +1,9 @@
 //! Host twins: pure Rust functions that compute exactly the float composition of each CUDA
 //! kernel in `kernels/cuda/` (same operation order, same reduction trees, no fused
 //! multiply-add), so a GPU result can be compared with its twin bit for bit wherever the
-//! composition is mirrored. The one place the two sides cannot agree bit for bit is `exp`
-//! in attention's softmax and SwiGLU's SiLU: the GPU uses `expf`, the twin `f32::exp`.
-//! Sampling, whose token choice must match exactly, uses [`exp_mirrored`] on both sides.
+//! composition is mirrored. That includes `exp` (attention's softmax and split-K combine,
+//! SwiGLU's SiLU, the sampler): both sides call one routine written twice, [`exp_mirrored`]
+//! here and in `common.cuh`, instead of `expf` and a libm's `exp`, which differ by an ulp.
 //!
 //! This module owns the numeric definition of every kernel; `docs/numerics.md` is its prose
 //! form. It does not own scheduling: row-range entry points let the caller parallelise.
@@ -11,6 +11,7 @@
 
 mod attention;
 mod elementwise;
+mod exp;
 mod matvec;
 mod norm;
 mod quantize;
@@ -23,6 +24,7 @@ pub use attention::{
     attention_split_k_head,
 };
 pub use elementwise::{add, kv_store, scale, silu, swiglu};
+pub use exp::exp_mirrored;
 pub use matvec::{
     DP4A_THREADS, MatvecFamily, WeightRows, matvec, matvec_batch, matvec_batch_rows, matvec_f32,
     matvec_f32_rows, matvec_rows,
@@ -32,8 +34,8 @@ pub use quantize::quantize_q8_1;
 pub use reduce::{block_sum, warp_sum};
 pub use rope::{rope, rope_table};
 pub use sample::{
-    Nucleus, SAMPLE_THREADS, argmax, draw_uniform, exp_mirrored, philox4x32_10, sample,
-    sample_with, uniform_from_philox,
+    Nucleus, SAMPLE_THREADS, argmax, draw_uniform, philox4x32_10, sample, sample_with,
+    uniform_from_philox,
 };
 
 /// A twin refused its arguments.

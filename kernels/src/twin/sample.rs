@@ -19,8 +19,10 @@
 //!    rounding leaves none, the chunk's last kept index. If no chunk qualifies, the last kept
 //!    index overall.
 //!
-//! `temp <= 0` means greedy: [`argmax`]. Only `exp` differs between GPU and host, so the drawn
-//! tokens agree unless `target` falls within an ulp of a boundary.
+//! `temp <= 0` means greedy: [`argmax`]. `exp` is [`exp_mirrored`], the same operations as
+//! the device's, so the drawn tokens agree bit for bit.
+
+use super::exp_mirrored;
 
 /// Threads per sampling block.
 pub const SAMPLE_THREADS: usize = 256;
@@ -99,56 +101,6 @@ fn mass(p: &[f32], tau: f32, chunk: usize, sums: &mut [f32; SAMPLE_THREADS]) -> 
         total += s;
     }
     total
-}
-
-/// `exp(x)` in exactly the operations `exp_mirrored` in `common.cuh` performs (no fused
-/// multiply-add on either side), so the device and the host agree bit for bit where
-/// `expf` and `f32::exp` may not. Cody-Waite reduction `x = k·ln2 + r` with `k` the nearest
-/// integer to `x/ln2` and `ln2` split so that `k·ln2_hi` is exact, a degree-7 Taylor
-/// polynomial of `exp(r)` in Horner form (|r| ≤ 0.35: truncation below 1e-8 relative), then
-/// the scale by `2^k` (in two steps below `2^-126`, so small results become subnormal the
-/// same way on both sides). Within 2 ulp of the true value; NaN stays NaN, `x < -103.98`
-/// gives 0 and `x > 88.72` gives infinity.
-pub fn exp_mirrored(x: f32) -> f32 {
-    // The constants as bit patterns, the same ones `common.cuh` spells out.
-    const LO: u32 = 0xc2cf_f5c3; // -103.98
-    const HI: u32 = 0x42b1_70a4; // 88.72
-    const LOG2E: u32 = 0x3fb8_aa3b;
-    const LN2_HI: u32 = 0x3f31_7200; // 9 trailing zero bits: k * LN2_HI is exact
-    const LN2_LO: u32 = 0x35bf_be8e;
-    const C: [u32; 5] = [
-        0x3950_0d01,
-        0x3ab6_0b61,
-        0x3c08_8889,
-        0x3d2a_aaab,
-        0x3e2a_aaab,
-    ];
-    let f = f32::from_bits;
-    if x.is_nan() {
-        return x;
-    }
-    if x < f(LO) {
-        return 0.0;
-    }
-    if x > f(HI) {
-        return f32::INFINITY;
-    }
-    let k = (x * f(LOG2E)).round();
-    let r = (x - k * f(LN2_HI)) - k * f(LN2_LO);
-    // 1/7!, 1/6!, 1/5!, 1/4!, 1/3!, then 1/2, 1, 1.
-    let mut p = f(C[0]);
-    for c in &C[1..] {
-        p = p * r + f(*c);
-    }
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    let ki = k as i32;
-    if ki >= -126 {
-        p * f(((ki + 127) as u32) << 23)
-    } else {
-        (p * f(((ki + 127 + 64) as u32) << 23)) * f((127 - 64) << 23)
-    }
 }
 
 /// The uniform in `[0, 1)` the sampler draws for `(seed, seq, step)`: [`uniform_from_philox`]
@@ -245,30 +197,6 @@ pub fn sample_with(
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn exp_mirrored_is_within_two_ulp_of_exp() {
-        let mut worst = 0u32;
-        let mut x = -103.0f32;
-        while x <= 88.0 {
-            let got = super::exp_mirrored(x);
-            let want = (x as f64).exp() as f32;
-            if want.is_normal() {
-                worst = worst.max(got.to_bits().abs_diff(want.to_bits()));
-            }
-            x += 0.000_731;
-        }
-        assert!(worst <= 2, "{worst} ulp");
-        assert_eq!(super::exp_mirrored(0.0), 1.0);
-        assert_eq!(super::exp_mirrored(f32::NEG_INFINITY), 0.0);
-        assert_eq!(super::exp_mirrored(-200.0), 0.0);
-        assert!(
-            super::exp_mirrored(-100.0) > 0.0,
-            "subnormal results are kept"
-        );
-        assert!(super::exp_mirrored(f32::NAN).is_nan());
-        assert_eq!(super::exp_mirrored(100.0), f32::INFINITY);
-    }
-
     use super::*;
 
     /// The straightforward per-chunk loop the GPU runs.

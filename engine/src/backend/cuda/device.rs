@@ -16,7 +16,7 @@ use memra_kernels::twin::SPLIT_K_CHUNK;
 use super::MAX_ROWS;
 use super::weights::DevModel;
 use crate::backend::stages::StagePlan;
-use crate::doors::Doors;
+use crate::doors::{Doors, GateDefect};
 use crate::error::EngineError;
 use crate::model::{LlamaConfig, LlamaModel};
 
@@ -56,7 +56,7 @@ fn distinct_devices(doors: &Doors) -> Vec<usize> {
 /// Opens device `ordinal` with its kernels loaded; a failure names the ordinal, the
 /// devices this machine has when that is known, and the fix.
 fn open_ordinal(ordinal: usize, doors: &Doors) -> Result<Gpu, String> {
-    let gpu = Gpu::open(ordinal, &doors.tuning).map_err(|e| {
+    let mut gpu = Gpu::open(ordinal, &doors.tuning).map_err(|e| {
         let list = doors
             .pp_devices
             .iter()
@@ -77,6 +77,9 @@ fn open_ordinal(ordinal: usize, doors: &Doors) -> Result<Gpu, String> {
             _ => format!("CUDA device {ordinal}: {e}"),
         }
     })?;
+    if doors.gate_defect == Some(GateDefect::ExpUlp) {
+        gpu.plant_exp_defect();
+    }
     gpu.load_decode()
         .map_err(|e| format!("compiling the kernels for {}: {e}", gpu.name()))?;
     Ok(gpu)

@@ -8,10 +8,10 @@ use crate::check::report::{CheckRow, compare_f32, compare_u32};
 use crate::cuda::{AttnRows, Gpu, RopeStoreArgs};
 use crate::twin::{self, AttnShape};
 
-/// Both attention families against their twins (tolerance: `expf` vs `f32::exp`).
+/// Both attention families against their twins, bit for bit (both sides' `exp` is
+/// `exp_mirrored`).
 pub fn attention(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
     let mut out = Vec::new();
-    let tol = 2e-5;
     let cases: [(usize, usize, usize, &[usize]); 2] = [
         (9, 3, 64, &[1, 63, 64, 65, 300, 2048]),
         (32, 8, 128, &[1, 129, 1000]),
@@ -41,7 +41,7 @@ pub fn attention(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
                 &want,
                 &down(gpu, &dout)?,
                 hd,
-                Some(tol),
+                None,
             ));
 
             twin::attention_split_k(&q, &k, &v, &s, scale, &mut want).expect("shapes fit");
@@ -54,7 +54,7 @@ pub fn attention(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
                 &want,
                 &down(gpu, &dout)?,
                 hd,
-                Some(tol),
+                None,
             ));
         }
     }
@@ -246,8 +246,8 @@ impl DecodeCase {
 
 /// The decode attention kernels that do the RoPE and KV store themselves
 /// (`attention_rope_naive_rows_f32`, `attention_rope_split_k_rows_f32`): against the twin
-/// composition (`twin::rope`, `twin::kv_store`, then the attention twin; tolerance as the
-/// attention checks, caches bitwise), and bit for bit against `rope_store_rows_f32`
+/// composition (`twin::rope`, `twin::kv_store`, then the attention twin; bit for bit, output
+/// and caches), and bit for bit against `rope_store_rows_f32`
 /// followed by the unfused rows kernel on the device (output, its q8_1 blocks, caches). Rows
 /// of one launch sit at different positions, up to several split-K chunks and past the
 /// naive kernel's shared score buffer (1024 tokens), and on both sides of the last position
@@ -255,7 +255,6 @@ impl DecodeCase {
 /// up to 64 wide; 31 would be for 128-wide heads, which keep the general path).
 pub fn attention_rope_rows(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
     let mut out = Vec::new();
-    let tol = 2e-5;
     let cases: [(usize, usize, usize, &[usize]); 6] = [
         (9, 3, 64, &[0, 17, 64, 200, 1100]),
         (9, 3, 64, &[9]),
@@ -316,7 +315,7 @@ pub fn attention_rope_rows(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
                     &want,
                     &fused.out,
                     hd,
-                    Some(tol),
+                    None,
                 ));
                 out.push(compare_f32(
                     format!("{at}/kv-store-vs-twin"),

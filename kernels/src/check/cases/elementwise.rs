@@ -1,12 +1,15 @@
-//! The elementwise family's cases: SwiGLU, the residual add, the per-row scale and the KV
-//! store.
+//! The elementwise family's cases: SwiGLU (alone and quantized at once), the residual add, the
+//! per-row scale and the KV store.
 
-use super::{R, Rng, down, up, zeros};
-use crate::check::report::{CheckRow, compare_f32};
+use super::{R, Rng, down, q8_words, quantize_host, up, zeros};
+use crate::blocks::{BlockQ8_1, QK};
+use crate::check::report::{CheckRow, compare_f32, compare_u32};
 use crate::cuda::Gpu;
 use crate::twin;
 
-/// SwiGLU (tolerance: SiLU's exp), residual add, scale and KV store (bitwise).
+/// SwiGLU, residual add, scale and KV store, all bit for bit (SiLU's `exp` is
+/// `exp_mirrored` on both sides), and the batched SwiGLU quantized to q8_1 in one kernel
+/// against `twin::swiglu` then `twin::quantize_q8_1`.
 pub fn elementwise(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
     let mut out = Vec::new();
     let (rows, cols) = (3usize, 1536usize);
@@ -35,7 +38,7 @@ pub fn elementwise(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
             &want,
             &down(gpu, &dout)?,
             cols,
-            Some(1e-6),
+            None,
         ));
     }
 
@@ -79,5 +82,52 @@ pub fn elementwise(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
         row_len,
         None,
     ));
+
+    // swiglu_q8_1_f32: rows of [gate | up], so row b's gate is g's row b and its up is u's.
+    let n_ff = cols;
+    let mut gu = Vec::with_capacity(2 * n);
+    for r in 0..rows {
+        gu.extend_from_slice(&g[r * cols..(r + 1) * cols]);
+        gu.extend_from_slice(&u[r * cols..(r + 1) * cols]);
+    }
+    let dgu = up(gpu, &gu)?;
+    for post in [false, true] {
+        let mut want = vec![0.0; n];
+        for (r, &sc) in scales.iter().enumerate().take(rows) {
+            let span = r * cols..(r + 1) * cols;
+            twin::swiglu(
+                &g[span.clone()],
+                &u[span.clone()],
+                &mut want[span],
+                post.then_some(sc),
+            )
+            .expect("lengths fit");
+        }
+        let want_q = quantize_host(&want);
+        let mut dhf = zeros::<f32>(gpu, n)?;
+        let mut dhq = zeros::<BlockQ8_1>(gpu, n / QK)?;
+        gpu.swiglu_q8_1(
+            &dgu,
+            post.then_some(&ds),
+            Some(&mut dhf),
+            &mut dhq,
+            rows,
+            n_ff,
+        )?;
+        let tag = if post { "post-scale" } else { "plain" };
+        out.push(compare_f32(
+            format!("kernel-check/swiglu_q8_1_f32/{rows}x{n_ff}/{tag}/f32"),
+            &want,
+            &down(gpu, &dhf)?,
+            cols,
+            None,
+        ));
+        out.push(compare_u32(
+            format!("kernel-check/swiglu_q8_1_f32/{rows}x{n_ff}/{tag}/q8_1"),
+            &q8_words(&want_q),
+            &q8_words(&down(gpu, &dhq)?),
+            34,
+        ));
+    }
     Ok(out)
 }
