@@ -127,7 +127,7 @@ pub struct RunArgs {
     pub wait_lock: Option<std::time::Duration>,
     /// Progress display: bars on a terminal, one plain line per event otherwise
     /// (with a `still running` line per running node every minute); quiet prints only the
-    /// final counts.
+    /// final counts (on stdout, or on stderr with `--events json`).
     #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
     pub progress: ProgressMode,
     /// Write the run as a Prometheus textfile (for node_exporter's textfile collector, which
