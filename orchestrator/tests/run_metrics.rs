@@ -4,7 +4,7 @@
 //! The interrupted run's final file is checked in `run_events`.
 
 use std::collections::HashMap;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use prometheus_parse::{Scrape, Value as Sample};
 
@@ -50,6 +50,7 @@ fn the_metrics_file_parses_and_carries_run_json_counts() {
     std::fs::create_dir(&dir).unwrap();
     let path = dir.join("memra.prom");
     std::fs::write(&path, "# an earlier run's file\nold_metric 1\n").unwrap();
+    let old_inode = std::fs::metadata(&path).unwrap().ino();
     let out = f.run(&["--metrics-file", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
 
@@ -61,6 +62,9 @@ fn the_metrics_file_parses_and_carries_run_json_counts() {
     assert_eq!(names, ["memra.prom"]);
     let text = std::fs::read_to_string(&path).unwrap();
     assert!(!text.contains("old_metric"), "{text}");
+    // A new file renamed over the old one, not the old one rewritten in place (which a
+    // collector reading at that moment would see half-written).
+    assert_ne!(std::fs::metadata(&path).unwrap().ino(), old_inode);
     let mode = std::fs::metadata(&path).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o644);
 

@@ -49,8 +49,14 @@ pub fn check_path(path: &Path) -> Result<(), MetricsPathError> {
             path: path.to_path_buf(),
         });
     }
-    let dir = folder_of(path);
-    if !dir.is_dir() {
+    // `out/` names a folder even when it does not exist; the file would be `out`.
+    let names_folder = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()).ends_with(b"/");
+    let dir = if names_folder {
+        path.to_path_buf()
+    } else {
+        folder_of(path)
+    };
+    if names_folder || !dir.is_dir() {
         return Err(MetricsPathError::NoFolder {
             path: path.to_path_buf(),
             dir,
@@ -355,6 +361,9 @@ mod tests {
         assert!(matches!(e, MetricsPathError::IsDirectory { .. }), "{e}");
         assert!(e.to_string().contains("memra.prom"), "{e}");
         let e = check_path(&dir.path().join("no/such/x.prom")).unwrap_err();
+        assert!(matches!(e, MetricsPathError::NoFolder { .. }), "{e}");
+        let slash = format!("{}/out/", dir.path().display());
+        let e = check_path(Path::new(&slash)).unwrap_err();
         assert!(matches!(e, MetricsPathError::NoFolder { .. }), "{e}");
         check_path(&dir.path().join("x.prom")).unwrap();
         // The probe leaves nothing behind.
