@@ -11,6 +11,7 @@ use crate::diff::render::{ColorMode, DiffFormat};
 use crate::exit::EXIT_CODES_HELP;
 use crate::gpus::{GpuSpec, GpusFormat};
 use crate::load::render::PlanFormat;
+use crate::report::json_events::EventFormat;
 use crate::report::progress::ProgressMode;
 
 #[derive(Debug, Parser)]
@@ -126,9 +127,21 @@ pub struct RunArgs {
     pub wait_lock: Option<std::time::Duration>,
     /// Progress display: bars on a terminal, one plain line per event otherwise
     /// (with a `still running` line per running node every minute); quiet prints only the
-    /// final counts.
+    /// final counts (on stdout, or on stderr with `--events json`).
     #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
     pub progress: ProgressMode,
+    /// Write the run as a Prometheus textfile (for node_exporter's textfile collector, which
+    /// reads `*.prom`): replaced atomically when the run starts (`memra_run_running 1`) and
+    /// when it ends (counts per verdict, duration, exit code, per-cell verdict and seconds,
+    /// labelled by manifest and commit; docs/receipts.md). The folder must exist.
+    #[arg(long, value_name = "PATH")]
+    pub metrics_file: Option<PathBuf>,
+    /// `json`: one JSON object per line on stdout for each event (run-started, cell-started,
+    /// attempt-finished, cell-finished, run-finished), each with `type` and `schema`, flushed
+    /// per line; stdout then carries only these lines, and the progress and the final summary
+    /// go to stderr (docs/receipts.md).
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub events: Option<EventFormat>,
     /// Time between SIGTERM and SIGKILL when a node times out or the run is interrupted
     /// (default: 5s; a second Ctrl-C skips what is left of it).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]

@@ -3,7 +3,10 @@
 //! that commit (waiting for it with `--wait-lock`), picks the earlier run to carry receipts
 //! from (`--resume`, `--filter`, `--rerun-failed`), makes the new run's own folder, installs
 //! the signal handlers, builds the [`RunOptions`] and the listeners (receipt writer,
-//! progress display), runs [`crate::run::execute`] and prints the summary table.
+//! progress display, and the metrics file and JSON event stream when asked for), runs
+//! [`crate::run::execute`], prints the summary table (on stderr when stdout carries the
+//! event stream) and writes the metrics file's and the stream's last word once the exit code
+//! is known.
 //! Its errors are messages with an exit code: the typed errors of the layers below
 //! (including [`SlurmOptionsError`], the one this file builds) end here as text.
 
@@ -25,6 +28,8 @@ use crate::receipt::error::ReceiptErrorKind;
 use crate::receipt::resolve::{self, FoundRun};
 use crate::receipt::tree::{self, RunLock, Tree};
 use crate::receipt::{Carried, RunReceipt};
+use crate::report::json_events::{EventFormat, JsonEvents};
+use crate::report::metrics::MetricsFile;
 use crate::report::progress::{Progress, ProgressMode};
 use crate::report::writer::ReceiptWriter;
 use crate::run::{CarrySource, RunOptions, execute};
@@ -42,6 +47,11 @@ pub fn command(args: &RunArgs) -> ExitCode {
 
 fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     let usage = |m: String| (ExitCode::Usage, m);
+    if let Some(path) = &args.metrics_file {
+        crate::report::metrics::check_path(path).map_err(|e| usage(e.to_string()))?;
+    }
+    // With the event stream on, stdout carries its lines and nothing else.
+    let json_events = args.events == Some(EventFormat::Json);
     let plan = crate::load::load_plan_with_vars(&args.manifest, &args.vars)
         .map_err(|d| usage(d.to_string()))?;
     let filters = crate::plan::with_excludes(&args.filters, &args.excludes);
@@ -120,7 +130,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         match rerun_selection(&plan, src, selected.as_deref()) {
             Some(s) => selected = Some(s),
             None => {
-                println!(
+                let note = format!(
                     "memra-orch run: nothing to rerun: every cell of run {} ({}) was as expected{}",
                     src.id_label(),
                     src.dir.display(),
@@ -130,6 +140,11 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
                         " among the filtered cells"
                     }
                 );
+                if json_events {
+                    eprintln!("{note}");
+                } else {
+                    println!("{note}");
+                }
                 return Ok(ExitCode::Ok);
             }
         }
@@ -219,12 +234,26 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         .filter_map(|c| c.compare.as_ref())
         .map(|c| (c.reference.0, c.candidate.0))
         .collect();
+    let mut metrics = args
+        .metrics_file
+        .as_ref()
+        .map(|p| MetricsFile::new(p.clone(), header.clone()));
+    let mut stream = json_events.then(|| {
+        let gpu_index = inventory.gpus.iter().map(|g| g.index).collect();
+        JsonEvents::new(std::io::stdout(), tree.clone(), header.clone(), gpu_index)
+    });
     let mut writer = ReceiptWriter::new(tree.clone(), header, plan.cells.len())
         .with_pairs(pairs)
         .with_disk_full(disk_full.clone());
     crate::executor::supervise::adopt_orphans();
     let mut outcome = {
-        let mut listeners: [&mut dyn Listener; 2] = [&mut writer, &mut display];
+        let mut listeners: Vec<&mut dyn Listener> = vec![&mut writer, &mut display];
+        if let Some(m) = &mut metrics {
+            listeners.push(m);
+        }
+        if let Some(s) = &mut stream {
+            listeners.push(s);
+        }
         execute(&plan, &inventory, executor, &opts, &mut listeners)
     };
     crate::executor::supervise::reap_orphans();
@@ -233,14 +262,17 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     if outcome.disk_full.is_none() {
         outcome.disk_full = disk_full.get().map(Path::to_path_buf);
     }
-    if mode == ProgressMode::Quiet {
-        print!("{}", crate::report::summary::footer(&outcome, &tree));
+    let summary = if mode == ProgressMode::Quiet {
+        crate::report::summary::footer(&outcome, &tree)
     } else {
-        print!(
-            "{}",
-            crate::report::summary::table(writer.receipts(), &outcome, &tree)
-        );
+        crate::report::summary::table(writer.receipts(), &outcome, &tree)
+    };
+    if json_events {
+        eprint!("{summary}");
+    } else {
+        print!("{summary}");
     }
+    let mut code = outcome.exit_code();
     if let Some(at) = &outcome.disk_full {
         // Not a bug of memra-orch and not a gate failure: its own exit code, and what was
         // lost is in run.json and on stderr.
@@ -253,13 +285,26 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         if let Err(e) = &written {
             eprintln!("memra-orch run: {e}");
         }
-        return Ok(outcome.exit_code());
-    }
-    written.map_err(|e| internal(e.to_string()))?;
-    if let Some(note) = outcome.lacked_resources_note() {
+    } else if let Err(e) = &written {
+        eprintln!("memra-orch run: {e}");
+        code = ExitCode::Internal;
+    } else if let Some(note) = outcome.lacked_resources_note() {
         eprintln!("memra-orch run: {note}");
     }
-    Ok(outcome.exit_code())
+    // A metrics file asked for and not written is memra-orch's own I/O failure; a run that
+    // already failed keeps its more telling code.
+    if let Some(m) = &metrics
+        && let Err(e) = m.finish_run(writer.run(), code)
+    {
+        eprintln!("memra-orch run: {e}");
+        if code == ExitCode::Ok {
+            code = ExitCode::Internal;
+        }
+    }
+    if let Some(s) = &mut stream {
+        s.finish_run(writer.run(), code);
+    }
+    Ok(code)
 }
 
 /// The cells `--rerun-failed` selects: those whose verdict in `source` was not as expected
