@@ -30,15 +30,22 @@ pub struct DiffAttempt {
 
 /// What reading both files of a moved artifact found.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ArtifactRead {
+#[serde(untagged)]
+pub enum ArtifactRead {
+    /// Both are safetensors files, compared tensor by tensor.
+    Read(TensorsRead),
+    /// Why the files were not compared tensor by tensor (one is not a safetensors file, or
+    /// cannot be read).
+    NotRead { not_read: String },
+}
+
+/// The tensors of two safetensors files.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TensorsRead {
     /// The tensors that differ in bits, dtype or shape, or that one side only has, by name.
     pub tensors: Vec<TensorDelta>,
     /// How many tensors are the same bit for bit on both sides.
     pub tensors_same: usize,
-    /// Why the files were not compared tensor by tensor (one is not a safetensors file, or
-    /// cannot be read); absent when they were.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub not_read: Option<String>,
 }
 
 /// One tensor that moved. Dtype and shape are `None` on the side without the tensor.
@@ -152,11 +159,7 @@ fn open_map(at: Located) -> Result<memmap2::Mmap, String> {
 }
 
 fn not_read(why: String) -> ArtifactRead {
-    ArtifactRead {
-        tensors: Vec::new(),
-        tensors_same: 0,
-        not_read: Some(why),
-    }
+    ArtifactRead::NotRead { not_read: why }
 }
 
 fn read_pair(old: Located, new: Located) -> ArtifactRead {
@@ -174,22 +177,21 @@ fn read_pair(old: Located, new: Located) -> ArtifactRead {
         }
     };
     match (tensors::parse(&o), tensors::parse(&n)) {
-        (Ok(o), Ok(n)) => tensor_deltas(&o, &n),
+        (Ok(o), Ok(n)) => ArtifactRead::Read(tensor_deltas(&o, &n)),
         (Err(_), Err(_)) => not_read("neither side is a safetensors file".to_string()),
         (Err(e), Ok(_)) => not_read(format!("the old side is not a safetensors file ({e})")),
         (Ok(_), Err(e)) => not_read(format!("the new side is not a safetensors file ({e})")),
     }
 }
 
-fn tensor_deltas(o: &SafeTensors<'_>, n: &SafeTensors<'_>) -> ArtifactRead {
+fn tensor_deltas(o: &SafeTensors<'_>, n: &SafeTensors<'_>) -> TensorsRead {
     let (on, nn): (BTreeSet<&str>, BTreeSet<&str>) = (
         o.names().into_iter().collect(),
         n.names().into_iter().collect(),
     );
-    let mut read = ArtifactRead {
+    let mut read = TensorsRead {
         tensors: Vec::new(),
         tensors_same: 0,
-        not_read: None,
     };
     for name in on.union(&nn) {
         let (a, b) = (o.tensor(name).ok(), n.tensor(name).ok());
@@ -544,11 +546,14 @@ fn same_line(n: usize) -> String {
 /// one side only).
 pub(super) fn text(a: &ArtifactMove, indent: &str) -> String {
     let mut out = String::new();
-    let Some(r) = &a.read else { return out };
-    if let Some(why) = &r.not_read {
-        let _ = writeln!(out, "{indent}not read: {why}");
-        return out;
-    }
+    let r = match &a.read {
+        None => return out,
+        Some(ArtifactRead::NotRead { not_read }) => {
+            let _ = writeln!(out, "{indent}not read: {not_read}");
+            return out;
+        }
+        Some(ArtifactRead::Read(r)) => r,
+    };
     if r.tensors.is_empty() {
         let _ = writeln!(
             out,
@@ -608,12 +613,15 @@ pub(super) fn markdown(d: &Diff, md: impl Fn(&str) -> String) -> String {
     let mut rows = Vec::new();
     for b in &d.bits_moved {
         for a in &b.artifacts {
-            let Some(r) = &a.read else { continue };
             let lead = format!("| `{}` | `{}` |", md(&b.id), md(&a.name));
-            if let Some(why) = &r.not_read {
-                rows.push(format!("{lead} | | | | | | | | not read: {} |", md(why)));
-                continue;
-            }
+            let r = match &a.read {
+                None => continue,
+                Some(ArtifactRead::NotRead { not_read }) => {
+                    rows.push(format!("{lead} | | | | | | | | not read: {} |", md(not_read)));
+                    continue;
+                }
+                Some(ArtifactRead::Read(r)) => r,
+            };
             for t in &r.tensors {
                 let c = cells(t).map(|c| md(&c));
                 let note = if c[4].is_empty() { &c[3] } else { "" };
