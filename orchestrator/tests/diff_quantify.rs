@@ -269,7 +269,10 @@ fn tensors_that_moved_are_measured_in_text_and_json() {
     );
 
     let e = expected(&OLD_LOGITS, &new_logits(), 4);
-    assert_eq!((e.differ, e.max_ulp, e.agree), (3, 1e-3f32.to_bits().into(), 2));
+    assert_eq!(
+        (e.differ, e.max_ulp, e.agree),
+        (3, 1e-3f32.to_bits().into(), 2)
+    );
     let l = tensor(st, "logits");
     assert_eq!(l["old_dtype"], "F32");
     assert_eq!(l["new_shape"], serde_json::json!([3, 4]));
@@ -284,8 +287,18 @@ fn tensors_that_moved_are_measured_in_text_and_json() {
     // Integers: the ulp distance is the difference; relative to |old| (≥ 1).
     let ids = tensor(st, "ids");
     assert_eq!(
-        (&ids["differ"], &ids["max_abs"], &ids["max_rel"], &ids["max_ulp"]),
-        (&Value::from(2), &Value::from(10.0), &Value::from(2.0), &Value::from(10))
+        (
+            &ids["differ"],
+            &ids["max_abs"],
+            &ids["max_rel"],
+            &ids["max_ulp"]
+        ),
+        (
+            &Value::from(2),
+            &Value::from(10.0),
+            &Value::from(2.0),
+            &Value::from(10)
+        )
     );
     // bf16: one step above 1, and -0 → +0 (different bits, no distance).
     let bf = tensor(st, "bf");
@@ -305,7 +318,10 @@ fn tensors_that_moved_are_measured_in_text_and_json() {
     assert_eq!(cast["argmax_agree"], 2);
     // One side only, and a shape change: no figures.
     let gone = tensor(st, "gone");
-    assert_eq!((&gone["new_dtype"], gone.get("values")), (&Value::Null, None));
+    assert_eq!(
+        (&gone["new_dtype"], gone.get("values")),
+        (&Value::Null, None)
+    );
     assert_eq!(tensor(st, "fresh")["old_shape"], Value::Null);
     let wide = tensor(st, "wide");
     assert_eq!(wide["note"], "the shape changed");
@@ -320,7 +336,12 @@ fn tensors_that_moved_are_measured_in_text_and_json() {
     assert_eq!(code, Some(0));
     let rows: Vec<Vec<&str>> = text
         .lines()
-        .map(|l| l.split("  ").map(str::trim).filter(|c| !c.is_empty()).collect())
+        .map(|l| {
+            l.split("  ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .collect()
+        })
         .collect();
     let row = |name: &str| {
         rows.iter()
@@ -343,11 +364,23 @@ fn tensors_that_moved_are_measured_in_text_and_json() {
     );
     assert_eq!(
         row("cast"),
-        ["cast", "F32 → F16", "[2, 2]", "1 of 4", "5.000e-1", "1.250e-1", "-", "2/2"]
+        [
+            "cast",
+            "F32 → F16",
+            "[2, 2]",
+            "1 of 4",
+            "5.000e-1",
+            "1.250e-1",
+            "-",
+            "2/2"
+        ]
     );
     assert_eq!(row("gone"), ["gone", "F32", "[2]", "only in old"]);
     assert_eq!(row("fresh"), ["fresh", "F32", "[1]", "only in new"]);
-    assert_eq!(row("wide"), ["wide", "F32", "[2] → [3]", "the shape changed"]);
+    assert_eq!(
+        row("wide"),
+        ["wide", "F32", "[2] → [3]", "the shape changed"]
+    );
     for needle in [
         "tensor  dtype",
         "1 other tensor is the same",
@@ -408,10 +441,102 @@ fn a_carried_receipt_is_read_from_the_run_that_measured_it() {
         .find(|n| n["id"] == "gate")
         .unwrap();
     assert!(gate["carried"].is_object(), "{carried:#}");
-    assert!(!third.join("nodes").join(gate["slug"].as_str().unwrap()).exists());
+    assert!(
+        !third
+            .join("nodes")
+            .join(gate["slug"].as_str().unwrap())
+            .exists()
+    );
     let (_, json) = diff(&r.fixture, &r.old, &third, &["--format", "json"]);
     let v: Value = serde_json::from_str(&json).unwrap();
     let st = artifact(&v, "logits.safetensors");
     assert_eq!(st.get("not_read"), None, "{st:#}");
     assert_eq!(tensor(st, "logits")["differ"], 3);
+}
+
+const COMPARED: &str = r#"schema = 1
+name = "compared"
+
+[defaults]
+gpus = 0
+timeout = "1m"
+
+[[arm]]
+id = "ref"
+run = ["{gates}/copy-artifacts.sh", "ref/logits.safetensors"]
+
+[[arm]]
+id = "cand"
+run = ["{gates}/copy-artifacts.sh", "cand/logits.safetensors"]
+
+[[compare]]
+id = "pair"
+reference = "ref"
+candidates = ["cand"]
+artifact = "logits.safetensors"
+policy = { max_abs = 10.0 }
+"#;
+
+#[test]
+fn compare_reports_are_diffed_like_metrics() {
+    let f = Fixture::new(COMPARED);
+    let logits = |v: &[f32]| vec![("logits", Dtype::F32, vec![1, 4], f32s(v))];
+    write(
+        &f.path().join("ref/logits.safetensors"),
+        &logits(&[1.0, 2.0, 3.0, 4.0]),
+    );
+    write(
+        &f.path().join("cand/logits.safetensors"),
+        &logits(&[1.0, 2.0, 3.0, 4.5]),
+    );
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    write(
+        &f.path().join("cand/logits.safetensors"),
+        &logits(&[1.0, 2.0, 3.0, 6.5]),
+    );
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    let runs = f.runs();
+    let (_, json) = diff(&f, &runs[0], &runs[1], &["--format", "json"]);
+    let v: Value = serde_json::from_str(&json).unwrap();
+    let drift: Vec<(&str, &str, f64, f64)> = v["metric_drift"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["check"].as_str().unwrap(),
+                m["metric"].as_str().unwrap(),
+                m["old"].as_f64().unwrap(),
+                m["new"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        drift,
+        [
+            ("compare", "max_abs", 0.5, 2.5),
+            ("compare", "max_rel", 0.125, 0.625),
+            ("compare logits", "max_abs", 0.5, 2.5),
+            ("compare logits", "max_rel", 0.125, 0.625),
+        ]
+    );
+    assert!(
+        v["metric_drift"][0]["id"]
+            .as_str()
+            .unwrap()
+            .starts_with("pair[")
+    );
+    // The candidate's own artifact moved too: one value of four, by 2.
+    let moved = &v["bits_moved"][0];
+    assert_eq!(moved["id"], "cand");
+    let t = &moved["artifacts"][0]["tensors"][0];
+    assert_eq!(
+        (&t["differ"], &t["max_abs"]),
+        (&Value::from(1), &Value::from(2.0))
+    );
+    let (_, text) = diff(&f, &runs[0], &runs[1], &[]);
+    assert!(
+        text.contains("compare / max_abs: 0.5 → 2.5 (+400.0%)"),
+        "{text}"
+    );
 }

@@ -617,7 +617,10 @@ pub(super) fn markdown(d: &Diff, md: impl Fn(&str) -> String) -> String {
             let r = match &a.read {
                 None => continue,
                 Some(ArtifactRead::NotRead { not_read }) => {
-                    rows.push(format!("{lead} | | | | | | | | not read: {} |", md(not_read)));
+                    rows.push(format!(
+                        "{lead} | | | | | | | | not read: {} |",
+                        md(not_read)
+                    ));
                     continue;
                 }
                 Some(ArtifactRead::Read(r)) => r,
