@@ -6,7 +6,9 @@
 //!
 //! This module owns the comparison rules; the `diff` subcommand is in `cmd::diff`. Finding
 //! trees is `receipt::resolve`'s job, reading them `receipt::load`'s, and printing them
-//! [`render`]'s; it never writes anything.
+//! [`render`]'s; how far the bits of a moved safetensors artifact moved (read from the
+//! files) and how compare cells' reports changed is [`quantify`]'s. It never writes
+//! anything.
 
 pub mod quantify;
 pub mod render;

@@ -6,8 +6,9 @@
 //!
 //! [`read_moved`] is the only part of `diff` that opens artifact files; it runs after
 //! [`super::diff`] has found what moved, reading the files of the runs that measured them
-//! (a carried receipt's files are in its source run) in parallel. The element arithmetic is
-//! [`crate::tensors`]'; the tables' layout is here so that `render` only calls it.
+//! (a carried receipt's files are in its source run) in parallel. The arithmetic on
+//! elements lives in [`crate::tensors`]; the tables' layout is here, so that `render` only
+//! calls it. It decides no verdict and fails no diff.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
