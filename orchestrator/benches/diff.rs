@@ -1,19 +1,25 @@
-//! Benchmark of `memra-orch diff` on two synthesized 10,000-node receipt trees (goal: under
-//! 1 s for the whole diff), printed as a table: loading both trees (10,000 receipts each,
-//! read in parallel), comparing them, and rendering each format.
+//! Benchmark of `memra-orch diff` on two synthesized 10,000-node receipt trees (goals: under
+//! 1 s for the whole diff with `--no-read`, under 5 s with the moved artifacts read),
+//! printed as a table: loading both trees (10,000 receipts each, read in parallel),
+//! comparing them, reading the 1,000 artifacts whose bits moved (1 MiB safetensors files,
+//! both sides, in parallel), and rendering each format.
 //!
 //! Each receipt is shaped like a real gate's: a 40-variable environment, two binaries, one
 //! attempt, three check rows with metrics, a five-key doors row and two artifacts. The new
-//! tree differs from the old one in 1 % of verdicts, 5 % of artifact digests and 5 % of
-//! metrics. Run with `cargo bench -p memra-orch --bench diff`; each figure is the median of
-//! several runs with the files in the page cache (the first, cold pass is discarded), which
-//! is the situation right after a run wrote them.
+//! tree differs from the old one in 1 % of verdicts, 5 % of artifact digests (500 nodes with
+//! the same verdict, two artifacts each: 1,000 moved artifacts) and 5 % of metrics. Only the
+//! moved artifacts are written as files, since `diff` opens no other: each is one F32
+//! tensor `logits` [8, 32768], and in the new tree two of every three values are one ulp
+//! up, so every row is walked element by element (the worst case; a row that is the same
+//! bytes is skipped after one comparison). Run with `cargo bench -p memra-orch --bench
+//! diff`; each figure is the median of several runs with the files in the page cache (the
+//! first, cold pass is discarded), which is the situation right after a run wrote them.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use memra_orch::diff::{Thresholds, diff, load_for_diff, render};
+use memra_orch::diff::{Thresholds, diff, load_for_diff, quantify, render};
 use memra_orch::plan::NodeKind;
 use memra_orch::protocol::{CheckRow, CheckStatus};
 use memra_orch::receipt::tree::Tree;
@@ -26,6 +32,9 @@ use serde_json::json;
 
 const NODES: usize = 10_000;
 const RUNS: usize = 5;
+/// The moved artifacts' tensor: `[ROWS, VOCAB]` F32, 1 MiB.
+const ROWS: usize = 8;
+const VOCAB: usize = 32_768;
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -41,7 +50,9 @@ fn receipt(i: usize, generation: usize) -> NodeReceipt {
         slug(&id),
     );
     let changed = |every: usize| generation == 1 && i.is_multiple_of(every);
-    r.verdict = if changed(100) {
+    // Verdicts change on nodes whose artifacts do not move, so all 1,000 moved artifacts
+    // belong to nodes with the same verdict on both sides (bits moved).
+    r.verdict = if generation == 1 && i % 100 == 1 {
         Verdict::Fail
     } else {
         Verdict::Pass
@@ -101,7 +112,7 @@ fn receipt(i: usize, generation: usize) -> NodeReceipt {
             let bits = if changed(20) { "moved" } else { "same" };
             Artifact {
                 name: format!("out{a}.safetensors"),
-                bytes: 1 << 16,
+                bytes: 1 << 20,
                 sha256: sha256_hex(format!("{id}{a}{bits}").as_bytes()),
             }
         })
@@ -110,15 +121,43 @@ fn receipt(i: usize, generation: usize) -> NodeReceipt {
     r
 }
 
+/// The safetensors file of a moved artifact: deterministic values, and for the new tree two
+/// of every three one ulp up.
+fn artifact_file(generation: usize) -> Vec<u8> {
+    let data: Vec<u8> = (0..ROWS * VOCAB)
+        .flat_map(|i| {
+            let x = ((i * 7919) % 10_007) as f32 / 1000.0 - 5.0;
+            let x = if generation == 1 && i % 3 != 0 {
+                f32::from_bits(x.to_bits() + 1)
+            } else {
+                x
+            };
+            x.to_le_bytes()
+        })
+        .collect();
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![ROWS, VOCAB], &data)
+            .unwrap();
+    safetensors::serialize([("logits", view)], None).unwrap()
+}
+
 fn write_tree(dir: &Path, generation: usize) {
     let tree = Tree {
         dir: dir.to_path_buf(),
     };
+    let file = artifact_file(generation);
     let mut entries = Vec::with_capacity(NODES);
     for i in 0..NODES {
         let r = receipt(i, generation);
         std::fs::create_dir_all(tree.node_dir(&r.slug)).unwrap();
         write_json(&tree.receipt_json(&r.slug), &r).unwrap();
+        if i.is_multiple_of(20) {
+            let artifacts = tree.attempt_dir(&r.slug, 1).join("artifacts");
+            std::fs::create_dir_all(&artifacts).unwrap();
+            for a in &r.artifacts {
+                std::fs::write(artifacts.join(&a.name), &file).unwrap();
+            }
+        }
         entries.push(NodeIndexEntry {
             id: r.id.clone(),
             kind: r.kind,
@@ -174,8 +213,9 @@ fn main() {
         t0.elapsed().as_secs_f64()
     );
     let thresholds = Thresholds::default();
-    let (mut loads, mut diffs, mut texts, mut mds, mut jsons, mut totals) =
+    let (mut loads, mut diffs, mut reads, mut texts, mut mds, mut jsons) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let (mut totals, mut no_read_totals) = (vec![], vec![]);
     let mut found = None;
     for pass in 0..=RUNS {
         let start = Instant::now();
@@ -183,12 +223,19 @@ fn main() {
         let (old, new) = (old.unwrap(), new.unwrap());
         let loaded = start.elapsed();
         let t = Instant::now();
-        let d = diff(&old, &new, &thresholds);
+        let mut d = diff(&old, &new, &thresholds);
         let compared = t.elapsed();
+        let t = Instant::now();
+        let _ = render::text(&d, false);
+        let no_read_total = start.elapsed();
+        let no_read_text = t.elapsed();
+        let t = Instant::now();
+        quantify::read_moved(&mut d, &old, &new);
+        let read = t.elapsed();
         let t = Instant::now();
         let text = render::text(&d, false);
         let text_time = t.elapsed();
-        let total = start.elapsed();
+        let total = no_read_total - no_read_text + read + text_time;
         let t = Instant::now();
         let md = render::markdown(&d);
         let md_time = t.elapsed();
@@ -196,9 +243,16 @@ fn main() {
         let js = render::json(&d);
         let json_time = t.elapsed();
         if pass == 0 {
+            let artifacts: Vec<_> = d.bits_moved.iter().flat_map(|b| &b.artifacts).collect();
+            let read = artifacts
+                .iter()
+                .filter(|a| matches!(a.read, Some(quantify::ArtifactRead::Read(_))))
+                .count();
             found = Some((
                 d.regressions.len(),
                 d.bits_moved.len(),
+                artifacts.len(),
+                read,
                 d.metric_drift.len(),
                 text.len() + md.len() + js.len(),
             ));
@@ -206,14 +260,16 @@ fn main() {
         }
         loads.push(loaded);
         diffs.push(compared);
+        reads.push(read);
+        no_read_totals.push(no_read_total);
         texts.push(text_time);
         mds.push(md_time);
         jsons.push(json_time);
         totals.push(total);
     }
-    let (regressions, moved, drift, bytes) = found.unwrap();
+    let (regressions, moved, artifacts, read, drift, bytes) = found.unwrap();
     println!(
-        "found {regressions} regressions, {moved} nodes with bits moved, {drift} metric drifts ({bytes} bytes rendered)\n"
+        "found {regressions} regressions, {moved} nodes with bits moved ({artifacts} artifacts, {read} read as safetensors), {drift} metric drifts ({bytes} bytes rendered)\n"
     );
     let ms = |v: Vec<Duration>| median(v).as_secs_f64() * 1e3;
     println!("| stage (median of {RUNS}, warm cache) | ms |");
@@ -224,11 +280,20 @@ fn main() {
         ms(loads)
     );
     println!("| compare | {:.1} |", ms(diffs));
+    println!(
+        "| read the moved artifacts ({} files of 1 MiB) | {:.1} |",
+        2 * artifacts,
+        ms(reads)
+    );
     println!("| render text | {:.1} |", ms(texts));
     println!("| render markdown | {:.1} |", ms(mds));
     println!("| render json | {:.1} |", ms(jsons));
     println!(
-        "| **whole diff (load + compare + text)** | **{:.1}** |",
+        "| whole diff with --no-read (load + compare + text) | {:.1} |",
+        ms(no_read_totals)
+    );
+    println!(
+        "| **whole diff (load + compare + read + text)** | **{:.1}** |",
         ms(totals)
     );
     println!("\nthreads: {} (rayon)", rayon::current_num_threads());

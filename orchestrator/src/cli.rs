@@ -255,6 +255,10 @@ pub struct DiffArgs {
     /// it make the exit code 1.
     #[arg(long)]
     pub allow_lost: bool,
+    /// Do not open the artifacts whose bits moved: list their sha256 digests only, without
+    /// the per-tensor figures (values that differ, max |Δ|, ulp, argmax agreement).
+    #[arg(long)]
+    pub no_read: bool,
 }
 
 #[derive(Debug, Args)]

@@ -9,7 +9,8 @@
 //! Files are memory-mapped and compared row by row (rows are the leading dimensions of a
 //! tensor, the last one being the row length, e.g. `logits` [T, n_vocab]) in parallel.
 //! Bitwise comparison first tests whole rows for byte equality and only walks rows that
-//! differ, element by element as u32 bit patterns.
+//! differ, element by element as u32 bit patterns. Mapping, parsing and the arithmetic on
+//! elements that `diff` shares are in [`crate::tensors`].
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,7 @@ use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 
 use crate::plan::Policy;
+use crate::tensors::argmax_f32;
 
 /// Format version of [`CompareReport`].
 pub const COMPARE_REPORT_VERSION: u32 = 1;
@@ -227,9 +229,7 @@ pub enum CompareError {
 }
 
 fn map(file: &File, path: &Path, side: Side) -> Result<memmap2::Mmap, CompareError> {
-    // SAFETY: the artifact files belong to finished attempts of this run and are not written
-    // while compared; a concurrent truncation would be a bug elsewhere, surfacing as SIGBUS.
-    unsafe { memmap2::Mmap::map(file) }.map_err(|error| CompareError::Map {
+    crate::tensors::map(file).map_err(|error| CompareError::Map {
         side,
         path: path.to_path_buf(),
         error,
@@ -237,7 +237,7 @@ fn map(file: &File, path: &Path, side: Side) -> Result<memmap2::Mmap, CompareErr
 }
 
 fn parse<'a>(bytes: &'a [u8], path: &Path, side: Side) -> Result<SafeTensors<'a>, CompareError> {
-    SafeTensors::deserialize(bytes).map_err(|error| CompareError::Parse {
+    crate::tensors::parse(bytes).map_err(|error| CompareError::Parse {
         side,
         path: path.to_path_buf(),
         error,
@@ -369,37 +369,8 @@ fn f32_at(b: &[u8], i: usize) -> f32 {
 /// |got - ref| and the relative error with denominator max(1, |ref|); NaN on exactly one
 /// side counts as an infinite error, NaN on both sides (or equal infinities) as none.
 fn errors(r: f32, g: f32) -> (f64, f64) {
-    if r == g || (r.is_nan() && g.is_nan()) {
-        return (0.0, 0.0);
-    }
-    let (r, g) = (f64::from(r), f64::from(g));
-    let d = (g - r).abs();
-    if d.is_nan() {
-        return (f64::INFINITY, f64::INFINITY);
-    }
-    (d, d / r.abs().max(1.0))
-}
-
-/// Index of the first largest value of a row (NaN never wins). Finds the maximum first with
-/// independent lanes, which the compiler vectorizes, then the first index holding it.
-fn argmax(b: &[u8]) -> u64 {
-    const LANES: usize = 16;
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let chunks = b.chunks_exact(4 * LANES);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (l, lane) in lanes.iter_mut().enumerate() {
-            let v = f32::from_le_bytes([c[4 * l], c[4 * l + 1], c[4 * l + 2], c[4 * l + 3]]);
-            *lane = lane.max(v);
-        }
-    }
-    let mut best = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    for c in tail.chunks_exact(4) {
-        best = best.max(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-    }
-    b.chunks_exact(4)
-        .position(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) == best)
-        .unwrap_or(0) as u64
+    let d = crate::tensors::abs_error(f64::from(r), f64::from(g));
+    (d, d / f64::from(r).abs().max(1.0))
 }
 
 fn compare_row(r: &[u8], g: &[u8], policy: &Policy) -> RowStats {
@@ -409,7 +380,7 @@ fn compare_row(r: &[u8], g: &[u8], policy: &Policy) -> RowStats {
         Policy::ArgmaxAgree { .. } | Policy::Tolerance { argmax: true, .. }
     );
     if want_argmax {
-        s.argmax = Some((argmax(r), argmax(g)));
+        s.argmax = Some((argmax_f32(r), argmax_f32(g)));
     }
     if r == g {
         return s;
@@ -541,19 +512,6 @@ mod tests {
         assert_eq!(errors(f32::NAN, f32::NAN), (0.0, 0.0));
         assert_eq!(errors(1.0, f32::NAN).0, f64::INFINITY);
         assert_eq!(errors(f32::INFINITY, f32::INFINITY), (0.0, 0.0));
-    }
-
-    #[test]
-    fn argmax_takes_the_first_maximum_and_ignores_nan() {
-        let mut v = vec![0.0f32; 40];
-        v[33] = 5.0;
-        v[37] = 5.0;
-        v[2] = f32::NAN;
-        assert_eq!(argmax(&bytes(&v)), 33);
-        v[39] = 6.0;
-        assert_eq!(argmax(&bytes(&v)), 39);
-        assert_eq!(argmax(&bytes(&[f32::NAN, f32::NAN])), 0);
-        assert_eq!(argmax(&bytes(&[-1.0, -0.5, -2.0])), 1);
     }
 
     #[test]

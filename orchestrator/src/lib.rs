@@ -37,6 +37,7 @@ pub mod require;
 pub mod run;
 pub mod schedule;
 pub mod subst;
+pub mod tensors;
 pub mod verdict;
 
 pub use exit::ExitCode;

@@ -10,6 +10,7 @@ mod attest_pins;
 mod compare_artifacts;
 mod compare_cells;
 mod declared_inputs;
+mod diff_quantify;
 mod diff_trees;
 mod gpu_leases;
 mod gpus_cli;

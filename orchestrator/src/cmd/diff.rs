@@ -1,5 +1,6 @@
 //! `memra-orch diff OLD NEW`: finds the two receipt trees, reads them side by side, compares
-//! them under the thresholds given and prints the result. Exit 1 when anything regressed
+//! them under the thresholds given, reads the artifacts whose bits moved (unless
+//! `--no-read`) and prints the result. Exit 1 when anything regressed
 //! (lost coverage included, unless `--allow-lost`).
 
 use crate::ExitCode;
@@ -34,6 +35,9 @@ fn command_inner(args: &DiffArgs) -> Result<ExitCode, FindError> {
     let (old, new) = (old?, new?);
     let mut d = diff(&old, &new, &thresholds);
     d.allow_lost = args.allow_lost;
+    if !args.no_read {
+        crate::diff::quantify::read_moved(&mut d, &old, &new);
+    }
     print!("{}", render::render(&d, args.format, args.color));
     Ok(if d.regressed() {
         ExitCode::NotAsExpected

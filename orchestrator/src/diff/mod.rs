@@ -6,8 +6,11 @@
 //!
 //! This module owns the comparison rules; the `diff` subcommand is in `cmd::diff`. Finding
 //! trees is `receipt::resolve`'s job, reading them `receipt::load`'s, and printing them
-//! [`render`]'s; it never writes anything.
+//! [`render`]'s; how far the bits of a moved safetensors artifact moved (read from the
+//! files) and how compare cells' reports changed is [`quantify`]'s. It never writes
+//! anything.
 
+pub mod quantify;
 pub mod render;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -32,6 +35,10 @@ pub struct DiffReceipt {
     pub binaries: Vec<crate::receipt::FileDigest>,
     #[serde(default)]
     pub produces: Vec<crate::receipt::FileDigest>,
+    #[serde(default)]
+    pub attempts: Vec<quantify::DiffAttempt>,
+    #[serde(default)]
+    pub compare: Option<Value>,
 }
 
 /// What `diff` reads of a check row: its name, status and metrics.
@@ -121,6 +128,9 @@ pub struct ArtifactMove {
     pub new_sha256: Option<String>,
     pub old_bytes: Option<u64>,
     pub new_bytes: Option<u64>,
+    /// What reading both files found (tensor by tensor); `None` when they were not read.
+    #[serde(flatten)]
+    pub read: Option<quantify::ArtifactRead>,
 }
 
 /// A node with the same verdict on both sides whose artifacts differ.
@@ -339,6 +349,13 @@ fn node(
         }
     }
     checks(d, id, &or.checks, &nr.checks, t);
+    quantify::compare_reports(
+        &mut d.metric_drift,
+        id,
+        or.compare.as_ref(),
+        nr.compare.as_ref(),
+        t,
+    );
     let empty = BTreeMap::new();
     let od = or.doors.as_ref().unwrap_or(&empty);
     let nd = nr.doors.as_ref().unwrap_or(&empty);
@@ -378,6 +395,7 @@ fn artifact_moves(
                 new_sha256: b.map(|x| x.sha256.clone()),
                 old_bytes: a.map(|x| x.bytes),
                 new_bytes: b.map(|x| x.bytes),
+                read: None,
             })
         })
         .collect()
@@ -652,6 +670,8 @@ mod tests {
                 sha256: binary_sha.into(),
             }],
             produces: vec![],
+            attempts: vec![],
+            compare: None,
         };
         let entry = run.nodes[0].clone();
         DiffRun {

@@ -233,6 +233,7 @@ pub fn text(d: &Diff, color: bool) -> String {
             let _ = writeln!(out, "  {:<width$}  {}", b.id, b.verdict);
             for a in &b.artifacts {
                 let _ = writeln!(out, "      {}", artifact_line(a));
+                out.push_str(&super::quantify::text(a, "        "));
             }
         }
     }
@@ -403,6 +404,7 @@ pub fn markdown(d: &Diff) -> String {
             }
         }
         out.push('\n');
+        out.push_str(&super::quantify::markdown(d, md));
     }
     if !d.metric_drift.is_empty() {
         let _ = writeln!(out, "### Metric drift ({})\n", d.metric_drift.len());
