@@ -2,7 +2,8 @@
 //! docs/diff.md). Regressions, lost coverage (passed, now skipped or absent), fixes, still
 //! failing, bits moved (same verdict, different artifact digests), metric drift, duration
 //! drift, doors changes, new and removed nodes, and environment changes (host, driver, GPUs,
-//! binaries).
+//! binaries); flaky and nondeterministic cells (changes on identical inputs) are set apart
+//! by [`flaky`].
 //!
 //! This module owns the comparison rules; the `diff` subcommand is in `cmd::diff`. Finding
 //! trees is `receipt::resolve`'s job, reading them `receipt::load`'s, and printing them

@@ -1,5 +1,6 @@
 //! Turning what a user names on the command line into a run's tree folder: a run folder, a
-//! run id, a commit folder, `latest` / `previous`, or a commit-ish that git resolves to a
+//! run id, a commit folder, `latest` / `previous`, `last-green`, `last-green:CELL`,
+//! `@YYYY-MM-DD`, or a commit-ish that git resolves to a
 //! sha whose `<sha>[-dirty]/<manifest>` lives under the receipts folder (a commit means its
 //! newest complete run). Shared by `diff`, `show`, `ls`, `gc` and `run` itself, which also
 //! use [`list_runs`] to see every run under a receipts folder, in both layouts (run folders
@@ -160,7 +161,8 @@ pub fn durations(run: &RunReceipt) -> HashMap<String, f64> {
 /// 1. an existing folder: a run folder (holding `run.json`), a manifest folder or a commit
 ///    folder (their newest complete run);
 /// 2. `latest` / `previous`: the newest run under `receipts` and the one before it of the
-///    same manifest (`--manifest` narrows both to one manifest);
+///    same manifest (`--manifest` narrows both to one manifest); `last-green`,
+///    `last-green:CELL` and `@YYYY-MM-DD` (see [`alias`]);
 /// 3. a run id, or a prefix of one that names a single run;
 /// 4. a commit folder name under `receipts` (`<sha>-dirty`, a `--commit` id, `no-git`):
 ///    its newest complete run;
