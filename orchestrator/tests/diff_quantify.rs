@@ -25,6 +25,7 @@ timeout = "1m"
 [[arm]]
 id = "gate"
 run = ["{gates}/copy-artifacts.sh", "data/logits.safetensors", "data/notes.txt"]
+inputs = ["data/*"]
 
 [[arm]]
 id = "other"
@@ -468,6 +469,7 @@ run = ["{gates}/copy-artifacts.sh", "ref/logits.safetensors"]
 [[arm]]
 id = "cand"
 run = ["{gates}/copy-artifacts.sh", "cand/logits.safetensors"]
+inputs = ["cand/*"]
 
 [[compare]]
 id = "pair"

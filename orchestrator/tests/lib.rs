@@ -14,6 +14,7 @@ mod diff_quantify;
 mod diff_trees;
 mod gpu_leases;
 mod gpus_cli;
+mod history_nights;
 mod hostile_input;
 mod housekeeping_cli;
 mod isolation_env;

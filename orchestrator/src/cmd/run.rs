@@ -288,8 +288,11 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     } else if let Err(e) = &written {
         eprintln!("memra-orch run: {e}");
         code = ExitCode::Internal;
-    } else if let Some(note) = outcome.lacked_resources_note() {
-        eprintln!("memra-orch run: {note}");
+    } else {
+        record_history(&tree, &writer);
+        if let Some(note) = outcome.lacked_resources_note() {
+            eprintln!("memra-orch run: {note}");
+        }
     }
     // A metrics file asked for and not written is memra-orch's own I/O failure; a run that
     // already failed keeps its more telling code.
@@ -305,6 +308,24 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         s.finish_run(writer.run(), code);
     }
     Ok(code)
+}
+
+/// Files the finished run in its manifest's history index, from what the writer holds in
+/// memory (no receipt is read back). The index is a cache: a failure here only costs the
+/// next `history` a read of this tree, so it is not an error of the run.
+fn record_history(tree: &Tree, writer: &ReceiptWriter) {
+    use crate::history::{build, index};
+    let receipts = tree.receipts();
+    let run = writer.run();
+    let by_id: std::collections::BTreeMap<String, build::HistReceipt> = writer
+        .receipts()
+        .iter()
+        .flatten()
+        .map(|r| (r.id.clone(), build::HistReceipt::of(r)))
+        .collect();
+    if let Some(record) = build::of_finished(&receipts, &tree.dir, run, &by_id) {
+        let _ = index::append(&receipts, &run.name, &record);
+    }
 }
 
 /// The cells `--rerun-failed` selects: those whose verdict in `source` was not as expected
