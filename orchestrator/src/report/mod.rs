@@ -2,15 +2,17 @@
 //! runner's events, the live progress display ([`progress`]) and the receipt writer
 //! ([`writer`]); what the writer renders when a run ends, the summary (a terminal table and
 //! `summary.md`, [`summary`]) and `junit.xml` ([`junit`]); and the views of stored runs
-//! that `show` ([`show`]) and `ls` ([`ls`]) print.
+//! that `show` ([`show`]) and `ls` ([`ls`]) print; and the static HTML site of a manifest's
+//! history ([`html`]).
 //!
 //! Text that came from a manifest or a gate passes through [`escape::control`] on its way to
-//! a terminal, `summary.md` or `junit.xml`.
+//! a terminal, `summary.md` or `junit.xml`, and through [`escape::html`] into a page.
 //!
-//! Only the writer writes files, and only through `receipt`'s formats and paths; the rest
-//! renders. The runner's events and the receipts are the input.
+//! Only the writer writes into receipt trees, and only through `receipt`'s formats and
+//! paths; the HTML site is written into a folder of its own; the rest renders. The runner's events and the receipts are the input.
 
 pub mod escape;
+pub mod html;
 pub mod junit;
 pub mod ls;
 pub mod progress;
