@@ -23,6 +23,7 @@ pub mod executor;
 pub mod exit;
 pub mod gpus;
 pub mod graph;
+pub mod history;
 pub mod lease;
 pub mod load;
 pub mod manifest;

@@ -307,6 +307,15 @@ pub fn with_excludes(filters: &[String], excludes: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// A `--filter` glob compiled the way cells are matched against it (`*` crosses `/`), so
+/// every command that takes a cell filter matches it alike.
+pub fn filter_glob(f: &str) -> Result<globset::GlobMatcher, globset::Error> {
+    globset::GlobBuilder::new(f)
+        .literal_separator(false)
+        .build()
+        .map(|g| g.compile_matcher())
+}
+
 /// The positions of the cells one filter (without its `!`) matches; none is an error.
 fn matching(plan: &Plan, f: &str) -> Result<Vec<usize>, FilterError> {
     let hit: Box<dyn Fn(&Cell) -> bool> = if let Some(tag) = f.strip_prefix("tag:") {
@@ -315,11 +324,8 @@ fn matching(plan: &Plan, f: &str) -> Result<Vec<usize>, FilterError> {
     } else {
         // A whole cell id may not be a valid glob (a quoted value can hold `]`); it still
         // selects its cell by exact match.
-        let glob = match globset::GlobBuilder::new(f)
-            .literal_separator(false)
-            .build()
-        {
-            Ok(g) => Some(g.compile_matcher()),
+        let glob = match filter_glob(f) {
+            Ok(g) => Some(g),
             Err(_) if plan.cells.iter().any(|c| c.id.0 == *f) => None,
             Err(e) => {
                 return Err(FilterError {

@@ -1,0 +1,309 @@
+//! Reading a [`RunRecord`] from a receipt tree: `run.json` and a lean view of each cell's
+//! receipt (inputs digest, checks, artifacts, seconds, tags, GPUs; the environment maps that
+//! make up most of a receipt are skipped by the parser), carried receipts read from the run
+//! that measured them. Also finding the runs of a manifest on disk with nothing more than a
+//! folder listing and a `stat` of each `run.json` ([`runs_on_disk`]), which is what the
+//! index is checked against.
+//!
+//! It reads only; caching the records is [`super::index`]'s job.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{CellFacts, INDEX_SCHEMA, RunRecord, RunSummary, Stamp};
+use crate::receipt::error::ReceiptError;
+use crate::receipt::load::{LoadedNode, load_as};
+use crate::receipt::tree::is_run_id;
+use crate::receipt::{NodeIndexEntry, NodeReceipt, RunReceipt};
+
+/// What history reads of a node receipt.
+#[derive(Debug, Clone, Deserialize)]
+pub struct HistReceipt {
+    #[serde(default)]
+    pub inputs: String,
+    #[serde(default)]
+    pub checks: Vec<HistCheck>,
+    #[serde(default)]
+    pub artifacts: Vec<crate::receipt::Artifact>,
+    #[serde(default)]
+    pub seconds: f64,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    #[serde(default)]
+    pub gpus: Vec<crate::receipt::GpuRef>,
+}
+
+/// What history reads of a check row.
+#[derive(Debug, Clone, Deserialize)]
+pub struct HistCheck {
+    pub check: String,
+    #[serde(default)]
+    pub metrics: BTreeMap<String, Value>,
+}
+
+impl HistReceipt {
+    /// The lean view of a whole receipt held in memory (a run that just finished).
+    pub fn of(r: &NodeReceipt) -> HistReceipt {
+        HistReceipt {
+            inputs: r.inputs.clone(),
+            checks: r
+                .checks
+                .iter()
+                .map(|c| HistCheck {
+                    check: c.check.clone(),
+                    metrics: c.metrics.clone(),
+                })
+                .collect(),
+            artifacts: r.artifacts.clone(),
+            seconds: r.seconds,
+            tags: r.tags.clone(),
+            gpus: r.gpus.clone(),
+        }
+    }
+}
+
+/// A run of the manifest found on disk, not yet read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOnDisk {
+    /// The folder holding `run.json`.
+    pub dir: PathBuf,
+    /// That folder relative to the receipts folder, `/`-separated: the key of its record.
+    pub rel: String,
+    /// The commit folder name.
+    pub commit: String,
+    /// The run id; `None` for a tree of the layout before run ids.
+    pub id: Option<String>,
+    pub stamp: Stamp,
+}
+
+/// The stamp of a `run.json`; `None` when it is not a readable regular file.
+pub fn stamp(run_json: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(run_json).ok()?;
+    if !m.is_file() {
+        return None;
+    }
+    Some(Stamp {
+        mtime_ns: m.mtime().saturating_mul(1_000_000_000) + m.mtime_nsec(),
+        size: m.len(),
+        inode: m.ino(),
+    })
+}
+
+/// Every run of `manifest` under `receipts` (all commit folders), in no particular order:
+/// run folders holding a `run.json`, and manifest folders of the old layout that hold one
+/// themselves. Folders only; no `run.json` is parsed.
+pub fn runs_on_disk(receipts: &Path, manifest: &str) -> Vec<RunOnDisk> {
+    let Ok(commits) = std::fs::read_dir(receipts) else {
+        return Vec::new();
+    };
+    commits
+        .flatten()
+        .filter(|c| c.file_type().is_ok_and(|t| t.is_dir()))
+        .flat_map(|c| {
+            let commit = c.file_name().to_string_lossy().into_owned();
+            runs_on_disk_in(&c.path().join(manifest), &commit, manifest)
+        })
+        .collect()
+}
+
+/// The runs in one manifest folder (see [`runs_on_disk`]).
+pub fn runs_on_disk_in(manifest_dir: &Path, commit: &str, manifest: &str) -> Vec<RunOnDisk> {
+    let mut out = Vec::new();
+    let base = format!("{commit}/{manifest}");
+    if let Some(stamp) = stamp(&manifest_dir.join("run.json")) {
+        out.push(RunOnDisk {
+            dir: manifest_dir.to_path_buf(),
+            rel: base.clone(),
+            commit: commit.to_string(),
+            id: None,
+            stamp,
+        });
+    }
+    if let Ok(entries) = std::fs::read_dir(manifest_dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !is_run_id(&name) || !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if let Some(stamp) = stamp(&e.path().join("run.json")) {
+                out.push(RunOnDisk {
+                    dir: e.path(),
+                    rel: format!("{base}/{name}"),
+                    commit: commit.to_string(),
+                    id: Some(name),
+                    stamp,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Reads the record of a run from its tree.
+pub fn read(run: &RunOnDisk) -> Result<RunRecord, ReceiptError> {
+    let loaded = load_as::<HistReceipt>(&run.dir)?;
+    let cells = loaded
+        .nodes
+        .values()
+        .map(|n| (n.entry.id.clone(), facts(n)))
+        .collect();
+    Ok(RunRecord {
+        schema: INDEX_SCHEMA,
+        stamp: run.stamp,
+        run: summary(&loaded.run, &run.commit, &run.rel),
+        cells,
+    })
+}
+
+/// The record of a run that just finished, from what its writer holds in memory: its
+/// `run.json` and every cell's receipt (carried ones included), so recording it reads no
+/// receipt back from disk. `None` when its `run.json` cannot be found.
+pub fn of_finished(
+    receipts: &Path,
+    dir: &Path,
+    run: &RunReceipt,
+    receipts_by_id: &BTreeMap<String, HistReceipt>,
+) -> Option<RunRecord> {
+    let stamp = stamp(&dir.join("run.json"))?;
+    let rel = dir.strip_prefix(receipts).ok()?;
+    let rel: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let commit = rel.first()?.clone();
+    let cells = run
+        .nodes
+        .iter()
+        .map(|e| {
+            let node = LoadedNode {
+                entry: e.clone(),
+                receipt: e
+                    .slug
+                    .as_ref()
+                    .and_then(|_| receipts_by_id.get(&e.id))
+                    .cloned(),
+            };
+            (e.id.clone(), facts(&node))
+        })
+        .collect();
+    Some(RunRecord {
+        schema: INDEX_SCHEMA,
+        stamp,
+        run: summary(run, &commit, &rel.join("/")),
+        cells,
+    })
+}
+
+fn summary(run: &RunReceipt, commit: &str, rel: &str) -> RunSummary {
+    let gpus = run
+        .inventory
+        .get("gpus")
+        .and_then(Value::as_array)
+        .map(|gs| {
+            gs.iter()
+                .map(|g| {
+                    g.get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("?")
+                        .to_string()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    RunSummary {
+        id: run.run_id.clone().unwrap_or_else(|| "-".to_string()),
+        commit: commit.to_string(),
+        commit_sha: run.commit_sha.clone(),
+        start: run.start.clone(),
+        end: run.end.clone(),
+        verdict: run.verdict.clone(),
+        counts: run.counts.clone(),
+        host: run.host.clone(),
+        dir: rel.to_string(),
+        gpus,
+        driver: run
+            .inventory
+            .get("driver_version")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+    }
+}
+
+/// What a run knows of one cell: the index row, and the receipt when the run has one.
+fn facts(n: &LoadedNode<HistReceipt>) -> CellFacts {
+    let e: &NodeIndexEntry = &n.entry;
+    let r = n.receipt.as_ref();
+    CellFacts {
+        verdict: e.verdict,
+        good: e.verdict.as_expected(),
+        reason: e.reason.clone(),
+        inputs: r.map(|r| r.inputs.clone()).unwrap_or_default(),
+        artifacts: r
+            .map(|r| {
+                r.artifacts
+                    .iter()
+                    .map(|a| (a.name.clone(), a.sha256.clone()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        metrics: r.map(|r| metrics(&r.checks)).unwrap_or_default(),
+        seconds: r.map_or(e.seconds, |r| r.seconds),
+        carried_from: e
+            .carried
+            .as_ref()
+            .map(|c| c.run.clone().unwrap_or_else(|| "-".to_string())),
+        tags: r.map(|r| r.tags.clone()).unwrap_or_default(),
+        gpus: r
+            .map(|r| r.gpus.iter().map(|g| g.name.clone()).collect())
+            .unwrap_or_default(),
+    }
+}
+
+/// Numeric metrics keyed `check/metric`, the second row of a repeated check as `check #2`.
+pub fn metrics(checks: &[HistCheck]) -> BTreeMap<String, f64> {
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    for c in checks {
+        let k = seen.entry(c.check.as_str()).or_default();
+        *k += 1;
+        let label = if *k == 1 {
+            c.check.clone()
+        } else {
+            format!("{} #{k}", c.check)
+        };
+        for (name, v) in &c.metrics {
+            if let Some(x) = v.as_f64().filter(|x| x.is_finite()) {
+                out.insert(format!("{label}/{name}"), x);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeated_checks_get_the_occurrence_diff_gives_them() {
+        let row = |m: f64| HistCheck {
+            check: "acc".to_string(),
+            metrics: BTreeMap::from([
+                ("max_abs".to_string(), serde_json::json!(m)),
+                ("dtype".to_string(), serde_json::json!("f16")),
+            ]),
+        };
+        let m = metrics(&[row(1.0), row(2.0)]);
+        assert_eq!(
+            m,
+            BTreeMap::from([
+                ("acc/max_abs".to_string(), 1.0),
+                ("acc #2/max_abs".to_string(), 2.0)
+            ])
+        );
+    }
+}

@@ -1,0 +1,274 @@
+//! The history index: `<receipts>/.memra-index/<manifest>.jsonl`, one [`RunRecord`] a line,
+//! so `history` over a year of nightlies reads one file instead of every `receipt.json` of
+//! every run.
+//!
+//! The index is only a cache; the trees are the truth. Every read checks it against the
+//! runs on disk (the set of run folders and each `run.json`'s mtime, size and inode): a run
+//! whose record is missing, stale, of another format or on a torn line is read from its
+//! tree again, a record of a deleted run is dropped, and the index is rewritten (temporary
+//! file + rename) when anything differed. `run` appends the line of a run when it finishes
+//! (one `write` of the whole line in append mode); two writers racing can only lose a line,
+//! which the next read rebuilds. Nothing here writes inside a run's tree.
+
+use std::collections::HashMap;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use super::build::{self, RunOnDisk};
+use super::{HistoryError, INDEX_SCHEMA, RunRecord};
+use crate::receipt::error::{ReceiptError, ReceiptErrorKind as Kind};
+
+/// The folder of the index files under a receipts folder.
+pub const INDEX_DIR: &str = ".memra-index";
+
+/// How [`records`] uses the index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Read it, check it, read what it lacks from the trees, and rewrite it when it was
+    /// not up to date.
+    #[default]
+    Use,
+    /// Read every run from its tree; neither read nor write the index.
+    Ignore,
+}
+
+/// The index file of a manifest.
+pub fn path(receipts: &Path, manifest: &str) -> PathBuf {
+    receipts.join(INDEX_DIR).join(format!("{manifest}.jsonl"))
+}
+
+/// The index as read: the trustworthy records by run folder, and whether any line was not
+/// (torn, unreadable, another format, a duplicate).
+#[derive(Debug, Default)]
+struct Cached {
+    records: HashMap<String, RunRecord>,
+    untrusted: bool,
+}
+
+fn read_index(path: &Path) -> Cached {
+    let mut out = Cached::default();
+    let Ok(text) = std::fs::read(path) else {
+        return out;
+    };
+    let complete = text.ends_with(b"\n");
+    let mut lines: Vec<&[u8]> = text.split(|b| *b == b'\n').collect();
+    // `split` leaves an empty piece after the last newline; without a newline the last
+    // piece is a torn line (a writer died mid-append) and is never trusted.
+    lines.pop();
+    if !complete && !text.is_empty() {
+        out.untrusted = true;
+    }
+    for line in lines {
+        match serde_json::from_slice::<RunRecord>(line) {
+            Ok(r) if r.schema == INDEX_SCHEMA => {
+                if let Some(old) = out.records.insert(r.run.dir.clone(), r) {
+                    // Two lines of one run: the later one is newer, but the file wants
+                    // rewriting.
+                    let _ = old;
+                    out.untrusted = true;
+                }
+            }
+            _ => out.untrusted = true,
+        }
+    }
+    out
+}
+
+/// Every run of `manifest` under `receipts`, oldest first (by start, then run id), read
+/// through the index (see the module's header).
+pub fn records(
+    receipts: &Path,
+    manifest: &str,
+    mode: Mode,
+) -> Result<Vec<RunRecord>, HistoryError> {
+    let on_disk = build::runs_on_disk(receipts, manifest);
+    let cached = match mode {
+        Mode::Use => read_index(&path(receipts, manifest)),
+        Mode::Ignore => Cached::default(),
+    };
+    let mut out: Vec<RunRecord> = Vec::with_capacity(on_disk.len());
+    let mut missing: Vec<&RunOnDisk> = Vec::new();
+    for r in &on_disk {
+        match cached.records.get(&r.rel) {
+            Some(rec) if rec.stamp == r.stamp => out.push(rec.clone()),
+            _ => missing.push(r),
+        }
+    }
+    let trusted = out.len();
+    let fresh: Vec<Result<Option<RunRecord>, ReceiptError>> = missing
+        .par_iter()
+        .map(|r| match build::read(r) {
+            Ok(rec) => Ok(Some(rec)),
+            // A folder whose run.json cannot be read is not a run (as for `ls`); a receipt
+            // that cannot be read is a broken run, and history says so.
+            Err(e) if e.path == r.dir.join("run.json") => Ok(None),
+            Err(e) => Err(e),
+        })
+        .collect();
+    for f in fresh {
+        out.extend(f?);
+    }
+    sort(&mut out);
+    let stale = !missing.is_empty() || cached.untrusted || cached.records.len() != trusted;
+    if mode == Mode::Use && stale {
+        // The index is a cache: a receipts folder that cannot be written (a read-only
+        // mount) still gets a right answer, only a slower one.
+        let _ = write(receipts, manifest, &out);
+    }
+    Ok(out)
+}
+
+fn sort(records: &mut [RunRecord]) {
+    records.sort_by(|a, b| {
+        a.run
+            .start
+            .cmp(&b.run.start)
+            .then_with(|| a.run.id.cmp(&b.run.id))
+            .then_with(|| a.run.dir.cmp(&b.run.dir))
+    });
+}
+
+fn line(record: &RunRecord, path: &Path) -> Result<Vec<u8>, ReceiptError> {
+    let mut bytes =
+        serde_json::to_vec(record).map_err(|e| ReceiptError::new(path, Kind::Serialise(e)))?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+/// Rewrites the index of `manifest` to hold exactly `records` (temporary file + rename).
+pub fn write(receipts: &Path, manifest: &str, records: &[RunRecord]) -> Result<(), ReceiptError> {
+    let file = path(receipts, manifest);
+    let dir = receipts.join(INDEX_DIR);
+    std::fs::create_dir_all(&dir).map_err(|e| ReceiptError::new(&dir, Kind::CreateFolder(e)))?;
+    let mut bytes = Vec::new();
+    for r in records {
+        bytes.extend(line(r, &file)?);
+    }
+    crate::receipt::write_atomic(&file, &bytes)
+}
+
+/// Appends the record of a run that just finished to its manifest's index, in one write.
+/// A file left ending in a torn line gets a newline first, so the new line stands alone.
+pub fn append(receipts: &Path, manifest: &str, record: &RunRecord) -> Result<(), ReceiptError> {
+    let file = path(receipts, manifest);
+    let dir = receipts.join(INDEX_DIR);
+    std::fs::create_dir_all(&dir).map_err(|e| ReceiptError::new(&dir, Kind::CreateFolder(e)))?;
+    let mut bytes = line(record, &file)?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .read(true)
+        .open(&file)
+        .map_err(|e| ReceiptError::new(&file, Kind::Create(e)))?;
+    let len = f
+        .metadata()
+        .map_err(|e| ReceiptError::new(&file, Kind::Read(e)))?
+        .len();
+    if len > 0 {
+        let mut last = [0u8; 1];
+        let read = f
+            .seek(SeekFrom::Start(len - 1))
+            .and_then(|_| f.read_exact(&mut last));
+        if read.is_ok() && last[0] != b'\n' {
+            bytes.insert(0, b'\n');
+        }
+    }
+    f.write_all(&bytes)
+        .map_err(|e| ReceiptError::new(&file, Kind::Write(e)))
+}
+
+/// Drops the records of runs that no longer exist (after `gc`), without reading any tree;
+/// a record whose run changed stays for the next read to replace.
+pub fn prune(receipts: &Path, manifest: &str) -> Result<(), ReceiptError> {
+    let file = path(receipts, manifest);
+    if !file.exists() {
+        return Ok(());
+    }
+    let cached = read_index(&file);
+    let on_disk: std::collections::HashSet<String> = build::runs_on_disk(receipts, manifest)
+        .into_iter()
+        .map(|r| r.rel)
+        .collect();
+    let mut kept: Vec<RunRecord> = cached
+        .records
+        .into_values()
+        .filter(|r| on_disk.contains(&r.run.dir))
+        .collect();
+    sort(&mut kept);
+    write(receipts, manifest, &kept)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run of manifest `m` at commit `c` with one cell `a` whose receipt has `inputs`.
+    fn run(receipts: &Path, id: &str, start: &str, inputs: &str) -> PathBuf {
+        let dir = receipts.join("c/m").join(id);
+        std::fs::create_dir_all(dir.join("nodes/a-1")).unwrap();
+        let run = serde_json::json!({
+            "schema": 1, "run_id": id, "name": "m",
+            "manifest": {"path": "m", "bytes": 0, "sha256": ""},
+            "env_matrices": [], "commit": "c", "commit_sha": null, "dirty": false, "host": "h",
+            "orchestrator_version": "0", "inventory": null, "cpu_slots": 1, "filters": [],
+            "resumed": false, "start": start, "end": start, "seconds": 1.0,
+            "interrupted": false, "counts": {"pass": 1}, "verdict": "pass",
+            "nodes": [{"id": "a", "kind": "arm", "slug": "a-1", "verdict": "pass", "seconds": 2.0}]
+        });
+        std::fs::write(dir.join("run.json"), run.to_string()).unwrap();
+        let receipt = serde_json::json!({"inputs": inputs, "seconds": 2.0,
+            "checks": [{"check": "acc", "status": "pass", "metrics": {"max_abs": 0.5}}],
+            "artifacts": [{"name": "out.bin", "bytes": 1, "sha256": "ab"}]});
+        std::fs::write(dir.join("nodes/a-1/receipt.json"), receipt.to_string()).unwrap();
+        dir
+    }
+
+    const ID1: &str = "20261201T000000.000Z-aaaa";
+    const ID2: &str = "20261202T000000.000Z-bbbb";
+
+    #[test]
+    fn the_index_is_checked_against_the_trees() {
+        let tmp = tempfile::tempdir().unwrap();
+        let r = tmp.path();
+        run(r, ID2, "2026-12-02T00:00:00Z", "i2");
+        let first = run(r, ID1, "2026-12-01T00:00:00Z", "i1");
+        let got = records(r, "m", Mode::Use).unwrap();
+        let ids: Vec<&str> = got.iter().map(|x| x.run.id.as_str()).collect();
+        assert_eq!(ids, [ID1, ID2], "oldest first");
+        assert_eq!(got[0].cells["a"].metrics["acc/max_abs"], 0.5);
+        let file = path(r, "m");
+        assert_eq!(std::fs::read_to_string(&file).unwrap().lines().count(), 2);
+        // The cache answers without the trees' receipts...
+        std::fs::remove_file(first.join("nodes/a-1/receipt.json")).unwrap();
+        assert_eq!(records(r, "m", Mode::Use).unwrap(), got);
+        // ...but never when run.json changed: that run is read again (and now has no
+        // receipt for its cell).
+        let text = std::fs::read_to_string(first.join("run.json")).unwrap();
+        std::fs::write(first.join("run.json"), format!("{text} ")).unwrap();
+        assert_eq!(records(r, "m", Mode::Use).unwrap()[0].cells["a"].inputs, "");
+        std::fs::remove_dir_all(&first).unwrap();
+        let first = run(r, ID1, "2026-12-01T00:00:00Z", "other");
+        // A torn last line and a line of garbage are not trusted.
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes.extend(b"not json\n{\"schema\":1,\"stamp\":");
+        std::fs::write(&file, &bytes).unwrap();
+        let got = records(r, "m", Mode::Use).unwrap();
+        assert_eq!(got[0].cells["a"].inputs, "other");
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert_eq!(text.lines().count(), 2, "rewritten whole:\n{text}");
+        // A deleted run drops out, by a read or by prune.
+        std::fs::remove_dir_all(&first).unwrap();
+        prune(r, "m").unwrap();
+        assert_eq!(std::fs::read_to_string(&file).unwrap().lines().count(), 1);
+        assert_eq!(records(r, "m", Mode::Use).unwrap().len(), 1);
+        // An append after a torn line stands on a line of its own.
+        let only = records(r, "m", Mode::Ignore).unwrap();
+        std::fs::write(&file, b"{\"torn").unwrap();
+        append(r, "m", &only[0]).unwrap();
+        let cached = read_index(&file);
+        assert_eq!(cached.records.len(), 1);
+        assert!(cached.untrusted);
+    }
+}
