@@ -9,6 +9,7 @@ pub mod gc;
 pub mod gpus;
 pub mod ls;
 pub mod plan;
+pub mod report;
 pub mod run;
 pub mod show;
 pub mod validate;
@@ -46,6 +47,7 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::Show(args) => show::command(&args),
         Command::Ls(args) => ls::command(&args),
         Command::Gc(args) => gc::command(&args),
+        Command::Report(args) => report::command(&args),
         Command::ExecNode(args) => exec_node::command(&args),
     }
 }

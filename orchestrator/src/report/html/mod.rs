@@ -2,15 +2,16 @@
 //! network, no external script, style sheet or font; it works from `file://`). The matrix
 //! of cells × runs is `index.html`; each cell and each run has a page of its own
 //! ([`pages`]); metric plots are inline SVG ([`plot`]). The pages are rendered from the
-//! plain values of [`view`].
+//! plain values of [`view`], which [`build`] makes from the history model.
 //!
 //! The site's folder holds a marker file, [`MARKER`], listing every file the report wrote.
 //! A folder that is neither new, empty nor marked is refused, so the report never writes
 //! into (or deletes from) a folder it did not make; a marked one has its pages replaced,
 //! and of the files it held only those its marker lists are ever deleted.
 //!
-//! It reads no receipt itself; loading runs is `history`'s job.
+//! Which runs and cells there are, and what changed between them, is `history`'s to say.
 
+pub mod build;
 pub mod markup;
 pub mod pages;
 pub mod plot;
