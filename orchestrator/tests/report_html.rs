@@ -4,7 +4,8 @@
 //! HTML and quotes into its check message and doors), the report written from them, and
 //! the pages rendered by headless Chromium (`--dump-dom`), whose DOM must hold the cells,
 //! verdicts and markers, a cell page with its SVG plot, and none of the gate's markup as
-//! elements. A screenshot of the matrix is left under the target folder.
+//! elements. Screenshots of the matrix and a cell page are left under the target folder
+//! (`target/tmp/report_html/`).
 //!
 //! Chromium comes from `scripts/fetch-chromium`, which installs Debian's package when run
 //! as root; a machine where it cannot (not root) skips with a loud message, except in CI
@@ -105,9 +106,11 @@ fn browse(chromium: &Path, profile: &Path, page: &Path, args: &[&str]) -> Output
         std::thread::sleep(Duration::from_millis(50));
     }
     let out = child.wait_with_output().unwrap();
+    // A page that runs a script which opens a dialog never finishes loading: such a
+    // page ends here, killed.
     assert!(
         out.status.success(),
-        "chromium on {}: {}\n{}",
+        "chromium on {} (killed after 60 s if it did not end): {}\n{}",
         page.display(),
         out.status,
         String::from_utf8_lossy(&out.stderr)
@@ -277,28 +280,38 @@ fn the_report_renders_in_chromium_with_cells_verdicts_markers_and_plots() {
     );
     assert!(run.contains("<table id=\"environment\">"), "{run}");
 
-    // A screenshot of the matrix, for a person to look at.
-    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("report_html/index.png");
-    std::fs::create_dir_all(shot.parent().unwrap()).unwrap();
-    let _ = std::fs::remove_file(&shot);
-    browse(
-        &chromium,
-        profile.path(),
-        &site.join("index.html"),
-        &[
-            &format!("--screenshot={}", shot.display()),
-            "--window-size=1400,900",
-        ],
-    );
-    assert!(
-        std::fs::metadata(&shot).is_ok_and(|m| m.len() > 1000),
-        "no screenshot at {}",
-        shot.display()
-    );
-    eprintln!(
-        "report_html: screenshot of the matrix at {}",
-        shot.display()
-    );
+    // Screenshots of the matrix and of a cell page, for a person to look at.
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("report_html");
+    std::fs::create_dir_all(&shots).unwrap();
+    for (page, name) in [
+        (site.join("index.html"), "index.png"),
+        (
+            site.join("cells").join(cell_page("regress")),
+            "cell-regress.png",
+        ),
+    ] {
+        let shot = shots.join(name);
+        let _ = std::fs::remove_file(&shot);
+        browse(
+            &chromium,
+            profile.path(),
+            &page,
+            &[
+                &format!("--screenshot={}", shot.display()),
+                "--window-size=1400,900",
+            ],
+        );
+        assert!(
+            std::fs::metadata(&shot).is_ok_and(|m| m.len() > 1000),
+            "no screenshot at {}",
+            shot.display()
+        );
+        eprintln!(
+            "report_html: screenshot of {} at {}",
+            page.display(),
+            shot.display()
+        );
+    }
 
     // A second report replaces the first one's pages; a foreign folder is refused.
     let again = report(&fx, &["--html", site.to_str().unwrap(), "--last", "1"]);
