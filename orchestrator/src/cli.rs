@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::diff::render::{ColorMode, DiffFormat};
 use crate::exit::EXIT_CODES_HELP;
 use crate::gpus::{GpuSpec, GpusFormat};
+use crate::history::render::HistoryFormat;
 use crate::load::render::PlanFormat;
 use crate::report::progress::ProgressMode;
 
@@ -45,6 +46,10 @@ pub enum Command {
     /// List the runs under the receipts folder, newest first, with verdict counts.
     #[command(after_help = EXIT_CODES_HELP)]
     Ls(LsArgs),
+    /// The timeline of each cell across the runs of a manifest, oldest to newest: verdict,
+    /// inputs changed, bits moved, metrics, duration (docs/diff.md).
+    #[command(after_help = EXIT_CODES_HELP)]
+    History(HistoryArgs),
     /// Delete all but the newest N runs of each manifest from the receipts folder.
     #[command(after_help = EXIT_CODES_HELP)]
     Gc(GcArgs),
@@ -203,21 +208,30 @@ pub struct GpusArgs {
 const DIFF_HELP: &str = "\
 OLD and NEW name runs: a run folder (holding run.json), a run id as `memra-orch ls` prints it
 (or a unique start of one), `latest` or `previous` (the newest run and the one before it of
-the same manifest), a commit folder, or a commit-ish git resolves in the current folder
+the same manifest), `last-green` (the newest run whose every cell was as expected),
+`last-green:CELL` (the newest run in which that cell was), `@YYYY-MM-DD` (the last run of
+that UTC day), a commit folder, or a commit-ish git resolves in the current folder
 (`HEAD~1`, a short sha, a tag; `<sha>-dirty` for a dirty run), looked up as
 <receipts>/<sha>[-dirty]/<manifest>; a commit means its newest complete run.
+
+A cell whose verdict changed while its inputs digest, GPU models and driver did not is
+listed as FLAKY (with how often it flipped in the last --flaky-window runs), one whose
+artifacts changed with identical inputs and verdict as NONDETERMINISTIC; neither fails the
+diff unless --flaky-fails.
 
 Exit codes:
   0    nothing regressed
   1    at least one node regressed (was pass or skipped, is now anything else), or lost
-       coverage (was pass, is now skipped or absent) without --allow-lost
+       coverage (was pass, is now skipped or absent) without --allow-lost, or (with
+       --flaky-fails) a cell was flaky or nondeterministic
   2    usage error: a run could not be found or read";
 
 #[derive(Debug, Args)]
 pub struct DiffArgs {
-    /// The older run (folder, commit-ish, `latest` or `previous`).
+    /// The older run (folder, run id, commit-ish, `latest`, `previous`, `last-green`,
+    /// `last-green:CELL`, `@YYYY-MM-DD`).
     pub old: String,
-    /// The newer run (folder, commit-ish, `latest` or `previous`).
+    /// The newer run (named as OLD).
     pub new: String,
     /// The manifest name, when a commit folder holds runs of several manifests.
     #[arg(long, value_name = "NAME")]
@@ -247,6 +261,12 @@ pub struct DiffArgs {
     /// it make the exit code 1.
     #[arg(long)]
     pub allow_lost: bool,
+    /// How many runs of the manifest, up to NEW, to count a flaky cell's flips in.
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..))]
+    pub flaky_window: u64,
+    /// Let flaky and nondeterministic cells make the exit code 1.
+    #[arg(long)]
+    pub flaky_fails: bool,
 }
 
 #[derive(Debug, Args)]
@@ -303,6 +323,26 @@ pub struct ReportArgs {
     /// Receipts folder (default: `receipts/` at the top of the current git work tree).
     #[arg(long, value_name = "DIR")]
     pub receipts: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    /// Cells to show: globs over cell ids and node ids or `tag:NAME`, as `run --filter`
+    /// takes them (`!X` excludes); none shows every cell.
+    #[arg(value_name = "CELL-FILTER")]
+    pub filters: Vec<String>,
+    /// Only the newest N runs.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub last: Option<u64>,
+    /// The manifest, when the receipts folder holds runs of several.
+    #[arg(long, value_name = "NAME")]
+    pub manifest: Option<String>,
+    /// Receipts folder (default: `receipts/` at the top of the current git work tree).
+    #[arg(long, value_name = "DIR")]
+    pub receipts: Option<PathBuf>,
+    /// `text`, `markdown` or `json` (the whole history model).
+    #[arg(long, value_enum, default_value_t = HistoryFormat::Text)]
+    pub format: HistoryFormat,
 }
 
 #[derive(Debug, Args)]

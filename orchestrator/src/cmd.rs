@@ -7,6 +7,7 @@ pub mod diff;
 pub mod exec_node;
 pub mod gc;
 pub mod gpus;
+pub mod history;
 pub mod ls;
 pub mod plan;
 pub mod report;
@@ -46,6 +47,7 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::Diff(args) => diff::command(&args),
         Command::Show(args) => show::command(&args),
         Command::Ls(args) => ls::command(&args),
+        Command::History(args) => history::command(&args),
         Command::Gc(args) => gc::command(&args),
         Command::Report(args) => report::command(&args),
         Command::ExecNode(args) => exec_node::command(&args),

@@ -13,6 +13,7 @@ mod declared_inputs;
 mod diff_trees;
 mod gpu_leases;
 mod gpus_cli;
+mod history_nights;
 mod hostile_input;
 mod housekeeping_cli;
 mod isolation_env;

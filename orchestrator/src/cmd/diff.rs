@@ -1,6 +1,7 @@
 //! `memra-orch diff OLD NEW`: finds the two receipt trees, reads them side by side, compares
-//! them under the thresholds given and prints the result. Exit 1 when anything regressed
-//! (lost coverage included, unless `--allow-lost`).
+//! them under the thresholds given, sets the flaky and nondeterministic cells apart and
+//! prints the result. Exit 1 when anything regressed (lost coverage included, unless
+//! `--allow-lost`; flaky cells too with `--flaky-fails`).
 
 use crate::ExitCode;
 use crate::cli::DiffArgs;
@@ -34,6 +35,9 @@ fn command_inner(args: &DiffArgs) -> Result<ExitCode, FindError> {
     let (old, new) = (old?, new?);
     let mut d = diff(&old, &new, &thresholds);
     d.allow_lost = args.allow_lost;
+    d.flaky_fails = args.flaky_fails;
+    let window = usize::try_from(args.flaky_window).unwrap_or(usize::MAX);
+    crate::diff::flaky::classify(&mut d, &old, &new, window);
     print!("{}", render::render(&d, args.format, args.color));
     Ok(if d.regressed() {
         ExitCode::NotAsExpected

@@ -47,6 +47,17 @@ pub fn command(args: &GcArgs) -> ExitCode {
             }
         }
     }
+    if !args.dry_run {
+        // The history index drops the deleted runs now rather than at its next read.
+        let names: std::collections::BTreeSet<&str> = runs
+            .iter()
+            .filter(|r| doomed.contains(&r.dir))
+            .map(|r| r.run.name.as_str())
+            .collect();
+        for name in names {
+            let _ = crate::history::index::prune(&receipts, name);
+        }
+    }
     println!(
         "{} of {} runs {}deleted; kept the newest {} per manifest",
         doomed.len(),

@@ -256,10 +256,29 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         return Ok(outcome.exit_code());
     }
     written.map_err(|e| internal(e.to_string()))?;
+    record_history(&tree, &writer);
     if let Some(note) = outcome.lacked_resources_note() {
         eprintln!("memra-orch run: {note}");
     }
     Ok(outcome.exit_code())
+}
+
+/// Files the finished run in its manifest's history index, from what the writer holds in
+/// memory (no receipt is read back). The index is a cache: a failure here only costs the
+/// next `history` a read of this tree, so it is not an error of the run.
+fn record_history(tree: &Tree, writer: &ReceiptWriter) {
+    use crate::history::{build, index};
+    let receipts = tree.receipts();
+    let run = writer.run();
+    let by_id: std::collections::BTreeMap<String, build::HistReceipt> = writer
+        .receipts()
+        .iter()
+        .flatten()
+        .map(|r| (r.id.clone(), build::HistReceipt::of(r)))
+        .collect();
+    if let Some(record) = build::of_finished(&receipts, &tree.dir, run, &by_id) {
+        let _ = index::append(&receipts, &run.name, &record);
+    }
 }
 
 /// The cells `--rerun-failed` selects: those whose verdict in `source` was not as expected

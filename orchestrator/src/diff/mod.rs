@@ -2,12 +2,14 @@
 //! docs/diff.md). Regressions, lost coverage (passed, now skipped or absent), fixes, still
 //! failing, bits moved (same verdict, different artifact digests), metric drift, duration
 //! drift, doors changes, new and removed nodes, and environment changes (host, driver, GPUs,
-//! binaries).
+//! binaries); flaky and nondeterministic cells (changes on identical inputs) are set apart
+//! by [`flaky`].
 //!
 //! This module owns the comparison rules; the `diff` subcommand is in `cmd::diff`. Finding
 //! trees is `receipt::resolve`'s job, reading them `receipt::load`'s, and printing them
 //! [`render`]'s; it never writes anything.
 
+pub mod flaky;
 pub mod render;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -199,13 +201,23 @@ pub struct Diff {
     /// Nodes only OLD has that did not pass there (a passing one is lost coverage).
     pub removed_nodes: Vec<NodeBrief>,
     pub environment: Vec<EnvChange>,
+    /// Verdict changes on identical inputs, moved out of regressions and fixes by
+    /// [`flaky::classify`].
+    pub flaky: Vec<flaky::Flaky>,
+    /// Bits moved on identical inputs and the same verdict, moved out of `bits_moved` by
+    /// [`flaky::classify`].
+    pub nondeterministic: Vec<BitsMoved>,
+    /// `--flaky-fails`: flaky and nondeterministic cells make the exit code 1.
+    pub flaky_fails: bool,
 }
 
 impl Diff {
     /// Whether anything regressed, lost coverage included unless it is allowed (the exit
     /// code is 1 then).
     pub fn regressed(&self) -> bool {
-        !self.regressions.is_empty() || (!self.allow_lost && !self.lost_coverage.is_empty())
+        !self.regressions.is_empty()
+            || (!self.allow_lost && !self.lost_coverage.is_empty())
+            || (self.flaky_fails && !(self.flaky.is_empty() && self.nondeterministic.is_empty()))
     }
 
     /// Whether nothing differs between the two runs under the thresholds. Nodes failing on
@@ -222,6 +234,8 @@ impl Diff {
             && self.new_nodes.is_empty()
             && self.removed_nodes.is_empty()
             && self.environment.is_empty()
+            && self.flaky.is_empty()
+            && self.nondeterministic.is_empty()
     }
 }
 
@@ -256,6 +270,9 @@ pub fn diff(old: &DiffRun, new: &DiffRun, t: &Thresholds) -> Diff {
         new_nodes: Vec::new(),
         removed_nodes: Vec::new(),
         environment: environment(old, new),
+        flaky: Vec::new(),
+        nondeterministic: Vec::new(),
+        flaky_fails: false,
     };
     for (id, o) in &old.nodes {
         let Some(n) = new.nodes.get(id) else {

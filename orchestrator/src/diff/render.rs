@@ -128,6 +128,12 @@ fn counts(d: &Diff) -> String {
             "other verdict change",
             "other verdict changes",
         ),
+        (d.flaky.len(), "flaky node", "flaky nodes"),
+        (
+            d.nondeterministic.len(),
+            "nondeterministic node",
+            "nondeterministic nodes",
+        ),
         (d.new_nodes.len(), "new node", "new nodes"),
         (d.removed_nodes.len(), "removed node", "removed nodes"),
         (
@@ -186,6 +192,7 @@ pub fn text(d: &Diff, color: bool) -> String {
         .map(|c| c.id.chars().count())
         .chain(d.lost_coverage.iter().map(|c| c.id.chars().count()))
         .chain(d.bits_moved.iter().map(|b| b.id.chars().count()))
+        .chain(d.flaky.iter().map(|f| f.change.id.chars().count()))
         .chain(d.new_nodes.iter().map(|b| b.id.chars().count()))
         .chain(d.removed_nodes.iter().map(|b| b.id.chars().count()))
         .max()
@@ -227,6 +234,9 @@ pub fn text(d: &Diff, color: bool) -> String {
     }
     verdicts(&mut out, Tone::Good, "FIXES", &d.fixes);
     verdicts(&mut out, Tone::Note, "STILL FAILING", &d.still_failing);
+    super::flaky::text(&mut out, d, width, &|title, n| {
+        p.paint(Tone::Note, &format!("{title} ({n})"))
+    });
     if !d.bits_moved.is_empty() {
         section(&mut out, Tone::Note, "BITS MOVED", d.bits_moved.len());
         for b in &d.bits_moved {
@@ -381,6 +391,7 @@ pub fn markdown(d: &Diff) -> String {
     }
     verdicts(&mut out, "Fixes", &d.fixes);
     verdicts(&mut out, "Still failing", &d.still_failing);
+    super::flaky::markdown(&mut out, d, &md);
     if !d.bits_moved.is_empty() {
         let _ = writeln!(out, "### Bits moved ({})\n", d.bits_moved.len());
         let _ = writeln!(

@@ -60,8 +60,14 @@ fn read_index(path: &Path) -> Cached {
     if !complete && !text.is_empty() {
         out.untrusted = true;
     }
-    for line in lines {
-        match serde_json::from_slice::<RunRecord>(line) {
+    // A line is a whole run (a thousand cells): parsing them in parallel is what makes a
+    // warm read of a year of nightlies quick.
+    let parsed: Vec<Result<RunRecord, serde_json::Error>> = lines
+        .par_iter()
+        .map(|line| serde_json::from_slice::<RunRecord>(line))
+        .collect();
+    for parsed in parsed {
+        match parsed {
             Ok(r) if r.schema == INDEX_SCHEMA => {
                 if let Some(old) = out.records.insert(r.run.dir.clone(), r) {
                     // Two lines of one run: the later one is newer, but the file wants
@@ -84,15 +90,16 @@ pub fn records(
     mode: Mode,
 ) -> Result<Vec<RunRecord>, HistoryError> {
     let on_disk = build::runs_on_disk(receipts, manifest);
-    let cached = match mode {
+    let mut cached = match mode {
         Mode::Use => read_index(&path(receipts, manifest)),
         Mode::Ignore => Cached::default(),
     };
+    let lines = cached.records.len();
     let mut out: Vec<RunRecord> = Vec::with_capacity(on_disk.len());
     let mut missing: Vec<&RunOnDisk> = Vec::new();
     for r in &on_disk {
-        match cached.records.get(&r.rel) {
-            Some(rec) if rec.stamp == r.stamp => out.push(rec.clone()),
+        match cached.records.remove(&r.rel) {
+            Some(rec) if rec.stamp == r.stamp => out.push(rec),
             _ => missing.push(r),
         }
     }
@@ -111,7 +118,7 @@ pub fn records(
         out.extend(f?);
     }
     sort(&mut out);
-    let stale = !missing.is_empty() || cached.untrusted || cached.records.len() != trusted;
+    let stale = !missing.is_empty() || cached.untrusted || lines != trusted;
     if mode == Mode::Use && stale {
         // The index is a cache: a receipts folder that cannot be written (a read-only
         // mount) still gets a right answer, only a slower one.

@@ -77,6 +77,12 @@ fn seconds(p: &Point) -> String {
         .unwrap_or_default()
 }
 
+/// `1 flip`, `3 flips`: good ↔ bad changes of the timeline.
+fn flips(c: &CellHistory) -> String {
+    let n = c.flips();
+    format!("{n} flip{}", if n == 1 { "" } else { "s" })
+}
+
 fn marker(on: bool, word: &str) -> &str {
     if on { word } else { "" }
 }
@@ -98,7 +104,7 @@ pub fn text(h: &History) -> String {
 }
 
 fn cell_text(out: &mut String, c: &CellHistory) {
-    let _ = writeln!(out, "\n{}  ({} flips)", one_line(&c.id), c.flips());
+    let _ = writeln!(out, "\n{}  ({})", one_line(&c.id), flips(c));
     let rows: Vec<[String; 7]> = c
         .points
         .iter()
@@ -136,9 +142,9 @@ pub fn markdown(h: &History) -> String {
     for c in &h.cells {
         let _ = writeln!(
             out,
-            "\n### `{}` ({} flips)\n\n| run | commit | verdict | inputs | bits | seconds | metrics |\n|---|---|---|---|---|---|---|",
+            "\n### `{}` ({})\n\n| run | commit | verdict | inputs | bits | seconds | metrics |\n|---|---|---|---|---|---|---|",
             one_line(&c.id).replace('`', "'"),
-            c.flips()
+            flips(c)
         );
         for p in &c.points {
             let _ = writeln!(

@@ -180,6 +180,51 @@ pub enum FindError {
         if matches.len() > 5 { ", …" } else { "" }
     )]
     ManyRuns { spec: String, matches: Vec<String> },
+    #[error(
+        "last-green: no green run of {manifest} among {runs} run{}; the newest had {newest_bad} cell{} not as expected (`memra-orch ls` lists the runs; `last-green:CELL` names the last run where one cell was)",
+        if *runs == 1 { "" } else { "s" },
+        if *newest_bad == 1 { "" } else { "s" }
+    )]
+    NoGreen {
+        manifest: String,
+        runs: usize,
+        newest_bad: usize,
+    },
+    #[error(
+        "last-green:{cell}: the cell was not as expected in any of {runs} run{} of {manifest}{}; `memra-orch history {cell:?}` shows its timeline",
+        if *runs == 1 { "" } else { "s" },
+        newest.map(|v| format!(" (the newest says {v})")).unwrap_or_default()
+    )]
+    NoGreenCell {
+        cell: String,
+        manifest: String,
+        runs: usize,
+        newest: Option<crate::verdict::Verdict>,
+    },
+    #[error(
+        "last-green:{cell}: no cell {cell:?} in {runs} run{} of {manifest}{}; give a whole cell id as `memra-orch show latest` lists it",
+        if *runs == 1 { "" } else { "s" },
+        near.as_ref().map(|n| format!(" (did you mean {n:?}?)")).unwrap_or_default()
+    )]
+    NoSuchCell {
+        cell: String,
+        manifest: String,
+        runs: usize,
+        near: Option<String>,
+    },
+    #[error(
+        "{spec}: no run of {manifest} started on that UTC day among {runs} run{} (from {first} to {last}); `memra-orch ls` lists them",
+        if *runs == 1 { "" } else { "s" }
+    )]
+    NoRunOnDay {
+        spec: String,
+        manifest: String,
+        runs: usize,
+        first: String,
+        last: String,
+    },
+    #[error("{spec:?}: not a day; write @YYYY-MM-DD (a UTC day, e.g. @2026-11-30)")]
+    BadDay { spec: String },
     #[error(transparent)]
     Receipt(#[from] ReceiptError),
 }

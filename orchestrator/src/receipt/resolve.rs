@@ -1,5 +1,6 @@
 //! Turning what a user names on the command line into a run's tree folder: a run folder, a
-//! run id, a commit folder, `latest` / `previous`, or a commit-ish that git resolves to a
+//! run id, a commit folder, `latest` / `previous`, `last-green`, `last-green:CELL`,
+//! `@YYYY-MM-DD`, or a commit-ish that git resolves to a
 //! sha whose `<sha>[-dirty]/<manifest>` lives under the receipts folder (a commit means its
 //! newest complete run). Shared by `diff`, `show`, `ls`, `gc` and `run` itself, which also
 //! use [`list_runs`] to see every run under a receipts folder, in both layouts (run folders
@@ -160,7 +161,8 @@ pub fn durations(run: &RunReceipt) -> HashMap<String, f64> {
 /// 1. an existing folder: a run folder (holding `run.json`), a manifest folder or a commit
 ///    folder (their newest complete run);
 /// 2. `latest` / `previous`: the newest run under `receipts` and the one before it of the
-///    same manifest (`--manifest` narrows both to one manifest);
+///    same manifest (`--manifest` narrows both to one manifest); `last-green`,
+///    `last-green:CELL` and `@YYYY-MM-DD` (see [`alias`]);
 /// 3. a run id, or a prefix of one that names a single run;
 /// 4. a commit folder name under `receipts` (`<sha>-dirty`, a `--commit` id, `no-git`):
 ///    its newest complete run;
@@ -203,6 +205,9 @@ pub fn resolve(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<Pa
                 manifest: latest.run.name.clone(),
                 receipts: receipts.to_path_buf(),
             });
+    }
+    if spec == "last-green" || spec.starts_with("last-green:") || spec.starts_with('@') {
+        return alias(spec, receipts, manifest);
     }
     if looks_like_run_id(spec) {
         let hits: Vec<FoundRun> = list_runs(receipts)?
@@ -257,6 +262,119 @@ pub fn resolve(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<Pa
         });
     };
     pick_manifest(&dir, manifest, spec)
+}
+
+/// `last-green`, `last-green:CELL` and `@YYYY-MM-DD`, among the runs of `manifest` (or of
+/// the newest run's manifest, as for `previous`), newest first:
+/// - `last-green`: the newest complete run whose every cell was as expected;
+/// - `last-green:CELL`: the newest run in which cell CELL (an exact cell id) was as expected;
+/// - `@YYYY-MM-DD`: the last run that started on that UTC day.
+fn alias(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<PathBuf, FindError> {
+    let all = list_runs(receipts)?;
+    let name = match manifest {
+        Some(m) => m.to_string(),
+        None => all
+            .first()
+            .map(|r| r.run.name.clone())
+            .ok_or_else(|| FindError::NoRun {
+                spec: spec.to_string(),
+                manifest: None,
+                receipts: receipts.to_path_buf(),
+            })?,
+    };
+    let runs: Vec<&FoundRun> = all.iter().filter(|r| r.run.name == name).collect();
+    let Some(newest) = runs.first() else {
+        return Err(FindError::NoRun {
+            spec: spec.to_string(),
+            manifest: Some(name),
+            receipts: receipts.to_path_buf(),
+        });
+    };
+    if let Some(day) = spec.strip_prefix('@') {
+        let b = day.as_bytes();
+        let well_formed = b.len() == 10
+            && b[4] == b'-'
+            && b[7] == b'-'
+            && b.iter()
+                .enumerate()
+                .all(|(i, c)| i == 4 || i == 7 || c.is_ascii_digit());
+        if !well_formed {
+            return Err(FindError::BadDay {
+                spec: spec.to_string(),
+            });
+        }
+        let prefix = format!("{day}T");
+        return runs
+            .iter()
+            .find(|r| r.run.start.starts_with(&prefix))
+            .map(|r| r.dir.clone())
+            .ok_or_else(|| FindError::NoRunOnDay {
+                spec: spec.to_string(),
+                manifest: name.clone(),
+                runs: runs.len(),
+                first: runs
+                    .last()
+                    .map(|r| day_of(&r.run.start))
+                    .unwrap_or_default(),
+                last: day_of(&newest.run.start),
+            });
+    }
+    if let Some(cell) = spec.strip_prefix("last-green:") {
+        let verdicts: Vec<Option<crate::verdict::Verdict>> = runs
+            .iter()
+            .map(|r| r.run.nodes.iter().find(|n| n.id == cell).map(|n| n.verdict))
+            .collect();
+        if let Some(i) = verdicts
+            .iter()
+            .position(|v| v.is_some_and(|v| v.as_expected()))
+        {
+            return Ok(runs[i].dir.clone());
+        }
+        if verdicts.iter().all(Option::is_none) {
+            let ids: std::collections::BTreeSet<&str> = runs
+                .iter()
+                .flat_map(|r| r.run.nodes.iter().map(|n| n.id.as_str()))
+                .collect();
+            return Err(FindError::NoSuchCell {
+                cell: cell.to_string(),
+                manifest: name.clone(),
+                runs: runs.len(),
+                near: crate::diagnostics::did_you_mean(cell, ids).map(str::to_string),
+            });
+        }
+        return Err(FindError::NoGreenCell {
+            cell: cell.to_string(),
+            manifest: name.clone(),
+            runs: runs.len(),
+            newest: verdicts.iter().flatten().next().copied(),
+        });
+    }
+    runs.iter()
+        .find(|r| green(r))
+        .map(|r| r.dir.clone())
+        .ok_or_else(|| FindError::NoGreen {
+            manifest: name.clone(),
+            runs: runs.len(),
+            newest_bad: newest
+                .run
+                .counts
+                .iter()
+                .filter(|(v, _)| !v.as_expected())
+                .map(|(_, n)| n)
+                .sum(),
+        })
+}
+
+/// Whether a run finished with every cell as expected (`pass` or `skipped`).
+pub fn green(r: &FoundRun) -> bool {
+    r.complete()
+        && r.run.verdict != "running"
+        && r.run.counts.iter().all(|(v, n)| *n == 0 || v.as_expected())
+}
+
+/// The UTC day of an RFC 3339 time.
+fn day_of(start: &str) -> String {
+    start.chars().take(10).collect()
 }
 
 /// Whether `spec` could be (the start of) a run id: eight digits, then `T`, then the rest of

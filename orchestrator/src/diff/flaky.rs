@@ -1,0 +1,272 @@
+//! Flaky and nondeterministic cells in a diff. A cell whose verdict changed between OLD and
+//! NEW while nothing that determines it did — its `inputs` digest (binaries, argv, pins,
+//! declared inputs), the models of the GPUs it ran on and the run's GPU list and driver —
+//! is **flaky**: it is not a regression or a fix, and its section says how often it flipped
+//! in the last runs of the manifest (from `history`). A cell whose artifact digests changed
+//! with identical inputs and the same verdict is **nondeterministic across runs**. Neither
+//! makes the diff exit 1 unless `--flaky-fails`.
+//!
+//! This module owns that classification and the two sections' rendering; [`super::diff`]
+//! finds the changes, and [`classify`] moves the ones that qualify out of regressions,
+//! fixes and bits moved. It reads the two receipts of each candidate cell and the history
+//! index; it never writes inside a tree.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{BitsMoved, Diff, DiffRun, VerdictChange};
+use crate::receipt::GpuRef;
+use crate::receipt::load::LoadedNode;
+use crate::receipt::tree::Tree;
+
+/// A cell whose verdict changed while its inputs did not.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Flaky {
+    #[serde(flatten)]
+    pub change: VerdictChange,
+    /// What the change would have been listed as: `regression` or `fix`.
+    pub was: &'static str,
+    /// How many runs of the manifest up to NEW the counts cover (`--flaky-window`, or fewer
+    /// when there are fewer); `None` when NEW is not in the receipts folder's history.
+    pub window: Option<usize>,
+    /// Good ↔ bad changes between consecutive runs of that window in which the cell existed.
+    pub flips: Option<usize>,
+    /// Runs of the window in which the cell was not as expected.
+    pub bad: Option<usize>,
+}
+
+/// What classification reads of a receipt.
+#[derive(Debug, Deserialize)]
+struct Identity {
+    #[serde(default)]
+    inputs: String,
+    #[serde(default)]
+    gpus: Vec<GpuRef>,
+}
+
+fn identity<R>(run: &DiffRun, node: &LoadedNode<R>) -> Option<Identity> {
+    let slug = node.entry.slug.as_ref()?;
+    let tree = Tree {
+        dir: run.dir.clone(),
+    };
+    let dir = match &node.entry.carried {
+        Some(c) => tree.carried_node_dir(c, slug)?,
+        None => tree.node_dir(slug),
+    };
+    let id: Identity = crate::receipt::read_json(&dir.join("receipt.json"))
+        .ok()
+        .flatten()?;
+    (!id.inputs.is_empty()).then_some(id)
+}
+
+/// The run-level facts the inputs digest does not cover: GPU models and driver.
+fn machine(run: &DiffRun) -> (Vec<String>, Option<String>) {
+    let inv = &run.run.inventory;
+    let gpus = inv
+        .get("gpus")
+        .and_then(Value::as_array)
+        .map(|gs| {
+            gs.iter()
+                .map(|g| {
+                    g.get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("?")
+                        .to_string()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let driver = inv
+        .get("driver_version")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    (gpus, driver)
+}
+
+/// Whether cell `id` ran on identical inputs on both sides.
+fn same_inputs(old: &DiffRun, new: &DiffRun, id: &str) -> bool {
+    let (Some(o), Some(n)) = (old.nodes.get(id), new.nodes.get(id)) else {
+        return false;
+    };
+    match (identity(old, o), identity(new, n)) {
+        (Some(a), Some(b)) => {
+            let models = |g: &[GpuRef]| g.iter().map(|x| x.name.clone()).collect::<Vec<_>>();
+            a.inputs == b.inputs && models(&a.gpus) == models(&b.gpus)
+        }
+        _ => false,
+    }
+}
+
+/// Moves the flaky verdict changes out of regressions and fixes, and the nondeterministic
+/// cells out of bits moved; counts each flaky cell's flips over the last `window` runs of
+/// NEW's manifest up to NEW.
+pub fn classify(d: &mut Diff, old: &DiffRun, new: &DiffRun, window: usize) {
+    if machine(old) != machine(new) {
+        // Another GPU model or driver is a changed input the digest does not see.
+        return;
+    }
+    let mut flaky = Vec::new();
+    for (was, list) in [("regression", &mut d.regressions), ("fix", &mut d.fixes)] {
+        let (moved, kept): (Vec<VerdictChange>, Vec<VerdictChange>) = std::mem::take(list)
+            .into_iter()
+            .partition(|c| same_inputs(old, new, &c.id));
+        *list = kept;
+        flaky.extend(moved.into_iter().map(|change| Flaky {
+            change,
+            was,
+            window: None,
+            flips: None,
+            bad: None,
+        }));
+    }
+    let (nondet, kept): (Vec<BitsMoved>, Vec<BitsMoved>) = std::mem::take(&mut d.bits_moved)
+        .into_iter()
+        .partition(|b| same_inputs(old, new, &b.id));
+    d.bits_moved = kept;
+    d.nondeterministic.extend(nondet);
+    if !flaky.is_empty() {
+        count_flips(&mut flaky, new, window);
+    }
+    flaky.sort_by(|a, b| a.change.id.cmp(&b.change.id));
+    d.flaky.extend(flaky);
+}
+
+/// Fills in the flips and bad runs of each flaky cell from the history of NEW's manifest.
+fn count_flips(flaky: &mut [Flaky], new: &DiffRun, window: usize) {
+    let receipts = Tree {
+        dir: new.dir.clone(),
+    }
+    .receipts();
+    let Ok(records) =
+        crate::history::index::records(&receipts, &new.run.name, crate::history::index::Mode::Use)
+    else {
+        return;
+    };
+    let Some(rel) = rel_dir(&receipts, &new.dir) else {
+        return;
+    };
+    let Some(end) = records.iter().position(|r| r.run.dir == rel) else {
+        return;
+    };
+    let shown = &records[(end + 1).saturating_sub(window)..=end];
+    for f in flaky {
+        let good: Vec<bool> = shown
+            .iter()
+            .filter_map(|r| r.cells.get(&f.change.id).map(|c| c.good))
+            .collect();
+        f.window = Some(shown.len());
+        f.flips = Some(good.windows(2).filter(|w| w[0] != w[1]).count());
+        f.bad = Some(good.iter().filter(|g| !**g).count());
+    }
+}
+
+fn rel_dir(receipts: &Path, dir: &Path) -> Option<String> {
+    let rel = dir.strip_prefix(receipts).ok()?;
+    Some(
+        rel.components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join("/"),
+    )
+}
+
+/// How often a flaky cell flipped, for the text and markdown rows.
+pub fn flips_note(f: &Flaky) -> String {
+    match (f.window, f.flips, f.bad) {
+        (Some(n), Some(flips), Some(bad)) => format!(
+            "flipped {flips} time{} in the last {n} run{} (not as expected in {bad})",
+            if flips == 1 { "" } else { "s" },
+            if n == 1 { "" } else { "s" }
+        ),
+        _ => "flips unknown (NEW is not in its receipts folder's history)".to_string(),
+    }
+}
+
+/// The text sections `FLAKY (n)` and `NONDETERMINISTIC (n)`; `title` paints a heading.
+pub fn text(out: &mut String, d: &Diff, width: usize, title: &dyn Fn(&str, usize) -> String) {
+    if !d.flaky.is_empty() {
+        let _ = writeln!(out, "\n{}", title("FLAKY", d.flaky.len()));
+        for f in &d.flaky {
+            let c = &f.change;
+            let _ = writeln!(
+                out,
+                "  {:<width$}  {} → {}  inputs unchanged; {}",
+                c.id,
+                c.old,
+                c.new,
+                flips_note(f)
+            );
+        }
+    }
+    if !d.nondeterministic.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{}",
+            title("NONDETERMINISTIC", d.nondeterministic.len())
+        );
+        for b in &d.nondeterministic {
+            let _ = writeln!(
+                out,
+                "  {:<width$}  {}  inputs unchanged, artifacts differ",
+                b.id, b.verdict
+            );
+            for a in &b.artifacts {
+                let _ = writeln!(
+                    out,
+                    "      {}: {} → {}",
+                    a.name,
+                    short(&a.old_sha256),
+                    short(&a.new_sha256)
+                );
+            }
+        }
+    }
+}
+
+fn short(s: &Option<String>) -> String {
+    s.as_ref()
+        .map_or("(none)".to_string(), |s| s.chars().take(12).collect())
+}
+
+/// The markdown sections `### Flaky (n)` and `### Nondeterministic (n)`.
+pub fn markdown(out: &mut String, d: &Diff, md: &dyn Fn(&str) -> String) {
+    if !d.flaky.is_empty() {
+        let _ = writeln!(out, "### Flaky ({})\n", d.flaky.len());
+        let _ = writeln!(out, "| node | old | new | flips |\n|---|---|---|---|");
+        for f in &d.flaky {
+            let _ = writeln!(
+                out,
+                "| `{}` | {} | {} | {} |",
+                md(&f.change.id),
+                f.change.old,
+                f.change.new,
+                flips_note(f)
+            );
+        }
+        out.push('\n');
+    }
+    if !d.nondeterministic.is_empty() {
+        let _ = writeln!(out, "### Nondeterministic ({})\n", d.nondeterministic.len());
+        let _ = writeln!(
+            out,
+            "| node | verdict | artifact | old sha256 | new sha256 |\n|---|---|---|---|---|"
+        );
+        for b in &d.nondeterministic {
+            for a in &b.artifacts {
+                let _ = writeln!(
+                    out,
+                    "| `{}` | {} | `{}` | `{}` | `{}` |",
+                    md(&b.id),
+                    b.verdict,
+                    md(&a.name),
+                    short(&a.old_sha256),
+                    short(&a.new_sha256)
+                );
+            }
+        }
+        out.push('\n');
+    }
+}
