@@ -54,6 +54,11 @@ pub enum Command {
     /// Delete all but the newest N runs of each manifest from the receipts folder.
     #[command(after_help = EXIT_CODES_HELP)]
     Gc(GcArgs),
+    /// Write a static HTML report of a manifest's history (docs/report.md): a matrix of
+    /// cells × runs, a page per cell (history, metric plots, last failure, doors, log
+    /// links) and a page per run.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Report(ReportArgs),
     /// Run one cell from a job file and write its receipt: the entry point a cluster
     /// executor's batch script calls on the compute node.
     #[command(hide = true)]
@@ -317,6 +322,24 @@ pub struct LsArgs {
     /// `text` (a table) or `json`.
     #[arg(long, value_enum, default_value_t = ShowFormat::Text)]
     pub format: ShowFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// The folder to write the site into: created when missing; a folder that holds files
+    /// but no report marker (`memra-report.json`) is refused; an earlier report's pages
+    /// are replaced.
+    #[arg(long, value_name = "DIR", required = true)]
+    pub html: PathBuf,
+    /// Only the newest N runs (at least 1).
+    #[arg(long, value_name = "N", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub last: u64,
+    /// The manifest to report on (needed when the receipts folder holds runs of several).
+    #[arg(long, value_name = "NAME")]
+    pub manifest: Option<String>,
+    /// Receipts folder (default: `receipts/` at the top of the current git work tree).
+    #[arg(long, value_name = "DIR")]
+    pub receipts: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -10,6 +10,7 @@ pub mod gpus;
 pub mod history;
 pub mod ls;
 pub mod plan;
+pub mod report;
 pub mod run;
 pub mod show;
 pub mod validate;
@@ -48,6 +49,7 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::Ls(args) => ls::command(&args),
         Command::History(args) => history::command(&args),
         Command::Gc(args) => gc::command(&args),
+        Command::Report(args) => report::command(&args),
         Command::ExecNode(args) => exec_node::command(&args),
     }
 }

@@ -30,6 +30,7 @@ mod output_memory;
 mod plan_output;
 mod process_lifetime;
 mod receipts_tree;
+mod report_html;
 mod run_cron;
 mod run_diskfull;
 mod run_events;

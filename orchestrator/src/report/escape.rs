@@ -2,7 +2,8 @@
 //! bidirectional override must not drive the terminal, break a markdown table or make
 //! `junit.xml` invalid XML (XML 1.0 cannot carry most control characters even as
 //! references). Every renderer of text that came from a manifest or a gate passes it
-//! through [`control`]. This module only rewrites text; it does not know where it goes.
+//! through [`control`]; the HTML report passes it through [`html`], which also makes it
+//! inert markup. This module only rewrites text; it does not know where it goes.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
@@ -38,6 +39,28 @@ pub fn control(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// `s` as HTML text or as a quoted attribute value: control characters made visible as
+/// [`control`] does, then `&`, `<`, `>`, `"` and `'` written as character references, so
+/// what a gate wrote can neither open an element nor end the attribute it sits in.
+pub fn html(s: &str) -> Cow<'_, str> {
+    let visible = control(s);
+    if !visible.contains(['&', '<', '>', '"', '\'']) {
+        return visible;
+    }
+    let mut out = String::with_capacity(visible.len() + 16);
+    for c in visible.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -49,6 +72,16 @@ mod tests {
         assert_eq!(
             control("a\u{1b}[2Jb\0c\nd\te\u{7f}\u{85}\u{202e}f"),
             "a\\x1b[2Jb\\x00c\\nd\\te\\x7f\\u{85}\\u{202e}f"
+        );
+    }
+
+    #[test]
+    fn html_is_inert_text_and_attribute() {
+        assert_eq!(html("plain ✓"), "plain ✓");
+        assert!(matches!(html("plain"), Cow::Borrowed(_)));
+        assert_eq!(
+            html("<script>alert('x')</script> & \"q\"\u{1b}"),
+            "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; &quot;q&quot;\\x1b"
         );
     }
 }

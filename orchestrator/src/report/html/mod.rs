@@ -1,0 +1,284 @@
+//! `memra-orch report --html DIR`: a static site of a manifest's history (no server, no
+//! network, no external script, style sheet or font; it works from `file://`). The matrix
+//! of cells × runs is `index.html`; each cell and each run has a page of its own
+//! ([`pages`]); metric plots are inline SVG ([`plot`]). The pages are rendered from the
+//! plain values of [`view`], which [`build`] makes from the history model.
+//!
+//! The site's folder holds a marker file, [`MARKER`], listing every file the report wrote.
+//! A folder that is neither new, empty nor marked is refused, so the report never writes
+//! into (or deletes from) a folder it did not make; a marked one has its pages replaced,
+//! and of the files it held only those its marker lists are ever deleted.
+//!
+//! Which runs and cells there are, and what changed between them, is `history`'s to say.
+
+pub mod build;
+pub mod markup;
+pub mod pages;
+pub mod plot;
+pub mod view;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::receipt::load::is_plain_name;
+use crate::receipt::write_atomic;
+use view::ReportView;
+
+/// The marker file of a report's folder.
+pub const MARKER: &str = "memra-report.json";
+/// Format version of [`MARKER`].
+pub const MARKER_SCHEMA: u32 = 1;
+
+/// [`MARKER`]'s content.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Marker {
+    schema: u32,
+    /// Always `memra-orch report`, so a file of another tool of the same name is not taken
+    /// for a marker.
+    written_by: String,
+    /// Every file of the report, relative to its folder.
+    files: BTreeSet<String>,
+}
+
+const WRITTEN_BY: &str = "memra-orch report";
+
+/// Why the site could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum SiteError {
+    #[error("{}: not a folder; pass a new or empty folder, or the folder of an earlier report", .0.display())]
+    NotAFolder(PathBuf),
+    #[error(
+        "{}: the folder holds files that memra-orch report did not write (e.g. {entry}) and no \
+         {MARKER} marker; pass a new or empty folder, or the folder of an earlier report",
+        dir.display()
+    )]
+    Foreign { dir: PathBuf, entry: String },
+    #[error("{}: {MARKER} is not a report marker ({why}); pass a new or empty folder", dir.display())]
+    BadMarker { dir: PathBuf, why: String },
+    #[error("{}: {error}", path.display())]
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SiteError + '_ {
+    move |error| SiteError::Io {
+        path: path.to_path_buf(),
+        error,
+    }
+}
+
+/// What a written site holds.
+#[derive(Debug, Clone)]
+pub struct Written {
+    /// The site's folder, absolute.
+    pub dir: PathBuf,
+    /// The files written, relative to it.
+    pub files: BTreeSet<String>,
+    /// Files of an earlier report that this one no longer has, deleted.
+    pub removed: usize,
+}
+
+/// Writes the site of `view` into `dir`: creates it when missing, refuses a folder that holds
+/// files without [`MARKER`], and replaces an earlier report's pages.
+pub fn write_site(dir: &Path, view: &ReportView) -> Result<Written, SiteError> {
+    let previous = previous_files(dir)?;
+    for sub in [pages::CELLS, pages::RUNS] {
+        std::fs::create_dir_all(dir.join(sub)).map_err(io(&dir.join(sub)))?;
+    }
+    let dir = std::fs::canonicalize(dir).map_err(io(dir))?;
+
+    let mut out: Vec<(String, String)> = vec![("index.html".to_string(), pages::index(view))];
+    for cell in &view.cells {
+        out.push((
+            format!("{}/{}", pages::CELLS, pages::cell_page(&cell.id)),
+            pages::cell(view, cell, &dir),
+        ));
+    }
+    for (i, run) in view.runs.iter().enumerate() {
+        out.push((
+            format!("{}/{}", pages::RUNS, pages::run_page(run)),
+            pages::run(view, i, &dir),
+        ));
+    }
+    let files: BTreeSet<String> = out.iter().map(|(name, _)| name.clone()).collect();
+
+    // The marker names the old files and the new ones while the pages are written, so a
+    // report killed half-way leaves a folder the next report still recognises as its own.
+    let both: BTreeSet<String> = previous.union(&files).cloned().collect();
+    write_marker(&dir, &both)?;
+    for (name, text) in &out {
+        let path = dir.join(name);
+        write_atomic(&path, text.as_bytes()).map_err(|e| SiteError::Io {
+            path,
+            error: std::io::Error::other(e.to_string()),
+        })?;
+    }
+    let mut removed = 0;
+    for stale in previous.difference(&files) {
+        let path = dir.join(stale);
+        match std::fs::remove_file(&path) {
+            Ok(()) => removed += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&path)(e)),
+        }
+    }
+    write_marker(&dir, &files)?;
+    Ok(Written {
+        dir,
+        files,
+        removed,
+    })
+}
+
+fn write_marker(dir: &Path, files: &BTreeSet<String>) -> Result<(), SiteError> {
+    let marker = Marker {
+        schema: MARKER_SCHEMA,
+        written_by: WRITTEN_BY.to_string(),
+        files: files.clone(),
+    };
+    let path = dir.join(MARKER);
+    crate::receipt::write_json(&path, &marker).map_err(|e| SiteError::Io {
+        path,
+        error: std::io::Error::other(e.to_string()),
+    })
+}
+
+/// The files an earlier report wrote into `dir` (empty for a missing or empty folder); an
+/// error for a folder that holds anything else.
+fn previous_files(dir: &Path) -> Result<BTreeSet<String>, SiteError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeSet::new()),
+        Err(_) if dir.exists() && !dir.is_dir() => {
+            return Err(SiteError::NotAFolder(dir.to_path_buf()));
+        }
+        Err(e) => return Err(io(dir)(e)),
+    };
+    let mut names: Vec<String> = entries
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_, _>>()
+        .map_err(io(dir))?;
+    names.sort();
+    if names.is_empty() {
+        return Ok(BTreeSet::new());
+    }
+    if !names.iter().any(|n| n == MARKER) {
+        return Err(SiteError::Foreign {
+            dir: dir.to_path_buf(),
+            entry: names[0].clone(),
+        });
+    }
+    let bad = |why: String| SiteError::BadMarker {
+        dir: dir.to_path_buf(),
+        why,
+    };
+    let text = std::fs::read(dir.join(MARKER)).map_err(io(&dir.join(MARKER)))?;
+    let marker: Marker = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+    if marker.written_by != WRITTEN_BY {
+        return Err(bad(format!("written by {:?}", marker.written_by)));
+    }
+    // The marker is a file in a folder a user controls: only names the report itself can
+    // write are trusted, so an edited marker cannot make it delete anything else.
+    if let Some(odd) = marker.files.iter().find(|f| !is_report_file(f)) {
+        return Err(bad(format!("it lists {odd:?}, which is not a report page")));
+    }
+    Ok(marker.files)
+}
+
+/// Whether `name` is a path the report writes: `index.html`, or `cells/<name>.html` /
+/// `runs/<name>.html` with a plain file name.
+fn is_report_file(name: &str) -> bool {
+    if name == "index.html" {
+        return true;
+    }
+    match name.split_once('/') {
+        Some((folder, file)) => {
+            (folder == pages::CELLS || folder == pages::RUNS)
+                && is_plain_name(file)
+                && file.ends_with(".html")
+        }
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verdict::Verdict;
+    use view::{CellView, RunView};
+
+    fn tiny() -> ReportView {
+        let run = RunView {
+            id: "20261202T000000Z-0001".into(),
+            dir: PathBuf::from("/nonexistent/run"),
+            commit: "abc".into(),
+            start: "2026-12-02T00:00:00Z".into(),
+            verdict: "pass".into(),
+            seconds: Some(1.0),
+            counts: crate::verdict::count([Verdict::Pass]),
+            host: "h".into(),
+            environment: vec![],
+            gpus: vec![],
+        };
+        ReportView {
+            manifest: "m".into(),
+            receipts: PathBuf::from("/nonexistent"),
+            runs: vec![run],
+            cells: vec![CellView {
+                id: "a/<b>".into(),
+                points: vec![view::tests::sample(Verdict::Pass, false, false)],
+                last_failure: None,
+                doors: None,
+            }],
+        }
+    }
+
+    #[test]
+    fn a_foreign_folder_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "mine").unwrap();
+        let err = write_site(dir.path(), &tiny()).unwrap_err();
+        assert!(matches!(err, SiteError::Foreign { .. }), "{err}");
+        assert!(err.to_string().contains("notes.txt"), "{err}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_report_replaces_its_own_pages_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let site = dir.path().join("site");
+        let first = write_site(&site, &tiny()).unwrap();
+        assert!(first.files.contains("index.html"));
+        let cell_page = format!("cells/{}", pages::cell_page("a/<b>"));
+        assert!(first.files.contains(&cell_page), "{:?}", first.files);
+        // A file the user put there stays; a cell that left the history loses its page.
+        std::fs::write(site.join("cells/keep.txt"), "mine").unwrap();
+        let mut second = tiny();
+        second.cells[0].id = "other".into();
+        let written = write_site(&site, &second).unwrap();
+        assert_eq!(written.removed, 1);
+        assert!(!site.join(&cell_page).exists());
+        assert!(site.join("cells/keep.txt").exists());
+        assert!(
+            site.join(format!("cells/{}", pages::cell_page("other")))
+                .exists()
+        );
+    }
+
+    #[test]
+    fn an_edited_marker_cannot_lead_outside_the_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("precious"), "x").unwrap();
+        let marker = serde_json::json!({
+            "schema": 1, "written_by": WRITTEN_BY, "files": ["../precious", "index.html"]
+        });
+        std::fs::write(dir.path().join(MARKER), marker.to_string()).unwrap();
+        let err = write_site(dir.path(), &tiny()).unwrap_err();
+        assert!(matches!(err, SiteError::BadMarker { .. }), "{err}");
+        assert!(dir.path().join("precious").exists());
+    }
+}

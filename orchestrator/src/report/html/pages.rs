@@ -1,0 +1,403 @@
+//! The three kinds of page of the report, rendered from a [`ReportView`]: the matrix
+//! (`index.html`), a page per cell (`cells/<slug>.html`) and a page per run
+//! (`runs/<slug>.html`). Page names come from [`crate::receipt::slug`], never from raw ids.
+//! Everything that came from a manifest or a gate is escaped with
+//! [`crate::report::escape::html`], in text and in attributes alike.
+//!
+//! Links to logs point into the receipts tree, relative to the page: the report copies no
+//! log, so it stays small and the logs stay where `show` finds them.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use super::markup::{href, page, relative, verdict_class};
+use super::plot::metric_svg;
+use super::view::{CellView, Markers, Point, ReportView, RunView};
+use crate::commit::short_commit;
+use crate::receipt::slug;
+use crate::report::escape::html;
+use crate::report::summary::counts_line;
+use crate::verdict::Verdict;
+
+/// The folder of the cell pages, under the report's folder.
+pub const CELLS: &str = "cells";
+/// The folder of the run pages, under the report's folder.
+pub const RUNS: &str = "runs";
+
+/// The file name of a cell's page.
+pub fn cell_page(id: &str) -> String {
+    format!("{}.html", slug(id))
+}
+
+/// The file name of a run's page. Runs of the layout before run ids have no id, and their
+/// commit tells them apart.
+pub fn run_page(run: &RunView) -> String {
+    if run.id == "-" {
+        format!("{}.html", slug(&format!("{}-tree", run.commit)))
+    } else {
+        format!("{}.html", slug(&run.id))
+    }
+}
+
+/// How a run is named in a column header and a table: its position (1 = oldest) and
+/// short commit.
+fn run_label(i: usize, run: &RunView) -> String {
+    format!("#{} {}", i + 1, short_commit(&run.commit))
+}
+
+/// `index.html`: the matrix of cells × runs, oldest run first.
+pub fn index(view: &ReportView) -> String {
+    let mut b = String::new();
+    let _ = writeln!(b, "<h1>{}</h1>", html(&view.manifest));
+    let _ = writeln!(
+        b,
+        "<p>{} runs, {} cells, from <code>{}</code>. Columns are runs, oldest first; a \
+         cell's colour is its verdict in that run.</p>",
+        view.runs.len(),
+        view.cells.len(),
+        html(&view.receipts.to_string_lossy())
+    );
+    legend(&mut b);
+    let _ = writeln!(b, "<table id=\"matrix\">\n<tr><th>cell</th>");
+    for (i, run) in view.runs.iter().enumerate() {
+        let _ = writeln!(
+            b,
+            "<th data-run=\"{}\"><a href=\"{RUNS}/{}\">{}</a><br><small>{}</small></th>",
+            html(&run.id),
+            run_page(run),
+            html(&run_label(i, run)),
+            html(run.start.get(..10).unwrap_or(&run.start))
+        );
+    }
+    let _ = writeln!(b, "</tr>");
+    for cell in &view.cells {
+        let link = format!("{CELLS}/{}", cell_page(&cell.id));
+        let _ = write!(
+            b,
+            "<tr><th data-cell-id=\"{}\"><a href=\"{link}\">{}</a></th>",
+            html(&cell.id),
+            html(&cell.id)
+        );
+        for ((point, m), run) in cell.points.iter().zip(cell.markers()).zip(&view.runs) {
+            let (class, verdict, title) = match point {
+                Point::Absent => ("v-absent".to_string(), "absent", "absent".to_string()),
+                Point::Present(s) => (
+                    verdict_class(s.verdict),
+                    s.verdict.as_str(),
+                    s.reason
+                        .clone()
+                        .unwrap_or_else(|| s.verdict.as_str().to_string()),
+                ),
+            };
+            let _ = write!(
+                b,
+                "<td class=\"cell {class}\" data-cell=\"{}\" data-run=\"{}\" \
+                 data-verdict=\"{verdict}\" data-markers=\"{}\" title=\"{}\">\
+                 <a href=\"{link}\">{}{}</a></td>",
+                html(&cell.id),
+                html(&run.id),
+                marker_names(m),
+                html(&title),
+                if verdict == "absent" { "·" } else { verdict },
+                marker_glyphs(m)
+            );
+        }
+        let _ = writeln!(b, "</tr>");
+    }
+    let _ = writeln!(b, "</table>");
+    page(&format!("{} — memra-orch report", view.manifest), &b)
+}
+
+fn legend(b: &mut String) {
+    let _ = write!(b, "<p class=\"legend\">");
+    for v in Verdict::ALL {
+        let _ = write!(b, "<span class=\"{}\">{v}</span>", verdict_class(v));
+    }
+    let _ = writeln!(
+        b,
+        "<span class=\"v-absent\">· absent</span></p>\n<p class=\"legend\">\
+         <span><b>◆</b> bits moved (artifact digests changed)</span>\
+         <span><b>~</b> flaky (verdict changed, inputs identical)</span>\
+         <span><b>↓</b> lost coverage (pass → skipped or absent)</span></p>"
+    );
+}
+
+/// The markers of a point as the space-separated words of `data-markers`.
+fn marker_names(m: Markers) -> String {
+    let mut names = Vec::new();
+    if m.bits_moved {
+        names.push("bits-moved");
+    }
+    if m.flaky {
+        names.push("flaky");
+    }
+    if m.lost {
+        names.push("lost");
+    }
+    names.join(" ")
+}
+
+fn marker_glyphs(m: Markers) -> String {
+    let mut out = String::new();
+    for (on, glyph) in [(m.bits_moved, "◆"), (m.flaky, "~"), (m.lost, "↓")] {
+        if on {
+            let _ = write!(out, "<span class=\"m\">{glyph}</span>");
+        }
+    }
+    out
+}
+
+/// A cell's page; `site` is the report's folder (absolute), for links into the receipts.
+pub fn cell(view: &ReportView, cell: &CellView, site: &Path) -> String {
+    let here = site.join(CELLS);
+    let mut b = String::new();
+    let _ = writeln!(
+        b,
+        "<nav><a href=\"../index.html\">← {}</a></nav>\n<h1 data-cell-id=\"{}\">{}</h1>",
+        html(&view.manifest),
+        html(&cell.id),
+        html(&cell.id)
+    );
+    match &cell.last_failure {
+        Some(f) => {
+            let run = &view.runs[f.run];
+            let _ = writeln!(
+                b,
+                "<h2>Last failure</h2>\n<p id=\"last-failure\" data-verdict=\"{}\">{} in run \
+                 <a href=\"../{RUNS}/{}\">{}</a>{}</p>",
+                f.verdict,
+                f.verdict,
+                run_page(run),
+                html(&run_label(f.run, run)),
+                f.reason
+                    .as_deref()
+                    .map(|r| format!(": {}", html(r)))
+                    .unwrap_or_default()
+            );
+            if let Some((check, message)) = &f.check {
+                let _ = writeln!(
+                    b,
+                    "<p>First failing check: <code class=\"check\">{}</code>{}</p>",
+                    html(check),
+                    message
+                        .as_deref()
+                        .map(|m| format!(" — <span class=\"message\">{}</span>", html(m)))
+                        .unwrap_or_default()
+                );
+            }
+        }
+        None => {
+            let _ = writeln!(b, "<p>No failure in these runs.</p>");
+        }
+    }
+    if let Some(doors) = &cell.doors {
+        let _ = writeln!(b, "<h2>Doors</h2>\n<table id=\"doors\">");
+        for (k, v) in doors {
+            let value = match v {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            let _ = writeln!(
+                b,
+                "<tr><th>{}</th><td data-door=\"{}\">{}</td></tr>",
+                html(k),
+                html(k),
+                html(&value)
+            );
+        }
+        let _ = writeln!(b, "</table>");
+    }
+    history_table(&mut b, view, cell, &here);
+    plots(&mut b, cell);
+    page(&format!("{} — {}", cell.id, view.manifest), &b)
+}
+
+fn history_table(b: &mut String, view: &ReportView, cell: &CellView, here: &Path) {
+    let _ = writeln!(
+        b,
+        "<h2>History</h2>\n<table id=\"history\">\n<tr><th>run</th><th>start</th>\
+         <th>verdict</th><th>inputs</th><th>bits</th><th>markers</th><th>seconds</th>\
+         <th>reason</th><th>logs</th></tr>"
+    );
+    for (i, ((point, m), run)) in cell
+        .points
+        .iter()
+        .zip(cell.markers())
+        .zip(&view.runs)
+        .enumerate()
+    {
+        let _ = write!(
+            b,
+            "<tr data-run=\"{}\"><td><a href=\"../{RUNS}/{}\">{}</a></td><td>{}</td>",
+            html(&run.id),
+            run_page(run),
+            html(&run_label(i, run)),
+            html(&run.start)
+        );
+        match point {
+            Point::Absent => {
+                let _ = write!(
+                    b,
+                    "<td class=\"v-absent\" data-verdict=\"absent\">absent</td>\
+                     <td></td><td></td><td>{}</td><td></td><td></td><td></td>",
+                    marker_names(m)
+                );
+            }
+            Point::Present(s) => {
+                let logs = s
+                    .logs
+                    .as_deref()
+                    .map(|dir| {
+                        let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+                        ["stdout.log", "stderr.log"]
+                            .map(|f| {
+                                format!(
+                                    "<a href=\"{}\">{f}</a>",
+                                    href(&relative(here, &dir.join(f)))
+                                )
+                            })
+                            .join(" ")
+                    })
+                    .unwrap_or_default();
+                let _ = write!(
+                    b,
+                    "<td class=\"{}\" data-verdict=\"{}\">{}{}</td><td>{}</td><td>{}</td>\
+                     <td>{}</td><td>{:.2}</td><td>{}</td><td>{logs}</td>",
+                    verdict_class(s.verdict),
+                    s.verdict,
+                    s.verdict,
+                    if s.carried { " (carried)" } else { "" },
+                    if s.inputs_changed { "changed" } else { "" },
+                    if s.bits_moved { "moved" } else { "" },
+                    marker_names(m),
+                    s.seconds,
+                    html(s.reason.as_deref().unwrap_or(""))
+                );
+            }
+        }
+        let _ = writeln!(b, "</tr>");
+    }
+    let _ = writeln!(b, "</table>");
+}
+
+/// A figure per metric any run recorded, with the metric's values across every run.
+fn plots(b: &mut String, cell: &CellView) {
+    let names: BTreeSet<&String> = cell
+        .points
+        .iter()
+        .filter_map(|p| match p {
+            Point::Present(s) => Some(s.metrics.keys()),
+            Point::Absent => None,
+        })
+        .flatten()
+        .collect();
+    if names.is_empty() {
+        return;
+    }
+    let _ = writeln!(b, "<h2>Metrics</h2>");
+    for name in names {
+        let values: Vec<Option<f64>> = cell
+            .points
+            .iter()
+            .map(|p| match p {
+                Point::Present(s) => s.metrics.get(name).copied(),
+                Point::Absent => None,
+            })
+            .collect();
+        if let Some(svg) = metric_svg(&values) {
+            let _ = writeln!(
+                b,
+                "<figure data-metric=\"{}\"><figcaption><code>{}</code></figcaption>\n{svg}\
+                 </figure>",
+                html(name),
+                html(name)
+            );
+        }
+    }
+}
+
+/// A run's page: its summary, environment and GPUs, and the verdict of each cell in it.
+pub fn run(view: &ReportView, i: usize, site: &Path) -> String {
+    let run = &view.runs[i];
+    let mut b = String::new();
+    let _ = writeln!(
+        b,
+        "<nav><a href=\"../index.html\">← {}</a></nav>\n<h1 data-run=\"{}\">Run {}</h1>",
+        html(&view.manifest),
+        html(&run.id),
+        html(&run_label(i, run))
+    );
+    let tree = std::fs::canonicalize(&run.dir).unwrap_or_else(|_| run.dir.clone());
+    let rows = [
+        ("run id", html(&run.id).into_owned()),
+        ("commit", html(&run.commit).into_owned()),
+        (
+            "verdict",
+            format!(
+                "<span id=\"run-verdict\" data-verdict=\"{0}\">{0}</span>",
+                html(&run.verdict)
+            ),
+        ),
+        ("counts", html(&counts_line(&run.counts)).into_owned()),
+        ("start", html(&run.start).into_owned()),
+        (
+            "duration",
+            run.seconds
+                .map_or("still running or killed".to_string(), |s| {
+                    format!("{s:.1}s")
+                }),
+        ),
+        ("host", html(&run.host).into_owned()),
+        (
+            "tree",
+            format!(
+                "<a href=\"{}\">summary.md</a>",
+                href(&relative(&site.join(RUNS), &tree.join("summary.md")))
+            ),
+        ),
+    ];
+    let _ = writeln!(b, "<h2>Summary</h2>\n<table id=\"summary\">");
+    for (k, v) in rows {
+        let _ = writeln!(b, "<tr><th>{k}</th><td>{v}</td></tr>");
+    }
+    let _ = writeln!(
+        b,
+        "</table>\n<h2>Environment</h2>\n<table id=\"environment\">"
+    );
+    for (k, v) in &run.environment {
+        let _ = writeln!(b, "<tr><th>{}</th><td>{}</td></tr>", html(k), html(v));
+    }
+    let _ = writeln!(b, "</table>\n<h2>GPUs</h2>");
+    if run.gpus.is_empty() {
+        let _ = writeln!(b, "<p>none</p>");
+    } else {
+        let _ = writeln!(b, "<ul id=\"gpus\">");
+        for g in &run.gpus {
+            let _ = writeln!(b, "<li>{}</li>", html(g));
+        }
+        let _ = writeln!(b, "</ul>");
+    }
+    let _ = writeln!(
+        b,
+        "<h2>Cells</h2>\n<table id=\"cells\"><tr><th>cell</th><th>verdict</th><th>reason</th></tr>"
+    );
+    for cell in &view.cells {
+        if let Some(Point::Present(s)) = cell.points.get(i) {
+            let _ = writeln!(
+                b,
+                "<tr><td><a href=\"../{CELLS}/{}\">{}</a></td><td class=\"{}\" \
+                 data-cell=\"{}\" data-verdict=\"{}\">{}</td><td>{}</td></tr>",
+                cell_page(&cell.id),
+                html(&cell.id),
+                verdict_class(s.verdict),
+                html(&cell.id),
+                s.verdict,
+                s.verdict,
+                html(s.reason.as_deref().unwrap_or(""))
+            );
+        }
+    }
+    let _ = writeln!(b, "</table>");
+    page(&format!("Run {} — {}", run.id, view.manifest), &b)
+}

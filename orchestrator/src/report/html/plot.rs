@@ -1,0 +1,96 @@
+//! A metric of one cell across runs as an inline SVG line chart, drawn with `plotters`' SVG
+//! backend: x is the run's position in the report (1 = oldest), y the metric's value; runs
+//! without the metric leave a gap in the line. It draws numbers only; the metric's name is
+//! the page's caption, not part of the SVG.
+
+use plotters::prelude::*;
+
+/// The SVG of `values` (one per run, `None` where the run has no value), or `None` when no
+/// run has one.
+pub fn metric_svg(values: &[Option<f64>]) -> Option<String> {
+    let finite: Vec<f64> = values
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|v| v.is_finite())
+        .collect();
+    if finite.is_empty() {
+        return None;
+    }
+    let lo = finite.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = finite.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    // A constant metric still gets a visible band around its value.
+    let pad = if hi > lo {
+        (hi - lo) * 0.1
+    } else {
+        lo.abs().max(1.0) * 0.1
+    };
+    let mut svg = String::new();
+    draw(&mut svg, values, (lo - pad, hi + pad)).ok()?;
+    Some(svg)
+}
+
+fn draw(
+    svg: &mut String,
+    values: &[Option<f64>],
+    (lo, hi): (f64, f64),
+) -> Result<(), Box<dyn std::error::Error>> {
+    let runs = values.len();
+    let root = SVGBackend::with_string(svg, (640, 220)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .margin(10)
+        .x_label_area_size(28)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.5f64..runs as f64 + 0.5, lo..hi)?;
+    chart
+        .configure_mesh()
+        .x_labels(runs.min(12))
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_labels(5)
+        .y_label_formatter(&|y| format!("{y:.3e}"))
+        .x_desc("run")
+        .draw()?;
+    let blue = RGBColor(31, 94, 168);
+    // One line per stretch of consecutive runs that have the metric.
+    let mut stretch: Vec<(f64, f64)> = Vec::new();
+    let mut points: Vec<(f64, f64)> = Vec::new();
+    for (i, v) in values.iter().enumerate() {
+        match v.filter(|v| v.is_finite()) {
+            Some(v) => {
+                stretch.push((i as f64 + 1.0, v));
+                points.push((i as f64 + 1.0, v));
+            }
+            None if !stretch.is_empty() => {
+                chart.draw_series(LineSeries::new(std::mem::take(&mut stretch), &blue))?;
+            }
+            None => {}
+        }
+    }
+    if !stretch.is_empty() {
+        chart.draw_series(LineSeries::new(stretch, &blue))?;
+    }
+    chart.draw_series(points.into_iter().map(|p| Circle::new(p, 3, blue.filled())))?;
+    root.present()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_metric_becomes_an_svg_with_a_point_per_value() {
+        let svg = metric_svg(&[Some(1.0), None, Some(3.0), Some(2.0)]).unwrap();
+        assert!(svg.starts_with("<svg"), "{svg}");
+        assert_eq!(svg.matches("<circle").count(), 3, "{svg}");
+        // The gap splits the line in two.
+        let lines = svg
+            .lines()
+            .filter(|l| l.starts_with("<polyline") && l.contains("#1F5EA8"))
+            .count();
+        assert_eq!(lines, 2, "{svg}");
+        assert!(metric_svg(&[None, None]).is_none());
+        assert!(metric_svg(&[Some(5.0)]).is_some());
+    }
+}
