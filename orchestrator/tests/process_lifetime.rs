@@ -134,7 +134,7 @@ gpus = 0
     )
     // The gate must die of the cancel's SIGTERM, not of a SIGKILL after a short grace.
     .with_grace("10m");
-    let mut run = f.spawn(&[]);
+    let mut run = f.spawn_hangup_default(&[]);
     assert!(
         eventually(START, || f.current_tree().is_some_and(|t| t
             .join("nodes")

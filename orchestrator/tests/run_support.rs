@@ -83,6 +83,22 @@ impl Fixture {
         Running(self.command(args).spawn().unwrap())
     }
 
+    /// [`Fixture::spawn`] with SIGHUP's default action restored in the run: a test suite
+    /// started under `nohup` passes SIGHUP ignored to its children, and a run that inherits
+    /// it ignored keeps going on a hangup by design (`cancel_signals`).
+    pub fn spawn_hangup_default(&self, args: &[&str]) -> Running {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = self.command(args);
+        // SAFETY: signal() is async-signal-safe and runs in the child between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::signal(libc::SIGHUP, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        Running(cmd.spawn().unwrap())
+    }
+
     pub fn run(&self, args: &[&str]) -> Output {
         logged(self.command(args).output().unwrap())
     }
