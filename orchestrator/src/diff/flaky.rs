@@ -65,20 +65,7 @@ fn identity<R>(run: &DiffRun, node: &LoadedNode<R>) -> Option<Identity> {
 /// The run-level facts the inputs digest does not cover: GPU models and driver.
 fn machine(run: &DiffRun) -> (Vec<String>, Option<String>) {
     let inv = &run.run.inventory;
-    let gpus = inv
-        .get("gpus")
-        .and_then(Value::as_array)
-        .map(|gs| {
-            gs.iter()
-                .map(|g| {
-                    g.get("name")
-                        .and_then(Value::as_str)
-                        .unwrap_or("?")
-                        .to_string()
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let gpus = run.run.gpu_names();
     let driver = inv
         .get("driver_version")
         .and_then(Value::as_str)

@@ -199,21 +199,7 @@ pub fn of_finished(
 }
 
 fn summary(run: &RunReceipt, commit: &str, rel: &str) -> RunSummary {
-    let gpus = run
-        .inventory
-        .get("gpus")
-        .and_then(Value::as_array)
-        .map(|gs| {
-            gs.iter()
-                .map(|g| {
-                    g.get("name")
-                        .and_then(Value::as_str)
-                        .unwrap_or("?")
-                        .to_string()
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let gpus = run.gpu_names();
     RunSummary {
         id: run.run_id.clone().unwrap_or_else(|| "-".to_string()),
         commit: commit.to_string(),

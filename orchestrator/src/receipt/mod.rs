@@ -287,6 +287,24 @@ pub struct RunReceipt {
 }
 
 impl RunReceipt {
+    /// The models of the run's GPUs, in inventory order (`?` for an entry without a name).
+    pub fn gpu_names(&self) -> Vec<String> {
+        self.inventory
+            .get("gpus")
+            .and_then(Value::as_array)
+            .map(|gs| {
+                gs.iter()
+                    .map(|g| {
+                        g.get("name")
+                            .and_then(Value::as_str)
+                            .unwrap_or("?")
+                            .to_string()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// The header of a run that starts now: what it runs, on which commit, host and GPUs,
     /// with nothing finished yet (`verdict` is `running`).
     pub fn begin(

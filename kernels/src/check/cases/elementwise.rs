@@ -19,17 +19,7 @@ pub fn elementwise(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
     let scales = [0.5f32, 1.25, 3.0];
     let (dg, du, ds) = (up(gpu, &g)?, up(gpu, &u)?, up(gpu, &scales)?);
     for post in [false, true] {
-        let mut want = vec![0.0; n];
-        for (r, &sc) in scales.iter().enumerate().take(rows) {
-            let span = r * cols..(r + 1) * cols;
-            twin::swiglu(
-                &g[span.clone()],
-                &u[span.clone()],
-                &mut want[span],
-                post.then_some(sc),
-            )
-            .expect("lengths fit");
-        }
+        let want = twin_swiglu(&g, &u, &scales, cols, post);
         let mut dout = zeros::<f32>(gpu, n)?;
         gpu.swiglu(&dg, &du, &mut dout, post.then_some(&ds), n, cols)?;
         let tag = if post { "post-scale" } else { "plain" };
@@ -92,17 +82,7 @@ pub fn elementwise(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
     }
     let dgu = up(gpu, &gu)?;
     for post in [false, true] {
-        let mut want = vec![0.0; n];
-        for (r, &sc) in scales.iter().enumerate().take(rows) {
-            let span = r * cols..(r + 1) * cols;
-            twin::swiglu(
-                &g[span.clone()],
-                &u[span.clone()],
-                &mut want[span],
-                post.then_some(sc),
-            )
-            .expect("lengths fit");
-        }
+        let want = twin_swiglu(&g, &u, &scales, cols, post);
         let want_q = quantize_host(&want);
         let mut dhf = zeros::<f32>(gpu, n)?;
         let mut dhq = zeros::<BlockQ8_1>(gpu, n / QK)?;
@@ -130,4 +110,20 @@ pub fn elementwise(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
         ));
     }
     Ok(out)
+}
+
+/// `twin::swiglu` over rows of `cols` elements, row `r` post-scaled by `scales[r]` when `post`.
+fn twin_swiglu(g: &[f32], u: &[f32], scales: &[f32], cols: usize, post: bool) -> Vec<f32> {
+    let mut want = vec![0.0; g.len()];
+    for (r, &sc) in scales.iter().enumerate().take(g.len() / cols) {
+        let span = r * cols..(r + 1) * cols;
+        twin::swiglu(
+            &g[span.clone()],
+            &u[span.clone()],
+            &mut want[span],
+            post.then_some(sc),
+        )
+        .expect("lengths fit");
+    }
+    want
 }
