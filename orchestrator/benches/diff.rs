@@ -189,6 +189,7 @@ fn write_tree(dir: &Path, generation: usize) {
         cpu_slots: 1,
         filters: vec![],
         resumed: false,
+        vars: Default::default(),
         start: format!("2026-11-29T00:00:0{generation}.000Z"),
         end: None,
         seconds: Some(1.0),

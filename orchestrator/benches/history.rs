@@ -136,6 +136,7 @@ fn write_run(receipts: &Path, night: usize) {
         cpu_slots: 1,
         filters: vec![],
         resumed: false,
+        vars: Default::default(),
         start: start.clone(),
         end: Some(start),
         seconds: Some(1500.0),

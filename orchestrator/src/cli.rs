@@ -59,6 +59,11 @@ pub enum Command {
     /// links) and a page per run.
     #[command(after_help = EXIT_CODES_HELP)]
     Report(ReportArgs),
+    /// Find the first commit between a good and a bad one at which a cell stopped being as
+    /// expected, or (--bits) its artifacts moved: each candidate run in a worktree of its
+    /// own, its receipts filed under its commit (docs/bisect.md).
+    #[command(after_help = BISECT_HELP)]
+    Bisect(BisectArgs),
     /// Run one cell from a job file and write its receipt: the entry point a cluster
     /// executor's batch script calls on the compute node.
     #[command(hide = true)]
@@ -284,6 +289,83 @@ pub struct DiffArgs {
     /// Let flaky and nondeterministic cells make the exit code 1.
     #[arg(long)]
     pub flaky_fails: bool,
+}
+
+const BISECT_HELP: &str = "\
+Each candidate commit is checked out in a detached worktree of its own (the checkout you
+are in is never touched), the setups the cell needs and the cell are run there by `memra-orch
+run --filter CELL` (the same isolation, GPU leases and receipts as any run), and the receipts
+are filed under that commit in the receipts folder. Receipts already there for a commit
+(a clean run of the same manifest file, --var values and GPU models) are reused. A commit
+whose setup fails (does not build) is skipped and reported. The search walks first parents
+(a change inside a merged branch is reported as its merge commit).
+
+Exit codes:
+  0    the culprit was found
+  1    the range holds no change: the bad commit is as the good one
+  2    usage error, or the good commit is not good (or cannot be tested)
+  3    internal error of memra-orch or git
+  5    no single commit can be named: the cell is flaky (its runs at one commit disagree),
+       or skipped commits leave a range (listed)
+  130  interrupted: the worktrees are removed; `bisect --resume` continues";
+
+#[derive(Debug, Args)]
+pub struct BisectArgs {
+    /// The cell, by its full id as `memra-orch plan` prints it (`decode[batch=4]`).
+    #[arg(value_name = "CELL")]
+    pub cell: Option<String>,
+    /// The last commit known good (a sha, tag, branch or `HEAD~N`).
+    #[arg(long, value_name = "COMMIT")]
+    pub good: Option<String>,
+    /// A later commit where the cell is not as expected (or its bits moved).
+    #[arg(long, value_name = "COMMIT")]
+    pub bad: Option<String>,
+    /// The manifest (in the repository bisected; each commit's own version of it is run).
+    /// Default: the manifest whose runs under the receipts folder hold CELL.
+    #[arg(long, value_name = "PATH")]
+    pub manifest: Option<PathBuf>,
+    /// Search for the first commit whose artifacts of the cell differ from the good
+    /// commit's, instead of the first where its verdict is not as expected.
+    #[arg(long)]
+    pub bits: bool,
+    /// Candidates tested at once (a k-ary search), each with its own GPUs and worktree.
+    #[arg(long, short = 'j', default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub jobs: u64,
+    /// Runs of the cell per candidate; runs that disagree stop the search (flaky).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub reps: u64,
+    /// Continue the last unfinished bisection under the receipts folder, with its
+    /// arguments; the receipts already made are reused.
+    #[arg(long)]
+    pub resume: bool,
+    /// A path of the repository (relative to its top, e.g. `target`) kept from one
+    /// candidate to the next instead of starting empty in each worktree, so a build is
+    /// incremental; one copy per job slot under <receipts>/.memra-bisect/share. Repeatable.
+    #[arg(long, value_name = "PATH")]
+    pub share: Vec<String>,
+    /// Replace a `[vars]` entry of the manifest in every run (as for `run`).
+    #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
+    pub vars: Vec<(String, String)>,
+    /// GPUs to use (as for `run`); divided among the job slots.
+    #[arg(long, default_value = "all")]
+    pub gpus: String,
+    /// Time between SIGTERM and SIGKILL for the runs' nodes (as for `run`).
+    #[arg(long, value_name = "DURATION")]
+    pub grace: Option<String>,
+    /// Receipts folder (default: `receipts/` at the top of the current git work tree).
+    #[arg(long, value_name = "DIR")]
+    pub receipts: Option<PathBuf>,
+    /// `text`, `markdown` or `json`.
+    #[arg(long, value_enum, default_value_t = BisectFormat::Text)]
+    pub format: BisectFormat,
+}
+
+/// The report formats of `bisect`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BisectFormat {
+    Text,
+    Markdown,
+    Json,
 }
 
 #[derive(Debug, Args)]

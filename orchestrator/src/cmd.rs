@@ -3,6 +3,7 @@
 //! returns the exit code. Only this layer and `cli` know the command line exists; the
 //! modules below it take plain options values.
 
+pub mod bisect;
 pub mod diff;
 pub mod exec_node;
 pub mod gc;
@@ -50,6 +51,7 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::History(args) => history::command(&args),
         Command::Gc(args) => gc::command(&args),
         Command::Report(args) => report::command(&args),
+        Command::Bisect(args) => bisect::command(&args),
         Command::ExecNode(args) => exec_node::command(&args),
     }
 }

@@ -33,9 +33,12 @@ pub enum CommitError {
 pub fn resolve(root: &Path, override_id: Option<&str>) -> Result<CommitId, CommitError> {
     if let Some(id) = override_id {
         validate_override(id)?;
+        // An override that is the root's own HEAD (what `bisect` passes for the worktree
+        // it made) still records the sha: the folder name is then a commit, not a label.
+        let head = git(root, &["rev-parse", "--verify", "HEAD"]);
         return Ok(CommitId {
             id: id.to_string(),
-            sha: None,
+            sha: head.filter(|h| h == id),
             dirty: id.ends_with("-dirty"),
         });
     }

@@ -18,6 +18,9 @@ pub enum ExitCode {
     /// The machine does not meet the run's requirement (`[require]`, `--require-gpus`);
     /// nothing ran. Not a usage error: the same command succeeds on a machine that has it.
     RequirementUnmet = 4,
+    /// `bisect` could not name one commit: the cell is flaky at a tested commit, or skipped
+    /// commits leave a range the first change is in (both are in its report).
+    Inconclusive = 5,
     /// Another run holds the lock of the receipt tree (sysexits' `EX_TEMPFAIL`); nothing
     /// ran. Not a usage error: the same command succeeds once that run ends, so a cron job
     /// can tell "try later" from "broken".
@@ -45,6 +48,8 @@ Exit codes:
   2    manifest or usage error: nothing ran
   3    internal error of memra-orch
   4    the machine does not meet the requirement (`[require]`, --require-gpus): nothing ran
+  5    `bisect` could not name one commit: the cell is flaky, or untestable commits leave a
+       range
   74   the disk of the receipt tree filled: the run stopped, its cells that could not finish
        or be recorded are `error: disk full at …`, run.json is final; free space, run again
   75   another run of this manifest at this commit holds the lock (after --wait-lock, if

@@ -10,6 +10,7 @@
 
 pub mod attempt_file;
 pub mod attest;
+pub mod bisect;
 pub mod cli;
 pub mod cmd;
 pub mod commit;

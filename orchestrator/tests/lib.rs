@@ -7,6 +7,7 @@ mod diff_support;
 mod run_support;
 
 mod attest_pins;
+mod bisect_commits;
 mod compare_artifacts;
 mod compare_cells;
 mod declared_inputs;

@@ -218,6 +218,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     let mut header = RunReceipt::begin(&plan, &commit, &inventory, jobs, &filters, args.resume);
     header.run_id = Some(run_id);
     header.rerun_failed = args.rerun_failed;
+    header.vars = args.vars.iter().cloned().collect();
     header.carried_from = source.as_ref().map(|r| r.id_label().to_string());
     let mode = args.progress.resolve();
     let mut display = Progress::new(mode, &plan, &inventory);

@@ -314,6 +314,37 @@ pub fn diff(old: &DiffRun, new: &DiffRun, t: &Thresholds) -> Diff {
     d
 }
 
+/// The difference of one cell between two runs, as `diff` reports it, its artifacts read
+/// tensor by tensor; the artifacts that moved are listed (and read) even when the verdict
+/// changed too. What `bisect` shows for a culprit against its parent.
+pub fn diff_cell(old: &DiffRun, new: &DiffRun, id: &str, t: &Thresholds) -> Diff {
+    let only = |r: &DiffRun| {
+        let mut r = r.clone();
+        r.nodes.retain(|k, _| k == id);
+        r
+    };
+    let (o, n) = (only(old), only(new));
+    let mut d = diff(&o, &n, t);
+    if let (Some(a), Some(b)) = (o.nodes.get(id), n.nodes.get(id))
+        && a.entry.verdict != b.entry.verdict
+    {
+        let none = Vec::new();
+        let artifacts = artifact_moves(
+            a.receipt.as_ref().map_or(&none, |r| &r.artifacts),
+            b.receipt.as_ref().map_or(&none, |r| &r.artifacts),
+        );
+        if !artifacts.is_empty() {
+            d.bits_moved.push(BitsMoved {
+                id: id.to_string(),
+                verdict: b.entry.verdict,
+                artifacts,
+            });
+        }
+    }
+    quantify::read_moved(&mut d, &o, &n);
+    d
+}
+
 fn node(
     d: &mut Diff,
     id: &str,

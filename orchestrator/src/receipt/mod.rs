@@ -263,6 +263,9 @@ pub struct RunReceipt {
     pub cpu_slots: usize,
     pub filters: Vec<String>,
     pub resumed: bool,
+    /// The `--var` overrides the run was given (none: the manifest's own `[vars]`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub vars: BTreeMap<String, String>,
     /// The run was `run --rerun-failed`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rerun_failed: bool,
@@ -331,6 +334,7 @@ impl RunReceipt {
             cpu_slots,
             filters: filters.to_vec(),
             resumed,
+            vars: BTreeMap::new(),
             rerun_failed: false,
             start: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
             end: None,

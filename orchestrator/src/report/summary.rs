@@ -223,6 +223,7 @@ mod tests {
             cpu_slots: 1,
             filters: vec![],
             resumed: false,
+            vars: Default::default(),
             start: "t".into(),
             end: Some("t".into()),
             seconds: Some(2.0),

@@ -1,0 +1,269 @@
+//! `memra-orch bisect`: the first commit of a first-parent range at which a cell stopped
+//! being as expected or (`--bits`) its artifacts stopped equalling the good commit's,
+//! found by testing commits in worktrees of their own ([`probe`]) under a binary or k-ary
+//! search ([`search`]), and proven by the receipts of the culprit and its parent
+//! ([`report`]). docs/bisect.md is the user's guide.
+//!
+//! The search stops rather than answer wrongly: a cell whose verdict (or, with `--bits`,
+//! whose artifacts) differ across the reps of one commit is flaky there, and no culprit is
+//! named. What the search knows lives in the receipts folder itself, so `--resume` (or the
+//! same command again) continues from the runs already made.
+
+pub mod git;
+pub mod probe;
+pub mod report;
+pub mod search;
+pub mod state;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use git::CommitInfo;
+use probe::{Measured, NotMeasured, Setting, Slot};
+use report::{Outcome, Report, Tested};
+use search::{Conclusion, Search, Status};
+
+use crate::verdict::Verdict;
+
+/// What a bisection was asked.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Request {
+    pub good: String,
+    pub bad: String,
+    pub cell: String,
+    /// `--bits`: search for moved artifacts instead of a changed verdict.
+    pub bits: bool,
+    /// Candidates tested at once.
+    pub jobs: usize,
+    /// Runs per candidate.
+    pub reps: usize,
+}
+
+/// How a bisection ended, beyond its report.
+#[derive(Debug)]
+pub enum Stop {
+    /// Ctrl-C or SIGTERM: the worktrees are gone, the receipts made so far stay.
+    Interrupted(Box<Report>),
+    /// memra-orch or git broke (not the commit under test).
+    Broken(String),
+}
+
+/// The search: tests commits of `line` (index 0 `good`, last `bad`) until the knowledge is
+/// final, calling `progress` after each tested commit.
+pub fn bisect(
+    setting: &Setting,
+    request: &Request,
+    line: &[CommitInfo],
+    slots: &[Slot],
+    interrupt: &Arc<AtomicBool>,
+    progress: &mut dyn FnMut(&Tested),
+) -> Result<Report, Stop> {
+    let started = Instant::now();
+    let mut search = Search::new(line.len() - 1);
+    let mut tested: Vec<Tested> = Vec::new();
+    let mut measurements: BTreeMap<usize, Vec<Measured>> = BTreeMap::new();
+    let mut reference: Option<BTreeMap<String, String>> = None;
+    let finish =
+        |tested: Vec<Tested>, outcome: Outcome, measurements: &BTreeMap<usize, Vec<Measured>>| {
+            Report::new(
+                setting,
+                request,
+                line,
+                tested,
+                outcome,
+                measurements,
+                started.elapsed(),
+            )
+        };
+
+    // With --bits the good commit's artifacts are what "moved" is measured against, so it
+    // is tested first.
+    let mut round: Vec<usize> = if request.bits { vec![0] } else { Vec::new() };
+    loop {
+        if round.is_empty() {
+            round = search.next(request.jobs);
+        }
+        if round.is_empty() {
+            break;
+        }
+        let results = test_round(setting, request, line, slots, &round, interrupt);
+        let mut interrupted = false;
+        for (index, result) in round.drain(..).zip(results) {
+            let t = match result {
+                Err(NotMeasured::Interrupted) => {
+                    interrupted = true;
+                    continue;
+                }
+                Err(NotMeasured::Broken(why)) => return Err(Stop::Broken(why)),
+                Err(NotMeasured::Untestable(why)) => Tested::untestable(index, &line[index], why),
+                Ok(ms) => {
+                    if index == 0
+                        && request.bits
+                        && let Some(m) = ms.iter().find(|m| !skips(m.verdict))
+                    {
+                        reference = Some(m.artifacts.clone());
+                    }
+                    let t = judge(request, index, &line[index], &ms, reference.as_ref());
+                    measurements.insert(index, ms);
+                    t
+                }
+            };
+            progress(&t);
+            if let Some(status) = t.status {
+                search.record(index, status);
+            }
+            let flaky = t.flaky.clone();
+            tested.push(t);
+            if let Some(message) = flaky {
+                return Ok(finish(
+                    tested,
+                    Outcome::Flaky { index, message },
+                    &measurements,
+                ));
+            }
+        }
+        if interrupted {
+            return Err(Stop::Interrupted(Box::new(finish(
+                tested,
+                Outcome::Interrupted,
+                &measurements,
+            ))));
+        }
+        if request.bits && index_untestable(&tested, 0) {
+            return Ok(finish(tested, Outcome::GoodUntestable, &measurements));
+        }
+    }
+    let outcome = match search.conclusion() {
+        Some(Conclusion::Found { index }) => Outcome::Found { index },
+        Some(Conclusion::Range { first, last }) => Outcome::Range { first, last },
+        Some(Conclusion::NoChange) => Outcome::NoChange,
+        Some(Conclusion::GoodIsBad) => Outcome::GoodIsBad,
+        None => unreachable!("the search stops only when its knowledge is final"),
+    };
+    let outcome =
+        if matches!(outcome, Outcome::Range { .. }) && search.status(0) == Some(Status::Skip) {
+            Outcome::GoodUntestable
+        } else {
+            outcome
+        };
+    Ok(finish(tested, outcome, &measurements))
+}
+
+fn index_untestable(tested: &[Tested], index: usize) -> bool {
+    tested
+        .iter()
+        .any(|t| t.index == index && t.status == Some(Status::Skip))
+}
+
+/// Verdicts that say the commit could not be tested, not how the cell fared: a setup it
+/// needs failed (a commit that does not build), or its resources are missing.
+fn skips(v: Verdict) -> bool {
+    matches!(v, Verdict::Blocked | Verdict::Skipped)
+}
+
+/// Tests the commits of one round, each on its own slot, at once; each result holds
+/// `reps` measurements (reused ones first).
+fn test_round(
+    setting: &Setting,
+    request: &Request,
+    line: &[CommitInfo],
+    slots: &[Slot],
+    round: &[usize],
+    interrupt: &Arc<AtomicBool>,
+) -> Vec<Result<Vec<Measured>, NotMeasured>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = round
+            .iter()
+            .zip(slots.iter().cycle())
+            .map(|(&index, slot)| {
+                s.spawn(move || {
+                    let commit = &line[index];
+                    let mut ms: Vec<Measured> = probe::reusable(setting, &commit.sha)
+                        .into_iter()
+                        .take(request.reps)
+                        .collect();
+                    // Reused receipts come newest first; the report lists them in run order.
+                    ms.reverse();
+                    while ms.len() < request.reps {
+                        let m = probe::measure(setting, commit, slot, ms.len() + 1, interrupt)?;
+                        // A commit that does not build is skipped after one try: building
+                        // it again would fail again.
+                        let settled = skips(m.verdict);
+                        ms.push(m);
+                        if settled {
+                            break;
+                        }
+                    }
+                    Ok(ms)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(NotMeasured::Broken("a test thread panicked".into())))
+            })
+            .collect()
+    })
+}
+
+/// What the measurements of one commit say: good, changed or skipped, or flaky when its
+/// reps disagree.
+fn judge(
+    request: &Request,
+    index: usize,
+    commit: &CommitInfo,
+    ms: &[Measured],
+    reference: Option<&BTreeMap<String, String>>,
+) -> Tested {
+    let status_of = |m: &Measured| -> Status {
+        if skips(m.verdict) {
+            Status::Skip
+        } else if request.bits {
+            match reference {
+                Some(r) if *r == m.artifacts => Status::Good,
+                _ => Status::Bad,
+            }
+        } else if m.verdict == Verdict::Pass {
+            Status::Good
+        } else {
+            Status::Bad
+        }
+    };
+    let statuses: Vec<Status> = ms.iter().map(status_of).collect();
+    let first = &ms[0];
+    let mut t = Tested::measured(index, commit, statuses[0], ms);
+    if statuses.iter().any(|s| *s != statuses[0]) {
+        let verdicts: Vec<&str> = ms.iter().map(|m| m.verdict.as_str()).collect();
+        t.flaky = Some(format!(
+            "{} is flaky at {}: its {} runs disagree ({}); a flaky cell cannot be bisected, \
+             so no culprit is named. Make the cell deterministic, or bisect a cell that is \
+             (its runs: {})",
+            request.cell,
+            commit.short(),
+            ms.len(),
+            verdicts.join(", "),
+            ms.iter()
+                .map(|m| m.run_dir.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    } else if request.bits && ms.iter().any(|m| m.artifacts != first.artifacts) {
+        t.flaky = Some(format!(
+            "{}'s artifacts differ between its {} runs at {}: the cell is not deterministic, \
+             so --bits cannot tell a commit's change from run-to-run noise and no culprit is \
+             named. Bisect without --bits, or make the cell deterministic (its runs: {})",
+            request.cell,
+            ms.len(),
+            commit.short(),
+            ms.iter()
+                .map(|m| m.run_dir.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    t
+}
