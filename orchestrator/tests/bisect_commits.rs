@@ -28,6 +28,10 @@ id = "gate"
 needs = ["build"]
 run = ["sh", "bin/gate", "${matrix.shape}"]
 matrix = { shape = ["a"] }
+
+[[arm]]
+id = "other"
+run = ["sh", "-c", "exit 0"]
 "#;
 
 const BUILD: &str = "mkdir -p bin\n\
@@ -206,6 +210,13 @@ fn bits_finds_the_commit_that_moved_them_and_plain_finds_the_one_that_fails() {
     assert_eq!(again["culprit"], report["culprit"]);
     assert_eq!(again["ran"], 0, "{again:#}");
     assert_eq!(tested_shas(&again), tested);
+
+    // Another cell of the same runs was not selected there, so it has no measurement to
+    // reuse: its bisect runs its own.
+    let (code, other, stderr) = bisect(&repo, &["--good", &shas[0], "--bad", &shas[3], "other"]);
+    assert_eq!(code, 1, "{stderr}\n{other:#}");
+    assert_eq!(other["outcome"]["kind"], "no-change");
+    assert!(other["ran"].as_u64() > Some(0), "{other:#}");
 
     // The text report: the answer first, the culprit and its parent, every tested commit.
     let out = Command::new(env!("CARGO_BIN_EXE_memra-orch"))

@@ -251,6 +251,15 @@ fn judge(
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
+    } else if let Some(m) = ms.iter().find(|m| m.reps_disagree) {
+        t.flaky = Some(format!(
+            "{} is flaky at {}: its reps within run {} ended differently; a flaky cell cannot \
+             be bisected, so no culprit is named. Make the cell deterministic, or bisect a cell \
+             that is",
+            request.cell,
+            commit.short(),
+            m.run_dir.display()
+        ));
     } else if request.bits && ms.iter().any(|m| m.artifacts != first.artifacts) {
         t.flaky = Some(format!(
             "{}'s artifacts differ between its {} runs at {}: the cell is not deterministic, \
@@ -266,4 +275,113 @@ fn judge(
         ));
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+
+    use super::{Request, Status, judge};
+    use crate::bisect::git::CommitInfo;
+    use crate::bisect::probe::Measured;
+    use crate::verdict::Verdict;
+
+    fn request(bits: bool) -> Request {
+        Request {
+            good: "a".into(),
+            bad: "b".into(),
+            cell: "c".into(),
+            bits,
+            jobs: 1,
+            reps: 2,
+        }
+    }
+
+    fn commit() -> CommitInfo {
+        CommitInfo {
+            sha: "0123456789abcdef".into(),
+            subject: "s".into(),
+            author: "a".into(),
+        }
+    }
+
+    fn m(verdict: Verdict, digest: &str) -> Measured {
+        Measured {
+            run_dir: PathBuf::from(format!("/r/{digest}")),
+            run_id: "r".into(),
+            verdict,
+            reason: None,
+            artifacts: BTreeMap::from([("logits.safetensors".to_string(), digest.to_string())]),
+            reused: false,
+            reps_disagree: false,
+        }
+    }
+
+    #[test]
+    fn runs_that_agree_give_one_status() {
+        let reference = BTreeMap::from([("logits.safetensors".to_string(), "x".to_string())]);
+        let t = judge(
+            &request(false),
+            3,
+            &commit(),
+            &[m(Verdict::Fail, "x"), m(Verdict::Fail, "y")],
+            None,
+        );
+        assert_eq!((t.status, t.flaky.is_none()), (Some(Status::Bad), true));
+        let t = judge(
+            &request(true),
+            3,
+            &commit(),
+            &[m(Verdict::Fail, "x"), m(Verdict::Fail, "x")],
+            Some(&reference),
+        );
+        assert_eq!((t.status, t.flaky.is_none()), (Some(Status::Good), true));
+        let t = judge(
+            &request(true),
+            3,
+            &commit(),
+            &[m(Verdict::Blocked, "")],
+            Some(&reference),
+        );
+        assert_eq!(t.status, Some(Status::Skip));
+    }
+
+    #[test]
+    fn disagreeing_runs_reps_or_bits_are_flaky() {
+        let t = judge(
+            &request(false),
+            3,
+            &commit(),
+            &[m(Verdict::Pass, "x"), m(Verdict::Fail, "x")],
+            None,
+        );
+        assert!(
+            t.flaky
+                .unwrap()
+                .contains("its 2 runs disagree (pass, fail)")
+        );
+        let mut one = m(Verdict::Fail, "x");
+        one.reps_disagree = true;
+        let t = judge(&request(false), 3, &commit(), &[one], None);
+        assert!(t.flaky.unwrap().contains("its reps within run"));
+        // Without --bits, artifacts that differ between runs of one verdict do not matter.
+        let t = judge(
+            &request(false),
+            3,
+            &commit(),
+            &[m(Verdict::Pass, "x"), m(Verdict::Pass, "y")],
+            None,
+        );
+        assert!(t.flaky.is_none());
+        let reference = BTreeMap::from([("logits.safetensors".to_string(), "x".to_string())]);
+        let t = judge(
+            &request(true),
+            3,
+            &commit(),
+            &[m(Verdict::Pass, "y"), m(Verdict::Pass, "z")],
+            Some(&reference),
+        );
+        assert!(t.flaky.unwrap().contains("not deterministic"));
+    }
 }

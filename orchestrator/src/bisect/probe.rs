@@ -62,6 +62,8 @@ pub struct Measured {
     pub artifacts: BTreeMap<String, String>,
     /// Found in the receipts folder rather than run now.
     pub reused: bool,
+    /// The cell's own reps (a manifest `reps = N`) ended differently within this run.
+    pub reps_disagree: bool,
 }
 
 /// Why a commit could not be measured at all.
@@ -118,13 +120,26 @@ pub fn models(names: &[String]) -> Vec<String> {
 /// The cell's receipt in run `r`, when `r` measured it itself and it ended.
 fn measured(r: &FoundRun, cell: &str, reused: bool) -> Option<Measured> {
     let entry = r.run.nodes.iter().find(|e| e.id == cell)?;
-    if entry.carried.is_some() || entry.verdict == Verdict::Cancelled {
+    // A cell the run did not select has no folder (and no measurement); a carried one was
+    // measured by another run, which is found on its own.
+    if entry.slug.is_none() || entry.carried.is_some() || entry.verdict == Verdict::Cancelled {
         return None;
     }
     let receipt = entry.slug.as_ref().and_then(|slug| {
         crate::receipt::read_node_receipt(&tree::Tree { dir: r.dir.clone() }.receipt_json(slug))
             .ok()
             .flatten()
+    });
+    let reps_disagree = receipt.as_ref().is_some_and(|n| {
+        // The last attempt of each rep decides it (a retried crash is not a disagreement).
+        let mut by_rep: BTreeMap<u32, Verdict> = BTreeMap::new();
+        for a in &n.attempts {
+            by_rep.insert(a.rep, a.outcome);
+        }
+        let mut outcomes = by_rep.values();
+        outcomes
+            .next()
+            .is_some_and(|first| outcomes.any(|o| o != first))
     });
     let artifacts = receipt
         .map(|n| {
@@ -141,6 +156,7 @@ fn measured(r: &FoundRun, cell: &str, reused: bool) -> Option<Measured> {
         reason: entry.reason.clone(),
         artifacts,
         reused,
+        reps_disagree,
     })
 }
 

@@ -143,8 +143,17 @@ impl Tested {
                 verdicts.join(", ")
             },
             why,
-            self.commit.subject
+            clip(&self.commit.subject, 72)
         )
+    }
+}
+
+/// `s` cut to `n` characters, with `…` when cut (a progress line stays one line).
+fn clip(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        s.chars().take(n - 1).chain(['…']).collect()
     }
 }
 
