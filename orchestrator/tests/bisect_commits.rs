@@ -217,6 +217,10 @@ fn bits_finds_the_commit_that_moved_them_and_plain_finds_the_one_that_fails() {
     assert_eq!(code, 1, "{stderr}\n{other:#}");
     assert_eq!(other["outcome"]["kind"], "no-change");
     assert!(other["ran"].as_u64() > Some(0), "{other:#}");
+    // And the gate's bisect, asked once more, still reuses its own runs, not the ones the
+    // other cell's bisect made at the same commits (where it was skipped, not selected).
+    let (code, again, _) = bisect(&repo, &["--good", &shas[0], "--bad", &shas[31], CELL]);
+    assert_eq!((code, again["ran"].as_u64()), (0, Some(0)), "{again:#}");
 
     // The text report: the answer first, the culprit and its parent, every tested commit.
     let out = Command::new(env!("CARGO_BIN_EXE_memra-orch"))

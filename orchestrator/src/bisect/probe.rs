@@ -120,9 +120,15 @@ pub fn models(names: &[String]) -> Vec<String> {
 /// The cell's receipt in run `r`, when `r` measured it itself and it ended.
 fn measured(r: &FoundRun, cell: &str, reused: bool) -> Option<Measured> {
     let entry = r.run.nodes.iter().find(|e| e.id == cell)?;
-    // A cell the run did not select has no folder (and no measurement); a carried one was
+    // A cell the run did not select has no folder, or (downstream of a setup that ran) was
+    // skipped without running: neither measured it. A skipped cell is re-evaluated, as
+    // `run --resume` does, since what skipped it may have changed; a carried one was
     // measured by another run, which is found on its own.
-    if entry.slug.is_none() || entry.carried.is_some() || entry.verdict == Verdict::Cancelled {
+    if entry.slug.is_none()
+        || entry.carried.is_some()
+        || entry.verdict == Verdict::Cancelled
+        || (reused && entry.verdict == Verdict::Skipped)
+    {
         return None;
     }
     let receipt = entry.slug.as_ref().and_then(|slug| {
