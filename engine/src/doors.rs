@@ -121,11 +121,21 @@ pub enum GateDefect {
     /// finite and nonzero (the kernels compile with `MEMRA_DEFECT_EXP_ULP`). The CPU backend
     /// is untouched: only the bitwise `cpu-vs-cuda` comparison can see a change this small.
     ExpUlp,
+    /// Every q8_1 block the backend quantizes stores its block sum `s` one f16 step high
+    /// (its bits plus one, where it is finite); the `q`s and `d` are untouched. The offset
+    /// a Q4_0 or Q4_1 weight block meets moves by one f16 step of `s`, always away from
+    /// zero; Q8_0 and float weights never read `s`. Both backends plant it: the CPU where
+    /// its activations are quantized (`backend::cpu`), CUDA in `quantize_lane` (the kernels
+    /// compile with `MEMRA_DEFECT_Q8_BLOCK_SUM`), so the two stay bit-identical under it.
+    /// The gates that hold the engine to itself cannot see it; reference-gate, which follows
+    /// every block the backend recorded and rejects an `s` its tie window does not explain,
+    /// fails every quantized arm (the Q8_0 ones on the block sums alone).
+    Q8BlockSum,
 }
 
 impl GateDefect {
     /// Every defect with its `MEMRA_GATE_DEFECT` value.
-    pub const ALL: [(GateDefect, &'static str); 9] = [
+    pub const ALL: [(GateDefect, &'static str); 10] = [
         (GateDefect::BatchReduction, "batch-reduction"),
         (GateDefect::StageRange, "stage-range"),
         (GateDefect::BoundaryCopy, "boundary-copy"),
@@ -135,6 +145,7 @@ impl GateDefect {
         (GateDefect::FusedNorm, "fused-norm"),
         (GateDefect::TopPCut, "top-p-cut"),
         (GateDefect::ExpUlp, "exp-ulp"),
+        (GateDefect::Q8BlockSum, "q8-block-sum"),
     ];
 
     pub fn as_str(self) -> &'static str {

@@ -256,6 +256,52 @@ fn a_cache_written_wrong_by_chunks_fails_the_chunked_programs_only() {
     assert_eq!(r.status("loader-goldens"), "pass");
 }
 
+/// A block sum one f16 step high fails every quantized arm through the tie-following
+/// oracle, which names the `s`: the Q8_0 arms, whose weights never read `s`, on the block
+/// sums alone with their logits as close as ever. The float arms never quantize and stay
+/// green.
+#[test]
+fn a_block_sum_off_by_one_step_fails_every_quantized_arm_on_s() {
+    let r = gate(&[], &[("MEMRA_GATE_DEFECT", "q8-block-sum")]);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    let quantized = ["q8_0", "q4_1", "q4_0", "rope1e5", "rope5e5-hd128-gqa4"];
+    for arm in ARMS {
+        let c = r
+            .rows
+            .iter()
+            .find(|c| c["check"] == format!("reference.{arm}"))
+            .unwrap();
+        if quantized.contains(&arm) {
+            assert_eq!(c["status"], "fail", "{c}");
+            assert!(
+                c["metrics"]["quant_mismatches"].as_u64().unwrap() > 0,
+                "{c}"
+            );
+            // The first value every program's following rejects is a block sum.
+            let follows: Vec<&str> = r
+                .receipt
+                .lines()
+                .filter(|l| l.starts_with(&format!("# follow\tarm={arm}\t")))
+                .collect();
+            assert_eq!(follows.len(), 3, "{}", r.receipt);
+            for l in follows {
+                assert!(l.contains(": s oracle "), "{l}");
+            }
+        } else {
+            assert_eq!(c["status"], "pass", "{c}");
+        }
+    }
+    for arm in ["q8_0", "rope5e5-hd128-gqa4"] {
+        let c = r
+            .rows
+            .iter()
+            .find(|c| c["check"] == format!("reference.{arm}"))
+            .unwrap();
+        assert!(c["metrics"]["max_abs"].as_f64().unwrap() < 1e-5, "{c}");
+    }
+    assert_eq!(r.status("loader-goldens"), "pass");
+}
+
 #[test]
 fn moved_or_missing_goldens_fail_naming_the_tensor() {
     let dir = tempfile::tempdir().unwrap();

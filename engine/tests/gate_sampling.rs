@@ -64,6 +64,24 @@ fn green_on_the_cpu_backend_with_every_row() {
         assert_eq!(c["metrics"]["outside"], 0, "{c:#}");
         assert_eq!(c["metrics"]["draws"], 4000, "{c:#}");
     }
+    let row = |name: &str| {
+        *checks
+            .iter()
+            .find(|c| c["check"] == name)
+            .unwrap_or_else(|| panic!("no `{name}` row: {}", r.stdout))
+    };
+    let stream = row("stream");
+    assert_eq!(stream["status"], "pass", "{stream:#}");
+    assert_eq!(stream["metrics"]["keys"], 7, "{stream:#}");
+    // Every sequence's length after its prompt and after each step, on both paths (the
+    // single path's twin too): 12 × (1 + 16) batched, 12 × (1 + 2 × 16) single.
+    let positions = row("positions");
+    assert_eq!(positions["status"], "pass", "{positions:#}");
+    assert_eq!(
+        positions["metrics"]["checked"],
+        12 * 17 + 12 * 33,
+        "{positions:#}"
+    );
     // The rows are picked for spread: without truncation they keep every token, and some
     // nucleus test has several bins.
     assert!(
@@ -86,7 +104,14 @@ fn the_early_cut_fails_rows_with_top_p_below_one_only() {
         .filter(|c| c["status"] == "fail")
         .map(|c| c["check"].as_str().unwrap())
         .collect();
-    // Without truncation the defect has nothing to cut, so those rows stay green.
+    // Without truncation the defect has nothing to cut, so those rows stay green, and so do
+    // the stream and the positions.
+    assert!(
+        failed
+            .iter()
+            .all(|n| n.starts_with("steps[") || n.starts_with("distribution[")),
+        "{failed:?}"
+    );
     assert!(failed.iter().all(|n| !untruncated(n)), "{failed:?}");
     // Both kinds of check see it: a decode step drawing another token, and the counts.
     assert!(

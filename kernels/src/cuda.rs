@@ -122,8 +122,9 @@ pub struct Gpu {
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     compiled: Mutex<Vec<CompiledPtx>>,
     canary_row: i32,
-    /// Test-only: the families compile with [`EXP_DEFECT`] ([`Gpu::plant_exp_defect`]).
-    exp_defect: bool,
+    /// Test-only: the defines of the planted defects the families compile with
+    /// ([`Gpu::plant_defect`]); empty but in tests.
+    defects: Vec<&'static str>,
     /// Whether launches carry the programmatic-dependent-launch attribute ([`launch`]):
     /// on unless `MEMRA_PDL=0` when the device is opened. A performance switch only: every
     /// kernel waits for its predecessor's results either way, so the bits do not change.
@@ -191,6 +192,9 @@ fn int(kernel: &'static str, what: &str, v: usize) -> Result<i32, KernelError> {
 /// The define of the planted exp defect (`exp_model` in `common.cuh`).
 pub const EXP_DEFECT: &str = "MEMRA_DEFECT_EXP_ULP";
 
+/// The define of the planted q8_1 block-sum defect (`quantize_lane` in `common.cuh`).
+pub const Q8_BLOCK_SUM_DEFECT: &str = "MEMRA_DEFECT_Q8_BLOCK_SUM";
+
 impl Gpu {
     /// Opens device `ordinal` (after [`probe`]) with the performance switches `tuning`;
     /// kernels compile on first use for its compute capability, cached in
@@ -241,7 +245,7 @@ impl Gpu {
             functions: Mutex::new(HashMap::new()),
             compiled: Mutex::new(Vec::new()),
             canary_row: -1,
-            exp_defect: false,
+            defects: Vec::new(),
             pdl: tuning.pdl,
             smem_optin,
             opted_in: Mutex::new(HashMap::new()),
@@ -373,11 +377,15 @@ impl Gpu {
         self.compiled.lock().map(|c| c.clone()).unwrap_or_default()
     }
 
-    /// Test-only, for the planted defect `MEMRA_GATE_DEFECT=exp-ulp`: every family compiles
-    /// with [`EXP_DEFECT`] defined, so `exp_model` (attention, SiLU) returns one ulp above
-    /// `exp_mirrored`. Families loaded already are dropped, so they load again planted.
-    pub fn plant_exp_defect(&mut self) {
-        self.exp_defect = true;
+    /// Test-only, for the planted defects: every family compiles with `define` defined
+    /// (besides any planted before): [`EXP_DEFECT`] (`MEMRA_GATE_DEFECT=exp-ulp`: `exp_model`,
+    /// in attention and SiLU, returns one ulp above `exp_mirrored`) or
+    /// [`Q8_BLOCK_SUM_DEFECT`] (`q8-block-sum`: every q8_1 block sum one f16 step high).
+    /// Families loaded already are dropped, so they load again planted.
+    pub fn plant_defect(&mut self, define: &'static str) {
+        if !self.defects.contains(&define) {
+            self.defects.push(define);
+        }
         if let Ok(m) = self.modules.get_mut() {
             m.clear();
         }
@@ -393,9 +401,9 @@ impl Gpu {
         }
     }
 
-    /// Whether the families compile with the planted exp defect.
-    pub fn exp_defect(&self) -> bool {
-        self.exp_defect
+    /// The defines of the defects the families compile with.
+    pub fn defects(&self) -> &[&'static str] {
+        &self.defects
     }
 
     /// Compiles (or reads from the cache) and loads every family now.
@@ -425,8 +433,7 @@ impl Gpu {
         {
             return Ok(m);
         }
-        let defines: Vec<&str> = self.exp_defect.then_some(EXP_DEFECT).into_iter().collect();
-        let compiled = compile::compile_with(src, self.arch, self.cache.as_ref(), &defines)?;
+        let compiled = compile::compile_with(src, self.arch, self.cache.as_ref(), &self.defects)?;
         let module = self
             .ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(compiled.ptx.clone()))

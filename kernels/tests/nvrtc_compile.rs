@@ -78,6 +78,15 @@ fn every_kernel_family_compiles_with_nvrtc_and_the_canary_is_rejected() {
             src.file
         );
     }
+    for planted in [
+        "elementwise.cu+MEMRA_DEFECT_EXP_ULP",
+        "quantize.cu+MEMRA_DEFECT_Q8_BLOCK_SUM",
+    ] {
+        assert!(
+            text.contains(&format!("PASS compile/{planted} planted PTX differs")),
+            "{planted} missing from:\n{text}"
+        );
+    }
     assert!(text.contains("PASS compile/canary rejected as expected at canary.cu:3"));
     assert!(text.contains("NVRTC 13.0"), "{text}");
 }

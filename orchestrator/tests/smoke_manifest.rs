@@ -286,6 +286,28 @@ fn the_smoke_battery_runs_every_node_as_expected() {
     assert_eq!(reduction["doors"]["defect"], "batch-reduction");
     assert_eq!(check(&reduction, "gate2[B=4]")["status"], "fail");
     assert_eq!(check(&reduction, "gate2[B=1]")["status"], "pass");
+    // ... and stays the subtle defect it is described as: the B=4 step logits within a
+    // tight bound of the clean run's.
+    let subtle = tree.receipt("batch-reduction-is-subtle[candidate=decode-defect-batch-reduction]");
+    assert_eq!(subtle["compare"]["tensors_compared"], 4, "{subtle:#}");
+    assert_eq!(subtle["compare"]["mismatches"], 0, "{subtle:#}");
+    // The fused-norm defect leaves the separate tier alone: every position prefilled under
+    // it is bit-identical to the clean dump.
+    let spared = tree.receipt("fused-norm-spares-prefill[candidate=dump-defect-fused-norm]");
+    assert!(
+        spared["compare"]["values_compared"].as_u64().unwrap() > 0,
+        "{spared:#}"
+    );
+    assert_eq!(
+        tree.receipt("dump-defect-fused-norm")["doors"]["defect"],
+        "fused-norm"
+    );
+    // A block sum off by one f16 step fails reference-gate through the following oracle.
+    let block_sum = tree.receipt("reference-defect-q8-block-sum");
+    assert_eq!(block_sum["attempts"][0]["outcome"], "fail", "{block_sum:#}");
+    assert_eq!(block_sum["doors"]["defect"], "q8-block-sum");
+    assert_eq!(check(&block_sum, "reference.q8_0")["status"], "fail");
+    assert_eq!(check(&block_sum, "reference.f16")["status"], "pass");
     let counter = tree.receipt("decode-defect-sample-counter");
     assert_eq!(counter["attempts"][0]["outcome"], "fail");
     assert_eq!(counter["doors"]["defect"], "sample-counter");
@@ -300,6 +322,9 @@ fn the_smoke_battery_runs_every_node_as_expected() {
         check(&sampling, "steps[T=1,top_p=0.5]")["metrics"]["mismatches"],
         0
     );
+    // The random stream against known answers, and the positions the gate counted itself.
+    assert_eq!(check(&sampling, "stream")["status"], "pass");
+    assert_eq!(check(&sampling, "positions")["status"], "pass");
     let cut = tree.receipt("sampling-defect");
     assert_eq!(cut["expect"], "fail");
     assert_eq!(cut["attempts"][0]["outcome"], "fail", "{cut:#}");

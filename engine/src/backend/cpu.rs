@@ -234,6 +234,7 @@ impl CpuBackend {
             split_k: self.doors.fa3,
             rope_table: &self.rope_table,
             eps: norm_eps(&self.doors, tier == Tier::Fused, c.rms_eps),
+            block_sum_defect: self.doors.gate_defect == Some(GateDefect::Q8BlockSum),
         };
         match walk {
             Walk::Unsplit => {
@@ -282,7 +283,7 @@ impl CpuBackend {
         let reversed = batched
             && rows.len() >= 2
             && self.doors.gate_defect == Some(GateDefect::BatchReduction);
-        let acts = if reversed {
+        let acts = ctx.quantized(if reversed {
             reversed_sum_acts(sel, &self.output_norm, c.rms_eps)?
         } else {
             normed_acts(
@@ -291,7 +292,7 @@ impl CpuBackend {
                 norm_eps(&self.doors, tier == Tier::Fused, c.rms_eps),
                 tier,
             )?
-        };
+        });
         let mut rec = Recorder {
             trace: self.trace.as_mut(),
             layer: c.n_layer,
@@ -521,6 +522,25 @@ struct PassCtx<'a> {
     rope_table: &'a [f32],
     /// The rms epsilon of this pass's norm steps ([`norm_eps`]).
     eps: f32,
+    /// Whether the planted `q8-block-sum` defect is set ([`PassCtx::quantized`]).
+    block_sum_defect: bool,
+}
+
+impl PassCtx<'_> {
+    /// Activations as this pass stores them: under the test-only `q8-block-sum` defect every
+    /// q8_1 block's sum `s` one f16 step high, its bits plus one where it is finite (the
+    /// CUDA `quantize_lane` under `MEMRA_DEFECT_Q8_BLOCK_SUM`, line for line), so the two
+    /// backends stay bit-identical under it.
+    fn quantized(&self, mut acts: Acts) -> Acts {
+        if self.block_sum_defect {
+            for b in &mut acts.q {
+                if b.s.is_finite() {
+                    b.s = half::f16::from_bits(b.s.to_bits() + 1);
+                }
+            }
+        }
+        acts
+    }
 }
 
 /// One transformer layer over every row, in place on the residual stream `x`.
@@ -538,12 +558,13 @@ fn layer_forward(
         split_k,
         rope_table: table,
         eps,
+        ..
     } = *ctx;
     let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
     let w = &layer.w;
 
     // Attention block.
-    let acts = normed_acts(x, &w.attn_norm, eps, tier)?;
+    let acts = ctx.quantized(normed_acts(x, &w.attn_norm, eps, tier)?);
     rec.record(Site::AttnIn, &acts);
     let [mut q, mut k, v]: [Vec<f32>; 3] = matmul_many(family, &[&w.wq, &w.wk, &w.wv], &acts)?
         .try_into()
@@ -598,13 +619,13 @@ fn layer_forward(
             }
         })
         .map_err(twin_err)?;
-    let att = plain_acts(att)?;
+    let att = ctx.quantized(plain_acts(att)?);
     rec.record(Site::AttnOut, &att);
     let o = matmul(family, &w.wo, &att)?;
     twin::add(x, &o).map_err(twin_err)?;
 
     // Feed-forward block.
-    let acts = normed_acts(x, &w.ffn_norm, eps, tier)?;
+    let acts = ctx.quantized(normed_acts(x, &w.ffn_norm, eps, tier)?);
     rec.record(Site::FfnIn, &acts);
     let [gate, up]: [Vec<f32>; 2] = matmul_many(family, &[&w.w_gate, &w.w_up], &acts)?
         .try_into()
@@ -619,7 +640,7 @@ fn layer_forward(
         let r = acts.scale.as_ref().map(|s| s[i]);
         twin::swiglu(g, u, hr, r).map_err(twin_err)?;
     }
-    let h = plain_acts(h)?;
+    let h = ctx.quantized(plain_acts(h)?);
     rec.record(Site::FfnDownIn, &h);
     let down = matmul(family, &w.w_down, &h)?;
     twin::add(x, &down).map_err(twin_err)?;

@@ -2,6 +2,16 @@
 //! (`crate::reference::sampler`), so a fault the kernel twin and the CUDA sampler share,
 //! which kernel-check cannot see, still fails a gate.
 //!
+//! Two rows hold what both sides would otherwise share:
+//! - `stream`: the engine's uniform for a few `(seed, sequence, step)` keys with seeds of
+//!   2^32 and more (the gate's are) against [`STREAM_KATS`], known answers computed apart
+//!   from memra's code (`scripts/philox-words.py`): the reference sampler draws at the
+//!   engine's own `twin::draw_uniform`, so a wrong stream would otherwise be compared only
+//!   with itself.
+//! - `positions`: the gate counts each sequence's position itself (prompt length plus steps
+//!   taken) and keys the reference's draws by that count, not by the backend's `seq_len`,
+//!   which the engine's sampler keys its own draws by; the row fails where the two disagree.
+//!
 //! Two kinds of check, under every parameter set of [`PARAM_SETS`] (temperature 0.7, 1.0,
 //! 1.3 by top-p 1.0, 0.9, 0.5, 0.2):
 //! - `steps[…]`: a prompt program decoded through the backend's sampled paths — a batch of
@@ -35,6 +45,7 @@ use crate::doors::Doors;
 use crate::model::LlamaModel;
 use crate::reference::sampler;
 use crate::sampling::{self, SamplingParams};
+use memra_kernels::twin;
 use memra_protocol::{Check, FirstMismatch, Status};
 
 /// Flags of `sampling-gate`. Exit status: 0 pass, 1 a check failed, 2 bad flags, pins or
@@ -100,6 +111,36 @@ pub const P_FAIL: f64 = 1e-6;
 
 /// Base of the sampling seeds (offset by `MEMRA_GATE_SEED` and the set index).
 const SEED_BASE: u64 = 0x5a3b_11e0_0000_0000;
+
+/// Known answers of the sampling stream: `(seed, seq, step, word, u)`, the first word of
+/// Philox4x32-10 with counter `[step, seq, 0, 0]` and key `[seed_lo, seed_hi]` and the
+/// uniform drawn from it (its top 24 bits times 2^-24). Computed by
+/// `scripts/philox-words.py`, a Python restatement of Philox from the paper that checks
+/// itself against Random123's known answers first; its output pasted here. Every seed is at
+/// least 2^32, so a key that lost its high word fails, and the keys span the gate's own
+/// (the seed base, its set and distribution offsets, the batch, single-path and
+/// distribution sequence ids) and the extremes of the counter.
+pub const STREAM_KATS: [(u64, u32, u32, u32, f64); 7] = [
+    (0x5a3b11e000000000, 0, 7, 0xd0441c0d, 0.8135392665863037),
+    (0x5a3b11e00000000b, 11, 22, 0x418bdc9e, 0.2560403347015381),
+    (
+        0x5a3b11e000050000,
+        902,
+        3999,
+        0x40fa2125,
+        0.2538166642189026,
+    ),
+    (0x5a3b11e09e3779ba, 103, 9, 0x884583b6, 0.5323106646537781),
+    (0xffffffff00000001, 207, 1, 0x968cb875, 0.5880846977233887),
+    (0x0000000100000000, 0, 0, 0xfdde3e0b, 0.9916723966598511),
+    (
+        0x8000000000000000,
+        4294967295,
+        4294967295,
+        0xf08ed589,
+        0.9396794438362122,
+    ),
+];
 
 /// Sequence ids of the programs: the batch rows, the single-path sequences and their twins,
 /// the distribution rows' streams.
@@ -206,9 +247,11 @@ pub fn gate(
         .collect();
     let n_vocab = be.config().n_vocab;
     let ps = prompts(n_vocab, sets.len(), s.plen, doors.gate_seed, 0);
+    rep.check(&stream_check())?;
     let mut tallies = vec![Tally::default(); sets.len()];
+    let mut positions = Positions::default();
     let mut dist_rows = Vec::new();
-    match batched(be, &ps, &sets, s.steps, &mut tallies) {
+    match batched(be, &ps, &sets, s.steps, &mut tallies, &mut positions) {
         Ok(seen) => dist_rows = spread_rows(seen, s.rows),
         Err(e) => {
             for t in &mut tallies {
@@ -217,7 +260,7 @@ pub fn gate(
         }
     }
     for (i, p) in sets.iter().enumerate() {
-        if let Err(e) = single(be, &ps[i], i, p, s.steps, &mut tallies[i]) {
+        if let Err(e) = single(be, &ps[i], i, p, s.steps, &mut tallies[i], &mut positions) {
             tallies[i]
                 .refused
                 .get_or_insert(format!("single-sequence path: {e}"));
@@ -226,6 +269,7 @@ pub fn gate(
     for (i, t) in tallies.iter().enumerate() {
         rep.check(&t.check(&set_name("steps", PARAM_SETS[i])))?;
     }
+    rep.check(&positions.check("positions"))?;
     let nucleus = sampling::nucleus(doors);
     for (r, row) in dist_rows.iter().enumerate() {
         for (j, &(temperature, top_p)) in DIST_SETS.iter().enumerate() {
@@ -258,6 +302,114 @@ pub fn gate(
         ))?;
     }
     Ok(())
+}
+
+/// The `stream` row: the engine's Philox words and uniforms at [`STREAM_KATS`].
+fn stream_check() -> Check {
+    stream_check_with(|seed, seq, step| {
+        let key = [seed as u32, (seed >> 32) as u32];
+        (
+            twin::philox4x32_10([step, seq, 0, 0], key)[0],
+            f64::from(twin::draw_uniform(seed, seq, step)),
+        )
+    })
+}
+
+/// [`stream_check`] over `draw(seed, seq, step)` = (first Philox word, uniform).
+fn stream_check_with(draw: impl Fn(u64, u32, u32) -> (u32, f64)) -> Check {
+    let (mut mismatches, mut first, mut words) = (0, None, String::new());
+    for (i, &(seed, seq, step, word, u)) in STREAM_KATS.iter().enumerate() {
+        let (got_word, got_u) = draw(seed, seq, step);
+        if got_word != word || got_u != u {
+            mismatches += 1;
+            if first.is_none() {
+                words = format!(
+                    " (first at seed {seed:#018x}, sequence {seq}, step {step}: word \
+                     {got_word:#010x}, known {word:#010x})"
+                );
+                first = Some(FirstMismatch {
+                    step: Some(step as usize),
+                    row: i,
+                    index: seq as usize,
+                    reference: u,
+                    got: got_u,
+                });
+            }
+        }
+    }
+    let (status, message) = if mismatches > 0 {
+        (
+            Status::Fail,
+            format!(
+                "the engine's random stream differs from the known Philox4x32-10 answers at \
+                 {mismatches} of {} keys{words}: ref/got = uniforms; the reference sampler \
+                 draws at the same uniforms, so no other row can see this",
+                STREAM_KATS.len()
+            ),
+        )
+    } else {
+        (Status::Pass, String::new())
+    };
+    let mut c = Check::new("stream", status, message)
+        .metric("keys", STREAM_KATS.len())
+        .metric("mismatches", mismatches);
+    c.first_mismatch = first;
+    c
+}
+
+/// The positions the gate counted itself against the backend's `seq_len`, over both paths.
+#[derive(Debug, Clone, Default)]
+struct Positions {
+    checked: usize,
+    disagree: usize,
+    /// The first disagreement: (sequence, the gate's count, the backend's `seq_len`).
+    first: Option<(SeqId, usize, usize)>,
+}
+
+impl Positions {
+    /// Holds the backend's length of `seq` to the gate's count `pos`.
+    fn hold(&mut self, be: &dyn Backend, seq: SeqId, pos: usize) -> Result<(), EngineError> {
+        let got = be.seq_len(seq)?;
+        self.checked += 1;
+        if got != pos {
+            self.disagree += 1;
+            self.first.get_or_insert((seq, pos, got));
+        }
+        Ok(())
+    }
+
+    fn check(&self, name: &str) -> Check {
+        let (status, message) = if let Some((seq, pos, got)) = self.first {
+            (
+                Status::Fail,
+                format!(
+                    "the backend's seq_len disagrees with the position the gate counted (prompt \
+                     length plus steps taken) {} of {} times, first for sequence {} ({got} \
+                     against {pos}): the engine keys its sampling stream by seq_len",
+                    self.disagree, self.checked, seq.0
+                ),
+            )
+        } else if self.checked == 0 {
+            (
+                Status::Fail,
+                "no position was checked: both sampled paths were refused (see the steps rows)"
+                    .to_string(),
+            )
+        } else {
+            (Status::Pass, String::new())
+        };
+        let mut c = Check::new(name, status, message)
+            .metric("checked", self.checked)
+            .metric("disagree", self.disagree);
+        c.first_mismatch = self.first.map(|(seq, pos, got)| FirstMismatch {
+            step: Some(pos),
+            row: 0,
+            index: seq.0 as usize,
+            reference: pos as f64,
+            got: got as f64,
+        });
+        c
+    }
 }
 
 /// The `count` rows of `seen` whose distribution at temperature 1 has the most entropy
@@ -370,26 +522,32 @@ fn batched(
     sets: &[SamplingParams],
     steps: usize,
     tallies: &mut [Tally],
+    positions: &mut Positions,
 ) -> Result<Vec<Vec<f32>>, EngineError> {
     let n_vocab = be.config().n_vocab;
     let seqs: Vec<SeqId> = (0..prompts.len() as u32)
         .map(|b| SeqId(BATCH_ID + b))
         .collect();
+    // The position of each sequence's next token, counted here, not asked of the backend.
+    let mut pos: Vec<usize> = prompts.iter().map(Vec::len).collect();
     let mut opened = Vec::new();
     let result = (|| {
         let mut next = Vec::new();
-        for (&seq, prompt) in seqs.iter().zip(prompts) {
+        for (b, (&seq, prompt)) in seqs.iter().zip(prompts).enumerate() {
             be.open_sequence(seq, prompt.len() + steps + 1)?;
             opened.push(seq);
             next.push(host_argmax(&be.prime(seq, prompt)?));
+            positions.hold(be, seq, pos[b])?;
         }
         let mut rows = Vec::new();
         for _ in 0..steps {
             let got = be.decode_step_batch_sampled_rows(&seqs, &next, sets)?;
             let logits = be.parked_logits()?;
             for (b, row) in logits.chunks_exact(n_vocab).enumerate() {
-                let step = be.seq_len(seqs[b])?;
-                tallies[b].compare("batched", row, &sets[b], seqs[b], step, b, got[b]);
+                // The token fed took position pos[b]; the one drawn takes the next.
+                pos[b] += 1;
+                positions.hold(be, seqs[b], pos[b])?;
+                tallies[b].compare("batched", row, &sets[b], seqs[b], pos[b], b, got[b]);
                 rows.push(row.to_vec());
             }
             next = got;
@@ -412,8 +570,10 @@ fn single(
     p: &SamplingParams,
     steps: usize,
     tally: &mut Tally,
+    positions: &mut Positions,
 ) -> Result<(), EngineError> {
     let (seq, twin) = (SeqId(SINGLE_ID + i as u32), SeqId(TWIN_ID + i as u32));
+    let mut pos = prompt.len();
     let mut opened = Vec::new();
     let result = (|| {
         be.open_sequence(seq, prompt.len() + steps + 1)?;
@@ -422,11 +582,14 @@ fn single(
         opened.push(twin);
         let mut next = host_argmax(&be.prime(seq, prompt)?);
         be.prime(twin, prompt)?;
+        positions.hold(be, seq, pos)?;
         for _ in 0..steps {
             let got = be.decode_step_h_sampled(seq, next, p)?;
             let logits = be.decode_step_h(twin, next)?;
-            let step = be.seq_len(seq)?;
-            tally.compare("single-sequence", &logits, p, seq, step, 0, got);
+            pos += 1;
+            positions.hold(be, seq, pos)?;
+            positions.hold(be, twin, pos)?;
+            tally.compare("single-sequence", &logits, p, seq, pos, 0, got);
             next = got;
         }
         Ok(())
@@ -557,6 +720,50 @@ mod tests {
         let outside = distribution_test(&row, &p, 200, |_| Ok(3)).unwrap();
         assert_eq!(outside.outside, 200);
         assert_eq!(outside.check("x").status, Status::Fail);
+    }
+
+    /// The engine's stream meets the known answers; a stream whose key lost its high word
+    /// (or any other stream) does not.
+    #[test]
+    fn the_stream_row_holds_the_known_answers() {
+        let c = stream_check();
+        assert_eq!(c.status, Status::Pass, "{c:?}");
+        assert_eq!(c.metrics["keys"], STREAM_KATS.len());
+        let low_key_only = stream_check_with(|seed, seq, step| {
+            let w = twin::philox4x32_10([step, seq, 0, 0], [seed as u32, 0])[0];
+            (w, f64::from(twin::uniform_from_philox(w)))
+        });
+        assert_eq!(low_key_only.status, Status::Fail);
+        assert_eq!(low_key_only.metrics["mismatches"], STREAM_KATS.len());
+        let m = low_key_only.first_mismatch.unwrap();
+        assert_eq!((m.step, m.row, m.index), (Some(7), 0, 0));
+        assert!(
+            low_key_only.message.contains("known 0xd0441c0d"),
+            "{}",
+            low_key_only.message
+        );
+    }
+
+    #[test]
+    fn positions_fail_where_seq_len_disagrees_and_when_nothing_was_checked() {
+        assert_eq!(Positions::default().check("p").status, Status::Fail);
+        let ok = Positions {
+            checked: 3,
+            ..Positions::default()
+        };
+        assert_eq!(ok.check("p").status, Status::Pass);
+        let bad = Positions {
+            checked: 3,
+            disagree: 1,
+            first: Some((SeqId(4), 7, 1)),
+        };
+        let c = bad.check("p");
+        assert_eq!(c.status, Status::Fail);
+        let m = c.first_mismatch.unwrap();
+        assert_eq!(
+            (m.step, m.index, m.reference, m.got),
+            (Some(7), 4, 7.0, 1.0)
+        );
     }
 
     #[test]

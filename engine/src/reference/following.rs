@@ -460,6 +460,38 @@ mod tests {
         assert!(matches!(f16_follow(1.0, one, next2, 1e-4), F16Step::Apart));
     }
 
+    /// The f16 `d` window scales with the block's grid: at `d32` near 0.05 (not 1, where a
+    /// window that divided by `d32` instead would be the same) a `d` on the far side of the
+    /// midpoint is a tie 2e-7 past it and a mismatch 8e-7 past it, the window being about
+    /// `d32 · 7.9e-6` = 4e-7.
+    #[test]
+    fn the_d_window_scales_with_the_grid() {
+        let own = f16::from_f64(0.05);
+        let next = f16::from_bits(own.to_bits() + 1);
+        let mid = (own.to_f64() + next.to_f64()) / 2.0;
+        let follow_d = |past: f64| {
+            let amax = (127.0 * (mid - past)) as f32;
+            let exact = amax as f64 / 127.0;
+            let mut x = vec![0.0f32; 32];
+            x[0] = amax;
+            let mut q = [0i8; 32];
+            q[0] = 127;
+            let e = BlockQ8_1 {
+                d: next,
+                s: f16::from_f64(127.0 * exact),
+                qs: q,
+            };
+            (mid - exact, follow(&x, e).1)
+        };
+        let (gap, rep) = follow_d(2e-7);
+        assert!((1e-7..3e-7).contains(&gap), "{gap}");
+        assert_eq!((rep.ties_d, rep.mismatch_count), (1, 0), "{rep:?}");
+        let (gap, rep) = follow_d(8e-7);
+        assert!((6e-7..1e-6).contains(&gap), "{gap}");
+        assert_eq!((rep.ties_d, rep.mismatch_count), (0, 1), "{rep:?}");
+        assert_eq!(rep.mismatches[0].field, "d");
+    }
+
     #[test]
     fn an_identical_block_is_silent_and_an_absent_one_untraced() {
         let x = tie_block();

@@ -198,16 +198,26 @@ const USAGE: &str = "usage: kernel-check [bench | compile [--arch ARCH]]\n\
   (no argument)  every kernel against its host twin, gate protocol; exit 0 pass, 1 fail\n\
   bench          device time per kernel call at the model geometries, as a table\n\
   compile        every kernel family through NVRTC (no GPU needed; ARCH default compute_90),\n\
-                 no FMA contraction where the twins mirror the composition, and a planted\n\
-                 compile error that must be rejected; exit 0 pass, 1 fail, 2 no NVRTC";
+                 no FMA contraction where the twins mirror the composition, the planted\n\
+                 defects' defines, and a planted compile error that must be rejected;\n\
+                 exit 0 pass, 1 fail, 2 no NVRTC";
+
+/// The planted defects' defines with a small family each plants something in: SiLU's
+/// `exp_model` (elementwise.cu) and `quantize_lane` (quantize.cu).
+const PLANTED: [(&str, &str); 2] = [
+    ("elementwise.cu", crate::cuda::EXP_DEFECT),
+    ("quantize.cu", crate::cuda::Q8_BLOCK_SUM_DEFECT),
+];
 
 /// `kernel-check compile`: every family compiled by NVRTC for `arch`, without the disk
 /// cache. A family whose text uses no `expf` must contain no FMA (the twins cannot mirror a
-/// contraction); the canary, a source with an undefined name on its line 3, must be rejected
-/// with that file and line. Needs libnvrtc only (`scripts/fetch-nvrtc` on machines without
-/// CUDA).
+/// contraction); each family of [`PLANTED`] compiled again under its planted defect's define
+/// must compile and give other PTX (a misspelt define would leave the defect unplanted, and
+/// code under an `#ifdef` is otherwise compiled only on a GPU under that defect); the
+/// canary, a source with an undefined name on its line 3, must be rejected with that file
+/// and line. Needs libnvrtc only (`scripts/fetch-nvrtc` on machines without CUDA).
 fn compile_all(arch: &'static str) -> i32 {
-    use crate::compile::{compile, nvrtc_version};
+    use crate::compile::{compile, compile_with, nvrtc_version};
     use crate::error::KernelError;
     use crate::sources::{ALL, KernelSource};
     let version = match nvrtc_version() {
@@ -250,6 +260,32 @@ fn compile_all(arch: &'static str) -> i32 {
             Err(e) => {
                 failed += 1;
                 println!("FAIL compile/{}: {e}", src.file);
+            }
+        }
+    }
+    for (file, define) in PLANTED {
+        let Some(src) = ALL.iter().find(|s| s.file == file) else {
+            failed += 1;
+            println!("FAIL compile/{file}+{define}: no family {file}");
+            continue;
+        };
+        match (
+            compile(src, arch, None),
+            compile_with(src, arch, None, &[define]),
+        ) {
+            (Ok(clean), Ok(planted)) if clean.ptx != planted.ptx => {
+                println!("PASS compile/{file}+{define} planted PTX differs");
+            }
+            (Ok(_), Ok(_)) => {
+                failed += 1;
+                println!(
+                    "FAIL compile/{file}+{define}: the PTX is the same with the define, so the \
+                     defect it plants is not compiled in (is the #ifdef spelt {define}?)"
+                );
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                failed += 1;
+                println!("FAIL compile/{file}+{define}: {e}");
             }
         }
     }

@@ -77,8 +77,10 @@ fn open_ordinal(ordinal: usize, doors: &Doors) -> Result<Gpu, String> {
             _ => format!("CUDA device {ordinal}: {e}"),
         }
     })?;
-    if doors.gate_defect == Some(GateDefect::ExpUlp) {
-        gpu.plant_exp_defect();
+    match doors.gate_defect {
+        Some(GateDefect::ExpUlp) => gpu.plant_defect(memra_kernels::cuda::EXP_DEFECT),
+        Some(GateDefect::Q8BlockSum) => gpu.plant_defect(memra_kernels::cuda::Q8_BLOCK_SUM_DEFECT),
+        _ => {}
     }
     gpu.load_decode()
         .map_err(|e| format!("compiling the kernels for {}: {e}", gpu.name()))?;
