@@ -6,9 +6,12 @@
 
 use std::time::Instant;
 
+use memra_kernels::twin;
+
 use crate::backend::Backend;
 use crate::error::EngineError;
 use crate::seq::SeqId;
+use crate::spec::{Drafting, SpecSeq, SpecStats, speculate};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -151,6 +154,98 @@ pub fn run(backend: &mut dyn Backend, plan: &BenchPlan) -> Result<Vec<BenchRow>,
         rows.push(BenchRow {
             what: format!("decode B={b} ({path}, {} steps)", plan.decode_steps),
             tokens: b * plan.decode_steps,
+            seconds: best.0,
+            cpu_seconds: best.1,
+        });
+    }
+    Ok(rows)
+}
+
+/// The prompts of the speculative measurements: one that repeats a motif of five tokens
+/// (the drafter's good case) and one of distinct-looking ids (its bad case), 32 tokens each.
+fn spec_prompts(n_vocab: usize) -> [(&'static str, Vec<u32>); 2] {
+    let motif = ids(5, n_vocab, 3);
+    [
+        (
+            "repetitive",
+            motif.iter().copied().cycle().take(32).collect(),
+        ),
+        ("non-repetitive", ids(32, n_vocab, 11)),
+    ]
+}
+
+/// Speculative decoding with drafts of up to `k` against plain greedy decoding, both at B=1
+/// on the batched path's composition (the one the verify runs), on [`spec_prompts`]: the
+/// `decode_steps` tokens after the prompt's own, prime excluded from the timing. Each
+/// speculative row names its tokens per verify and the accepted share of its drafts.
+pub fn run_spec(
+    backend: &mut dyn Backend,
+    plan: &BenchPlan,
+    k: usize,
+) -> Result<Vec<BenchRow>, EngineError> {
+    let n_vocab = backend.config().n_vocab;
+    let steps = plan.decode_steps;
+    let seq = SeqId(0);
+    let mut rows = Vec::new();
+    for (kind, prompt) in spec_prompts(n_vocab) {
+        let cap = prompt.len() + steps + 1;
+        let mut best = (f64::INFINITY, f64::NAN);
+        for _ in 0..plan.reps.max(1) {
+            backend.open_sequence(seq, cap)?;
+            let mut t = twin::argmax(&backend.prime(seq, &prompt)?);
+            let (done, wall, cpu) = timed(|| -> Result<(), EngineError> {
+                for _ in 0..steps {
+                    t = twin::argmax(&backend.decode_step_batch(&[seq], &[t])?);
+                }
+                Ok(())
+            });
+            backend.close_sequence(seq)?;
+            done?;
+            if wall < best.0 {
+                best = (wall, cpu);
+            }
+        }
+        rows.push(BenchRow {
+            what: format!("plain greedy B=1 (decode_step_batch, {kind} prompt)"),
+            tokens: steps,
+            seconds: best.0,
+            cpu_seconds: best.1,
+        });
+        let mut best = (f64::INFINITY, f64::NAN, SpecStats::default());
+        for _ in 0..plan.reps.max(1) {
+            backend.open_sequence(seq, cap)?;
+            let first = twin::argmax(&backend.prime(seq, &prompt)?);
+            let seqs = [SpecSeq {
+                seq,
+                prompt: prompt.clone(),
+                first,
+            }];
+            let (done, wall, cpu) = timed(|| {
+                speculate(
+                    &mut *backend,
+                    &seqs,
+                    k,
+                    steps + 1,
+                    Drafting::Lookup,
+                    false,
+                    &mut |_, _| false,
+                    &mut |_| {},
+                )
+            });
+            backend.close_sequence(seq)?;
+            let (_, stats) = done?;
+            if wall < best.0 {
+                best = (wall, cpu, stats);
+            }
+        }
+        let st = best.2;
+        rows.push(BenchRow {
+            what: format!(
+                "spec K={k} B=1 ({kind} prompt: {:.2} tokens/verify, {:.0}% of drafts accepted)",
+                st.tokens_per_verify(),
+                100.0 * st.acceptance()
+            ),
+            tokens: steps,
             seconds: best.0,
             cpu_seconds: best.1,
         });

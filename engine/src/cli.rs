@@ -70,6 +70,10 @@ enum Command {
         top_p: f32,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Speculative decoding with drafts of up to K tokens (prompt lookup, greedy
+        /// verify; needs --temp 0).
+        #[arg(long, value_name = "K")]
+        spec: Option<usize>,
     },
     /// Writes a deterministic synthetic checkpoint.
     Synth {
@@ -99,7 +103,8 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
-    /// CPU throughput table: decode tokens/s at B=1 and B=8, prefill tokens/s.
+    /// Throughput table of the backend the doors pick: decode tokens/s at B=1 and B=8,
+    /// prefill tokens/s (and speculative decoding with --spec K).
     Bench {
         /// Model to run; without it, the real SmolLM2 checkpoint in models/ when present,
         /// else a synthesized checkpoint of the smollm2-135m shape.
@@ -121,6 +126,11 @@ enum Command {
         /// "mmvq=1 nofuse=0 fa3=1" (the labels are the table's first column).
         #[arg(long, requires = "door_matrix")]
         only: Option<String>,
+        /// Also speculative decoding with drafts of up to K tokens against plain greedy at
+        /// B=1, on a repetitive and a non-repetitive prompt (tokens/s, tokens per verify,
+        /// accepted share of the drafts).
+        #[arg(long, value_name = "K", conflicts_with = "door_matrix")]
+        spec: Option<usize>,
     },
 }
 
@@ -231,6 +241,7 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             temp,
             top_p,
             seed,
+            spec,
         } => {
             let params = SamplingParams {
                 temperature: temp,
@@ -238,6 +249,17 @@ fn dispatch(command: Command) -> Result<(), Failure> {
                 seed,
             };
             params.validate().map_err(bad)?;
+            if spec == Some(0) {
+                return Err(bad(
+                    "--spec 0: give a draft length of at least 1, e.g. --spec 4",
+                ));
+            }
+            if spec.is_some() && temp != 0.0 {
+                return Err(bad(format!(
+                    "--spec verifies drafts greedily, so it needs --temp 0 (got --temp {temp}); \
+                     drop --spec to sample"
+                )));
+            }
             let doors = doors()?;
             check_model_path(&model)?;
             let mut engine = Engine::open(&model, doors)?;
@@ -251,17 +273,25 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             let mut stream = Utf8Stream::default();
             let mut stdout = std::io::stdout().lock();
             let mut bad_token = None;
-            let generated = engine
-                .generate(&ids, max_tokens, &params, |tok, t| {
-                    match tok.token_bytes(t) {
-                        Ok(bytes) => {
-                            let _ = write!(stdout, "{}", stream.push(&bytes));
-                            let _ = stdout.flush();
-                        }
-                        Err(e) => bad_token = Some(e),
+            let mut write_token =
+                |tok: &crate::tokenizer::Tokenizer, t: u32| match tok.token_bytes(t) {
+                    Ok(bytes) => {
+                        let _ = write!(stdout, "{}", stream.push(&bytes));
+                        let _ = stdout.flush();
                     }
-                })
-                .map_err(engine_failure);
+                    Err(e) => bad_token = Some(e),
+                };
+            let mut spec_stats = None;
+            let generated = match spec {
+                None => engine.generate(&ids, max_tokens, &params, &mut write_token),
+                Some(k) => engine
+                    .generate_spec(&ids, max_tokens, k, &mut write_token)
+                    .map(|(out, stats)| {
+                        spec_stats = Some(stats);
+                        out
+                    }),
+            }
+            .map_err(engine_failure);
             let _ = writeln!(stdout, "{}", stream.finish());
             if let Some(e) = bad_token {
                 return Err(failed(e));
@@ -273,6 +303,17 @@ fn dispatch(command: Command) -> Result<(), Failure> {
                 generated.len(),
                 generated.len() as f64 / secs
             );
+            if let Some(st) = spec_stats {
+                eprintln!(
+                    "memra-engine: speculative K={}: {} verifies, {:.2} tokens per verify, {} \
+                     of {} drafted tokens accepted",
+                    spec.unwrap_or(0),
+                    st.verifies,
+                    st.tokens_per_verify(),
+                    st.accepted,
+                    st.drafted
+                );
+            }
             Ok(())
         }
         Command::Synth {
@@ -339,6 +380,7 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             batch,
             door_matrix,
             only,
+            spec,
         } => {
             let doors = doors()?;
             let plan = BenchPlan {
@@ -358,7 +400,15 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             }
             let mut backend = crate::backend::open_backend(model, &doors).map_err(bad)?;
             let report = backend.doors_report().to_json();
-            let rows = bench::run(backend.as_mut(), &plan).map_err(engine_failure)?;
+            if spec == Some(0) {
+                return Err(bad(
+                    "--spec 0: give a draft length of at least 1, e.g. --spec 4",
+                ));
+            }
+            let mut rows = bench::run(backend.as_mut(), &plan).map_err(engine_failure)?;
+            if let Some(k) = spec {
+                rows.extend(bench::run_spec(backend.as_mut(), &plan, k).map_err(engine_failure)?);
+            }
             let threads = rayon::current_num_threads();
             println!(
                 "{}",

@@ -131,11 +131,25 @@ pub enum GateDefect {
     /// every block the backend recorded and rejects an `s` its tie window does not explain,
     /// fails every quantized arm (the Q8_0 ones on the block sums alone).
     Q8BlockSum,
+    /// A rewind of speculative decoding keeps one rejected slot: the sequence is cut to one
+    /// position more than asked, so the next token lands after a draft token the verify
+    /// rejected (`Backend::rewind`; both backends plant it). spec-gate's rewind invariance
+    /// row catches it, and spec-vs-plain with it.
+    RewindSlot,
+    /// The verify forward returns, for every column after a sequence's first, the logits
+    /// of the column before it: acceptance reads the wrong column (`Backend::verify_batch`,
+    /// both backends). spec-gate's verify-column row catches it, and spec-vs-plain with it.
+    VerifyColumn,
+    /// The split walk's boundary copy of a verify forward drops its last column: the next
+    /// stage reads that row's stale buffer. Only verify passes (several positions of one
+    /// sequence in a pass that is not a prompt) carry it, so `--mode pp` and every prompt
+    /// and decode step stay clean; `--mode ppspec` catches it.
+    StageColumn,
 }
 
 impl GateDefect {
     /// Every defect with its `MEMRA_GATE_DEFECT` value.
-    pub const ALL: [(GateDefect, &'static str); 10] = [
+    pub const ALL: [(GateDefect, &'static str); 13] = [
         (GateDefect::BatchReduction, "batch-reduction"),
         (GateDefect::StageRange, "stage-range"),
         (GateDefect::BoundaryCopy, "boundary-copy"),
@@ -146,6 +160,9 @@ impl GateDefect {
         (GateDefect::TopPCut, "top-p-cut"),
         (GateDefect::ExpUlp, "exp-ulp"),
         (GateDefect::Q8BlockSum, "q8-block-sum"),
+        (GateDefect::RewindSlot, "rewind-slot"),
+        (GateDefect::VerifyColumn, "verify-column"),
+        (GateDefect::StageColumn, "stage-column"),
     ];
 
     pub fn as_str(self) -> &'static str {

@@ -135,6 +135,74 @@ impl Engine {
         Ok(out)
     }
 
+    /// [`Engine::generate`] greedily with speculative decoding: the prompt-lookup drafter
+    /// proposes up to `k` tokens a round, one verify forward scores them, the longest
+    /// agreeing prefix is kept and the cache rewound past the rest ([`crate::spec`]). The
+    /// stream is the batched path's greedy stream (the verify runs its composition), which
+    /// under the default pins may part from [`Engine::generate`]'s single-sequence path at a
+    /// near-tie, as the two paths do without speculation. Returns the ids and the counters.
+    pub fn generate_spec(
+        &mut self,
+        prompt: &[u32],
+        max_tokens: usize,
+        k: usize,
+        mut emit: impl FnMut(&Tokenizer, u32),
+    ) -> Result<(Vec<u32>, crate::spec::SpecStats), EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::Empty { what: "prompt" });
+        }
+        let n_ctx = self.backend.config().n_ctx;
+        if prompt.len() >= n_ctx {
+            return Err(EngineError::CacheFull {
+                seq: SEQ,
+                len: 0,
+                capacity: n_ctx,
+                adding: prompt.len() + 1,
+            });
+        }
+        let max_tokens = max_tokens.min(n_ctx - prompt.len());
+        if max_tokens == 0 {
+            return Ok((Vec::new(), crate::spec::SpecStats::default()));
+        }
+        self.backend.open_sequence(SEQ, prompt.len() + max_tokens)?;
+        let eos = self.tokenizer.eos();
+        let tokenizer = &self.tokenizer;
+        let backend = &mut self.backend;
+        let result = (|| {
+            let logits = backend.prime(SEQ, prompt)?;
+            let first = memra_kernels::twin::argmax(&logits);
+            let seqs = [crate::spec::SpecSeq {
+                seq: SEQ,
+                prompt: prompt.to_vec(),
+                first,
+            }];
+            let mut on_token = |_: usize, t: u32| {
+                if Some(t) == eos {
+                    return true;
+                }
+                emit(tokenizer, t);
+                false
+            };
+            crate::spec::speculate(
+                &mut **backend,
+                &seqs,
+                k,
+                max_tokens,
+                crate::spec::Drafting::Lookup,
+                false,
+                &mut on_token,
+                &mut |_| {},
+            )
+        })();
+        self.backend.close_sequence(SEQ)?;
+        let (mut streams, stats) = result?;
+        let mut out = streams.remove(0);
+        if out.last().is_some_and(|&t| Some(t) == eos) {
+            out.pop();
+        }
+        Ok((out, stats))
+    }
+
     /// Logits after every position of `tokens` (`[T, n_vocab]`, row i after position i),
     /// computed by prefill in a fresh sequence.
     pub fn logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {

@@ -25,6 +25,8 @@ pub enum EngineError {
         capacity: usize,
         adding: usize,
     },
+    #[error("cannot rewind {seq} to {to} positions: it holds {len}; a rewind only drops positions")]
+    RewindPast { seq: SeqId, len: usize, to: usize },
     #[error("capacity {capacity} is outside 1..={n_ctx} (the model's context length)")]
     BadCapacity { capacity: usize, n_ctx: usize },
     #[error("token {token} is outside the vocabulary (n_vocab = {n_vocab})")]

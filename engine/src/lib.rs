@@ -15,5 +15,6 @@ pub mod quant;
 pub mod reference;
 pub mod sampling;
 pub mod seq;
+pub mod spec;
 pub mod synth;
 pub mod tokenizer;

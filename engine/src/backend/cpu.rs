@@ -25,7 +25,7 @@ use super::stages::{StagePlan, boundary_copy};
 use super::trace::{ActivationTrace, Composition, Site, SiteKey, SiteRecord};
 use super::{
     Backend, RowSpec, TokenSite, batch_rows, canary_token, check_row_params, check_token, norm_eps,
-    prompt_commit, reserve_positions,
+    prompt_commit, reserve_positions, rewind_len, verify_column_defect, verify_rows,
 };
 use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::error::EngineError;
@@ -90,6 +90,17 @@ pub struct CpuBackend {
     /// The activation trace being recorded, when enabled ([`Backend::start_trace`]); with
     /// `None` no site is copied anywhere.
     trace: Option<ActivationTrace>,
+}
+
+/// What a forward pass is, for the planted defects that belong to one kind of pass.
+#[derive(Debug, Clone, Copy, Default)]
+struct PassKind {
+    /// A batched decode step: the `batch-reduction` defect applies (when the pass has two
+    /// or more rows). A verify forward is not one: its columns are held to the sequence's
+    /// steps at B=1.
+    batched: bool,
+    /// A verify forward: the `stage-column` defect applies.
+    verify: bool,
 }
 
 /// How a forward pass walks the stages.
@@ -206,20 +217,20 @@ impl CpuBackend {
         tier: Tier,
         logits_rows: Range<usize>,
     ) -> Result<Vec<f32>, EngineError> {
-        self.forward_walk(rows, tier, logits_rows, Walk::Split, false)
+        self.forward_walk(rows, tier, logits_rows, Walk::Split, PassKind::default())
     }
 
-    /// [`CpuBackend::forward`] with the walk over the stages chosen, `batched` saying whether
-    /// the rows are one batched decode step (where the test-only `batch-reduction` defect
-    /// applies).
+    /// [`CpuBackend::forward`] with the walk over the stages and the kind of pass chosen
+    /// (where the test-only `batch-reduction` and `stage-column` defects apply).
     fn forward_walk(
         &mut self,
         rows: &[RowSpec],
         tier: Tier,
         logits_rows: Range<usize>,
         walk: Walk,
-        batched: bool,
+        kind: PassKind,
     ) -> Result<Vec<f32>, EngineError> {
+        let batched = kind.batched;
         let c = self.config.clone();
         let n = rows.len();
         let mut x = vec![0.0f32; n * c.n_embd];
@@ -251,12 +262,21 @@ impl CpuBackend {
             }
             Walk::Split => {
                 let skip_copy = self.doors.gate_defect == Some(GateDefect::BoundaryCopy);
+                let drop_column =
+                    kind.verify && self.doors.gate_defect == Some(GateDefect::StageColumn);
                 for s in 0..self.stages.len() {
                     if s == 0 {
                         boundary_copy(&x, &mut self.stages[0].input);
                     } else if skip_copy {
                         // The planted defect: the stage runs on whatever its buffer held.
                         self.stages[s].input.resize(x.len(), 0.0);
+                    } else if drop_column {
+                        // The planted defect: the last column keeps the stale buffer.
+                        let (done, rest) = self.stages.split_at_mut(s);
+                        let (from, to) = (&done[s - 1].input, &mut rest[0].input);
+                        to.resize(from.len(), 0.0);
+                        let keep = from.len() - c.n_embd;
+                        to[..keep].copy_from_slice(&from[..keep]);
                     } else {
                         let (done, rest) = self.stages.split_at_mut(s);
                         boundary_copy(&done[s - 1].input, &mut rest[0].input);
@@ -786,6 +806,34 @@ impl Backend for CpuBackend {
         self.batch_step(seqs, tokens, Walk::Unsplit)
     }
 
+    fn verify_batch(
+        &mut self,
+        seqs: &[SeqId],
+        drafts: &[Vec<u32>],
+    ) -> Result<Vec<f32>, EngineError> {
+        self.verify_walk(seqs, drafts, Walk::Split)
+    }
+
+    fn verify_batch_unsplit(
+        &mut self,
+        seqs: &[SeqId],
+        drafts: &[Vec<u32>],
+    ) -> Result<Vec<f32>, EngineError> {
+        if self.stages.len() > 1 && !self.doors.pp_allow_unsplit_batch {
+            return Err(EngineError::Unavailable(self.plan().unsplit_refusal()));
+        }
+        self.verify_walk(seqs, drafts, Walk::Unsplit)
+    }
+
+    fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
+        let st = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(EngineError::UnknownSequence(seq))?;
+        st.len = rewind_len(&self.doors, seq, st.len, len)?;
+        Ok(())
+    }
+
     fn start_trace(&mut self) -> bool {
         self.trace.get_or_insert_with(ActivationTrace::new);
         true
@@ -869,7 +917,11 @@ impl CpuBackend {
         let rows = batch_rows(seqs, tokens, &self.doors, self.config.n_vocab, |seq| {
             self.reserve(seq, 1)
         })?;
-        let logits = self.forward_walk(&rows, Tier::Separate, 0..rows.len(), walk, true)?;
+        let kind = PassKind {
+            batched: true,
+            verify: false,
+        };
+        let logits = self.forward_walk(&rows, Tier::Separate, 0..rows.len(), walk, kind)?;
         for &seq in seqs {
             self.commit_positions(seq, 1);
         }
@@ -878,6 +930,30 @@ impl CpuBackend {
 }
 
 impl CpuBackend {
+    /// One verify forward over `walk` in the separate composition (the batched path's):
+    /// validates every row before any cache moves.
+    fn verify_walk(
+        &mut self,
+        seqs: &[SeqId],
+        drafts: &[Vec<u32>],
+        walk: Walk,
+    ) -> Result<Vec<f32>, EngineError> {
+        let rows = verify_rows(seqs, drafts, self.config.n_vocab, |seq, n| {
+            self.reserve(seq, n)
+        })?;
+        let kind = PassKind {
+            batched: false,
+            verify: true,
+        };
+        let mut logits = self.forward_walk(&rows, Tier::Separate, 0..rows.len(), walk, kind)?;
+        for (&seq, d) in seqs.iter().zip(drafts) {
+            self.commit_positions(seq, d.len());
+        }
+        let lens: Vec<usize> = drafts.iter().map(Vec::len).collect();
+        verify_column_defect(&self.doors, &lens, &mut logits, self.config.n_vocab);
+        Ok(logits)
+    }
+
     /// The rows of a prompt appended to `seq`, checked against the vocabulary and the
     /// sequence's capacity.
     fn prompt_rows(&self, seq: SeqId, tokens: &[u32]) -> Result<Vec<RowSpec>, EngineError> {

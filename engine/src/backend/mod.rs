@@ -80,6 +80,37 @@ pub trait Backend: Send {
         ))
     }
 
+    /// The verify forward of speculative decoding: appends `drafts[b]` (T_b ≥ 1 tokens: the
+    /// last accepted token, then the draft) to `seqs[b]` in one pass and returns the logits
+    /// after every appended position, sequence by sequence: `[ΣT_b, n_vocab]`. It runs the
+    /// batched path's composition, so column j of sequence b is bit-identical to the logits
+    /// [`Backend::decode_step_batch`] returns for the same token at the same position.
+    /// Every row is checked ([`verify_rows`]) before any cache moves; the positions stay
+    /// appended until [`Backend::rewind`] drops the rejected ones.
+    fn verify_batch(
+        &mut self,
+        seqs: &[SeqId],
+        drafts: &[Vec<u32>],
+    ) -> Result<Vec<f32>, EngineError>;
+
+    /// [`Backend::verify_batch`] through the unsplit body, refused on a split placement like
+    /// [`Backend::decode_step_batch_unsplit`] (the ppspec gate's localizer).
+    fn verify_batch_unsplit(
+        &mut self,
+        seqs: &[SeqId],
+        drafts: &[Vec<u32>],
+    ) -> Result<Vec<f32>, EngineError> {
+        let _ = (seqs, drafts);
+        Err(EngineError::Unavailable(
+            "this backend has no unsplit verify walk (verify_batch_unsplit)".into(),
+        ))
+    }
+
+    /// Cuts `seq` back to its first `len` positions, as if the rest were never appended:
+    /// later positions are written over and no attention reads past the length. Refused
+    /// ([`EngineError::RewindPast`]) when `len` exceeds what the sequence holds.
+    fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError>;
+
     /// The `[B, n_vocab]` logits parked by the last [`Backend::decode_step_batch_sampled`]
     /// (the lean tick, which returns only tokens), bit-identical to what
     /// [`Backend::decode_step_batch`] returns for the same step.
@@ -235,6 +266,92 @@ pub(crate) fn batch_rows(
         rows.push(RowSpec { seq, pos, token });
     }
     Ok(rows)
+}
+
+/// The rows of one verify forward, validated before any cache moves: one draft per
+/// sequence, no sequence twice, no empty draft, every token in the vocabulary, and room in
+/// every cache (`reserve(seq, n)` returns the first of `n` positions, or why there are
+/// none). Rows go sequence by sequence, each draft's positions in order. Verify rows are no
+/// canary site ([`canary_token`]): the plumbing canary belongs to the prompt and decode
+/// paths.
+pub(crate) fn verify_rows(
+    seqs: &[SeqId],
+    drafts: &[Vec<u32>],
+    n_vocab: usize,
+    reserve: impl Fn(SeqId, usize) -> Result<usize, EngineError>,
+) -> Result<Vec<RowSpec>, EngineError> {
+    if seqs.len() != drafts.len() {
+        return Err(EngineError::BatchShape {
+            seqs: seqs.len(),
+            tokens: drafts.len(),
+        });
+    }
+    if seqs.is_empty() {
+        return Err(EngineError::Empty {
+            what: "verify batch",
+        });
+    }
+    let mut rows = Vec::with_capacity(drafts.iter().map(Vec::len).sum());
+    for (b, (&seq, draft)) in seqs.iter().zip(drafts).enumerate() {
+        if seqs[..b].contains(&seq) {
+            return Err(EngineError::DuplicateInBatch { seq });
+        }
+        if draft.is_empty() {
+            return Err(EngineError::Empty {
+                what: "verify draft",
+            });
+        }
+        for &t in draft {
+            check_token(t, n_vocab)?;
+        }
+        let start = reserve(seq, draft.len())?;
+        rows.extend(draft.iter().enumerate().map(|(i, &token)| RowSpec {
+            seq,
+            pos: start + i,
+            token,
+        }));
+    }
+    Ok(rows)
+}
+
+/// The length a rewind of `seq` (holding `len`) to `to` leaves: `to`, or why not. Under
+/// the test-only `rewind-slot` defect a rewind that drops anything keeps one rejected slot.
+/// Shared by every backend so the defect reaches each alike.
+pub(crate) fn rewind_len(
+    doors: &Doors,
+    seq: SeqId,
+    len: usize,
+    to: usize,
+) -> Result<usize, EngineError> {
+    if to > len {
+        return Err(EngineError::RewindPast { seq, len, to });
+    }
+    if to < len && doors.gate_defect == Some(GateDefect::RewindSlot) {
+        return Ok(to + 1);
+    }
+    Ok(to)
+}
+
+/// The test-only `verify-column` defect on a verify forward's logits (`[ΣT_b, n_vocab]`,
+/// drafts of `lens`): every column after a sequence's first takes the column before it.
+/// Shared by every backend so the defect reaches each alike.
+pub(crate) fn verify_column_defect(
+    doors: &Doors,
+    lens: &[usize],
+    logits: &mut [f32],
+    n_vocab: usize,
+) {
+    if doors.gate_defect != Some(GateDefect::VerifyColumn) {
+        return;
+    }
+    let mut start = 0;
+    for &t in lens {
+        for j in (1..t).rev() {
+            let (a, b) = logits.split_at_mut((start + j) * n_vocab);
+            b[..n_vocab].copy_from_slice(&a[(start + j - 1) * n_vocab..]);
+        }
+        start += t;
+    }
 }
 
 /// Opens the backend the doors ask for: `cpu`; `cuda`, failing with what is missing when no

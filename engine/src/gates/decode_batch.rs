@@ -34,6 +34,9 @@ pub enum Mode {
     Strict,
     /// The pipeline split against the unsplit body: split, localizer, epilogue.
     Pp,
+    /// The verify forward of speculative decoding split across pipeline stages against the
+    /// unsplit verify, per column, per round, for every `--ts`: split and localizer.
+    Ppspec,
 }
 
 /// Flags of `decode-batch-gate`. Exit status: 0 pass, 1 a check failed, 2 bad flags,
@@ -65,6 +68,10 @@ pub struct Args {
     /// Base prompt length; rows get uneven lengths from plen to plen+4.
     #[arg(long, default_value_t = 8)]
     pub plen: usize,
+    /// Verify widths T = K+1 (ppspec mode), comma-separated: every round verifies the
+    /// pending token and K draft tokens.
+    #[arg(long)]
+    pub ts: Option<String>,
 }
 
 /// Validated settings.
@@ -76,6 +83,7 @@ struct Settings {
     stages: Option<usize>,
     reps: usize,
     plen: usize,
+    ts: Vec<usize>,
 }
 
 /// Prompt draws of gate1 in config mode, and how many diverging early make it fail.
@@ -138,12 +146,19 @@ fn settings(args: &Args) -> Result<Settings, GateError> {
     if args.plen == 0 {
         return Err(GateError::new("--plen 0: prompts need at least one token"));
     }
-    if args.stages.is_some() && args.mode != Mode::Pp {
+    let split_mode = matches!(args.mode, Mode::Pp | Mode::Ppspec);
+    if args.stages.is_some() && !split_mode {
         return Err(GateError::new(
-            "--stages only applies to --mode pp; for the other modes split the model with \
-             MEMRA_PP_STAGES",
+            "--stages only applies to --mode pp and ppspec; for the other modes split the \
+             model with MEMRA_PP_STAGES",
         ));
     }
+    if args.ts.is_some() && args.mode != Mode::Ppspec {
+        return Err(GateError::new(
+            "--ts only applies to --mode ppspec (the verify widths T = K+1)",
+        ));
+    }
+    let ts = super::spec::parse_list("--ts", args.ts.as_deref().unwrap_or("2,5,9"), 2)?;
     if args.stages.is_some_and(|s| s < 2) {
         return Err(GateError::new(
             "--stages must be >= 2: a pipeline split needs at least two stages",
@@ -156,6 +171,7 @@ fn settings(args: &Args) -> Result<Settings, GateError> {
         stages: args.stages,
         reps: args.reps,
         plen: args.plen,
+        ts,
     })
 }
 
@@ -171,7 +187,12 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
             args.model.display()
         ))
     })?;
-    let need = s.plen + 4 + s.steps + 1;
+    let widest = if s.mode == Mode::Ppspec {
+        s.ts.iter().copied().max().unwrap_or(1)
+    } else {
+        1
+    };
+    let need = s.plen + 4 + s.steps * if s.mode == Mode::Ppspec { 2 } else { 1 } + widest;
     if need > model.config.n_ctx {
         return Err(GateError::new(format!(
             "--plen {} and --steps {} need {need} positions but the model's context is {}; \
@@ -187,6 +208,7 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
             batch_gates(&mut *be, &doors, &s, &mut rep)?;
         }
         Mode::Pp => pp_gate(model, &doors, &s, &mut rep)?,
+        Mode::Ppspec => ppspec_gate(model, &doors, &s, &mut rep)?,
     }
     Ok(rep.finish())
 }
@@ -199,6 +221,7 @@ fn gate_extra(s: &Settings) -> Vec<(&'static str, serde_json::Value)> {
                 Mode::Config => "config",
                 Mode::Strict => "strict",
                 Mode::Pp => "pp",
+                Mode::Ppspec => "ppspec",
             }),
         ),
         (
@@ -673,6 +696,170 @@ fn pp_gate(
     Ok(())
 }
 
+/// `--mode ppspec`: speculative decoding with drafts filled to K = T-1 on the split
+/// candidate against the unsplit reference, every verify column of every round bit for bit
+/// and every round's inputs (the drafter is re-seeded from the accepted tokens, so the
+/// inputs are the state it carries from round to round), acceptances and cache lengths after
+/// the rewind equal. The split arm
+/// runs `--reps` times; the localizer runs the candidate's verify through its unsplit body.
+///
+/// Unlike `--mode pp`, the reference keeps the candidate's planted defects and canary: on
+/// one stage the stage defects are no-ops, so the comparison sees the split alone and a
+/// defect of the verify or the rewind (spec-gate's) cannot fail it.
+fn ppspec_gate(
+    model: LlamaModel,
+    doors: &Doors,
+    s: &Settings,
+    rep: &mut Reporter,
+) -> Result<(), GateError> {
+    use super::spec::speculative;
+    use crate::spec::{Drafting, Round};
+    let (split_doors, _) = pp_doors(doors, s)?;
+    let ref_doors = Doors {
+        pp_stages: 1,
+        pp_devices: vec![split_doors.pp_devices[0]],
+        pp_splits: PpSplits::Even,
+        pp_allow_unsplit_batch: false,
+        ..doors.clone()
+    };
+    let n_vocab = model.config.n_vocab;
+    let open = |m, d: &Doors| open_backend(m, d).map_err(|e| GateError::new(e.to_string()));
+    let mut reference = open(model.clone(), &ref_doors)?;
+    let mut split = open(model, &split_doors)?;
+    let mut extra = gate_extra(s);
+    extra.push(("reps", json!(s.reps)));
+    extra.push((
+        "spec_ts",
+        json!(
+            s.ts.iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    ));
+    extra.push(("spec_drafter", json!("prompt-lookup, filled to K")));
+    extra.push((
+        "reference_pp_stages",
+        json!(reference.doors_report().pp_stages),
+    ));
+    rep.header(&split.doors_report(), &split_doors, &extra)?;
+
+    let compare_rounds = |l: &mut Ledger, want: &[Round], got: &[Round]| {
+        if want.len() != got.len() {
+            l.tokens(None, &[want.len() as u32], &[got.len() as u32]);
+        }
+        for (r, (w, g)) in want.iter().zip(got).enumerate() {
+            l.logits(Some(r), &w.logits, &g.logits, n_vocab);
+            let flat = |x: &Round| -> Vec<u32> {
+                x.inputs
+                    .iter()
+                    .flatten()
+                    .copied()
+                    .chain(x.accepted.iter().map(|&m| m as u32))
+                    .chain(x.kept.iter().map(|&n| n as u32))
+                    .collect()
+            };
+            l.tokens(Some(r), &flat(w), &flat(g));
+        }
+    };
+    let mut split_l = Ledger::default();
+    let mut local_l = Ledger::default();
+    let mut errors: [Vec<String>; 2] = Default::default();
+    let mut reps_failed = 0usize;
+    let mut rounds = 0usize;
+    for &b in &s.batches {
+        let ps = prompts(n_vocab, b, s.plen, doors.gate_seed, 0);
+        for &t in &s.ts {
+            let k = t - 1;
+            let (_, _, want) =
+                speculative(&mut *reference, &ps, s.steps, k, Drafting::Fixed, false).map_err(
+                    |e| {
+                        GateError::new(format!(
+                            "the unsplit reference could not run at B={b}, T={t}: {e}"
+                        ))
+                    },
+                )?;
+            rounds += want.len();
+            for r in 0..s.reps {
+                match speculative(&mut *split, &ps, s.steps, k, Drafting::Fixed, false) {
+                    Ok((_, _, got)) => {
+                        let mut one = Ledger::default();
+                        compare_rounds(&mut one, &want, &got);
+                        reps_failed += usize::from(!one.clean());
+                        split_l.absorb(&one);
+                    }
+                    Err(e) => errors[0].push(format!("B={b} T={t} rep {r}: {e}")),
+                }
+            }
+            // The localizer primes through its own walk too, and so does its reference, so a
+            // broken split walk cannot reach it through the prompt.
+            let local = speculative(&mut *split, &ps, s.steps, k, Drafting::Fixed, true).and_then(
+                |(_, _, got)| {
+                    let (_, _, want) =
+                        speculative(&mut *reference, &ps, s.steps, k, Drafting::Fixed, true)?;
+                    Ok((want, got))
+                },
+            );
+            match local {
+                Ok((want, got)) => compare_rounds(&mut local_l, &want, &got),
+                Err(e) => errors[1].push(format!("B={b} T={t}: {e}")),
+            }
+        }
+    }
+    let split_ok = split_l.clean() && errors[0].is_empty();
+    let local_ok = local_l.clean() && errors[1].is_empty();
+    let diagnosis = match (split_ok, local_ok) {
+        (true, _) => String::new(),
+        (false, false) if !errors[1].is_empty() => {
+            "; the localizer could not run, so the failure is not localized".into()
+        }
+        (false, true) => {
+            "; the localizer passes, so the stage split of the verify (the per-stage walk or \
+             its boundary copies) is at fault"
+                .into()
+        }
+        (false, false) => {
+            "; the localizer fails too, so the stage-owned placement is at fault".into()
+        }
+    };
+    let ts =
+        s.ts.iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+    let runs = s.reps * s.batches.len() * s.ts.len();
+    let arms = [
+        (
+            "ppspec.split",
+            split_l,
+            format!(
+                "split verify vs unsplit reference, per column per round (T={ts}, {rounds} \
+                 reference rounds): {reps_failed} of {runs} runs ({} reps) differ{diagnosis}",
+                s.reps
+            ),
+        ),
+        (
+            "ppspec.localizer",
+            local_l,
+            format!("unsplit verify walked over the split placement vs unsplit reference (T={ts})"),
+        ),
+    ];
+    for ((name, ledger, what), errs) in arms.into_iter().zip(errors) {
+        let mut c = ledger.check(name, &what);
+        if name == "ppspec.split" {
+            c = c
+                .metric("reps_failed", reps_failed)
+                .metric("rounds", rounds);
+        }
+        if !errs.is_empty() {
+            c.status = Status::Fail;
+            c.message = format!("{what}: the engine refused: {}", errs.join("; "));
+        }
+        rep.check(&c)?;
+    }
+    Ok(())
+}
+
 /// Adds one candidate trace to an arm's ledger: logits bit for bit, and with `tokens` the
 /// chosen tokens too.
 fn compare(l: &mut Ledger, reference: &Trace, got: &Trace, n_vocab: usize, tokens: bool) {
@@ -765,6 +952,16 @@ mod tests {
             tokens: &[u32],
         ) -> Result<Vec<f32>, EngineError> {
             self.0.decode_step_batch(seqs, tokens)
+        }
+        fn verify_batch(
+            &mut self,
+            seqs: &[SeqId],
+            drafts: &[Vec<u32>],
+        ) -> Result<Vec<f32>, EngineError> {
+            self.0.verify_batch(seqs, drafts)
+        }
+        fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
+            self.0.rewind(seq, len)
         }
         fn parked_logits(&self) -> Result<Vec<f32>, EngineError> {
             self.0.parked_logits()

@@ -4,7 +4,8 @@
 //! host f32 oracle and the loader to its banked goldens; `exact-gate` ([`exact`]) holds the
 //! engine statistically to the exact float64 model of its weights; `sampling-gate`
 //! ([`sampling`], its statistics in [`chi_square`]) holds the sampled tokens to an
-//! independent reference sampler; `cuda-check` ([`cuda_check`]) holds
+//! independent reference sampler; `spec-gate` ([`spec`]) holds speculative decoding (draft,
+//! verify, rewind) to plain greedy decoding; `cuda-check` ([`cuda_check`]) holds
 //! the CUDA backend to the oracle, the CPU backend and itself on a GPU.
 //!
 //! This module tree owns the gates' logic; the binaries in `src/bin/` only call `main`. The
@@ -22,4 +23,5 @@ pub mod ledger;
 pub mod protocol;
 pub mod reference;
 pub mod sampling;
+pub mod spec;
 pub mod workload;

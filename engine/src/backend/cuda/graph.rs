@@ -40,6 +40,9 @@ pub(super) struct GraphKey {
     /// ([`PassCtx::reversed_head_norm`]): a graph replays only for passes that want the
     /// launches it was captured with.
     pub(super) reversed_head_norm: bool,
+    /// The rows each boundary copy moves ([`PassCtx::boundary_rows`]): fewer than `rows`
+    /// only under the test-only `stage-column` defect of a verify pass.
+    pub(super) boundary_rows: usize,
 }
 
 /// Captures the launches of segment `k` of one pass as a graph on its device's stream.

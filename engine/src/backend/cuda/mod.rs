@@ -85,13 +85,15 @@ use tap::Tap;
 /// passes (rows are independent, so the split changes no bit).
 pub const MAX_ROWS: usize = 64;
 
-/// What a pass computes: a prompt chunk (eager launches), a single-sequence decode step or
-/// a step of the batched path (both replayed as CUDA graphs).
+/// What a pass computes: a prompt chunk (eager launches), a single-sequence decode step, a
+/// step of the batched path or a verify forward (the last three
+/// replayed as CUDA graphs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PassKind {
     Prompt,
     Single,
     Batched,
+    Verify,
 }
 
 /// Which composition a pass runs (see the module docs).
@@ -426,6 +428,15 @@ impl CudaBackend {
         let reversed_head_norm = kind == PassKind::Batched
             && n >= 2
             && self.doors.gate_defect == Some(GateDefect::BatchReduction);
+        // The test-only `stage-column` defect: a verify pass's boundary copies drop the last
+        // row, so the next stage reads that row's stale buffer.
+        let boundary_rows = if kind == PassKind::Verify
+            && self.doors.gate_defect == Some(GateDefect::StageColumn)
+        {
+            n - 1
+        } else {
+            n
+        };
         let ctx = PassCtx {
             dm: &dm,
             family: self.family,
@@ -438,6 +449,7 @@ impl CudaBackend {
             walk,
             skip_boundary_copy: self.doors.gate_defect == Some(GateDefect::BoundaryCopy),
             reversed_head_norm,
+            boundary_rows,
             eps: norm_eps(&self.doors, tier == Tier::Fused, c.rms_eps),
             kptr: &bufs.kptr,
             vptr: &bufs.vptr,
@@ -459,6 +471,7 @@ impl CudaBackend {
             walk,
             fuse_rope,
             reversed_head_norm,
+            boundary_rows,
         };
         let replay = kind != PassKind::Prompt && self.use_graphs && self.trace.is_none();
         let mut tap = Tap {
@@ -766,6 +779,35 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// One verify forward over `walk` in passes of [`MAX_ROWS`] rows, the separate
+    /// composition (the batched path's): validates every row before any cache moves.
+    fn verify_walk(
+        &mut self,
+        seqs: &[SeqId],
+        drafts: &[Vec<u32>],
+        walk: Walk,
+    ) -> Result<Vec<f32>, EngineError> {
+        let n_vocab = self.dm.config.n_vocab;
+        let rows = super::verify_rows(seqs, drafts, n_vocab, |seq, n| self.reserve(seq, n))?;
+        let mut out = Vec::with_capacity(rows.len() * n_vocab);
+        for chunk in rows.chunks(MAX_ROWS) {
+            self.pass(
+                chunk,
+                Tier::Separate,
+                walk,
+                PassKind::Verify,
+                0..chunk.len(),
+            )?;
+            out.extend(self.download_logits(chunk.len())?);
+        }
+        for (&seq, d) in seqs.iter().zip(drafts) {
+            self.commit(seq, d.len());
+        }
+        let lens: Vec<usize> = drafts.iter().map(Vec::len).collect();
+        super::verify_column_defect(&self.doors, &lens, &mut out, n_vocab);
+        Ok(out)
+    }
+
     /// Refuses the unsplit walk, before anything runs, when the primary cannot access
     /// every other device's memory: the walk runs each layer on the primary and reads the
     /// weights, KV caches and cache tables where they live.
@@ -829,6 +871,9 @@ struct PassCtx<'a> {
     /// followed by `rmsnorm_quantize_reversed`, which rewrites its outputs in the fused
     /// composition from a sum of squares in reverse order, and the logits are post-scaled.
     reversed_head_norm: bool,
+    /// The rows every boundary copy of this pass moves: all `n`, but one fewer under the
+    /// test-only `stage-column` defect of a verify pass.
+    boundary_rows: usize,
     /// The rms epsilon of this pass's norm steps (`backend::norm_eps`: the model's, but for
     /// the fused tier under the test-only `fused-norm` defect). A process's doors never
     /// change, so graphs captured with it replay only passes that want it.
@@ -968,6 +1013,35 @@ impl Backend for CudaBackend {
         }
         self.check_unsplit_reach()?;
         self.batch_step(seqs, tokens, Walk::Unsplit)
+    }
+
+    fn verify_batch(
+        &mut self,
+        seqs: &[SeqId],
+        drafts: &[Vec<u32>],
+    ) -> Result<Vec<f32>, EngineError> {
+        self.verify_walk(seqs, drafts, Walk::Split)
+    }
+
+    fn verify_batch_unsplit(
+        &mut self,
+        seqs: &[SeqId],
+        drafts: &[Vec<u32>],
+    ) -> Result<Vec<f32>, EngineError> {
+        if self.plan.is_split() && !self.doors.pp_allow_unsplit_batch {
+            return Err(EngineError::Unavailable(self.plan.unsplit_refusal()));
+        }
+        self.check_unsplit_reach()?;
+        self.verify_walk(seqs, drafts, Walk::Unsplit)
+    }
+
+    fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
+        let st = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(EngineError::UnknownSequence(seq))?;
+        st.len = super::rewind_len(&self.doors, seq, st.len, len)?;
+        Ok(())
     }
 
     fn start_trace(&mut self) -> bool {

@@ -94,7 +94,7 @@ pub(super) fn hand_over(
         .get_mut(first)
         .and_then(Option::as_mut)
         .ok_or_else(|| missing(first))?;
-    let m = ctx.n * ctx.dm.config.n_embd;
+    let m = ctx.boundary_rows * ctx.dm.config.n_embd;
     handoff.ready.record(dst_gpu).map_err(kernel_err)?;
     handoff.ready.wait(src_gpu).map_err(kernel_err)?;
     if !ctx.skip_boundary_copy {

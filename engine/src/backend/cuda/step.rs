@@ -274,8 +274,8 @@ impl<'a> Step<'a> {
         sx: &'a mut CudaSlice<f32>,
         sd: &'a mut CudaSlice<f32>,
     ) -> Result<(), KernelError> {
-        let (n, d) = (self.ctx.n, self.ctx.dm.config.n_embd);
-        if !self.ctx.skip_boundary_copy {
+        let (n, d) = (self.ctx.boundary_rows, self.ctx.dm.config.n_embd);
+        if !self.ctx.skip_boundary_copy && n > 0 {
             let m = n * d;
             let stream = self.gpu.stream();
             stream

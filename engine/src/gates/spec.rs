@@ -1,0 +1,590 @@
+//! `spec-gate`: speculative decoding is exact. `spec.plain` holds the speculative greedy
+//! stream to plain greedy decoding byte for byte, for every draft length K, single and
+//! batched; `spec.column` holds every verify column to the same position decoded alone at
+//! B=1; `spec.rewind` holds the steps after a rewind to a cache that never saw the rejected
+//! tokens.
+//!
+//! It owns the flags, the arms and their verdicts. The drafter, acceptance and the loop are
+//! [`crate::spec`]'s; programs and ledgers come from [`super::workload`] and
+//! [`super::ledger`], the protocol from [`super::protocol`]. `docs/gates.md` says what each
+//! row proves and how to read a failure.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use memra_kernels::twin;
+use memra_protocol::{Check, Status};
+use serde_json::json;
+
+use super::ledger::Ledger;
+use super::protocol::{GateError, GateExit, Reporter};
+use super::workload::prompts;
+use crate::backend::{Backend, EngineError, SeqId, open_backend};
+use crate::doors::Doors;
+use crate::model::LlamaModel;
+use crate::spec::{Drafting, Round, SpecSeq, SpecStats, speculate};
+
+/// Flags of `spec-gate`. Exit status: 0 pass, 1 a check failed, 2 bad flags, pins or model.
+#[derive(Debug, Parser)]
+#[command(
+    name = "spec-gate",
+    about = "Speculative decoding exactness gate (spec.plain: speculative vs plain greedy \
+             streams; spec.column: verify columns vs the same positions decoded alone; \
+             spec.rewind: steps after a rewind vs a cache that never saw the rejected \
+             tokens). Exit 0 pass, 1 fail, 2 usage or setup error."
+)]
+pub struct Args {
+    /// The GGUF checkpoint.
+    pub model: PathBuf,
+    /// Draft lengths K, comma-separated.
+    #[arg(long, default_value = "1,4,8")]
+    pub k: String,
+    /// Sequences of the batched runs (the single runs are B=1).
+    #[arg(long, default_value_t = 3)]
+    pub batch: usize,
+    /// Tokens each stream emits.
+    #[arg(long, default_value_t = 24)]
+    pub steps: usize,
+    /// Base prompt length; rows get uneven lengths from plen to plen+4.
+    #[arg(long, default_value_t = 8)]
+    pub plen: usize,
+}
+
+/// Validated settings.
+#[derive(Debug, Clone)]
+struct Settings {
+    ks: Vec<usize>,
+    batch: usize,
+    steps: usize,
+    plen: usize,
+}
+
+/// Decode steps after each rewind of `spec.rewind`.
+const AFTER_REWIND: usize = 4;
+
+/// Runs the gate on the process arguments and environment; returns the exit status.
+pub fn main() -> i32 {
+    super::protocol::gate_main::<Args>("spec-gate", run_gate)
+}
+
+/// Parses a comma-separated list of draft lengths, each ≥ 1.
+pub(crate) fn parse_list(flag: &str, text: &str, min: usize) -> Result<Vec<usize>, GateError> {
+    text.split(',')
+        .map(|k| k.trim().parse::<usize>().ok().filter(|&k| k >= min))
+        .collect::<Option<Vec<usize>>>()
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| {
+            GateError::new(format!(
+                "{flag} {text:?}: give a number >= {min} or a comma-separated list, e.g. {}",
+                if min == 1 { "1,4,8" } else { "2,5,9" }
+            ))
+        })
+}
+
+fn settings(args: &Args) -> Result<Settings, GateError> {
+    let ks = parse_list("--k", &args.k, 1)?;
+    if args.batch == 0 {
+        return Err(GateError::new("--batch 0: give at least one sequence"));
+    }
+    if args.steps < 2 {
+        return Err(GateError::new(
+            "--steps must be >= 2: a stream of one token never verifies",
+        ));
+    }
+    if args.plen == 0 {
+        return Err(GateError::new("--plen 0: prompts need at least one token"));
+    }
+    Ok(Settings {
+        ks,
+        batch: args.batch,
+        steps: args.steps,
+        plen: args.plen,
+    })
+}
+
+/// The whole gate: flags, doors and model are read here; errors before the first check are
+/// setup errors (exit 2).
+pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
+    let s = settings(args)?;
+    let doors = Doors::from_env().map_err(|e| GateError::new(format!("bad pins: {e}")))?;
+    let model = LlamaModel::open(&args.model).map_err(|e| {
+        GateError::new(format!(
+            "cannot load the model {}: {e}; pass a llama GGUF checkpoint (memra-engine synth \
+             writes one)",
+            args.model.display()
+        ))
+    })?;
+    let k_max = s.ks.iter().copied().max().unwrap_or(1);
+    let need = s.plen + 4 + 2 * s.steps + k_max + AFTER_REWIND + 1;
+    if need > model.config.n_ctx {
+        return Err(GateError::new(format!(
+            "--plen {}, --steps {} and --k up to {k_max} need {need} positions but the \
+             model's context is {}; lower them",
+            s.plen, s.steps, model.config.n_ctx
+        )));
+    }
+    // The plain reference is the path plain decoding of one sequence takes: the batched
+    // path, which MEMRA_SERVE_B1FAST=1 would reroute at B=1 to the single-sequence path (a
+    // composition the verify does not run). Everything else, planted defects included, is
+    // the candidate's, so only a speculative difference can show.
+    let ref_doors = Doors {
+        serve_b1fast: false,
+        ..doors.clone()
+    };
+    let open = |m, d: &Doors| open_backend(m, d).map_err(|e| GateError::new(e.to_string()));
+    let mut be = open(model.clone(), &doors)?;
+    let mut reference = if doors.serve_b1fast {
+        Some(open(model, &ref_doors)?)
+    } else {
+        None
+    };
+    let mut rep = Reporter::from_env("spec-gate");
+    let extra = vec![
+        (
+            "spec_k",
+            json!(
+                s.ks.iter()
+                    .map(|k| k.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        ),
+        ("spec_drafter", json!("prompt-lookup")),
+        ("batch", json!(s.batch.to_string())),
+        ("steps", json!(s.steps)),
+        ("plen", json!(s.plen)),
+    ];
+    rep.header(&be.doors_report(), &doors, &extra)?;
+    let separate_single = be.doors_report().norm == "separate";
+    let n_vocab = be.config().n_vocab;
+    let sets = [
+        (
+            "repetitive",
+            repetitive_prompts(n_vocab, s.batch, s.plen, doors.gate_seed),
+        ),
+        (
+            "random",
+            prompts(n_vocab, s.batch, s.plen, doors.gate_seed, 0),
+        ),
+    ];
+    // One backend serves both sides unless the reference needs its own doors.
+    let checks = {
+        let mut pair = Pair {
+            be: &mut *be,
+            reference: reference.as_deref_mut(),
+        };
+        vec![
+            plain_arm(&mut pair, &s, &sets).unwrap_or_else(|e| fail("spec.plain", e)),
+            column_arm(&mut pair, &s, &sets, separate_single)
+                .unwrap_or_else(|e| fail("spec.column", e)),
+            rewind_arm(&mut pair, &s, &sets).unwrap_or_else(|e| fail("spec.rewind", e)),
+        ]
+    };
+    for c in &checks {
+        rep.check(c)?;
+    }
+    Ok(rep.finish())
+}
+
+/// The candidate and the reference (`None`: the candidate serves as its own reference).
+struct Pair<'a> {
+    be: &'a mut dyn Backend,
+    reference: Option<&'a mut (dyn Backend + 'static)>,
+}
+
+impl Pair<'_> {
+    fn reference(&mut self) -> &mut dyn Backend {
+        match self.reference.as_deref_mut() {
+            Some(r) => r,
+            None => &mut *self.be,
+        }
+    }
+}
+
+/// An engine error in the middle of an arm is a failed check, not a crash: the arm names it.
+fn fail(name: &str, e: EngineError) -> Check {
+    Check::new(name, Status::Fail, format!("the engine refused: {e}"))
+}
+
+/// Prompts that repeat a short motif (each row its own), so the drafter finds
+/// continuations and drafts are accepted as well as rejected.
+fn repetitive_prompts(n_vocab: usize, count: usize, plen: usize, seed: u64) -> Vec<Vec<u32>> {
+    prompts(n_vocab, count, 3, seed, 7)
+        .into_iter()
+        .enumerate()
+        .map(|(b, motif)| {
+            let len = plen + (3 * b) % 5;
+            motif.iter().copied().cycle().take(len.max(4)).collect()
+        })
+        .collect()
+}
+
+/// Sequence ids of a run: `base + b`.
+fn ids(base: u32, n: usize) -> Vec<SeqId> {
+    (0..n as u32).map(|b| SeqId(base + b)).collect()
+}
+
+/// Plain greedy decoding of each of `prompts` alone on the batched path at B=1 (batch
+/// invariance is decode-batch-gate's to hold, so no batch-size defect reaches this side):
+/// primed, then `steps - 1` steps. Returns the streams.
+fn plain(
+    be: &mut dyn Backend,
+    prompts: &[Vec<u32>],
+    steps: usize,
+) -> Result<Vec<Vec<u32>>, EngineError> {
+    let seq = SeqId(500);
+    prompts
+        .iter()
+        .map(|p| {
+            be.open_sequence(seq, p.len() + steps)?;
+            let result = (|| {
+                let mut stream = vec![twin::argmax(&be.prime(seq, p)?)];
+                for _ in 1..steps {
+                    let t = *stream.last().expect("seeded");
+                    stream.push(twin::argmax(&be.decode_step_batch(&[seq], &[t])?));
+                }
+                Ok(stream)
+            })();
+            close(be, &[seq]);
+            result
+        })
+        .collect()
+}
+
+/// Closes whichever of `seqs` are open.
+fn close(be: &mut dyn Backend, seqs: &[SeqId]) {
+    for &s in seqs {
+        let _ = be.close_sequence(s);
+    }
+}
+
+/// A speculative run as a gate sees it: the streams, the counters, every round.
+pub(crate) type SpecRun = (Vec<Vec<u32>>, SpecStats, Vec<Round>);
+
+/// Speculative greedy decoding of `prompts` with drafts of up to `k`, every round recorded.
+/// With `unsplit` every pass walks the unsplit body: the verifies, and the prompt too, primed
+/// as one verify of its tokens (the prompt's composition; verify rows are no canary site).
+pub(crate) fn speculative(
+    be: &mut dyn Backend,
+    prompts: &[Vec<u32>],
+    steps: usize,
+    k: usize,
+    drafting: Drafting,
+    unsplit: bool,
+) -> Result<SpecRun, EngineError> {
+    let seqs = ids(600, prompts.len());
+    let result = (|| {
+        let mut spec = Vec::new();
+        for (&seq, p) in seqs.iter().zip(prompts) {
+            // Room beyond the stream's own (prompt, steps and one draft) for a rewind that
+            // keeps too much to show as a token difference rather than a full cache.
+            be.open_sequence(seq, p.len() + 2 * steps + k + 1)?;
+            let last = if unsplit {
+                let l = be.verify_batch_unsplit(&[seq], std::slice::from_ref(p))?;
+                l[l.len() - be.config().n_vocab..].to_vec()
+            } else {
+                be.prime(seq, p)?
+            };
+            let first = twin::argmax(&last);
+            spec.push(SpecSeq {
+                seq,
+                prompt: p.clone(),
+                first,
+            });
+        }
+        let mut rounds = Vec::new();
+        let (streams, stats) = speculate(
+            be,
+            &spec,
+            k,
+            steps,
+            drafting,
+            unsplit,
+            &mut |_, _| false,
+            &mut |r| rounds.push(r.clone()),
+        )?;
+        Ok((streams, stats, rounds))
+    })();
+    close(be, &seqs);
+    result
+}
+
+/// spec.plain: the speculative stream against plain greedy decoding, for every K, at B=1
+/// and at B=`batch`, on both prompt sets.
+fn plain_arm(
+    pair: &mut Pair,
+    s: &Settings,
+    sets: &[(&str, Vec<Vec<u32>>)],
+) -> Result<Check, EngineError> {
+    let mut ledger = Ledger::default();
+    let mut stats = SpecStats::default();
+    let mut first_diff: Option<String> = None;
+    let mut runs = 0usize;
+    for (set, ps) in sets {
+        let batches: &[usize] = if s.batch > 1 { &[1, s.batch] } else { &[1] };
+        for &b in batches {
+            let want = plain(pair.reference(), &ps[..b], s.steps)?;
+            for &k in &s.ks {
+                let (got, st, _) =
+                    speculative(&mut *pair.be, &ps[..b], s.steps, k, Drafting::Lookup, false)?;
+                runs += 1;
+                add(&mut stats, &st);
+                for (row, (w, g)) in want.iter().zip(&got).enumerate() {
+                    ledger.tokens(Some(row), w, g);
+                    if w != g && first_diff.is_none() {
+                        let at = w.iter().zip(g).position(|(a, b)| a != b).unwrap_or(w.len());
+                        first_diff = Some(format!(
+                            "; first difference: {set} prompts, B={b}, K={k}, row {row}, \
+                             token {at}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let what = format!(
+        "speculative greedy streams ({} tokens, K={}, B=1 and B={}, repetitive and random \
+         prompts: {runs} runs) vs plain greedy decoding of each sequence alone on the batched \
+         path, token for token; \
+         {} of {} drafted tokens accepted, {:.2} tokens per verify{}",
+        s.steps,
+        join(&s.ks),
+        s.batch,
+        stats.accepted,
+        stats.drafted,
+        stats.tokens_per_verify(),
+        first_diff.unwrap_or_default()
+    );
+    let mut c = ledger.check("spec.plain", &what);
+    c = c
+        .metric("drafted", stats.drafted)
+        .metric("accepted", stats.accepted)
+        .metric("rounds", stats.rounds)
+        .metric(
+            "tokens_per_verify",
+            (stats.tokens_per_verify() * 1000.0).round() / 1000.0,
+        );
+    if stats.accepted == 0 {
+        c.status = Status::Fail;
+        c.message = format!(
+            "{what}: no draft token was accepted, so nothing speculative was tested; the \
+             repetitive prompts must make the drafter right sometimes"
+        );
+    }
+    Ok(c)
+}
+
+fn add(total: &mut SpecStats, st: &SpecStats) {
+    total.rounds += st.rounds;
+    total.verifies += st.verifies;
+    total.columns += st.columns;
+    total.drafted += st.drafted;
+    total.accepted += st.accepted;
+    total.emitted += st.emitted;
+}
+
+fn join(v: &[usize]) -> String {
+    v.iter()
+        .map(|k| k.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// spec.column: every column of every verify (full drafts, so rejected columns too) against
+/// the same tokens decoded one at a time at B=1 from a fresh cache: the batched path bit for
+/// bit, and the single-sequence path bit for bit when it runs the same (separate)
+/// composition, by argmax otherwise.
+fn column_arm(
+    pair: &mut Pair,
+    s: &Settings,
+    sets: &[(&str, Vec<Vec<u32>>)],
+    separate_single: bool,
+) -> Result<Check, EngineError> {
+    let n_vocab = pair.be.config().n_vocab;
+    let mut ledger = Ledger::default();
+    let mut single = Ledger::default();
+    let (mut agree, mut columns) = (0usize, 0usize);
+    let k = s.ks.iter().copied().max().unwrap_or(1);
+    let mut step = 0usize;
+    for (_, ps) in sets {
+        let b = s.batch.min(ps.len());
+        let (_, _, rounds) =
+            speculative(&mut *pair.be, &ps[..b], s.steps, k, Drafting::Fixed, false)?;
+        // What each sequence's cache held before each round: its prompt and its stream
+        // up to the pending token.
+        let mut held: Vec<Vec<u32>> = ps[..b].to_vec();
+        for round in &rounds {
+            let mut col = 0;
+            for (j, seq) in round.seqs.iter().enumerate() {
+                let row = (seq.0 - 600) as usize;
+                let input = &round.inputs[j];
+                let got = &round.logits[col * n_vocab..(col + input.len()) * n_vocab];
+                col += input.len();
+                let want = replay(pair.reference(), &held[row], input, false)?;
+                ledger.logits(Some(step), &want, got, n_vocab);
+                let alone = replay(pair.reference(), &held[row], input, true)?;
+                for (a, g) in alone.chunks_exact(n_vocab).zip(got.chunks_exact(n_vocab)) {
+                    columns += 1;
+                    agree += usize::from(twin::argmax(a) == twin::argmax(g));
+                }
+                if separate_single {
+                    single.logits(Some(step), &alone, got, n_vocab);
+                }
+                held[row].extend_from_slice(&input[..=round.accepted[j]]);
+                step += 1;
+            }
+        }
+    }
+    let mut what = format!(
+        "every verify column (K={k}, drafts filled to K so rejected columns count, B={}) vs \
+         the same tokens decoded alone at B=1 from a fresh cache, bit for bit against the \
+         batched path",
+        s.batch
+    );
+    if separate_single {
+        what += " and the single-sequence path (both run the separate composition here)";
+        ledger.absorb(&single);
+    } else {
+        what += &format!(
+            "; the single-sequence path runs the fused tier under these pins, another \
+             composition (as gate1 says), so it is held by argmax only: {agree} of {columns} \
+             columns agree"
+        );
+    }
+    let mut c = ledger.check("spec.column", &what);
+    c = c
+        .metric("single_argmax_agree", agree)
+        .metric("columns", columns);
+    Ok(c)
+}
+
+/// The logits of feeding `input` one token at a time at B=1 into a fresh sequence primed
+/// with `held`: through the single-sequence path with `single`, else the batched path.
+fn replay(
+    be: &mut dyn Backend,
+    held: &[u32],
+    input: &[u32],
+    single: bool,
+) -> Result<Vec<f32>, EngineError> {
+    let seq = SeqId(900);
+    be.open_sequence(seq, held.len() + input.len())?;
+    let result = (|| {
+        be.prime(seq, held)?;
+        let mut out = Vec::new();
+        for &t in input {
+            out.extend(if single {
+                be.decode_step_h(seq, t)?
+            } else {
+                be.decode_step_batch(&[seq], &[t])?
+            });
+        }
+        Ok(out)
+    })();
+    close(be, &[seq]);
+    result
+}
+
+/// spec.rewind: after a verify of the pending token and K draft tokens, a rewind that keeps
+/// the pending token and `m` drafts (m = 0, K/2 and K-1: every rewind drops at least the
+/// last column) and then [`AFTER_REWIND`] decode steps,
+/// against a cache that was only ever fed the kept tokens.
+fn rewind_arm(
+    pair: &mut Pair,
+    s: &Settings,
+    sets: &[(&str, Vec<Vec<u32>>)],
+) -> Result<Check, EngineError> {
+    let n_vocab = pair.be.config().n_vocab;
+    let mut ledger = Ledger::default();
+    let mut cases = 0usize;
+    let mut step = 0usize;
+    for (_, ps) in sets {
+        for p in ps {
+            for &k in &s.ks {
+                let mut keeps = vec![0, k / 2, k - 1];
+                keeps.dedup();
+                for m in keeps {
+                    let draft: Vec<u32> = (0..=k)
+                        .map(|i| ((p[i % p.len()] as usize + 13 * i + 1) % n_vocab) as u32)
+                        .collect();
+                    let next: Vec<u32> = (0..AFTER_REWIND)
+                        .map(|i| ((p[0] as usize + 101 * (i + 1)) % n_vocab) as u32)
+                        .collect();
+                    let got = after_rewind(&mut *pair.be, p, &draft, m, &next)?;
+                    let mut kept = p.clone();
+                    kept.extend_from_slice(&draft[..=m]);
+                    let want = replay(pair.reference(), &kept, &next, false)?;
+                    ledger.logits(Some(step), &want, &got, n_vocab);
+                    cases += 1;
+                    step += 1;
+                }
+            }
+        }
+    }
+    let what = format!(
+        "{cases} rewinds (K={}, keeping the pending token and 0, K/2 or K-1 drafts) then \
+         {AFTER_REWIND} batched steps at B=1, vs a cache only ever fed the kept tokens, bit \
+         for bit",
+        join(&s.ks)
+    );
+    Ok(ledger.check("spec.rewind", &what).metric("rewinds", cases))
+}
+
+/// Primes `prompt`, verifies `draft` (pending token first), rewinds to the prompt plus the
+/// pending token and `m` drafts, then decodes `next` at B=1; returns those steps' logits.
+fn after_rewind(
+    be: &mut dyn Backend,
+    prompt: &[u32],
+    draft: &[u32],
+    m: usize,
+    next: &[u32],
+) -> Result<Vec<f32>, EngineError> {
+    let seq = SeqId(800);
+    be.open_sequence(seq, prompt.len() + draft.len() + next.len())?;
+    let result = (|| {
+        be.prime(seq, prompt)?;
+        be.verify_batch(&[seq], &[draft.to_vec()])?;
+        be.rewind(seq, prompt.len() + 1 + m)?;
+        let mut out = Vec::new();
+        for &t in next {
+            out.extend(be.decode_step_batch(&[seq], &[t])?);
+        }
+        Ok(out)
+    })();
+    close(be, &[seq]);
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_are_validated_with_the_fix_named() {
+        let args = |extra: &[&str]| {
+            let mut v = vec!["spec-gate", "m.gguf"];
+            v.extend_from_slice(extra);
+            settings(&Args::parse_from(v))
+        };
+        assert_eq!(args(&[]).unwrap().ks, [1, 4, 8]);
+        assert!(args(&["--k", "0"]).unwrap_err().0.contains("1,4,8"));
+        assert!(args(&["--k", "2,x"]).is_err());
+        assert!(
+            args(&["--steps", "1"])
+                .unwrap_err()
+                .0
+                .contains("never verifies")
+        );
+        assert!(args(&["--batch", "0"]).is_err());
+        assert_eq!(parse_list("--ts", "2,5,9", 2).unwrap(), [2, 5, 9]);
+        assert!(parse_list("--ts", "1", 2).unwrap_err().0.contains("2,5,9"));
+    }
+
+    #[test]
+    fn repetitive_prompts_repeat_and_differ_by_row() {
+        let ps = repetitive_prompts(512, 3, 8, 0);
+        assert_eq!(ps.len(), 3);
+        assert_eq!(ps[0].len(), 8);
+        assert_eq!(ps[0][..3], ps[0][3..6]);
+        assert_ne!(ps[0], ps[1]);
+    }
+}
