@@ -215,7 +215,7 @@ fn the_smoke_battery_runs_every_node_as_expected() {
     // The engine half. The build's products and the synthesized model are hashed into the
     // gates' receipts, so a receipt names the exact binary and model it judged.
     let build = tree.receipt("build");
-    assert_eq!(build["produces"].as_array().unwrap().len(), 6);
+    assert_eq!(build["produces"].as_array().unwrap().len(), 7);
     let model = &tree.receipt("synth-tiny")["produces"][0];
     let strict = tree.receipt("decode-strict");
     for hashed in [&build["produces"][1]["sha256"], &model["sha256"]] {
@@ -308,6 +308,54 @@ fn the_smoke_battery_runs_every_node_as_expected() {
     assert_eq!(block_sum["doors"]["defect"], "q8-block-sum");
     assert_eq!(check(&block_sum, "reference.q8_0")["status"], "fail");
     assert_eq!(check(&block_sum, "reference.f16")["status"], "pass");
+    // Speculative decoding: every row green under the default pins with the B=1 shortcut off
+    // and on and under the equalized pins, drafts accepted, the spec settings in the doors
+    // row; each spec defect fails the row it is planted against and spares the others.
+    for id in [
+        "spec[MEMRA_SERVE_B1FAST=0]",
+        "spec[MEMRA_SERVE_B1FAST=1]",
+        "spec-equalized",
+    ] {
+        let r = tree.receipt(id);
+        for row in ["spec.plain", "spec.column", "spec.rewind"] {
+            assert_eq!(check(&r, row)["status"], "pass", "{id} {row}: {r:#}");
+        }
+        assert!(
+            check(&r, "spec.plain")["metrics"]["accepted"]
+                .as_u64()
+                .unwrap()
+                > 0
+        );
+        assert_eq!(r["doors"]["spec_k"], "1,4,8", "{r:#}");
+    }
+    let rewind = tree.receipt("spec-defect[defect=rewind-slot]");
+    assert_eq!(rewind["attempts"][0]["outcome"], "fail", "{rewind:#}");
+    assert_eq!(check(&rewind, "spec.rewind")["status"], "fail");
+    let column = tree.receipt("spec-defect[defect=verify-column]");
+    assert_eq!(
+        check(&column, "spec.column")["status"],
+        "fail",
+        "{column:#}"
+    );
+    assert_eq!(check(&column, "spec.rewind")["status"], "pass");
+    let ppspec = tree.receipt("decode-ppspec");
+    assert_eq!(
+        check(&ppspec, "ppspec.split")["status"],
+        "pass",
+        "{ppspec:#}"
+    );
+    assert_eq!(ppspec["doors"]["spec_ts"], "2,5,9");
+    let stage = tree.receipt("decode-ppspec-defect");
+    assert_eq!(check(&stage, "ppspec.split")["status"], "fail", "{stage:#}");
+    assert_eq!(check(&stage, "ppspec.localizer")["status"], "pass");
+    for id in [
+        "decode-ppspec-spares[defect=rewind-slot]",
+        "decode-ppspec-spares[defect=verify-column]",
+        "decode-pp-spares-stage-column",
+    ] {
+        let r = tree.receipt(id);
+        assert_eq!(r["attempts"][0]["outcome"], "pass", "{id}: {r:#}");
+    }
     let counter = tree.receipt("decode-defect-sample-counter");
     assert_eq!(counter["attempts"][0]["outcome"], "fail");
     assert_eq!(counter["doors"]["defect"], "sample-counter");

@@ -487,7 +487,7 @@ fn replay(
 /// spec.rewind: after a verify of the pending token and K draft tokens, a rewind that keeps
 /// the pending token and `m` drafts (m = 0, K/2 and K-1: every rewind drops at least the
 /// last column) and then [`AFTER_REWIND`] decode steps,
-/// against a cache that was only ever fed the kept tokens.
+/// against a cache of the same backend that was only ever fed the kept tokens.
 fn rewind_arm(
     pair: &mut Pair,
     s: &Settings,
@@ -512,7 +512,9 @@ fn rewind_arm(
                     let got = after_rewind(&mut *pair.be, p, &draft, m, &next)?;
                     let mut kept = p.clone();
                     kept.extend_from_slice(&draft[..=m]);
-                    let want = replay(pair.reference(), &kept, &next, false)?;
+                    // The same backend on both sides: the steps after the rewind take the
+                    // candidate's own B=1 route, so the fresh cache must too.
+                    let want = replay(&mut *pair.be, &kept, &next, false)?;
                     ledger.logits(Some(step), &want, &got, n_vocab);
                     cases += 1;
                     step += 1;

@@ -1,0 +1,199 @@
+//! `spec-gate` and `decode-batch-gate --mode ppspec` end to end on the CPU backend: green on
+//! the synthesized shape and on the real SmolLM2-135M-Instruct, each planted spec defect
+//! failing the row it is planted against (and ppspec localizing stage-column to the split),
+//! a split model under spec-gate, and bad flags refused with the fix named.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+fn untied() -> PathBuf {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static ONCE: OnceLock<PathBuf> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let dir = DIR.get_or_init(|| tempfile::tempdir().unwrap());
+        let path = dir.path().join("tiny-untied-q4_1.gguf");
+        memra_engine::synth::write_preset("tiny-untied", "q4_1", 0, &path).unwrap();
+        path
+    })
+    .clone()
+}
+
+/// Runs a gate binary on `model` with `args` and `env`; returns the exit code, stdout and
+/// check rows.
+fn gate(
+    bin: &str,
+    model: &PathBuf,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (i32, String, Vec<Value>) {
+    let dir = tempfile::tempdir().unwrap();
+    let checks = dir.path().join("checks.jsonl");
+    let mut cmd = Command::new(bin);
+    for var in memra_engine::doors::DOOR_VARIABLES {
+        cmd.env_remove(var);
+    }
+    let out = cmd
+        .env("MEMRA_BACKEND", "cpu")
+        .env("MEMRA_ORCH_CHECKS", &checks)
+        .env_remove("MEMRA_ORCH_ARTIFACTS")
+        .arg(model)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let rows = std::fs::read_to_string(&checks)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        rows,
+    )
+}
+
+fn spec(args: &[&str], env: &[(&str, &str)]) -> (i32, String, Vec<Value>) {
+    gate(env!("CARGO_BIN_EXE_spec-gate"), &untied(), args, env)
+}
+
+fn ppspec(args: &[&str], env: &[(&str, &str)]) -> (i32, String, Vec<Value>) {
+    let mut all = vec!["--mode", "ppspec", "--batch", "1,3"];
+    all.extend_from_slice(args);
+    gate(
+        env!("CARGO_BIN_EXE_decode-batch-gate"),
+        &untied(),
+        &all,
+        env,
+    )
+}
+
+fn row<'a>(rows: &'a [Value], name: &str) -> &'a Value {
+    rows.iter()
+        .find(|r| r["check"] == name)
+        .unwrap_or_else(|| panic!("no check {name} in {rows:?}"))
+}
+
+fn status<'a>(rows: &'a [Value], name: &str) -> &'a str {
+    row(rows, name)["status"].as_str().unwrap()
+}
+
+#[test]
+fn spec_gate_is_green_and_each_defect_fails_its_row() {
+    let (code, out, rows) = spec(&[], &[]);
+    assert_eq!(code, 0, "{out}");
+    for name in ["spec.plain", "spec.column", "spec.rewind"] {
+        assert_eq!(status(&rows, name), "pass", "{name}: {out}");
+    }
+    assert!(
+        row(&rows, "spec.plain")["metrics"]["accepted"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert!(out.contains("spec_k=1,4,8"), "{out}");
+
+    let (code, out, rows) = spec(&["--k", "4"], &[("MEMRA_GATE_DEFECT", "rewind-slot")]);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(status(&rows, "spec.rewind"), "fail");
+    let (code, out, rows) = spec(&["--k", "4"], &[("MEMRA_GATE_DEFECT", "verify-column")]);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(status(&rows, "spec.column"), "fail");
+    assert_eq!(status(&rows, "spec.rewind"), "pass");
+    // The defects of other gates do not reach spec-gate, which holds the engine to itself.
+    for defect in [
+        "batch-reduction",
+        "q8-block-sum",
+        "stage-column",
+        "sample-counter",
+    ] {
+        let (code, out, _) = spec(&["--k", "4"], &[("MEMRA_GATE_DEFECT", defect)]);
+        assert_eq!(code, 0, "{defect}: {out}");
+    }
+}
+
+#[test]
+fn spec_gate_on_a_split_model_and_under_the_equalized_pins() {
+    let (code, out, _) = spec(&["--k", "1,4"], &[("MEMRA_PP_STAGES", "2")]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out, rows) = spec(
+        &["--k", "4"],
+        &[("MEMRA_MMVQ", "0"), ("MEMRA_NO_FUSE_NORMQ", "1")],
+    );
+    assert_eq!(code, 0, "{out}");
+    // Both B=1 paths run the verify's composition: the single path is held bit for bit.
+    let msg = row(&rows, "spec.column")["message"].as_str().unwrap();
+    assert!(
+        msg.contains("single-sequence path (both run the separate"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn ppspec_is_green_and_localizes_stage_column_to_the_split() {
+    let (code, out, rows) = ppspec(&["--stages", "3"], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(status(&rows, "ppspec.split"), "pass");
+    assert_eq!(status(&rows, "ppspec.localizer"), "pass");
+    assert!(out.contains("spec_ts=2,5,9"), "{out}");
+    let (code, out, rows) = ppspec(
+        &["--reps", "1", "--ts", "3"],
+        &[("MEMRA_GATE_DEFECT", "stage-column")],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(status(&rows, "ppspec.split"), "fail");
+    assert_eq!(status(&rows, "ppspec.localizer"), "pass");
+    let msg = row(&rows, "ppspec.split")["message"].as_str().unwrap();
+    assert!(msg.contains("the stage split of the verify"), "{msg}");
+    for defect in ["rewind-slot", "verify-column"] {
+        let (code, out, _) = ppspec(&["--reps", "1"], &[("MEMRA_GATE_DEFECT", defect)]);
+        assert_eq!(code, 0, "{defect}: {out}");
+    }
+}
+
+#[test]
+fn bad_flags_are_refused_with_the_fix_named() {
+    let (code, out, _) = spec(&["--k", "0"], &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("1,4,8"), "{out}");
+    let (code, out, _) = spec(&["--steps", "600"], &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("lower them"), "{out}");
+    let (code, out, _) = ppspec(&["--ts", "1"], &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("2,5,9"), "{out}");
+    let (code, out, _) = gate(
+        env!("CARGO_BIN_EXE_decode-batch-gate"),
+        &untied(),
+        &["--ts", "2"],
+        &[],
+    );
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("--ts only applies to --mode ppspec"), "{out}");
+}
+
+#[test]
+fn spec_gate_holds_on_the_real_model() {
+    let Some(model) = common::real_model() else {
+        return;
+    };
+    let (code, out, rows) = gate(
+        env!("CARGO_BIN_EXE_spec-gate"),
+        &model,
+        &["--k", "4", "--batch", "2", "--steps", "12"],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}");
+    for name in ["spec.plain", "spec.column", "spec.rewind"] {
+        assert_eq!(status(&rows, name), "pass", "{name}: {out}");
+    }
+}
