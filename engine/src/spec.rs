@@ -16,24 +16,27 @@ use crate::seq::SeqId;
 /// The longest suffix the drafter looks up.
 pub const NGRAM_MAX: usize = 3;
 
-/// Up to `k` tokens continuing `history`: the tokens that followed the most recent earlier
-/// occurrence of its longest recurring suffix (of [`NGRAM_MAX`] tokens down to one). Empty
-/// when no suffix recurs.
+/// Up to `k` tokens continuing `history`: the tokens that followed an earlier occurrence of
+/// its longest recurring suffix (of [`NGRAM_MAX`] tokens down to one), the most recent
+/// occurrence that is followed by `k` tokens, else the most recent one (whose continuation
+/// the end of the history clips). Empty when no suffix recurs.
 pub fn propose(history: &[u32], k: usize) -> Vec<u32> {
     if k == 0 {
         return Vec::new();
     }
-    for n in (1..=NGRAM_MAX.min(history.len().saturating_sub(1))).rev() {
-        let suffix = &history[history.len() - n..];
-        // The latest start before the suffix itself whose n tokens equal it.
-        let found = (0..history.len() - n)
-            .rev()
-            .find(|&i| &history[i..i + n] == suffix);
-        if let Some(i) = found {
-            let from = i + n;
-            let to = (from + k).min(history.len());
-            return history[from..to].to_vec();
-        }
+    let len = history.len();
+    for n in (1..=NGRAM_MAX.min(len.saturating_sub(1))).rev() {
+        let suffix = &history[len - n..];
+        // Starts before the suffix itself whose n tokens equal it, latest first.
+        let mut starts = (0..len - n).rev().filter(|&i| &history[i..i + n] == suffix);
+        let Some(latest) = starts.next() else {
+            continue;
+        };
+        let full = std::iter::once(latest)
+            .chain(starts)
+            .find(|&i| len - (i + n) >= k);
+        let from = full.unwrap_or(latest) + n;
+        return history[from..(from + k).min(len)].to_vec();
     }
     Vec::new()
 }
@@ -227,13 +230,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_drafter_continues_the_latest_occurrence_of_the_longest_recurring_suffix() {
+    fn the_drafter_continues_the_latest_full_occurrence_of_the_longest_recurring_suffix() {
         // "1 2 3" recurs: its latest earlier occurrence is followed by 9 8.
         assert_eq!(propose(&[1, 2, 3, 7, 1, 2, 3, 9, 8, 5, 1, 2, 3], 2), [9, 8]);
         // Only a 1-gram recurs.
         assert_eq!(propose(&[4, 6, 5, 4], 3), [6, 5, 4]);
-        // Clipped at the history's end.
+        // Clipped at the history's end when no occurrence has k tokens after it.
         assert_eq!(propose(&[1, 2, 1], 4), [2, 1]);
+        // A repeating stream: the latest occurrence followed by k tokens, not the latest.
+        assert_eq!(propose(&[7, 7, 7, 7, 7, 7, 7], 3), [7, 7, 7]);
+        assert_eq!(propose(&[1, 2, 9, 1, 2, 8, 8, 1, 2], 2), [8, 8]);
+        assert_eq!(propose(&[1, 2, 9, 1, 2, 8, 1, 2], 2), [8, 1]);
+        assert_eq!(propose(&[1, 2, 9, 1, 2], 3), [9, 1, 2]);
         assert!(propose(&[1, 2, 3], 4).is_empty());
         assert!(propose(&[1, 1], 0).is_empty());
         assert!(propose(&[], 3).is_empty());
