@@ -138,7 +138,9 @@ fn cuda_verify_columns_are_the_batched_steps_and_rewinds_leave_no_trace() {
             }
             be.open_sequence(SeqId(1), 40).unwrap();
             be.prime(SeqId(1), &prompt).unwrap();
-            let verify = be.verify_batch(&[SeqId(1)], std::slice::from_ref(&feed)).unwrap();
+            let verify = be
+                .verify_batch(&[SeqId(1)], std::slice::from_ref(&feed))
+                .unwrap();
             let columns = bits(&verify) == bits(&steps);
             // Keep the first two, rewind past the rest, decode on: as if never verified.
             be.rewind(SeqId(1), prompt.len() + 2).unwrap();

@@ -534,6 +534,11 @@ impl Runner<'_, '_> {
         receipt: Option<Box<NodeReceipt>>,
         carried: Carried,
     ) {
+        // A carried dependency that was skipped has finished its dependents already (as
+        // skipped): a cell ends once, whichever way it ended first.
+        if matches!(self.state[cell.0], State::Done(_)) {
+            return;
+        }
         let f = &mut self.finished[cell.0];
         f.reason = entry.reason.clone();
         if let Some(r) = &receipt {

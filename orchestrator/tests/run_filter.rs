@@ -95,3 +95,54 @@ run = ["{gates}/fail.sh"]
     let bad = f.run(&["--filter", "no-such-node"]);
     assert_eq!(bad.status.code(), Some(2));
 }
+
+/// A second filtered run carries the first's receipts: a cell the first run skipped because
+/// its dependency was not selected is finished once, not once as the carried dependency's
+/// dependent and again as a carried receipt (plain progress would count past the total, and
+/// run.json would name the cell twice).
+#[test]
+fn a_carried_skip_finishes_each_cell_once() {
+    let f = Fixture::new(
+        r#"
+schema = 1
+name = "carryskip"
+
+[defaults]
+gpus = 0
+
+[[setup]]
+id = "prep"
+run = ["{gates}/pass.sh"]
+
+[[arm]]
+id = "needs-prep"
+needs = ["prep"]
+run = ["{gates}/pass.sh"]
+
+[[arm]]
+id = "alone"
+run = ["{gates}/pass.sh"]
+"#,
+    );
+    for _ in 0..2 {
+        let out = f.run(&["--filter", "alone"]);
+        assert_eq!(out.status.code(), Some(0));
+        let err = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = err.lines().filter(|l| l.starts_with('[')).collect();
+        assert_eq!(lines.len(), 3, "{err}");
+        assert!(
+            lines
+                .iter()
+                .all(|l| l.contains("/3]") && !l.starts_with("[4")),
+            "{err}"
+        );
+        assert_eq!(
+            lines.iter().filter(|l| l.contains("needs-prep")).count(),
+            1,
+            "{err}"
+        );
+        let nodes = f.run_json()["nodes"].as_array().unwrap().clone();
+        assert_eq!(nodes.len(), 3, "{nodes:#?}");
+        assert_eq!(f.verdict("needs-prep"), "skipped");
+    }
+}
