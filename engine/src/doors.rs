@@ -51,6 +51,9 @@ pub struct Doors {
     pub fa3: bool,
     /// `MEMRA_SERVE_B1FAST`: batched calls with B=1 take the single-sequence path.
     pub serve_b1fast: bool,
+    /// `MEMRA_KV_Q8`: the KV cache holds q8_0 values: every K and V row is rounded, as it is
+    /// stored, to its q8_0 blocks' dequantized values (`twin::kv_round_q8_0`).
+    pub kv_q8: bool,
     /// `MEMRA_PP_STAGES`: number of pipeline stages the layers are split into.
     pub pp_stages: usize,
     /// `MEMRA_PP_DEVICES`: device ordinal of each stage (stage 0's is the primary).
@@ -145,11 +148,26 @@ pub enum GateDefect {
     /// sequence in a pass that is not a prompt) carry it, so `--mode pp` and every prompt
     /// and decode step stay clean; `--mode ppspec` catches it.
     StageColumn,
+    /// Under `MEMRA_KV_Q8=1` the cache rounds its rows with 15 levels each side of zero
+    /// instead of q8_0's 127 (`twin::kv_round_blocks`; both backends): a coarser cache that
+    /// every path reads alike, so the batch and split gates stay green and only exact-gate's
+    /// `:vs-f32-cache` bound (and its exact-model bound) catch it.
+    KvQ8Coarse,
 }
 
 impl GateDefect {
+    /// The levels each side of zero the q8_0 KV cache rounds with under `doors`: 127, or 15
+    /// under the `kv-q8-coarse` defect.
+    pub fn kv_qmax(defect: Option<GateDefect>) -> i32 {
+        if defect == Some(GateDefect::KvQ8Coarse) {
+            15
+        } else {
+            127
+        }
+    }
+
     /// Every defect with its `MEMRA_GATE_DEFECT` value.
-    pub const ALL: [(GateDefect, &'static str); 13] = [
+    pub const ALL: [(GateDefect, &'static str); 14] = [
         (GateDefect::BatchReduction, "batch-reduction"),
         (GateDefect::StageRange, "stage-range"),
         (GateDefect::BoundaryCopy, "boundary-copy"),
@@ -163,6 +181,7 @@ impl GateDefect {
         (GateDefect::RewindSlot, "rewind-slot"),
         (GateDefect::VerifyColumn, "verify-column"),
         (GateDefect::StageColumn, "stage-column"),
+        (GateDefect::KvQ8Coarse, "kv-q8-coarse"),
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -182,6 +201,7 @@ impl Default for Doors {
             no_fuse_normq: false,
             fa3: true,
             serve_b1fast: false,
+            kv_q8: false,
             pp_stages: 1,
             pp_devices: vec![0],
             pp_splits: PpSplits::Even,
@@ -224,12 +244,13 @@ impl std::error::Error for DoorsError {}
 
 /// Names of every variable [`Doors::from_lookup`] reads: the doors in the order of DESIGN §7,
 /// then the performance switches ([`Tuning::VARIABLES`]).
-pub const DOOR_VARIABLES: [&str; 18] = [
+pub const DOOR_VARIABLES: [&str; 19] = [
     "MEMRA_BACKEND",
     "MEMRA_MMVQ",
     "MEMRA_NO_FUSE_NORMQ",
     "MEMRA_FA3",
     "MEMRA_SERVE_B1FAST",
+    "MEMRA_KV_Q8",
     "MEMRA_PP_STAGES",
     "MEMRA_PP_DEVICES",
     "MEMRA_PP_SPLITS",
@@ -271,11 +292,12 @@ impl Doors {
                 }),
             }
         }
-        let flags: [(&'static str, &mut bool); 5] = [
+        let flags: [(&'static str, &mut bool); 6] = [
             ("MEMRA_MMVQ", &mut doors.mmvq),
             ("MEMRA_NO_FUSE_NORMQ", &mut doors.no_fuse_normq),
             ("MEMRA_FA3", &mut doors.fa3),
             ("MEMRA_SERVE_B1FAST", &mut doors.serve_b1fast),
+            ("MEMRA_KV_Q8", &mut doors.kv_q8),
             ("MEMRA_GATE_CANARY", &mut doors.gate_canary),
         ];
         let mut allow_unsplit = false;
@@ -513,6 +535,8 @@ pub struct DoorsReport {
     pub attention: &'static str,
     /// Whether batched calls with B=1 route to the single-sequence path.
     pub b1fast: bool,
+    /// The KV cache's values: "f32", or "q8_0" under `MEMRA_KV_Q8=1`.
+    pub kv: &'static str,
     pub pp_stages: usize,
     pub pp_devices: String,
     /// First layer of every stage, comma-separated.
@@ -533,6 +557,7 @@ impl DoorsReport {
             .with("norm", self.norm)
             .with("attention", self.attention)
             .with("b1fast", self.b1fast)
+            .with("kv", self.kv)
             .with("pp_stages", self.pp_stages)
             .with("pp_devices", self.pp_devices.as_str())
             .with("pp_splits", self.pp_splits.as_str())
@@ -594,6 +619,7 @@ mod tests {
             ("MEMRA_GATE_DEFECT", "boundary-copy"),
             ("MEMRA_PDL", "0"),
             ("MEMRA_SMALL_BATCH", "1"),
+            ("MEMRA_KV_Q8", "1"),
         ])
         .unwrap();
         assert_eq!(
@@ -604,6 +630,7 @@ mod tests {
                 no_fuse_normq: true,
                 fa3: false,
                 serve_b1fast: true,
+                kv_q8: true,
                 pp_stages: 2,
                 pp_devices: vec![1, 0],
                 pp_splits: PpSplits::Cuts(vec![7]),

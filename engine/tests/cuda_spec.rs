@@ -3,7 +3,8 @@
 //! columns to the batched path's B=1 steps, the speculative greedy stream to plain greedy
 //! decoding for K = 1, 4, 8 single and batched, rewinds leaving no trace, a verify split
 //! across two stages on one device equal to the unsplit verify, and each planted spec defect
-//! reaching the CUDA backend.
+//! reaching the CUDA backend; the q8_0 KV cache (`MEMRA_KV_Q8=1`, and its coarse planted
+//! defect) bit-identical to the CPU backend's on prompts, decode steps and verifies.
 //!
 //! GPU tests print why and return when no usable GPU is present, so CI without a GPU stays
 //! green; the `spec` and `ppspec` cells of manifests/h200-single.toml run the gates there.
@@ -270,4 +271,53 @@ fn cuda_split_verify_equals_the_unsplit_verify_and_stage_column_breaks_it() {
         bad, whole,
         "stage-column must move the split verify on the GPU"
     );
+}
+
+/// Prefill, single and batched decode steps and a verify, as bits.
+fn kv_program(be: &mut dyn Backend) -> Vec<u32> {
+    let v = be.config().n_vocab;
+    let mut out = Vec::new();
+    be.open_sequence(SeqId(0), 90).unwrap();
+    be.open_sequence(SeqId(1), 90).unwrap();
+    out.extend(bits(&be.prefill(SeqId(0), &motif(v, 70, 1)).unwrap()));
+    be.prime(SeqId(1), &motif(v, 9, 2)).unwrap();
+    for t in 0..4u32 {
+        out.extend(bits(&be.decode_step_h(SeqId(0), t + 3).unwrap()));
+        out.extend(bits(&be.decode_step_batch(&[SeqId(0), SeqId(1)], &[t, t + 1]).unwrap()));
+    }
+    be.close_sequence(SeqId(0)).unwrap();
+    be.close_sequence(SeqId(1)).unwrap();
+    out.extend(verify_program(be, 3));
+    out
+}
+
+#[test]
+fn cuda_q8_kv_cache_is_bit_identical_to_the_cpu_backend() {
+    if !gpu_present("cuda_q8_kv_cache_is_bit_identical_to_the_cpu_backend") {
+        return;
+    }
+    for quant in ["q4_1", "f16"] {
+        let model = synth("tiny-untied", quant);
+        let f32_cache = kv_program(&mut CudaBackend::new(&model, cuda_doors()).unwrap());
+        for base in combos() {
+            for defect in [None, Some(GateDefect::KvQ8Coarse)] {
+                let doors = Doors {
+                    kv_q8: true,
+                    gate_defect: defect,
+                    ..base.clone()
+                };
+                let a = kv_program(&mut CpuBackend::new(model.clone(), doors.clone()).unwrap());
+                let b = kv_program(&mut CudaBackend::new(&model, doors.clone()).unwrap());
+                let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+                assert_eq!(a.len(), b.len());
+                assert_eq!(differ, 0, "{quant} {doors:?}: {differ} of {} differ", a.len());
+            }
+        }
+        let q8 = Doors {
+            kv_q8: true,
+            ..cuda_doors()
+        };
+        let q8_cache = kv_program(&mut CudaBackend::new(&model, q8).unwrap());
+        assert_ne!(q8_cache, f32_cache, "{quant}: MEMRA_KV_Q8=1 must move bits on the GPU");
+    }
 }

@@ -139,6 +139,15 @@ fn spec_gate_on_a_split_model_and_under_the_equalized_pins() {
 }
 
 #[test]
+fn spec_and_ppspec_hold_under_the_q8_kv_cache() {
+    let (code, out, _) = spec(&["--k", "4"], &[("MEMRA_KV_Q8", "1")]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("kv=q8_0"), "{out}");
+    let (code, out, _) = ppspec(&["--reps", "1"], &[("MEMRA_KV_Q8", "1")]);
+    assert_eq!(code, 0, "{out}");
+}
+
+#[test]
 fn ppspec_is_green_and_localizes_stage_column_to_the_split() {
     let (code, out, rows) = ppspec(&["--stages", "3"], &[]);
     assert_eq!(code, 0, "{out}");

@@ -73,3 +73,29 @@ extern "C" __global__ void rope_store_rows_f32(float* q, int q_stride, const flo
         ((float*)v_cache[b])[(size_t)p * kvd + e] = scaled ? val * s : val;
     }
 }
+
+// The q8_0 KV cache (MEMRA_KV_Q8=1): rounds the K and V rows of position pos[b] in the
+// caches of row b, in place, to what a q8_0 block holds, block by block of 32 values:
+// d = amax / 127, q = round(x * (1 / d)) (half away from zero), the stored value
+// f16(d) * q, so every cached value is exactly the dequantized q8_0 one. Grid (kvd / 32, B,
+// 2): blockIdx.z picks K (0) or V (1); 32 threads, one value each; the block's amax is a
+// warp max (order-free, so exact). Rows outside the table's n_pos are left alone. qmax is
+// 127 (q8_0); the engine's test-only kv-q8-coarse defect passes 15. Twin:
+// twin::kv_round_blocks.
+extern "C" __global__ void kv_round_q8_0_rows_f32(const u64* k_cache, const u64* v_cache,
+                                                  const int* pos, int kvd, int n_pos,
+                                                  int qmax) {
+    PDL_ENTRY;
+    const int blk = blockIdx.x, b = blockIdx.y, lane = threadIdx.x;
+    const int p = pos[b];
+    if (p < 0 || p >= n_pos) return;
+    float* row = (float*)(blockIdx.z == 0 ? k_cache[b] : v_cache[b]) + (size_t)p * kvd;
+    const int i = blk * 32 + lane;
+    const float x = row[i];
+    float amax = fabsf(x);
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / (float)qmax;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float q = roundf(__fmul_rn(x, id));
+    row[i] = __fmul_rn(h2f(f2h(d)), q);
+}

@@ -356,6 +356,28 @@ fn the_smoke_battery_runs_every_node_as_expected() {
         let r = tree.receipt(id);
         assert_eq!(r["attempts"][0]["outcome"], "pass", "{id}: {r:#}");
     }
+    // The q8_0 KV cache: named in the doors row, exact under the batch and split gates, its
+    // distance from the f32 cache within the banked bound, and a coarser cache caught there
+    // while the batch gates stay green under it.
+    let kv = tree.receipt("decode-kvq8");
+    assert_eq!(kv["doors"]["kv"], "q8_0", "{kv:#}");
+    assert_eq!(check(&kv, "gate2[B=4]")["status"], "pass");
+    let exact_kv = tree.receipt("exact-kvq8");
+    assert_eq!(
+        check(&exact_kv, "exact.q4_1.decode:vs-f32-cache")["status"],
+        "pass",
+        "{exact_kv:#}"
+    );
+    let coarse = tree.receipt("exact-kvq8-defect");
+    assert_eq!(coarse["attempts"][0]["outcome"], "fail", "{coarse:#}");
+    assert_eq!(
+        check(&coarse, "exact.q4_1.decode:vs-f32-cache")["status"],
+        "fail"
+    );
+    assert_eq!(
+        tree.receipt("decode-kvq8-spares-coarse")["attempts"][0]["outcome"],
+        "pass"
+    );
     let counter = tree.receipt("decode-defect-sample-counter");
     assert_eq!(counter["attempts"][0]["outcome"], "fail");
     assert_eq!(counter["doors"]["defect"], "sample-counter");

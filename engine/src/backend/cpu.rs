@@ -246,6 +246,7 @@ impl CpuBackend {
             rope_table: &self.rope_table,
             eps: norm_eps(&self.doors, tier == Tier::Fused, c.rms_eps),
             block_sum_defect: self.doors.gate_defect == Some(GateDefect::Q8BlockSum),
+            kv_q8: self.doors.kv_q8.then(|| GateDefect::kv_qmax(self.doors.gate_defect)),
         };
         match walk {
             Walk::Unsplit => {
@@ -544,6 +545,9 @@ struct PassCtx<'a> {
     eps: f32,
     /// Whether the planted `q8-block-sum` defect is set ([`PassCtx::quantized`]).
     block_sum_defect: bool,
+    /// Under `MEMRA_KV_Q8=1`, the levels each side of zero every stored K and V row is
+    /// rounded with (127: q8_0; [`GateDefect::kv_qmax`]).
+    kv_q8: Option<i32>,
 }
 
 impl PassCtx<'_> {
@@ -617,6 +621,11 @@ fn layer_forward(
         twin::kv_store(&mut cache.k, row.pos, &k[i * kvd..(i + 1) * kvd], None)
             .map_err(twin_err)?;
         twin::kv_store(&mut cache.v, row.pos, &v[i * kvd..(i + 1) * kvd], r).map_err(twin_err)?;
+        if let Some(qmax) = ctx.kv_q8 {
+            let at = row.pos * kvd..(row.pos + 1) * kvd;
+            twin::kv_round_blocks(&mut cache.k[at.clone()], qmax).map_err(twin_err)?;
+            twin::kv_round_blocks(&mut cache.v[at], qmax).map_err(twin_err)?;
+        }
     }
     let scale = 1.0 / (hd as f32).sqrt();
     let mut att = vec![0.0f32; rows.len() * qd];
@@ -688,6 +697,7 @@ impl Backend for CpuBackend {
             },
             attention: if d.fa3 { "split-k" } else { "naive" },
             b1fast: d.serve_b1fast,
+            kv: if d.kv_q8 { "q8_0" } else { "f32" },
             pp_stages: self.stages.len(),
             pp_devices: "cpu".into(),
             pp_splits: self

@@ -91,6 +91,13 @@ const PROGRAM_SEED: u64 = 0x00e8_ac70;
 /// The two engine paths each arm runs its programs through.
 const PATHS: [&str; 2] = ["prefill", "decode"];
 
+/// The suffix of the paths that hold the q8_0 KV cache (`MEMRA_KV_Q8=1`) to the f32 cache
+/// under the same doors instead of to the exact model: `prefill:vs-f32-cache` and
+/// `decode:vs-f32-cache`, banked like the others.
+const VS_F32_CACHE: &str = ":vs-f32-cache";
+const VS_F32_PREFILL: &str = "prefill:vs-f32-cache";
+const VS_F32_DECODE: &str = "decode:vs-f32-cache";
+
 /// How a calibration turns measured values into bounds: KL grows with the square of the
 /// logit error, so its bounds get more headroom than the RMS. A floor keeps the bounds of
 /// float arms (errors near f32 precision) from being stricter than the measurement's own
@@ -298,9 +305,17 @@ impl BoundsFile {
 /// (`switches-change-no-bit`) — and the seed and the canary. So a split run is held to the
 /// unsplit model's bounds: against the exact model, not only against the unsplit path of the
 /// same code.
+///
+/// The KV cache's values join the key only when they are not f32 (`kv=q8_0`), so the bounds
+/// banked before the q8_0 cache existed keep their keys.
 pub fn doors_key(r: &DoorsReport) -> String {
+    let kv = if r.kv == "f32" {
+        String::new()
+    } else {
+        format!(",kv={}", r.kv)
+    };
     format!(
-        "backend={},matvec={},norm={},attention={},b1fast={}",
+        "backend={},matvec={},norm={},attention={},b1fast={}{kv}",
         r.backend, r.matvec, r.norm, r.attention, r.b1fast
     )
 }
@@ -516,6 +531,17 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
                 GateError::new(format!("the exact model refused the {} arm: {e}", arm.name))
             })?;
         let v = arm.model.config.n_vocab;
+        // Under the q8_0 KV cache its distance from the f32 cache is held too: the same
+        // doors with the f32 cache are the reference of the `:vs-f32-cache` paths.
+        let mut f32_cache = if doors.kv_q8 {
+            let d = Doors {
+                kv_q8: false,
+                ..doors.clone()
+            };
+            Some(open_backend(arm.model.clone(), &d).map_err(|e| GateError::new(e.to_string()))?)
+        } else {
+            None
+        };
         let mut be = open_backend(arm.model, &doors).map_err(|e| GateError::new(e.to_string()))?;
         let report = be.doors_report();
         let key = doors_key(&report);
@@ -553,8 +579,16 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
                 .collect::<Vec<_>>()
                 .join(",")
         );
-        for path in PATHS {
-            let got = match engine_rows(&mut *be, &arm.programs, path) {
+        for path in PATHS.iter().copied().chain(
+            f32_cache
+                .is_some()
+                .then_some(PATHS.map(|p| if p == "prefill" { VS_F32_PREFILL } else { VS_F32_DECODE }))
+                .into_iter()
+                .flatten(),
+        ) {
+            let vs_f32 = path.ends_with(VS_F32_CACHE);
+            let engine_path = path.trim_end_matches(VS_F32_CACHE);
+            let got = match engine_rows(&mut *be, &arm.programs, engine_path) {
                 Ok(g) => g,
                 Err(e) => {
                     let _ = writeln!(receipt, "# error\tarm={}\tpath={path}\t{e}", arm.name);
@@ -566,9 +600,26 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
                     continue;
                 }
             };
+            let cache_ref;
+            let reference = match (&mut f32_cache, vs_f32) {
+                (Some(r), true) => {
+                    cache_ref = engine_rows(&mut **r, &arm.programs, engine_path)
+                        .map_err(|e| {
+                            GateError::new(format!(
+                                "the f32-cache reference refused the {} arm: {e}",
+                                arm.name
+                            ))
+                        })?
+                        .into_iter()
+                        .map(|rows| rows.into_iter().map(f64::from).collect::<Vec<f64>>())
+                        .collect::<Vec<_>>();
+                    &cache_ref
+                }
+                _ => &exact,
+            };
             let mut all_exact = Vec::new();
             let mut all_got = Vec::new();
-            for (p, (e, g)) in exact.iter().zip(&got).enumerate() {
+            for (p, (e, g)) in reference.iter().zip(&got).enumerate() {
                 let (_, per) = measure(e, g, v);
                 for (pos, s) in per.iter().enumerate() {
                     let _ = writeln!(

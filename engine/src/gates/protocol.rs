@@ -252,6 +252,7 @@ mod tests {
             norm: "fused",
             attention: "split-k",
             b1fast: false,
+            kv: "f32",
             pp_stages: 1,
             pp_devices: "cpu".into(),
             pp_splits: "0".into(),

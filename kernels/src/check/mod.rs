@@ -138,7 +138,7 @@ pub fn run(env: &CheckEnv) -> i32 {
             let mut rng = cases::Rng::new(env.seed);
             type Case =
                 fn(&Gpu, &mut cases::Rng) -> Result<Vec<CheckRow>, crate::error::KernelError>;
-            let all: [(&str, Case); 11] = [
+            let all: [(&str, Case); 12] = [
                 ("norm-quantize", cases::norm_and_quantize),
                 ("matvec", cases::matvec),
                 ("matvec-float", cases::matvec_float),
@@ -146,6 +146,7 @@ pub fn run(env: &CheckEnv) -> i32 {
                 ("row-prologues", cases::row_prologues),
                 ("head-post-scale", cases::head_post_scale),
                 ("rope", cases::rope),
+                ("kv-round-q8_0", cases::kv_round_q8_0),
                 ("attention", cases::attention),
                 ("attention-rope-rows", cases::attention_rope_rows),
                 ("elementwise", cases::elementwise),

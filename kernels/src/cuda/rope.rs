@@ -129,4 +129,47 @@ impl Gpu {
             )
         }
     }
+
+    /// The q8_0 KV cache's store step: the K and V rows at `pos[b]` of every row's caches
+    /// (`rows.k_cache[b]`, `rows.v_cache[b]`, `kv_dim` floats per position, a multiple of
+    /// 32) rounded in place to their blocks' dequantized values with `qmax` levels each side
+    /// of zero: 127 for q8_0 ([`crate::twin::kv_round_q8_0`]), another for the engine's
+    /// test-only coarse defect ([`crate::twin::kv_round_blocks`]). Runs after
+    /// [`Gpu::rope_store_rows`] wrote them; positions outside `0..n_pos` are left alone.
+    pub fn kv_round_q8_0_rows(
+        &self,
+        rows: &AttnRows,
+        kv_dim: usize,
+        n_pos: usize,
+        qmax: i32,
+    ) -> Result<(), KernelError> {
+        const K: &str = "kv_round_q8_0_rows_f32";
+        check_rows(K, rows)?;
+        if kv_dim == 0 || !kv_dim.is_multiple_of(32) {
+            return Err(shape(
+                K,
+                format!("kv_dim = {kv_dim} must be a positive multiple of 32 (whole q8_0 blocks)"),
+            ));
+        }
+        if !(1..=127).contains(&qmax) {
+            return Err(shape(K, format!("qmax = {qmax} must lie in 1..=127")));
+        }
+        let (kvd, np) = (int(K, "kv_dim", kv_dim)?, int(K, "n_pos", n_pos)?);
+        let cfg = LaunchConfig {
+            grid_dim: ((kv_dim / 32) as u32, rows.batch as u32, 2),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the kernel reads pos[b] for b < batch (checked by check_rows) and touches
+        // kv_dim floats at position pos[b] < n_pos of each row's caches, which the caller's
+        // AttnRows contract says hold n_pos positions of kv_dim floats.
+        unsafe {
+            self.launch(
+                &sources::ROPE,
+                K,
+                cfg,
+                &[rows.k_cache, rows.v_cache, rows.pos, &kvd, &np, &qmax],
+            )
+        }
+    }
 }

@@ -110,3 +110,60 @@ mod tests {
         assert_eq!(err.arg, "table");
     }
 }
+
+/// Rounds one cached K or V row (`kv_dim` values, a multiple of 32) in place to what a q8_0
+/// block holds, block by block of 32 values (the q8_0 KV cache, `MEMRA_KV_Q8=1`):
+/// `d = amax / 127`, `q = round(x * (1 / d))` (half away from zero; 0 for an all-zero
+/// block), the stored value `f16(d) * q`. Every product is rounded once, so the value is
+/// exactly the dequantized q8_0 one. Twin of `kv_round_q8_0_rows_f32` in `rope.cu`.
+pub fn kv_round_q8_0(row: &mut [f32]) -> Result<(), ShapeError> {
+    kv_round_blocks(row, 127)
+}
+
+/// [`kv_round_q8_0`] with `qmax` levels each side of zero instead of 127 (`d = amax / qmax`):
+/// the engine's test-only `kv-q8-coarse` defect rounds with 15, a 5-bit cache.
+pub fn kv_round_blocks(row: &mut [f32], qmax: i32) -> Result<(), ShapeError> {
+    if !row.len().is_multiple_of(32) {
+        return Err(ShapeError {
+            op: "kv_round_q8_0",
+            arg: "row",
+            got: row.len(),
+            expected: row.len().next_multiple_of(32),
+            expected_why: "a cached row is whole q8_0 blocks of 32 values",
+        });
+    }
+    for block in row.chunks_exact_mut(32) {
+        let amax = block.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
+        let d = amax / qmax as f32;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let dh = half::f16::from_f32(d).to_f32();
+        for x in block.iter_mut() {
+            *x = dh * (*x * id).round();
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod kv_q8_tests {
+    use super::*;
+
+    #[test]
+    fn a_rounded_row_is_its_q8_0_blocks_dequantized() {
+        let mut row: Vec<f32> = (0..64).map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.173).collect();
+        row[40..].iter_mut().for_each(|x| *x = 0.0);
+        let before = row.clone();
+        kv_round_q8_0(&mut row).unwrap();
+        for (b, (blk, orig)) in row.chunks(32).zip(before.chunks(32)).enumerate() {
+            let amax = orig.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
+            let d = half::f16::from_f32(amax / 127.0).to_f32();
+            for (&x, &o) in blk.iter().zip(orig) {
+                let q = x / d;
+                assert!(d == 0.0 || (q.round() == q && q.abs() <= 127.0), "block {b}: {x} {q}");
+                assert!((x - o).abs() <= 0.5 * d * 1.01 + amax * 1e-3, "block {b}: {o} -> {x}");
+            }
+        }
+        assert!(row[40..].iter().all(|&x| x == 0.0));
+        assert!(kv_round_q8_0(&mut [0.0; 33]).is_err());
+    }
+}

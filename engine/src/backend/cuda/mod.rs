@@ -421,7 +421,9 @@ impl CudaBackend {
             n_head_kv: c.n_head_kv,
             head_dim: c.head_dim,
         };
-        let fuse_rope = distinct_sequences(rows) && geometry.rope_fusable();
+        // The q8_0 KV cache rounds the stored rows in a launch of its own, between the store
+        // and the attention that reads them, so its passes keep the separate store.
+        let fuse_rope = distinct_sequences(rows) && geometry.rope_fusable() && !self.doors.kv_q8;
         // The test-only `batch-reduction` defect, as the CPU backend plants it: a batched
         // step of two or more rows (a batch above MAX_ROWS counts per pass) takes the head's
         // rmsnorm with its sum of squares in reverse order.
@@ -450,6 +452,10 @@ impl CudaBackend {
             skip_boundary_copy: self.doors.gate_defect == Some(GateDefect::BoundaryCopy),
             reversed_head_norm,
             boundary_rows,
+            kv_q8: self
+                .doors
+                .kv_q8
+                .then(|| GateDefect::kv_qmax(self.doors.gate_defect)),
             eps: norm_eps(&self.doors, tier == Tier::Fused, c.rms_eps),
             kptr: &bufs.kptr,
             vptr: &bufs.vptr,
@@ -874,6 +880,9 @@ struct PassCtx<'a> {
     /// The rows every boundary copy of this pass moves: all `n`, but one fewer under the
     /// test-only `stage-column` defect of a verify pass.
     boundary_rows: usize,
+    /// Under `MEMRA_KV_Q8=1`, the levels each side of zero the rows just stored are rounded
+    /// with after the store (127: q8_0; [`GateDefect::kv_qmax`]).
+    kv_q8: Option<i32>,
     /// The rms epsilon of this pass's norm steps (`backend::norm_eps`: the model's, but for
     /// the fused tier under the test-only `fused-norm` defect). A process's doors never
     /// change, so graphs captured with it replay only passes that want it.
@@ -918,6 +927,7 @@ impl Backend for CudaBackend {
             },
             attention: if d.fa3 { "split-k" } else { "naive" },
             b1fast: d.serve_b1fast,
+            kv: if d.kv_q8 { "q8_0" } else { "f32" },
             pp_stages: self.stages.len(),
             pp_devices: self.plan.devices_text(),
             pp_splits: self.plan.splits_text(),

@@ -357,6 +357,9 @@ impl<'a> Step<'a> {
         if !ctx.fuse_rope {
             gpu.rope_store_rows(self.qkv, self.rope_table, post_scale, &rows, geo)?;
         }
+        if let Some(qmax) = ctx.kv_q8 {
+            gpu.kv_round_q8_0_rows(&rows, kvd, c.n_ctx, qmax)?;
+        }
         // The attention kernels quantize their output for a quantized wo when the head
         // width allows, saving a launch per layer; the blocks are the same either way.
         let quantize_in_attention = layer.wo.quantized() && attention_can_quantize(c.head_dim);

@@ -19,7 +19,7 @@ pub use elementwise::elementwise;
 pub(super) use matvec::{MATVEC_FORMS, MatvecForm};
 pub use matvec::{head_post_scale, matvec, matvec_float, row_prologues};
 pub use norm::{norm_and_quantize, norm_step};
-pub use rope::rope;
+pub use rope::{kv_round_q8_0, rope};
 pub use sample::sampling;
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
