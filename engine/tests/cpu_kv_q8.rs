@@ -33,7 +33,11 @@ fn q8(doors: Doors) -> Doors {
 /// step's `[B, n_vocab]` logits, and the same sequences run alone at B=1.
 fn batched_and_alone(be: &mut CpuBackend, steps: usize) -> (Vec<u32>, Vec<u32>) {
     let v = be.config().n_vocab as u32;
-    let prompt = |b: u32| (0..5 + 3 * b).map(|i| (i * 31 + b * 7 + 1) % v).collect::<Vec<u32>>();
+    let prompt = |b: u32| {
+        (0..5 + 3 * b)
+            .map(|i| (i * 31 + b * 7 + 1) % v)
+            .collect::<Vec<u32>>()
+    };
     let feed = |b: u32, s: u32| (b * 13 + s * 17 + 5) % v;
     let seqs: Vec<SeqId> = (0..4).map(SeqId).collect();
     for &s in &seqs {
@@ -52,7 +56,10 @@ fn batched_and_alone(be: &mut CpuBackend, steps: usize) -> (Vec<u32>, Vec<u32>) 
         be.open_sequence(id, 40).unwrap();
         be.prime(id, &prompt(s.0)).unwrap();
         for step in 0..steps {
-            let row = bits(&be.decode_step_batch(&[id], &[feed(s.0, step as u32)]).unwrap());
+            let row = bits(
+                &be.decode_step_batch(&[id], &[feed(s.0, step as u32)])
+                    .unwrap(),
+            );
             let at = (step * 4 + s.0 as usize) * n;
             alone[at..at + n].copy_from_slice(&row);
         }
@@ -71,7 +78,10 @@ fn the_q8_cache_moves_bits_and_keeps_batch_rows_exact() {
     let (b, b_alone) = batched_and_alone(&mut q8_cache, 5);
     assert_ne!(a, b, "MEMRA_KV_Q8=1 must change the logits");
     assert_eq!(a, a_alone);
-    assert_eq!(b, b_alone, "batch rows under the q8 cache equal the sequence alone");
+    assert_eq!(
+        b, b_alone,
+        "batch rows under the q8 cache equal the sequence alone"
+    );
 }
 
 #[test]
@@ -121,12 +131,21 @@ fn exact_gate(env: &[(&str, &str)]) -> (i32, String) {
 fn exact_gate_holds_the_q8_cache_to_the_f32_cache_and_fails_a_coarser_one() {
     let (code, out) = exact_gate(&[]);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("PASS  exact.q4_1.decode:vs-f32-cache"), "{out}");
+    assert!(
+        out.contains("PASS  exact.q4_1.decode:vs-f32-cache"),
+        "{out}"
+    );
     assert!(out.contains("kv=q8_0"), "{out}");
     let (code, out) = exact_gate(&[("MEMRA_GATE_DEFECT", "kv-q8-coarse")]);
     assert_eq!(code, 1, "{out}");
-    assert!(out.contains("FAIL  exact.q4_1.decode:vs-f32-cache"), "{out}");
+    assert!(
+        out.contains("FAIL  exact.q4_1.decode:vs-f32-cache"),
+        "{out}"
+    );
     let (code, out) = exact_gate(&[("MEMRA_KV_Q8", "yes")]);
     assert_eq!(code, 2, "{out}");
-    assert!(out.contains("MEMRA_KV_Q8") && out.contains("accepted values are 0, 1"), "{out}");
+    assert!(
+        out.contains("MEMRA_KV_Q8") && out.contains("accepted values are 0, 1"),
+        "{out}"
+    );
 }

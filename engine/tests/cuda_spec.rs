@@ -283,7 +283,10 @@ fn kv_program(be: &mut dyn Backend) -> Vec<u32> {
     be.prime(SeqId(1), &motif(v, 9, 2)).unwrap();
     for t in 0..4u32 {
         out.extend(bits(&be.decode_step_h(SeqId(0), t + 3).unwrap()));
-        out.extend(bits(&be.decode_step_batch(&[SeqId(0), SeqId(1)], &[t, t + 1]).unwrap()));
+        out.extend(bits(
+            &be.decode_step_batch(&[SeqId(0), SeqId(1)], &[t, t + 1])
+                .unwrap(),
+        ));
     }
     be.close_sequence(SeqId(0)).unwrap();
     be.close_sequence(SeqId(1)).unwrap();
@@ -310,7 +313,12 @@ fn cuda_q8_kv_cache_is_bit_identical_to_the_cpu_backend() {
                 let b = kv_program(&mut CudaBackend::new(&model, doors.clone()).unwrap());
                 let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
                 assert_eq!(a.len(), b.len());
-                assert_eq!(differ, 0, "{quant} {doors:?}: {differ} of {} differ", a.len());
+                assert_eq!(
+                    differ,
+                    0,
+                    "{quant} {doors:?}: {differ} of {} differ",
+                    a.len()
+                );
             }
         }
         let q8 = Doors {
@@ -318,6 +326,9 @@ fn cuda_q8_kv_cache_is_bit_identical_to_the_cpu_backend() {
             ..cuda_doors()
         };
         let q8_cache = kv_program(&mut CudaBackend::new(&model, q8).unwrap());
-        assert_ne!(q8_cache, f32_cache, "{quant}: MEMRA_KV_Q8=1 must move bits on the GPU");
+        assert_ne!(
+            q8_cache, f32_cache,
+            "{quant}: MEMRA_KV_Q8=1 must move bits on the GPU"
+        );
     }
 }

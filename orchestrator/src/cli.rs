@@ -328,6 +328,11 @@ pub struct BisectArgs {
     /// commit's, instead of the first where its verdict is not as expected.
     #[arg(long)]
     pub bits: bool,
+    /// With --bits, compare only the artifacts whose file name matches this glob
+    /// (repeatable; e.g. `f16.safetensors` to leave out a receipt that names its binary's
+    /// hash, which moves with every build). Default: every artifact.
+    #[arg(long, value_name = "GLOB", requires = "bits")]
+    pub artifact: Vec<String>,
     /// Candidates tested at once (a k-ary search), each with its own GPUs and worktree.
     #[arg(long, short = 'j', default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub jobs: u64,

@@ -246,7 +246,10 @@ impl CpuBackend {
             rope_table: &self.rope_table,
             eps: norm_eps(&self.doors, tier == Tier::Fused, c.rms_eps),
             block_sum_defect: self.doors.gate_defect == Some(GateDefect::Q8BlockSum),
-            kv_q8: self.doors.kv_q8.then(|| GateDefect::kv_qmax(self.doors.gate_defect)),
+            kv_q8: self
+                .doors
+                .kv_q8
+                .then(|| GateDefect::kv_qmax(self.doors.gate_defect)),
         };
         match walk {
             Walk::Unsplit => {

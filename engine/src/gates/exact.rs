@@ -582,7 +582,13 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
         for path in PATHS.iter().copied().chain(
             f32_cache
                 .is_some()
-                .then_some(PATHS.map(|p| if p == "prefill" { VS_F32_PREFILL } else { VS_F32_DECODE }))
+                .then_some(PATHS.map(|p| {
+                    if p == "prefill" {
+                        VS_F32_PREFILL
+                    } else {
+                        VS_F32_DECODE
+                    }
+                }))
                 .into_iter()
                 .flatten(),
         ) {

@@ -150,7 +150,9 @@ mod kv_q8_tests {
 
     #[test]
     fn a_rounded_row_is_its_q8_0_blocks_dequantized() {
-        let mut row: Vec<f32> = (0..64).map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.173).collect();
+        let mut row: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.173)
+            .collect();
         row[40..].iter_mut().for_each(|x| *x = 0.0);
         let before = row.clone();
         kv_round_q8_0(&mut row).unwrap();
@@ -159,8 +161,14 @@ mod kv_q8_tests {
             let d = half::f16::from_f32(amax / 127.0).to_f32();
             for (&x, &o) in blk.iter().zip(orig) {
                 let q = x / d;
-                assert!(d == 0.0 || (q.round() == q && q.abs() <= 127.0), "block {b}: {x} {q}");
-                assert!((x - o).abs() <= 0.5 * d * 1.01 + amax * 1e-3, "block {b}: {o} -> {x}");
+                assert!(
+                    d == 0.0 || (q.round() == q && q.abs() <= 127.0),
+                    "block {b}: {x} {q}"
+                );
+                assert!(
+                    (x - o).abs() <= 0.5 * d * 1.01 + amax * 1e-3,
+                    "block {b}: {o} -> {x}"
+                );
             }
         }
         assert!(row[40..].iter().all(|&x| x == 0.0));

@@ -35,10 +35,31 @@ pub struct Request {
     pub cell: String,
     /// `--bits`: search for moved artifacts instead of a changed verdict.
     pub bits: bool,
+    /// `--artifact`: with `--bits`, the globs of the artifact names compared (empty: all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<String>,
     /// Candidates tested at once.
     pub jobs: usize,
     /// Runs per candidate.
     pub reps: usize,
+}
+
+impl Request {
+    /// Keeps only the artifacts `--artifact` selects (all of them when it was not given).
+    /// The globs were checked when the request was made; one that does not compile selects
+    /// nothing.
+    fn select_artifacts(&self, m: &mut Measured) {
+        if self.artifacts.is_empty() {
+            return;
+        }
+        let globs: Vec<globset::GlobMatcher> = self
+            .artifacts
+            .iter()
+            .filter_map(|g| globset::Glob::new(g).ok().map(|g| g.compile_matcher()))
+            .collect();
+        m.artifacts
+            .retain(|name, _| globs.iter().any(|g| g.is_match(name)));
+    }
 }
 
 /// How a bisection ended, beyond its report.
@@ -186,8 +207,10 @@ fn test_round(
                         .collect();
                     // Reused receipts come newest first; the report lists them in run order.
                     ms.reverse();
+                    ms.iter_mut().for_each(|m| request.select_artifacts(m));
                     while ms.len() < request.reps {
-                        let m = probe::measure(setting, commit, slot, ms.len() + 1, interrupt)?;
+                        let mut m = probe::measure(setting, commit, slot, ms.len() + 1, interrupt)?;
+                        request.select_artifacts(&mut m);
                         // A commit that does not build is skipped after one try: building
                         // it again would fail again.
                         let settled = skips(m.verdict);
@@ -293,9 +316,27 @@ mod tests {
             bad: "b".into(),
             cell: "c".into(),
             bits,
+            artifacts: Vec::new(),
             jobs: 1,
             reps: 2,
         }
+    }
+
+    #[test]
+    fn artifact_globs_keep_only_the_files_they_name() {
+        let mut r = request(true);
+        let mut got = m(Verdict::Pass, "x");
+        got.artifacts.insert("receipt.tsv".into(), "y".into());
+        got.artifacts.insert("f16.safetensors".into(), "z".into());
+        let mut all = got.clone();
+        r.select_artifacts(&mut all);
+        assert_eq!(all.artifacts.len(), 3);
+        r.artifacts = vec!["f16.safetensors".into(), "logits.*".into()];
+        r.select_artifacts(&mut got);
+        assert_eq!(
+            got.artifacts.keys().collect::<Vec<_>>(),
+            ["f16.safetensors", "logits.safetensors"]
+        );
     }
 
     fn commit() -> CommitInfo {

@@ -241,6 +241,14 @@ fn new_request(args: &BisectArgs, receipts: &Path) -> Result<Saved, Failure> {
     let manifest = std::env::current_dir()
         .map(|d| d.join(&manifest))
         .unwrap_or(manifest);
+    for g in &args.artifact {
+        if let Err(e) = globset::Glob::new(g) {
+            return Err(usage(format!(
+                "--artifact {g:?} is not a glob: {e}; give a file name or a pattern such as \
+                 '*.safetensors'"
+            )));
+        }
+    }
     for s in &args.share {
         if Path::new(s).is_absolute() || s.split('/').any(|p| p == ".." || p.is_empty()) {
             return Err(usage(format!(
@@ -256,6 +264,7 @@ fn new_request(args: &BisectArgs, receipts: &Path) -> Result<Saved, Failure> {
             bad: args.bad.clone().unwrap_or_default(),
             cell,
             bits: args.bits,
+            artifacts: args.artifact.clone(),
             jobs: args.jobs as usize,
             reps: args.reps as usize,
         },
