@@ -383,3 +383,41 @@ fn ctrl_c_removes_the_worktrees_and_resume_continues() {
     assert_eq!(code, 2);
     assert!(stderr.contains("no unfinished bisection"), "{stderr}");
 }
+
+/// A gate whose second artifact names its commit (as a receipt that names its binary's hash
+/// does): `--bits` alone stops at the first commit, `--artifact` looks past it.
+#[test]
+fn artifact_globs_leave_out_what_moves_on_every_commit() {
+    if !have_git() {
+        eprintln!("skipped: git is not installed");
+        return;
+    }
+    let stamp = "cat history.txt > \"$MEMRA_ORCH_ARTIFACTS/stamp.txt\"\n";
+    let repo = Repo::new();
+    let mut shas = Vec::new();
+    for k in 1..=12 {
+        let mut files: Vec<(&str, String)> = vec![("history.txt", format!("commit {k}\n"))];
+        if k == 1 {
+            files.push(("manifest.toml", MANIFEST.to_string()));
+            files.push(("build.sh", BUILD.to_string()));
+            files.push((".gitignore", "receipts/\nbin/\n".to_string()));
+            files.push(("src/gate.sh", gate(ONE, false, stamp)));
+        }
+        if k == 7 {
+            files.push(("src/gate.sh", gate(TWO, false, stamp)));
+        }
+        let files: Vec<(&str, &str)> = files.iter().map(|(p, t)| (*p, t.as_str())).collect();
+        shas.push(repo.commit(&files, &format!("commit {k}")));
+    }
+    let range = ["--good", shas[0].as_str(), "--bad", shas[11].as_str(), "--bits"];
+    let (code, report, stderr) = bisect(&repo, &[&range[..], &[CELL]].concat());
+    assert_eq!(code, 0, "{stderr}\n{report:#}");
+    assert_eq!(report["culprit"]["commit"]["sha"], shas[1].as_str(), "{report:#}");
+    let args = [&range[..], &["--artifact", "*.safetensors", CELL]].concat();
+    let (code, report, stderr) = bisect(&repo, &args);
+    assert_eq!(code, 0, "{stderr}\n{report:#}");
+    assert_eq!(report["culprit"]["commit"]["sha"], shas[6].as_str(), "{report:#}");
+    let (code, _, stderr) = bisect(&repo, &[&range[..], &["--artifact", "[", CELL]].concat());
+    assert_eq!(code, 2);
+    assert!(stderr.contains("is not a glob"), "{stderr}");
+}
