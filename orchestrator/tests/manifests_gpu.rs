@@ -362,7 +362,7 @@ fn the_device_battery_runs_the_one_gpu_battery_with_prebuilt_binaries() {
             assert_eq!(r["verdict"], "skipped", "{r:#}");
         }
         if r["id"] == "build" {
-            assert_eq!(r["produces"].as_array().unwrap().len(), 8);
+            assert_eq!(r["produces"].as_array().unwrap().len(), 9);
         }
     }
     assert!(tmp.path().join("models/smollm2-135m-q4_1.gguf").is_file());
