@@ -409,14 +409,28 @@ fn artifact_globs_leave_out_what_moves_on_every_commit() {
         let files: Vec<(&str, &str)> = files.iter().map(|(p, t)| (*p, t.as_str())).collect();
         shas.push(repo.commit(&files, &format!("commit {k}")));
     }
-    let range = ["--good", shas[0].as_str(), "--bad", shas[11].as_str(), "--bits"];
+    let range = [
+        "--good",
+        shas[0].as_str(),
+        "--bad",
+        shas[11].as_str(),
+        "--bits",
+    ];
     let (code, report, stderr) = bisect(&repo, &[&range[..], &[CELL]].concat());
     assert_eq!(code, 0, "{stderr}\n{report:#}");
-    assert_eq!(report["culprit"]["commit"]["sha"], shas[1].as_str(), "{report:#}");
+    assert_eq!(
+        report["culprit"]["commit"]["sha"],
+        shas[1].as_str(),
+        "{report:#}"
+    );
     let args = [&range[..], &["--artifact", "*.safetensors", CELL]].concat();
     let (code, report, stderr) = bisect(&repo, &args);
     assert_eq!(code, 0, "{stderr}\n{report:#}");
-    assert_eq!(report["culprit"]["commit"]["sha"], shas[6].as_str(), "{report:#}");
+    assert_eq!(
+        report["culprit"]["commit"]["sha"],
+        shas[6].as_str(),
+        "{report:#}"
+    );
     let (code, _, stderr) = bisect(&repo, &[&range[..], &["--artifact", "[", CELL]].concat());
     assert_eq!(code, 2);
     assert!(stderr.contains("is not a glob"), "{stderr}");
