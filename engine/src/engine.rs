@@ -87,18 +87,7 @@ impl Engine {
         mut emit: impl FnMut(&Tokenizer, u32),
     ) -> Result<Vec<u32>, EngineError> {
         params.validate()?;
-        if prompt.is_empty() {
-            return Err(EngineError::Empty { what: "prompt" });
-        }
-        let n_ctx = self.backend.config().n_ctx;
-        if prompt.len() >= n_ctx {
-            return Err(EngineError::CacheFull {
-                seq: SEQ,
-                len: 0,
-                capacity: n_ctx,
-                adding: prompt.len() + 1,
-            });
-        }
+        let n_ctx = self.check_prompt(prompt)?;
         let capacity = (prompt.len() + max_tokens).min(n_ctx);
         self.backend.open_sequence(SEQ, capacity)?;
         let result = self.generate_open(prompt, max_tokens, capacity, params, &mut emit);
@@ -135,6 +124,24 @@ impl Engine {
         Ok(out)
     }
 
+    /// Refuses a prompt generation cannot start from (empty, or leaving no room in the
+    /// context for one token); returns the context length.
+    fn check_prompt(&self, prompt: &[u32]) -> Result<usize, EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::Empty { what: "prompt" });
+        }
+        let n_ctx = self.backend.config().n_ctx;
+        if prompt.len() >= n_ctx {
+            return Err(EngineError::CacheFull {
+                seq: SEQ,
+                len: 0,
+                capacity: n_ctx,
+                adding: prompt.len() + 1,
+            });
+        }
+        Ok(n_ctx)
+    }
+
     /// [`Engine::generate`] greedily with speculative decoding: the prompt-lookup drafter
     /// proposes up to `k` tokens a round, one verify forward scores them, the longest
     /// agreeing prefix is kept and the cache rewound past the rest ([`crate::spec`]). The
@@ -148,18 +155,7 @@ impl Engine {
         k: usize,
         mut emit: impl FnMut(&Tokenizer, u32),
     ) -> Result<(Vec<u32>, crate::spec::SpecStats), EngineError> {
-        if prompt.is_empty() {
-            return Err(EngineError::Empty { what: "prompt" });
-        }
-        let n_ctx = self.backend.config().n_ctx;
-        if prompt.len() >= n_ctx {
-            return Err(EngineError::CacheFull {
-                seq: SEQ,
-                len: 0,
-                capacity: n_ctx,
-                adding: prompt.len() + 1,
-            });
-        }
+        let n_ctx = self.check_prompt(prompt)?;
         let max_tokens = max_tokens.min(n_ctx - prompt.len());
         if max_tokens == 0 {
             return Ok((Vec::new(), crate::spec::SpecStats::default()));

@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use memra_engine::backend::{Backend, SeqId, cpu::CpuBackend};
 use memra_engine::doors::{Doors, PpSplits};
 use memra_engine::model::LlamaModel;
@@ -101,30 +99,13 @@ fn a_split_changes_no_bit_under_the_q8_cache() {
     assert_eq!(whole, split);
 }
 
-/// exact-gate's synthesized arms under `MEMRA_KV_Q8=1` with `env`.
+/// exact-gate's synthesized arms under `MEMRA_KV_Q8=1` with `env` (common::run_gate).
 fn exact_gate(env: &[(&str, &str)]) -> (i32, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_exact-gate"));
-    for var in memra_engine::doors::DOOR_VARIABLES {
-        cmd.env_remove(var);
-    }
-    let out = cmd
-        .current_dir(common::repo_root())
-        .env("MEMRA_BACKEND", "cpu")
-        .env("MEMRA_KV_Q8", "1")
-        .envs(env.iter().copied())
-        .env_remove("MEMRA_ORCH_CHECKS")
-        .arg(dir.path().join("r.tsv"))
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    let env: Vec<(&str, &str)> = std::iter::once(("MEMRA_KV_Q8", "1"))
+        .chain(env.iter().copied())
+        .collect();
+    let r = common::run_gate(env!("CARGO_BIN_EXE_exact-gate"), true, &[], &env);
+    (r.code, format!("{}{}", r.stdout, r.stderr))
 }
 
 #[test]

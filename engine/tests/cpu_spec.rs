@@ -6,8 +6,9 @@
 
 use memra_engine::backend::{Backend, EngineError, SeqId, cpu::CpuBackend};
 use memra_engine::doors::{Doors, GateDefect, PpSplits};
+use memra_engine::gates::spec::speculative;
 use memra_engine::model::LlamaModel;
-use memra_engine::spec::{Drafting, SpecSeq, speculate};
+use memra_engine::spec::Drafting;
 use memra_kernels::twin;
 
 fn synth(preset: &str, quant: &str) -> LlamaModel {
@@ -63,40 +64,17 @@ fn plain(be: &mut dyn Backend, prompts: &[Vec<u32>], n_new: usize) -> Vec<Vec<u3
     streams
 }
 
-/// Speculative greedy decoding of the same prompts with drafts of up to `k` tokens.
+/// Speculative greedy decoding of the same prompts with drafts of up to `k` tokens
+/// (spec-gate's own run: room past the stream for a rewind that keeps too much to show as
+/// tokens).
 fn spec(
     be: &mut dyn Backend,
     prompts: &[Vec<u32>],
     n_new: usize,
     k: usize,
 ) -> (Vec<Vec<u32>>, memra_engine::spec::SpecStats) {
-    let mut seqs = Vec::new();
-    for (i, p) in prompts.iter().enumerate() {
-        let seq = SeqId(200 + i as u32);
-        // Room for a rewind that keeps too much (the rewind-slot defect) to show as tokens.
-        be.open_sequence(seq, p.len() + 2 * n_new).unwrap();
-        let first = twin::argmax(&be.prime(seq, p).unwrap());
-        seqs.push(SpecSeq {
-            seq,
-            prompt: p.clone(),
-            first,
-        });
-    }
-    let out = speculate(
-        be,
-        &seqs,
-        k,
-        n_new,
-        Drafting::Lookup,
-        false,
-        &mut |_, _| false,
-        &mut |_| {},
-    )
-    .unwrap();
-    for s in &seqs {
-        be.close_sequence(s.seq).unwrap();
-    }
-    out
+    let (streams, stats, _) = speculative(be, prompts, n_new, k, Drafting::Lookup, false).unwrap();
+    (streams, stats)
 }
 
 #[test]

@@ -13,9 +13,9 @@ use memra_engine::backend::cpu::CpuBackend;
 use memra_engine::backend::cuda::{self, CudaBackend};
 use memra_engine::backend::{Backend, SeqId};
 use memra_engine::doors::{BackendChoice, Doors, GateDefect};
+use memra_engine::gates::spec::{plain, speculative};
 use memra_engine::model::LlamaModel;
-use memra_engine::spec::{Drafting, SpecSeq, SpecStats, speculate};
-use memra_kernels::twin::argmax;
+use memra_engine::spec::{Drafting, SpecStats};
 
 fn synth(preset: &str, quant: &str) -> LlamaModel {
     let dir = tempfile::tempdir().unwrap();
@@ -172,55 +172,21 @@ fn cuda_verify_columns_are_the_batched_steps_and_rewinds_leave_no_trace() {
 }
 
 /// Greedy streams of `prompts`: plain (each alone on the batched path at B=1) or
-/// speculative with drafts of up to `k`.
+/// speculative with drafts of up to `k`, as spec-gate runs them.
 fn streams(
     be: &mut dyn Backend,
     prompts: &[Vec<u32>],
     n_new: usize,
     k: Option<usize>,
 ) -> (Vec<Vec<u32>>, SpecStats) {
-    let Some(k) = k else {
-        let out = prompts
-            .iter()
-            .map(|p| {
-                be.open_sequence(SeqId(50), p.len() + n_new).unwrap();
-                let mut s = vec![argmax(&be.prime(SeqId(50), p).unwrap())];
-                while s.len() < n_new {
-                    let t = *s.last().unwrap();
-                    s.push(argmax(&be.decode_step_batch(&[SeqId(50)], &[t]).unwrap()));
-                }
-                be.close_sequence(SeqId(50)).unwrap();
-                s
-            })
-            .collect();
-        return (out, SpecStats::default());
-    };
-    let mut seqs = Vec::new();
-    for (i, p) in prompts.iter().enumerate() {
-        let seq = SeqId(60 + i as u32);
-        be.open_sequence(seq, p.len() + 2 * n_new).unwrap();
-        let first = argmax(&be.prime(seq, p).unwrap());
-        seqs.push(SpecSeq {
-            seq,
-            prompt: p.clone(),
-            first,
-        });
+    match k {
+        None => (plain(be, prompts, n_new).unwrap(), SpecStats::default()),
+        Some(k) => {
+            let (streams, stats, _) =
+                speculative(be, prompts, n_new, k, Drafting::Lookup, false).unwrap();
+            (streams, stats)
+        }
     }
-    let out = speculate(
-        be,
-        &seqs,
-        k,
-        n_new,
-        Drafting::Lookup,
-        false,
-        &mut |_, _| false,
-        &mut |_| {},
-    )
-    .unwrap();
-    for s in &seqs {
-        be.close_sequence(s.seq).unwrap();
-    }
-    out
 }
 
 #[test]

@@ -5,8 +5,7 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use serde_json::Value;
@@ -23,43 +22,15 @@ fn untied() -> PathBuf {
     .clone()
 }
 
-/// Runs a gate binary on `model` with `args` and `env`; returns the exit code, stdout and
-/// check rows.
-fn gate(
-    bin: &str,
-    model: &PathBuf,
-    args: &[&str],
-    env: &[(&str, &str)],
-) -> (i32, String, Vec<Value>) {
-    let dir = tempfile::tempdir().unwrap();
-    let checks = dir.path().join("checks.jsonl");
-    let mut cmd = Command::new(bin);
-    for var in memra_engine::doors::DOOR_VARIABLES {
-        cmd.env_remove(var);
-    }
-    let out = cmd
-        .env("MEMRA_BACKEND", "cpu")
-        .env("MEMRA_ORCH_CHECKS", &checks)
-        .env_remove("MEMRA_ORCH_ARTIFACTS")
-        .arg(model)
-        .args(args)
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    let rows = std::fs::read_to_string(&checks)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
+/// Runs a gate binary on `model` with `args` and `env` (common::run_gate); returns the exit
+/// code, stdout and stderr together, and the check rows.
+fn gate(bin: &str, model: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String, Vec<Value>) {
+    let model = model.to_string_lossy();
+    let all: Vec<&str> = std::iter::once(model.as_ref())
+        .chain(args.iter().copied())
         .collect();
-    (
-        out.status.code().unwrap_or(-1),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-        rows,
-    )
+    let r = common::run_gate(bin, false, &all, env);
+    (r.code, format!("{}{}", r.stdout, r.stderr), r.rows)
 }
 
 fn spec(args: &[&str], env: &[(&str, &str)]) -> (i32, String, Vec<Value>) {

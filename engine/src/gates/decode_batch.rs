@@ -180,13 +180,7 @@ fn settings(args: &Args) -> Result<Settings, GateError> {
 pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
     let s = settings(args)?;
     let doors = Doors::from_env().map_err(|e| GateError::new(format!("bad pins: {e}")))?;
-    let model = LlamaModel::open(&args.model).map_err(|e| {
-        GateError::new(format!(
-            "cannot load the model {}: {e}; pass a llama GGUF checkpoint (memra-engine synth \
-             writes one)",
-            args.model.display()
-        ))
-    })?;
+    let model = super::protocol::open_model(&args.model)?;
     let widest = if s.mode == Mode::Ppspec {
         s.ts.iter().copied().max().unwrap_or(1)
     } else {
@@ -644,22 +638,7 @@ fn pp_gate(
     }
     let split_ok = split_l.clean() && errors[0].is_empty();
     let local_ok = local_l.clean() && errors[1].is_empty();
-    let diagnosis = match (split_ok, local_ok) {
-        (true, _) => String::new(),
-        (false, false) if !errors[1].is_empty() => {
-            "; the localizer could not run, so the failure is not localized".into()
-        }
-        (false, true) => {
-            "; the localizer passes, so the stage split (the per-stage walk or its boundary \
-             copies) is at fault"
-                .into()
-        }
-        (false, false) => {
-            "; the localizer fails too, so the stage-owned placement (which layers, weights \
-             and caches each stage holds) is at fault"
-                .into()
-        }
-    };
+    let diagnosis = localized(split_ok, local_ok, errors[1].is_empty(), "the stage split");
     let arms = [
         (
             "pp.split",
@@ -728,15 +707,7 @@ fn ppspec_gate(
     let mut split = open(model, &split_doors)?;
     let mut extra = gate_extra(s);
     extra.push(("reps", json!(s.reps)));
-    extra.push((
-        "spec_ts",
-        json!(
-            s.ts.iter()
-                .map(|t| t.to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        ),
-    ));
+    extra.push(("spec_ts", json!(super::spec::join(&s.ts))));
     extra.push(("spec_drafter", json!("prompt-lookup, filled to K")));
     extra.push((
         "reference_pp_stages",
@@ -808,25 +779,13 @@ fn ppspec_gate(
     }
     let split_ok = split_l.clean() && errors[0].is_empty();
     let local_ok = local_l.clean() && errors[1].is_empty();
-    let diagnosis = match (split_ok, local_ok) {
-        (true, _) => String::new(),
-        (false, false) if !errors[1].is_empty() => {
-            "; the localizer could not run, so the failure is not localized".into()
-        }
-        (false, true) => {
-            "; the localizer passes, so the stage split of the verify (the per-stage walk or \
-             its boundary copies) is at fault"
-                .into()
-        }
-        (false, false) => {
-            "; the localizer fails too, so the stage-owned placement is at fault".into()
-        }
-    };
-    let ts =
-        s.ts.iter()
-            .map(|t| t.to_string())
-            .collect::<Vec<_>>()
-            .join(",");
+    let diagnosis = localized(
+        split_ok,
+        local_ok,
+        errors[1].is_empty(),
+        "the stage split of the verify",
+    );
+    let ts = super::spec::join(&s.ts);
     let runs = s.reps * s.batches.len() * s.ts.len();
     let arms = [
         (
@@ -858,6 +817,26 @@ fn ppspec_gate(
         rep.check(&c)?;
     }
     Ok(())
+}
+
+/// What a split arm's message adds about the culprit, from the split arm and the localizer
+/// (`local_ran`: the localizer ran without an engine error): nothing when the split passes;
+/// `split` (the per-stage walk or its boundary copies) when only it fails; the stage-owned
+/// placement when both fail.
+fn localized(split_ok: bool, local_ok: bool, local_ran: bool, split: &str) -> String {
+    match (split_ok, local_ok) {
+        (true, _) => String::new(),
+        (false, false) if !local_ran => {
+            "; the localizer could not run, so the failure is not localized".into()
+        }
+        (false, true) => format!(
+            "; the localizer passes, so {split} (the per-stage walk or its boundary copies) is \
+             at fault"
+        ),
+        (false, false) => "; the localizer fails too, so the stage-owned placement (which \
+                           layers, weights and caches each stage holds) is at fault"
+            .into(),
+    }
 }
 
 /// Adds one candidate trace to an arm's ledger: logits bit for bit, and with `tokens` the

@@ -58,6 +58,17 @@ pub fn gate_main<A: clap::Parser>(
     }
 }
 
+/// The gate's model, or the setup error that names the file and the fix.
+pub fn open_model(path: &std::path::Path) -> Result<crate::model::LlamaModel, GateError> {
+    crate::model::LlamaModel::open(path).map_err(|e| {
+        GateError::new(format!(
+            "cannot load the model {}: {e}; pass a llama GGUF checkpoint (memra-engine synth \
+             writes one)",
+            path.display()
+        ))
+    })
+}
+
 /// Why a gate could not run at all (exit 2). The message names the file or value, the
 /// problem and the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

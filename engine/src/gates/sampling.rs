@@ -42,7 +42,6 @@ use super::protocol::{GateError, GateExit, Reporter};
 use super::workload::prompts;
 use crate::backend::{Backend, EngineError, SeqId, open_backend};
 use crate::doors::Doors;
-use crate::model::LlamaModel;
 use crate::reference::sampler;
 use crate::sampling::{self, SamplingParams};
 use memra_kernels::twin;
@@ -205,13 +204,7 @@ fn set_name(kind: &str, (t, p): (f32, f32)) -> String {
 pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
     let s = settings(args)?;
     let doors = Doors::from_env().map_err(|e| GateError::new(format!("bad pins: {e}")))?;
-    let model = LlamaModel::open(&args.model).map_err(|e| {
-        GateError::new(format!(
-            "cannot load the model {}: {e}; pass a llama GGUF checkpoint (memra-engine synth \
-             writes one)",
-            args.model.display()
-        ))
-    })?;
+    let model = super::protocol::open_model(&args.model)?;
     let need = s.plen + 4 + s.steps + 1;
     if need > model.config.n_ctx {
         return Err(GateError::new(format!(

@@ -21,7 +21,6 @@ use super::protocol::{GateError, GateExit, Reporter};
 use super::workload::prompts;
 use crate::backend::{Backend, EngineError, SeqId, open_backend};
 use crate::doors::Doors;
-use crate::model::LlamaModel;
 use crate::spec::{Drafting, Round, SpecSeq, SpecStats, speculate};
 
 /// Flags of `spec-gate`. Exit status: 0 pass, 1 a check failed, 2 bad flags, pins or model.
@@ -107,13 +106,7 @@ fn settings(args: &Args) -> Result<Settings, GateError> {
 pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
     let s = settings(args)?;
     let doors = Doors::from_env().map_err(|e| GateError::new(format!("bad pins: {e}")))?;
-    let model = LlamaModel::open(&args.model).map_err(|e| {
-        GateError::new(format!(
-            "cannot load the model {}: {e}; pass a llama GGUF checkpoint (memra-engine synth \
-             writes one)",
-            args.model.display()
-        ))
-    })?;
+    let model = super::protocol::open_model(&args.model)?;
     let k_max = s.ks.iter().copied().max().unwrap_or(1);
     let need = s.plen + 4 + 2 * s.steps + k_max + AFTER_REWIND + 1;
     if need > model.config.n_ctx {
@@ -140,15 +133,7 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
     };
     let mut rep = Reporter::from_env("spec-gate");
     let extra = vec![
-        (
-            "spec_k",
-            json!(
-                s.ks.iter()
-                    .map(|k| k.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
-        ),
+        ("spec_k", json!(join(&s.ks))),
         ("spec_drafter", json!("prompt-lookup")),
         ("batch", json!(s.batch.to_string())),
         ("steps", json!(s.steps)),
@@ -227,7 +212,7 @@ fn ids(base: u32, n: usize) -> Vec<SeqId> {
 /// Plain greedy decoding of each of `prompts` alone on the batched path at B=1 (batch
 /// invariance is decode-batch-gate's to hold, so no batch-size defect reaches this side):
 /// primed, then `steps - 1` steps. Returns the streams.
-fn plain(
+pub fn plain(
     be: &mut dyn Backend,
     prompts: &[Vec<u32>],
     steps: usize,
@@ -259,12 +244,12 @@ fn close(be: &mut dyn Backend, seqs: &[SeqId]) {
 }
 
 /// A speculative run as a gate sees it: the streams, the counters, every round.
-pub(crate) type SpecRun = (Vec<Vec<u32>>, SpecStats, Vec<Round>);
+pub type SpecRun = (Vec<Vec<u32>>, SpecStats, Vec<Round>);
 
 /// Speculative greedy decoding of `prompts` with drafts of up to `k`, every round recorded.
 /// With `unsplit` every pass walks the unsplit body: the verifies, and the prompt too, primed
 /// as one verify of its tokens (the prompt's composition; verify rows are no canary site).
-pub(crate) fn speculative(
+pub fn speculative(
     be: &mut dyn Backend,
     prompts: &[Vec<u32>],
     steps: usize,
@@ -383,7 +368,8 @@ fn add(total: &mut SpecStats, st: &SpecStats) {
     total.emitted += st.emitted;
 }
 
-fn join(v: &[usize]) -> String {
+/// `v` comma-separated, as the doors rows and messages write lists.
+pub(crate) fn join(v: &[usize]) -> String {
     v.iter()
         .map(|k| k.to_string())
         .collect::<Vec<_>>()
