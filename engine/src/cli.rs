@@ -66,6 +66,9 @@ enum Command {
         /// 0 = greedy argmax.
         #[arg(long, default_value_t = 0.0)]
         temp: f32,
+        /// Keep the K most probable tokens (ties at the K-th kept) before top-p; 0 = all.
+        #[arg(long, default_value_t = 0, value_name = "K")]
+        top_k: u32,
         #[arg(long, default_value_t = 1.0)]
         top_p: f32,
         #[arg(long, default_value_t = 0)]
@@ -239,12 +242,14 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             prompt,
             max_tokens,
             temp,
+            top_k,
             top_p,
             seed,
             spec,
         } => {
             let params = SamplingParams {
                 temperature: temp,
+                top_k,
                 top_p,
                 seed,
             };

@@ -111,10 +111,16 @@ pub enum GateDefect {
     /// The nucleus cut one token early: the samplers keep the tokens strictly above the cut
     /// probability, dropping the token (or tied tokens) at the cut, whenever `top_p < 1` and
     /// something would remain (`twin::Nucleus::OneEarly`). Both backends plant it: the CPU in
-    /// its host sampler, CUDA through the device sampler's `cut_early` argument. Every check
+    /// its host sampler, CUDA through the device sampler's `defect` argument. Every check
     /// that compares the device with the twin passes under it; sampling-gate, against an
     /// independent reference sampler, catches it.
     TopPCut,
+    /// The top-k cut one token late: the samplers keep the `top_k + 1` most probable tokens
+    /// (an off-by-one in the count) whenever `0 < top_k < n_vocab` (`twin::Nucleus::KOneMore`).
+    /// Both backends plant it, as `top-p-cut`: the CPU in its host sampler, CUDA through the
+    /// device sampler's defect argument. sampling-gate's top-k rows catch it; every row
+    /// without top-k, and every gate that holds the device to the host sampler, passes.
+    TopKCut,
     /// The fused norm tier (the single-sequence path's rmsnorm+quantize, factor as a
     /// post-op) takes epsilon 1.0 instead of the model's; the separate tier keeps it
     /// (`backend::norm_eps`). A bug in one tier alone: `fused-vs-unfused` catches it.
@@ -167,7 +173,7 @@ impl GateDefect {
     }
 
     /// Every defect with its `MEMRA_GATE_DEFECT` value.
-    pub const ALL: [(GateDefect, &'static str); 14] = [
+    pub const ALL: [(GateDefect, &'static str); 15] = [
         (GateDefect::BatchReduction, "batch-reduction"),
         (GateDefect::StageRange, "stage-range"),
         (GateDefect::BoundaryCopy, "boundary-copy"),
@@ -176,6 +182,7 @@ impl GateDefect {
         (GateDefect::ChunkCache, "chunk-cache"),
         (GateDefect::FusedNorm, "fused-norm"),
         (GateDefect::TopPCut, "top-p-cut"),
+        (GateDefect::TopKCut, "top-k-cut"),
         (GateDefect::ExpUlp, "exp-ulp"),
         (GateDefect::Q8BlockSum, "q8-block-sum"),
         (GateDefect::RewindSlot, "rewind-slot"),

@@ -1,10 +1,11 @@
 //! Token selection from a row of logits: greedy argmax (ties → lowest index) or temperature
-//! (+ top-p) sampling with a Philox4x32-10 stream keyed by (seed, sequence, step).
+//! (+ top-k, + top-p) sampling with a Philox4x32-10 stream keyed by (seed, sequence, step).
 //!
 //! This module owns the parameters, their validation and the keying rule; the arithmetic is
 //! the kernel twin's (`memra_kernels::twin::{argmax, sample}`), so the CPU backend samples
-//! exactly what the CUDA sampling kernel would. There is no top-k: temperature and the
-//! nucleus are the whole contract, and `reference::sampler` is its independent restatement.
+//! exactly what the CUDA sampling kernel would. Temperature, top-k (the k most probable
+//! tokens, ties at the k-th kept) and then the nucleus over what top-k kept are the whole
+//! contract; `reference::sampler` is its independent restatement.
 
 use memra_kernels::twin;
 
@@ -19,7 +20,10 @@ use crate::seq::SeqId;
 pub struct SamplingParams {
     /// 0 = greedy argmax; > 0 divides the logits before the softmax.
     pub temperature: f32,
-    /// Nucleus mass in (0, 1]; 1 = no truncation.
+    /// Keep the `top_k` most probable tokens (and any tied with the k-th) before the
+    /// nucleus; 0, or at least the vocabulary, keeps every token.
+    pub top_k: u32,
+    /// Nucleus mass in (0, 1] of what top-k kept; 1 = no truncation.
     pub top_p: f32,
     /// Key of the Philox stream, together with the sequence id and the step.
     pub seed: u64,
@@ -30,6 +34,7 @@ impl SamplingParams {
     pub fn greedy() -> SamplingParams {
         SamplingParams {
             temperature: 0.0,
+            top_k: 0,
             top_p: 1.0,
             seed: 0,
         }
@@ -65,13 +70,14 @@ pub fn sample_token(
     sample_token_with(logits, params, seq, step, Nucleus::Exact)
 }
 
-/// The nucleus the backends' samplers keep under `doors`: the contract's, or one token fewer
-/// under the planted `top-p-cut` defect.
+/// The nucleus the backends' samplers keep under `doors`: the contract's, one token fewer at
+/// the top-p cut under the planted `top-p-cut` defect, one more at the top-k cut under
+/// `top-k-cut`.
 pub fn nucleus(doors: &Doors) -> Nucleus {
-    if doors.gate_defect == Some(GateDefect::TopPCut) {
-        Nucleus::OneEarly
-    } else {
-        Nucleus::Exact
+    match doors.gate_defect {
+        Some(GateDefect::TopPCut) => Nucleus::OneEarly,
+        Some(GateDefect::TopKCut) => Nucleus::KOneMore,
+        _ => Nucleus::Exact,
     }
 }
 
@@ -93,6 +99,7 @@ pub fn sample_token_with(
     Ok(twin::sample_with(
         logits,
         params.temperature,
+        params.top_k,
         params.top_p,
         params.seed,
         seq.0,

@@ -346,8 +346,15 @@ fn cuda_lean_ticks_pick_the_hosts_tokens() {
         SamplingParams::greedy(),
         SamplingParams {
             temperature: 0.9,
+            top_k: 0,
             top_p: 0.8,
             seed: 3,
+        },
+        SamplingParams {
+            temperature: 1.2,
+            top_k: 20,
+            top_p: 0.9,
+            seed: 4,
         },
     ] {
         let (a, b) = (SeqId(1), SeqId(2));
@@ -390,6 +397,7 @@ fn cuda_parked_logits_are_the_batched_logits_bit_for_bit() {
     let v = model.config.n_vocab;
     let params = SamplingParams {
         temperature: 0.9,
+        top_k: 0,
         top_p: 0.8,
         seed: 5,
     };
@@ -472,6 +480,7 @@ fn staged_program(be: &mut dyn Backend, unsplit: bool) -> Vec<Vec<u32>> {
     }
     let params = SamplingParams {
         temperature: 0.9,
+        top_k: 0,
         top_p: 0.8,
         seed: 11,
     };
@@ -1182,7 +1191,8 @@ fn cuda_reference_gate_judges_quantized_arms_by_the_following_oracle() {
     }
 }
 
-/// Greedy on even rows, sampled on odd rows with a seed and top-p of their own.
+/// Greedy on even rows, sampled on odd rows with a seed and top-p of their own (every other
+/// one under top-k 40 too).
 fn mixed_params(rows: usize) -> Vec<SamplingParams> {
     (0..rows)
         .map(|b| {
@@ -1191,6 +1201,7 @@ fn mixed_params(rows: usize) -> Vec<SamplingParams> {
             } else {
                 SamplingParams {
                     temperature: 0.9,
+                    top_k: if b % 4 == 3 { 40 } else { 0 },
                     top_p: if b % 4 == 1 { 1.0 } else { 0.8 },
                     seed: 40 + b as u64,
                 }

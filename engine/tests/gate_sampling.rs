@@ -1,7 +1,7 @@
 //! `sampling-gate` end to end, through the real binary on the synthesized tiny checkpoint the
 //! smoke battery uses: green on the CPU backend with every check row and the doors row, the
-//! planted `top-p-cut` defect failing exactly rows with top-p below 1, and clean usage
-//! errors.
+//! planted `top-p-cut` defect failing exactly rows with top-p below 1, `top-k-cut` exactly rows
+//! with top-k, and clean usage errors.
 
 mod common;
 
@@ -47,9 +47,16 @@ fn green_on_the_cpu_backend_with_every_row() {
         .iter()
         .filter(|c| c["check"].as_str().unwrap().starts_with("distribution["))
         .collect();
-    // Three temperatures by four top-p; three rows by four distribution sets.
-    assert_eq!(steps.len(), 12, "{}", r.stdout);
-    assert_eq!(dist.len(), 12, "{}", r.stdout);
+    // Three temperatures by four top-p and six top-k sets; three rows by six distribution
+    // sets, two of them with top-k.
+    assert_eq!(steps.len(), 18, "{}", r.stdout);
+    assert_eq!(dist.len(), 18, "{}", r.stdout);
+    let with_k = |cs: &[&&Value]| {
+        cs.iter()
+            .filter(|c| c["check"].as_str().unwrap().contains(",top_k="))
+            .count()
+    };
+    assert_eq!((with_k(&steps), with_k(&dist)), (6, 6), "{}", r.stdout);
     for c in &steps {
         let m = &c["metrics"];
         assert_eq!(c["status"], "pass", "{c:#}");
@@ -74,14 +81,23 @@ fn green_on_the_cpu_backend_with_every_row() {
     assert_eq!(stream["status"], "pass", "{stream:#}");
     assert_eq!(stream["metrics"]["keys"], 7, "{stream:#}");
     // Every sequence's length after its prompt and after each step, on both paths (the
-    // single path's twin too): 12 × (1 + 16) batched, 12 × (1 + 2 × 16) single.
+    // single path's twin too): 18 × (1 + 16) batched, 18 × (1 + 2 × 16) single.
     let positions = row("positions");
     assert_eq!(positions["status"], "pass", "{positions:#}");
     assert_eq!(
         positions["metrics"]["checked"],
-        12 * 17 + 12 * 33,
+        18 * 17 + 18 * 33,
         "{positions:#}"
     );
+    // Top-k 8 keeps eight tokens of a spread row (the tiny model's logits have no ties).
+    for c in dist.iter().filter(|c| {
+        c["check"]
+            .as_str()
+            .unwrap()
+            .ends_with("T=1,top_k=8,top_p=1]")
+    }) {
+        assert_eq!(c["metrics"]["kept"], 8, "{c:#}");
+    }
     // The rows are picked for spread: without truncation they keep every token, and some
     // nucleus test has several bins.
     assert!(
@@ -134,6 +150,35 @@ fn the_early_cut_fails_rows_with_top_p_below_one_only() {
     );
     assert!(step["first_mismatch"]["step"].is_u64(), "{step:#}");
     assert!(r.stdout.contains("FAIL: sampling-gate"), "{}", r.stdout);
+}
+
+#[test]
+fn the_late_top_k_cut_fails_rows_with_top_k_only() {
+    let r = gate(&[&model_arg()], &[("MEMRA_GATE_DEFECT", "top-k-cut")]);
+    assert_eq!(r.code, 1, "{}\n{}", r.stdout, r.stderr);
+    assert_eq!(r.rows[0]["doors"]["defect"], "top-k-cut");
+    let checks = r.checks();
+    let failed: Vec<&str> = checks
+        .iter()
+        .filter(|c| c["status"] == "fail")
+        .map(|c| c["check"].as_str().unwrap())
+        .collect();
+    // Only a set with top-k has a cut to move; the stream and the positions stay green.
+    assert!(failed.iter().all(|n| n.contains(",top_k=")), "{failed:?}");
+    // Top-k 1 is the argmax: one token more is a second token drawn.
+    assert!(
+        failed.contains(&"steps[T=1,top_k=1,top_p=1]"),
+        "{}",
+        r.stdout
+    );
+    // The counts see a token outside the reference's eight.
+    let dist = checks
+        .iter()
+        .find(|c| {
+            c["status"] == "fail" && c["check"].as_str().unwrap().starts_with("distribution[")
+        })
+        .unwrap_or_else(|| panic!("no distribution row failed: {}", r.stdout));
+    assert!(dist["metrics"]["outside"].as_u64().unwrap() > 0, "{dist:#}");
 }
 
 #[test]

@@ -53,6 +53,7 @@ fn alone(be: &mut CpuBackend, s: SeqId, params: &SamplingParams) -> Vec<u32> {
 fn a_sequence_samples_the_same_tokens_at_b1_and_in_a_batch() {
     let params = SamplingParams {
         temperature: 0.9,
+        top_k: 0,
         top_p: 0.95,
         seed: 1234,
     };
@@ -75,6 +76,7 @@ fn the_key_changes_the_stream() {
     let mut be = CpuBackend::new(tiny(), Doors::default()).unwrap();
     let p = |seed| SamplingParams {
         temperature: 1.0,
+        top_k: 0,
         top_p: 1.0,
         seed,
     };
@@ -106,6 +108,7 @@ fn greedy_is_the_argmax_and_a_tiny_nucleus_is_too() {
     );
     let nucleus = SamplingParams {
         temperature: 0.7,
+        top_k: 0,
         top_p: 1e-6,
         seed: 9,
     };
@@ -128,6 +131,7 @@ fn bad_parameters_are_refused_with_the_range() {
     for (t, p) in [(-1.0, 1.0), (f32::NAN, 1.0), (1.0, 0.0), (1.0, 1.5)] {
         let params = SamplingParams {
             temperature: t,
+            top_k: 0,
             top_p: p,
             seed: 0,
         };
@@ -147,6 +151,7 @@ fn mixed(rows: u32) -> Vec<SamplingParams> {
             } else {
                 SamplingParams {
                     temperature: 0.8,
+                    top_k: 0,
                     top_p: if b % 4 == 1 { 1.0 } else { 0.9 },
                     seed: 77 + u64::from(b),
                 }

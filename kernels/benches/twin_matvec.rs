@@ -95,15 +95,21 @@ fn main() {
     println!();
     println!("| sampling (49152 logits) | µs/draw |");
     println!("|---|---|");
-    for (temp, top_p) in [(0.0f32, 1.0f32), (0.7, 1.0), (0.7, 0.9)] {
+    for (temp, top_k, top_p) in [
+        (0.0f32, 0u32, 1.0f32),
+        (0.7, 0, 1.0),
+        (0.7, 0, 0.9),
+        (0.7, 40, 1.0),
+        (0.7, 40, 0.9),
+    ] {
         let reps = 200;
         let t = Instant::now();
         let mut acc = 0u32;
         for step in 0..reps {
-            acc = acc.wrapping_add(sample(&logits, temp, top_p, 7, 0, step));
+            acc = acc.wrapping_add(sample(&logits, temp, top_k, top_p, 7, 0, step));
         }
         let us = t.elapsed().as_secs_f64() / reps as f64 * 1e6;
-        println!("| temp {temp} top_p {top_p} | {us:.0} |");
+        println!("| temp {temp} top_k {top_k} top_p {top_p} | {us:.0} |");
         std::hint::black_box(acc);
     }
 }

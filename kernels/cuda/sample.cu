@@ -1,4 +1,4 @@
-// sample.cu: device argmax and temperature + top-p sampling with Philox4x32-10 keyed by
+// sample.cu: device argmax and temperature + top-k + top-p sampling with Philox4x32-10 keyed by
 // (seed, sequence, step). One thread block per batch row. Twins: twin::argmax, twin::sample
 // (docs/numerics.md has the composition).
 
@@ -150,18 +150,45 @@ __device__ __forceinline__ float mass(const float* p, int lo, int hi, float tau,
     return *total;
 }
 
+// count(tau) = #{ i : p_i >= tau }, the top-k cut's count, on every thread. Integers add
+// exactly, so the per-thread counts may be summed in any order.
+__device__ __forceinline__ u32 count_ge(const float* p, int lo, int hi, float tau, u32* counts,
+                                        u32* total) {
+    u32 c = 0;
+    for (int i = lo; i < hi; ++i) c += p[i] >= tau ? 1u : 0u;
+    __syncthreads();
+    counts[threadIdx.x] = c;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32 t = 0;
+        for (int k = 0; k < SAMPLE_THREADS; ++k) t += counts[k];
+        *total = t;
+    }
+    __syncthreads();
+    return *total;
+}
+
+// Sampling defects (test-only, twin::Nucleus): the top-p cut one token early, the top-k cut
+// one token late.
+#define DEFECT_TOP_P_EARLY 1
+#define DEFECT_TOP_K_ONE_MORE 2
+
 // The token of one row of n logits `l`, written to *out by thread 0 of the block (256
-// threads): the argmax when temp is not > 0, otherwise the temperature + top-p draw keyed by
-// (seed_lo, seed_hi, seq, step). p: the row's n floats of scratch. cut_early != 0 plants the
-// test-only top-p-cut defect (twin::Nucleus::OneEarly): the nucleus keeps p_i > tau* instead
-// of p_i >= tau*, where that leaves anything kept.
+// threads): the argmax when temp is not > 0, otherwise the temperature + top-k + top-p draw
+// keyed by (seed_lo, seed_hi, seq, step); top_k 0 (or >= n) keeps every token. p: the row's n
+// floats of scratch. defect: 0, or DEFECT_TOP_P_EARLY for the test-only top-p-cut defect
+// (twin::Nucleus::OneEarly: the nucleus keeps p_i > tau* instead of p_i >= tau*, where that
+// leaves anything kept), or DEFECT_TOP_K_ONE_MORE for top-k-cut (twin::Nucleus::KOneMore: the
+// top-k cut counts to top_k + 1).
 __device__ __forceinline__ void sample_row(const float* l, float* p, u32* out, int n, float temp,
-                                           float top_p, u32 seed_lo, u32 seed_hi, u32 seq,
-                                           u32 step, int cut_early) {
+                                           u32 top_k, float top_p, u32 seed_lo, u32 seed_hi,
+                                           u32 seq, u32 step, int defect) {
     __shared__ float shv[32];
     __shared__ u32 shi[32];
     __shared__ float sums[SAMPLE_THREADS];
     __shared__ float total;
+    __shared__ u32 counts[SAMPLE_THREADS];
+    __shared__ u32 count_total;
     if (!(temp > 0.0f)) {
         const u32 r = block_argmax(l, n, shv, shi);
         if (threadIdx.x == 0) *out = r;
@@ -173,17 +200,28 @@ __device__ __forceinline__ void sample_row(const float* l, float* p, u32* out, i
     for (int i = lo; i < hi; ++i) m = fmaxf(m, l[i]);
     m = block_max(m, shv);
     for (int i = lo; i < hi; ++i) p[i] = exp_mirrored((l[i] - m) / temp);
-    const float all = mass(p, lo, hi, 0.0f, sums, &total);
     u32 tau_bits = 0;
-    if (top_p < 1.0f) {
-        const float want = top_p * all;
+    if (top_k > 0 && top_k < (u32)n) {
+        // The largest tau with count(tau) >= k: the k largest and their ties.
+        const u32 k = top_k + (defect == DEFECT_TOP_K_ONE_MORE ? 1u : 0u);
         u32 a = 0, z = 0x7f800001u;
+        while (z - a > 1) {
+            const u32 mid = a + (z - a) / 2;
+            if (count_ge(p, lo, hi, __uint_as_float(mid), counts, &count_total) >= k) a = mid;
+            else z = mid;
+        }
+        tau_bits = a;
+    }
+    if (top_p < 1.0f) {
+        const float want = top_p * mass(p, lo, hi, __uint_as_float(tau_bits), sums, &total);
+        u32 a = tau_bits, z = 0x7f800001u;
         while (z - a > 1) {
             const u32 mid = a + (z - a) / 2;
             if (mass(p, lo, hi, __uint_as_float(mid), sums, &total) >= want) a = mid; else z = mid;
         }
         tau_bits = a;
-        if (cut_early && mass(p, lo, hi, __uint_as_float(z), sums, &total) > 0.0f) tau_bits = z;
+        if (defect == DEFECT_TOP_P_EARLY && mass(p, lo, hi, __uint_as_float(z), sums, &total) > 0.0f)
+            tau_bits = z;
     }
     const float tau = __uint_as_float(tau_bits);
     const float kept = mass(p, lo, hi, tau, sums, &total);
@@ -218,25 +256,25 @@ __device__ __forceinline__ void sample_row(const float* l, float* p, u32* out, i
 // parameters for every row. p: scratch of batch * n floats. seq[b] and step[b] key each row's
 // draw together with the 64-bit seed.
 extern "C" __global__ void sample_f32(const float* logits, float* p_scratch, u32* out, int n,
-                                      float temp, float top_p, u32 seed_lo, u32 seed_hi,
-                                      const u32* seq, const u32* step) {
+                                      float temp, u32 top_k, float top_p, u32 seed_lo,
+                                      u32 seed_hi, const u32* seq, const u32* step) {
     PDL_ENTRY;
     const size_t b = blockIdx.x;
-    sample_row(logits + b * n, p_scratch + b * n, out + b, n, temp, top_p, seed_lo, seed_hi,
-               seq[b], step[b], 0);
+    sample_row(logits + b * n, p_scratch + b * n, out + b, n, temp, top_k, top_p, seed_lo,
+               seed_hi, seq[b], step[b], 0);
 }
 
-// sample_f32 with parameters per row: row b is drawn under temp[b], top_p[b] and seed[b] (a
-// 64-bit seed, split into its low and high words as the host splits sample_f32's), so a batch
-// may mix greedy rows (temp[b] = 0) with sampled ones. cut_early: 0, or 1 for the test-only
-// top-p-cut defect (see sample_row).
+// sample_f32 with parameters per row: row b is drawn under temp[b], top_k[b], top_p[b] and
+// seed[b] (a 64-bit seed, split into its low and high words as the host splits sample_f32's),
+// so a batch may mix greedy rows (temp[b] = 0) with sampled ones. defect: 0, or one of the
+// test-only sampling defects (see sample_row).
 extern "C" __global__ void sample_rows_f32(const float* logits, float* p_scratch, u32* out,
-                                           int n, const float* temp, const float* top_p,
-                                           const u64* seed, const u32* seq, const u32* step,
-                                           int cut_early) {
+                                           int n, const float* temp, const u32* top_k,
+                                           const float* top_p, const u64* seed, const u32* seq,
+                                           const u32* step, int defect) {
     PDL_ENTRY;
     const size_t b = blockIdx.x;
     const u64 s = seed[b];
-    sample_row(logits + b * n, p_scratch + b * n, out + b, n, temp[b], top_p[b], (u32)s,
-               (u32)(s >> 32), seq[b], step[b], cut_early);
+    sample_row(logits + b * n, p_scratch + b * n, out + b, n, temp[b], top_k[b], top_p[b],
+               (u32)s, (u32)(s >> 32), seq[b], step[b], defect);
 }

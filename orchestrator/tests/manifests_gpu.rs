@@ -232,10 +232,12 @@ fn the_one_gpu_battery_needs_one_gpu_places_both_stages_on_it_and_plants_the_cud
         assert_eq!(cell["expect"], "fail", "{cell:#}");
     }
     // The device sampler against the reference sampler on the synthesized model, green and
-    // under the nucleus cut one token early (a negative cell).
+    // under the nucleus cut one token early and the top-k cut one token late (negative
+    // cells).
     let sampling = &cells_of(&plan, "sampling")[0];
     let cut = &cells_of(&plan, "sampling-defect")[0];
-    for c in [sampling, cut] {
+    let late = &cells_of(&plan, "sampling-defect-top-k")[0];
+    for c in [sampling, cut, late] {
         assert!(
             c["argv"][0].as_str().unwrap().ends_with("sampling-gate"),
             "{c:#}"
@@ -252,6 +254,8 @@ fn the_one_gpu_battery_needs_one_gpu_places_both_stages_on_it_and_plants_the_cud
     assert_eq!(sampling["expect"], "pass", "{sampling:#}");
     assert_eq!(cut["env"]["MEMRA_GATE_DEFECT"], "top-p-cut", "{cut:#}");
     assert_eq!(cut["expect"], "fail", "{cut:#}");
+    assert_eq!(late["env"]["MEMRA_GATE_DEFECT"], "top-k-cut", "{late:#}");
+    assert_eq!(late["expect"], "fail", "{late:#}");
 }
 
 #[test]

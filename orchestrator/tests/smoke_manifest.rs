@@ -409,6 +409,25 @@ fn the_smoke_battery_runs_every_node_as_expected() {
                 && c["check"].as_str().unwrap().starts_with("distribution[")),
         "{cut:#}"
     );
+    // The top-k cut one token late fails a top-k row, and only top-k rows.
+    let late = tree.receipt("sampling-defect-top-k");
+    assert_eq!(late["attempts"][0]["outcome"], "fail", "{late:#}");
+    assert_eq!(late["doors"]["defect"], "top-k-cut");
+    assert_eq!(check(&late, "steps[T=1,top_k=1,top_p=1]")["status"], "fail");
+    assert_eq!(check(&late, "steps[T=1,top_p=0.5]")["status"], "pass");
+    assert!(
+        late["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["status"] == "fail")
+            .all(|c| c["check"].as_str().unwrap().contains(",top_k=")),
+        "{late:#}"
+    );
+    assert_eq!(
+        check(&sampling, "steps[T=1,top_k=1,top_p=1]")["status"],
+        "pass"
+    );
     let pp = tree.receipt("decode-pp");
     assert_eq!(pp["doors"]["mode"], "pp");
     // The B=1 fast path per stage holds (the localizer's reference walks the batched body

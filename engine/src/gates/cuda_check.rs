@@ -477,8 +477,18 @@ fn check_combo(sink: &mut Sink, subject: &Subject, doors: &Doors) {
             "t0.8-p0.9",
             SamplingParams {
                 temperature: 0.8,
+                top_k: 0,
                 top_p: 0.9,
                 seed: 7 + doors.gate_seed,
+            },
+        ),
+        (
+            "t1.2-k20-p0.9",
+            SamplingParams {
+                temperature: 1.2,
+                top_k: 20,
+                top_p: 0.9,
+                seed: 8 + doors.gate_seed,
             },
         ),
     ] {

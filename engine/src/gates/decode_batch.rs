@@ -95,6 +95,7 @@ const GATE1_EARLY_STEP: usize = 3;
 fn sampled(seed: u64) -> SamplingParams {
     SamplingParams {
         temperature: 0.7,
+        top_k: 0,
         top_p: 1.0,
         seed,
     }
@@ -112,6 +113,7 @@ fn mixed_params(rows: usize, seed: u64) -> Vec<SamplingParams> {
             } else {
                 SamplingParams {
                     temperature: 0.7,
+                    top_k: 0,
                     top_p: if b % 4 == 1 { 1.0 } else { 0.9 },
                     seed: seed.wrapping_add(b as u64),
                 }

@@ -13,7 +13,8 @@
 //!   which the engine's sampler keys its own draws by; the row fails where the two disagree.
 //!
 //! Two kinds of check, under every parameter set of [`PARAM_SETS`] (temperature 0.7, 1.0,
-//! 1.3 by top-p 1.0, 0.9, 0.5, 0.2):
+//! 1.3 by top-p 1.0, 0.9, 0.5, 0.2, and six top-k sets: k = 1, 8, 40 alone and 5, 40, 100
+//! under a nucleus):
 //! - `steps[…]`: a prompt program decoded through the backend's sampled paths — a batch of
 //!   one row per parameter set through `decode_step_batch_sampled_rows` (logits read back
 //!   from `parked_logits`), and each set alone through `decode_step_h_sampled` (logits from
@@ -53,8 +54,8 @@ use memra_protocol::{Check, FirstMismatch, Status};
 #[command(
     name = "sampling-gate",
     about = "The engine's sampled tokens vs an independent f64 reference sampler (temperature \
-             + top-p, the engine's Philox stream): per parameter set, every unambiguous decode \
-             step's token, and a chi-square test of many draws on fixed logits rows (fails at \
+             + top-k + top-p, the engine's Philox stream): per parameter set, every unambiguous \
+             decode step's token, and a chi-square test of many draws on fixed logits rows (fails at \
              p < 1e-6). Exit 0 pass, 1 fail, 2 usage or setup error."
 )]
 pub struct Args {
@@ -83,28 +84,43 @@ pub struct Settings {
     pub rows: usize,
 }
 
-/// Every (temperature, top-p) the step checks run: each temperature with no truncation and
-/// with nuclei from wide to narrow.
-pub const PARAM_SETS: [(f32, f32); 12] = [
-    (0.7, 1.0),
-    (0.7, 0.9),
-    (0.7, 0.5),
-    (0.7, 0.2),
-    (1.0, 1.0),
-    (1.0, 0.9),
-    (1.0, 0.5),
-    (1.0, 0.2),
-    (1.3, 1.0),
-    (1.3, 0.9),
-    (1.3, 0.5),
-    (1.3, 0.2),
+/// Every (temperature, top-k, top-p) the step checks run: each temperature with no
+/// truncation and with nuclei from wide to narrow, then top-k alone (k = 1 must be the
+/// argmax) and top-k under a nucleus (top-p cuts inside what top-k kept). Top-k 0 is none.
+pub const PARAM_SETS: [(f32, u32, f32); 18] = [
+    (0.7, 0, 1.0),
+    (0.7, 0, 0.9),
+    (0.7, 0, 0.5),
+    (0.7, 0, 0.2),
+    (1.0, 0, 1.0),
+    (1.0, 0, 0.9),
+    (1.0, 0, 0.5),
+    (1.0, 0, 0.2),
+    (1.3, 0, 1.0),
+    (1.3, 0, 0.9),
+    (1.3, 0, 0.5),
+    (1.3, 0, 0.2),
+    (1.0, 1, 1.0),
+    (0.7, 8, 1.0),
+    (1.3, 40, 1.0),
+    (1.0, 5, 0.9),
+    (1.3, 40, 0.5),
+    (1.0, 100, 0.2),
 ];
 
 /// The sets of the distribution test: one per temperature and every top-p, so each row is
-/// tested without truncation and through nuclei of three widths.
-pub const DIST_SETS: [(f32, f32); 4] = [(1.0, 1.0), (0.7, 0.9), (1.3, 0.5), (1.0, 0.2)];
+/// tested without truncation and through nuclei of three widths, and two under top-k (alone,
+/// and with a nucleus inside it).
+pub const DIST_SETS: [(f32, u32, f32); 6] = [
+    (1.0, 0, 1.0),
+    (0.7, 0, 0.9),
+    (1.3, 0, 0.5),
+    (1.0, 0, 0.2),
+    (1.0, 8, 1.0),
+    (1.3, 40, 0.9),
+];
 
-/// A distribution test fails when the chi-square p-value falls below this. With a dozen
+/// A distribution test fails when the chi-square p-value falls below this. With eighteen
 /// tests a run, a correct sampler fails one by chance about once in 10^5 runs.
 pub const P_FAIL: f64 = 1e-6;
 
@@ -187,16 +203,22 @@ fn settings(args: &Args) -> Result<Settings, GateError> {
 
 /// The parameters of set `i` under the doors' seed.
 fn params(i: usize, gate_seed: u64) -> SamplingParams {
-    let (temperature, top_p) = PARAM_SETS[i];
+    let (temperature, top_k, top_p) = PARAM_SETS[i];
     SamplingParams {
         temperature,
+        top_k,
         top_p,
         seed: SEED_BASE ^ gate_seed.wrapping_mul(0x9e37_79b9) ^ i as u64,
     }
 }
 
-fn set_name(kind: &str, (t, p): (f32, f32)) -> String {
-    format!("{kind}[T={t},top_p={p}]")
+/// A set in a row name: `T=…,top_p=…`, with `top_k=…` between them where the set has top-k.
+fn set_label((t, k, p): (f32, u32, f32)) -> String {
+    if k == 0 {
+        format!("T={t},top_p={p}")
+    } else {
+        format!("T={t},top_k={k},top_p={p}")
+    }
 }
 
 /// The whole gate: flags, doors and model are read here; errors before the first check are
@@ -260,18 +282,20 @@ pub fn gate(
         }
     }
     for (i, t) in tallies.iter().enumerate() {
-        rep.check(&t.check(&set_name("steps", PARAM_SETS[i])))?;
+        rep.check(&t.check(&format!("steps[{}]", set_label(PARAM_SETS[i]))))?;
     }
     rep.check(&positions.check("positions"))?;
     let nucleus = sampling::nucleus(doors);
     for (r, row) in dist_rows.iter().enumerate() {
-        for (j, &(temperature, top_p)) in DIST_SETS.iter().enumerate() {
+        for (j, &set) in DIST_SETS.iter().enumerate() {
+            let (temperature, top_k, top_p) = set;
             let p = SamplingParams {
                 temperature,
+                top_k,
                 top_p,
                 seed: SEED_BASE ^ doors.gate_seed ^ (((r * DIST_SETS.len() + j) as u64) << 16),
             };
-            let name = format!("distribution[row={r},T={temperature},top_p={top_p}]");
+            let name = format!("distribution[row={r},{}]", set_label(set));
             let draw = |step: usize| {
                 sampling::sample_token_with(row, &p, SeqId(DIST_ID + r as u32), step, nucleus)
             };
@@ -410,7 +434,7 @@ impl Positions {
 /// under every top-p and tests nothing, so the distribution test takes the spread ones.
 fn spread_rows(seen: Vec<Vec<f32>>, count: usize) -> Vec<Vec<f32>> {
     let entropy = |row: &[f32]| -> f64 {
-        let d = sampler::distribution(row, 1.0, 1.0);
+        let d = sampler::distribution(row, 1.0, 0, 1.0);
         -d.kept
             .iter()
             .filter(|k| k.1 > 0.0)
@@ -452,7 +476,7 @@ impl Tally {
         row: usize,
         got: u32,
     ) {
-        let r = sampler::sample(logits, p.temperature, p.top_p, p.seed, seq, step);
+        let r = sampler::sample(logits, p.temperature, p.top_k, p.top_p, p.seed, seq, step);
         if r.ambiguous {
             self.ambiguous += 1;
             return;
@@ -617,7 +641,7 @@ pub fn distribution_test(
     draws: usize,
     mut draw: impl FnMut(usize) -> Result<u32, EngineError>,
 ) -> Result<DistributionTest, EngineError> {
-    let dist = sampler::distribution(row, p.temperature, p.top_p);
+    let dist = sampler::distribution(row, p.temperature, p.top_k, p.top_p);
     let mut counts = vec![0usize; dist.kept.len()];
     let (mut outside, mut first_outside) = (0, None);
     for step in 0..draws {
@@ -696,6 +720,7 @@ mod tests {
             .collect();
         let p = SamplingParams {
             temperature: 1.0,
+            top_k: 0,
             top_p: 0.6,
             seed: 9,
         };
@@ -764,13 +789,14 @@ mod tests {
         let row = [0.0f32, 0.0, 0.0, 0.0];
         let p = SamplingParams {
             temperature: 1.0,
+            top_k: 0,
             top_p: 1.0,
             seed: 1,
         };
         let mut good = Tally::default();
         let mut bad = Tally::default();
         for step in 0..50 {
-            let r = sampler::sample(&row, 1.0, 1.0, 1, SeqId(0), step);
+            let r = sampler::sample(&row, 1.0, 0, 1.0, 1, SeqId(0), step);
             good.compare("batched", &row, &p, SeqId(0), step, 0, r.token);
             bad.compare("batched", &row, &p, SeqId(0), step, 0, (r.token + 1) % 4);
         }

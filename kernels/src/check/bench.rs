@@ -263,13 +263,15 @@ pub fn run(gpu: &Gpu) -> R<()> {
         gpu.argmax(&logits, &mut tok, &mut scratch, 1, vocab)
     })?;
     println!("| argmax_f32 | {vocab} | 1 | {us:.2} | | |");
-    for (temp, top_p) in [(0.7f32, 1.0f32), (0.7, 0.9)] {
+    for (temp, top_k, top_p) in [(0.7f32, 0u32, 1.0f32), (0.7, 0, 0.9), (0.7, 40, 0.9)] {
         let us = time_us(gpu, |_| {
             gpu.sample(
-                &logits, &mut p, &mut tok, 8, vocab, temp, top_p, 7, &seq, &step,
+                &logits, &mut p, &mut tok, 8, vocab, temp, top_k, top_p, 7, &seq, &step,
             )
         })?;
-        println!("| sample_f32 temp={temp} top_p={top_p} | {vocab} | 8 | {us:.2} | | |");
+        println!(
+            "| sample_f32 temp={temp} top_k={top_k} top_p={top_p} | {vocab} | 8 | {us:.2} | | |"
+        );
     }
     Ok(())
 }

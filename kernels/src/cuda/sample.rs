@@ -1,5 +1,5 @@
-//! Launchers of the sample family (`sample.cu`): greedy argmax over logits, temperature and
-//! top-p sampling, and the two building blocks kernel-check compares on their own
+//! Launchers of the sample family (`sample.cu`): greedy argmax over logits, temperature,
+//! top-k and top-p sampling, and the two building blocks kernel-check compares on their own
 //! (`exp_mirrored`, Philox4x32-10). The twins are [`crate::twin::argmax`] and
 //! [`crate::twin::sample`].
 
@@ -54,8 +54,9 @@ impl Gpu {
         unsafe { self.launch(&sources::SAMPLE, K, cfg, &[logits, out, scratch, &ni]) }
     }
 
-    /// Temperature + top-p sampling of `batch` rows of `n` logits, row `b` keyed by
-    /// `(seed, seq[b], step[b])`; `p_scratch` holds `batch * n` floats.
+    /// Temperature + top-k + top-p sampling of `batch` rows of `n` logits (`top_k` 0 keeps
+    /// every token), row `b` keyed by `(seed, seq[b], step[b])`; `p_scratch` holds
+    /// `batch * n` floats.
     #[allow(clippy::too_many_arguments)]
     pub fn sample(
         &self,
@@ -65,6 +66,7 @@ impl Gpu {
         batch: usize,
         n: usize,
         temp: f32,
+        top_k: u32,
         top_p: f32,
         seed: u64,
         seq: &CudaSlice<u32>,
@@ -90,17 +92,18 @@ impl Gpu {
                 K,
                 cfg,
                 &[
-                    logits, p_scratch, out, &ni, &temp, &top_p, &lo, &hi, seq, step,
+                    logits, p_scratch, out, &ni, &temp, &top_k, &top_p, &lo, &hi, seq, step,
                 ],
             )
         }
     }
 
-    /// [`Gpu::sample`] with parameters per row: row `b` is drawn under `temp[b]`, `top_p[b]`
-    /// and `seed[b]`, keyed by `(seed[b], seq[b], step[b])`, and is the argmax where
-    /// `temp[b]` is 0, so one launch serves a batch that mixes greedy and sampled rows. Each
-    /// row's token is the one [`Gpu::sample`] draws for that row under its parameters.
-    /// `nucleus` is [`Nucleus::Exact`] except under the planted `top-p-cut` test defect.
+    /// [`Gpu::sample`] with parameters per row: row `b` is drawn under `temp[b]`, `top_k[b]`,
+    /// `top_p[b]` and `seed[b]`, keyed by `(seed[b], seq[b], step[b])`, and is the argmax
+    /// where `temp[b]` is 0, so one launch serves a batch that mixes greedy and sampled rows.
+    /// Each row's token is the one [`Gpu::sample`] draws for that row under its parameters.
+    /// `nucleus` is [`Nucleus::Exact`] except under the planted `top-p-cut` and `top-k-cut`
+    /// test defects.
     #[allow(clippy::too_many_arguments)]
     pub fn sample_rows(
         &self,
@@ -110,6 +113,7 @@ impl Gpu {
         batch: usize,
         n: usize,
         temp: &CudaSlice<f32>,
+        top_k: &CudaSlice<u32>,
         top_p: &CudaSlice<f32>,
         seed: &CudaSlice<u64>,
         seq: &CudaSlice<u32>,
@@ -127,26 +131,32 @@ impl Gpu {
         need(K, "p_scratch", p_scratch.len(), batch * n)?;
         need(K, "out", out.len(), batch)?;
         need(K, "temp", temp.len(), batch)?;
+        need(K, "top_k", top_k.len(), batch)?;
         need(K, "top_p", top_p.len(), batch)?;
         need(K, "seed", seed.len(), batch)?;
         need(K, "seq", seq.len(), batch)?;
         need(K, "step", step.len(), batch)?;
         let ni = int(K, "n", n)?;
-        let cut_early: i32 = (nucleus == Nucleus::OneEarly).into();
+        // sample.cu's DEFECT_TOP_P_EARLY and DEFECT_TOP_K_ONE_MORE.
+        let defect: i32 = match nucleus {
+            Nucleus::Exact => 0,
+            Nucleus::OneEarly => 1,
+            Nucleus::KOneMore => 2,
+        };
         let cfg = LaunchConfig {
             grid_dim: (batch as u32, 1, 1),
             block_dim: (SAMPLE_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: every buffer was checked for batch rows of n (or one value per row);
-        // cut_early is the kernel's trailing int.
+        // defect is the kernel's trailing int.
         unsafe {
             self.launch(
                 &sources::SAMPLE,
                 K,
                 cfg,
                 &[
-                    logits, p_scratch, out, &ni, temp, top_p, seed, seq, step, &cut_early,
+                    logits, p_scratch, out, &ni, temp, top_k, top_p, seed, seq, step, &defect,
                 ],
             )
         }
@@ -204,5 +214,13 @@ mod tests {
         assert!(sample.contains(&format!("#define ARGMAX_THREADS {ARGMAX_THREADS}\n")));
         assert!(sample.contains("#define ARGMAX_CHUNK (ARGMAX_THREADS * 8)\n"));
         assert_eq!(argmax_scratch_len(2, 49152), 2 * (1 + 2 * 24));
+    }
+
+    /// The defect codes the launcher passes are the kernel's.
+    #[test]
+    fn defect_codes_match_the_kernel_source() {
+        let sample = sources::SAMPLE.text;
+        assert!(sample.contains("#define DEFECT_TOP_P_EARLY 1\n"));
+        assert!(sample.contains("#define DEFECT_TOP_K_ONE_MORE 2\n"));
     }
 }

@@ -1,19 +1,25 @@
 //! Twins of `sample.cu`: argmax, the Philox4x32-10 counter-based generator, and temperature +
-//! top-p sampling keyed by (seed, sequence, step), so a token drawn on the GPU can be redrawn
-//! on the host.
+//! top-k + top-p sampling keyed by (seed, sequence, step), so a token drawn on the GPU can be
+//! redrawn on the host.
 //!
 //! Sampling composition (one block of [`SAMPLE_THREADS`] threads per sequence; thread `t` owns
 //! the contiguous chunk `[t*C, min((t+1)*C, n))` with `C = ceil(n / 256)`):
 //! 1. `m = max logits` (exact); `p_i = exp((l_i - m) / temp)` (unnormalised).
 //! 2. `mass(τ)`: each thread sums `p_i` with `p_i >= τ` over its chunk left to right from
 //!    `0.0`; thread 0 sums the 256 chunk sums in thread order from `0.0`. `total = mass(0)`.
-//! 3. top-p: the kept set is `{ i : p_i >= τ* }` with `τ*` the largest float (searched by
-//!    bisection over the bit patterns of non-negative floats, 31 steps) whose `mass(τ*)` is at
-//!    least `top_p * total` — the same set a descending sort and cumulative cut keeps, ties
-//!    included. `top_p >= 1` keeps everything (`τ* = 0`).
-//! 4. `u` = [`uniform_from_philox`] of Philox4x32-10 with counter `[step, seq, 0, 0]` and key
+//! 3. top-k (`0 < top_k < n`; 0 or `>= n` keeps everything): `τ_k` is the largest float
+//!    (bisection over the bit patterns of non-negative floats, 31 steps) with
+//!    `count(τ_k) = #{ i : p_i >= τ_k } >= top_k` — the `top_k` largest probabilities, every
+//!    token tied with the k-th included. Counts are integers, so the cut does not depend on
+//!    any summation order. Without top-k, `τ_k = 0`.
+//! 4. top-p, over what top-k kept: the kept set is `{ i : p_i >= τ* }` with `τ*` the largest
+//!    float `>= τ_k` (the same bisection, from `τ_k` up) whose `mass(τ*)` is at least
+//!    `top_p * mass(τ_k)` — the set a descending sort and cumulative cut of the renormalized
+//!    top-k probabilities keeps, ties included. `top_p >= 1` keeps what top-k kept
+//!    (`τ* = τ_k`). Top-k first, then top-p: the order of the usual sampler chains.
+//! 5. `u` = [`uniform_from_philox`] of Philox4x32-10 with counter `[step, seq, 0, 0]` and key
 //!    `[seed_lo, seed_hi]`; `target = u * mass(τ*)`.
-//! 5. Thread 0 walks the chunks in order with `run = 0.0`: a chunk whose kept sum `S_c` gives
+//! 6. Thread 0 walks the chunks in order with `run = 0.0`: a chunk whose kept sum `S_c` gives
 //!    `run + S_c > target` holds the token, else `run = run + S_c`. Inside that chunk it adds
 //!    kept `p_i` to `run` one by one and returns the first `i` with `run > target`; if
 //!    rounding leaves none, the chunk's last kept index. If no chunk qualifies, the last kept
@@ -103,6 +109,29 @@ fn mass(p: &[f32], tau: f32, chunk: usize, sums: &mut [f32; SAMPLE_THREADS]) -> 
     total
 }
 
+/// Tokens whose probability is at least `tau` (NaN never is): the top-k cut's count. The
+/// device sums per-thread counts; integers add exactly in any order.
+fn count(p: &[f32], tau: f32) -> usize {
+    p.iter().filter(|&&v| v >= tau).count()
+}
+
+/// The largest non-negative float bit pattern `t >= lo` (within `lo..0x7f80_0001`) for which
+/// `keeps(t)` holds, given that `keeps(lo)` holds and `keeps` only turns false as `t` grows:
+/// 31 steps of bisection over the bit patterns (`+inf` + 1 is never kept). Returns the pair
+/// `(t, t + 1)`, the last kept pattern and the first not kept.
+fn bisect(lo: u32, mut keeps: impl FnMut(f32) -> bool) -> (u32, u32) {
+    let (mut lo, mut hi) = (lo, 0x7f80_0001u32);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if keeps(f32::from_bits(mid)) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    (lo, hi)
+}
+
 /// The uniform in `[0, 1)` the sampler draws for `(seed, seq, step)`: [`uniform_from_philox`]
 /// of the first word of Philox4x32-10 with counter `[step, seq, 0, 0]` and key
 /// `[seed_lo, seed_hi]`. This stream is the sampler's contract; an independent sampler that
@@ -123,19 +152,33 @@ pub enum Nucleus {
     /// only where it leaves something to draw from (the nucleus holds more than the cut
     /// group) and only when `top_p < 1`.
     OneEarly,
+    /// A planted test defect: the top-k cut keeps the `top_k + 1` largest probabilities (an
+    /// off-by-one in the count), wherever `0 < top_k < n`; the top-p cut is the contract's.
+    KOneMore,
 }
 
-/// Draws a token from `logits` at temperature `temp` with nucleus `top_p`, keyed by
-/// `(seed, seq, step)`; see the module documentation for the exact composition. An empty row
-/// gives 0.
-pub fn sample(logits: &[f32], temp: f32, top_p: f32, seed: u64, seq: u32, step: u32) -> u32 {
-    sample_with(logits, temp, top_p, seed, seq, step, Nucleus::Exact)
+/// Draws a token from `logits` at temperature `temp` with top-k `top_k` (0 = none) and nucleus
+/// `top_p`, keyed by `(seed, seq, step)`; see the module documentation for the exact
+/// composition. An empty row gives 0.
+pub fn sample(
+    logits: &[f32],
+    temp: f32,
+    top_k: u32,
+    top_p: f32,
+    seed: u64,
+    seq: u32,
+    step: u32,
+) -> u32 {
+    sample_with(logits, temp, top_k, top_p, seed, seq, step, Nucleus::Exact)
 }
 
-/// [`sample`] with a choice of [`Nucleus`] (the planted `top-p-cut` defect's hook).
+/// [`sample`] with a choice of [`Nucleus`] (the planted `top-p-cut` and `top-k-cut` defects'
+/// hook).
+#[allow(clippy::too_many_arguments)]
 pub fn sample_with(
     logits: &[f32],
     temp: f32,
+    top_k: u32,
     top_p: f32,
     seed: u64,
     seq: u32,
@@ -153,20 +196,15 @@ pub fn sample_with(
         .collect();
     let chunk = n.div_ceil(SAMPLE_THREADS);
     let mut sums = [0.0f32; SAMPLE_THREADS];
-    let total = mass(&p, 0.0, chunk, &mut sums);
     let mut tau_bits = 0u32;
+    if top_k > 0 && (top_k as usize) < n {
+        let k = top_k as usize + usize::from(nucleus == Nucleus::KOneMore);
+        tau_bits = bisect(0, |t| count(&p, t) >= k).0;
+    }
     if top_p < 1.0 {
-        let want = top_p * total;
-        // Invariant: mass(lo) >= want, mass(hi) < want (hi = +inf bits + 1 is never kept).
-        let (mut lo, mut hi) = (0u32, 0x7f80_0001u32);
-        while hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
-            if mass(&p, f32::from_bits(mid), chunk, &mut sums) >= want {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
+        let want = top_p * mass(&p, f32::from_bits(tau_bits), chunk, &mut sums);
+        // mass(τ_k) >= want, as top_p <= 1: the bisection's lower end holds.
+        let (lo, hi) = bisect(tau_bits, |t| mass(&p, t, chunk, &mut sums) >= want);
         tau_bits = lo;
         if nucleus == Nucleus::OneEarly && mass(&p, f32::from_bits(hi), chunk, &mut sums) > 0.0 {
             tau_bits = hi;
@@ -309,12 +347,12 @@ mod tests {
         let logits: Vec<f32> = (0..1000)
             .map(|i| ((i * 7919) % 1000) as f32 / 100.0)
             .collect();
-        assert_eq!(sample(&logits, 0.0, 0.9, 1, 0, 0), argmax(&logits));
-        let a = sample(&logits, 0.8, 0.9, 42, 3, 7);
-        assert_eq!(a, sample(&logits, 0.8, 0.9, 42, 3, 7));
+        assert_eq!(sample(&logits, 0.0, 0, 0.9, 1, 0, 0), argmax(&logits));
+        let a = sample(&logits, 0.8, 0, 0.9, 42, 3, 7);
+        assert_eq!(a, sample(&logits, 0.8, 0, 0.9, 42, 3, 7));
         // Different steps draw different tokens at least sometimes.
         let draws: std::collections::BTreeSet<u32> = (0..50)
-            .map(|s| sample(&logits, 1.0, 1.0, 42, 0, s))
+            .map(|s| sample(&logits, 1.0, 0, 1.0, 42, 0, s))
             .collect();
         assert!(draws.len() > 10);
     }
@@ -326,7 +364,7 @@ mod tests {
         let logits = [4.0f32.ln(), 2.0f32.ln(), 0.0, 0.0];
         let draws = |top_p: f32, nucleus: Nucleus| -> std::collections::BTreeSet<u32> {
             (0..400)
-                .map(|s| sample_with(&logits, 1.0, top_p, 3, 0, s, nucleus))
+                .map(|s| sample_with(&logits, 1.0, 0, top_p, 3, 0, s, nucleus))
                 .collect()
         };
         assert_eq!(draws(0.6, Nucleus::Exact), [0, 1].into());
@@ -341,12 +379,12 @@ mod tests {
     fn top_p_and_frequencies() {
         let logits = [5.0f32, 1.0, 0.0, 0.5];
         for step in 0..200 {
-            assert_eq!(sample(&logits, 1.0, 0.9, 7, 0, step), 0);
+            assert_eq!(sample(&logits, 1.0, 0, 0.9, 7, 0, step), 0);
         }
         let logits = [0.0f32, (2.0f32).ln(), 0.0];
         let mut counts = [0usize; 3];
         for step in 0..4000 {
-            counts[sample(&logits, 1.0, 1.0, 11, 1, step) as usize] += 1;
+            counts[sample(&logits, 1.0, 0, 1.0, 11, 1, step) as usize] += 1;
         }
         // Expected shares 1/4, 1/2, 1/4.
         assert!((counts[1] as f64 / 4000.0 - 0.5).abs() < 0.04, "{counts:?}");
@@ -354,5 +392,65 @@ mod tests {
             (counts[0] as f64 / 4000.0 - 0.25).abs() < 0.04,
             "{counts:?}"
         );
+    }
+
+    /// The distinct tokens of 400 draws.
+    fn drawn(logits: &[f32], temp: f32, top_k: u32, top_p: f32, nucleus: Nucleus) -> Vec<u32> {
+        let set: std::collections::BTreeSet<u32> = (0..400)
+            .map(|s| sample_with(logits, temp, top_k, top_p, 5, 1, s, nucleus))
+            .collect();
+        set.into_iter().collect()
+    }
+
+    /// Top-k keeps the k most probable tokens, ties at the k-th included; 0 and k >= n keep
+    /// everything; top-k = 1 is the argmax; top-p then cuts inside what top-k kept.
+    #[test]
+    fn top_k_keeps_the_k_largest_and_its_ties() {
+        // Probabilities in the order 3 > 0 > 4 = 1 > 2.
+        let logits = [2.0f32, 1.0, 0.0, 3.0, 1.0];
+        let e = Nucleus::Exact;
+        assert_eq!(drawn(&logits, 1.0, 2, 1.0, e), [0, 3]);
+        assert_eq!(drawn(&logits, 1.0, 3, 1.0, e), [0, 1, 3, 4]);
+        assert_eq!(drawn(&logits, 1.0, 1, 1.0, e), [3]);
+        assert_eq!(drawn(&logits, 1.0, 0, 1.0, e).len(), 5);
+        assert_eq!(drawn(&logits, 1.0, 5, 1.0, e).len(), 5);
+        assert_eq!(drawn(&logits, 1.0, 9, 1.0, e).len(), 5);
+        // Renormalized over tokens 3 and 0 (e^3 and e^2), token 3 holds 0.73 of the mass:
+        // top-p 0.7 keeps it alone, 0.8 both.
+        assert_eq!(drawn(&logits, 1.0, 2, 0.7, e), [3]);
+        assert_eq!(drawn(&logits, 1.0, 2, 0.8, e), [0, 3]);
+        // Without top-k the shares are 0.59, 0.22, 0.08 twice, 0.03: top-p 0.8 keeps two
+        // tokens, 0.95 reaches into the tied pair and keeps both of it.
+        assert_eq!(drawn(&logits, 1.0, 0, 0.8, e), [0, 3]);
+        assert_eq!(drawn(&logits, 1.0, 0, 0.95, e), [0, 1, 3, 4]);
+        // Top-k 1 draws the argmax at any temperature, every step.
+        for step in 0..50 {
+            assert_eq!(sample(&logits, 1.7, 1, 1.0, 9, 2, step), argmax(&logits));
+        }
+        // Top-k 0 is the untruncated sampler, bit for bit.
+        for step in 0..50 {
+            assert_eq!(
+                sample(&logits, 0.8, 0, 0.9, 3, 1, step),
+                sample(&logits, 0.8, 5, 0.9, 3, 1, step)
+            );
+        }
+    }
+
+    /// The planted off-by-one keeps the (k+1)-th token too, and nothing changes without
+    /// top-k.
+    #[test]
+    fn k_one_more_keeps_the_next_token() {
+        let logits = [2.0f32, 1.0, 0.0, 3.0, 0.5];
+        let k = Nucleus::KOneMore;
+        assert_eq!(drawn(&logits, 1.0, 1, 1.0, k), [0, 3]);
+        assert_eq!(drawn(&logits, 1.0, 2, 1.0, k), [0, 1, 3]);
+        assert_eq!(drawn(&logits, 1.0, 4, 1.0, k).len(), 5);
+        assert_eq!(drawn(&logits, 1.0, 5, 1.0, k).len(), 5);
+        for step in 0..50 {
+            assert_eq!(
+                sample_with(&logits, 0.8, 0, 0.6, 3, 1, step, k),
+                sample(&logits, 0.8, 0, 0.6, 3, 1, step)
+            );
+        }
     }
 }

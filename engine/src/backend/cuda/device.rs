@@ -140,8 +140,9 @@ pub(super) struct Scratch {
     pub(super) pos: CudaSlice<i32>,
     pub(super) seq_ids: CudaSlice<u32>,
     pub(super) steps: CudaSlice<u32>,
-    /// Each row's sampling parameters (temperature, top-p, seed) for the sampler.
+    /// Each row's sampling parameters (temperature, top-k, top-p, seed) for the sampler.
     pub(super) temps: CudaSlice<f32>,
+    pub(super) top_ks: CudaSlice<u32>,
     pub(super) top_ps: CudaSlice<f32>,
     pub(super) seeds: CudaSlice<u64>,
     pub(super) picked: CudaSlice<u32>,
@@ -219,6 +220,7 @@ impl Scratch {
             seq_ids: alloc(stream, "the sequence ids", r)?,
             steps: alloc(stream, "the sampling steps", r)?,
             temps: alloc(stream, "the sampling temperatures", r)?,
+            top_ks: alloc(stream, "the sampling top-k counts", r)?,
             top_ps: alloc(stream, "the sampling top-p masses", r)?,
             seeds: alloc(stream, "the sampling seeds", r)?,
             picked: alloc(stream, "the picked tokens", r)?,

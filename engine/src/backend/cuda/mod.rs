@@ -632,6 +632,7 @@ impl CudaBackend {
                 })
                 .collect();
             let temps: Vec<f32> = params.iter().map(|p| p.temperature).collect();
+            let top_ks: Vec<u32> = params.iter().map(|p| p.top_k).collect();
             let top_ps: Vec<f32> = params.iter().map(|p| p.top_p).collect();
             let seeds: Vec<u64> = params.iter().map(|p| p.seed).collect();
             stream
@@ -642,6 +643,9 @@ impl CudaBackend {
                 .map_err(up)?;
             stream
                 .memcpy_htod(&temps, &mut s.temps.slice_mut(..n))
+                .map_err(up)?;
+            stream
+                .memcpy_htod(&top_ks, &mut s.top_ks.slice_mut(..n))
                 .map_err(up)?;
             stream
                 .memcpy_htod(&top_ps, &mut s.top_ps.slice_mut(..n))
@@ -658,6 +662,7 @@ impl CudaBackend {
                 n,
                 v,
                 &s.temps,
+                &s.top_ks,
                 &s.top_ps,
                 &s.seeds,
                 &s.seq_ids,

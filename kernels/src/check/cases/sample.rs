@@ -127,41 +127,73 @@ pub fn sampling(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
     let seqs: Vec<u32> = (0..batch as u32).collect();
     let dseq = up(gpu, &seqs)?;
     let seed = 0x5eed_0000_0000_002a_u64;
-    for (temp, top_p) in [(0.0f32, 1.0f32), (0.7, 0.9), (1.0, 1.0), (1.0, 0.5)] {
+    for (temp, top_k, top_p) in [
+        (0.0f32, 0u32, 1.0f32),
+        (0.7, 0, 0.9),
+        (1.0, 0, 1.0),
+        (1.0, 0, 0.5),
+        (0.7, 40, 1.0),
+        (1.0, 8, 0.9),
+        (1.3, 1, 1.0),
+    ] {
         let mut want = Vec::new();
         let mut got = Vec::new();
         for step in 0..25u32 {
             let dstep = up(gpu, &vec![step; batch])?;
             let mut dtok = zeros::<u32>(gpu, batch)?;
             gpu.sample(
-                &dl, &mut p, &mut dtok, batch, vocab, temp, top_p, seed, &dseq, &dstep,
+                &dl, &mut p, &mut dtok, batch, vocab, temp, top_k, top_p, seed, &dseq, &dstep,
             )?;
             got.extend(down(gpu, &dtok)?);
             for (b, row) in logits.chunks(vocab).enumerate() {
-                want.push(twin::sample(row, temp, top_p, seed, b as u32, step));
+                want.push(twin::sample(row, temp, top_k, top_p, seed, b as u32, step));
             }
         }
+        let k = if top_k > 0 {
+            format!("/top_k={top_k}")
+        } else {
+            String::new()
+        };
         out.push(compare_u32(
-            format!("kernel-check/sample_f32/{batch}x{vocab}/temp={temp}/top_p={top_p}/25-steps"),
+            format!(
+                "kernel-check/sample_f32/{batch}x{vocab}/temp={temp}{k}/top_p={top_p}/25-steps"
+            ),
             &want,
             &got,
             batch,
         ));
     }
 
-    // Parameters per row: the rows cycle through greedy and three samplings, each with its
-    // own seed, and each row must draw what the twin draws for it alone.
-    let combos = [(0.0f32, 1.0f32), (0.7, 0.9), (1.0, 1.0), (1.0, 0.5)];
-    let temps: Vec<f32> = (0..batch).map(|b| combos[b % 4].0).collect();
-    let top_ps: Vec<f32> = (0..batch).map(|b| combos[b % 4].1).collect();
+    // Parameters per row: the rows are greedy or sampled under their own temperature, top-k,
+    // top-p and seed, and each row must draw what the twin draws for it alone.
+    let combos = [
+        (0.0f32, 0u32, 1.0f32),
+        (0.7, 0, 0.9),
+        (1.0, 0, 1.0),
+        (1.0, 0, 0.5),
+        (0.7, 40, 1.0),
+        (1.0, 8, 0.9),
+        (1.3, 1, 1.0),
+        (1.0, 3, 0.5),
+    ];
+    let temps: Vec<f32> = (0..batch).map(|b| combos[b % 8].0).collect();
+    let top_ks: Vec<u32> = (0..batch).map(|b| combos[b % 8].1).collect();
+    let top_ps: Vec<f32> = (0..batch).map(|b| combos[b % 8].2).collect();
     let seeds: Vec<u64> = (0..batch as u64).map(|b| seed ^ (b << 40) ^ b).collect();
-    let (dtemp, dtop, dseed) = (up(gpu, &temps)?, up(gpu, &top_ps)?, up(gpu, &seeds)?);
-    // The test-only early cut (`MEMRA_GATE_DEFECT=top-p-cut`) as well: the device's
-    // `cut_early` must drop what the twin's `Nucleus::OneEarly` drops, so sampling-gate's
-    // negative cell on the GPU fails for the defect it plants and nothing else.
+    let (dtemp, dtopk, dtop, dseed) = (
+        up(gpu, &temps)?,
+        up(gpu, &top_ks)?,
+        up(gpu, &top_ps)?,
+        up(gpu, &seeds)?,
+    );
+    // The test-only defects (`MEMRA_GATE_DEFECT=top-p-cut`, `top-k-cut`) as well: the
+    // device's defect argument must drop (or keep) what the twin's `Nucleus::OneEarly` and
+    // `Nucleus::KOneMore` do, so sampling-gate's negative cells on the GPU fail for the
+    // defect they plant and nothing else.
     for (nucleus, tag) in [
         (twin::Nucleus::Exact, ""),
         (twin::Nucleus::OneEarly, "/cut-early"),
+        (twin::Nucleus::KOneMore, "/top-k-one-more"),
     ] {
         let mut want = Vec::new();
         let mut got = Vec::new();
@@ -169,12 +201,13 @@ pub fn sampling(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
             let dstep = up(gpu, &vec![step; batch])?;
             let mut dtok = zeros::<u32>(gpu, batch)?;
             gpu.sample_rows(
-                &dl, &mut p, &mut dtok, batch, vocab, &dtemp, &dtop, &dseed, &dseq, &dstep, nucleus,
+                &dl, &mut p, &mut dtok, batch, vocab, &dtemp, &dtopk, &dtop, &dseed, &dseq, &dstep,
+                nucleus,
             )?;
             got.extend(down(gpu, &dtok)?);
             for (b, row) in logits.chunks(vocab).enumerate() {
                 want.push(twin::sample_with(
-                    row, temps[b], top_ps[b], seeds[b], b as u32, step, nucleus,
+                    row, temps[b], top_ks[b], top_ps[b], seeds[b], b as u32, step, nucleus,
                 ));
             }
         }
