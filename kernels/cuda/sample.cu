@@ -151,17 +151,20 @@ __device__ __forceinline__ float mass(const float* p, int lo, int hi, float tau,
 }
 
 // count(tau) = #{ i : p_i >= tau }, the top-k cut's count, on every thread. Integers add
-// exactly, so the per-thread counts may be summed in any order.
-__device__ __forceinline__ u32 count_ge(const float* p, int lo, int hi, float tau, u32* counts,
+// exactly in any order, so unlike mass() the count need not follow the chunks: the threads
+// stride the row (coalesced loads) and the block sums warp totals. The leading barrier makes
+// every thread's p writes visible before any thread reads another's.
+__device__ __forceinline__ u32 count_ge(const float* p, int n, float tau, u32* counts,
                                         u32* total) {
-    u32 c = 0;
-    for (int i = lo; i < hi; ++i) c += p[i] >= tau ? 1u : 0u;
     __syncthreads();
-    counts[threadIdx.x] = c;
+    u32 c = 0;
+    for (int i = threadIdx.x; i < n; i += SAMPLE_THREADS) c += p[i] >= tau ? 1u : 0u;
+    for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+    if ((threadIdx.x & 31) == 0) counts[threadIdx.x >> 5] = c;
     __syncthreads();
     if (threadIdx.x == 0) {
         u32 t = 0;
-        for (int k = 0; k < SAMPLE_THREADS; ++k) t += counts[k];
+        for (int w = 0; w < SAMPLE_THREADS / 32; ++w) t += counts[w];
         *total = t;
     }
     __syncthreads();
@@ -187,7 +190,7 @@ __device__ __forceinline__ void sample_row(const float* l, float* p, u32* out, i
     __shared__ u32 shi[32];
     __shared__ float sums[SAMPLE_THREADS];
     __shared__ float total;
-    __shared__ u32 counts[SAMPLE_THREADS];
+    __shared__ u32 counts[SAMPLE_THREADS / 32];
     __shared__ u32 count_total;
     if (!(temp > 0.0f)) {
         const u32 r = block_argmax(l, n, shv, shi);
@@ -207,7 +210,7 @@ __device__ __forceinline__ void sample_row(const float* l, float* p, u32* out, i
         u32 a = 0, z = 0x7f800001u;
         while (z - a > 1) {
             const u32 mid = a + (z - a) / 2;
-            if (count_ge(p, lo, hi, __uint_as_float(mid), counts, &count_total) >= k) a = mid;
+            if (count_ge(p, n, __uint_as_float(mid), counts, &count_total) >= k) a = mid;
             else z = mid;
         }
         tau_bits = a;
