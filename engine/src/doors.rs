@@ -121,6 +121,12 @@ pub enum GateDefect {
     /// device sampler's defect argument. sampling-gate's top-k rows catch it; every row
     /// without top-k, and every gate that holds the device to the host sampler, passes.
     TopKCut,
+    /// The top-k cut drops the ties: the samplers keep exactly `top_k` tokens, the first of
+    /// the order (ids ascending among equal logits), where the contract keeps every token
+    /// tied with the k-th (`twin::Nucleus::KDropTies`), as a sort-and-truncate sampler does.
+    /// Both backends plant it, as `top-k-cut`. Only a row with a tie at the cut can see it:
+    /// sampling-gate's `tied[…]` rows catch it; every row without exact ties passes.
+    TopKTies,
     /// The fused norm tier (the single-sequence path's rmsnorm+quantize, factor as a
     /// post-op) takes epsilon 1.0 instead of the model's; the separate tier keeps it
     /// (`backend::norm_eps`). A bug in one tier alone: `fused-vs-unfused` catches it.
@@ -173,7 +179,7 @@ impl GateDefect {
     }
 
     /// Every defect with its `MEMRA_GATE_DEFECT` value.
-    pub const ALL: [(GateDefect, &'static str); 15] = [
+    pub const ALL: [(GateDefect, &'static str); 16] = [
         (GateDefect::BatchReduction, "batch-reduction"),
         (GateDefect::StageRange, "stage-range"),
         (GateDefect::BoundaryCopy, "boundary-copy"),
@@ -183,6 +189,7 @@ impl GateDefect {
         (GateDefect::FusedNorm, "fused-norm"),
         (GateDefect::TopPCut, "top-p-cut"),
         (GateDefect::TopKCut, "top-k-cut"),
+        (GateDefect::TopKTies, "top-k-ties"),
         (GateDefect::ExpUlp, "exp-ulp"),
         (GateDefect::Q8BlockSum, "q8-block-sum"),
         (GateDefect::RewindSlot, "rewind-slot"),

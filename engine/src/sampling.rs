@@ -72,11 +72,12 @@ pub fn sample_token(
 
 /// The nucleus the backends' samplers keep under `doors`: the contract's, one token fewer at
 /// the top-p cut under the planted `top-p-cut` defect, one more at the top-k cut under
-/// `top-k-cut`.
+/// `top-k-cut`, exactly k (ties at the cut dropped) under `top-k-ties`.
 pub fn nucleus(doors: &Doors) -> Nucleus {
     match doors.gate_defect {
         Some(GateDefect::TopPCut) => Nucleus::OneEarly,
         Some(GateDefect::TopKCut) => Nucleus::KOneMore,
+        Some(GateDefect::TopKTies) => Nucleus::KDropTies,
         _ => Nucleus::Exact,
     }
 }

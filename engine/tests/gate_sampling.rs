@@ -1,7 +1,8 @@
 //! `sampling-gate` end to end, through the real binary on the synthesized tiny checkpoint the
 //! smoke battery uses: green on the CPU backend with every check row and the doors row, the
 //! planted `top-p-cut` defect failing exactly rows with top-p below 1, `top-k-cut` exactly rows
-//! with top-k, and clean usage errors.
+//! with top-k, `top-k-ties` exactly the tied top-k rows, `--part` selecting one family of
+//! rows, and clean usage errors.
 
 mod common;
 
@@ -107,6 +108,62 @@ fn green_on_the_cpu_backend_with_every_row() {
     assert!(dist.iter().any(|c| {
         !untruncated(c["check"].as_str().unwrap()) && c["metrics"]["bins"].as_u64().unwrap() > 5
     }));
+    // The tied rows: top-k 8 keeps the pair tied across its cut, top-k 40 the whole tail
+    // tied with its 40th token, and top-p 0.9's cut lands inside that tail, so it keeps it
+    // all as well.
+    for (name, kept) in [
+        ("tied[T=1,top_k=8,top_p=1]", 9),
+        ("tied[T=1,top_k=40,top_p=1]", 512),
+        ("tied[T=1,top_p=0.9]", 512),
+    ] {
+        let c = row(name);
+        assert_eq!(c["status"], "pass", "{c:#}");
+        assert_eq!(c["metrics"]["kept"], kept, "{c:#}");
+        assert_eq!(c["metrics"]["outside"], 0, "{c:#}");
+    }
+    assert_eq!(doors["part"], "all");
+}
+
+#[test]
+fn a_top_k_cut_that_drops_the_ties_fails_the_tied_top_k_rows_only() {
+    let r = gate(&[&model_arg()], &[("MEMRA_GATE_DEFECT", "top-k-ties")]);
+    assert_eq!(r.code, 1, "{}\n{}", r.stdout, r.stderr);
+    assert_eq!(r.rows[0]["doors"]["defect"], "top-k-ties");
+    let failed: Vec<String> = r
+        .checks()
+        .iter()
+        .filter(|c| c["status"] == "fail")
+        .map(|c| c["check"].as_str().unwrap().to_string())
+        .collect();
+    // The engine's own logits have no exact ties, so every other row keeps what the
+    // contract keeps.
+    assert_eq!(
+        failed,
+        ["tied[T=1,top_k=8,top_p=1]", "tied[T=1,top_k=40,top_p=1]"],
+        "{}",
+        r.stdout
+    );
+}
+
+#[test]
+fn part_runs_one_family_of_rows() {
+    for (part, prefix, count) in [("tied", "tied[", 3), ("distribution", "distribution[", 18)] {
+        let r = gate(&[&model_arg(), "--part", part], &[]);
+        assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+        assert_eq!(r.rows[0]["doors"]["part"], part);
+        let checks = r.checks();
+        assert_eq!(checks.len(), count, "{}", r.stdout);
+        assert!(
+            checks
+                .iter()
+                .all(|c| c["check"].as_str().unwrap().starts_with(prefix)),
+            "{}",
+            r.stdout
+        );
+    }
+    let r = gate(&[&model_arg(), "--part", "steps"], &[]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert_eq!(r.checks().len(), 18 + 2, "{}", r.stdout);
 }
 
 #[test]
@@ -123,9 +180,9 @@ fn the_early_cut_fails_rows_with_top_p_below_one_only() {
     // Without truncation the defect has nothing to cut, so those rows stay green, and so do
     // the stream and the positions.
     assert!(
-        failed
-            .iter()
-            .all(|n| n.starts_with("steps[") || n.starts_with("distribution[")),
+        failed.iter().all(|n| n.starts_with("steps[")
+            || n.starts_with("distribution[")
+            || n.starts_with("tied[")),
         "{failed:?}"
     );
     assert!(failed.iter().all(|n| !untruncated(n)), "{failed:?}");
@@ -188,6 +245,10 @@ fn bad_arguments_exit_two_and_name_the_fix() {
         (vec!["--draws", "10"], "at least 100 draws"),
         (vec!["--rows", "0"], "--rows 0"),
         (vec!["--plen", "0"], "--plen 0"),
+        (
+            vec!["--part", "ties"],
+            "possible values: all, steps, distribution, tied",
+        ),
         (vec!["--steps", "600"], "context is 512"),
     ] {
         let mut all = vec![model_arg()];

@@ -172,9 +172,10 @@ __device__ __forceinline__ u32 count_ge(const float* p, int n, float tau, u32* c
 }
 
 // Sampling defects (test-only, twin::Nucleus): the top-p cut one token early, the top-k cut
-// one token late.
+// one token late, the top-k cut dropping the ties past the k-th.
 #define DEFECT_TOP_P_EARLY 1
 #define DEFECT_TOP_K_ONE_MORE 2
+#define DEFECT_TOP_K_DROP_TIES 3
 
 // The token of one row of n logits `l`, written to *out by thread 0 of the block (256
 // threads): the argmax when temp is not > 0, otherwise the temperature + top-k + top-p draw
@@ -182,7 +183,8 @@ __device__ __forceinline__ u32 count_ge(const float* p, int n, float tau, u32* c
 // floats of scratch. defect: 0, or DEFECT_TOP_P_EARLY for the test-only top-p-cut defect
 // (twin::Nucleus::OneEarly: the nucleus keeps p_i > tau* instead of p_i >= tau*, where that
 // leaves anything kept), or DEFECT_TOP_K_ONE_MORE for top-k-cut (twin::Nucleus::KOneMore: the
-// top-k cut counts to top_k + 1).
+// top-k cut counts to top_k + 1), or DEFECT_TOP_K_DROP_TIES for top-k-ties
+// (twin::Nucleus::KDropTies: exactly top_k kept, the ties at the cut past them dropped).
 __device__ __forceinline__ void sample_row(const float* l, float* p, u32* out, int n, float temp,
                                            u32 top_k, float top_p, u32 seed_lo, u32 seed_hi,
                                            u32 seq, u32 step, int defect) {
@@ -214,6 +216,20 @@ __device__ __forceinline__ void sample_row(const float* l, float* p, u32* out, i
             else z = mid;
         }
         tau_bits = a;
+        if (defect == DEFECT_TOP_K_DROP_TIES) {
+            // Room for the first ties at the cut (ids ascending): k less the tokens above it.
+            const u32 above = count_ge(p, n, __uint_as_float(a + 1), counts, &count_total);
+            if (threadIdx.x == 0) {
+                const float t = __uint_as_float(a);
+                u32 room = k - above;
+                for (int i = 0; i < n; ++i)
+                    if (p[i] == t) {
+                        if (room > 0) --room;
+                        else p[i] = -1.0f;
+                    }
+            }
+            __syncthreads();
+        }
     }
     if (top_p < 1.0f) {
         const float want = top_p * mass(p, lo, hi, __uint_as_float(tau_bits), sums, &total);

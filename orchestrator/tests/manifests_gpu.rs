@@ -232,12 +232,13 @@ fn the_one_gpu_battery_needs_one_gpu_places_both_stages_on_it_and_plants_the_cud
         assert_eq!(cell["expect"], "fail", "{cell:#}");
     }
     // The device sampler against the reference sampler on the synthesized model, green and
-    // under the nucleus cut one token early and the top-k cut one token late (negative
-    // cells).
+    // under the nucleus cut one token early, the top-k cut one token late and the top-k cut
+    // that drops the ties at the k-th (negative cells).
     let sampling = &cells_of(&plan, "sampling")[0];
     let cut = &cells_of(&plan, "sampling-defect")[0];
     let late = &cells_of(&plan, "sampling-defect-top-k")[0];
-    for c in [sampling, cut, late] {
+    let ties = &cells_of(&plan, "sampling-defect-top-k-ties")[0];
+    for c in [sampling, cut, late, ties] {
         assert!(
             c["argv"][0].as_str().unwrap().ends_with("sampling-gate"),
             "{c:#}"
@@ -256,6 +257,8 @@ fn the_one_gpu_battery_needs_one_gpu_places_both_stages_on_it_and_plants_the_cud
     assert_eq!(cut["expect"], "fail", "{cut:#}");
     assert_eq!(late["env"]["MEMRA_GATE_DEFECT"], "top-k-cut", "{late:#}");
     assert_eq!(late["expect"], "fail", "{late:#}");
+    assert_eq!(ties["env"]["MEMRA_GATE_DEFECT"], "top-k-ties", "{ties:#}");
+    assert_eq!(ties["expect"], "fail", "{ties:#}");
 }
 
 #[test]

@@ -428,6 +428,32 @@ fn the_smoke_battery_runs_every_node_as_expected() {
         check(&sampling, "steps[T=1,top_k=1,top_p=1]")["status"],
         "pass"
     );
+    // Exact ties at the cuts: the contract keeps every token tied with the k-th, a cut that
+    // keeps exactly k fails the tied top-k rows and nothing else, and the late cut (k + 1)
+    // keeps the tie there.
+    assert_eq!(
+        check(&sampling, "tied[T=1,top_k=8,top_p=1]")["status"],
+        "pass"
+    );
+    let ties = tree.receipt("sampling-defect-top-k-ties");
+    assert_eq!(ties["attempts"][0]["outcome"], "fail", "{ties:#}");
+    assert_eq!(ties["doors"]["defect"], "top-k-ties");
+    let failed: Vec<&str> = ties["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "fail")
+        .map(|c| c["check"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        failed,
+        ["tied[T=1,top_k=8,top_p=1]", "tied[T=1,top_k=40,top_p=1]"],
+        "{ties:#}"
+    );
+    let spares = tree.receipt("sampling-top-k-cut-spares-ties");
+    assert_eq!(spares["attempts"][0]["outcome"], "pass", "{spares:#}");
+    assert_eq!(spares["doors"]["part"], "tied", "{spares:#}");
+    assert_eq!(spares["checks"].as_array().unwrap().len(), 3, "{spares:#}");
     let pp = tree.receipt("decode-pp");
     assert_eq!(pp["doors"]["mode"], "pp");
     // The B=1 fast path per stage holds (the localizer's reference walks the batched body

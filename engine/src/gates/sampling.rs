@@ -26,6 +26,9 @@
 //!   chi-square test of the counts against the reference's probabilities (bins with an
 //!   expected count below 5 pooled). It fails when `p <` [`P_FAIL`], or when a draw lands
 //!   outside the reference's nucleus.
+//! - `tied[…]`: the same test on the most spread row with exact ties planted at the cuts
+//!   ([`TIED_SETS`]): the engine's logits have none, so without it "every token tied with
+//!   the k-th is kept" would be held by unit tests alone. `--part` runs one family of rows.
 //!
 //! It owns the programs, the comparisons and the verdict; the chi-square arithmetic is
 //! [`super::chi_square`]'s, the engine's sampler `crate::sampling`, the reference
@@ -73,6 +76,25 @@ pub struct Args {
     /// Fixed logits rows of the distribution test (the most spread rows the batched run saw).
     #[arg(long, default_value_t = 3)]
     pub rows: usize,
+    /// Which rows to run: every row, or one family (`steps`: stream, steps and positions;
+    /// `distribution`: the engine's rows; `tied`: the rows with exact ties at the cuts).
+    #[arg(long, value_enum, default_value_t = Part::All)]
+    pub part: Part,
+}
+
+/// The families of rows `--part` selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    All,
+    Steps,
+    Distribution,
+    Tied,
+}
+
+impl Part {
+    fn runs(self, family: Part) -> bool {
+        self == Part::All || self == family
+    }
 }
 
 /// Validated settings.
@@ -82,6 +104,7 @@ pub struct Settings {
     pub plen: usize,
     pub draws: usize,
     pub rows: usize,
+    pub part: Part,
 }
 
 /// Every (temperature, top-k, top-p) the step checks run: each temperature with no
@@ -119,6 +142,16 @@ pub const DIST_SETS: [(f32, u32, f32); 6] = [
     (1.0, 8, 1.0),
     (1.3, 40, 0.9),
 ];
+
+/// The sets of the tied rows (`tied_row`): top-k 8, whose k-th ties with the next token;
+/// top-k 40, whose k-th ties with every later token; and top-p 0.9 alone, whose cut lands
+/// inside that tied tail wherever the tail holds more than a tenth of the mass.
+pub const TIED_SETS: [(f32, u32, f32); 3] = [(1.0, 8, 1.0), (1.0, 40, 1.0), (1.0, 0, 0.9)];
+
+/// The cuts `tied_row` ties: a pair at the k-th of top-k [`TIE_PAIR_K`], and the whole tail
+/// from the k-th of top-k [`TIE_TAIL_K`] on.
+const TIE_PAIR_K: usize = 8;
+const TIE_TAIL_K: usize = 40;
 
 /// A distribution test fails when the chi-square p-value falls below this. With eighteen
 /// tests a run, a correct sampler fails one by chance about once in 10^5 runs.
@@ -163,6 +196,7 @@ const BATCH_ID: u32 = 0;
 const SINGLE_ID: u32 = 100;
 const TWIN_ID: u32 = 200;
 const DIST_ID: u32 = 900;
+const TIED_ID: u32 = 950;
 
 /// Runs the gate on the process arguments and environment; returns the exit status.
 pub fn main() -> i32 {
@@ -198,6 +232,7 @@ fn settings(args: &Args) -> Result<Settings, GateError> {
         plen: args.plen,
         draws: args.draws,
         rows: args.rows,
+        part: args.part,
     })
 }
 
@@ -243,6 +278,7 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
         ("draws", json!(s.draws)),
         ("dist_rows", json!(s.rows)),
         ("param_sets", json!(PARAM_SETS.len())),
+        ("part", json!(format!("{:?}", s.part).to_lowercase())),
         ("p_fail", json!(P_FAIL)),
     ];
     rep.header(&be.doors_report(), &doors, &extra)?;
@@ -262,7 +298,10 @@ pub fn gate(
         .collect();
     let n_vocab = be.config().n_vocab;
     let ps = prompts(n_vocab, sets.len(), s.plen, doors.gate_seed, 0);
-    rep.check(&stream_check())?;
+    let steps_part = s.part.runs(Part::Steps);
+    if steps_part {
+        rep.check(&stream_check())?;
+    }
     let mut tallies = vec![Tally::default(); sets.len()];
     let mut positions = Positions::default();
     let mut dist_rows = Vec::new();
@@ -274,19 +313,26 @@ pub fn gate(
             }
         }
     }
-    for (i, p) in sets.iter().enumerate() {
-        if let Err(e) = single(be, &ps[i], i, p, s.steps, &mut tallies[i], &mut positions) {
-            tallies[i]
-                .refused
-                .get_or_insert(format!("single-sequence path: {e}"));
+    if steps_part {
+        for (i, p) in sets.iter().enumerate() {
+            if let Err(e) = single(be, &ps[i], i, p, s.steps, &mut tallies[i], &mut positions) {
+                tallies[i]
+                    .refused
+                    .get_or_insert(format!("single-sequence path: {e}"));
+            }
         }
+        for (i, t) in tallies.iter().enumerate() {
+            rep.check(&t.check(&format!("steps[{}]", set_label(PARAM_SETS[i]))))?;
+        }
+        rep.check(&positions.check("positions"))?;
     }
-    for (i, t) in tallies.iter().enumerate() {
-        rep.check(&t.check(&format!("steps[{}]", set_label(PARAM_SETS[i]))))?;
-    }
-    rep.check(&positions.check("positions"))?;
     let nucleus = sampling::nucleus(doors);
-    for (r, row) in dist_rows.iter().enumerate() {
+    let dist_part = if s.part.runs(Part::Distribution) {
+        &dist_rows[..]
+    } else {
+        &[]
+    };
+    for (r, row) in dist_part.iter().enumerate() {
         for (j, &set) in DIST_SETS.iter().enumerate() {
             let (temperature, top_k, top_p) = set;
             let p = SamplingParams {
@@ -310,15 +356,87 @@ pub fn gate(
             rep.check(&c)?;
         }
     }
-    if dist_rows.is_empty() {
+    if let Some(row) = dist_rows.first().filter(|_| s.part.runs(Part::Tied)) {
+        tied_checks(row, doors, s.draws, rep)?;
+    }
+    if dist_rows.is_empty() && s.part != Part::Steps {
         rep.check(&Check::new(
             "distribution",
             Status::Fail,
             "no logits rows: the batched run that provides them was refused (see the steps \
-             rows)",
+             rows, or run with --part steps)",
         ))?;
     }
     Ok(())
+}
+
+/// The `tied[…]` rows: the distribution test under [`TIED_SETS`] on [`tied_row`] of the
+/// most spread row, so the contract's "every token tied with the k-th is kept" (and the
+/// nucleus' ties at its cut) is held end to end, which no row of the engine's own logits,
+/// free of exact ties, can do.
+fn tied_checks(
+    row: &[f32],
+    doors: &Doors,
+    draws: usize,
+    rep: &mut Reporter,
+) -> Result<(), GateError> {
+    let Some(tied) = tied_row(row) else {
+        return rep.check(&Check::new(
+            "tied",
+            Status::Warn,
+            format!(
+                "a vocabulary of {} tokens is too small for the tied rows (they tie the \
+                 {TIE_TAIL_K}th token with every later one and need {} tokens): nothing held",
+                row.len(),
+                TIE_TAIL_K + 2
+            ),
+        ));
+    };
+    let nucleus = sampling::nucleus(doors);
+    for (j, &set) in TIED_SETS.iter().enumerate() {
+        let (temperature, top_k, top_p) = set;
+        let p = SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            seed: SEED_BASE ^ doors.gate_seed ^ (((1 << 15) + j as u64) << 16),
+        };
+        let name = format!("tied[{}]", set_label(set));
+        let draw = |step: usize| {
+            sampling::sample_token_with(&tied, &p, SeqId(TIED_ID + j as u32), step, nucleus)
+        };
+        let c = match distribution_test(&tied, &p, draws, draw) {
+            Ok(d) => d.check(&name),
+            Err(e) => Check::new(
+                &name,
+                Status::Fail,
+                format!("the engine's sampler refused: {e}"),
+            ),
+        };
+        rep.check(&c)?;
+    }
+    Ok(())
+}
+
+/// `row` with exact ties at two top-k cuts: the token ranked [`TIE_PAIR_K`] + 1 takes the
+/// logit of the [`TIE_PAIR_K`]-th (a pair across the cut of top-k 8), and every token from
+/// the [`TIE_TAIL_K`]-th on takes the [`TIE_TAIL_K`]-th's (the whole tail tied with the
+/// k-th of top-k 40, and a nucleus that reaches into the tail cuts inside that tie). Ranks
+/// are by logit, descending, ties to the lower id, NaN left where it is. `None` when the
+/// row has fewer than [`TIE_TAIL_K`] + 2 ordered tokens.
+fn tied_row(row: &[f32]) -> Option<Vec<f32>> {
+    let mut order: Vec<usize> = (0..row.len()).filter(|&i| !row[i].is_nan()).collect();
+    if order.len() < TIE_TAIL_K + 2 {
+        return None;
+    }
+    order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+    let mut tied = row.to_vec();
+    tied[order[TIE_PAIR_K]] = row[order[TIE_PAIR_K - 1]];
+    let tail = row[order[TIE_TAIL_K - 1]];
+    for &i in &order[TIE_TAIL_K..] {
+        tied[i] = tail;
+    }
+    Some(tied)
 }
 
 /// The `stream` row: the engine's Philox words and uniforms at [`STREAM_KATS`].
@@ -738,6 +856,48 @@ mod tests {
         let outside = distribution_test(&row, &p, 200, |_| Ok(3)).unwrap();
         assert_eq!(outside.outside, 200);
         assert_eq!(outside.check("x").status, Status::Fail);
+    }
+
+    /// The tied row ties exactly the pair across the cut of top-k 8 and the tail from the
+    /// 40th token on; the contract keeps the ties, the tie-dropping defect does not, and
+    /// the late top-k cut (k + 1) keeps what the contract keeps there.
+    #[test]
+    fn the_tied_row_ties_the_cuts_and_the_tie_dropping_cut_fails_it() {
+        // Distinct logits, descending with the id from token 3 on, one NaN.
+        let mut row: Vec<f32> = (0..64).map(|i| 5.0 - 0.125 * i as f32).collect();
+        row.swap(0, 10);
+        row[63] = f32::NAN;
+        let tied = tied_row(&row).unwrap();
+        let mut order: Vec<usize> = (0..63).collect();
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+        assert_eq!(tied[order[8]], row[order[7]]);
+        assert_ne!(tied[order[9]], tied[order[8]]);
+        assert!(order[40..].iter().all(|&i| tied[i] == row[order[39]]));
+        assert!(order[..8].iter().all(|&i| tied[i] == row[i]));
+        assert!(tied[63].is_nan());
+        assert_eq!(tied_row(&row[..41]), None);
+        for &(temperature, top_k, top_p) in &TIED_SETS[..2] {
+            let p = SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                seed: 3 << 40,
+            };
+            let kept = sampler::distribution(&tied, temperature, top_k, top_p)
+                .kept
+                .len();
+            assert_eq!(kept, if top_k == 8 { 9 } else { 63 });
+            let test = |nucleus| {
+                let draw = |step| sampling::sample_token_with(&tied, &p, SeqId(1), step, nucleus);
+                distribution_test(&tied, &p, 4000, draw)
+                    .unwrap()
+                    .check("t")
+                    .status
+            };
+            assert_eq!(test(sampling::Nucleus::Exact), Status::Pass);
+            assert_eq!(test(sampling::Nucleus::KOneMore), Status::Pass);
+            assert_eq!(test(sampling::Nucleus::KDropTies), Status::Fail);
+        }
     }
 
     /// The engine's stream meets the known answers; a stream whose key lost its high word

@@ -102,8 +102,8 @@ impl Gpu {
     /// `top_p[b]` and `seed[b]`, keyed by `(seed[b], seq[b], step[b])`, and is the argmax
     /// where `temp[b]` is 0, so one launch serves a batch that mixes greedy and sampled rows.
     /// Each row's token is the one [`Gpu::sample`] draws for that row under its parameters.
-    /// `nucleus` is [`Nucleus::Exact`] except under the planted `top-p-cut` and `top-k-cut`
-    /// test defects.
+    /// `nucleus` is [`Nucleus::Exact`] except under the planted `top-p-cut`, `top-k-cut` and
+    /// `top-k-ties` test defects.
     #[allow(clippy::too_many_arguments)]
     pub fn sample_rows(
         &self,
@@ -137,11 +137,12 @@ impl Gpu {
         need(K, "seq", seq.len(), batch)?;
         need(K, "step", step.len(), batch)?;
         let ni = int(K, "n", n)?;
-        // sample.cu's DEFECT_TOP_P_EARLY and DEFECT_TOP_K_ONE_MORE.
+        // sample.cu's DEFECT_TOP_P_EARLY, DEFECT_TOP_K_ONE_MORE and DEFECT_TOP_K_DROP_TIES.
         let defect: i32 = match nucleus {
             Nucleus::Exact => 0,
             Nucleus::OneEarly => 1,
             Nucleus::KOneMore => 2,
+            Nucleus::KDropTies => 3,
         };
         let cfg = LaunchConfig {
             grid_dim: (batch as u32, 1, 1),
@@ -222,5 +223,6 @@ mod tests {
         let sample = sources::SAMPLE.text;
         assert!(sample.contains("#define DEFECT_TOP_P_EARLY 1\n"));
         assert!(sample.contains("#define DEFECT_TOP_K_ONE_MORE 2\n"));
+        assert!(sample.contains("#define DEFECT_TOP_K_DROP_TIES 3\n"));
     }
 }

@@ -155,6 +155,11 @@ pub enum Nucleus {
     /// A planted test defect: the top-k cut keeps the `top_k + 1` largest probabilities (an
     /// off-by-one in the count), wherever `0 < top_k < n`; the top-p cut is the contract's.
     KOneMore,
+    /// A planted test defect: the top-k cut keeps exactly `top_k` tokens, the tokens tied
+    /// with the k-th past the first `top_k` of the order (ids ascending among equals)
+    /// dropped, as a sort-and-truncate sampler does. Where no token ties with the k-th it
+    /// keeps what the contract keeps, so only a row with a tie at the cut can see it.
+    KDropTies,
 }
 
 /// Draws a token from `logits` at temperature `temp` with top-k `top_k` (0 = none) and nucleus
@@ -190,7 +195,7 @@ pub fn sample_with(
         return argmax(logits);
     }
     let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let p: Vec<f32> = logits
+    let mut p: Vec<f32> = logits
         .iter()
         .map(|&l| exp_mirrored((l - m) / temp))
         .collect();
@@ -200,6 +205,18 @@ pub fn sample_with(
     if top_k > 0 && (top_k as usize) < n {
         let k = top_k as usize + usize::from(nucleus == Nucleus::KOneMore);
         tau_bits = bisect(0, |t| count(&p, t) >= k).0;
+        if nucleus == Nucleus::KDropTies {
+            // Room for the first ties at the cut: k less the tokens strictly above it.
+            let tau = f32::from_bits(tau_bits);
+            let mut room = k - count(&p, f32::from_bits(tau_bits + 1));
+            for v in p.iter_mut().filter(|v| **v == tau) {
+                if room > 0 {
+                    room -= 1;
+                } else {
+                    *v = -1.0; // below every cut (τ >= +0): never kept
+                }
+            }
+        }
     }
     if top_p < 1.0 {
         let want = top_p * mass(&p, f32::from_bits(tau_bits), chunk, &mut sums);
@@ -450,6 +467,28 @@ mod tests {
             assert_eq!(
                 sample_with(&logits, 0.8, 0, 0.6, 3, 1, step, k),
                 sample(&logits, 0.8, 0, 0.6, 3, 1, step)
+            );
+        }
+    }
+
+    /// The planted tie-dropping cut keeps exactly k, the first of a tie at the cut by id,
+    /// and is the contract wherever nothing ties with the k-th.
+    #[test]
+    fn k_drop_ties_keeps_exactly_k() {
+        let tied = [1.0f32, 2.0, 1.0, 3.0, 1.0, 0.0];
+        let d = Nucleus::KDropTies;
+        // The order is 3, 1, then 0 = 2 = 4, then 5. At k = 3 the contract keeps the three
+        // tied with the 3rd; the defect only the lowest id of them, at k = 4 two.
+        assert_eq!(drawn(&tied, 1.0, 3, 1.0, Nucleus::Exact), [0, 1, 2, 3, 4]);
+        assert_eq!(drawn(&tied, 1.0, 3, 1.0, d), [0, 1, 3]);
+        assert_eq!(drawn(&tied, 1.0, 4, 1.0, d), [0, 1, 2, 3]);
+        // No tie at the cut: the contract's.
+        assert_eq!(drawn(&tied, 1.0, 2, 1.0, d), [1, 3]);
+        let distinct = [2.0f32, 1.0, 0.0, 3.0, 0.5];
+        for step in 0..50 {
+            assert_eq!(
+                sample_with(&distinct, 0.8, 3, 0.9, 3, 1, step, d),
+                sample(&distinct, 0.8, 3, 0.9, 3, 1, step)
             );
         }
     }

@@ -186,37 +186,46 @@ pub fn sampling(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
         up(gpu, &top_ps)?,
         up(gpu, &seeds)?,
     );
-    // The test-only defects (`MEMRA_GATE_DEFECT=top-p-cut`, `top-k-cut`) as well: the
-    // device's defect argument must drop (or keep) what the twin's `Nucleus::OneEarly` and
-    // `Nucleus::KOneMore` do, so sampling-gate's negative cells on the GPU fail for the
-    // defect they plant and nothing else.
-    for (nucleus, tag) in [
-        (twin::Nucleus::Exact, ""),
-        (twin::Nucleus::OneEarly, "/cut-early"),
-        (twin::Nucleus::KOneMore, "/top-k-one-more"),
-    ] {
-        let mut want = Vec::new();
-        let mut got = Vec::new();
-        for step in 0..25u32 {
-            let dstep = up(gpu, &vec![step; batch])?;
-            let mut dtok = zeros::<u32>(gpu, batch)?;
-            gpu.sample_rows(
-                &dl, &mut p, &mut dtok, batch, vocab, &dtemp, &dtopk, &dtop, &dseed, &dseq, &dstep,
-                nucleus,
-            )?;
-            got.extend(down(gpu, &dtok)?);
-            for (b, row) in logits.chunks(vocab).enumerate() {
-                want.push(twin::sample_with(
-                    row, temps[b], top_ks[b], top_ps[b], seeds[b], b as u32, step, nucleus,
-                ));
+    // The test-only defects (`MEMRA_GATE_DEFECT=top-p-cut`, `top-k-cut`, `top-k-ties`) as
+    // well: the device's defect argument must drop (or keep) what the twin's
+    // `Nucleus::OneEarly`, `Nucleus::KOneMore` and `Nucleus::KDropTies` do, so sampling-gate's
+    // negative cells on the GPU fail for the defect they plant and nothing else. The same
+    // rows rounded to a grid of 1/2 again: exact ties at every cut, where the contract keeps
+    // every token tied with the k-th (and with the nucleus' last) and `KDropTies` differs.
+    let tied: Vec<f32> = logits.iter().map(|&l| (l * 2.0).round() / 2.0).collect();
+    let dtied = up(gpu, &tied)?;
+    for (rows, dev, form) in [(&logits, &dl, ""), (&tied, &dtied, "/tied")] {
+        for (nucleus, tag) in [
+            (twin::Nucleus::Exact, ""),
+            (twin::Nucleus::OneEarly, "/cut-early"),
+            (twin::Nucleus::KOneMore, "/top-k-one-more"),
+            (twin::Nucleus::KDropTies, "/top-k-drop-ties"),
+        ] {
+            let mut want = Vec::new();
+            let mut got = Vec::new();
+            for step in 0..25u32 {
+                let dstep = up(gpu, &vec![step; batch])?;
+                let mut dtok = zeros::<u32>(gpu, batch)?;
+                gpu.sample_rows(
+                    dev, &mut p, &mut dtok, batch, vocab, &dtemp, &dtopk, &dtop, &dseed, &dseq,
+                    &dstep, nucleus,
+                )?;
+                got.extend(down(gpu, &dtok)?);
+                for (b, row) in rows.chunks(vocab).enumerate() {
+                    want.push(twin::sample_with(
+                        row, temps[b], top_ks[b], top_ps[b], seeds[b], b as u32, step, nucleus,
+                    ));
+                }
             }
+            out.push(compare_u32(
+                format!(
+                    "kernel-check/sample_rows_f32/{batch}x{vocab}/mixed-params{form}{tag}/25-steps"
+                ),
+                &want,
+                &got,
+                batch,
+            ));
         }
-        out.push(compare_u32(
-            format!("kernel-check/sample_rows_f32/{batch}x{vocab}/mixed-params{tag}/25-steps"),
-            &want,
-            &got,
-            batch,
-        ));
     }
     Ok(out)
 }
