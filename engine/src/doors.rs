@@ -137,7 +137,7 @@ pub enum GateDefect {
     /// is untouched: only the bitwise `cpu-vs-cuda` comparison can see a change this small.
     ExpUlp,
     /// Every q8_1 block the backend quantizes stores its block sum `s` one f16 step high
-    /// (its bits plus one, where it is finite); the `q`s and `d` are untouched. The offset
+    /// (its bits plus one, where it is finite and not zero); the `q`s and `d` are untouched. The offset
     /// a Q4_0 or Q4_1 weight block meets moves by one f16 step of `s`, always away from
     /// zero; Q8_0 and float weights never read `s`. Both backends plant it: the CPU where
     /// its activations are quantized (`backend::cpu`), CUDA in `quantize_lane` (the kernels

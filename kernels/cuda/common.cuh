@@ -149,8 +149,8 @@ __device__ __forceinline__ float exp_model(float x) {
 // does, and the activations' rounding error no longer escapes through m·s.
 // Twin: twin::quantize::quantize_block, the same operations in the same order.
 // Test-only: compiled with MEMRA_DEFECT_Q8_BLOCK_SUM (the planted defect
-// MEMRA_GATE_DEFECT=q8-block-sum, engine/src/doors.rs), a finite s is stored one f16 step
-// high (its bits plus one), as the CPU backend plants it (PassCtx::quantized).
+// MEMRA_GATE_DEFECT=q8-block-sum, engine/src/doors.rs), a finite nonzero s is stored one
+// f16 step high (its bits plus one), as the CPU backend plants it (PassCtx::quantized).
 __device__ __forceinline__ void quantize_lane(float xi, block_q8_1* out, int lane) {
     const float amax = warp_max(fabsf(xi));
     const float d = amax / 127.0f;
@@ -161,7 +161,7 @@ __device__ __forceinline__ void quantize_lane(float xi, block_q8_1* out, int lan
         out->d = f2h(d);
         u16 s = f2h((float)qsum * d);
 #ifdef MEMRA_DEFECT_Q8_BLOCK_SUM
-        if ((s & 0x7c00u) != 0x7c00u) s = (u16)(s + 1u);
+        if ((s & 0x7c00u) != 0x7c00u && (s & 0x7fffu) != 0u) s = (u16)(s + 1u);
 #endif
         out->s = s;
     }

@@ -555,13 +555,15 @@ struct PassCtx<'a> {
 
 impl PassCtx<'_> {
     /// Activations as this pass stores them: under the test-only `q8-block-sum` defect every
-    /// q8_1 block's sum `s` one f16 step high, its bits plus one where it is finite (the
-    /// CUDA `quantize_lane` under `MEMRA_DEFECT_Q8_BLOCK_SUM`, line for line), so the two
-    /// backends stay bit-identical under it.
+    /// q8_1 block's sum `s` one f16 step high, its bits plus one where it is finite and not
+    /// zero (the CUDA `quantize_lane` under `MEMRA_DEFECT_Q8_BLOCK_SUM`, line for line), so
+    /// the two backends stay bit-identical under it. A zero sum is spared: one subnormal
+    /// step off zero would fail the oracle's follower under any width of its tie window, so
+    /// a window grown far too wide would still look sharp.
     fn quantized(&self, mut acts: Acts) -> Acts {
         if self.block_sum_defect {
             for b in &mut acts.q {
-                if b.s.is_finite() {
+                if b.s.is_finite() && b.s.to_bits() & 0x7fff != 0 {
                     b.s = half::f16::from_bits(b.s.to_bits() + 1);
                 }
             }

@@ -7,28 +7,35 @@
 /// Bins with an expected count below this are pooled (the chi-square approximation's rule).
 pub const MIN_EXPECTED: f64 = 5.0;
 
-/// The chi-square statistic of `counts` against `expected`, with every bin whose expected
-/// count is below [`MIN_EXPECTED`] pooled into one tail bin (itself merged into the smallest
-/// remaining bin when it is still below). Returns the statistic and the number of bins.
+/// The chi-square statistic of `counts` against `expected`, with bins whose expected count
+/// is below [`MIN_EXPECTED`] pooled: taken in descending order of expected count (stable, so
+/// equal ones keep their order), each bin of at least [`MIN_EXPECTED`] stands alone and the
+/// small ones are gathered into consecutive groups of at least [`MIN_EXPECTED`] each, the
+/// remainder merged into the last group (or bin). Groups rather than one tail bin keep the
+/// test's power on a flat distribution, where every token is small: a sampler that never
+/// draws half of such a row still leaves half the groups empty. Returns the statistic and
+/// the number of bins.
 pub fn pooled_chi2(counts: &[usize], expected: &[f64]) -> (f64, usize) {
+    let mut order: Vec<usize> = (0..counts.len().min(expected.len())).collect();
+    order.sort_by(|&a, &b| expected[b].total_cmp(&expected[a]));
     let mut bins: Vec<(f64, f64)> = Vec::new();
-    let mut tail = (0.0f64, 0.0f64);
-    for (&c, &e) in counts.iter().zip(expected) {
-        if e >= MIN_EXPECTED {
-            bins.push((c as f64, e));
-        } else {
-            tail.0 += c as f64;
-            tail.1 += e;
+    let mut open = (0.0f64, 0.0f64);
+    for i in order {
+        open.0 += counts[i] as f64;
+        open.1 += expected[i];
+        if open.1 >= MIN_EXPECTED {
+            bins.push(open);
+            open = (0.0, 0.0);
         }
     }
-    if tail.1 >= MIN_EXPECTED || bins.is_empty() {
-        bins.push(tail);
-    } else if tail.1 > 0.0 || tail.0 > 0.0 {
-        let smallest = (0..bins.len())
-            .min_by(|&a, &b| bins[a].1.total_cmp(&bins[b].1))
-            .expect("bins is not empty");
-        bins[smallest].0 += tail.0;
-        bins[smallest].1 += tail.1;
+    if open.0 > 0.0 || open.1 > 0.0 {
+        match bins.last_mut() {
+            Some(last) => {
+                last.0 += open.0;
+                last.1 += open.1;
+            }
+            None => bins.push(open),
+        }
     }
     let chi2 = bins
         .iter()
@@ -151,13 +158,40 @@ mod tests {
 
     #[test]
     fn pooling_keeps_expected_counts_at_least_five() {
-        // Two big bins and three small ones (1 + 2 + 3 = 6 expected): the tail is one bin.
+        // Two big bins and three small ones (3 + 2 = 5 expected, then 1 left over, merged
+        // into that group): three bins.
         let (chi2, bins) = pooled_chi2(&[50, 44, 1, 2, 3], &[50.0, 44.0, 1.0, 2.0, 3.0]);
         assert_eq!((chi2, bins), (0.0, 3));
-        // A tail of 2 expected merges into the smallest bin (40): observed 40 + 5 against
+        // A remainder of 2 expected merges into the last bin (40): observed 40 + 5 against
         // 42 gives 9/42.
         let (chi2, bins) = pooled_chi2(&[58, 40, 5], &[58.0, 40.0, 2.0]);
         assert_eq!(bins, 2);
         assert!((chi2 - 9.0 / 42.0).abs() < 1e-12, "{chi2}");
+        // Nothing but small bins: one group.
+        assert_eq!(pooled_chi2(&[1, 2], &[1.5, 1.5]).1, 1);
+    }
+
+    /// On a flat row of 49152 tokens and 4000 draws every token expects 0.08: one tail bin
+    /// would hold everything and see nothing, while groups of 62 tokens see a sampler
+    /// that never draws the second half.
+    #[test]
+    fn pooling_keeps_its_power_on_a_flat_row() {
+        let n = 49152;
+        let expected = vec![4000.0 / n as f64; n];
+        let mut half = vec![0usize; n];
+        let mut fair = vec![0usize; n];
+        let mut st = 7u64;
+        for i in 0..4000 {
+            st = st
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            fair[(st >> 33) as usize % n] += 1;
+            half[i * 7 % (n / 2)] += 1;
+        }
+        let (chi2, bins) = pooled_chi2(&half, &expected);
+        assert_eq!(bins, n / 62);
+        assert!(chi2_sf(chi2, bins - 1) < 1e-100, "{chi2}");
+        let (chi2, bins) = pooled_chi2(&fair, &expected);
+        assert!(chi2_sf(chi2, bins - 1) > 1e-4, "{chi2} over {bins}");
     }
 }
