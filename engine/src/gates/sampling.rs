@@ -334,30 +334,19 @@ pub fn gate(
     };
     for (r, row) in dist_part.iter().enumerate() {
         for (j, &set) in DIST_SETS.iter().enumerate() {
-            let (temperature, top_k, top_p) = set;
-            let p = SamplingParams {
-                temperature,
-                top_k,
-                top_p,
-                seed: SEED_BASE ^ doors.gate_seed ^ (((r * DIST_SETS.len() + j) as u64) << 16),
-            };
-            let name = format!("distribution[row={r},{}]", set_label(set));
-            let draw = |step: usize| {
-                sampling::sample_token_with(row, &p, SeqId(DIST_ID + r as u32), step, nucleus)
-            };
-            let c = match distribution_test(row, &p, s.draws, draw) {
-                Ok(d) => d.check(&name),
-                Err(e) => Check::new(
-                    &name,
-                    Status::Fail,
-                    format!("the engine's sampler refused: {e}"),
-                ),
-            };
-            rep.check(&c)?;
+            rep.check(&distribution_row(
+                &format!("distribution[row={r},{}]", set_label(set)),
+                row,
+                set,
+                SEED_BASE ^ doors.gate_seed ^ (((r * DIST_SETS.len() + j) as u64) << 16),
+                SeqId(DIST_ID + r as u32),
+                s.draws,
+                nucleus,
+            ))?;
         }
     }
     if let Some(row) = dist_rows.first().filter(|_| s.part.runs(Part::Tied)) {
-        tied_checks(row, doors, s.draws, rep)?;
+        tied_checks(row, doors, s.draws, nucleus, rep)?;
     }
     if dist_rows.is_empty() && s.part != Part::Steps {
         rep.check(&Check::new(
@@ -378,6 +367,7 @@ fn tied_checks(
     row: &[f32],
     doors: &Doors,
     draws: usize,
+    nucleus: sampling::Nucleus,
     rep: &mut Reporter,
 ) -> Result<(), GateError> {
     let Some(tied) = tied_row(row) else {
@@ -392,30 +382,46 @@ fn tied_checks(
             ),
         ));
     };
-    let nucleus = sampling::nucleus(doors);
     for (j, &set) in TIED_SETS.iter().enumerate() {
-        let (temperature, top_k, top_p) = set;
-        let p = SamplingParams {
-            temperature,
-            top_k,
-            top_p,
-            seed: SEED_BASE ^ doors.gate_seed ^ (((1 << 15) + j as u64) << 16),
-        };
-        let name = format!("tied[{}]", set_label(set));
-        let draw = |step: usize| {
-            sampling::sample_token_with(&tied, &p, SeqId(TIED_ID + j as u32), step, nucleus)
-        };
-        let c = match distribution_test(&tied, &p, draws, draw) {
-            Ok(d) => d.check(&name),
-            Err(e) => Check::new(
-                &name,
-                Status::Fail,
-                format!("the engine's sampler refused: {e}"),
-            ),
-        };
-        rep.check(&c)?;
+        rep.check(&distribution_row(
+            &format!("tied[{}]", set_label(set)),
+            &tied,
+            set,
+            SEED_BASE ^ doors.gate_seed ^ (((1 << 15) + j as u64) << 16),
+            SeqId(TIED_ID + j as u32),
+            draws,
+            nucleus,
+        ))?;
     }
     Ok(())
+}
+
+/// The check `name`: [`distribution_test`] of `draws` draws from `row` under `set` with the
+/// engine's sampler (keeping `nucleus`), keyed by `seed` and `seq`.
+fn distribution_row(
+    name: &str,
+    row: &[f32],
+    (temperature, top_k, top_p): (f32, u32, f32),
+    seed: u64,
+    seq: SeqId,
+    draws: usize,
+    nucleus: sampling::Nucleus,
+) -> Check {
+    let p = SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        seed,
+    };
+    let draw = |step: usize| sampling::sample_token_with(row, &p, seq, step, nucleus);
+    match distribution_test(row, &p, draws, draw) {
+        Ok(d) => d.check(name),
+        Err(e) => Check::new(
+            name,
+            Status::Fail,
+            format!("the engine's sampler refused: {e}"),
+        ),
+    }
 }
 
 /// `row` with exact ties at two top-k cuts: the token ranked [`TIE_PAIR_K`] + 1 takes the
