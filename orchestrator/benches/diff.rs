@@ -166,6 +166,8 @@ fn write_tree(dir: &Path, generation: usize) {
             seconds: r.seconds,
             reason: None,
             carried: None,
+            warns: 0,
+            warning: None,
         });
     }
     let run = RunReceipt {
@@ -183,6 +185,8 @@ fn write_tree(dir: &Path, generation: usize) {
         commit: format!("commit{generation}"),
         commit_sha: None,
         dirty: false,
+        code: None,
+        fingerprints: Vec::new(),
         host: "h".into(),
         orchestrator_version: "0".into(),
         inventory: json!({"gpus": [], "driver_version": "550.1"}),

@@ -112,6 +112,8 @@ fn write_run(receipts: &Path, night: usize) {
             seconds: r.seconds,
             reason: None,
             carried: None,
+            warns: 0,
+            warning: None,
         });
     }
     let start = humantime::format_rfc3339_millis(t).to_string();
@@ -130,6 +132,8 @@ fn write_run(receipts: &Path, night: usize) {
         commit: commit.clone(),
         commit_sha: Some(commit),
         dirty: false,
+        code: None,
+        fingerprints: Vec::new(),
         host: "h".into(),
         orchestrator_version: "0".into(),
         inventory: json!({"gpus": [{"name": "H200", "uuid": "GPU-1"}], "driver_version": "550.1"}),

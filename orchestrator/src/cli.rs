@@ -224,6 +224,12 @@ pub struct GpusArgs {
 
 /// What `diff`, `show`, `ls` and `gc` accept as a run, for `--help`.
 const DIFF_HELP: &str = "\
+Without OLD and NEW (the morning command): the latest run of the manifest (--manifest, else
+the newest run's) against the run before it, and, when that one was not green, also against
+the last green run, so a green night after a red one still shows what changed since the
+last good state. The exit code is 1 when either comparison regressed; with a single run
+there is nothing to compare, and the exit code is that run's.
+
 OLD and NEW name runs: a run folder (holding run.json), a run id as `memra-orch ls` prints it
 (or a unique start of one), `latest` or `previous` (the newest run and the one before it of
 the same manifest), `last-green` (the newest run whose every cell was as expected),
@@ -232,10 +238,14 @@ that UTC day), a commit folder, or a commit-ish git resolves in the current fold
 (`HEAD~1`, a short sha, a tag; `<sha>-dirty` for a dirty run), looked up as
 <receipts>/<sha>[-dirty]/<manifest>; a commit means its newest complete run.
 
-A cell whose verdict changed while its inputs digest, GPU models and driver did not is
-listed as FLAKY (with how often it flipped in the last --flaky-window runs), one whose
-artifacts changed with identical inputs and verdict as NONDETERMINISTIC; neither fails the
-diff unless --flaky-fails.
+A cell's inputs digest covers its command, pins, binaries, declared inputs, fingerprints
+and the code (the commit's tree and uncommitted changes, unless the cell is hermetic). A
+cell whose verdict changed while its digest, GPU models and driver did not (two runs at one
+commit) is listed as FLAKY (with how often it flipped in the last --flaky-window runs), one
+whose artifacts changed with identical inputs and verdict as NONDETERMINISTIC; neither fails
+the diff unless --flaky-fails. A change across different digests is a regression, fix or
+bits moved even for a cell with a flaky history (marked \"known flaky\"), and a run
+outside git is never evidence of flakiness.
 
 Exit codes:
   0    nothing regressed
@@ -247,10 +257,12 @@ Exit codes:
 #[derive(Debug, Args)]
 pub struct DiffArgs {
     /// The older run (folder, run id, commit-ish, `latest`, `previous`, `last-green`,
-    /// `last-green:CELL`, `@YYYY-MM-DD`).
-    pub old: String,
+    /// `last-green:CELL`, `@YYYY-MM-DD`). Without OLD and NEW: the latest run against the
+    /// one before it, and against the last green run when that is older.
+    #[arg(requires = "new")]
+    pub old: Option<String>,
     /// The newer run (named as OLD).
-    pub new: String,
+    pub new: Option<String>,
     /// The manifest name, when a commit folder holds runs of several manifests.
     #[arg(long, value_name = "NAME")]
     pub manifest: Option<String>,

@@ -45,6 +45,9 @@ pub struct RawManifest {
     pub vars: Pairs,
     /// `[require]`: what the machine must offer before anything runs.
     pub require: RawRequire,
+    /// `[fingerprints]`: named commands whose output joins every cell's inputs digest, in
+    /// file order.
+    pub fingerprints: Vec<(Sp<String>, Vec<Sp<String>>)>,
     /// `[[setup]]`, `[[arm]]` and `[[compare]]` tables in the order kinds are listed in the
     /// plan: setups, then arms, then compares, each in file order.
     pub nodes: Vec<RawNode>,
@@ -130,6 +133,11 @@ pub struct RawNode {
     pub artifact: Option<Sp<String>>,
     pub policy: Option<Policy>,
     pub inputs: Option<Vec<Sp<String>>>,
+    /// `hermetic = true`: the declared inputs (and fingerprints) are all the cell depends
+    /// on, so the commit's tree stays out of its inputs digest.
+    pub hermetic: Option<Sp<bool>>,
+    /// `expect_fail = ["gate2*"]`: the checks whose failure a negative cell exists to show.
+    pub expect_fail: Option<Vec<Sp<String>>>,
 }
 
 const TOP_KEYS: &[&str] = &[
@@ -141,6 +149,7 @@ const TOP_KEYS: &[&str] = &[
     "isolation",
     "vars",
     "require",
+    "fingerprints",
     "max_cells",
     "setup",
     "arm",
@@ -156,6 +165,7 @@ const COMMON_KEYS: &[&str] = &[
     "timeout",
     "expect",
     "inputs",
+    "hermetic",
 ];
 /// Keys of nodes that run a command (setup and arm).
 const RUN_KEYS: &[&str] = &[
@@ -173,6 +183,7 @@ const RUN_KEYS: &[&str] = &[
     "deterministic",
     "retries",
     "verdict",
+    "expect_fail",
 ];
 const SETUP_KEYS: &[&str] = &["produces", "creates"];
 const COMPARE_KEYS: &[&str] = &["reference", "candidates", "artifact", "policy"];
@@ -197,6 +208,7 @@ const DEFAULT_KEYS: &[&str] = &[
     "artifact",
     "policy",
     "inputs",
+    "hermetic",
 ];
 
 fn all_node_keys() -> impl Iterator<Item = &'static str> {
@@ -263,6 +275,34 @@ pub fn parse(src: &SourceText, diags: &mut Vec<Diagnostic>) -> Option<RawManifes
                 }
             }
             "max_cells" => m.max_cells = w.uint(key, value, 1),
+            "fingerprints" => {
+                if let Some(t) = w.expect_table(
+                    key,
+                    value,
+                    "[fingerprints]\nllama_cpp = [\"python3\", \"-c\", \"import llama_cpp; print(llama_cpp.__version__)\"]",
+                ) {
+                    for (k, v) in entries(t) {
+                        let name = owned_key(k);
+                        if !is_node_id(name.get_ref()) {
+                            let msg = format!(
+                                "fingerprint name \"{}\" may only hold letters, digits, `-`, `_` and `.`",
+                                name.get_ref()
+                            );
+                            w.err(k.span(), msg, "rename it, e.g. `llama_cpp`".to_string());
+                        }
+                        match w.strings(k, v) {
+                            Some(argv) if !argv.is_empty() => m.fingerprints.push((name, argv)),
+                            Some(_) => w.err(
+                                v.span(),
+                                format!("fingerprint `{}` has no command", name.get_ref()),
+                                "write the command as an argv array, e.g. [\"pip\", \"freeze\"]"
+                                    .to_string(),
+                            ),
+                            None => {}
+                        }
+                    }
+                }
+            }
             "require" => {
                 if let Some(t) = w.expect_table(key, value, "[require]\ngpus = 2") {
                     m.require = w.require(t);
@@ -574,6 +614,10 @@ impl Walker<'_, '_> {
                 }
                 "policy" => n.policy = self.policy(k, val),
                 "inputs" => n.inputs = self.strings(k, val),
+                "hermetic" => {
+                    n.hermetic = self.boolean(k, val).map(|b| Spanned::new(val.span(), b))
+                }
+                "expect_fail" => n.expect_fail = self.strings(k, val),
                 _ => unreachable!("every allowed key is handled"),
             }
         }

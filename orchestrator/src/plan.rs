@@ -148,6 +148,9 @@ pub struct Cell {
     /// Re-run after crash/timeout/infra error (never after fail), this many times at most.
     pub retries: u32,
     pub expect: Expect,
+    /// `expect_fail`: check-name globs; a negative cell passes only when every failed check
+    /// matches one and at least one failed. Empty: any failure will do.
+    pub expect_fail: Vec<String>,
     pub verdict: Option<TextVerdict>,
     /// Absolute paths that must exist after a setup cell ran; hashed into dependents' inputs.
     pub produces: Vec<PathBuf>,
@@ -157,6 +160,9 @@ pub struct Cell {
     /// Declared inputs: globs over files below the root, as written; the files they match
     /// when the cell runs join its inputs digest.
     pub inputs: Vec<String>,
+    /// `hermetic = true`: the declared inputs and fingerprints are all the cell depends on;
+    /// the commit's tree stays out of its inputs digest.
+    pub hermetic: bool,
     /// Cells this one needs (every cell of each node named in `needs`, plus a compare
     /// cell's reference and candidate).
     pub needs: Vec<CellIndex>,
@@ -198,9 +204,22 @@ pub struct Plan {
     pub inherit: Vec<String>,
     /// The manifest's `[require]` table.
     pub require: Require,
+    /// `[fingerprints]`, in file order.
+    pub fingerprints: Vec<FingerprintCommand>,
     pub cells: Vec<Cell>,
     /// The manifest's secrets, redacted from everything the orchestrator writes or prints.
     pub redact: crate::redact::Redactor,
+}
+
+/// A `[fingerprints]` entry: a command whose output names something the cells depend on
+/// (the engine's version, `pip freeze`), run once per run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FingerprintCommand {
+    pub name: String,
+    /// Substituted.
+    pub argv: Vec<String>,
+    /// The manifest's `[env]`, substituted: the command sees what the cells see of it.
+    pub env: BTreeMap<String, String>,
 }
 
 /// What a manifest requires of the machine before anything runs (`[require]`); a run that

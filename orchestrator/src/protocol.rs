@@ -39,6 +39,12 @@ pub const MAX_PROBLEMS: usize = 100;
 pub const MAX_DOOR_KEYS: usize = 1000;
 /// The check name of the row that says rows were dropped.
 pub const DROPPED_CHECK: &str = "memra-orch.dropped-rows";
+/// The metric of the dropped-rows row counting failing rows dropped whose check name no kept
+/// row has: a canary (`expect_fail`) cannot tell what failed then, and says so.
+pub const LOST_FAIL_NAMES: &str = "fail_unnamed";
+/// Failing rows of distinct check names kept past the caps, so `expect_fail` sees the name
+/// of every check that failed.
+pub const MAX_EXTRA_FAIL_NAMES: usize = 1000;
 
 /// Reads an attempt's checks file line by line, keeping what the receipt stores (the first
 /// [`MAX_ROWS`] rows within [`MAX_KEPT_BYTES`], messages clipped to [`MAX_MESSAGE`], plus
@@ -102,6 +108,12 @@ struct Rows {
     full: bool,
     /// A failing row is among the kept ones.
     kept_fail: bool,
+    /// The check names of the kept failing rows.
+    failed_names: std::collections::HashSet<String>,
+    /// Failing rows kept past the caps for their new check name.
+    extra_fails: usize,
+    /// Failing rows dropped whose check name no kept row has.
+    lost_fail_names: u64,
     /// The doors rows named more than [`MAX_DOOR_KEYS`] keys (said once).
     too_many_doors: bool,
 }
@@ -136,16 +148,30 @@ impl Rows {
         // verdict's reason and the consistency rule read it.
         self.full = self.full || rows >= MAX_ROWS || self.kept_bytes + line.len() > MAX_KEPT_BYTES;
         let row = self.report.checks.last_mut().expect("a row was added");
-        let first_fail = row.status == CheckStatus::Fail && !self.kept_fail;
-        self.kept_fail |= row.status == CheckStatus::Fail;
-        if self.full && !first_fail {
+        let failed = row.status == CheckStatus::Fail;
+        let first_fail = failed && !self.kept_fail;
+        let new_name = failed && !self.failed_names.contains(&row.check);
+        self.kept_fail |= failed;
+        // A failing row of a check not yet seen failing is kept past the caps too (up to
+        // a bound), so the receipt names every check that failed.
+        let keep_name = new_name && self.full && self.extra_fails < MAX_EXTRA_FAIL_NAMES;
+        if keep_name {
+            self.extra_fails += 1;
+        }
+        if self.full && !first_fail && !keep_name {
             let row = self.report.checks.pop().expect("a row was added");
+            if new_name {
+                self.lost_fail_names += 1;
+            }
             let status = serde_json::to_value(row.status).unwrap_or_default();
             *self
                 .dropped
                 .entry(status.as_str().unwrap_or("?").to_string())
                 .or_default() += 1;
             return;
+        }
+        if failed {
+            self.failed_names.insert(row.check.clone());
         }
         if let Some(m) = &mut row.message
             && m.len() > MAX_MESSAGE
@@ -189,6 +215,9 @@ impl Rows {
                 .collect();
             metrics.insert("dropped".into(), Value::from(dropped));
             metrics.insert("kept".into(), Value::from(self.report.checks.len() as u64));
+            if self.lost_fail_names > 0 {
+                metrics.insert(LOST_FAIL_NAMES.into(), Value::from(self.lost_fail_names));
+            }
             self.report.checks.push(CheckRow {
                 check: DROPPED_CHECK.to_string(),
                 status: CheckStatus::Warn,

@@ -65,7 +65,16 @@ pub struct RunOptions {
     /// Set by the loop or the receipt writer when the tree's file system fills; the loop
     /// then starts nothing more.
     pub disk_full: DiskFull,
+    /// The code the run tests, for every cell's inputs digest but hermetic ones
+    /// ([`crate::commit::CommitId::code`], or `unknown:<commit id>` where git cannot name
+    /// it).
+    pub code: String,
+    /// The run's `[fingerprints]`, taken before it started.
+    pub fingerprints: Vec<crate::fingerprint::Fingerprint>,
 }
+
+/// The code identity of a hermetic cell: its declared inputs stand for the code.
+pub const HERMETIC: &str = "hermetic";
 
 /// The heartbeat interval when nothing else is asked for: often enough that a cron log
 /// shows a slow cell is alive, rarely enough that it does not drown the other lines.
@@ -193,6 +202,8 @@ struct Finished {
     produces: Vec<FileDigest>,
     /// Absolute path of the artifacts folder of the last attempt.
     artifacts: Option<PathBuf>,
+    /// The names of the files the last attempt wrote there.
+    wrote: Vec<String>,
 }
 
 /// A job for a worker thread.
@@ -543,6 +554,7 @@ impl Runner<'_, '_> {
         f.reason = entry.reason.clone();
         if let Some(r) = &receipt {
             f.produces = r.produces.clone();
+            f.wrote = r.artifacts.iter().map(|a| a.name.clone()).collect();
             f.artifacts = r.last_attempt_dir().and_then(|d| {
                 self.opts
                     .tree
@@ -721,6 +733,7 @@ impl Runner<'_, '_> {
                 let f = &mut self.finished[cell.0];
                 f.reason = receipt.reason.clone();
                 f.produces = receipt.produces.clone();
+                f.wrote = receipt.artifacts.iter().map(|a| a.name.clone()).collect();
                 let node_dir = match &carried {
                     Some(c) => self.opts.tree.carried_node_dir(c, &receipt.slug),
                     None => Some(self.opts.tree.node_dir(&receipt.slug)),
@@ -824,8 +837,13 @@ impl Runner<'_, '_> {
                     format!("not started: needs {dep_id}, which was cancelled"),
                     true,
                 );
-            } else if !verdict.as_expected() {
+            } else if !verdict.as_expected() && !self.reads_what_was_written(d, cell, verdict) {
                 let mut why = format!("needs {dep_id}, which ended {verdict}");
+                if verdict == Verdict::Fail
+                    && let Some(spec) = &self.plan.cell(d).compare
+                {
+                    why = format!("{why} and wrote no {}", spec.artifact);
+                }
                 if verdict == Verdict::Blocked
                     && let Some(r) = &self.finished[cell.0].reason
                 {
@@ -840,6 +858,20 @@ impl Runner<'_, '_> {
                 }
             }
         }
+    }
+
+    /// Whether compare cell `d` runs although its side `dep` ended `verdict`, not as
+    /// expected: a compare reads what was written, so a side whose gate ran to its end
+    /// (`fail`: a failed check, a canary that passed, reps that differ) and wrote the
+    /// artifact is compared whatever its checks said. A side that crashed, timed out,
+    /// errored or never ran still blocks it, and so does any `needs` that is not a side.
+    fn reads_what_was_written(&self, d: CellIndex, dep: CellIndex, verdict: Verdict) -> bool {
+        let Some(spec) = &self.plan.cell(d).compare else {
+            return false;
+        };
+        verdict == Verdict::Fail
+            && (spec.reference == dep || spec.candidate == dep)
+            && self.finished[dep.0].wrote.contains(&spec.artifact)
     }
 
     /// The job for a placed cell: plain data an executor anywhere can run.
@@ -888,6 +920,7 @@ impl Runner<'_, '_> {
             deterministic: c.deterministic,
             retries: c.retries,
             expect: c.expect,
+            expect_fail: c.expect_fail.clone(),
             verdict_pass: c
                 .verdict
                 .as_ref()
@@ -903,6 +936,12 @@ impl Runner<'_, '_> {
             binaries,
             input_files: Vec::new(),
             inputs: String::new(),
+            code: if c.hermetic {
+                HERMETIC.to_string()
+            } else {
+                self.opts.code.clone()
+            },
+            fingerprints: self.opts.fingerprints.clone(),
             program: None,
         }
     }
@@ -983,9 +1022,33 @@ fn run_cell(
             }
         }
     }
-    job.input_files = digests.declared_inputs(globs);
+    let declared = digests.declared_inputs(globs);
+    job.input_files = declared.files;
     let full = compare.as_ref().map(|(r, c)| (r.full(), c.full()));
     job.inputs = inputs_digest(&job, policy.as_ref(), full.as_ref());
+    // A digest that misses what the cell depends on cannot tell a change from a flake: a
+    // hermetic cell's glob, or a glob naming the engine outside the repository, that
+    // matches nothing ends the cell before it runs.
+    let missing: Vec<&String> = declared
+        .unmatched
+        .iter()
+        .filter(|g| job.code == HERMETIC || declared.external.contains(g))
+        .collect();
+    if let Some(first) = missing.first() {
+        let mut r = job.receipt();
+        r.verdict = Verdict::Error;
+        r.reason = Some(format!(
+            "declared input `{first}` matches no file{}, so the inputs digest would not cover \
+             what the cell depends on; fix the glob (the engine may live elsewhere on this \
+             machine) or remove it",
+            if missing.len() > 1 {
+                format!(" (and {} more globs match none)", missing.len() - 1)
+            } else {
+                String::new()
+            }
+        ));
+        return (r, None);
+    }
     let mut not_carried = "no earlier run at this commit has it".to_string();
     if let Some((path, carried)) = previous.receipt {
         let run = carried.label();

@@ -613,6 +613,8 @@ mod tests {
                 deterministic: true,
                 retries: 0,
                 expect: Expect::Pass,
+                expect_fail: Vec::new(),
+                hermetic: false,
                 verdict: None,
                 produces: Vec::new(),
                 creates: Vec::new(),
@@ -632,6 +634,7 @@ mod tests {
             root: "/".into(),
             inherit: Vec::new(),
             require: Default::default(),
+            fingerprints: Vec::new(),
             cells,
             redact: Default::default(),
         }

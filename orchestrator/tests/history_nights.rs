@@ -1,11 +1,12 @@
 //! Ten nights of a battery over six commits, as cron leaves them: a cell that regresses on
-//! night 4 (its declared input changed), one that flips on identical inputs (flaky), one
-//! whose artifact bits move on night 7 with identical inputs (nondeterministic), and one
-//! that leaves the manifest on night 9 (lost). `history` (text and JSON) must show each
-//! timeline, whatever state the index is in; `diff last-green latest` must name the
-//! regression and the lost cell, and set the flaky and nondeterministic cells apart without
-//! failing on them unless `--flaky-fails`; `last-green:CELL` and `@DAY` must name the right
-//! nights.
+//! night 4 (its declared input changed), one that flips with nothing it reads changing
+//! (flaky: nights 5 and 6 share a commit), one whose artifact bits move on night 7 (a new
+//! commit) and again on night 8 (the same commit: nondeterministic), and one that leaves the
+//! manifest on night 9 (lost). The commit is an input of every cell. `history` (text and
+//! JSON) must show each timeline, whatever state the index is in; `diff` must call a flip
+//! flaky only between runs of one commit, keep every change across commits a regression or
+//! bits moved (marked "known flaky" where the cell has shown it), and fail only on those;
+//! `last-green:CELL` and `@DAY` must name the right nights.
 
 use serde_json::Value;
 
@@ -95,10 +96,10 @@ fn ten_nights() -> Option<Nights> {
         );
         set(
             "nondet",
-            if night < 7 {
-                "pass bits-a 0.5"
-            } else {
-                "pass bits-b 0.5"
+            match night {
+                1..=6 => "pass bits-a 0.5",
+                7 => "pass bits-b 0.5",
+                _ => "pass bits-c 0.5",
             },
         );
         set("lost", "pass l 0.5");
@@ -109,6 +110,10 @@ fn ten_nights() -> Option<Nights> {
         runs.push(tree.file_name().unwrap().to_string_lossy().into_owned());
     }
     Some(Nights { repo, runs })
+}
+
+fn short(sha: &str) -> String {
+    sha.chars().take(12).collect()
 }
 
 fn json(out: &std::process::Output) -> Value {
@@ -166,26 +171,32 @@ fn ten_nights_of_history_aliases_and_flaky_cells() {
         .iter()
         .map(|b| b.as_bool().unwrap())
         .collect();
+    // The commit is an input: its inputs change with every new commit (nights 3, 5, 7, 9,
+    // 10) and with its declared input on night 4.
     assert_eq!(
         changed,
         [
-            false, false, false, true, false, false, false, false, false, false
+            false, false, true, true, true, false, true, false, true, true
         ],
-        "the regressing cell's declared input changed on night 4, and only then"
     );
     assert_eq!(regress[3]["metrics"]["accuracy/max_abs"], 0.5);
     let flaky = &cell(&h, "flaky")["points"];
-    assert!(
-        column(flaky, "inputs_changed").iter().all(|b| b == false),
-        "the flaky cell's inputs never change"
+    assert_eq!(
+        column(flaky, "inputs_changed"),
+        [
+            false, false, true, false, true, false, true, false, true, true
+        ]
+        .map(Value::from),
+        "the flaky cell's inputs change with the commit only"
     );
     assert_eq!(flaky[4]["verdict"], "fail");
     assert_eq!(flaky[4]["good"], false);
+    assert_eq!(flaky[4]["code_known"], true);
     let nondet = &cell(&h, "nondet")["points"];
     let moved: Vec<usize> = (0..10)
         .filter(|&i| nondet[i]["bits_moved"] == true)
         .collect();
-    assert_eq!(moved, [6], "bits move on night 7 only");
+    assert_eq!(moved, [6, 7], "bits move on nights 7 and 8");
     let lost = &cell(&h, "lost")["points"];
     let absent: Vec<usize> = (0..10).filter(|&i| lost[i]["absent"] == true).collect();
     assert_eq!(absent, [8, 9], "the lost cell is an explicit absent point");
@@ -270,33 +281,32 @@ fn ten_nights_of_history_aliases_and_flaky_cells() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("@YYYY-MM-DD"));
 
-    // diff last-green latest: a regression and lost coverage fail it; the flaky and
-    // nondeterministic cells are their own sections.
+    // diff last-green latest (night 3 → night 10, three commits apart): every change is
+    // across digests, so the flaky cell's flip is a regression too — marked known flaky,
+    // since it flipped at one commit (nights 5 and 6) — and the nondeterministic cell's
+    // bits moved, marked likewise (nights 7 and 8). Nothing is set apart as a flake.
     let out = repo.orch(&["diff", "last-green", "latest", "--color", "never"]);
     assert_eq!(out.status.code(), Some(1));
     let text = stdout(&out);
+    let commit3 = short(&repo.git(&["rev-list", "--max-count=1", "--skip=3", "HEAD"]));
+    let commit4 = short(&repo.git(&["rev-list", "--max-count=1", "--skip=2", "HEAD"]));
     for needle in [
-        "REGRESSIONS (1)",
+        "REGRESSIONS (2)",
         "LOST COVERAGE (1)",
-        "FLAKY (1)",
-        "flaky    pass → fail  inputs unchanged; flipped 3 times in the last 10 runs (not as expected in 2)",
-        "NONDETERMINISTIC (1)",
-        "nondet   pass  inputs unchanged, artifacts differ",
+        "BITS MOVED (1)",
+        &format!(
+            "[known flaky: flipped on identical inputs at {commit3} (run {})",
+            n.runs[5]
+        ),
+        &format!(
+            "nondet   pass  [known nondeterministic: its bits moved on identical inputs at {commit4} (run {})]",
+            n.runs[7]
+        ),
     ] {
         assert!(text.contains(needle), "{needle:?} missing from\n{text}");
     }
-    assert!(!text.contains("BITS MOVED"), "{text}");
-    let regressions = text
-        .split("REGRESSIONS (1)")
-        .nth(1)
-        .unwrap()
-        .split("\n\n")
-        .next()
-        .unwrap();
-    assert!(
-        regressions.contains("regress") && !regressions.contains("flaky"),
-        "{regressions}"
-    );
+    assert!(!text.contains("FLAKY ("), "{text}");
+    assert!(!text.contains("NONDETERMINISTIC ("), "{text}");
     let out = repo.orch(&["diff", "last-green", "latest", "--format", "json"]);
     let d = json(&out);
     let ids = |key: &str| -> Vec<String> {
@@ -307,46 +317,66 @@ fn ten_nights_of_history_aliases_and_flaky_cells() {
             .map(|x| x["id"].as_str().unwrap().to_string())
             .collect()
     };
-    assert_eq!(ids("regressions"), ["regress"]);
-    assert_eq!(ids("flaky"), ["flaky"]);
-    assert_eq!(d["flaky"][0]["flips"], 3);
-    assert_eq!(d["flaky"][0]["was"], "regression");
-    assert_eq!(ids("nondeterministic"), ["nondet"]);
-    assert!(ids("bits_moved").is_empty());
-    let md = stdout(&repo.orch(&["diff", "last-green", "latest", "--format", "markdown"]));
-    assert!(
-        md.contains("### Flaky (1)") && md.contains("### Nondeterministic (1)"),
-        "{md}"
-    );
+    // Plan order: `regress` is listed before `flaky` in the manifest.
+    assert_eq!(ids("regressions"), ["regress", "flaky"]);
+    assert!(d["regressions"][0].get("known_flaky").is_none(), "{d:#}");
+    assert!(d["regressions"][1]["known_flaky"].is_string(), "{d:#}");
+    assert!(ids("flaky").is_empty());
+    assert_eq!(ids("bits_moved"), ["nondet"]);
+    assert!(ids("nondeterministic").is_empty());
 
-    // Flaky alone (nights 9 → 10) and nondeterministic alone (6 → 7) pass the diff, unless
-    // --flaky-fails; a shorter window counts fewer flips.
+    // At one commit, the same flip is flaky (nights 5 → 6: a would-be fix) and the same
+    // move nondeterministic (nights 7 → 8); neither fails the diff unless --flaky-fails, and
+    // a shorter window counts fewer flips.
     let pair = |a: usize, b: usize, extra: &[&str]| {
         let mut args = vec!["diff", &n.runs[a], &n.runs[b], "--color", "never"];
         args.extend(extra);
         repo.orch(&args)
     };
-    let out = pair(8, 9, &[]);
+    let out = pair(4, 5, &[]);
     assert_eq!(out.status.code(), Some(0), "a flaky cell is no regression");
-    assert!(stdout(&out).contains("FLAKY (1)"));
-    assert_eq!(pair(8, 9, &["--flaky-fails"]).status.code(), Some(1));
-    let text = stdout(&pair(8, 9, &["--flaky-window", "3"]));
+    let text = stdout(&out);
     assert!(
-        text.contains("flipped 1 time in the last 3 runs (not as expected in 1)"),
+        text.contains("FLAKY (1)")
+            && text.contains("flaky    fail → pass  inputs unchanged; flipped 2 times in the last 6 runs (not as expected in 1)"),
         "{text}"
     );
-    let out = pair(5, 6, &[]);
+    assert_eq!(pair(4, 5, &["--flaky-fails"]).status.code(), Some(1));
+    let text = stdout(&pair(4, 5, &["--flaky-window", "2"]));
+    assert!(
+        text.contains("flipped 1 time in the last 2 runs (not as expected in 1)"),
+        "{text}"
+    );
+    let md = stdout(&pair(4, 5, &["--format", "markdown"]));
+    assert!(md.contains("### Flaky (1)"), "{md}");
+    let out = pair(6, 7, &[]);
     assert_eq!(out.status.code(), Some(0));
     let text = stdout(&out);
     assert!(
         text.contains("NONDETERMINISTIC (1)") && !text.contains("BITS MOVED"),
         "{text}"
     );
-    assert_eq!(pair(5, 6, &["--flaky-fails"]).status.code(), Some(1));
-    // The regression of night 4 had its inputs changed: a regression, not a flake.
+    assert_eq!(pair(6, 7, &["--flaky-fails"]).status.code(), Some(1));
+    // Across commits the same flip is a regression (nights 9 → 10), marked, failing the
+    // diff; so is night 4's, whose declared input changed, without a mark.
+    let out = pair(8, 9, &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a flip across commits is a regression"
+    );
+    let text = stdout(&out);
+    assert!(
+        text.contains("REGRESSIONS (1)")
+            && text.contains("known flaky")
+            && !text.contains("FLAKY ("),
+        "{text}"
+    );
     let text = stdout(&pair(2, 3, &[]));
     assert!(
-        text.contains("REGRESSIONS (1)") && !text.contains("FLAKY"),
+        text.contains("REGRESSIONS (1)")
+            && !text.contains("FLAKY")
+            && !text.contains("known flaky"),
         "{text}"
     );
 

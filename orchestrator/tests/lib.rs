@@ -6,6 +6,7 @@
 mod diff_support;
 mod run_support;
 
+mod any_engine_verdicts;
 mod attest_pins;
 mod bisect_commits;
 mod compare_artifacts;
@@ -46,3 +47,4 @@ mod run_verdicts;
 mod schedule_gpus;
 mod slurm_cluster;
 mod smoke_manifest;
+mod verdict_truth;

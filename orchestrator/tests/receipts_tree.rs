@@ -39,6 +39,8 @@ fn cell(id: &str, argv: Vec<String>, root: &Path) -> Cell {
         deterministic: true,
         retries: 0,
         expect: Expect::Pass,
+        expect_fail: Vec::new(),
+        hermetic: false,
         verdict: None,
         produces: Vec::new(),
         creates: Vec::new(),
@@ -72,6 +74,7 @@ fn hostile_cell_ids_cannot_write_outside_the_tree() {
         root: work.clone(),
         inherit: vec!["PATH".into()],
         require: Default::default(),
+        fingerprints: Vec::new(),
         cells: ids
             .iter()
             .map(|id| cell(id, vec![gate.clone()], &work))
@@ -97,6 +100,8 @@ fn hostile_cell_ids_cannot_write_outside_the_tree() {
         require_gpus: None,
         heartbeat: memra_orch::run::DEFAULT_HEARTBEAT,
         gpu_locks: None,
+        code: "unknown:c0".into(),
+        fingerprints: Vec::new(),
     };
     let header: RunReceipt = serde_json::from_value(serde_json::json!({
         "schema": RUN_SCHEMA, "name": "hostile", "manifest": {"path": "m", "bytes": 0, "sha256": ""},

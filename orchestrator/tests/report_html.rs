@@ -151,6 +151,36 @@ fn td<'a>(dom: &'a str, cell: &str, run: &str) -> &'a str {
 /// `gpu`.
 fn three_runs() -> Fixture {
     let fx = Fixture::new(MANIFEST);
+    // A flip is flaky only where the code is named: the fixture folder is a repository
+    // whose commit holds the manifest, and the flip's state file is ignored (no code).
+    if crate::diff_support::have_git() {
+        std::fs::write(
+            fx.path().join(".gitignore"),
+            "flip-state\nreceipts/\ngpu-leases/\n",
+        )
+        .unwrap();
+        let git = |args: &[&str]| {
+            let ok = std::process::Command::new("git")
+                .current_dir(fx.path())
+                .args([
+                    "-c",
+                    "user.name=t",
+                    "-c",
+                    "user.email=t@t",
+                    "-c",
+                    "commit.gpgsign=false",
+                ])
+                .args(args)
+                .output()
+                .unwrap()
+                .status
+                .success();
+            assert!(ok, "git {args:?}");
+        };
+        git(&["init", "-q"]);
+        git(&["add", "-A"]);
+        git(&["commit", "-q", "-m", "battery"]);
+    }
     let state = fx.path().join("flip-state");
     std::fs::write(&state, "pass").unwrap();
     let run = |args: &[&str]| {

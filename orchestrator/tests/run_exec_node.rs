@@ -27,6 +27,7 @@ fn job(node_dir: &std::path::Path, gate: &str) -> CellJob {
         deterministic: true,
         retries: 0,
         expect: Expect::Pass,
+        expect_fail: Vec::new(),
         verdict_pass: None,
         verdict_fail: None,
         produces: vec![],
@@ -37,6 +38,8 @@ fn job(node_dir: &std::path::Path, gate: &str) -> CellJob {
         binaries: vec![],
         input_files: vec![],
         inputs: "digest".into(),
+        code: "git:t".into(),
+        fingerprints: Vec::new(),
         program: None,
     }
 }

@@ -28,6 +28,9 @@ pub fn command(args: &ReportArgs) -> ExitCode {
             SiteError::Io { .. } => (ExitCode::Internal, e.to_string()),
             e => usage(&e),
         })?;
+        // Remembered so that the next run's dirty check leaves the site out; a failure
+        // only means it counts as a change.
+        let _ = crate::receipt::own_outputs::record(&receipts, &args.html);
         Ok(format!(
             "wrote {} pages of {} ({} runs, {} cells) to {}{}\n",
             written.files.len(),

@@ -88,12 +88,6 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         r.check(&inventory)
             .map_err(|e| (ExitCode::RequirementUnmet, e.to_string()))?;
     }
-    let commit = crate::commit::resolve(&plan.root, args.commit.as_deref())
-        .map_err(|e| usage(e.to_string()))?;
-    if commit.dirty && args.commit.is_none() {
-        eprintln!("memra-orch: {}", dirty_note(&plan.root, &commit.id));
-    }
-    let heartbeat = heartbeat_interval().map_err(usage)?;
     let receipts = match &args.receipts {
         Some(r) if r.is_absolute() => r.clone(),
         Some(r) => std::env::current_dir()
@@ -101,6 +95,24 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
             .join(r),
         None => plan.root.join("receipts"),
     };
+    // memra-orch's own output is no change to the code under test.
+    let own = crate::receipt::own_outputs::all(
+        &receipts,
+        &args
+            .metrics_file
+            .iter()
+            .map(PathBuf::as_path)
+            .collect::<Vec<_>>(),
+    );
+    let commit = crate::commit::resolve(&plan.root, args.commit.as_deref(), &own)
+        .map_err(|e| usage(e.to_string()))?;
+    if commit.dirty && args.commit.is_none() {
+        eprintln!("memra-orch: {}", dirty_note(&plan.root, &commit.id, &own));
+    }
+    let heartbeat = heartbeat_interval().map_err(usage)?;
+    // Taken before anything runs: a run that cannot tell which engine it tests refuses.
+    let fingerprints = crate::fingerprint::take_all(&plan)
+        .map_err(|e| (ExitCode::RequirementUnmet, e.to_string()))?;
     let manifest_dir = tree::manifest_dir(&receipts, &commit.id, &plan.name);
     let _lock = acquire_lock(&manifest_dir, args.wait_lock)?;
     // Two manifest files with one `name` would file their runs in one folder and read each
@@ -202,6 +214,11 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         ExecutorKind::Slurm => None,
     };
     let opts = RunOptions {
+        code: commit
+            .code
+            .clone()
+            .unwrap_or_else(|| format!("unknown:{}", commit.id)),
+        fingerprints: fingerprints.clone(),
         tree: tree.clone(),
         jobs,
         fail_fast: args.fail_fast,
@@ -216,6 +233,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         disk_full: disk_full.clone(),
     };
     let mut header = RunReceipt::begin(&plan, &commit, &inventory, jobs, &filters, args.resume);
+    header.fingerprints = fingerprints;
     header.run_id = Some(run_id);
     header.rerun_failed = args.rerun_failed;
     header.vars = args.vars.iter().cloned().collect();
@@ -235,6 +253,11 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         .filter_map(|c| c.compare.as_ref())
         .map(|c| (c.reference.0, c.candidate.0))
         .collect();
+    if let Some(p) = &args.metrics_file {
+        // Remembered so that the next run's dirty check leaves it out; a failure only
+        // means it counts as a change.
+        let _ = crate::receipt::own_outputs::record(&receipts, p);
+    }
     let mut metrics = args
         .metrics_file
         .as_ref()
@@ -357,8 +380,8 @@ const DIRTY_PATHS_SHOWN: usize = 10;
 
 /// Why the run is filed under `<sha>-dirty`: the paths `git status --porcelain` lists, so a
 /// nightly that forgot a scratch file says which one instead of only changing folder name.
-fn dirty_note(root: &Path, id: &str) -> String {
-    let paths = crate::commit::dirty_paths(root);
+fn dirty_note(root: &Path, id: &str, own: &[PathBuf]) -> String {
+    let paths = crate::commit::dirty_paths(root, own);
     let mut note =
         format!("the work tree has uncommitted changes, so the run is filed under {id}:");
     for p in paths.iter().take(DIRTY_PATHS_SHOWN) {

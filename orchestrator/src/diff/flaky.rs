@@ -1,15 +1,25 @@
-//! Flaky and nondeterministic cells in a diff. A cell whose verdict changed between OLD and
-//! NEW while nothing that determines it did — its `inputs` digest (binaries, argv, pins,
-//! declared inputs), the models of the GPUs it ran on and the run's GPU list and driver —
-//! is **flaky**: it is not a regression or a fix, and its section says how often it flipped
-//! in the last runs of the manifest (from `history`). A cell whose artifact digests changed
-//! with identical inputs and the same verdict is **nondeterministic across runs**. Neither
-//! makes the diff exit 1 unless `--flaky-fails`.
+//! Flaky and nondeterministic cells in a diff, decided on evidence. A cell's `inputs` digest
+//! covers what determines it — binaries, argv, pins, declared inputs, fingerprints and the
+//! code (the commit's tree and uncommitted changes, unless the cell is hermetic) — so two
+//! receipts with equal digests, on the same GPU models and driver, tested the same thing.
+//!
+//! - A verdict change between OLD and NEW with equal digests (two runs at one commit, say)
+//!   is **flaky**: not a regression or a fix; its section says how often the cell flipped in
+//!   the last runs of the manifest. Same for artifacts that differ with equal digests and the
+//!   same verdict: **nondeterministic**. Neither makes the diff exit 1 unless
+//!   `--flaky-fails`.
+//! - A change across different digests is a regression, fix or bits moved, whatever the
+//!   cell's history. When the cell has shown flakiness at one digest within the flaky
+//!   window (two runs with equal digests and different verdicts or artifacts, or attempts of
+//!   one run that disagreed), the entry is marked *known flaky* (or *known
+//!   nondeterministic*) and still counts.
+//! - A receipt that does not name its code (a run outside git, a receipt from before code
+//!   identities) is never evidence: its changes stay regressions.
 //!
 //! This module owns that classification and the two sections' rendering; [`super::diff`]
 //! finds the changes, and [`classify`] moves the ones that qualify out of regressions,
-//! fixes and bits moved. It reads the two receipts of each candidate cell and the history
-//! index; it never writes inside a tree.
+//! fixes and bits moved and marks the rest. It reads the two receipts of each candidate cell
+//! and the history index; it never writes inside a tree.
 
 use std::fmt::Write;
 use std::path::Path;
@@ -18,6 +28,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{BitsMoved, Diff, DiffRun, VerdictChange};
+use crate::commit::short_commit;
+use crate::history::RunRecord;
 use crate::receipt::GpuRef;
 use crate::receipt::load::LoadedNode;
 use crate::receipt::tree::Tree;
@@ -43,6 +55,8 @@ pub struct Flaky {
 struct Identity {
     #[serde(default)]
     inputs: String,
+    #[serde(default)]
+    code: String,
     #[serde(default)]
     gpus: Vec<GpuRef>,
 }
@@ -73,7 +87,8 @@ fn machine(run: &DiffRun) -> (Vec<String>, Option<String>) {
     (gpus, driver)
 }
 
-/// Whether cell `id` ran on identical inputs on both sides.
+/// Whether cell `id` ran on identical inputs on both sides, with both receipts naming the
+/// code they tested.
 fn same_inputs(old: &DiffRun, new: &DiffRun, id: &str) -> bool {
     let (Some(o), Some(n)) = (old.nodes.get(id), new.nodes.get(id)) else {
         return false;
@@ -81,7 +96,10 @@ fn same_inputs(old: &DiffRun, new: &DiffRun, id: &str) -> bool {
     match (identity(old, o), identity(new, n)) {
         (Some(a), Some(b)) => {
             let models = |g: &[GpuRef]| g.iter().map(|x| x.name.clone()).collect::<Vec<_>>();
-            a.inputs == b.inputs && models(&a.gpus) == models(&b.gpus)
+            crate::history::build::code_known(&a.code)
+                && crate::history::build::code_known(&b.code)
+                && a.inputs == b.inputs
+                && models(&a.gpus) == models(&b.gpus)
         }
         _ => false,
     }
@@ -89,17 +107,16 @@ fn same_inputs(old: &DiffRun, new: &DiffRun, id: &str) -> bool {
 
 /// Moves the flaky verdict changes out of regressions and fixes, and the nondeterministic
 /// cells out of bits moved; counts each flaky cell's flips over the last `window` runs of
-/// NEW's manifest up to NEW.
+/// NEW's manifest up to NEW; marks the regressions, fixes and bits moved that stay, when the
+/// window holds evidence that their cell is flaky.
 pub fn classify(d: &mut Diff, old: &DiffRun, new: &DiffRun, window: usize) {
-    if machine(old) != machine(new) {
-        // Another GPU model or driver is a changed input the digest does not see.
-        return;
-    }
+    let same_machine = machine(old) == machine(new);
     let mut flaky = Vec::new();
     for (was, list) in [("regression", &mut d.regressions), ("fix", &mut d.fixes)] {
         let (moved, kept): (Vec<VerdictChange>, Vec<VerdictChange>) = std::mem::take(list)
             .into_iter()
-            .partition(|c| same_inputs(old, new, &c.id));
+            // Another GPU model or driver is a changed input the digest does not see.
+            .partition(|c| same_machine && same_inputs(old, new, &c.id));
         *list = kept;
         flaky.extend(moved.into_iter().map(|change| Flaky {
             change,
@@ -111,43 +128,124 @@ pub fn classify(d: &mut Diff, old: &DiffRun, new: &DiffRun, window: usize) {
     }
     let (nondet, kept): (Vec<BitsMoved>, Vec<BitsMoved>) = std::mem::take(&mut d.bits_moved)
         .into_iter()
-        .partition(|b| same_inputs(old, new, &b.id));
+        .partition(|b| same_machine && same_inputs(old, new, &b.id));
     d.bits_moved = kept;
     d.nondeterministic.extend(nondet);
-    if !flaky.is_empty() {
-        count_flips(&mut flaky, new, window);
+    let marks = !(d.regressions.is_empty() && d.fixes.is_empty() && d.bits_moved.is_empty());
+    if flaky.is_empty() && !marks {
+        return;
+    }
+    let Some(shown) = window_records(new, window) else {
+        flaky.sort_by(|a, b| a.change.id.cmp(&b.change.id));
+        d.flaky.extend(flaky);
+        return;
+    };
+    for f in &mut flaky {
+        count_flips(f, &shown);
+    }
+    for c in d.regressions.iter_mut().chain(d.fixes.iter_mut()) {
+        c.known_flaky = flaky_evidence(&shown, &c.id);
+    }
+    for b in &mut d.bits_moved {
+        b.known_nondeterministic = moved_evidence(&shown, &b.id);
     }
     flaky.sort_by(|a, b| a.change.id.cmp(&b.change.id));
     d.flaky.extend(flaky);
 }
 
-/// Fills in the flips and bad runs of each flaky cell from the history of NEW's manifest.
-fn count_flips(flaky: &mut [Flaky], new: &DiffRun, window: usize) {
+/// The last `window` runs of NEW's manifest up to NEW, oldest first; `None` when NEW is not
+/// in its receipts folder's history.
+fn window_records(new: &DiffRun, window: usize) -> Option<Vec<RunRecord>> {
     let receipts = Tree {
         dir: new.dir.clone(),
     }
     .receipts();
-    let Ok(records) =
+    let records =
         crate::history::index::records(&receipts, &new.run.name, crate::history::index::Mode::Use)
-    else {
-        return;
-    };
-    let Some(rel) = rel_dir(&receipts, &new.dir) else {
-        return;
-    };
-    let Some(end) = records.iter().position(|r| r.run.dir == rel) else {
-        return;
-    };
-    let shown = &records[(end + 1).saturating_sub(window)..=end];
-    for f in flaky {
-        let good: Vec<bool> = shown
-            .iter()
-            .filter_map(|r| r.cells.get(&f.change.id).map(|c| c.good))
-            .collect();
-        f.window = Some(shown.len());
-        f.flips = Some(good.windows(2).filter(|w| w[0] != w[1]).count());
-        f.bad = Some(good.iter().filter(|g| !**g).count());
+            .ok()?;
+    let rel = rel_dir(&receipts, &new.dir)?;
+    let end = records.iter().position(|r| r.run.dir == rel)?;
+    let start = (end + 1).saturating_sub(window);
+    Some(records[start..=end].to_vec())
+}
+
+/// Fills in the flips and bad runs of a flaky cell.
+fn count_flips(f: &mut Flaky, shown: &[RunRecord]) {
+    let good: Vec<bool> = shown
+        .iter()
+        .filter_map(|r| r.cells.get(&f.change.id).map(|c| c.good))
+        .collect();
+    f.window = Some(shown.len());
+    f.flips = Some(good.windows(2).filter(|w| w[0] != w[1]).count());
+    f.bad = Some(good.iter().filter(|g| !**g).count());
+}
+
+/// Where the window shows cell `id` flipping on identical inputs: the newest run whose
+/// attempts disagreed, or the newest pair of runs with equal digests (naming the code) and
+/// different verdicts.
+fn flaky_evidence(shown: &[RunRecord], id: &str) -> Option<String> {
+    evidence(shown, id, |f| f.flipped_within, |a, b| a.good != b.good).map(|(at, within)| {
+        if within {
+            format!("known flaky: its attempts disagreed at {at}")
+        } else {
+            format!("known flaky: flipped on identical inputs at {at}")
+        }
+    })
+}
+
+/// As [`flaky_evidence`], for artifacts that differed on identical inputs.
+fn moved_evidence(shown: &[RunRecord], id: &str) -> Option<String> {
+    evidence(
+        shown,
+        id,
+        |f| f.moved_within,
+        |a, b| a.verdict == b.verdict && a.artifacts != b.artifacts,
+    )
+    .map(|(at, within)| {
+        if within {
+            format!("known nondeterministic: its reps or retries wrote other bits at {at}")
+        } else {
+            format!("known nondeterministic: its bits moved on identical inputs at {at}")
+        }
+    })
+}
+
+/// The newest evidence in the window: a run where `within` holds, or an earlier run with
+/// the same digest (both naming their code) for which `differs` holds. Returns where (`<commit>
+/// (run <id>)`) and whether it was within one run.
+fn evidence(
+    shown: &[RunRecord],
+    id: &str,
+    within: impl Fn(&crate::history::CellFacts) -> bool,
+    differs: impl Fn(&crate::history::CellFacts, &crate::history::CellFacts) -> bool,
+) -> Option<(String, bool)> {
+    let at = |r: &RunRecord| format!("{} (run {})", short_commit(&r.run.commit), r.run.id);
+    for (i, r) in shown.iter().enumerate().rev() {
+        let Some(f) = r
+            .cells
+            .get(id)
+            .filter(|f| f.code_known && !f.inputs.is_empty())
+        else {
+            continue;
+        };
+        if within(f) {
+            return Some((at(r), true));
+        }
+        let twin = shown[..i].iter().rev().find(|e| {
+            e.cells.get(id).is_some_and(|g| {
+                g.code_known
+                    && g.inputs == f.inputs
+                    && g.gpus == f.gpus
+                    && e.run.gpus == r.run.gpus
+                    && e.run.driver == r.run.driver
+                    && differs(g, f)
+            })
+        });
+        if twin.is_some() {
+            return Some((at(r), false));
+        }
     }
+    None
 }
 
 fn rel_dir(receipts: &Path, dir: &Path) -> Option<String> {
@@ -208,6 +306,7 @@ pub fn text(out: &mut String, d: &Diff, width: usize, title: &dyn Fn(&str, usize
                     short(&a.old_sha256),
                     short(&a.new_sha256)
                 );
+                out.push_str(&super::quantify::text(a, "        "));
             }
         }
     }
@@ -255,5 +354,6 @@ pub fn markdown(out: &mut String, d: &Diff, md: &dyn Fn(&str) -> String) {
             }
         }
         out.push('\n');
+        out.push_str(&super::quantify::markdown(&d.nondeterministic, md));
     }
 }

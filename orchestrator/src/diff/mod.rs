@@ -43,13 +43,15 @@ pub struct DiffReceipt {
     pub compare: Option<Value>,
 }
 
-/// What `diff` reads of a check row: its name, status and metrics.
+/// What `diff` reads of a check row: its name, status, metrics and message.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct DiffCheck {
     pub check: String,
     pub status: crate::protocol::CheckStatus,
     #[serde(default)]
     pub metrics: BTreeMap<String, Value>,
+    #[serde(default)]
+    pub message: Option<String>,
 }
 
 /// A tree as `diff` reads it.
@@ -107,6 +109,10 @@ pub struct VerdictChange {
     pub new: Verdict,
     /// The new side's reason; for fixes the old one's, as `was: …`.
     pub reason: Option<String>,
+    /// A regression or fix across different inputs whose cell has flipped on identical
+    /// inputs within the flaky window: where. It is still a regression (or fix).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub known_flaky: Option<String>,
 }
 
 /// A node that passed in OLD and did not run in NEW: skipped there, or absent from it (its
@@ -141,6 +147,20 @@ pub struct BitsMoved {
     pub id: String,
     pub verdict: Verdict,
     pub artifacts: Vec<ArtifactMove>,
+    /// Bits that moved across different inputs in a cell whose artifacts have differed on
+    /// identical inputs within the flaky window: where.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub known_nondeterministic: Option<String>,
+}
+
+/// A check row that is at `warn` in NEW and was not in OLD (another status, or no row).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WarnChange {
+    pub id: String,
+    pub check: String,
+    /// OLD's status of the row; `None` when OLD had no such row.
+    pub old: Option<crate::protocol::CheckStatus>,
+    pub message: Option<String>,
 }
 
 /// One check-row value that changed beyond the thresholds. `metric` is the metric's name,
@@ -205,6 +225,8 @@ pub struct Diff {
     pub other_verdict_changes: Vec<VerdictChange>,
     pub bits_moved: Vec<BitsMoved>,
     pub metric_drift: Vec<MetricDrift>,
+    /// Check rows that became `warn`.
+    pub warns: Vec<WarnChange>,
     pub duration_drift: Vec<DurationDrift>,
     pub doors_changed: Vec<DoorsChange>,
     pub new_nodes: Vec<NodeBrief>,
@@ -239,6 +261,7 @@ impl Diff {
             && self.other_verdict_changes.is_empty()
             && self.bits_moved.is_empty()
             && self.metric_drift.is_empty()
+            && self.warns.is_empty()
             && self.duration_drift.is_empty()
             && self.doors_changed.is_empty()
             && self.new_nodes.is_empty()
@@ -275,6 +298,7 @@ pub fn diff(old: &DiffRun, new: &DiffRun, t: &Thresholds) -> Diff {
         other_verdict_changes: Vec::new(),
         bits_moved: Vec::new(),
         metric_drift: Vec::new(),
+        warns: Vec::new(),
         duration_drift: Vec::new(),
         doors_changed: Vec::new(),
         new_nodes: Vec::new(),
@@ -311,7 +335,44 @@ pub fn diff(old: &DiffRun, new: &DiffRun, t: &Thresholds) -> Diff {
             });
         }
     }
+    causes_first(&mut d, old, new);
     d
+}
+
+/// Orders the verdict lists so that a cause comes before what it caused: plan order (a
+/// run's nodes are setups, then arms, then compares, each as the manifest lists them), and
+/// within a list the cells that were blocked or cancelled after the ones that ran.
+pub fn causes_first(d: &mut Diff, old: &DiffRun, new: &DiffRun) {
+    let mut at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (i, e) in new.run.nodes.iter().enumerate() {
+        at.entry(e.id.as_str()).or_insert(i);
+    }
+    let base = new.run.nodes.len();
+    for (i, e) in old.run.nodes.iter().enumerate() {
+        at.entry(e.id.as_str()).or_insert(base + i);
+    }
+    let pos = |id: &str| at.get(id).copied().unwrap_or(usize::MAX);
+    let consequence = |v: Verdict| matches!(v, Verdict::Blocked | Verdict::Cancelled);
+    for list in [
+        &mut d.regressions,
+        &mut d.still_failing,
+        &mut d.fixes,
+        &mut d.other_verdict_changes,
+    ] {
+        list.sort_by_key(|c| (consequence(c.new), pos(&c.id)));
+    }
+    // A lost cell was in OLD: its place there.
+    let old_at: std::collections::HashMap<&str, usize> = old
+        .run
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e.id.as_str(), i))
+        .collect();
+    d.lost_coverage
+        .sort_by_key(|c| old_at.get(c.id.as_str()).copied().unwrap_or(usize::MAX));
+    d.bits_moved.sort_by_key(|b| pos(&b.id));
+    d.warns.sort_by_key(|w| pos(&w.id));
 }
 
 /// The difference of one cell between two runs, as `diff` reports it, its artifacts read
@@ -338,6 +399,7 @@ pub fn diff_cell(old: &DiffRun, new: &DiffRun, id: &str, t: &Thresholds) -> Diff
                 id: id.to_string(),
                 verdict: b.entry.verdict,
                 artifacts,
+                known_nondeterministic: None,
             });
         }
     }
@@ -358,6 +420,7 @@ fn node(
         old: ov,
         new: nv,
         reason,
+        known_flaky: None,
     };
     match (ov.as_expected(), nv.as_expected()) {
         (true, false) => d.regressions.push(change(n.entry.reason.clone())),
@@ -393,6 +456,7 @@ fn node(
                 id: id.to_string(),
                 verdict: nv,
                 artifacts,
+                known_nondeterministic: None,
             });
         }
     }
@@ -485,6 +549,16 @@ fn checks(d: &mut Diff, id: &str, old: &[DiffCheck], new: &[DiffCheck], t: &Thre
         let (a, b) = match (o.get(key), n.get(key)) {
             (Some(a), Some(b)) => (a, b),
             (a, b) => {
+                if let (None, Some(b)) = (a, b)
+                    && b.status == crate::protocol::CheckStatus::Warn
+                {
+                    d.warns.push(WarnChange {
+                        id: id.to_string(),
+                        check: label(key),
+                        old: None,
+                        message: b.message.clone(),
+                    });
+                }
                 d.metric_drift.push(drift(
                     "(row)",
                     a.map(|r| status(r)).unwrap_or(Value::Null),
@@ -497,6 +571,16 @@ fn checks(d: &mut Diff, id: &str, old: &[DiffCheck], new: &[DiffCheck], t: &Thre
         if a.status != b.status {
             d.metric_drift
                 .push(drift("status", status(a), status(b), None));
+        }
+        if b.status == crate::protocol::CheckStatus::Warn
+            && a.status != crate::protocol::CheckStatus::Warn
+        {
+            d.warns.push(WarnChange {
+                id: id.to_string(),
+                check: label(key),
+                old: Some(a.status),
+                message: b.message.clone(),
+            });
         }
         let names: BTreeSet<&String> = a.metrics.keys().chain(b.metrics.keys()).collect();
         for m in names {

@@ -91,8 +91,13 @@ pub struct Numbers {
 /// Reads every artifact of `d.bits_moved` that both sides have and fills its
 /// [`ArtifactMove::read`]; the files are read in parallel.
 pub fn read_moved(d: &mut Diff, old: &DiffRun, new: &DiffRun) {
-    let jobs: Vec<(usize, usize, &str, &str)> = d
-        .bits_moved
+    read_list(&mut d.bits_moved, old, new);
+    read_list(&mut d.nondeterministic, old, new);
+}
+
+/// Reads both sides of every artifact of `list` that both sides have.
+fn read_list(list: &mut [super::BitsMoved], old: &DiffRun, new: &DiffRun) {
+    let jobs: Vec<(usize, usize, &str, &str)> = list
         .iter()
         .enumerate()
         .flat_map(|(b, moved)| {
@@ -118,7 +123,7 @@ pub fn read_moved(d: &mut Diff, old: &DiffRun, new: &DiffRun) {
         })
         .collect();
     for (b, a, read) in reads {
-        d.bits_moved[b].artifacts[a].read = Some(read);
+        list[b].artifacts[a].read = Some(read);
     }
 }
 
@@ -609,10 +614,10 @@ pub(super) fn text(a: &ArtifactMove, indent: &str) -> String {
 
 /// The markdown table of the tensors that moved, after the bits-moved table; empty when no
 /// artifact was read.
-pub(super) fn markdown(d: &Diff, md: impl Fn(&str) -> String) -> String {
+pub(super) fn markdown(list: &[super::BitsMoved], md: impl Fn(&str) -> String) -> String {
     let mut out = String::new();
     let mut rows = Vec::new();
-    for b in &d.bits_moved {
+    for b in list {
         for a in &b.artifacts {
             let lead = format!("| `{}` | `{}` |", md(&b.id), md(&a.name));
             let r = match &a.read {

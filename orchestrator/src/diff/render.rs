@@ -121,6 +121,7 @@ fn counts(d: &Diff) -> String {
             "nodes with bits moved",
         ),
         (d.metric_drift.len(), "metric drift", "metric drifts"),
+        (d.warns.len(), "row newly at warn", "rows newly at warn"),
         (d.duration_drift.len(), "duration drift", "duration drifts"),
         (d.doors_changed.len(), "doors change", "doors changes"),
         (
@@ -215,6 +216,9 @@ pub fn text(d: &Diff, color: bool) -> String {
                 one_line(c.reason.as_deref().unwrap_or(""))
             );
             let _ = writeln!(out, "{}", line.trim_end());
+            if let Some(k) = &c.known_flaky {
+                let _ = writeln!(out, "  {:<width$}  [{k}; still counted]", "");
+            }
         }
     };
     verdicts(&mut out, Tone::Bad, "REGRESSIONS", &d.regressions);
@@ -240,7 +244,12 @@ pub fn text(d: &Diff, color: bool) -> String {
     if !d.bits_moved.is_empty() {
         section(&mut out, Tone::Note, "BITS MOVED", d.bits_moved.len());
         for b in &d.bits_moved {
-            let _ = writeln!(out, "  {:<width$}  {}", b.id, b.verdict);
+            let known = b
+                .known_nondeterministic
+                .as_ref()
+                .map(|k| format!("  [{k}]"))
+                .unwrap_or_default();
+            let _ = writeln!(out, "  {:<width$}  {}{known}", b.id, b.verdict);
             for a in &b.artifacts {
                 let _ = writeln!(out, "      {}", artifact_line(a));
                 out.push_str(&super::quantify::text(a, "        "));
@@ -260,6 +269,19 @@ pub fn text(d: &Diff, color: bool) -> String {
                 value(&m.new),
                 relative(m.relative)
             );
+        }
+    }
+    if !d.warns.is_empty() {
+        section(&mut out, Tone::Note, "WARN", d.warns.len());
+        for w in &d.warns {
+            let line = format!(
+                "  {:<width$}  {}: {} → warn  {}",
+                w.id,
+                w.check,
+                warn_old(w),
+                one_line(w.message.as_deref().unwrap_or(""))
+            );
+            let _ = writeln!(out, "{}", line.trim_end());
         }
     }
     if !d.duration_drift.is_empty() {
@@ -326,6 +348,14 @@ pub fn text(d: &Diff, color: bool) -> String {
     out
 }
 
+/// What a row that became warn was in OLD: its status, or `(no row)`.
+fn warn_old(w: &super::WarnChange) -> String {
+    w.old
+        .and_then(|s| serde_json::to_value(s).ok())
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| "(no row)".to_string())
+}
+
 /// What a lost cell is in NEW: its verdict, or `absent`.
 fn lost_new(c: &LostCoverage) -> &'static str {
     c.new.map_or("absent", |v| v.as_str())
@@ -363,13 +393,19 @@ pub fn markdown(d: &Diff) -> String {
         let _ = writeln!(out, "### {title} ({})\n", rows.len());
         let _ = writeln!(out, "| node | old | new | reason |\n|---|---|---|---|");
         for c in rows {
+            let known = c
+                .known_flaky
+                .as_ref()
+                .map(|k| format!(" ({k}; still counted)"))
+                .unwrap_or_default();
             let _ = writeln!(
                 out,
-                "| `{}` | {} | {} | {} |",
+                "| `{}` | {} | {} | {}{} |",
                 md(&c.id),
                 c.old,
                 c.new,
-                md(c.reason.as_deref().unwrap_or(""))
+                md(c.reason.as_deref().unwrap_or("")),
+                md(&known)
             );
         }
         out.push('\n');
@@ -400,12 +436,16 @@ pub fn markdown(d: &Diff) -> String {
             "| node | verdict | artifact | old sha256 | new sha256 | bytes |\n|---|---|---|---|---|---|"
         );
         for b in &d.bits_moved {
+            let verdict = match &b.known_nondeterministic {
+                Some(k) => format!("{} ({})", b.verdict, md(k)),
+                None => b.verdict.to_string(),
+            };
             for a in &b.artifacts {
                 let _ = writeln!(
                     out,
                     "| `{}` | {} | `{}` | `{}` | `{}` | {} → {} |",
                     md(&b.id),
-                    b.verdict,
+                    verdict,
                     md(&a.name),
                     short_sha(&a.old_sha256),
                     short_sha(&a.new_sha256),
@@ -415,7 +455,7 @@ pub fn markdown(d: &Diff) -> String {
             }
         }
         out.push('\n');
-        out.push_str(&super::quantify::markdown(d, md));
+        out.push_str(&super::quantify::markdown(&d.bits_moved, md));
     }
     if !d.metric_drift.is_empty() {
         let _ = writeln!(out, "### Metric drift ({})\n", d.metric_drift.len());
@@ -435,6 +475,21 @@ pub fn markdown(d: &Diff) -> String {
                 relative(m.relative)
                     .trim()
                     .trim_matches(|c| c == '(' || c == ')')
+            );
+        }
+        out.push('\n');
+    }
+    if !d.warns.is_empty() {
+        let _ = writeln!(out, "### Warn ({})\n", d.warns.len());
+        let _ = writeln!(out, "| node | check | was | message |\n|---|---|---|---|");
+        for w in &d.warns {
+            let _ = writeln!(
+                out,
+                "| `{}` | {} | {} | {} |",
+                md(&w.id),
+                md(&w.check),
+                warn_old(w),
+                md(w.message.as_deref().unwrap_or(""))
             );
         }
         out.push('\n');

@@ -15,8 +15,18 @@ use super::CellJob;
 use crate::plan::Policy;
 use crate::receipt::{FileDigest, sha256_file, sha256_hex};
 
-/// Files matched by one glob list: relative path and absolute path, sorted by the former.
-type Matched = Arc<Vec<(String, PathBuf)>>;
+/// What one glob list matched.
+type Matched = Arc<crate::declared_inputs::Expanded>;
+
+/// The files a cell's declared inputs matched, digested, and the globs that matched none.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Declared {
+    /// Sorted by path (relative to the root, or absolute for external globs).
+    pub files: Vec<FileDigest>,
+    pub unmatched: Vec<String>,
+    /// The globs that name files outside the root.
+    pub external: Vec<String>,
+}
 
 /// A cache of file digests by (path, size, mtime), so a gate binary shared by a thousand
 /// cells is hashed once, and of declared-input walks by glob list, so a thousand cells
@@ -61,12 +71,12 @@ impl DigestCache {
         self.generation.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// The files `globs` match below the root, sorted by relative path, each with its
-    /// digest (path relative to the root). A file that vanishes before it is hashed is left
-    /// out.
-    pub fn declared_inputs(&self, globs: &[String]) -> Vec<FileDigest> {
+    /// The files `globs` match, sorted by path, each with its digest (path relative to the
+    /// root, absolute for an external glob), and the globs that matched nothing. A file
+    /// that vanishes before it is hashed is left out.
+    pub fn declared_inputs(&self, globs: &[String]) -> Declared {
         if globs.is_empty() {
-            return Vec::new();
+            return Declared::default();
         }
         let generation = self.generation.load(Ordering::SeqCst);
         let matched = {
@@ -76,17 +86,16 @@ impl DigestCache {
             match walks.get(globs) {
                 Some((g, m)) if *g == generation => Arc::clone(m),
                 _ => {
-                    let m: Matched = Arc::new(
-                        crate::declared_inputs::expand(&self.root, &self.skip, globs)
-                            .into_iter()
-                            .collect(),
-                    );
+                    let m: Matched = Arc::new(crate::declared_inputs::expand(
+                        &self.root, &self.skip, globs,
+                    ));
                     walks.insert(globs.to_vec(), (generation, Arc::clone(&m)));
                     m
                 }
             }
         };
-        matched
+        let files = matched
+            .files
             .iter()
             .filter_map(|(rel, abs)| {
                 self.digest(abs).map(|d| FileDigest {
@@ -94,7 +103,12 @@ impl DigestCache {
                     ..d
                 })
             })
-            .collect()
+            .collect();
+        Declared {
+            files,
+            unmatched: matched.unmatched.clone(),
+            external: matched.external.clone(),
+        }
     }
 
     /// Finds the program a job runs: a path with a separator relative to the cwd, else the
@@ -145,8 +159,8 @@ impl DigestCache {
 }
 
 /// sha256 over what determines a cell's behaviour: command, pins, cwd, expectations, the
-/// binaries (the program and the needed setups' products), the declared input files and,
-/// for compares, the policy.
+/// binaries (the program and the needed setups' products), the declared input files, the
+/// fingerprints, the code (the commit's tree, or `hermetic`) and, for compares, the policy.
 pub fn inputs_digest(
     job: &CellJob,
     policy: Option<&Policy>,
@@ -170,6 +184,17 @@ pub fn inputs_digest(
     // Likewise only a cell that opts out of the determinism check gets `deterministic`.
     if !job.deterministic {
         value["deterministic"] = false.into();
+    }
+    value["code"] = job.code.clone().into();
+    if !job.fingerprints.is_empty() {
+        value["fingerprints"] = job
+            .fingerprints
+            .iter()
+            .map(|f| serde_json::json!([f.name, f.sha256]))
+            .collect();
+    }
+    if !job.expect_fail.is_empty() {
+        value["expect_fail"] = serde_json::json!(job.expect_fail);
     }
     if !job.input_files.is_empty() {
         value["input_files"] = job
@@ -195,18 +220,19 @@ mod tests {
         let globs = vec!["lib/*.py".to_string()];
         let paths = |c: &DigestCache| -> Vec<String> {
             c.declared_inputs(&globs)
+                .files
                 .into_iter()
                 .map(|d| d.path)
                 .collect()
         };
         assert_eq!(paths(&cache), ["lib/a.py"]);
-        let first = cache.declared_inputs(&globs);
+        let first = cache.declared_inputs(&globs).files;
         assert_eq!(first[0].sha256, sha256_hex(b"a"));
         // A new file is not seen by cells of the same generation: the walk is shared.
         std::fs::write(root.join("lib/b.py"), "b").unwrap();
         assert_eq!(paths(&cache), ["lib/a.py"]);
         cache.files_changed();
         assert_eq!(paths(&cache), ["lib/a.py", "lib/b.py"]);
-        assert!(cache.declared_inputs(&[]).is_empty());
+        assert_eq!(cache.declared_inputs(&[]), Declared::default());
     }
 }

@@ -113,6 +113,8 @@ impl Executor for LocalExecutor {
         // Rep 1's artifacts (its last attempt's), which every later rep must match.
         let mut first: Option<(PathBuf, Vec<Artifact>)> = None;
         let mut nondeterministic: Option<String> = None;
+        // A negative cell whose gate failed, but not (only) where `expect_fail` says.
+        let mut wrong_reason: Option<String> = None;
         'reps: for rep in 1..=job.reps.max(1) {
             let mut retried = 0;
             loop {
@@ -138,6 +140,16 @@ impl Executor for LocalExecutor {
                     continue;
                 }
                 if outcome != wanted {
+                    break 'reps;
+                }
+                if outcome == Verdict::Fail
+                    && job.expect == Expect::Fail
+                    && let Some(why) = crate::canary::wrong_reason(
+                        &job.expect_fail,
+                        &last.as_ref().expect("just set").report.checks,
+                    )
+                {
+                    wrong_reason = Some(format!("{why}{}", rep_label(job, rep)));
                     break 'reps;
                 }
                 if check_reps {
@@ -181,6 +193,7 @@ impl Executor for LocalExecutor {
             // Reps that disagree fail the cell whatever it expects: a negative cell whose
             // gate fails differently each time proves nothing either.
             _ if nondeterministic.is_some() => (Verdict::Fail, nondeterministic),
+            _ if wrong_reason.is_some() => (Verdict::Fail, wrong_reason),
             (Expect::Fail, Verdict::Fail) => (
                 Verdict::Pass,
                 Some(format!(
@@ -470,6 +483,15 @@ struct Run {
     stopped: Stopped,
     /// The log that passed `max_output`, if one did.
     cut: Option<&'static str>,
+}
+
+/// ` (rep r of n)` for a cell of several reps, else nothing.
+fn rep_label(job: &CellJob, rep: u32) -> String {
+    if job.reps > 1 {
+        format!(" (rep {rep} of {})", job.reps)
+    } else {
+        String::new()
+    }
 }
 
 /// Kills the gate's group for output past the cap; the supervisor then sweeps the rest.

@@ -61,6 +61,9 @@ pub struct CellJob {
     pub deterministic: bool,
     pub retries: u32,
     pub expect: Expect,
+    /// `expect_fail`: the check globs a negative cell's failure must be confined to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expect_fail: Vec<String>,
     /// Text verdict regexes (sources; validated when the plan was built).
     pub verdict_pass: Option<String>,
     pub verdict_fail: Option<String>,
@@ -76,6 +79,14 @@ pub struct CellJob {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub input_files: Vec<FileDigest>,
     pub inputs: String,
+    /// The code the cell tests, as its inputs digest counts it: `git:<tree>[+<changes>]`,
+    /// `hermetic` (the declared inputs are all it depends on), or `unknown:<commit id>`
+    /// where git cannot name the code.
+    #[serde(default)]
+    pub code: String,
+    /// The run's `[fingerprints]`, which join the inputs digest.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fingerprints: Vec<crate::fingerprint::Fingerprint>,
     /// The executable `argv[0]` names, when the planner resolved it (absolute); an
     /// executor on another machine resolves `argv[0]` itself when this is absent.
     #[serde(default)]
@@ -133,8 +144,11 @@ impl CellJob {
         r.binaries = self.binaries.clone();
         r.input_files = self.input_files.clone();
         r.inputs = self.inputs.clone();
+        r.code = self.code.clone();
+        r.fingerprints = self.fingerprints.clone();
         r.gpus = self.gpus.clone();
         r.expect = self.expect;
+        r.expect_fail = self.expect_fail.clone();
         r
     }
 }

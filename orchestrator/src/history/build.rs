@@ -34,6 +34,10 @@ pub struct HistReceipt {
     pub tags: Vec<String>,
     #[serde(default)]
     pub gpus: Vec<crate::receipt::GpuRef>,
+    #[serde(default)]
+    pub code: String,
+    #[serde(default)]
+    pub attempts: Vec<HistAttempt>,
 }
 
 /// What history reads of a check row.
@@ -42,6 +46,22 @@ pub struct HistCheck {
     pub check: String,
     #[serde(default)]
     pub metrics: BTreeMap<String, Value>,
+    #[serde(default = "pass")]
+    pub status: crate::protocol::CheckStatus,
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+fn pass() -> crate::protocol::CheckStatus {
+    crate::protocol::CheckStatus::Pass
+}
+
+/// What history reads of an attempt: how it ended and what it wrote.
+#[derive(Debug, Clone, Deserialize)]
+pub struct HistAttempt {
+    pub outcome: crate::verdict::Verdict,
+    #[serde(default)]
+    pub artifacts: Vec<crate::receipt::Artifact>,
 }
 
 impl HistReceipt {
@@ -55,12 +75,23 @@ impl HistReceipt {
                 .map(|c| HistCheck {
                     check: c.check.clone(),
                     metrics: c.metrics.clone(),
+                    status: c.status,
+                    message: c.message.clone(),
                 })
                 .collect(),
             artifacts: r.artifacts.clone(),
             seconds: r.seconds,
             tags: r.tags.clone(),
             gpus: r.gpus.clone(),
+            code: r.code.clone(),
+            attempts: r
+                .attempts
+                .iter()
+                .map(|a| HistAttempt {
+                    outcome: a.outcome,
+                    artifacts: a.artifacts.clone(),
+                })
+                .collect(),
         }
     }
 }
@@ -246,7 +277,64 @@ fn facts(n: &LoadedNode<HistReceipt>) -> CellFacts {
         gpus: r
             .map(|r| r.gpus.iter().map(|g| g.name.clone()).collect())
             .unwrap_or_default(),
+        code_known: r.is_some_and(|r| code_known(&r.code)),
+        flipped_within: r.is_some_and(|r| {
+            let ended: Vec<crate::verdict::Verdict> = r
+                .attempts
+                .iter()
+                .map(|a| a.outcome)
+                .filter(|o| *o != crate::verdict::Verdict::Cancelled)
+                .collect();
+            ended.windows(2).any(|w| w[0] != w[1])
+        }),
+        moved_within: r.is_some_and(|r| {
+            let sets: Vec<Vec<(&str, &str)>> = r
+                .attempts
+                .iter()
+                .filter(|a| !a.artifacts.is_empty())
+                .map(|a| {
+                    a.artifacts
+                        .iter()
+                        .map(|x| (x.name.as_str(), x.sha256.as_str()))
+                        .collect()
+                })
+                .collect();
+            sets.windows(2).any(|w| w[0] != w[1])
+        }),
+        warns: match (e.warns, r) {
+            (0, Some(r)) => u32::try_from(
+                r.checks
+                    .iter()
+                    .filter(|c| c.status == crate::protocol::CheckStatus::Warn)
+                    .count(),
+            )
+            .unwrap_or(u32::MAX),
+            (n, _) => n,
+        },
+        warning: e.warning.clone().or_else(|| {
+            let rows: Vec<crate::protocol::CheckRow> = r?
+                .checks
+                .iter()
+                .filter(|c| c.status == crate::protocol::CheckStatus::Warn)
+                .map(|c| crate::protocol::CheckRow {
+                    check: c.check.clone(),
+                    status: c.status,
+                    metrics: BTreeMap::new(),
+                    message: c.message.clone(),
+                    first_mismatch: None,
+                    extra: BTreeMap::new(),
+                })
+                .collect();
+            crate::receipt::warning_line(&rows.iter().collect::<Vec<_>>())
+        }),
     }
+}
+
+/// Whether a receipt's code identity names the code (so equal inputs digests mean the same
+/// code): a git tree, or a hermetic cell's declared inputs. Receipts from before code
+/// identities existed, and runs outside git, never count as evidence of flakiness.
+pub fn code_known(code: &str) -> bool {
+    code.starts_with("git:") || code == crate::run::HERMETIC
 }
 
 /// Numeric metrics keyed `check/metric`, the second row of a repeated check as `check #2`.
@@ -282,6 +370,8 @@ mod tests {
                 ("max_abs".to_string(), serde_json::json!(m)),
                 ("dtype".to_string(), serde_json::json!("f16")),
             ]),
+            status: crate::protocol::CheckStatus::Pass,
+            message: None,
         };
         let m = metrics(&[row(1.0), row(2.0)]);
         assert_eq!(

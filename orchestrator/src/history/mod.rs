@@ -36,7 +36,7 @@ use crate::verdict::Verdict;
 
 /// Format version of an index line ([`RunRecord`]). A line of another version is not
 /// trusted: its run is read from the tree again.
-pub const INDEX_SCHEMA: u32 = 1;
+pub const INDEX_SCHEMA: u32 = 2;
 
 /// What identifies the `run.json` a record was read from: when any of it differs, the run
 /// changed (a run that was still going has finished, a tree was replaced) and the record is
@@ -126,6 +126,27 @@ pub struct CellFacts {
     /// The model names of the GPUs the cell leased, in CUDA_VISIBLE_DEVICES order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<String>,
+    /// The receipt names the code it tested (a git tree, or hermetic), so its `inputs`
+    /// digest is evidence: two points with equal digests tested the same thing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub code_known: bool,
+    /// Within this run, the cell's attempts disagreed (a retry after a crash passed, a rep
+    /// failed): flakiness seen at one digest.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub flipped_within: bool,
+    /// Within this run, the cell's attempts wrote different artifacts.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub moved_within: bool,
+    /// How many check rows were at `warn`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub warns: u32,
+    /// The first warn row, as one line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One run and all its cells: a line of the index.
@@ -496,6 +517,11 @@ mod tests {
             carried_from: None,
             tags: vec!["t".to_string()],
             gpus: Vec::new(),
+            code_known: true,
+            flipped_within: false,
+            moved_within: false,
+            warns: 0,
+            warning: None,
         }
     }
 

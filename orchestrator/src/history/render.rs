@@ -50,10 +50,17 @@ fn headline(h: &History) -> String {
 fn verdict(p: &Point) -> String {
     match &p.facts {
         None => "absent".to_string(),
-        Some(f) => match &f.carried_from {
-            Some(run) => format!("{} (carried from {run})", f.verdict),
-            None => f.verdict.to_string(),
-        },
+        Some(f) => {
+            let shown = if f.verdict == crate::verdict::Verdict::Pass && f.warns > 0 {
+                format!("pass+warn {}", f.warns)
+            } else {
+                f.verdict.to_string()
+            };
+            match &f.carried_from {
+                Some(run) => format!("{shown} (carried from {run})"),
+                None => shown,
+            }
+        }
     }
 }
 

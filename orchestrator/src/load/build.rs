@@ -67,6 +67,7 @@ pub fn build(
     }
     let vars = b.vars(&raw.vars, overrides);
     let env_top = raw.env.clone();
+    let fingerprints = b.fingerprints(raw, &vars);
 
     // Node ids first: `needs`, `reference` and `candidates` may name later nodes.
     let mut ids: HashMap<&str, usize> = HashMap::new();
@@ -278,6 +279,7 @@ pub fn build(
         require: Require {
             gpus: raw.require.gpus.as_ref().map(|g| *g.get_ref()),
         },
+        fingerprints,
         cells,
         redact,
     })
@@ -304,6 +306,7 @@ fn with_defaults(n: &RawNode, d: &RawNode) -> RawNode {
     e.timeout = n.timeout.or(d.timeout);
     e.expect = n.expect.or(d.expect);
     e.inputs = n.inputs.clone().or_else(|| d.inputs.clone());
+    e.hermetic = n.hermetic.clone().or_else(|| d.hermetic.clone());
     if is_compare {
         e.artifact = n.artifact.clone().or_else(|| d.artifact.clone());
         e.policy = n.policy.clone().or_else(|| d.policy.clone());
@@ -448,11 +451,88 @@ impl Builder<'_, '_> {
         out
     }
 
+    /// `[fingerprints]` with `${vars}` substituted, each with the manifest's `[env]`.
+    fn fingerprints(
+        &mut self,
+        raw: &RawManifest,
+        vars: &[(String, String)],
+    ) -> Vec<crate::plan::FingerprintCommand> {
+        let root = self.root_str.clone();
+        let scope = Scope {
+            root: &root,
+            node: None,
+            matrix: None,
+            vars,
+            shell: false,
+        };
+        if raw.fingerprints.is_empty() {
+            return Vec::new();
+        }
+        let mut env = BTreeMap::new();
+        for (k, v) in &raw.env {
+            if let Some(v) = self.subst(v, &scope) {
+                env.insert(k.get_ref().clone(), v);
+            }
+        }
+        let mut out = Vec::new();
+        for (name, argv) in &raw.fingerprints {
+            let argv: Vec<String> = argv.iter().filter_map(|a| self.subst(a, &scope)).collect();
+            out.push(crate::plan::FingerprintCommand {
+                name: name.get_ref().clone(),
+                argv,
+                env: env.clone(),
+            });
+        }
+        out
+    }
+
+    /// `hermetic`, checked: a run node that says it depends on nothing but its declared
+    /// inputs must declare some (a compare's inputs are its two artifacts).
+    fn hermetic(&mut self, n: &RawNode, inputs: &[String]) -> bool {
+        let Some(h) = &n.hermetic else {
+            return false;
+        };
+        if *h.get_ref() && inputs.is_empty() {
+            let id = n.id.as_ref().map_or("?", |i| i.get_ref().as_str());
+            self.err(
+                h.span(),
+                format!("`hermetic = true` on `{id}`, which declares no `inputs`"),
+                "list every file the cell depends on in `inputs` (globs; absolute ones for files outside the repository), or leave `hermetic` out so the commit's tree joins its digest".into(),
+            );
+        }
+        *h.get_ref()
+    }
+
+    /// `expect`, with `expect_fail` implying `fail`; an empty `expect_fail` or one beside
+    /// `expect = "pass"` is an error.
+    fn expectation(&mut self, n: &RawNode) -> Expect {
+        let Some(globs) = &n.expect_fail else {
+            return n.expect.unwrap_or(Expect::Pass);
+        };
+        let id = n.id.as_ref().map_or("?", |i| i.get_ref().as_str());
+        let span = globs.first().map_or(n.span.clone(), |g| g.span());
+        if globs.is_empty() {
+            self.err(
+                span.clone(),
+                format!("`expect_fail` of `{id}` names no check"),
+                "name the checks the planted defect must fail, e.g. `expect_fail = [\"gate2*\"]`, or remove it".into(),
+            );
+        }
+        if n.expect == Some(Expect::Pass) {
+            self.err(
+                span,
+                format!("`{id}` has `expect_fail` but `expect = \"pass\"`"),
+                "a cell with `expect_fail` is a negative cell: remove `expect = \"pass\"`".into(),
+            );
+        }
+        Expect::Fail
+    }
+
     /// Checks a node's (or `[defaults]`') declared-input globs, once per table as written,
     /// so a bad default is reported once rather than once per node that inherits it.
     fn input_globs(&mut self, n: &RawNode) {
         for g in n.inputs.iter().flatten() {
-            if let Err(e) = crate::declared_inputs::parse(g.get_ref()) {
+            if let Err(e) = crate::declared_inputs::parse(g.get_ref(), self.root) {
                 let msg = format!("`inputs` entry \"{}\" {e}", g.get_ref());
                 self.err(g.span(), msg, e.help().to_string());
             }
@@ -586,6 +666,8 @@ impl Builder<'_, '_> {
             fail: v.fail.clone(),
         });
         let inputs = written_inputs(&n);
+        let hermetic = self.hermetic(&n, &inputs);
+        let expect = self.expectation(&n);
         let root_str = self.root_str.clone();
         let root = self.root.to_path_buf();
         let resolve = |p: &str| -> PathBuf {
@@ -647,6 +729,21 @@ impl Builder<'_, '_> {
             for p in n.creates.iter().flatten() {
                 creates.extend(self.subst(p, &scope).map(|p| resolve(&p)));
             }
+            let mut expect_fail = Vec::new();
+            for g in n.expect_fail.iter().flatten() {
+                if let Some(text) = self.subst(g, &scope) {
+                    if let Err(e) = crate::canary::check_glob(&text) {
+                        let msg =
+                            format!("`expect_fail` entry \"{text}\" is not a valid glob: {e}");
+                        self.err(
+                            g.span(),
+                            msg,
+                            "write `[[]` for a literal `[`, e.g. `tied[[]T=1*`, or `tied*`".into(),
+                        );
+                    }
+                    expect_fail.push(text);
+                }
+            }
             if self.diags.len() > before {
                 // One cell's substitution problems are every cell's: report them once.
                 break;
@@ -672,11 +769,13 @@ impl Builder<'_, '_> {
                 reps: n.reps.unwrap_or(1),
                 deterministic: n.deterministic.unwrap_or(true),
                 retries: n.retries.unwrap_or(0),
-                expect: n.expect.unwrap_or(Expect::Pass),
+                expect,
+                expect_fail,
                 verdict: verdict.clone(),
                 produces,
                 creates,
                 inputs: inputs.clone(),
+                hermetic,
                 needs: Vec::new(),
                 compare: None,
             });

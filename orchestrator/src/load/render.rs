@@ -111,6 +111,12 @@ pub fn text(plan: &Plan, selected: &[bool]) -> String {
         }
         if c.expect == crate::plan::Expect::Fail {
             head.push_str(" expect=fail");
+            if !c.expect_fail.is_empty() {
+                let _ = write!(head, "[{}]", c.expect_fail.join(","));
+            }
+        }
+        if c.hermetic {
+            head.push_str(" hermetic");
         }
         let _ = writeln!(s, "{head}");
         if let Some(cmp) = &c.compare {
@@ -188,6 +194,11 @@ struct JsonCell<'a> {
     /// Declared-input globs as written; absent when the cell declares none.
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     inputs: &'a [String],
+    /// The checks a negative cell must fail; absent when it names none.
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    expect_fail: &'a [String],
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    hermetic: bool,
     needs: Vec<&'a str>,
     compare: Option<JsonCompare<'a>>,
 }
@@ -246,6 +257,8 @@ pub fn json(plan: &Plan, selected: &[bool]) -> String {
             produces: paths(&c.produces),
             creates: paths(&c.creates),
             inputs: &c.inputs,
+            expect_fail: &c.expect_fail,
+            hermetic: c.hermetic,
             needs: c.needs.iter().map(|n| id(n.0)).collect(),
             compare: c.compare.as_ref().map(|cmp| JsonCompare {
                 reference: id(cmp.reference.0),

@@ -135,6 +135,8 @@ mod tests {
                 seconds: 1.0,
                 reason: None,
                 carried: Some(c),
+                warns: 0,
+                warning: None,
             });
         }
         FoundRun {

@@ -9,6 +9,7 @@
 pub mod error;
 pub mod gc;
 pub mod load;
+pub mod own_outputs;
 pub mod resolve;
 pub mod tree;
 
@@ -107,12 +108,25 @@ pub struct NodeReceipt {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub input_files: Vec<FileDigest>,
     /// sha256 over what determines the node's behaviour (command, pins, cwd, binaries,
-    /// needed setups' products); `run --resume` re-runs a node whose inputs changed.
+    /// needed setups' products, declared inputs, fingerprints, and the code: the commit's
+    /// tree unless the cell is hermetic); `run --resume` re-runs a node whose inputs
+    /// changed, and `diff` calls a change flaky only between equal digests.
     pub inputs: String,
+    /// The code identity that went into `inputs`: `git:<tree>[+<uncommitted changes>]`,
+    /// `hermetic`, or `unknown:<commit id>` (no git: runs are never evidence of flakiness).
+    /// Absent in receipts written before it existed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub code: String,
+    /// The run's fingerprints that went into `inputs`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fingerprints: Vec<crate::fingerprint::Fingerprint>,
     pub gpus: Vec<GpuRef>,
     pub attempts: Vec<AttemptRecord>,
     pub verdict: Verdict,
     pub expect: Expect,
+    /// The checks a negative cell's failure must be confined to (`expect_fail`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expect_fail: Vec<String>,
     pub reason: Option<String>,
     pub checks: Vec<CheckRow>,
     pub doors: Option<BTreeMap<String, Value>>,
@@ -151,10 +165,13 @@ impl NodeReceipt {
             produces: Vec::new(),
             input_files: Vec::new(),
             inputs: String::new(),
+            code: String::new(),
+            fingerprints: Vec::new(),
             gpus: Vec::new(),
             attempts: Vec::new(),
             verdict: Verdict::Error,
             expect: Expect::Pass,
+            expect_fail: Vec::new(),
             reason: None,
             checks: Vec::new(),
             doors: None,
@@ -166,10 +183,39 @@ impl NodeReceipt {
         }
     }
 
+    /// The check rows at `warn`: what passed but wants a reader's eye.
+    pub fn warnings(&self) -> Vec<&CheckRow> {
+        self.checks
+            .iter()
+            .filter(|c| c.status == crate::protocol::CheckStatus::Warn)
+            .collect()
+    }
+
+    /// One line on this receipt's warn rows (`None` when it has none).
+    pub fn warning_line(&self) -> Option<String> {
+        warning_line(&self.warnings())
+    }
+
     /// The folder of the last attempt, relative to the node folder.
     pub fn last_attempt_dir(&self) -> Option<String> {
         self.attempts.last().map(|a| attempt_dir_name(a.n))
     }
+}
+
+/// `warn: <check>: <message>`, with how many more rows warn, for the rows given; `None` for
+/// none. Shown wherever verdicts are, so a `warn` row is never seen only by `show`.
+pub fn warning_line(rows: &[&CheckRow]) -> Option<String> {
+    let first = rows.first()?;
+    let message = first
+        .message
+        .as_deref()
+        .map(|m| format!(": {m}"))
+        .unwrap_or_default();
+    let more = match rows.len() {
+        1 => String::new(),
+        n => format!(" (and {} more warn rows)", n - 1),
+    };
+    Some(format!("warn: {}{message}{more}", first.check))
 }
 
 /// `attempt-<n>`.
@@ -194,6 +240,16 @@ pub struct NodeIndexEntry {
     /// that run's tree and is read from there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub carried: Option<Carried>,
+    /// How many check rows of the cell are at `warn`; absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub warns: u32,
+    /// The first of them, as [`warning_line`] says it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Where a carried receipt lives: the run that measured it. Runs of one manifest and commit
@@ -256,6 +312,13 @@ pub struct RunReceipt {
     pub commit: String,
     pub commit_sha: Option<String>,
     pub dirty: bool,
+    /// The code identity every non-hermetic cell's inputs digest holds
+    /// ([`crate::commit::CommitId::code`]); absent where git could not name the code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    /// The `[fingerprints]` taken before the run started.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fingerprints: Vec<crate::fingerprint::Fingerprint>,
     pub host: String,
     pub orchestrator_version: String,
     /// The GPU inventory of the run (NVML or fake), driver and CUDA versions included.
@@ -328,6 +391,8 @@ impl RunReceipt {
             commit: commit.id.clone(),
             commit_sha: commit.sha.clone(),
             dirty: commit.dirty,
+            code: commit.code.clone(),
+            fingerprints: Vec::new(),
             host: hostname(),
             orchestrator_version: env!("CARGO_PKG_VERSION").to_string(),
             inventory: serde_json::to_value(inventory).unwrap_or_default(),
@@ -369,21 +434,9 @@ fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-/// Lower-case hex of bytes.
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 15) as usize] as char);
-    }
-    s
-}
-
-/// sha256 of bytes, lower-case hex.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
-}
+/// Lower-case hex and sha256 helpers live one layer down, shared with `commit` and
+/// `fingerprint`; receipts name them here as they always have.
+pub use crate::digest::{hex, sha256_hex};
 
 /// sha256 and size of a file, streamed.
 pub fn sha256_file(path: &Path) -> std::io::Result<(u64, String)> {
@@ -506,15 +559,6 @@ mod tests {
         );
         assert_ne!(slug("a/b"), slug("a_b"));
         assert!(slug(&"x".repeat(500)).len() <= 64 + 9);
-    }
-
-    #[test]
-    fn hex_and_sha() {
-        assert_eq!(hex(&[0, 15, 255]), "000fff");
-        assert_eq!(
-            sha256_hex(b""),
-            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-        );
     }
 
     #[test]

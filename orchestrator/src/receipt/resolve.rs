@@ -365,6 +365,61 @@ fn alias(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<PathBuf,
         })
 }
 
+/// What `diff` without names compares: the newest run of a manifest (`--manifest`, else the
+/// newest run's), the run of that manifest before it, and the newest green run older than
+/// that one when the one before is not green.
+#[derive(Debug, Clone)]
+pub struct Morning {
+    pub manifest: String,
+    pub latest: FoundRun,
+    pub previous: Option<FoundRun>,
+    /// Older than `previous`; `None` when `previous` is green itself or no run is.
+    pub last_green: Option<FoundRun>,
+    /// Other manifests with runs in the receipts folder, to name in a note.
+    pub others: Vec<String>,
+}
+
+/// Finds the runs of [`Morning`].
+pub fn morning(receipts: &Path, manifest: Option<&str>) -> Result<Morning, FindError> {
+    let all = list_runs(receipts)?;
+    let name = match manifest {
+        Some(m) => m.to_string(),
+        None => all
+            .first()
+            .map(|r| r.run.name.clone())
+            .ok_or_else(|| FindError::NoRun {
+                spec: "(the latest run)".to_string(),
+                manifest: None,
+                receipts: receipts.to_path_buf(),
+            })?,
+    };
+    let mut others: Vec<String> = all
+        .iter()
+        .map(|r| r.run.name.clone())
+        .filter(|n| *n != name)
+        .collect();
+    others.sort();
+    others.dedup();
+    let mut runs = all.into_iter().filter(|r| r.run.name == name);
+    let latest = runs.next().ok_or_else(|| FindError::NoRun {
+        spec: "(the latest run)".to_string(),
+        manifest: Some(name.clone()),
+        receipts: receipts.to_path_buf(),
+    })?;
+    let previous = runs.next();
+    let last_green = match &previous {
+        Some(p) if !green(p) => runs.find(green),
+        _ => None,
+    };
+    Ok(Morning {
+        manifest: name,
+        latest,
+        previous,
+        last_green,
+        others,
+    })
+}
+
 /// Whether a run finished with every cell as expected (`pass` or `skipped`).
 pub fn green(r: &FoundRun) -> bool {
     r.complete()

@@ -86,6 +86,20 @@ fn case(r: &NodeReceipt) -> TestCase {
     let mut c = TestCase::new(escape::control(&r.id).as_ref(), status);
     c.set_classname(r.node.as_str());
     c.set_time(Duration::from_secs_f64(r.seconds));
+    let warnings = r.warnings();
+    if !warnings.is_empty() {
+        // Dashboards show properties and system-out beside a passing case, so a warn row is
+        // seen there too.
+        c.add_property(("warn", warnings.len().to_string().as_str()));
+        let text: Vec<String> = warnings
+            .iter()
+            .map(|w| {
+                let m = w.message.as_deref().unwrap_or("");
+                escape::control(&format!("warn {}: {m}", w.check)).into_owned()
+            })
+            .collect();
+        c.set_system_out(text.join("\n"));
+    }
     c
 }
 

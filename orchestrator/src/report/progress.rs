@@ -54,6 +54,8 @@ pub struct Progress {
     done: usize,
     passed: usize,
     not_as_expected: usize,
+    /// Finished cells that reported `warn` rows.
+    warned: usize,
     /// Estimated seconds per cell, and the sum over cells not finished.
     estimates: Vec<f64>,
     remaining_work: f64,
@@ -89,6 +91,7 @@ impl Progress {
             done: 0,
             passed: 0,
             not_as_expected: 0,
+            warned: 0,
             estimates: Vec::new(),
             remaining_work: 0.0,
             have_estimates: false,
@@ -168,8 +171,13 @@ impl Progress {
                 humantime::format_duration(Duration::from_secs(d.as_secs()))
             )
         });
+        let warned = if self.warned > 0 {
+            format!("  warn {}", self.warned)
+        } else {
+            String::new()
+        };
         format!(
-            "pass {}  not as expected {}{}",
+            "pass {}  not as expected {}{warned}{}",
             self.passed,
             self.not_as_expected,
             eta.unwrap_or_default()
@@ -344,6 +352,7 @@ impl Listener for Progress {
                 reason,
                 seconds,
                 carried,
+                receipt,
                 ..
             } => {
                 self.done += 1;
@@ -351,6 +360,10 @@ impl Listener for Progress {
                     self.passed += 1;
                 } else if !verdict.as_expected() {
                     self.not_as_expected += 1;
+                }
+                let warning = receipt.as_ref().and_then(|r| r.warning_line());
+                if warning.is_some() {
+                    self.warned += 1;
                 }
                 if let Some(e) = self.estimates.get(cell.0) {
                     self.remaining_work = (self.remaining_work - e).max(0.0);
@@ -374,6 +387,13 @@ impl Listener for Progress {
                             verdict.as_str().to_uppercase(),
                             control(&id.0)
                         ));
+                    } else if let Some(w) = &warning {
+                        b.overall.println(format!(
+                            "{:>8} {}: {}",
+                            "WARN",
+                            control(&id.0),
+                            control(w)
+                        ));
                     }
                 }
                 if self.mode == ProgressMode::Plain {
@@ -386,11 +406,19 @@ impl Listener for Progress {
                         .as_ref()
                         .map(|c| format!("  [carried from {}]", c.label()))
                         .unwrap_or_default();
+                    let warned = warning
+                        .as_deref()
+                        .map(|w| format!("  [{}]", control(w)))
+                        .unwrap_or_default();
+                    let shown = match (verdict, &warning) {
+                        (Verdict::Pass, Some(_)) => "pass+warn",
+                        _ => verdict.as_str(),
+                    };
                     eprintln!(
-                        "[{:>w$}/{}] {:<9} {:>7.2}s  {}{why}{carried}",
+                        "[{:>w$}/{}] {:<9} {:>7.2}s  {}{why}{warned}{carried}",
                         self.done,
                         self.total,
-                        verdict.as_str(),
+                        shown,
                         seconds,
                         control(&id.0)
                     );

@@ -148,6 +148,27 @@ pub fn node_text(run: &LoadedRun, r: &NodeReceipt) -> String {
             f.path, f.bytes, f.sha256
         );
     }
+    for f in &r.fingerprints {
+        let _ = writeln!(
+            out,
+            "  fingerprint: {} = {} ({} bytes, sha256 {})",
+            f.name, f.first_line, f.bytes, f.sha256
+        );
+    }
+    if !r.code.is_empty() {
+        let _ = writeln!(out, "  code:      {}", r.code);
+    }
+    if !r.expect_fail.is_empty() {
+        let _ = writeln!(out, "  expect_fail: {}", r.expect_fail.join(", "));
+    }
+    for w in r.warnings() {
+        let _ = writeln!(
+            out,
+            "  warn:      {}: {}",
+            w.check,
+            w.message.as_deref().unwrap_or("")
+        );
+    }
     let _ = writeln!(out, "  seconds:   {:.3}", r.seconds);
     if !r.attempts.is_empty() {
         let _ = writeln!(out, "\nattempts:");

@@ -15,15 +15,23 @@ const LIST_ALL_UP_TO: usize = 30;
 
 /// The terminal table printed after a run.
 pub fn table(receipts: &[Option<Box<NodeReceipt>>], outcome: &RunOutcome, tree: &Tree) -> String {
-    let mut rows: Vec<(Verdict, f64, String, String)> = Vec::new();
+    let mut rows: Vec<(&'static str, f64, String, String)> = Vec::new();
     let listed = outcome.verdicts.len() <= LIST_ALL_UP_TO;
+    let mut warned = 0;
     for r in receipts.iter().flatten() {
-        if listed || r.verdict != Verdict::Pass {
+        let warning = r.warning_line();
+        warned += usize::from(warning.is_some());
+        if listed || r.verdict != Verdict::Pass || warning.is_some() {
+            let reason = match (&r.reason, &warning) {
+                (Some(why), Some(w)) => format!("{why}; {w}"),
+                (None, Some(w)) => w.clone(),
+                (why, None) => why.clone().unwrap_or_default(),
+            };
             rows.push((
-                r.verdict,
+                shown_verdict(r.verdict, warning.is_some()),
                 r.seconds,
                 escape::control(&r.id).into_owned(),
-                r.reason.clone().unwrap_or_default(),
+                reason,
             ));
         }
     }
@@ -43,7 +51,7 @@ pub fn table(receipts: &[Option<Box<NodeReceipt>>], outcome: &RunOutcome, tree: 
         for (v, s, id, reason) in &rows {
             let row = format!(
                 "{:<9} {:>8.2}  {:<id_w$}  {}",
-                v.as_str(),
+                v,
                 s,
                 id,
                 one_line(reason, 100)
@@ -52,20 +60,35 @@ pub fn table(receipts: &[Option<Box<NodeReceipt>>], outcome: &RunOutcome, tree: 
         }
         out.push('\n');
     }
-    let warned = receipts
+    let attested = receipts
         .iter()
         .flatten()
         .filter(|r| crate::attest::has_warning(r))
         .count();
+    if attested > 0 {
+        let _ = writeln!(
+            out,
+            "warning: {attested} cells report \"{}\" (their doors rows match a cell with another value of the pin); see summary.md",
+            crate::attest::CHECK
+        );
+    }
     if warned > 0 {
         let _ = writeln!(
             out,
-            "warning: {warned} cells report \"{}\" (their doors rows match a cell with another value of the pin); see summary.md",
-            crate::attest::CHECK
+            "warn: {warned} cell{} reported warn rows (listed above; `memra-orch show RUN CELL` has them all)",
+            if warned == 1 { "" } else { "s" }
         );
     }
     out.push_str(&footer(outcome, tree));
     out
+}
+
+/// The verdict as tables show it: `pass+warn` for a pass with warn rows.
+fn shown_verdict(v: Verdict, warned: bool) -> &'static str {
+    match (v, warned) {
+        (Verdict::Pass, true) => "pass+warn",
+        _ => v.as_str(),
+    }
 }
 
 /// The last two lines of the table, the counts and how the run ended: all that
@@ -135,13 +158,31 @@ pub fn markdown(run: &RunReceipt) -> String {
     if let Some(unmet) = &run.unmet {
         let _ = writeln!(out, "**Requirement not met:** {}\n", md_escape(unmet));
     }
+    let warned = run.nodes.iter().filter(|n| n.warns > 0).count();
+    if warned > 0 {
+        let rows: u32 = run.nodes.iter().map(|n| n.warns).sum();
+        let _ = writeln!(
+            out,
+            "**Warnings:** {warned} cell{} reported {rows} warn row{} (verdict `pass+warn` below).\n",
+            if warned == 1 { "" } else { "s" },
+            if rows == 1 { "" } else { "s" },
+        );
+    }
     let _ = writeln!(out, "| node | kind | verdict | seconds | reason |");
     let _ = writeln!(out, "|---|---|---|---:|---|");
     let mut nodes: Vec<&NodeIndexEntry> = run.nodes.iter().collect();
-    // Problems first, then in plan order.
-    nodes.sort_by_key(|n| n.verdict == Verdict::Pass || n.verdict == Verdict::Skipped);
+    // Problems first, then warnings, then in plan order.
+    nodes.sort_by_key(|n| {
+        let fine = n.verdict == Verdict::Pass || n.verdict == Verdict::Skipped;
+        (fine, n.warns == 0)
+    });
     for n in nodes {
-        let reason = n.reason.as_deref().unwrap_or("");
+        let reason = match (n.reason.as_deref(), n.warning.as_deref()) {
+            (Some(r), Some(w)) => format!("{r}; {w}"),
+            (None, Some(w)) => w.to_string(),
+            (r, None) => r.unwrap_or("").to_string(),
+        };
+        let reason = reason.as_str();
         let reason = match &n.carried {
             Some(c) if reason.is_empty() => format!("carried from {}", c.label()),
             Some(c) => format!("carried from {}; {reason}", c.label()),
@@ -155,7 +196,7 @@ pub fn markdown(run: &RunReceipt) -> String {
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_string))
                 .unwrap_or_default(),
-            n.verdict,
+            shown_verdict(n.verdict, n.warns > 0),
             n.seconds,
             md_escape(&one_line(&reason, 200)),
         );
@@ -201,6 +242,8 @@ mod tests {
             seconds: 1.0,
             reason: reason.map(str::to_string),
             carried: None,
+            warns: 0,
+            warning: None,
         };
         let run = RunReceipt {
             schema: 1,
@@ -217,6 +260,8 @@ mod tests {
             commit: "abc".into(),
             commit_sha: None,
             dirty: false,
+            code: None,
+            fingerprints: Vec::new(),
             host: "h".into(),
             orchestrator_version: "0".into(),
             inventory: serde_json::Value::Null,

@@ -136,6 +136,10 @@ impl Listener for ReceiptWriter {
                     seconds: *seconds,
                     reason: reason.clone(),
                     carried: carried.clone(),
+                    warns: receipt
+                        .as_ref()
+                        .map_or(0, |r| u32::try_from(r.warnings().len()).unwrap_or(u32::MAX)),
+                    warning: receipt.as_ref().and_then(|r| r.warning_line()),
                 });
                 if let Some(r) = receipt {
                     // A carried receipt stays in the tree of the run that measured it.

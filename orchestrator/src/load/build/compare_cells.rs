@@ -155,10 +155,13 @@ impl Builder<'_, '_> {
                     deterministic: true,
                     retries: 0,
                     expect: n.expect.unwrap_or(Expect::Pass),
+                    expect_fail: Vec::new(),
                     verdict: None,
                     produces: Vec::new(),
                     creates: Vec::new(),
                     inputs: written_inputs(&n),
+                    // A compare's inputs are its two artifacts, which its digest holds.
+                    hermetic: n.hermetic.as_ref().is_some_and(|h| *h.get_ref()),
                     needs: vec![CellIndex(matches[0]), CellIndex(c)],
                     compare: Some(CompareSpec {
                         reference: CellIndex(matches[0]),

@@ -103,6 +103,9 @@ pub fn view(history: &History) -> Result<ReportView, ReceiptError> {
                     seconds: facts.seconds,
                     carried: facts.carried_from.is_some(),
                     logs,
+                    warns: facts.warns,
+                    warning: facts.warning.clone(),
+                    code_known: facts.code_known,
                 })));
             }
             view

@@ -85,9 +85,12 @@ pub fn index(view: &ReportView) -> String {
                 Point::Present(s) => (
                     verdict_class(s.verdict),
                     s.verdict.as_str(),
-                    s.reason
-                        .clone()
-                        .unwrap_or_else(|| s.verdict.as_str().to_string()),
+                    match (&s.reason, &s.warning) {
+                        (Some(r), Some(w)) => format!("{r}; {w}"),
+                        (None, Some(w)) => w.clone(),
+                        (Some(r), None) => r.clone(),
+                        (None, None) => s.verdict.as_str().to_string(),
+                    },
                 ),
             };
             let _ = write!(
@@ -118,8 +121,9 @@ fn legend(b: &mut String) {
         b,
         "<span class=\"v-absent\">· absent</span></p>\n<p class=\"legend\">\
          <span><b>◆</b> bits moved (artifact digests changed)</span>\
-         <span><b>~</b> flaky (verdict changed, inputs identical)</span>\
-         <span><b>↓</b> lost coverage (pass → skipped or absent)</span></p>"
+         <span><b>~</b> flaky (verdict changed, inputs and code identical)</span>\
+         <span><b>↓</b> lost coverage (pass → skipped or absent)</span>\
+         <span><b>!</b> warn rows</span></p>"
     );
 }
 
@@ -135,12 +139,20 @@ fn marker_names(m: Markers) -> String {
     if m.lost {
         names.push("lost");
     }
+    if m.warn {
+        names.push("warn");
+    }
     names.join(" ")
 }
 
 fn marker_glyphs(m: Markers) -> String {
     let mut out = String::new();
-    for (on, glyph) in [(m.bits_moved, "◆"), (m.flaky, "~"), (m.lost, "↓")] {
+    for (on, glyph) in [
+        (m.bits_moved, "◆"),
+        (m.flaky, "~"),
+        (m.lost, "↓"),
+        (m.warn, "!"),
+    ] {
         if on {
             let _ = write!(out, "<span class=\"m\">{glyph}</span>");
         }

@@ -81,6 +81,11 @@ pub struct Sample {
     pub carried: bool,
     /// The folder of its last attempt (logs), when the receipt has attempts.
     pub logs: Option<PathBuf>,
+    /// Check rows at `warn`, and the first of them as one line.
+    pub warns: u32,
+    pub warning: Option<String>,
+    /// The receipt names the code it tested, so equal inputs mean the same code.
+    pub code_known: bool,
 }
 
 /// The newest failure of a cell.
@@ -103,6 +108,8 @@ pub struct Markers {
     pub flaky: bool,
     /// The previous point passed and this one is skipped or absent.
     pub lost: bool,
+    /// The cell reported `warn` rows.
+    pub warn: bool,
 }
 
 impl CellView {
@@ -121,9 +128,12 @@ impl CellView {
                     flaky: previous.is_some_and(|p| {
                         p.verdict != s.verdict
                             && !s.inputs_changed
+                            && p.code_known
+                            && s.code_known
                             && p.verdict != Verdict::Skipped
                             && s.verdict != Verdict::Skipped
                     }),
+                    warn: s.warns > 0,
                     lost: s.verdict == Verdict::Skipped
                         && previous.is_some_and(|p| p.verdict == Verdict::Pass),
                 },
@@ -156,6 +166,9 @@ pub(crate) mod tests {
             seconds: 1.0,
             carried: false,
             logs: None,
+            warns: 0,
+            warning: None,
+            code_known: true,
         }))
     }
 
