@@ -173,7 +173,16 @@ fn untracked_digest(path: &Path) -> String {
         return "not-a-file".to_string();
     }
     let digest = || -> std::io::Result<String> {
-        let mut f = std::fs::File::open(path)?;
+        use std::os::unix::fs::OpenOptionsExt;
+        // Not blocking, and checked once open: a FIFO swapped in after the look above
+        // must not hang the run.
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+            .open(path)?;
+        if !f.metadata()?.is_file() {
+            return Ok("not-a-file".to_string());
+        }
         let mut h = Sha256::new();
         let mut buf = vec![0u8; 1 << 16];
         loop {

@@ -99,7 +99,9 @@ pub fn take(
         .map_err(|e| fail(format!("could not start: {e}")))?;
     let mut stdout = child.stdout.take().expect("piped");
     let mut stderr = child.stderr.take().expect("piped");
-    let out = std::thread::spawn(move || {
+    let (out_tx, out) = std::sync::mpsc::channel();
+    let (err_tx, err) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
         let mut h = Sha256::new();
         let mut head = Vec::new();
         let mut bytes = 0u64;
@@ -114,9 +116,9 @@ pub fn take(
                 head.extend_from_slice(&buf[..n.min(4096 - head.len())]);
             }
         }
-        (crate::digest::hex(&h.finalize()), bytes, head)
+        let _ = out_tx.send((crate::digest::hex(&h.finalize()), bytes, head));
     });
-    let err = std::thread::spawn(move || {
+    std::thread::spawn(move || {
         let mut tail = Vec::new();
         let mut buf = vec![0u8; 1 << 14];
         while let Ok(n) = stderr.read(&mut buf) {
@@ -128,7 +130,7 @@ pub fn take(
                 tail.drain(..tail.len() - 8192);
             }
         }
-        tail
+        let _ = err_tx.send(tail);
     });
     let deadline = Instant::now() + timeout;
     let status = loop {
@@ -156,8 +158,13 @@ pub fn take(
     unsafe {
         libc::kill(-(child.id() as i32), libc::SIGKILL);
     }
-    let (sha256, bytes, head) = out.join().unwrap_or_default();
-    let tail = err.join().unwrap_or_default();
+    // A process that left the group (setsid) may still hold stdout open: its output would
+    // never end, so the digest cannot be told and the fingerprint fails.
+    let grace = Duration::from_secs(5);
+    let (sha256, bytes, head) = out.recv_timeout(grace).map_err(|_| {
+        fail("left a process that holds its output open after it ended".to_string())
+    })?;
+    let tail = err.recv_timeout(grace).unwrap_or_default();
     if !status.success() {
         let last = String::from_utf8_lossy(&tail)
             .lines()
@@ -189,8 +196,17 @@ pub fn take(
         argv: shown,
         sha256,
         bytes,
-        first_line: redact.text(&first).into_owned(),
+        first_line: userinfo_dropped(&redact.text(&first)),
     })
+}
+
+/// `text` with every URL's user information dropped (`https://token@host` as well as
+/// `https://user:password@host`): a `pip freeze` line may carry a token in either form.
+fn userinfo_dropped(text: &str) -> String {
+    static URL: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    URL.get_or_init(|| regex::Regex::new(r"://[^/\s@]+@").expect("a valid regex"))
+        .replace_all(text, "://<redacted>@")
+        .into_owned()
 }
 
 #[cfg(test)]
@@ -230,6 +246,39 @@ mod tests {
             f.sha256,
             crate::digest::sha256_hex(b"llama 0.3.36\nmore\n/\n")
         );
+    }
+
+    #[test]
+    fn a_url_token_never_reaches_the_receipt() {
+        let f = take_one(
+            &cmd(
+                "pip",
+                &[
+                    "sh",
+                    "-c",
+                    "echo 'llama @ git+https://ghp_abc123@github.com/x/y'",
+                ],
+            ),
+            TIMEOUT,
+        )
+        .unwrap();
+        assert_eq!(
+            f.first_line,
+            "llama @ git+https://<redacted>@github.com/x/y"
+        );
+    }
+
+    #[test]
+    fn a_process_left_holding_the_output_fails_the_fingerprint() {
+        let started = Instant::now();
+        let e = take_one(
+            &cmd("daemon", &["sh", "-c", "setsid sleep 30 & echo v1"]),
+            TIMEOUT,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("holds its output open"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(20));
     }
 
     #[test]

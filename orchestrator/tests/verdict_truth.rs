@@ -467,3 +467,50 @@ fn own_output_never_dirties_the_commit() {
     );
     assert!(Path::new(&repo.path().join("receipts").join(format!("{sha}-dirty"))).is_dir());
 }
+
+#[test]
+fn the_morning_diff_names_a_newer_run_that_never_finished_and_fails() {
+    let f = Fixture::new(&format!(
+        "schema = 1\nname = \"morning\"\n[defaults]\ngpus = 0\n[[arm]]\nid = \"a\"\nrun = [\"{}/pass.sh\"]\n",
+        gates().display()
+    ));
+    let diff = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+            .arg("diff")
+            .args(args)
+            .arg("--receipts")
+            .arg(f.path().join("receipts"))
+            .current_dir(f.path())
+            .output()
+            .unwrap()
+    };
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    // One run: nothing to compare; the exit is the run's own.
+    let out = diff(&[]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("only one run of `morning`"));
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    assert_eq!(diff(&[]).status.code(), Some(0));
+    // A third run killed while it ran: run.json without an end.
+    let last = f.tree();
+    let killed = last.with_file_name("29991231T235959.000Z-dead");
+    std::fs::create_dir(&killed).unwrap();
+    let mut run: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(last.join("run.json")).unwrap()).unwrap();
+    run["end"] = serde_json::Value::Null;
+    run["verdict"] = "running".into();
+    run["start"] = "2999-12-31T23:59:59.000Z".into();
+    run["run_id"] = "29991231T235959.000Z-dead".into();
+    run["nodes"] = serde_json::json!([]);
+    std::fs::write(killed.join("run.json"), run.to_string()).unwrap();
+    let out = diff(&["--color", "never"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("run 29991231T235959.000Z-dead of `morning`")
+            && err.contains("has not finished"),
+        "{err}"
+    );
+    // The finished runs are still compared: no lost coverage from the empty one.
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no differences"));
+}

@@ -70,6 +70,18 @@ fn morning(args: &DiffArgs, receipts: &Path) -> Result<ExitCode, FindError> {
                 .join(", ")
         );
     }
+    // A newer run that never finished is not compared (its cells would read as lost), but
+    // it is no good news either: named, and the exit code is 1.
+    for u in &m.unfinished {
+        eprintln!(
+            "memra-orch diff: run {} of `{}` (started {}) has not finished: it is still going,              or it was killed; comparing the newest finished run, {}",
+            u.id_label(),
+            m.manifest,
+            u.run.start,
+            m.latest.id_label()
+        );
+    }
+    let unfinished = !m.unfinished.is_empty();
     let Some(previous) = &m.previous else {
         let green = resolve::green(&m.latest);
         let note = format!(
@@ -90,7 +102,7 @@ fn morning(args: &DiffArgs, receipts: &Path) -> Result<ExitCode, FindError> {
             _ => println!("{note}"),
         }
         // Nothing to compare is no proof of health: the exit is the run's own.
-        return Ok(if green {
+        return Ok(if green && !unfinished {
             ExitCode::Ok
         } else {
             ExitCode::NotAsExpected
@@ -101,7 +113,8 @@ fn morning(args: &DiffArgs, receipts: &Path) -> Result<ExitCode, FindError> {
         Some(g) => Some(compare(args, &g.dir, &m.latest.dir)?),
         None => None,
     };
-    let regressed = main.regressed() || since_green.as_ref().is_some_and(Diff::regressed);
+    let regressed =
+        unfinished || main.regressed() || since_green.as_ref().is_some_and(Diff::regressed);
     match args.format {
         DiffFormat::Json => {
             let value = serde_json::json!({

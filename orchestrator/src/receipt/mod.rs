@@ -439,8 +439,22 @@ fn hostname() -> String {
 pub use crate::digest::{hex, sha256_hex};
 
 /// sha256 and size of a file, streamed.
+///
+/// Only a regular file is read (a link to one counts): the file is opened without blocking
+/// and checked with `fstat`, so a FIFO or a device swapped in where a file was can neither
+/// hang the run nor feed it endless bytes.
 pub fn sha256_file(path: &Path) -> std::io::Result<(u64, String)> {
-    let mut file = std::fs::File::open(path)?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
     let mut total = 0u64;

@@ -14,7 +14,13 @@ use super::error::ReceiptError;
 /// The file's name inside the receipts folder.
 pub const FILE: &str = ".memra-outputs";
 
-/// The paths recorded under `receipts` (none when the file is absent or unreadable).
+/// The marker file a `report --html` folder holds (`report::html::MARKER`).
+const REPORT_MARKER: &str = "memra-report.json";
+/// What the first bytes of a metrics file memra-orch wrote hold.
+const METRICS_MARK: &[u8] = b"memra_run_";
+
+/// The paths recorded under `receipts` (none when the file is absent or unreadable), as
+/// written; see [`honoured`] for which of them count.
 pub fn read(receipts: &Path) -> Vec<PathBuf> {
     let Ok(text) = std::fs::read_to_string(receipts.join(FILE)) else {
         return Vec::new();
@@ -23,6 +29,35 @@ pub fn read(receipts: &Path) -> Vec<PathBuf> {
         .filter(|l| l.starts_with('/'))
         .map(PathBuf::from)
         .collect()
+}
+
+/// Whether a recorded path still holds memra-orch's output: a folder with a report's
+/// marker, or a regular file whose first bytes are a metrics file's. Anything else (a
+/// source folder recorded by a `report --html src` typed by mistake, a line another user
+/// appended) is not left out of the dirty check: a change there must count.
+pub fn honoured(path: &Path) -> bool {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        // Not there yet (or any more): nothing of it to leave out either way.
+        return false;
+    };
+    if meta.is_dir() {
+        return std::fs::symlink_metadata(path.join(REPORT_MARKER)).is_ok_and(|m| m.is_file());
+    }
+    if !meta.is_file() {
+        return false;
+    }
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut head = [0u8; 4096];
+    let n = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)
+        .and_then(|mut f| f.read(&mut head))
+        .unwrap_or(0);
+    head[..n]
+        .windows(METRICS_MARK.len())
+        .any(|w| w == METRICS_MARK)
 }
 
 /// Records `path` (made absolute against the current folder) under `receipts`, once.
@@ -49,10 +84,11 @@ pub fn record(receipts: &Path, path: &Path) -> Result<(), ReceiptError> {
 }
 
 /// Everything a run at `receipts` leaves out of the dirty check: the receipts folder, the
-/// recorded outputs and the ones `extra` names (this run's metrics file).
+/// recorded outputs that still hold memra-orch's output ([`honoured`]) and the ones `extra`
+/// names (this run's metrics file, checked the same way once it exists).
 pub fn all(receipts: &Path, extra: &[&Path]) -> Vec<PathBuf> {
     let mut out = vec![receipts.to_path_buf()];
-    out.extend(read(receipts));
+    out.extend(read(receipts).into_iter().filter(|p| honoured(p)));
     out.extend(
         extra
             .iter()
@@ -77,8 +113,29 @@ mod tests {
             read(&receipts),
             [dir.path().join("site"), dir.path().join("m.prom")]
         );
-        let all = all(&receipts, &[&dir.path().join("x.prom")]);
-        assert_eq!(all.len(), 4);
-        assert_eq!(all[0], receipts);
+        // Recorded, but neither holds memra-orch's output yet: only the receipts folder
+        // and this run's own metrics file are left out.
+        let all_now = all(&receipts, &[&dir.path().join("x.prom")]);
+        assert_eq!(all_now, [receipts.clone(), dir.path().join("x.prom")]);
+        std::fs::create_dir(dir.path().join("site")).unwrap();
+        assert!(
+            !honoured(&dir.path().join("site")),
+            "a folder without the marker"
+        );
+        std::fs::write(dir.path().join("site").join(REPORT_MARKER), "{}").unwrap();
+        assert!(honoured(&dir.path().join("site")));
+        std::fs::write(dir.path().join("m.prom"), "int main() {}").unwrap();
+        assert!(
+            !honoured(&dir.path().join("m.prom")),
+            "a file memra-orch did not write"
+        );
+        std::fs::write(dir.path().join("m.prom"), "# HELP memra_run_info …\n").unwrap();
+        assert!(honoured(&dir.path().join("m.prom")));
+        assert_eq!(all(&receipts, &[]).len(), 3);
+    }
+
+    #[test]
+    fn the_report_marker_is_the_reports() {
+        assert_eq!(REPORT_MARKER, crate::report::html::MARKER);
     }
 }

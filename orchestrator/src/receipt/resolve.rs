@@ -377,6 +377,8 @@ pub struct Morning {
     pub last_green: Option<FoundRun>,
     /// Other manifests with runs in the receipts folder, to name in a note.
     pub others: Vec<String>,
+    /// Runs newer than `latest` that have not finished (still going, or killed).
+    pub unfinished: Vec<FoundRun>,
 }
 
 /// Finds the runs of [`Morning`].
@@ -400,12 +402,24 @@ pub fn morning(receipts: &Path, manifest: Option<&str>) -> Result<Morning, FindE
         .collect();
     others.sort();
     others.dedup();
-    let mut runs = all.into_iter().filter(|r| r.run.name == name);
-    let latest = runs.next().ok_or_else(|| FindError::NoRun {
+    let mine: Vec<FoundRun> = all.into_iter().filter(|r| r.run.name == name).collect();
+    let no_run = || FindError::NoRun {
         spec: "(the latest run)".to_string(),
         manifest: Some(name.clone()),
         receipts: receipts.to_path_buf(),
-    })?;
+    };
+    if mine.is_empty() {
+        return Err(no_run());
+    }
+    // The newest finished run is the night to read; a newer one still going (or killed)
+    // is named, not compared.
+    let first_complete = mine
+        .iter()
+        .position(FoundRun::complete)
+        .ok_or_else(no_run)?;
+    let mut runs = mine.into_iter();
+    let unfinished: Vec<FoundRun> = runs.by_ref().take(first_complete).collect();
+    let latest = runs.next().ok_or_else(no_run)?;
     let previous = runs.next();
     let last_green = match &previous {
         Some(p) if !green(p) => runs.find(green),
@@ -417,6 +431,7 @@ pub fn morning(receipts: &Path, manifest: Option<&str>) -> Result<Morning, FindE
         previous,
         last_green,
         others,
+        unfinished,
     })
 }
 
