@@ -66,6 +66,7 @@ pub fn wrong_reason(globs: &[String], checks: &[CheckRow]) -> Option<String> {
     let why = first
         .message
         .as_deref()
+        .filter(|m| !m.trim().is_empty())
         .map_or(String::new(), |m| format!(": {m}"));
     Some(format!(
         "failed for the wrong reason: check {} failed{why}{more}; expect_fail = [{expected}]",

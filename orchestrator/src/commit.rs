@@ -11,6 +11,7 @@
 //! It names receipt folders; it does not read or write them.
 
 use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -55,9 +56,7 @@ pub fn resolve(
     let specs = pathspecs(root, own);
     // Untracked files that git does not ignore count: a new source file changes the build.
     let dirty = head.is_some() && !dirty_paths_in(root, &specs).is_empty();
-    let code = head
-        .as_ref()
-        .and_then(|_| code_identity(root, dirty, &specs));
+    let code = head.as_ref().and_then(|_| code_identity(root, &specs));
     if let Some(id) = override_id {
         validate_override(id)?;
         // An override that is the root's own HEAD (what `bisect` passes for the worktree
@@ -91,12 +90,19 @@ pub fn resolve(
 }
 
 /// The pathspecs that select the whole work tree of `root` but the `own` paths inside it.
+/// An own path that holds tracked files is not left out: a tracked file memra-orch wrote
+/// over (a `--metrics-file notes.txt`, `--receipts src`) is a change to the code.
 fn pathspecs(root: &Path, own: &[PathBuf]) -> Vec<String> {
     let mut specs = vec![":/".to_string()];
     let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
     for p in own {
         if let Some(rel) = rel_inside(&root, p) {
-            specs.push(format!(":(top,exclude,literal){rel}"));
+            let literal = format!(":(top,literal){rel}");
+            let tracked =
+                git_bytes(&root, &["ls-files", "-z", "--", &literal]).is_none_or(|b| !b.is_empty());
+            if !tracked {
+                specs.push(format!(":(top,exclude,literal){rel}"));
+            }
         }
     }
     specs
@@ -123,43 +129,102 @@ fn rel_inside(root: &Path, path: &Path) -> Option<String> {
     (!rel.is_empty()).then(|| rel.to_string())
 }
 
-/// The code identity of a work tree whose HEAD exists (see [`CommitId::code`]). The
-/// uncommitted changes are what `git diff HEAD` shows plus every untracked, not ignored
-/// file (its path and bytes; a link's target, never followed), so two dirty runs share an
-/// identity only when they tested the same bytes.
-fn code_identity(root: &Path, dirty: bool, specs: &[String]) -> Option<String> {
+/// How deep nested repositories (submodules, clones inside the tree) are followed.
+const MAX_NESTING: usize = 8;
+
+/// The code identity of a work tree whose HEAD exists (see [`CommitId::code`]): the tree of
+/// HEAD, and, when anything differs from it, a digest of what does — what `git diff HEAD`
+/// shows; every untracked, not ignored file (its path and bytes; a link's target, never
+/// followed; a repository cloned inside the tree by its own identity); the bytes of files
+/// git is told not to look at (`assume-unchanged`, `skip-worktree`); and every submodule
+/// by its own identity. Two runs share an identity only when they tested the same bytes.
+fn code_identity(root: &Path, specs: &[String]) -> Option<String> {
+    code_identity_at(root, specs, 0)
+}
+
+fn code_identity_at(root: &Path, specs: &[String], depth: usize) -> Option<String> {
     let tree = git(root, &["rev-parse", "--verify", "HEAD^{tree}"])?;
-    if !dirty {
-        return Some(format!("git:{tree}"));
-    }
     let mut h = Sha256::new();
-    let mut args = vec![
+    let mut extra = false;
+    let run = |args: &[&str]| {
+        let mut all: Vec<&str> = args.to_vec();
+        all.push("--");
+        all.extend(specs.iter().map(String::as_str));
+        git_bytes(root, &all)
+    };
+    let diff = run(&[
         "diff",
         "HEAD",
         "--binary",
         "--no-ext-diff",
         "--no-textconv",
         "--no-color",
-        "--",
-    ];
-    args.extend(specs.iter().map(String::as_str));
-    h.update(git_bytes(root, &args)?);
-    let mut args = vec!["ls-files", "-z", "--others", "--exclude-standard", "--"];
-    args.extend(specs.iter().map(String::as_str));
-    let listed = git_bytes(root, &args)?;
-    for name in listed.split(|b| *b == 0).filter(|n| !n.is_empty()) {
-        h.update(b"\0untracked\0");
+        "--ignore-submodules=all",
+    ])?;
+    if !diff.is_empty() {
+        extra = true;
+        h.update(b"diff\0");
+        h.update(&diff);
+    }
+    let mut fold = |what: &[u8], name: &[u8], digest: String| {
+        extra = true;
+        h.update(what);
         h.update(name);
         h.update(b"\0");
-        let path = root.join(String::from_utf8_lossy(name).as_ref());
-        h.update(untracked_digest(&path).as_bytes());
+        h.update(digest.as_bytes());
+    };
+    let untracked = run(&["ls-files", "-z", "--others", "--exclude-standard"])?;
+    for name in untracked.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+        let path = root.join(std::ffi::OsStr::from_bytes(name));
+        fold(b"\0untracked\0", name, untracked_digest(&path, depth));
     }
-    Some(format!("git:{tree}+{}", crate::digest::hex(&h.finalize())))
+    // `ls-files -v` tags a file git is told to assume unchanged with a lower-case letter,
+    // and one marked skip-worktree with `S`: their bytes are read, since git will not.
+    let tagged = run(&["ls-files", "-z", "-v"])?;
+    for entry in tagged.split(|b| *b == 0).filter(|n| n.len() > 2) {
+        let (tag, name) = (entry[0], &entry[2..]);
+        if tag.is_ascii_lowercase() || tag == b'S' {
+            let path = root.join(std::ffi::OsStr::from_bytes(name));
+            fold(b"\0unwatched\0", name, untracked_digest(&path, depth));
+        }
+    }
+    // Submodules (gitlinks, mode 160000) by their own identity, whatever .gitmodules says
+    // git should ignore of them.
+    let staged = run(&["ls-files", "-z", "-s"])?;
+    for entry in staged
+        .split(|b| *b == 0)
+        .filter(|n| n.starts_with(b"160000 "))
+    {
+        let Some(tab) = entry.iter().position(|b| *b == b'\t') else {
+            continue;
+        };
+        let name = &entry[tab + 1..];
+        let path = root.join(std::ffi::OsStr::from_bytes(name));
+        fold(b"\0submodule\0", name, nested_identity(&path, depth));
+    }
+    Some(if extra {
+        format!("git:{tree}+{}", crate::digest::hex(&h.finalize()))
+    } else {
+        format!("git:{tree}")
+    })
 }
 
-/// sha256 of an untracked file's bytes, `link:<target>` for a link, or a word for anything
-/// else (a FIFO is never opened).
-fn untracked_digest(path: &Path) -> String {
+/// The identity of a repository inside the tree (a submodule, a clone): its own code
+/// identity, or a word saying why there is none.
+fn nested_identity(path: &Path, depth: usize) -> String {
+    if depth >= MAX_NESTING {
+        return "nested-too-deep".to_string();
+    }
+    if !path.join(".git").exists() {
+        return "not-checked-out".to_string();
+    }
+    code_identity_at(path, &[":/".to_string()], depth + 1).unwrap_or_else(|| "no-head".to_string())
+}
+
+/// sha256 of an untracked file's bytes, `link:<target>` for a link, a folder's files (or,
+/// for a repository cloned inside the tree, its identity), or a word for anything else (a
+/// FIFO is never opened).
+fn untracked_digest(path: &Path, depth: usize) -> String {
     let Ok(meta) = std::fs::symlink_metadata(path) else {
         return "vanished".to_string();
     };
@@ -168,6 +233,24 @@ fn untracked_digest(path: &Path) -> String {
             |_| "link:?".to_string(),
             |t| format!("link:{}", t.to_string_lossy()),
         );
+    }
+    if meta.is_dir() {
+        // git lists a repository inside the tree as one folder, not its files.
+        if path.join(".git").exists() {
+            return format!("repo:{}", nested_identity(path, depth));
+        }
+        let mut h = Sha256::new();
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        entries.sort();
+        for e in entries {
+            // By name, not path: the identity must not depend on where the checkout lives.
+            h.update(e.file_name().unwrap_or_default().as_bytes());
+            h.update(b"\0");
+            h.update(untracked_digest(&e, depth).as_bytes());
+        }
+        return format!("dir:{}", crate::digest::hex(&h.finalize()));
     }
     if !meta.is_file() {
         return "not-a-file".to_string();
@@ -220,7 +303,15 @@ pub fn dirty_paths(root: &Path, own: &[PathBuf]) -> Vec<String> {
 }
 
 fn dirty_paths_in(root: &Path, specs: &[String]) -> Vec<String> {
-    let mut args = vec!["status", "--porcelain", "--"];
+    // Whatever the user's configuration hides (`status.showUntrackedFiles = no`, a
+    // submodule's `ignore = all`), every change counts.
+    let mut args = vec![
+        "status",
+        "--porcelain",
+        "--untracked-files=all",
+        "--ignore-submodules=none",
+        "--",
+    ];
     args.extend(specs.iter().map(String::as_str));
     // Untrimmed: the first line's status column may start with a space.
     let Some(text) = git_raw(root, &args) else {
@@ -243,7 +334,15 @@ fn git_raw(dir: &Path, args: &[&str]) -> Option<String> {
 }
 
 fn git_bytes(dir: &Path, args: &[&str]) -> Option<Vec<u8>> {
-    let out = Command::new("git")
+    let mut cmd = Command::new("git");
+    // The caller's GIT_DIR, GIT_WORK_TREE, GIT_INDEX_FILE… would point git at another
+    // repository than the one holding the manifest.
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("GIT_") {
+            cmd.env_remove(name);
+        }
+    }
+    let out = cmd
         .arg("-C")
         .arg(dir)
         .args(args)
@@ -349,6 +448,75 @@ mod tests {
     }
 
     #[test]
+    fn what_git_is_told_to_hide_still_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        sh(root, &["init", "-q"]);
+        std::fs::write(root.join("a.py"), "1").unwrap();
+        sh(root, &["add", "a.py"]);
+        sh(root, &["commit", "-q", "-m", "one"]);
+        let code = || resolve(root, None, &[]).unwrap().code.unwrap();
+        let clean = code();
+        // Untracked files hidden from `git status`.
+        sh(root, &["config", "status.showUntrackedFiles", "no"]);
+        std::fs::write(root.join("helper.py"), "v1").unwrap();
+        let v1 = code();
+        assert_ne!(v1, clean);
+        assert!(resolve(root, None, &[]).unwrap().dirty);
+        std::fs::write(root.join("helper.py"), "v2").unwrap();
+        assert_ne!(code(), v1);
+        std::fs::remove_file(root.join("helper.py")).unwrap();
+        // A tracked file git is told to assume unchanged.
+        sh(root, &["update-index", "--assume-unchanged", "a.py"]);
+        std::fs::write(root.join("a.py"), "2").unwrap();
+        let assumed = code();
+        std::fs::write(root.join("a.py"), "3").unwrap();
+        assert_ne!(code(), assumed);
+        sh(root, &["update-index", "--no-assume-unchanged", "a.py"]);
+        sh(root, &["checkout", "-q", "a.py"]);
+        assert_eq!(code(), clean);
+        // A repository cloned inside the tree, by its own contents.
+        let inner = root.join("vendor/lib");
+        std::fs::create_dir_all(&inner).unwrap();
+        sh(&inner, &["init", "-q"]);
+        std::fs::write(inner.join("k.py"), "1").unwrap();
+        sh(&inner, &["add", "k.py"]);
+        sh(&inner, &["commit", "-q", "-m", "inner"]);
+        let cloned = code();
+        std::fs::write(inner.join("k.py"), "2").unwrap();
+        assert_ne!(code(), cloned);
+        std::fs::remove_dir_all(root.join("vendor")).unwrap();
+        assert_eq!(code(), clean);
+        // A submodule, by its own contents, even when .gitmodules says to ignore it.
+        let upstream = tempfile::tempdir().unwrap();
+        sh(upstream.path(), &["init", "-q"]);
+        std::fs::write(upstream.path().join("k.py"), "1").unwrap();
+        sh(upstream.path(), &["add", "k.py"]);
+        sh(upstream.path(), &["commit", "-q", "-m", "up"]);
+        sh(
+            root,
+            &[
+                "-c",
+                "protocol.file.allow=always",
+                "submodule",
+                "add",
+                "-q",
+                &upstream.path().to_string_lossy(),
+                "sub",
+            ],
+        );
+        sh(
+            root,
+            &["config", "-f", ".gitmodules", "submodule.sub.ignore", "all"],
+        );
+        sh(root, &["commit", "-q", "-am", "sub"]);
+        let with_sub = code();
+        std::fs::write(root.join("sub/k.py"), "2").unwrap();
+        assert_ne!(code(), with_sub, "an edit inside the submodule");
+        assert!(resolve(root, None, &[]).unwrap().dirty);
+    }
+
+    #[test]
     fn own_output_neither_dirties_nor_changes_the_code() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
@@ -381,6 +549,10 @@ mod tests {
         let dirty = resolve(root, None, &own).unwrap();
         assert!(dirty.dirty);
         assert_eq!(dirty_paths(root, &own), ["b.py"]);
+        // A tracked file is never left out, even when named as output.
+        let own = [root.join("a")];
+        std::fs::write(root.join("a"), "overwritten").unwrap();
+        assert!(dirty_paths(root, &own).iter().any(|p| p == "a"));
     }
 
     #[test]

@@ -67,11 +67,23 @@ pub fn take(
     timeout: Duration,
     redact: &crate::redact::Redactor,
 ) -> Result<Fingerprint, FingerprintError> {
-    let shown: Vec<String> = f.argv.iter().map(|a| redact.text(a).into_owned()).collect();
+    // The command sees inherited variables the manifest never names: their secret-named
+    // values (an HF_TOKEN a `printenv` or `pip config list` would print) are redacted too.
+    let inherited: Vec<(String, String)> = inherit
+        .iter()
+        .filter(|n| crate::redact::secret_name(n))
+        .filter_map(|n| Some((n.clone(), std::env::var(n).ok()?)))
+        .collect();
+    let more = crate::redact::Redactor::new(
+        inherited.iter().map(|(n, _)| n.clone()).collect(),
+        inherited.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+    );
+    let clean = |t: &str| secret_assignments(&more.text(&redact.text(t)));
+    let shown: Vec<String> = f.argv.iter().map(|a| clean(a)).collect();
     let fail = |why: String| FingerprintError {
         name: f.name.clone(),
         command: shown.join(" "),
-        why: redact.text(&why).into_owned(),
+        why: clean(&why),
     };
     let (program, args) = f
         .argv
@@ -196,16 +208,25 @@ pub fn take(
         argv: shown,
         sha256,
         bytes,
-        first_line: userinfo_dropped(&redact.text(&first)),
+        first_line: clean(&first),
     })
 }
 
-/// `text` with every URL's user information dropped (`https://token@host` as well as
-/// `https://user:password@host`): a `pip freeze` line may carry a token in either form.
-fn userinfo_dropped(text: &str) -> String {
-    static URL: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
-    URL.get_or_init(|| regex::Regex::new(r"://[^/\s@]+@").expect("a valid regex"))
-        .replace_all(text, "://<redacted>@")
+/// `text` with the value of every `NAME=value` whose name looks secret redacted (a
+/// `printenv` line, a `pip config` entry).
+fn secret_assignments(text: &str) -> String {
+    static ASSIGN: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    ASSIGN
+        .get_or_init(|| {
+            regex::Regex::new(r"([A-Za-z_][A-Za-z0-9_.-]*)\s*[=:]\s*(\S+)").expect("a valid regex")
+        })
+        .replace_all(text, |c: &regex::Captures<'_>| {
+            if crate::redact::secret_name(&c[1]) {
+                format!("{}={}", &c[1], crate::redact::REDACTED)
+            } else {
+                c[0].to_string()
+            }
+        })
         .into_owned()
 }
 
@@ -269,10 +290,21 @@ mod tests {
     }
 
     #[test]
+    fn secret_assignments_are_redacted() {
+        assert_eq!(
+            secret_assignments("HF_TOKEN=hf_abc MY_VAR=1 api-key: s3cr3t"),
+            "HF_TOKEN=<redacted> MY_VAR=1 api-key=<redacted>"
+        );
+    }
+
+    #[test]
     fn a_process_left_holding_the_output_fails_the_fingerprint() {
         let started = Instant::now();
         let e = take_one(
-            &cmd("daemon", &["sh", "-c", "setsid sleep 30 & echo v1"]),
+            &cmd(
+                "daemon",
+                &["sh", "-c", "setsid sleep 30 & sleep 0.5; echo v1"],
+            ),
             TIMEOUT,
         )
         .unwrap_err()

@@ -60,19 +60,29 @@ pub fn by_name(name: &str, value: &str) -> String {
     }
 }
 
-/// `text` with the password of every `scheme://user:password@` replaced by [`REDACTED`].
+/// `text` with the password of every `scheme://user:password@` replaced by [`REDACTED`],
+/// and the whole user information of an `http(s)://token@host` URL (a token in the user's
+/// place, as `pip freeze` prints a private requirement); `ssh://git@host` keeps its user.
 pub fn url_passwords(text: &str) -> Cow<'_, str> {
     static RE: OnceLock<Regex> = OnceLock::new();
+    static TOKEN: OnceLock<Regex> = OnceLock::new();
     // The password runs to the last `@` before the path, so a password holding `@` is
     // redacted whole.
     let re = RE.get_or_init(|| {
         Regex::new(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^/\s]*@")
             .expect("the URL pattern is a valid regex")
     });
+    let token = TOKEN.get_or_init(|| {
+        Regex::new(r"((?i:https?)://)([^/\s:@<>]+)@").expect("the URL pattern is a valid regex")
+    });
     if !text.contains("://") {
         return Cow::Borrowed(text);
     }
-    re.replace_all(text, format!("${{1}}:{REDACTED}@").as_str())
+    let once = re.replace_all(text, format!("${{1}}:{REDACTED}@").as_str());
+    match token.replace_all(&once, format!("${{1}}{REDACTED}@").as_str()) {
+        Cow::Borrowed(_) => once,
+        Cow::Owned(s) => Cow::Owned(s),
+    }
 }
 
 /// The secrets of one plan: the names a manifest marked and the values to redact wherever
@@ -183,6 +193,17 @@ mod tests {
         // Idempotent: a redacted URL stays as it is.
         let once = url_passwords("https://u:pw@h").into_owned();
         assert_eq!(url_passwords(&once), once);
+        // A token in the user's place of an https URL; an ssh user stays.
+        assert_eq!(
+            url_passwords("llama @ git+https://ghp_abc123@github.com/x/y"),
+            "llama @ git+https://<redacted>@github.com/x/y"
+        );
+        assert_eq!(
+            url_passwords("ssh://git@github.com/x"),
+            "ssh://git@github.com/x"
+        );
+        let token = url_passwords("https://tok@h").into_owned();
+        assert_eq!(url_passwords(&token), token);
     }
 
     #[test]

@@ -406,16 +406,20 @@ impl Runner<'_, '_> {
         let (tx, rx) = mpsc::channel::<Msg>();
         self.workers = Some(Workers::new(self.pool.cpu_slots() + self.pool.gpu_count()));
         // Cells that can never run are decided before anything starts.
-        self.carry_unselected();
+        let stale = self.carry_unselected();
         for i in 0..self.plan.cells.len() {
             let cell = &self.plan.cells[i];
             if matches!(self.state[i], State::Done(_)) {
                 continue;
             }
             if self.modes[i] == Mode::Carry {
-                let why = match &self.opts.carry {
-                    None => "not selected by --filter".to_string(),
-                    Some(source) => format!(
+                let why = match (&self.opts.carry, stale.get(&i)) {
+                    (None, _) => "not selected by --filter".to_string(),
+                    (Some(source), Some(what)) => format!(
+                        "not selected, and its receipt in run {} tested {what}; select it to measure it here",
+                        source.stamp.label()
+                    ),
+                    (Some(source), None) => format!(
                         "not selected, and run {} has no receipt of it to carry",
                         source.stamp.label()
                     ),
@@ -488,10 +492,14 @@ impl Runner<'_, '_> {
     /// Carries the source's receipts of the cells in [`Mode::Carry`] (read in parallel: a
     /// rerun of one cell of a large tree carries all the others). Cells the source does not
     /// have, or whose receipt cannot be read, stay for the caller to skip.
-    fn carry_unselected(&mut self) {
+    ///
+    /// A receipt is carried only when it tested the code and fingerprints this run tests
+    /// (under one `-dirty` folder or one `--commit` label the code can differ): the others
+    /// are returned, by cell, with what they tested instead, and the caller skips them.
+    fn carry_unselected(&mut self) -> HashMap<usize, String> {
         use rayon::prelude::*;
         let Some(source) = self.opts.carry.clone() else {
-            return;
+            return HashMap::new();
         };
         let cells: Vec<usize> = (0..self.plan.cells.len())
             .filter(|&i| self.modes[i] == Mode::Carry)
@@ -507,9 +515,41 @@ impl Runner<'_, '_> {
                 Some((i, entry.clone(), receipt, stamp))
             })
             .collect();
+        let mut stale = HashMap::new();
         for (i, entry, receipt, stamp) in found {
+            if let Some(r) = &receipt
+                && let Some(what) = self.other_code(i, r)
+            {
+                stale.insert(i, what);
+                continue;
+            }
             self.finish_carried(CellIndex(i), entry, receipt.map(Box::new), stamp);
         }
+        stale
+    }
+
+    /// What an earlier receipt of cell `i` tested when that is not what this run tests:
+    /// other code, or other fingerprints.
+    fn other_code(&self, i: usize, r: &NodeReceipt) -> Option<String> {
+        let code = if self.plan.cells[i].hermetic {
+            HERMETIC
+        } else {
+            self.opts.code.as_str()
+        };
+        if r.code != code {
+            return Some(if r.code.is_empty() {
+                "code it does not name (it predates code identities)".to_string()
+            } else {
+                format!("other code ({})", r.code)
+            });
+        }
+        let prints = |f: &[crate::fingerprint::Fingerprint]| -> Vec<(String, String)> {
+            f.iter()
+                .map(|f| (f.name.clone(), f.sha256.clone()))
+                .collect()
+        };
+        (prints(&r.fingerprints) != prints(&self.opts.fingerprints))
+            .then(|| "other fingerprints".to_string())
     }
 
     /// A cell that did not end as expected while the tree's file system has (almost) no room
@@ -1002,6 +1042,22 @@ fn run_cell(
         job.program = digests.resolve(&job);
         if let Some(d) = job.program.as_deref().and_then(|p| digests.digest(p)) {
             job.binaries.insert(0, d);
+        }
+        // A file the command names (`python3 /opt/gates/gate.py`, a model in an ignored
+        // folder) is an input even where neither the commit nor `inputs` covers it.
+        for a in job.argv.iter().skip(1) {
+            if a.contains(crate::plan::ARTIFACTS_TOKEN) || a.contains(crate::plan::TMP_TOKEN) {
+                continue;
+            }
+            let path = job.cwd.join(a);
+            if path.is_file()
+                && let Some(d) = digests.digest(&path)
+            {
+                job.binaries.push(FileDigest {
+                    path: a.clone(),
+                    ..d
+                });
+            }
         }
     }
     // A compare's inputs are the two files it compares: hashing them makes a carried

@@ -249,3 +249,140 @@ fn a_run_outside_git_is_never_evidence_of_flakiness() {
         "{text}"
     );
 }
+
+/// A scratch repository holding one manifest whose gate script lives outside it.
+fn outside_gate_repo() -> Option<(Repo, tempfile::TempDir)> {
+    if !have_git() || !have_python() {
+        eprintln!("skipped: needs git and python3");
+        return None;
+    }
+    let repo = Repo::new();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("gate.py"), "import sys\nsys.exit(0)\n").unwrap();
+    let manifest = format!(
+        "schema = 1\nname = \"ext\"\n[defaults]\ngpus = 0\n[env]\nPYTHONDONTWRITEBYTECODE = \"1\"\n\
+         [[arm]]\nid = \"a\"\nrun = [\"python3\", \"{}\"]\n\
+         [[arm]]\nid = \"b\"\nrun = [\"python3\", \"{}\"]\n",
+        outside.path().join("gate.py").display(),
+        outside.path().join("gate.py").display(),
+    );
+    repo.commit(&[("m.toml", &manifest)], "one");
+    Some((repo, outside))
+}
+
+#[test]
+fn a_script_the_command_names_outside_the_repository_is_an_input() {
+    let Some((repo, outside)) = outside_gate_repo() else {
+        return;
+    };
+    let run = |code: i32| assert_eq!(repo.run("m.toml").status.code(), Some(code));
+    run(0);
+    // The gate script changes outside the repository: not a flake, a regression.
+    std::fs::write(outside.path().join("gate.py"), "import sys\nsys.exit(1)\n").unwrap();
+    run(1);
+    let out = repo.orch(&["diff", "previous", "latest", "--color", "never"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("REGRESSIONS (2)") && !text.contains("FLAKY"),
+        "{text}"
+    );
+    // The caller's GIT_DIR does not lead memra-orch to another repository.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+        .current_dir(repo.path())
+        .env("GIT_DIR", outside.path())
+        .args(["run", "m.toml", "--gpus", "none", "--progress", "quiet"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let sha = repo.git(&["rev-parse", "HEAD"]);
+    assert_eq!(
+        crate::run_support::runs_in(&repo.path().join("receipts").join(&sha).join("ext")).len(),
+        3,
+        "filed under the repository's own commit"
+    );
+}
+
+#[test]
+fn unselected_cells_are_carried_only_from_the_code_this_run_tests() {
+    let Some((repo, outside)) = outside_gate_repo() else {
+        return;
+    };
+    let _keep = outside;
+    // A dirty tree: one `-dirty` folder for every state of the uncommitted file.
+    std::fs::write(repo.path().join("notes.txt"), "v1").unwrap();
+    assert_eq!(repo.run("m.toml").status.code(), Some(0));
+    std::fs::write(repo.path().join("notes.txt"), "v2").unwrap();
+    let out = repo.orch(&[
+        "run",
+        "m.toml",
+        "--gpus",
+        "none",
+        "--progress",
+        "quiet",
+        "--filter",
+        "a",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let sha = repo.git(&["rev-parse", "HEAD"]);
+    let tree = crate::run_support::newest_run(
+        &repo
+            .path()
+            .join("receipts")
+            .join(format!("{sha}-dirty"))
+            .join("ext"),
+    );
+    let run: Value =
+        serde_json::from_slice(&std::fs::read(tree.join("run.json")).unwrap()).unwrap();
+    let b = run["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == "b")
+        .unwrap();
+    assert_eq!(b["verdict"], "skipped", "{run:#}");
+    assert!(
+        b["reason"]
+            .as_str()
+            .unwrap()
+            .contains("tested other code (git:"),
+        "{b:#}"
+    );
+}
+
+#[test]
+fn the_morning_diff_reads_every_manifest() {
+    let Some((repo, outside)) = outside_gate_repo() else {
+        return;
+    };
+    let gate = outside.path().join("gate.py");
+    std::fs::write(
+        repo.path().join("other.toml"),
+        format!(
+            "schema = 1\nname = \"other\"\n[defaults]\ngpus = 0\n[[arm]]\nid = \"c\"\nrun = [\"python3\", \"{}\"]\n",
+            gate.display()
+        ),
+    )
+    .unwrap();
+    repo.commit(&[], "two");
+    assert_eq!(repo.run("m.toml").status.code(), Some(0));
+    assert_eq!(repo.run("other.toml").status.code(), Some(0));
+    std::fs::write(&gate, "import sys\nsys.exit(1)\n").unwrap();
+    assert_eq!(repo.run("m.toml").status.code(), Some(1));
+    std::fs::write(&gate, "import sys\nsys.exit(0)\n").unwrap();
+    assert_eq!(repo.run("other.toml").status.code(), Some(0));
+    // The newest run is `other`'s, green; `ext` regressed the night before it.
+    let out = repo.orch(&["diff", "--color", "never"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("=== ext ===") && text.contains("=== other ==="),
+        "{text}"
+    );
+    assert!(text.contains("REGRESSIONS (2)"), "{text}");
+    let (_, code) = {
+        let out = repo.orch(&["diff", "--manifest", "other", "--format", "json"]);
+        (out.stdout, out.status.code())
+    };
+    assert_eq!(code, Some(0));
+}

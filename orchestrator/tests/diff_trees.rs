@@ -193,7 +193,8 @@ fn a_run_diffed_with_itself_says_so() {
     // by both `last-green` and `latest`): the diff says the two names are one run.
     for format in ["text", "markdown", "json"] {
         let out = two.repo.orch(&["diff", "HEAD", "HEAD", "--format", format]);
-        assert_eq!(out.status.code(), Some(0), "{format}");
+        // Nothing between them is no proof of health: HEAD's run has failing cells.
+        assert_eq!(out.status.code(), Some(1), "{format}");
         let s = stdout(&out);
         assert!(!s.contains("no differences"), "{s}");
         match format {
@@ -202,7 +203,11 @@ fn a_run_diffed_with_itself_says_so() {
                 assert!(v["same_run"].as_str().unwrap().contains(&two.new), "{v:#}");
                 assert!(v["note"].as_str().unwrap().contains("name the same run"));
             }
-            _ => assert!(s.contains("HEAD and HEAD name the same run"), "{s}"),
+            _ => assert!(
+                s.contains("HEAD and HEAD name the same run")
+                    && s.contains("that run is NOT all as expected"),
+                "{s}"
+            ),
         }
     }
     // Reversed, the fix is a regression: the exit code follows the direction.

@@ -488,7 +488,7 @@ fn the_morning_diff_names_a_newer_run_that_never_finished_and_fails() {
     // One run: nothing to compare; the exit is the run's own.
     let out = diff(&[]);
     assert_eq!(out.status.code(), Some(0));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("only one run of `morning`"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("only one finished run of `morning`"));
     assert_eq!(f.run(&[]).status.code(), Some(0));
     assert_eq!(diff(&[]).status.code(), Some(0));
     // A third run killed while it ran: run.json without an end.

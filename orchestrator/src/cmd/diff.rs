@@ -42,50 +42,102 @@ fn command_inner(args: &DiffArgs) -> Result<ExitCode, FindError> {
              (and with the last green one when that is older)",
             new_dir.display()
         );
+        // Nothing between them is no proof of health: the run's own state decides.
+        let green =
+            crate::receipt::read_json::<crate::receipt::RunReceipt>(&new_dir.join("run.json"))
+                .ok()
+                .flatten()
+                .is_some_and(|r| {
+                    r.end.is_some() && r.counts.iter().all(|(v, n)| *n == 0 || v.as_expected())
+                });
         match args.format {
             DiffFormat::Json => println!(
                 "{}",
-                serde_json::json!({ "same_run": new_dir.to_string_lossy(), "note": note })
+                serde_json::json!({ "same_run": new_dir.to_string_lossy(), "green": green, "note": note })
             ),
-            _ => println!("{note}"),
+            _ => println!(
+                "{note}{}",
+                if green {
+                    ""
+                } else {
+                    "; that run is NOT all as expected"
+                }
+            ),
         }
-        return Ok(ExitCode::Ok);
+        return Ok(if green {
+            ExitCode::Ok
+        } else {
+            ExitCode::NotAsExpected
+        });
     }
     let d = compare(args, &old_dir, &new_dir)?;
     print!("{}", render::render(&d, args.format, args.color));
     Ok(exit_code(&d))
 }
 
-/// `diff` without names.
+/// `diff` without names: for the manifest named, or for every manifest with runs.
 fn morning(args: &DiffArgs, receipts: &Path) -> Result<ExitCode, FindError> {
-    let m = resolve::morning(receipts, args.manifest.as_deref())?;
-    if !m.others.is_empty() && args.manifest.is_none() && args.format != DiffFormat::Json {
-        eprintln!(
-            "memra-orch diff: comparing runs of `{}`; the receipts also hold runs of {} (name one with --manifest)",
-            m.manifest,
-            m.others
-                .iter()
-                .map(|n| format!("`{n}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
+    let mornings = resolve::morning(receipts, args.manifest.as_deref())?;
+    let several = mornings.len() > 1;
+    let mut bad = false;
+    let mut json = serde_json::Map::new();
+    for m in &mornings {
+        if several && args.format != DiffFormat::Json {
+            match args.format {
+                DiffFormat::Markdown => println!("# {}\n", m.manifest),
+                _ => println!("=== {} ===\n", m.manifest),
+            }
+        }
+        let (value, regressed) = one_morning(args, m)?;
+        bad |= regressed;
+        json.insert(m.manifest.clone(), value);
+        if several && args.format != DiffFormat::Json {
+            println!();
+        }
+    }
+    if args.format == DiffFormat::Json {
+        let value = if several || args.manifest.is_none() {
+            serde_json::Value::Object(json)
+        } else {
+            json.into_iter().next().map(|(_, v)| v).unwrap_or_default()
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).unwrap_or_else(|e| e.to_string())
         );
     }
-    // A newer run that never finished is not compared (its cells would read as lost), but
-    // it is no good news either: named, and the exit code is 1.
+    Ok(if bad {
+        ExitCode::NotAsExpected
+    } else {
+        ExitCode::Ok
+    })
+}
+
+/// The morning of one manifest: printed (text, markdown) or returned (json), and whether it
+/// is bad news (a regression, an unfinished run, or a single run that is not green).
+fn one_morning(
+    args: &DiffArgs,
+    m: &resolve::Morning,
+) -> Result<(serde_json::Value, bool), FindError> {
+    // A run that never finished is not compared (its cells would read as lost), but it is
+    // no good news either: named, and the exit code is 1.
     for u in &m.unfinished {
         eprintln!(
-            "memra-orch diff: run {} of `{}` (started {}) has not finished: it is still going,              or it was killed; comparing the newest finished run, {}",
+            "memra-orch diff: run {} of `{}` (started {}) has not finished: it is still going, or it was killed; it is compared with nothing",
             u.id_label(),
             m.manifest,
-            u.run.start,
-            m.latest.id_label()
+            u.run.start
         );
     }
-    let unfinished = !m.unfinished.is_empty();
+    let unfinished: Vec<String> = m
+        .unfinished
+        .iter()
+        .map(|u| u.id_label().to_string())
+        .collect();
     let Some(previous) = &m.previous else {
         let green = resolve::green(&m.latest);
         let note = format!(
-            "only one run of `{}` ({}, {}): there is nothing to compare it with yet",
+            "only one finished run of `{}` ({}, {}): there is nothing to compare it with yet",
             m.manifest,
             m.latest.id_label(),
             if green {
@@ -94,55 +146,51 @@ fn morning(args: &DiffArgs, receipts: &Path) -> Result<ExitCode, FindError> {
                 "NOT all as expected"
             }
         );
-        match args.format {
-            DiffFormat::Json => println!(
-                "{}",
-                serde_json::json!({ "only_run": m.latest.dir.to_string_lossy(), "green": green, "note": note })
-            ),
-            _ => println!("{note}"),
+        if args.format != DiffFormat::Json {
+            println!("{note}");
         }
-        // Nothing to compare is no proof of health: the exit is the run's own.
-        return Ok(if green && !unfinished {
-            ExitCode::Ok
-        } else {
-            ExitCode::NotAsExpected
+        // Nothing to compare is no proof of health: the run's own state decides.
+        let value = serde_json::json!({
+            "only_run": m.latest.dir.to_string_lossy(),
+            "green": green,
+            "unfinished": unfinished,
+            "note": note,
         });
+        return Ok((value, !green || !m.unfinished.is_empty()));
     };
     let main = compare(args, &previous.dir, &m.latest.dir)?;
     let since_green = match &m.last_green {
         Some(g) => Some(compare(args, &g.dir, &m.latest.dir)?),
         None => None,
     };
-    let regressed =
-        unfinished || main.regressed() || since_green.as_ref().is_some_and(Diff::regressed);
-    match args.format {
-        DiffFormat::Json => {
-            let value = serde_json::json!({
-                "previous": main,
-                "since_last_green": since_green,
-            });
+    if args.format != DiffFormat::Json {
+        print!("{}", render::render(&main, args.format, args.color));
+        if let Some(g) = &since_green {
+            let title = "since the last green run";
+            match args.format {
+                DiffFormat::Markdown => println!("\n---\n\n## {title}\n"),
+                _ => println!("\n== {title} ==\n"),
+            }
+            print!("{}", render::render(g, args.format, args.color));
+        }
+        if !m.unfinished.is_empty() {
             println!(
-                "{}",
-                serde_json::to_string_pretty(&value).unwrap_or_else(|e| e.to_string())
+                "\nNOT all finished: {} run(s) of `{}` never finished ({}); see stderr",
+                m.unfinished.len(),
+                m.manifest,
+                unfinished.join(", ")
             );
         }
-        DiffFormat::Text | DiffFormat::Markdown => {
-            print!("{}", render::render(&main, args.format, args.color));
-            if let Some(g) = &since_green {
-                let title = "since the last green run";
-                match args.format {
-                    DiffFormat::Markdown => println!("\n---\n\n# {title}\n"),
-                    _ => println!("\n== {title} ==\n"),
-                }
-                print!("{}", render::render(g, args.format, args.color));
-            }
-        }
     }
-    Ok(if regressed {
-        ExitCode::NotAsExpected
-    } else {
-        ExitCode::Ok
-    })
+    let regressed = !m.unfinished.is_empty()
+        || main.regressed()
+        || since_green.as_ref().is_some_and(Diff::regressed);
+    let value = serde_json::json!({
+        "previous": main,
+        "since_last_green": since_green,
+        "unfinished": unfinished,
+    });
+    Ok((value, regressed))
 }
 
 /// The diff of two run folders, classified and quantified as the flags ask.

@@ -41,7 +41,13 @@ pub fn honoured(path: &Path) -> bool {
         return false;
     };
     if meta.is_dir() {
-        return std::fs::symlink_metadata(path.join(REPORT_MARKER)).is_ok_and(|m| m.is_file());
+        // The marker must be one the report wrote, not an empty file anyone can make.
+        let marker = path.join(REPORT_MARKER);
+        return std::fs::symlink_metadata(&marker).is_ok_and(|m| m.is_file() && m.len() < 1 << 20)
+            && std::fs::read_to_string(&marker).is_ok_and(|t| {
+                serde_json::from_str::<serde_json::Value>(&t)
+                    .is_ok_and(|v| v["written_by"] == "memra-orch report")
+            });
     }
     if !meta.is_file() {
         return false;
@@ -123,6 +129,15 @@ mod tests {
             "a folder without the marker"
         );
         std::fs::write(dir.path().join("site").join(REPORT_MARKER), "{}").unwrap();
+        assert!(
+            !honoured(&dir.path().join("site")),
+            "a marker the report did not write"
+        );
+        std::fs::write(
+            dir.path().join("site").join(REPORT_MARKER),
+            r#"{"schema": 1, "written_by": "memra-orch report", "files": []}"#,
+        )
+        .unwrap();
         assert!(honoured(&dir.path().join("site")));
         std::fs::write(dir.path().join("m.prom"), "int main() {}").unwrap();
         assert!(

@@ -365,9 +365,10 @@ fn alias(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<PathBuf,
         })
 }
 
-/// What `diff` without names compares: the newest run of a manifest (`--manifest`, else the
-/// newest run's), the run of that manifest before it, and the newest green run older than
-/// that one when the one before is not green.
+/// What `diff` without names compares for one manifest: its newest finished run, the
+/// finished run before it, and the newest green run older than that one when the one
+/// before is not green. Runs that never finished (still going, or killed) are compared with
+/// nothing: they are listed in `unfinished`.
 #[derive(Debug, Clone)]
 pub struct Morning {
     pub manifest: String,
@@ -375,64 +376,57 @@ pub struct Morning {
     pub previous: Option<FoundRun>,
     /// Older than `previous`; `None` when `previous` is green itself or no run is.
     pub last_green: Option<FoundRun>,
-    /// Other manifests with runs in the receipts folder, to name in a note.
-    pub others: Vec<String>,
-    /// Runs newer than `latest` that have not finished (still going, or killed).
+    /// Runs of the manifest that have not finished, newest first.
     pub unfinished: Vec<FoundRun>,
 }
 
-/// Finds the runs of [`Morning`].
-pub fn morning(receipts: &Path, manifest: Option<&str>) -> Result<Morning, FindError> {
+/// The [`Morning`] of `manifest`, or of every manifest with runs (newest run first) when
+/// none is named.
+pub fn morning(receipts: &Path, manifest: Option<&str>) -> Result<Vec<Morning>, FindError> {
     let all = list_runs(receipts)?;
-    let name = match manifest {
-        Some(m) => m.to_string(),
-        None => all
-            .first()
-            .map(|r| r.run.name.clone())
-            .ok_or_else(|| FindError::NoRun {
-                spec: "(the latest run)".to_string(),
-                manifest: None,
-                receipts: receipts.to_path_buf(),
-            })?,
-    };
-    let mut others: Vec<String> = all
-        .iter()
-        .map(|r| r.run.name.clone())
-        .filter(|n| *n != name)
-        .collect();
-    others.sort();
-    others.dedup();
-    let mine: Vec<FoundRun> = all.into_iter().filter(|r| r.run.name == name).collect();
-    let no_run = || FindError::NoRun {
-        spec: "(the latest run)".to_string(),
-        manifest: Some(name.clone()),
-        receipts: receipts.to_path_buf(),
-    };
-    if mine.is_empty() {
-        return Err(no_run());
+    let mut names: Vec<String> = Vec::new();
+    for r in &all {
+        if manifest.is_none_or(|m| m == r.run.name) && !names.contains(&r.run.name) {
+            names.push(r.run.name.clone());
+        }
     }
-    // The newest finished run is the night to read; a newer one still going (or killed)
-    // is named, not compared.
-    let first_complete = mine
-        .iter()
-        .position(FoundRun::complete)
-        .ok_or_else(no_run)?;
-    let mut runs = mine.into_iter();
-    let unfinished: Vec<FoundRun> = runs.by_ref().take(first_complete).collect();
-    let latest = runs.next().ok_or_else(no_run)?;
-    let previous = runs.next();
-    let last_green = match &previous {
-        Some(p) if !green(p) => runs.find(green),
-        _ => None,
-    };
-    Ok(Morning {
-        manifest: name,
-        latest,
-        previous,
-        last_green,
-        others,
-        unfinished,
-    })
+    if names.is_empty() {
+        return Err(FindError::NoRun {
+            spec: "(the latest run)".to_string(),
+            manifest: manifest.map(str::to_string),
+            receipts: receipts.to_path_buf(),
+        });
+    }
+    let mut out = Vec::new();
+    for name in names {
+        let (finished, unfinished): (Vec<FoundRun>, Vec<FoundRun>) = all
+            .iter()
+            .filter(|r| r.run.name == name)
+            .cloned()
+            .partition(FoundRun::complete);
+        let mut runs = finished.into_iter();
+        let Some(latest) = runs.next() else {
+            // Only unfinished runs: nothing to read, and no good news.
+            return Err(FindError::NoRun {
+                spec: "(the latest finished run)".to_string(),
+                manifest: Some(name),
+                receipts: receipts.to_path_buf(),
+            });
+        };
+        let previous = runs.next();
+        let last_green = match &previous {
+            Some(p) if !green(p) => runs.find(green),
+            _ => None,
+        };
+        out.push(Morning {
+            manifest: name,
+            latest,
+            previous,
+            last_green,
+            unfinished,
+        });
+    }
+    Ok(out)
 }
 
 /// Whether a run finished with every cell as expected (`pass` or `skipped`).
