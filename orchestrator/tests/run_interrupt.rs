@@ -138,3 +138,58 @@ unsafe extern "C" {
     #[link_name = "kill"]
     fn libc_kill(pid: i32, sig: i32) -> i32;
 }
+
+#[test]
+fn resume_after_a_sigkill_carries_what_had_finished() {
+    // Each arm appends to `runs-<id>` when it really runs.
+    let f = Fixture::new(
+        r#"
+schema = 1
+name = "killed"
+
+[defaults]
+gpus = 0
+shell = true
+
+[[arm]]
+id = "quick"
+run = "echo ran >> runs-quick && {gates}/pass.sh"
+
+[[arm]]
+id = "slow"
+needs = ["quick"]
+run = "echo ran >> runs-slow && {gates}/wait-for.sh ${root}/go"
+"#,
+    );
+    let runs = |id: &str| {
+        std::fs::read_to_string(f.path().join(format!("runs-{id}")))
+            .map_or(0, |s| s.lines().count())
+    };
+    let mut child = f.spawn(&["--jobs", "2"]);
+    assert!(
+        eventually(Duration::from_secs(90), || runs("slow") == 1),
+        "slow never started"
+    );
+    // What no handler sees: the run dies without rewriting its run.json.
+    // SAFETY: signalling the child we spawned, by its pid.
+    unsafe { libc_kill(child.pid(), 9) };
+    child.wait();
+    assert!(f.run_json()["end"].is_null(), "a killed run never finished");
+    std::fs::write(f.path().join("go"), "").unwrap();
+    let out = f.run(&["--resume"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        runs("quick"),
+        1,
+        "the finished cell is carried, not run again"
+    );
+    assert_eq!(runs("slow"), 2, "the killed cell runs again");
+    let run = f.run_json();
+    let quick = run["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == "quick")
+        .unwrap();
+    assert!(quick["carried"].is_object(), "{run:#}");
+}

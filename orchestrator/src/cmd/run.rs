@@ -162,15 +162,23 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         }
     }
     let carry = source.as_ref().map(|r| {
+        let mut entries: std::collections::HashMap<String, crate::receipt::NodeIndexEntry> = r
+            .run
+            .nodes
+            .iter()
+            .map(|e| (e.id.clone(), e.clone()))
+            .collect();
+        if !r.complete() {
+            // A run killed outright (SIGKILL, a lost machine) never rewrote its run.json:
+            // the receipts its cells wrote as they finished are its index.
+            for e in crate::receipt::load::written_entries(&r.dir) {
+                entries.entry(e.id.clone()).or_insert(e);
+            }
+        }
         Arc::new(CarrySource {
             tree: Tree { dir: r.dir.clone() },
             stamp: Carried::from_run(r.id.as_deref()),
-            entries: r
-                .run
-                .nodes
-                .iter()
-                .map(|e| (e.id.clone(), e.clone()))
-                .collect(),
+            entries,
         })
     });
     let interrupt = Arc::new(AtomicBool::new(false));

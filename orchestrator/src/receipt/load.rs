@@ -32,6 +32,41 @@ pub struct LoadedRun<R = NodeReceipt> {
     pub nodes: BTreeMap<String, LoadedNode<R>>,
 }
 
+/// The index rows of the receipts a run wrote into its `nodes/` as its cells finished,
+/// read from the receipts themselves: the index of a run killed before it could rewrite its
+/// `run.json`. A folder without a readable receipt (a cell killed mid-way) is left out.
+pub fn written_entries(dir: &Path) -> Vec<NodeIndexEntry> {
+    let tree = Tree {
+        dir: dir.to_path_buf(),
+    };
+    let Ok(folders) = std::fs::read_dir(tree.nodes()) else {
+        return Vec::new();
+    };
+    let slugs: Vec<String> = folders
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    slugs
+        .par_iter()
+        .filter_map(|slug| {
+            let r: NodeReceipt = read_json(&tree.receipt_json(slug)).ok().flatten()?;
+            // A receipt is filed under its own slug; anything else was not written here.
+            (r.slug == *slug).then(|| NodeIndexEntry {
+                warns: u32::try_from(r.warnings().len()).unwrap_or(u32::MAX),
+                warning: r.warning_line(),
+                id: r.id,
+                kind: r.kind,
+                slug: Some(r.slug),
+                verdict: r.verdict,
+                seconds: r.seconds,
+                reason: r.reason,
+                carried: None,
+            })
+        })
+        .collect()
+}
+
 /// Loads the tree at `dir` (the folder holding `run.json`) with whole receipts.
 pub fn load(dir: &Path) -> Result<LoadedRun, ReceiptError> {
     load_as(dir)
