@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use crate::run_support::Fixture;
+use crate::run_support::{Fixture, validate};
 use memra_orch::receipt::sha256_hex;
 
 /// Every arm appends a line to `runs-<id>` in the root each time it really runs, so the
@@ -171,20 +171,6 @@ fn plan_shows_the_globs() {
     let cells = json["cells"].as_array().unwrap();
     assert_eq!(cells[0]["inputs"], serde_json::json!(["lib/*.py"]));
     assert!(cells[1].get("inputs").is_none(), "{:#}", cells[1]);
-}
-
-/// `memra-orch validate m.toml` on `text` in a fresh folder: (exit code, stderr).
-fn validate(text: &str) -> (i32, String) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("m.toml"), text).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_memra-orch"))
-        .args(["validate", "m.toml"])
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr)
-        .replace(&dir.path().to_string_lossy().into_owned(), "[DIR]");
-    (out.status.code().unwrap_or(-1), stderr)
 }
 
 fn manifest_with(inputs: &str, defaults: &str) -> String {

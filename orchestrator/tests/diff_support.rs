@@ -38,25 +38,7 @@ impl Repo {
     }
 
     pub fn git(&self, args: &[&str]) -> String {
-        let out = Command::new("git")
-            .current_dir(self.path())
-            .args([
-                "-c",
-                "user.name=t",
-                "-c",
-                "user.email=t@t",
-                "-c",
-                "commit.gpgsign=false",
-            ])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        git_at(self.path(), args)
     }
 
     /// Writes `files` (path, text), commits everything, and returns the new sha.
@@ -121,3 +103,26 @@ pub fn arm(id: &str, status: &str, metric: &str, artifact: &str, path: &str) -> 
 
 pub const HEADER: &str =
     "schema = 1\nname = \"battery\"\n\n[defaults]\ngpus = 0\ntimeout = \"1m\"\n\n";
+
+/// `git <args>` in `dir` with a fixed identity; panics with git's stderr when it fails.
+pub fn git_at(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "-c",
+            "commit.gpgsign=false",
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}

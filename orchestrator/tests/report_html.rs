@@ -159,24 +159,7 @@ fn three_runs() -> Fixture {
             "flip-state\nreceipts/\ngpu-leases/\n",
         )
         .unwrap();
-        let git = |args: &[&str]| {
-            let ok = std::process::Command::new("git")
-                .current_dir(fx.path())
-                .args([
-                    "-c",
-                    "user.name=t",
-                    "-c",
-                    "user.email=t@t",
-                    "-c",
-                    "commit.gpgsign=false",
-                ])
-                .args(args)
-                .output()
-                .unwrap()
-                .status
-                .success();
-            assert!(ok, "git {args:?}");
-        };
+        let git = |args: &[&str]| crate::diff_support::git_at(fx.path(), args);
         git(&["init", "-q"]);
         git(&["add", "-A"]);
         git(&["commit", "-q", "-m", "battery"]);

@@ -295,3 +295,18 @@ pub fn alive(pid: i32) -> bool {
         Err(_) => false,
     }
 }
+
+/// `memra-orch validate m.toml` on `text` in a fresh folder: (exit code, stderr with the
+/// folder's path written `[DIR]`).
+pub fn validate(text: &str) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("m.toml"), text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+        .args(["validate", "m.toml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr)
+        .replace(&dir.path().to_string_lossy().into_owned(), "[DIR]");
+    (out.status.code().unwrap_or(-1), stderr)
+}

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::run_support::{Fixture, gates};
+use crate::run_support::{Fixture, gates, validate};
 
 /// A shell gate writing the given check rows (`name:status` each) and exiting `code`.
 fn rows_gate(rows: &[&str], code: i32) -> String {
@@ -115,26 +115,12 @@ expect_fail = ["gate2*"]
     assert!(text.contains("right  gpus=0 expect=fail[gate2*]"), "{text}");
 }
 
-fn validate(text: &str) -> (Option<i32>, String) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("m.toml"), text).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_memra-orch"))
-        .args(["validate", "m.toml"])
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn expect_fail_and_hermetic_are_checked_before_anything_runs() {
     let (code, e) = validate(
         "schema = 1\nname = \"x\"\n[[arm]]\nid = \"a\"\nrun = [\"true\"]\nexpect_fail = []\n[[arm]]\nid = \"b\"\nrun = [\"true\"]\nexpect = \"pass\"\nexpect_fail = [\"g*\"]\n[[arm]]\nid = \"c\"\nrun = [\"true\"]\nexpect_fail = [\"tied[T=1\"]\n[[arm]]\nid = \"d\"\nrun = [\"true\"]\nhermetic = true\n",
     );
-    assert_eq!(code, Some(2), "{e}");
+    assert_eq!(code, 2, "{e}");
     assert!(e.contains("`expect_fail` of `a` names no check"), "{e}");
     assert!(
         e.contains("`b` has `expect_fail` but `expect = \"pass\"`"),
