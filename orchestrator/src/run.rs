@@ -528,14 +528,19 @@ impl Runner<'_, '_> {
         stale
     }
 
+    /// The code identity cell `i`'s inputs digest holds in this run.
+    fn cell_code(&self, i: usize) -> &str {
+        if self.plan.cells[i].hermetic {
+            HERMETIC
+        } else {
+            &self.opts.code
+        }
+    }
+
     /// What an earlier receipt of cell `i` tested when that is not what this run tests:
     /// other code, or other fingerprints.
     fn other_code(&self, i: usize, r: &NodeReceipt) -> Option<String> {
-        let code = if self.plan.cells[i].hermetic {
-            HERMETIC
-        } else {
-            self.opts.code.as_str()
-        };
+        let code = self.cell_code(i);
         if r.code != code {
             return Some(if r.code.is_empty() {
                 "code it does not name (it predates code identities)".to_string()
@@ -976,11 +981,7 @@ impl Runner<'_, '_> {
             binaries,
             input_files: Vec::new(),
             inputs: String::new(),
-            code: if c.hermetic {
-                HERMETIC.to_string()
-            } else {
-                self.opts.code.clone()
-            },
+            code: self.cell_code(i.0).to_string(),
             fingerprints: self.opts.fingerprints.clone(),
             program: None,
         }
