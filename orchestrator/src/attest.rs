@@ -9,8 +9,17 @@
 //! lower-cased: `pdl`) both rows carry is judged by that key alone; a pin without one by the
 //! whole row.
 //!
+//! Any engine's gate can say which variables it read: doors keys `env.NAME` holding the
+//! value it read (or `(unset)`), which `memra_gate`'s `gate.env` writes. For such a gate a
+//! pin it did not read is flagged as [`UNREAD`]: a variable in which two cells of an arm or
+//! the two sides of a compare differ, and every variable whose name starts with one of the
+//! manifest's `attest` prefixes (`attest = ["LLAMA_", "VLLM_"]`). A cell that sets an
+//! attested variable while its doors row lists no reads at all is flagged too: memra-orch
+//! cannot tell, so it says so. Whole doors rows are compared without their `env.` keys, since
+//! reading a variable is no evidence that it changed a code path.
+//!
 //! This module finds those pairs in the receipts of a finished run and adds a `warn` check
-//! named [`CHECK`] to both receipts. It does not change verdicts, does not write files (the
+//! named [`CHECK`] (or [`UNREAD`]) to the receipts concerned. It does not change verdicts, does not write files (the
 //! receipt writer files the receipts it changed) and does not judge cells that did not run.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,6 +32,51 @@ use crate::receipt::NodeReceipt;
 
 /// The name of the warning check.
 pub const CHECK: &str = "pin had no effect";
+
+/// The name of the check for a pin the gate did not report reading.
+pub const UNREAD: &str = "pin not read";
+
+/// The prefix of the doors keys that report a variable the gate read: `env.LLAMA_N_UBATCH`.
+pub const READ_PREFIX: &str = "env.";
+
+/// A pin that a gate reporting its reads did not read, or read with another value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unread {
+    pub node: String,
+    pub cell: String,
+    pub pin: String,
+    pub value: String,
+    /// What the gate reported reading instead (`None`: not listed at all).
+    pub reported: Option<String>,
+    /// The gate lists no reads at all (the pin is attested by prefix).
+    pub no_reads: bool,
+}
+
+impl Unread {
+    pub fn message(&self) -> String {
+        let Unread {
+            pin, value, cell, ..
+        } = self;
+        if self.no_reads {
+            return format!(
+                "pin {pin}={value} ({cell}) is attested, but the gate's doors row lists no \
+                 variable it read; report each read as a doors key `env.NAME` (memra_gate's \
+                 gate.env does) so an ignored pin shows"
+            );
+        }
+        match &self.reported {
+            Some(got) => format!(
+                "pin {pin}={value} ({cell}) but the gate reports reading {pin}={got}; check \
+                 what overrides it"
+            ),
+            None => format!(
+                "pin {pin}={value} ({cell}) was set but the gate does not report reading it; \
+                 the engine may ignore it (a typo, a variable it no longer reads), so cells \
+                 that differ only in it test one configuration twice"
+            ),
+        }
+    }
+}
 
 /// One finding: cells `a` and `b` of one arm differ only in pin `pin`, yet ran identical
 /// doors.
@@ -60,6 +114,34 @@ fn is_pin(name: &str) -> bool {
     name.starts_with("MEMRA_") && !name.starts_with("MEMRA_ORCH_")
 }
 
+/// Whether a variable is the orchestrator's own, set per attempt (never a pin).
+fn is_own(name: &str) -> bool {
+    name.starts_with("MEMRA_ORCH_") || matches!(name, "CUDA_VISIBLE_DEVICES" | "TMPDIR")
+}
+
+/// The variables a gate reports reading, with the values it read.
+fn reads(doors: &BTreeMap<String, serde_json::Value>) -> BTreeMap<&str, String> {
+    doors
+        .iter()
+        .filter_map(|(k, v)| {
+            let name = k.strip_prefix(READ_PREFIX)?;
+            let text = match v {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            Some((name, text))
+        })
+        .collect()
+}
+
+/// A doors row without the keys that report reads, for judging whether code paths differ.
+fn paths(doors: &BTreeMap<String, serde_json::Value>) -> Vec<(&String, &serde_json::Value)> {
+    doors
+        .iter()
+        .filter(|(k, _)| !k.starts_with(READ_PREFIX))
+        .collect()
+}
+
 /// The doors-row key a pin reports under by convention: `MEMRA_PDL` → `pdl`.
 fn doors_key(pin: &str) -> String {
     pin.trim_start_matches("MEMRA_").to_ascii_lowercase()
@@ -92,7 +174,7 @@ pub fn find_in_pairs(receipts: &[Option<&NodeReceipt>], pairs: &[(usize, usize)]
             let key = doors_key(pin);
             let (judged_by, same) = match (rd.get(&key), cd.get(&key)) {
                 (Some(a), Some(b)) => (Some(key), a == b),
-                _ => (None, rd == cd),
+                _ => (None, paths(rd) == paths(cd)),
             };
             if same {
                 let value = |x: &NodeReceipt| {
@@ -163,7 +245,11 @@ pub fn find(receipts: &[&NodeReceipt]) -> Vec<Finding> {
             for group in buckets.values() {
                 for (i, a) in group.iter().enumerate() {
                     for b in &group[i + 1..] {
-                        if a.cell[pin] != b.cell[pin] && a.doors == b.doors {
+                        let same = match (&a.doors, &b.doors) {
+                            (Some(x), Some(y)) => paths(x) == paths(y),
+                            _ => false,
+                        };
+                        if a.cell[pin] != b.cell[pin] && same {
                             findings.push(Finding {
                                 node: node.to_string(),
                                 pin: pin.to_string(),
@@ -180,6 +266,97 @@ pub fn find(receipts: &[&NodeReceipt]) -> Vec<Finding> {
         }
     }
     findings
+}
+
+/// Every pin a gate that reports its reads did not read: the variables in which cells of
+/// one arm (`find`'s pin axes) or the sides of a pair differ, and those named by an
+/// `attest` prefix. One finding per cell and variable.
+pub fn find_unread(
+    receipts: &[Option<&NodeReceipt>],
+    pairs: &[(usize, usize)],
+    prefixes: &[String],
+) -> Vec<Unread> {
+    let mut wanted: BTreeMap<usize, BTreeSet<&str>> = BTreeMap::new();
+    for (i, r) in receipts.iter().enumerate() {
+        let Some(r) = r else { continue };
+        let set = wanted.entry(i).or_default();
+        set.extend(
+            r.env
+                .keys()
+                .map(String::as_str)
+                .filter(|k| !is_own(k) && prefixes.iter().any(|p| k.starts_with(p.as_str()))),
+        );
+        set.extend(pin_axes(r));
+    }
+    for &(ri, ci) in pairs {
+        let (Some(Some(r)), Some(Some(c))) = (receipts.get(ri), receipts.get(ci)) else {
+            continue;
+        };
+        let differ: Vec<&str> = r
+            .env
+            .keys()
+            .chain(c.env.keys())
+            .map(String::as_str)
+            .filter(|k| !is_own(k) && r.env.get(*k) != c.env.get(*k))
+            .collect();
+        for i in [ri, ci] {
+            wanted.entry(i).or_default().extend(differ.iter().copied());
+        }
+    }
+    let mut out = Vec::new();
+    for (i, names) in wanted {
+        let Some(Some(r)) = receipts.get(i) else {
+            continue;
+        };
+        let Some(doors) = r.doors.as_ref().filter(|_| eligible(r)) else {
+            continue;
+        };
+        let read = reads(doors);
+        for pin in names {
+            let Some(value) = r.env.get(pin) else {
+                // Unset on this side: the other side's value is what is attested.
+                continue;
+            };
+            let by_prefix = prefixes.iter().any(|p| pin.starts_with(p.as_str()));
+            let finding = |reported, no_reads| Unread {
+                node: r.node.clone(),
+                cell: r.id.clone(),
+                pin: pin.to_string(),
+                value: value.clone(),
+                reported,
+                no_reads,
+            };
+            if read.is_empty() {
+                if by_prefix {
+                    out.push(finding(None, true));
+                }
+                continue;
+            }
+            match read.get(pin) {
+                None => out.push(finding(None, false)),
+                Some(got) if got != value => out.push(finding(Some(got.clone()), false)),
+                Some(_) => {}
+            }
+        }
+    }
+    out
+}
+
+fn unread_row(u: &Unread) -> CheckRow {
+    let mut extra = BTreeMap::new();
+    extra.insert("pin".to_string(), json!(u.pin));
+    extra.insert("value".to_string(), json!(u.value));
+    if let Some(r) = &u.reported {
+        extra.insert("reported".to_string(), json!(r));
+    }
+    CheckRow {
+        check: UNREAD.to_string(),
+        status: CheckStatus::Warn,
+        metrics: BTreeMap::new(),
+        message: Some(u.message()),
+        first_mismatch: None,
+        extra,
+    }
 }
 
 fn row(f: &Finding, other: &str, other_value: &str) -> CheckRow {
@@ -204,12 +381,13 @@ fn row(f: &Finding, other: &str, other_value: &str) -> CheckRow {
 pub fn attest(
     receipts: &mut [Option<Box<NodeReceipt>>],
     pairs: &[(usize, usize)],
-) -> (Vec<Finding>, Vec<usize>) {
+    prefixes: &[String],
+) -> (Vec<Finding>, Vec<Unread>, Vec<usize>) {
     let mut changed = BTreeSet::new();
     for (i, r) in receipts.iter_mut().enumerate() {
         if let Some(r) = r {
             let before = r.checks.len();
-            r.checks.retain(|c| c.check != CHECK);
+            r.checks.retain(|c| c.check != CHECK && c.check != UNREAD);
             if r.checks.len() != before {
                 changed.insert(i);
             }
@@ -222,6 +400,11 @@ pub fn attest(
             receipts.iter().map(|r| r.as_deref()).collect();
         all.extend(find_in_pairs(&by_position, pairs));
         all
+    };
+    let unread = {
+        let by_position: Vec<Option<&NodeReceipt>> =
+            receipts.iter().map(|r| r.as_deref()).collect();
+        find_unread(&by_position, pairs, prefixes)
     };
     let position: BTreeMap<String, usize> = receipts
         .iter()
@@ -238,24 +421,40 @@ pub fn attest(
             }
         }
     }
-    (findings, changed.into_iter().collect())
+    for u in &unread {
+        if let Some(&i) = position.get(&u.cell)
+            && let Some(r) = receipts[i].as_mut()
+        {
+            r.checks.push(unread_row(u));
+            changed.insert(i);
+        }
+    }
+    (findings, unread, changed.into_iter().collect())
 }
 
 /// The `summary.md` section naming every finding (empty when there are none).
-pub fn markdown(findings: &[Finding]) -> String {
-    if findings.is_empty() {
-        return String::new();
+pub fn markdown(findings: &[Finding], unread: &[Unread]) -> String {
+    let mut out = String::new();
+    if !findings.is_empty() {
+        out.push_str(&format!("\n## Warnings: {CHECK} ({})\n\n", findings.len()));
+        for f in findings {
+            out.push_str(&format!("- `{}`: {}\n", f.node, f.message()));
+        }
     }
-    let mut out = format!("\n## Warnings: {CHECK} ({})\n\n", findings.len());
-    for f in findings {
-        out.push_str(&format!("- `{}`: {}\n", f.node, f.message()));
+    if !unread.is_empty() {
+        out.push_str(&format!("\n## Warnings: {UNREAD} ({})\n\n", unread.len()));
+        for u in unread {
+            out.push_str(&format!("- `{}`: {}\n", u.node, u.message()));
+        }
     }
     out
 }
 
 /// Whether a receipt carries an attestation warning (for displays that list warnings).
 pub fn has_warning(r: &NodeReceipt) -> bool {
-    r.checks.iter().any(|c| c.check == CHECK)
+    r.checks
+        .iter()
+        .any(|c| c.check == CHECK || c.check == UNREAD)
 }
 
 #[cfg(test)]
@@ -311,7 +510,7 @@ mod tests {
                 json!({"attn": "fa2"}),
             )),
         ];
-        let (findings, changed) = attest(&mut rs, &[]);
+        let (findings, _, changed) = attest(&mut rs, &[], &[]);
         assert_eq!(findings.len(), 1);
         assert_eq!(findings[0].pin, "MEMRA_FA3");
         assert_eq!(changed, [0, 1]);
@@ -321,10 +520,10 @@ mod tests {
             assert_eq!(w[0].status, CheckStatus::Warn);
         }
         // Attesting again (a resumed run) replaces the rows instead of adding more.
-        let (again, _) = attest(&mut rs, &[]);
+        let (again, _, _) = attest(&mut rs, &[], &[]);
         assert_eq!(again.len(), 1);
         assert_eq!(rs[0].as_ref().unwrap().checks.len(), 1);
-        assert!(markdown(&findings).contains("MEMRA_FA3"));
+        assert!(markdown(&findings, &[]).contains("MEMRA_FA3"));
     }
 
     #[test]
@@ -365,7 +564,7 @@ mod tests {
         skipped.verdict = Verdict::Skipped;
         rs.push(Some(skipped));
         rs.push(Some(cell("d", &[("X", "1")], &["X"], doors)));
-        let (findings, changed) = attest(&mut rs, &[]);
+        let (findings, _, changed) = attest(&mut rs, &[], &[]);
         assert!(findings.is_empty(), "{findings:?}");
         assert!(changed.is_empty());
     }
@@ -410,7 +609,7 @@ mod tests {
             Some(keyless),
             Some(other),
         ];
-        let (findings, changed) = attest(&mut rs, &[(0, 1), (2, 3), (0, 4), (0, 5)]);
+        let (findings, _, changed) = attest(&mut rs, &[(0, 1), (2, 3), (0, 4), (0, 5)], &[]);
         let got: Vec<(&str, &str, Option<&str>)> = findings
             .iter()
             .map(|f| (f.b.as_str(), f.pin.as_str(), f.key.as_deref()))

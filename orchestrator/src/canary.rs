@@ -23,6 +23,15 @@ fn matcher(glob: &str) -> Result<GlobMatcher, globset::Error> {
         .map(|g| g.compile_matcher())
 }
 
+/// Whether `name` matches one of `globs` (globs that do not compile match nothing; the
+/// manifest check refused them).
+pub fn matches_any(globs: &[&str], name: &str) -> bool {
+    globs
+        .iter()
+        .filter_map(|g| matcher(g).ok())
+        .any(|m| m.is_match(name))
+}
+
 /// Why a failed attempt of a cell with `expect_fail = globs` failed for the wrong reason,
 /// or `None` when it failed the way the cell expects.
 pub fn wrong_reason(globs: &[String], checks: &[CheckRow]) -> Option<String> {

@@ -7,21 +7,22 @@
 //! (`executor::compare`), which can tell it to stop between tensors and rows.
 //!
 //! Files are memory-mapped and compared row by row (rows are the leading dimensions of a
-//! tensor, the last one being the row length, e.g. `logits` [T, n_vocab]) in parallel.
-//! Bitwise comparison first tests whole rows for byte equality and only walks rows that
-//! differ, element by element as u32 bit patterns. Mapping, parsing and the arithmetic on
-//! elements that `diff` shares are in [`crate::tensors`].
+//! tensor, the last one being the row length, e.g. `logits` [T, n_vocab]) in parallel, in
+//! the tensor's own dtype (every dtype [`crate::tensors::with_element`] reads). Every row is
+//! first tested for byte equality; only rows that differ are walked element by element.
+//! Integer and bool tensors compare exactly under every policy. Mapping, parsing and the
+//! arithmetic on elements that `diff` shares are in [`crate::tensors`].
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
-use safetensors::{Dtype, SafeTensors};
+use safetensors::SafeTensors;
 use serde::{Deserialize, Serialize};
 
 use crate::plan::Policy;
-use crate::tensors::argmax_f32;
+use crate::tensors::{Element, ElementFn, with_element};
 
 /// Format version of [`CompareReport`].
 pub const COMPARE_REPORT_VERSION: u32 = 1;
@@ -34,6 +35,8 @@ pub enum MismatchKind {
     Value,
     /// The row's argmax differs; `index` is the reference's argmax.
     Argmax,
+    /// A token stream parts here: `row` is the sequence, `index` the step.
+    Tokens,
 }
 
 /// The first place the candidate disagrees with the reference.
@@ -47,9 +50,10 @@ pub struct Mismatch {
     pub row: u64,
     /// Index inside the row.
     pub index: u64,
+    /// The two values as their dtype holds them (integers exactly up to 2^53).
     #[serde(rename = "ref")]
-    pub reference: f32,
-    pub got: f32,
+    pub reference: f64,
+    pub got: f64,
     pub kind: MismatchKind,
     /// For argmax mismatches: the candidate's argmax.
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -60,8 +64,12 @@ pub struct Mismatch {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TensorReport {
     pub name: String,
+    /// The safetensors dtype (`F32`, `BF16`, `I32`); empty in reports written before every
+    /// dtype was compared (those held F32 only).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub dtype: String,
     pub shape: Vec<usize>,
-    /// f32 values compared.
+    /// Elements compared.
     pub values: u64,
     /// Elements that differ (bitwise) or exceed the tolerance.
     pub mismatches: u64,
@@ -73,7 +81,42 @@ pub struct TensorReport {
     pub max_abs: f64,
     /// Largest |got - ref| / max(1, |ref|), over the same elements.
     pub max_rel: f64,
+    /// Largest distance in units in the last place of the tensor's dtype, over the same
+    /// elements (absent in older reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ulp: Option<u64>,
+    /// The `kl` policy's numbers: mean and largest per-row KL divergence (nats).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_mean: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_max: Option<f64>,
+    /// The `topk` policy's numbers: the smallest and the mean per-row overlap (0..=1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topk_min_overlap: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topk_mean_overlap: Option<f64>,
+    /// The `tokens` policy's numbers: sequences that part, and where each parts (the
+    /// first [`DIVERGENCES_KEPT`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diverged: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub divergences: Vec<Divergence>,
     pub first_mismatch: Option<Mismatch>,
+}
+
+/// How many parting sequences a tensor's report lists.
+pub const DIVERGENCES_KEPT: usize = 100;
+
+/// Where one token stream parts from its reference.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Divergence {
+    /// The sequence (flattened index over the leading dimensions).
+    pub row: u64,
+    /// The first step at which the two streams differ.
+    pub step: u64,
+    #[serde(rename = "ref")]
+    pub reference: f64,
+    pub got: f64,
 }
 
 /// The result of one comparison.
@@ -93,6 +136,18 @@ pub struct CompareReport {
     pub tensors: Vec<TensorReport>,
     /// The first mismatch over all tensors (in name order).
     pub first_mismatch: Option<Mismatch>,
+    /// Over all tensors, as [`TensorReport`]'s fields of the same names (the KL mean is
+    /// over all rows); absent where the policy does not produce them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_mean: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_max: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topk_min_overlap: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ulp: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diverged: Option<u64>,
 }
 
 impl CompareReport {
@@ -111,6 +166,11 @@ impl CompareReport {
             argmax_agree: 0,
             tensors: Vec::new(),
             first_mismatch: None,
+            kl_mean: None,
+            kl_max: None,
+            topk_min_overlap: None,
+            max_ulp: None,
+            diverged: None,
         }
     }
 
@@ -270,6 +330,7 @@ fn compare_tensors(
             ));
         }
     }
+    let (mut kl_sum, mut kl_rows) = (0.0f64, 0u64);
     for name in r_names {
         if stop.load(Ordering::Relaxed) {
             return;
@@ -293,56 +354,88 @@ fn compare_tensors(
             ));
             continue;
         }
-        if rt.dtype() != Dtype::F32 {
+        let pair = Pair {
+            name,
+            shape: rt.shape(),
+            r: rt.data(),
+            g: ct.data(),
+            policy,
+            stop,
+        };
+        let Some(typed) = with_element(rt.dtype(), pair) else {
             report.failures.push(format!(
-                "tensor `{name}`: dtype {:?} is not compared (artifacts hold F32 tensors)",
+                "tensor `{name}`: dtype {:?} is not compared (memra-orch compares F64, F32, \
+                 F16, BF16, signed and unsigned integers and BOOL); write the artifact in one \
+                 of those",
                 rt.dtype()
             ));
             continue;
+        };
+        if stop.load(Ordering::Relaxed) {
+            return;
         }
-        let t = compare_f32(name, rt.shape(), rt.data(), ct.data(), policy, stop);
+        report.failures.extend(judge_tensor(&typed, policy));
+        let t = typed.report;
         report.tensors_compared += 1;
         report.values_compared += t.values;
         report.mismatches += t.mismatches;
         report.rows += t.rows;
         report.argmax_agree += t.argmax_agree;
-        if t.mismatches > 0 {
-            let m = t.first_mismatch.as_ref().expect("a mismatch was recorded");
-            report.failures.push(format!(
-                "tensor `{name}`: {} of {} values {} (first at row {}, index {}: ref {:e}, got {:e})",
-                t.mismatches,
-                t.values,
-                if matches!(policy, Policy::Bitwise) { "differ in bits" } else { "exceed the tolerance" },
-                m.row,
-                m.index,
-                m.reference,
-                m.got
-            ));
+        report.max_ulp = report.max_ulp.max(t.max_ulp);
+        if let (Some(mean), Some(max)) = (t.kl_mean, t.kl_max) {
+            kl_sum += mean * t.rows as f64;
+            kl_rows += t.rows;
+            report.kl_max = Some(report.kl_max.map_or(max, |m: f64| m.max(max)));
         }
-        if let Policy::Tolerance { argmax: true, .. } = policy
-            && t.argmax_agree < t.rows
-        {
-            report.failures.push(format!(
-                "tensor `{name}`: argmax differs on {} of {} rows",
-                t.rows - t.argmax_agree,
-                t.rows
-            ));
+        if let Some(o) = t.topk_min_overlap {
+            report.topk_min_overlap = Some(report.topk_min_overlap.map_or(o, |m: f64| m.min(o)));
+        }
+        if let Some(d) = t.diverged {
+            report.diverged = Some(report.diverged.unwrap_or(0) + d);
         }
         if report.first_mismatch.is_none() {
             report.first_mismatch = t.first_mismatch.clone();
         }
         report.tensors.push(t);
     }
-    if let Policy::ArgmaxAgree { min_agree } = policy
-        && report.rows > 0
-    {
-        let frac = report.argmax_agree as f64 / report.rows as f64;
-        if frac < *min_agree {
-            report.failures.push(format!(
-                "argmax agrees on {} of {} rows ({frac:.4}), below min_agree {min_agree}",
-                report.argmax_agree, report.rows
-            ));
+    if kl_rows > 0 {
+        report.kl_mean = Some(kl_sum / kl_rows as f64);
+    }
+    match policy {
+        Policy::ArgmaxAgree { min_agree } if report.rows > 0 => {
+            let frac = report.argmax_agree as f64 / report.rows as f64;
+            if frac < *min_agree {
+                report.failures.push(format!(
+                    "argmax agrees on {} of {} rows ({frac:.4}), below min_agree {min_agree}",
+                    report.argmax_agree, report.rows
+                ));
+            }
         }
+        Policy::Kl {
+            max_mean: Some(bound),
+            ..
+        } => {
+            if let Some(mean) = report.kl_mean
+                && exceeds(mean, *bound)
+            {
+                report.failures.push(format!(
+                    "kl: the mean KL divergence over {kl_rows} rows is {mean:.3e}, above kl_mean \
+                     {bound:e}"
+                ));
+            }
+        }
+        _ => {}
+    }
+    if matches!(policy, Policy::Kl { .. } | Policy::TopK { .. })
+        && report.tensors_compared > 0
+        && report.kl_mean.is_none()
+        && report.topk_min_overlap.is_none()
+    {
+        report.failures.push(format!(
+            "{}: no floating-point tensor to judge (integer tensors compare exactly, which they \
+             did); use policy \"bitwise\" or \"tokens\" for integer artifacts",
+            policy.name()
+        ));
     }
     if report.tensors_compared == 0 && report.failures.is_empty() {
         report
@@ -351,85 +444,298 @@ fn compare_tensors(
     }
 }
 
+/// The failures one tensor shows under `policy`, each naming the tensor, its dtype and the
+/// policy that produced the number.
+fn judge_tensor(typed: &Typed, policy: &Policy) -> Vec<String> {
+    let t = &typed.report;
+    let mut failures = Vec::new();
+    let name = &t.name;
+    let dtype = &t.dtype;
+    if t.mismatches > 0 {
+        let m = t.first_mismatch.as_ref().expect("a mismatch was recorded");
+        let what = if !typed.float {
+            "differ (integer tensors compare exactly)".to_string()
+        } else {
+            match policy {
+                Policy::Tolerance { .. } => "exceed the tolerance".to_string(),
+                Policy::Ulp { max_ulp } => format!("are more than {max_ulp} ulp apart"),
+                _ => "differ in bits".to_string(),
+            }
+        };
+        let m = t
+            .first_mismatch
+            .as_ref()
+            .filter(|m| m.kind != MismatchKind::Argmax)
+            .unwrap_or(m);
+        failures.push(format!(
+            "tensor `{name}` ({dtype}): {} of {} values {what} (first at row {}, index {}: ref \
+             {}, got {})",
+            t.mismatches,
+            t.values,
+            m.row,
+            m.index,
+            shown(m.reference, typed.float),
+            shown(m.got, typed.float)
+        ));
+    }
+    match policy {
+        Policy::Tolerance { argmax: true, .. } if t.argmax_agree < t.rows && typed.float => {
+            failures.push(format!(
+                "tensor `{name}` ({dtype}): argmax differs on {} of {} rows",
+                t.rows - t.argmax_agree,
+                t.rows
+            ));
+        }
+        Policy::Kl {
+            max: Some(bound), ..
+        } => {
+            if let (Some(max), Some(row)) = (t.kl_max, typed.kl_worst_row)
+                && exceeds(max, *bound)
+            {
+                failures.push(format!(
+                    "tensor `{name}` ({dtype}): kl: the KL divergence of row {row} is \
+                     {max:.3e}, above kl_max {bound:e}"
+                ));
+            }
+        }
+        Policy::TopK { k, min_overlap } => {
+            if let (Some(min), Some(row)) = (t.topk_min_overlap, typed.topk_worst_row)
+                && min < *min_overlap
+            {
+                failures.push(format!(
+                    "tensor `{name}` ({dtype}): topk: row {row} shares {:.0} of its top {k} \
+                     ({min:.3}), below min_overlap {min_overlap}",
+                    min * (*k).min(t.shape.last().copied().unwrap_or(1) as u64) as f64
+                ));
+            }
+        }
+        Policy::Tokens { min_prefix } if typed.parted_early > 0 => {
+            let d = &t.divergences[0];
+            let bound = match min_prefix {
+                Some(n) => format!(" before step {n}"),
+                None => String::new(),
+            };
+            failures.push(format!(
+                "tensor `{name}` ({dtype}): tokens: {} of {} sequences part{bound} (first: \
+                 sequence {} at step {}: ref {}, got {})",
+                typed.parted_early, t.rows, d.row, d.step, d.reference, d.got
+            ));
+        }
+        _ => {}
+    }
+    failures
+}
+
+/// Whether `x` is past `bound`; NaN always is (never a pass).
+fn exceeds(x: f64, bound: f64) -> bool {
+    x.is_nan() || x > bound
+}
+
+/// A value for a message: integers as they are, floats in exponent form.
+fn shown(v: f64, float: bool) -> String {
+    if float {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
+/// One tensor pair to compare in its own dtype ([`with_element`] picks the type).
+struct Pair<'a> {
+    name: &'a str,
+    shape: &'a [usize],
+    r: &'a [u8],
+    g: &'a [u8],
+    policy: &'a Policy,
+    stop: &'a AtomicBool,
+}
+
+/// A tensor's report and what judging it needs beyond it.
+struct Typed {
+    report: TensorReport,
+    float: bool,
+    kl_worst_row: Option<u64>,
+    topk_worst_row: Option<u64>,
+    /// Sequences that part before the `tokens` policy's `min_prefix` (all that part without).
+    parted_early: u64,
+}
+
+impl ElementFn for Pair<'_> {
+    type Out = Typed;
+    fn call<E: Element>(self) -> Typed {
+        compare_typed::<E>(self)
+    }
+}
+
 /// Per-row findings, merged over rows.
 #[derive(Debug, Clone, Copy, Default)]
 struct RowStats {
     mismatches: u64,
     /// First mismatching index in the row, with its values.
-    first: Option<(u64, f32, f32)>,
+    first: Option<(u64, f64, f64)>,
     max_abs: f64,
     max_rel: f64,
+    max_ulp: u64,
     argmax: Option<(u64, u64)>,
+    kl: Option<f64>,
+    overlap: Option<f64>,
+    /// Where an integer stream parts under the `tokens` policy: step, ref, got.
+    parts: Option<(u64, f64, f64)>,
 }
 
-fn f32_at(b: &[u8], i: usize) -> f32 {
-    f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
-}
-
-/// |got - ref| and the relative error with denominator max(1, |ref|); NaN on exactly one
-/// side counts as an infinite error, NaN on both sides (or equal infinities) as none.
-fn errors(r: f32, g: f32) -> (f64, f64) {
-    let d = crate::tensors::abs_error(f64::from(r), f64::from(g));
-    (d, d / f64::from(r).abs().max(1.0))
-}
-
-fn compare_row(r: &[u8], g: &[u8], policy: &Policy) -> RowStats {
+fn compare_row<E: Element>(r: &[u8], g: &[u8], policy: &Policy) -> RowStats {
     let mut s = RowStats::default();
-    let want_argmax = matches!(
-        policy,
-        Policy::ArgmaxAgree { .. } | Policy::Tolerance { argmax: true, .. }
-    );
-    if want_argmax {
-        s.argmax = Some((argmax_f32(r), argmax_f32(g)));
+    let same = r == g;
+    if E::FLOAT {
+        if policy.wants_argmax() {
+            s.argmax = Some((E::row_argmax(r), E::row_argmax(g)));
+        }
+        match policy {
+            Policy::Kl { .. } => s.kl = Some(if same { 0.0 } else { kl_row::<E>(r, g) }),
+            Policy::TopK { k, .. } => {
+                s.overlap = Some(if same {
+                    1.0
+                } else {
+                    topk_overlap::<E>(r, g, *k)
+                })
+            }
+            _ => {}
+        }
     }
-    if r == g {
+    if same {
         return s;
     }
-    let (max_abs, max_rel) = match policy {
-        Policy::Tolerance {
-            max_abs, max_rel, ..
-        } => (*max_abs, *max_rel),
-        _ => (None, None),
-    };
-    for (i, (rc, gc)) in r.chunks_exact(4).zip(g.chunks_exact(4)).enumerate() {
-        let rb = u32::from_le_bytes([rc[0], rc[1], rc[2], rc[3]]);
-        let gb = u32::from_le_bytes([gc[0], gc[1], gc[2], gc[3]]);
-        if rb == gb {
+    let exact = !E::FLOAT || matches!(policy, Policy::Bitwise | Policy::Tokens { .. });
+    let tokens = !E::FLOAT && matches!(policy, Policy::Tokens { .. });
+    for (i, (rc, gc)) in r
+        .chunks_exact(E::BYTES)
+        .zip(g.chunks_exact(E::BYTES))
+        .enumerate()
+    {
+        if rc == gc {
             continue;
         }
-        let (rv, gv) = (f32::from_bits(rb), f32::from_bits(gb));
-        let (d, rel) = errors(rv, gv);
+        let (rv, gv) = (E::read(rc), E::read(gc));
+        let (a, b) = (rv.value(), gv.value());
+        let d = crate::tensors::abs_error(a, b);
+        let rel = d / a.abs().max(1.0);
+        let ulp = u64::try_from((rv.position() - gv.position()).unsigned_abs()).unwrap_or(u64::MAX);
         s.max_abs = s.max_abs.max(d);
         s.max_rel = s.max_rel.max(rel);
-        let bad = match policy {
-            Policy::Bitwise => true,
-            Policy::Tolerance { .. } => {
-                max_abs.is_some_and(|m| d > m) || max_rel.is_some_and(|m| rel > m)
-            }
-            Policy::ArgmaxAgree { .. } => false,
-        };
+        s.max_ulp = s.max_ulp.max(ulp);
+        let bad = (exact && !tokens)
+            || match policy {
+                Policy::Tolerance {
+                    max_abs, max_rel, ..
+                } => max_abs.is_some_and(|m| d > m) || max_rel.is_some_and(|m| rel > m),
+                Policy::Ulp { max_ulp } => ulp > *max_ulp,
+                _ => false,
+            };
         if bad {
             s.mismatches += 1;
             if s.first.is_none() {
-                s.first = Some((i as u64, rv, gv));
+                s.first = Some((i as u64, rv.shown(), gv.shown()));
             }
+        }
+        if tokens && s.parts.is_none() {
+            s.parts = Some((i as u64, rv.shown(), gv.shown()));
+            s.first = s.parts;
         }
     }
     s
 }
 
-/// Compares one F32 tensor pair given as little-endian bytes of equal length.
-fn compare_f32(
-    name: &str,
-    shape: &[usize],
-    r: &[u8],
-    g: &[u8],
-    policy: &Policy,
-    stop: &AtomicBool,
-) -> TensorReport {
-    let values = (r.len() / 4) as u64;
+/// log Σ exp(v) over a row, or `None` when a value is NaN or +∞ (not a distribution's
+/// logits) or every value is -∞.
+fn log_sum_exp<E: Element>(b: &[u8]) -> Option<f64> {
+    let mut max = f64::NEG_INFINITY;
+    for c in b.chunks_exact(E::BYTES) {
+        let v = E::read(c).value();
+        if v.is_nan() || v == f64::INFINITY {
+            return None;
+        }
+        max = max.max(v);
+    }
+    if max == f64::NEG_INFINITY {
+        return None;
+    }
+    let sum: f64 = b
+        .chunks_exact(E::BYTES)
+        .map(|c| (E::read(c).value() - max).exp())
+        .sum();
+    Some(max + sum.ln())
+}
+
+/// KL(softmax(r) || softmax(g)) in f64, in nats; infinite when either row is not a
+/// distribution's logits or `g` gives no mass where `r` gives some.
+fn kl_row<E: Element>(r: &[u8], g: &[u8]) -> f64 {
+    let (Some(lr), Some(lg)) = (log_sum_exp::<E>(r), log_sum_exp::<E>(g)) else {
+        return f64::INFINITY;
+    };
+    let mut kl = 0.0f64;
+    for (rc, gc) in r.chunks_exact(E::BYTES).zip(g.chunks_exact(E::BYTES)) {
+        let lp = E::read(rc).value() - lr;
+        if lp == f64::NEG_INFINITY {
+            continue;
+        }
+        let lq = E::read(gc).value() - lg;
+        if lq == f64::NEG_INFINITY {
+            return f64::INFINITY;
+        }
+        kl += lp.exp() * (lp - lq);
+    }
+    kl.max(0.0)
+}
+
+/// The indices of the `k` largest values of a row (NaN never counts; ties go to the lower
+/// index), unordered.
+fn top_k<E: Element>(b: &[u8], k: usize) -> Vec<usize> {
+    let mut v: Vec<(f64, usize)> = b
+        .chunks_exact(E::BYTES)
+        .map(|c| E::read(c).value())
+        .enumerate()
+        .filter(|(_, x)| !x.is_nan())
+        .map(|(i, x)| (x, i))
+        .collect();
+    let order = |a: &(f64, usize), b: &(f64, usize)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+    if v.len() > k && k > 0 {
+        v.select_nth_unstable_by(k - 1, order);
+    }
+    v.truncate(k);
+    v.into_iter().map(|(_, i)| i).collect()
+}
+
+/// |top-k(r) ∩ top-k(g)| / k, with k no larger than the row.
+fn topk_overlap<E: Element>(r: &[u8], g: &[u8], k: u64) -> f64 {
+    let k = usize::try_from(k)
+        .unwrap_or(usize::MAX)
+        .min(r.len() / E::BYTES);
+    if k == 0 {
+        return 1.0;
+    }
+    let mut a = top_k::<E>(r, k);
+    a.sort_unstable();
+    let shared = top_k::<E>(g, k)
+        .iter()
+        .filter(|i| a.binary_search(i).is_ok())
+        .count();
+    shared as f64 / k as f64
+}
+
+/// Compares one tensor pair of element type `E` given as little-endian bytes of equal
+/// length.
+fn compare_typed<E: Element>(p: Pair<'_>) -> Typed {
+    let Pair {
+        name,
+        shape,
+        r,
+        g,
+        policy,
+        stop,
+    } = p;
+    let values = (r.len() / E::BYTES) as u64;
     let row_len = shape.last().copied().filter(|&n| n > 0).unwrap_or(1);
-    let row_bytes = row_len * 4;
+    let row_bytes = row_len * E::BYTES;
     let rows = if r.is_empty() { 0 } else { r.len() / row_bytes };
     let stats: Vec<RowStats> = r
         .par_chunks(row_bytes)
@@ -438,13 +744,15 @@ fn compare_f32(
             if stop.load(Ordering::Relaxed) {
                 RowStats::default()
             } else {
-                compare_row(a, b, policy)
+                compare_row::<E>(a, b, policy)
             }
         })
         .collect();
     let step = name.strip_prefix("step.").and_then(|s| s.parse().ok());
+    let tokens = !E::FLOAT && matches!(policy, Policy::Tokens { .. });
     let mut t = TensorReport {
         name: name.to_string(),
+        dtype: E::NAME.to_string(),
         shape: shape.to_vec(),
         values,
         mismatches: 0,
@@ -452,13 +760,27 @@ fn compare_f32(
         argmax_agree: 0,
         max_abs: 0.0,
         max_rel: 0.0,
+        max_ulp: Some(0),
+        kl_mean: None,
+        kl_max: None,
+        topk_min_overlap: None,
+        topk_mean_overlap: None,
+        diverged: tokens.then_some(0),
+        divergences: Vec::new(),
         first_mismatch: None,
     };
+    let (mut kl_worst_row, mut topk_worst_row, mut parted_early) = (None, None, 0);
     let mut first_argmax_flip = None;
+    let (mut kl_sum, mut overlap_sum) = (0.0f64, 0.0f64);
+    let min_prefix = match policy {
+        Policy::Tokens { min_prefix } => *min_prefix,
+        _ => None,
+    };
     for (row, s) in stats.iter().enumerate() {
         t.mismatches += s.mismatches;
         t.max_abs = t.max_abs.max(s.max_abs);
         t.max_rel = t.max_rel.max(s.max_rel);
+        t.max_ulp = t.max_ulp.max(Some(s.max_ulp));
         if t.first_mismatch.is_none()
             && let Some((index, rv, gv)) = s.first
         {
@@ -469,7 +791,11 @@ fn compare_f32(
                 index,
                 reference: rv,
                 got: gv,
-                kind: MismatchKind::Value,
+                kind: if tokens {
+                    MismatchKind::Tokens
+                } else {
+                    MismatchKind::Value
+                },
                 got_argmax: None,
             });
         }
@@ -478,23 +804,66 @@ fn compare_f32(
                 t.argmax_agree += 1;
             } else if first_argmax_flip.is_none() {
                 let base = row * row_bytes;
+                let at = |b: &[u8]| E::read(&b[base + ra as usize * E::BYTES..]).shown();
                 first_argmax_flip = Some(Mismatch {
                     tensor: name.to_string(),
                     step,
                     row: row as u64,
                     index: ra,
-                    reference: f32_at(&r[base..], ra as usize),
-                    got: f32_at(&g[base..], ra as usize),
+                    reference: at(r),
+                    got: at(g),
                     kind: MismatchKind::Argmax,
                     got_argmax: Some(ga),
                 });
             }
         }
+        if let Some(kl) = s.kl {
+            kl_sum += kl;
+            if t.kl_max.is_none_or(|m| exceeds(kl, m)) {
+                t.kl_max = Some(kl);
+                kl_worst_row = Some(row as u64);
+            }
+        }
+        if let Some(o) = s.overlap {
+            overlap_sum += o;
+            if t.topk_min_overlap.is_none_or(|m| o < m) {
+                t.topk_min_overlap = Some(o);
+                topk_worst_row = Some(row as u64);
+            }
+        }
+        if let Some((step_at, rv, gv)) = s.parts {
+            *t.diverged.get_or_insert(0) += 1;
+            if min_prefix.is_none_or(|n| step_at < n) {
+                parted_early += 1;
+            }
+            if t.divergences.len() < DIVERGENCES_KEPT {
+                t.divergences.push(Divergence {
+                    row: row as u64,
+                    step: step_at,
+                    reference: rv,
+                    got: gv,
+                });
+            }
+        }
+    }
+    if rows > 0 {
+        if t.kl_max.is_some() {
+            t.kl_mean = Some(kl_sum / rows as f64);
+        }
+        if t.topk_min_overlap.is_some() {
+            t.topk_mean_overlap = Some(overlap_sum / rows as f64);
+        }
     }
     if t.first_mismatch.is_none() {
         t.first_mismatch = first_argmax_flip;
     }
-    t
+    Typed {
+        report: t,
+        float: E::FLOAT,
+        kl_worst_row,
+        topk_worst_row,
+        parted_early,
+    }
 }
 
 #[cfg(test)]
@@ -505,29 +874,29 @@ mod tests {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
 
-    #[test]
-    fn relative_error_uses_max_one_denominator() {
-        assert_eq!(errors(0.5, 0.75), (0.25, 0.25));
-        assert_eq!(errors(4.0, 5.0), (1.0, 0.25));
-        assert_eq!(errors(f32::NAN, f32::NAN), (0.0, 0.0));
-        assert_eq!(errors(1.0, f32::NAN).0, f64::INFINITY);
-        assert_eq!(errors(f32::INFINITY, f32::INFINITY), (0.0, 0.0));
+    fn typed<E: Element>(name: &str, shape: &[usize], r: &[u8], g: &[u8], p: &Policy) -> Typed {
+        compare_typed::<E>(Pair {
+            name,
+            shape,
+            r,
+            g,
+            policy: p,
+            stop: &AtomicBool::new(false),
+        })
+    }
+
+    fn f32s(name: &str, shape: &[usize], r: &[f32], g: &[f32], p: &Policy) -> TensorReport {
+        typed::<f32>(name, shape, &bytes(r), &bytes(g), p).report
     }
 
     #[test]
     fn rows_and_indices_of_the_first_mismatch() {
-        let r = bytes(&[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
-        let g = bytes(&[0.0, 1.0, 2.0, 3.0, 4.5, 5.0]);
-        let t = compare_f32(
-            "step.7",
-            &[2, 3],
-            &r,
-            &g,
-            &Policy::Bitwise,
-            &AtomicBool::new(false),
-        );
+        let r = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0];
+        let g = [0.0, 1.0, 2.0, 3.0, 4.5, 5.0];
+        let t = f32s("step.7", &[2, 3], &r, &g, &Policy::Bitwise);
         assert_eq!(t.rows, 2);
         assert_eq!(t.mismatches, 1);
+        assert_eq!(t.dtype, "F32");
         let m = t.first_mismatch.unwrap();
         assert_eq!(
             (m.step, m.row, m.index, m.reference, m.got),
@@ -536,22 +905,189 @@ mod tests {
     }
 
     #[test]
+    fn reported_values_read_as_the_dtype_prints_them() {
+        let t = f32s("x", &[1], &[1.1], &[1.2], &Policy::Bitwise);
+        let m = t.first_mismatch.unwrap();
+        assert_eq!((m.reference, m.got), (1.1, 1.2));
+    }
+
+    #[test]
     fn argmax_flip_is_reported_at_the_reference_argmax() {
-        let r = bytes(&[0.0, 2.0, 1.0]);
-        let g = bytes(&[0.0, 1.0, 2.0]);
-        let t = compare_f32(
+        let t = f32s(
             "logits",
             &[1, 3],
-            &r,
-            &g,
+            &[0.0, 2.0, 1.0],
+            &[0.0, 1.0, 2.0],
             &Policy::ArgmaxAgree { min_agree: 1.0 },
-            &AtomicBool::new(false),
         );
         assert_eq!(t.argmax_agree, 0);
         let m = t.first_mismatch.unwrap();
         assert_eq!(
             (m.kind, m.index, m.got_argmax),
             (MismatchKind::Argmax, 1, Some(2))
+        );
+    }
+
+    fn bf16s(v: &[f32]) -> Vec<u8> {
+        v.iter()
+            .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn bf16_compares_bitwise_and_counts_ulps_in_its_own_dtype() {
+        let r = bf16s(&[1.0, 2.0, 3.0]);
+        let mut g = r.clone();
+        g[2] += 2; // two bf16 ulps above 2.0
+        let bitwise = typed::<half::bf16>("l", &[3], &r, &g, &Policy::Bitwise);
+        assert!(bitwise.float);
+        assert_eq!(bitwise.report.dtype, "BF16");
+        assert_eq!(bitwise.report.mismatches, 1);
+        assert_eq!(bitwise.report.max_ulp, Some(2));
+        let loose = typed::<half::bf16>("l", &[3], &r, &g, &Policy::Ulp { max_ulp: 2 });
+        assert_eq!(loose.report.mismatches, 0);
+        let tight = typed::<half::bf16>("l", &[3], &r, &g, &Policy::Ulp { max_ulp: 1 });
+        assert_eq!(tight.report.mismatches, 1);
+        assert!(judge_tensor(&tight, &Policy::Ulp { max_ulp: 1 })[0].contains("more than 1 ulp"));
+        let tol = Policy::Tolerance {
+            max_abs: Some(0.05),
+            max_rel: None,
+            argmax: true,
+        };
+        let t = typed::<half::bf16>("l", &[3], &r, &g, &tol);
+        assert_eq!((t.report.mismatches, t.report.argmax_agree), (0, 1));
+    }
+
+    #[test]
+    fn integers_compare_exactly_under_every_policy() {
+        let r: Vec<u8> = [5i32, 6, 7].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let g: Vec<u8> = [5i32, 6, 8].iter().flat_map(|x| x.to_le_bytes()).collect();
+        for p in [
+            Policy::Bitwise,
+            Policy::Tolerance {
+                max_abs: Some(10.0),
+                max_rel: None,
+                argmax: false,
+            },
+            Policy::Ulp { max_ulp: 5 },
+            Policy::Kl {
+                max_mean: Some(1.0),
+                max: None,
+            },
+        ] {
+            let t = typed::<i32>("tokens", &[3], &r, &g, &p);
+            assert_eq!(t.report.mismatches, 1, "{p:?}");
+            assert!(judge_tensor(&t, &p)[0].contains("integer tensors compare exactly"));
+        }
+        let same = typed::<i32>("tokens", &[3], &r, &r, &Policy::Ulp { max_ulp: 0 });
+        assert!(judge_tensor(&same, &Policy::Ulp { max_ulp: 0 }).is_empty());
+    }
+
+    #[test]
+    fn kl_is_zero_for_equal_rows_and_grows_with_the_difference() {
+        let p = Policy::Kl {
+            max_mean: None,
+            max: Some(1e-3),
+        };
+        let r = [0.0, 1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 0.0];
+        let t = f32s("logits", &[2, 4], &r, &r, &p);
+        assert_eq!((t.kl_mean, t.kl_max), (Some(0.0), Some(0.0)));
+        // A shift of every logit by the same amount is the same distribution.
+        let shifted = [1.0, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0];
+        let t = f32s("logits", &[2, 4], &r, &shifted, &p);
+        assert!(t.kl_max.unwrap() < 1e-12, "{:?}", t.kl_max);
+        let moved = [0.0, 1.0, 3.0, 2.0, 0.0, 0.0, 0.0, 0.0];
+        let ty = typed::<f32>("logits", &[2, 4], &bytes(&r), &bytes(&moved), &p);
+        // By hand: p = softmax(0,1,2,3), q = softmax(0,1,3,2); KL = (p3 - p2) * 1.
+        let z: f64 = [0.0f64, 1.0, 2.0, 3.0].iter().map(|x| x.exp()).sum();
+        let want = (3f64.exp() - 2f64.exp()) / z;
+        let got = ty.report.kl_max.unwrap();
+        assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+        assert_eq!(ty.kl_worst_row, Some(0));
+        assert!((ty.report.kl_mean.unwrap() - want / 2.0).abs() < 1e-12);
+        assert!(judge_tensor(&ty, &p)[0].contains("kl: the KL divergence of row 0"));
+        // NaN in the candidate is no distribution: infinite, never a pass.
+        let nan = [0.0, 1.0, f32::NAN, 3.0, 0.0, 0.0, 0.0, 0.0];
+        let t = f32s("logits", &[2, 4], &r, &nan, &p);
+        assert_eq!(t.kl_max, Some(f64::INFINITY));
+        // Mass where the candidate has none.
+        let masked = [0.0, 1.0, 2.0, f32::NEG_INFINITY, 0.0, 0.0, 0.0, 0.0];
+        assert_eq!(
+            f32s("l", &[2, 4], &r, &masked, &p).kl_max,
+            Some(f64::INFINITY)
+        );
+        assert!(
+            f32s("l", &[2, 4], &masked, &r, &p)
+                .kl_max
+                .unwrap()
+                .is_finite()
+        );
+    }
+
+    #[test]
+    fn topk_overlap_counts_shared_best_entries() {
+        let p = Policy::TopK {
+            k: 2,
+            min_overlap: 1.0,
+        };
+        let r = [0.0, 5.0, 4.0, 1.0];
+        let swapped = [0.0, 4.0, 5.0, 1.0];
+        let t = f32s("l", &[1, 4], &r, &swapped, &p);
+        assert_eq!(t.topk_min_overlap, Some(1.0));
+        let other = [3.0, 5.0, 0.0, 1.0];
+        let ty = typed::<f32>("l", &[1, 4], &bytes(&r), &bytes(&other), &p);
+        assert_eq!(ty.report.topk_min_overlap, Some(0.5));
+        assert!(judge_tensor(&ty, &p)[0].contains("shares 1 of its top 2"));
+        // Ties go to the lower index; k larger than the row is the whole row.
+        assert_eq!(top_k::<f32>(&bytes(&[1.0, 1.0, 1.0]), 2).len(), 2);
+        let mut ties = top_k::<f32>(&bytes(&[1.0, 1.0, 1.0]), 2);
+        ties.sort_unstable();
+        assert_eq!(ties, [0, 1]);
+        assert_eq!(
+            topk_overlap::<f32>(&bytes(&[1.0, 2.0]), &bytes(&[2.0, 1.0]), 9),
+            1.0
+        );
+    }
+
+    #[test]
+    fn tokens_name_the_first_step_where_each_sequence_parts() {
+        let ints = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let r = ints(&[1, 2, 3, 4, 10, 11, 12, 13, 20, 21, 22, 23]);
+        let g = ints(&[1, 2, 3, 4, 10, 11, 99, 98, 20, 21, 22, 77]);
+        let p = Policy::Tokens { min_prefix: None };
+        let ty = typed::<i32>("tokens", &[3, 4], &r, &g, &p);
+        let t = &ty.report;
+        assert_eq!(t.diverged, Some(2));
+        assert_eq!(
+            t.divergences
+                .iter()
+                .map(|d| (d.row, d.step, d.reference, d.got))
+                .collect::<Vec<_>>(),
+            [(1, 2, 12.0, 99.0), (2, 3, 23.0, 77.0)]
+        );
+        let m = t.first_mismatch.as_ref().unwrap();
+        assert_eq!((m.kind, m.row, m.index), (MismatchKind::Tokens, 1, 2));
+        let why = judge_tensor(&ty, &p);
+        assert!(
+            why.iter()
+                .any(|w| w.contains("2 of 3 sequences part (first: sequence 1 at step 2")),
+            "{why:?}"
+        );
+        // Agreeing on the first 3 steps is all that `min_prefix = 3` asks.
+        let p3 = Policy::Tokens {
+            min_prefix: Some(3),
+        };
+        let ty3 = typed::<i32>("tokens", &[3, 4], &r, &g, &p3);
+        assert_eq!(ty3.parted_early, 1);
+        let p2 = Policy::Tokens {
+            min_prefix: Some(2),
+        };
+        let ty2 = typed::<i32>("tokens", &[3, 4], &r, &g, &p2);
+        assert_eq!(ty2.parted_early, 0);
+        assert!(
+            judge_tensor(&ty2, &p2)
+                .iter()
+                .all(|w| !w.contains("tokens:"))
         );
     }
 }

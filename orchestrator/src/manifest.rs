@@ -48,6 +48,8 @@ pub struct RawManifest {
     /// `[fingerprints]`: named commands whose output joins every cell's inputs digest, in
     /// file order.
     pub fingerprints: Vec<(Sp<String>, Vec<Sp<String>>)>,
+    /// `attest = ["LLAMA_"]`: prefixes of variables every gate must report reading.
+    pub attest: Vec<Sp<String>>,
     /// `[[setup]]`, `[[arm]]` and `[[compare]]` tables in the order kinds are listed in the
     /// plan: setups, then arms, then compares, each in file order.
     pub nodes: Vec<RawNode>,
@@ -138,6 +140,8 @@ pub struct RawNode {
     pub hermetic: Option<Sp<bool>>,
     /// `expect_fail = ["gate2*"]`: the checks whose failure a negative cell exists to show.
     pub expect_fail: Option<Vec<Sp<String>>>,
+    /// `info = ["*_tok_s"]`: metric-name globs that are shown but never a drift.
+    pub info: Option<Vec<Sp<String>>>,
 }
 
 const TOP_KEYS: &[&str] = &[
@@ -150,6 +154,7 @@ const TOP_KEYS: &[&str] = &[
     "vars",
     "require",
     "fingerprints",
+    "attest",
     "max_cells",
     "setup",
     "arm",
@@ -184,6 +189,7 @@ const RUN_KEYS: &[&str] = &[
     "retries",
     "verdict",
     "expect_fail",
+    "info",
 ];
 const SETUP_KEYS: &[&str] = &["produces", "creates"];
 const COMPARE_KEYS: &[&str] = &["reference", "candidates", "artifact", "policy"];
@@ -209,6 +215,7 @@ const DEFAULT_KEYS: &[&str] = &[
     "policy",
     "inputs",
     "hermetic",
+    "info",
 ];
 
 fn all_node_keys() -> impl Iterator<Item = &'static str> {
@@ -275,6 +282,26 @@ pub fn parse(src: &SourceText, diags: &mut Vec<Diagnostic>) -> Option<RawManifes
                 }
             }
             "max_cells" => m.max_cells = w.uint(key, value, 1),
+            "attest" => {
+                for p in w.strings(key, value).unwrap_or_default() {
+                    let text = p.get_ref();
+                    if text.is_empty() || text.contains('=') || text.chars().any(char::is_whitespace) {
+                        w.err(
+                            p.span(),
+                            format!("attest prefix \"{text}\" is not the start of a variable name"),
+                            "write prefixes of variable names, e.g. `attest = [\"LLAMA_\", \"VLLM_\"]`".to_string(),
+                        );
+                    } else if text.starts_with("MEMRA_ORCH_") {
+                        w.err(
+                            p.span(),
+                            format!("attest prefix \"{text}\" names the orchestrator's own variables"),
+                            "attest the engine's variables, e.g. `attest = [\"LLAMA_\"]`".to_string(),
+                        );
+                    } else {
+                        m.attest.push(p);
+                    }
+                }
+            }
             "fingerprints" => {
                 if let Some(t) = w.expect_table(
                     key,
@@ -509,6 +536,7 @@ impl Walker<'_, '_> {
                 }
                 "description" => n.description = self.string(k, val).map(Spanned::into_inner),
                 "tags" => n.tags = self.strings(k, val),
+                "info" => n.info = self.strings(k, val),
                 "needs" => n.needs = self.strings(k, val).unwrap_or_default(),
                 "run" => n.run = self.run(k, val),
                 "shell" => n.shell = self.boolean(k, val),

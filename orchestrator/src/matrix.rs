@@ -12,6 +12,12 @@
 //!    axis values never are). An entry that merges nowhere becomes a new combination of its
 //!    own; later includes never merge into such appended combinations.
 //!
+//! An `include` entry of an env-matrix file may hold a `vars` table: variables it sets in
+//! the combinations it merges into (or appends) without naming them, so a gate setting that
+//! varies with an axis does not change every cell id. Such keys travel inside a [`Combo`]
+//! marked by [`QUIET_PREFIX`] (a prefix no variable name can start with) and are taken apart
+//! by [`split_quiet`].
+//!
 //! This module does not read files or know about nodes; `load` feeds it parsed matrices.
 
 use crate::diagnostics::{Diagnostic, SourceText};
@@ -20,6 +26,31 @@ use crate::manifest::RawMatrix;
 /// One combination: key/value pairs in declared order (axes first, then keys that includes
 /// added, in the order they first appear).
 pub type Combo = Vec<(String, String)>;
+
+/// The name of an include entry's table of variables that do not name the cell.
+pub const QUIET_TABLE: &str = "vars";
+
+/// The mark of a quiet key inside a [`Combo`]: `vars.LLAMA_SEED`.
+pub const QUIET_PREFIX: &str = "vars.";
+
+/// `name` marked as a quiet key.
+pub fn quiet_key(name: &str) -> String {
+    format!("{QUIET_PREFIX}{name}")
+}
+
+/// A combination's keys that name the cell, and its quiet variables (unmarked), each in
+/// order.
+pub fn split_quiet(combo: Combo) -> (Combo, Vec<(String, String)>) {
+    let mut named = Vec::with_capacity(combo.len());
+    let mut quiet = Vec::new();
+    for (k, v) in combo {
+        match k.strip_prefix(QUIET_PREFIX) {
+            Some(name) => quiet.push((name.to_string(), v)),
+            None => named.push((k, v)),
+        }
+    }
+    (named, quiet)
+}
 
 /// Most cells a manifest may expand to unless it sets `max_cells`; more is almost certainly
 /// a mistake and would make plans unusably large.

@@ -79,14 +79,17 @@ pub struct TextVerdict {
     pub fail: Option<regex::Regex>,
 }
 
-/// How a compare node judges a candidate artifact against its reference.
+/// How a compare node judges a candidate artifact against its reference. Every policy reads
+/// every dtype a gate may write (F64, F32, F16, BF16, signed and unsigned integers, BOOL);
+/// integer and bool tensors compare exactly under every policy, floats as each policy says.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Policy {
-    /// Every f32 bit-identical.
+    /// Every element's bits identical.
     Bitwise,
-    /// |got - ref| <= max_abs and |got - ref| / max(1, |ref|) <= max_rel for every element
-    /// (a bound that is absent is not checked); with `argmax`, each row's argmax must agree.
+    /// |got - ref| <= max_abs and |got - ref| / max(1, |ref|) <= max_rel for every element,
+    /// in f64 (a bound that is absent is not checked); with `argmax`, each row's argmax must
+    /// agree.
     Tolerance {
         max_abs: Option<f64>,
         max_rel: Option<f64>,
@@ -94,6 +97,91 @@ pub enum Policy {
     },
     /// At least `min_agree` of the rows have the same argmax.
     ArgmaxAgree { min_agree: f64 },
+    /// KL(softmax(ref) || softmax(got)) per row (the last dimension, in f64, nats): the mean
+    /// over all rows at most `max_mean`, the largest at most `max`.
+    Kl {
+        max_mean: Option<f64>,
+        max: Option<f64>,
+    },
+    /// The `k` largest values of each row (ties to the lower index) overlap in at least
+    /// `min_overlap` of `k` on every row.
+    TopK { k: u64, min_overlap: f64 },
+    /// No element more than `max_ulp` units in the last place apart, counted in the
+    /// tensor's own dtype.
+    Ulp { max_ulp: u64 },
+    /// Token streams: rows are sequences, the last dimension their steps. A sequence parts
+    /// at the first step where the streams differ; the compare passes when none parts (or,
+    /// with `min_prefix`, none parts before that step). Float tensors compare bitwise.
+    Tokens { min_prefix: Option<u64> },
+}
+
+impl Policy {
+    /// The policy's name, as reports label the numbers it produced.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Policy::Bitwise => "bitwise",
+            Policy::Tolerance { .. } => "tolerance",
+            Policy::ArgmaxAgree { .. } => "argmax",
+            Policy::Kl { .. } => "kl",
+            Policy::TopK { .. } => "topk",
+            Policy::Ulp { .. } => "ulp",
+            Policy::Tokens { .. } => "tokens",
+        }
+    }
+
+    /// Whether rows' argmaxes are computed and shown.
+    pub fn wants_argmax(&self) -> bool {
+        matches!(
+            self,
+            Policy::ArgmaxAgree { .. } | Policy::Tolerance { argmax: true, .. }
+        )
+    }
+
+    /// The policy in the spelling of manifests (`{ kl_mean = 0.001 }`).
+    pub fn manifest_text(&self) -> String {
+        let table = |parts: Vec<String>| format!("{{ {} }}", parts.join(", "));
+        match self {
+            Policy::Bitwise => "\"bitwise\"".to_string(),
+            Policy::Tolerance {
+                max_abs,
+                max_rel,
+                argmax,
+            } => {
+                let mut parts = Vec::new();
+                if let Some(a) = max_abs {
+                    parts.push(format!("max_abs = {a}"));
+                }
+                if let Some(r) = max_rel {
+                    parts.push(format!("max_rel = {r}"));
+                }
+                parts.push(format!("argmax = {argmax}"));
+                table(parts)
+            }
+            Policy::ArgmaxAgree { min_agree } => table(vec![
+                "argmax = true".into(),
+                format!("min_agree = {min_agree}"),
+            ]),
+            Policy::Kl { max_mean, max } => {
+                let mut parts = Vec::new();
+                if let Some(m) = max_mean {
+                    parts.push(format!("kl_mean = {m}"));
+                }
+                if let Some(m) = max {
+                    parts.push(format!("kl_max = {m}"));
+                }
+                table(parts)
+            }
+            Policy::TopK { k, min_overlap } => table(vec![
+                format!("topk = {k}"),
+                format!("min_overlap = {min_overlap}"),
+            ]),
+            Policy::Ulp { max_ulp } => table(vec![format!("max_ulp = {max_ulp}")]),
+            Policy::Tokens { min_prefix: None } => "\"tokens\"".to_string(),
+            Policy::Tokens {
+                min_prefix: Some(n),
+            } => table(vec!["tokens = true".into(), format!("min_prefix = {n}")]),
+        }
+    }
 }
 
 /// The compare half of a compare cell: which two cells' artifacts, and the policy.
@@ -151,6 +239,8 @@ pub struct Cell {
     /// `expect_fail`: check-name globs; a negative cell passes only when every failed check
     /// matches one and at least one failed. Empty: any failure will do.
     pub expect_fail: Vec<String>,
+    /// `info`: metric-name globs whose changes `diff` shows but never counts as drift.
+    pub info: Vec<String>,
     pub verdict: Option<TextVerdict>,
     /// Absolute paths that must exist after a setup cell ran; hashed into dependents' inputs.
     pub produces: Vec<PathBuf>,
@@ -206,6 +296,8 @@ pub struct Plan {
     pub require: Require,
     /// `[fingerprints]`, in file order.
     pub fingerprints: Vec<FingerprintCommand>,
+    /// `attest`: prefixes of variables a gate must report reading (`LLAMA_`).
+    pub attest: Vec<String>,
     pub cells: Vec<Cell>,
     /// The manifest's secrets, redacted from everything the orchestrator writes or prints.
     pub redact: crate::redact::Redactor,

@@ -966,6 +966,8 @@ impl Runner<'_, '_> {
             retries: c.retries,
             expect: c.expect,
             expect_fail: c.expect_fail.clone(),
+            info: c.info.clone(),
+            store: Some(crate::receipt::store::store_dir(&self.opts.tree.receipts())),
             verdict_pass: c
                 .verdict
                 .as_ref()

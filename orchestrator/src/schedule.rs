@@ -34,6 +34,8 @@ pub struct Pool {
     peers: Vec<Vec<u32>>,
     gpu_busy: Vec<bool>,
     cpu_busy: Vec<bool>,
+    /// Every slot a cell of `cpus > 1` holds, by the first (the slot its placement names).
+    cpu_groups: HashMap<usize, Vec<usize>>,
     /// The machine-wide leases, by inventory position (`None`: this run takes none).
     locks: Option<Arc<GpuLocks>>,
     /// GPUs last found leased by another process: when, and by whom.
@@ -81,6 +83,7 @@ impl Pool {
                 .collect(),
             gpu_busy: vec![false; inventory.gpus.len()],
             cpu_busy: vec![false; cpu_slots.max(1)],
+            cpu_groups: HashMap::new(),
             locks: None,
             held: vec![None; inventory.gpus.len()],
         }
@@ -133,9 +136,7 @@ impl Pool {
     /// remaining GPUs is tried.
     pub fn try_lease(&mut self, gpus: u32, cell: &str) -> Result<Placement, NotNow> {
         if gpus == 0 {
-            let slot = self.cpu_busy.iter().position(|b| !b).ok_or(NotNow::Busy)?;
-            self.cpu_busy[slot] = true;
-            return Ok(Placement::CpuSlot(slot));
+            return self.try_lease_cpus(1);
         }
         let n = gpus as usize;
         loop {
@@ -161,6 +162,28 @@ impl Pool {
         }
     }
 
+    /// Leases `cpus` CPU slots (`cpus` of a `gpus = 0` cell; 0 counts as 1, and more than the
+    /// pool has as all of it, so such a cell runs alone rather than never), named by the
+    /// first of them.
+    pub fn try_lease_cpus(&mut self, cpus: u32) -> Result<Placement, NotNow> {
+        let n = (cpus.max(1) as usize).min(self.cpu_busy.len());
+        let free: Vec<usize> = (0..self.cpu_busy.len())
+            .filter(|&i| !self.cpu_busy[i])
+            .take(n)
+            .collect();
+        if free.len() < n {
+            return Err(NotNow::Busy);
+        }
+        for &i in &free {
+            self.cpu_busy[i] = true;
+        }
+        let first = free[0];
+        if n > 1 {
+            self.cpu_groups.insert(first, free);
+        }
+        Ok(Placement::CpuSlot(first))
+    }
+
     /// Why `n` GPUs cannot be placed now: this run's own cells hold too many of them, or
     /// enough are free here and the first one another process leases is to blame.
     fn why_not(&self, n: usize) -> NotNow {
@@ -183,7 +206,11 @@ impl Pool {
 
     pub fn release(&mut self, placement: &Placement) {
         match placement {
-            Placement::CpuSlot(s) => self.cpu_busy[*s] = false,
+            Placement::CpuSlot(s) => {
+                for i in self.cpu_groups.remove(s).unwrap_or_else(|| vec![*s]) {
+                    self.cpu_busy[i] = false;
+                }
+            }
             Placement::Gpus(list) => {
                 if let Some(locks) = &self.locks {
                     locks.release(list);
@@ -357,7 +384,7 @@ impl ReadyQueue {
     pub fn take_placeable(&mut self, pool: &mut Pool, plan: &Plan) -> Taken {
         let mut taken = Taken::default();
         while let Some(e) = self.cpu.peek() {
-            match pool.try_lease(0, &plan.cell(e.cell).id.0) {
+            match pool.try_lease_cpus(plan.cell(e.cell).cpus.unwrap_or(1)) {
                 Ok(p) => {
                     taken.started.push((e.cell, p));
                     self.cpu.pop();
@@ -433,6 +460,25 @@ mod tests {
         assert_eq!(pool.try_lease(0, "c").ok(), Some(Placement::CpuSlot(0)));
         assert_eq!(pool.try_lease(0, "c").ok(), Some(Placement::CpuSlot(1)));
         assert_eq!(pool.try_lease(0, "c").ok(), None);
+    }
+
+    #[test]
+    fn a_cell_of_several_cpus_holds_as_many_slots() {
+        let mut pool = Pool::new(&Inventory::fake(0), 3);
+        let two = pool.try_lease_cpus(2).unwrap();
+        assert_eq!(two, Placement::CpuSlot(0));
+        assert_eq!(pool.try_lease_cpus(2).ok(), None, "one slot is left");
+        let one = pool.try_lease_cpus(1).unwrap();
+        assert_eq!(one, Placement::CpuSlot(2));
+        pool.release(&two);
+        assert_eq!(pool.try_lease_cpus(2).ok(), Some(Placement::CpuSlot(0)));
+        pool.release(&one);
+        // More than the pool has is all of it, once everything else is done.
+        let mut big = Pool::new(&Inventory::fake(0), 2);
+        let all = big.try_lease_cpus(16).unwrap();
+        assert_eq!(big.try_lease_cpus(1).ok(), None);
+        big.release(&all);
+        assert_eq!(big.try_lease_cpus(1).ok(), Some(Placement::CpuSlot(0)));
     }
 
     #[test]
@@ -614,6 +660,7 @@ mod tests {
                 retries: 0,
                 expect: Expect::Pass,
                 expect_fail: Vec::new(),
+                info: Vec::new(),
                 hermetic: false,
                 verdict: None,
                 produces: Vec::new(),
@@ -635,6 +682,7 @@ mod tests {
             inherit: Vec::new(),
             require: Default::default(),
             fingerprints: Vec::new(),
+            attest: Vec::new(),
             cells,
             redact: Default::default(),
         }

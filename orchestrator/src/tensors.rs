@@ -71,6 +71,11 @@ pub fn argmax<E: Element>(b: &[u8]) -> u64 {
 /// An element type of a safetensors tensor, read from its little-endian bytes.
 pub trait Element: Copy + Send + Sync {
     const BYTES: usize;
+    /// Whether the type is a floating-point one; integers and bools compare exactly under
+    /// every policy.
+    const FLOAT: bool;
+    /// The dtype's name as safetensors spells it (`BF16`, `I32`).
+    const NAME: &'static str;
     /// The smallest magnitude a relative error is taken against: the smallest positive
     /// normal number of a float type, 1 for integers.
     const TINY: f64;
@@ -81,6 +86,11 @@ pub trait Element: Copy + Send + Sync {
     /// sign and magnitude (+0 and -0 are one position, the largest finite number is one
     /// step from infinity) and every NaN sits one step past +∞; integers are their value.
     fn position(self) -> i128;
+    /// The value as a report shows it: for f32, f16 and bf16 the f64 nearest to the
+    /// shortest decimal that reads back as the element (`1.1`, not `1.100000023841858`).
+    fn shown(self) -> f64 {
+        self.value()
+    }
     /// The first-maximum argmax of a row of this type ([`argmax`]).
     fn row_argmax(row: &[u8]) -> u64 {
         argmax::<Self>(row)
@@ -103,6 +113,8 @@ fn float_position(bits: u64, sign: u64, exponent: u64) -> i128 {
 }
 
 impl Element for f64 {
+    const FLOAT: bool = true;
+    const NAME: &'static str = "F64";
     const BYTES: usize = 8;
     const TINY: f64 = f64::MIN_POSITIVE;
     fn read(b: &[u8]) -> f64 {
@@ -117,6 +129,8 @@ impl Element for f64 {
 }
 
 impl Element for f32 {
+    const FLOAT: bool = true;
+    const NAME: &'static str = "F32";
     const BYTES: usize = 4;
     const TINY: f64 = f32::MIN_POSITIVE as f64;
     fn read(b: &[u8]) -> f32 {
@@ -124,6 +138,9 @@ impl Element for f32 {
     }
     fn value(self) -> f64 {
         f64::from(self)
+    }
+    fn shown(self) -> f64 {
+        self.to_string().parse().unwrap_or(self.value())
     }
     fn position(self) -> i128 {
         float_position(u64::from(self.to_bits()), 1 << 31, 0x7f80_0000)
@@ -134,6 +151,8 @@ impl Element for f32 {
 }
 
 impl Element for half::f16 {
+    const FLOAT: bool = true;
+    const NAME: &'static str = "F16";
     const BYTES: usize = 2;
     const TINY: f64 = 6.103_515_625e-5;
     fn read(b: &[u8]) -> half::f16 {
@@ -142,12 +161,17 @@ impl Element for half::f16 {
     fn value(self) -> f64 {
         self.to_f64()
     }
+    fn shown(self) -> f64 {
+        self.to_string().parse().unwrap_or(self.value())
+    }
     fn position(self) -> i128 {
         float_position(u64::from(self.to_bits()), 1 << 15, 0x7c00)
     }
 }
 
 impl Element for half::bf16 {
+    const FLOAT: bool = true;
+    const NAME: &'static str = "BF16";
     const BYTES: usize = 2;
     const TINY: f64 = f32::MIN_POSITIVE as f64;
     fn read(b: &[u8]) -> half::bf16 {
@@ -156,14 +180,19 @@ impl Element for half::bf16 {
     fn value(self) -> f64 {
         self.to_f64()
     }
+    fn shown(self) -> f64 {
+        self.to_string().parse().unwrap_or(self.value())
+    }
     fn position(self) -> i128 {
         float_position(u64::from(self.to_bits()), 1 << 15, 0x7f80)
     }
 }
 
 macro_rules! integer_element {
-    ($($t:ty),*) => {$(
+    ($($t:ty => $name:literal),*) => {$(
         impl Element for $t {
+            const FLOAT: bool = false;
+            const NAME: &'static str = $name;
             const BYTES: usize = std::mem::size_of::<$t>();
             const TINY: f64 = 1.0;
             fn read(b: &[u8]) -> $t {
@@ -179,13 +208,15 @@ macro_rules! integer_element {
     )*};
 }
 
-integer_element!(i8, i16, i32, i64, u8, u16, u32, u64);
+integer_element!(i8 => "I8", i16 => "I16", i32 => "I32", i64 => "I64", u8 => "U8", u16 => "U16", u32 => "U32", u64 => "U64");
 
 /// A safetensors `BOOL` element: one byte, 0 or 1 (any other byte counts as true).
 #[derive(Debug, Clone, Copy)]
 pub struct Bool(pub bool);
 
 impl Element for Bool {
+    const FLOAT: bool = false;
+    const NAME: &'static str = "BOOL";
     const BYTES: usize = 1;
     const TINY: f64 = 1.0;
     fn read(b: &[u8]) -> Bool {

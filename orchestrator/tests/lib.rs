@@ -6,6 +6,7 @@
 mod diff_support;
 mod run_support;
 
+mod any_engine_manifest;
 mod any_engine_verdicts;
 mod attest_pins;
 mod bisect_commits;
@@ -31,6 +32,7 @@ mod output_cap;
 mod output_memory;
 mod plan_output;
 mod process_lifetime;
+mod python_gates;
 mod receipts_tree;
 mod report_html;
 mod run_cron;

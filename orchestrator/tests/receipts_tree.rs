@@ -40,6 +40,7 @@ fn cell(id: &str, argv: Vec<String>, root: &Path) -> Cell {
         retries: 0,
         expect: Expect::Pass,
         expect_fail: Vec::new(),
+        info: Vec::new(),
         hermetic: false,
         verdict: None,
         produces: Vec::new(),
@@ -75,6 +76,7 @@ fn hostile_cell_ids_cannot_write_outside_the_tree() {
         inherit: vec!["PATH".into()],
         require: Default::default(),
         fingerprints: Vec::new(),
+        attest: Vec::new(),
         cells: ids
             .iter()
             .map(|id| cell(id, vec![gate.clone()], &work))

@@ -28,6 +28,8 @@ fn job(node_dir: &std::path::Path, gate: &str) -> CellJob {
         retries: 0,
         expect: Expect::Pass,
         expect_fail: Vec::new(),
+        info: Vec::new(),
+        store: None,
         verdict_pass: None,
         verdict_fail: None,
         produces: vec![],

@@ -57,6 +57,24 @@ pub fn command(args: &GcArgs) -> ExitCode {
         for name in names {
             let _ = crate::history::index::prune(&receipts, name);
         }
+        // Artifacts no run links any more leave the store.
+        let store = crate::receipt::store::store_dir(&receipts);
+        match crate::receipt::store::sweep(&store) {
+            Ok(s) if s.objects > 0 => println!(
+                "removed {} stored artifact{} ({} bytes) that no kept run holds",
+                s.objects,
+                if s.objects == 1 { "" } else { "s" },
+                s.bytes
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!(
+                    "memra-orch gc: {}: cannot sweep the artifact store: {e}",
+                    store.display()
+                );
+                failed = true;
+            }
+        }
     }
     println!(
         "{} of {} runs {}deleted; kept the newest {} per manifest",

@@ -276,6 +276,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     });
     let mut writer = ReceiptWriter::new(tree.clone(), header, plan.cells.len())
         .with_pairs(pairs)
+        .with_attest(plan.attest.clone())
         .with_disk_full(disk_full.clone());
     crate::executor::supervise::adopt_orphans();
     let mut outcome = {

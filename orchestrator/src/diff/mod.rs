@@ -41,6 +41,9 @@ pub struct DiffReceipt {
     pub attempts: Vec<quantify::DiffAttempt>,
     #[serde(default)]
     pub compare: Option<Value>,
+    /// Metric-name globs that are informational (`info`).
+    #[serde(default)]
+    pub info: Vec<String>,
 }
 
 /// What `diff` reads of a check row: its name, status, metrics and message.
@@ -225,6 +228,8 @@ pub struct Diff {
     pub other_verdict_changes: Vec<VerdictChange>,
     pub bits_moved: Vec<BitsMoved>,
     pub metric_drift: Vec<MetricDrift>,
+    /// Changes of metrics a cell marks informational (`info`): shown, never drift.
+    pub info_changed: Vec<MetricDrift>,
     /// Check rows that became `warn`.
     pub warns: Vec<WarnChange>,
     pub duration_drift: Vec<DurationDrift>,
@@ -298,6 +303,7 @@ pub fn diff(old: &DiffRun, new: &DiffRun, t: &Thresholds) -> Diff {
         other_verdict_changes: Vec::new(),
         bits_moved: Vec::new(),
         metric_drift: Vec::new(),
+        info_changed: Vec::new(),
         warns: Vec::new(),
         duration_drift: Vec::new(),
         doors_changed: Vec::new(),
@@ -460,7 +466,8 @@ fn node(
             });
         }
     }
-    checks(d, id, &or.checks, &nr.checks, t);
+    let info: Vec<&str> = or.info.iter().chain(&nr.info).map(String::as_str).collect();
+    checks(d, id, &or.checks, &nr.checks, &info, t);
     quantify::compare_reports(
         &mut d.metric_drift,
         id,
@@ -526,7 +533,14 @@ fn keyed(rows: &[DiffCheck]) -> BTreeMap<(String, usize), &DiffCheck> {
         .collect()
 }
 
-fn checks(d: &mut Diff, id: &str, old: &[DiffCheck], new: &[DiffCheck], t: &Thresholds) {
+fn checks(
+    d: &mut Diff,
+    id: &str,
+    old: &[DiffCheck],
+    new: &[DiffCheck],
+    info: &[&str],
+    t: &Thresholds,
+) {
     let (o, n) = (keyed(old), keyed(new));
     let keys: BTreeSet<&(String, usize)> = o.keys().chain(n.keys()).collect();
     let label = |(name, k): &(String, usize)| {
@@ -586,7 +600,12 @@ fn checks(d: &mut Diff, id: &str, old: &[DiffCheck], new: &[DiffCheck], t: &Thre
         for m in names {
             let (x, y) = (a.metrics.get(m), b.metrics.get(m));
             if let Some(relative) = metric_moved(m, x, y, t) {
-                d.metric_drift.push(drift(
+                let list = if crate::canary::matches_any(info, m) {
+                    &mut d.info_changed
+                } else {
+                    &mut d.metric_drift
+                };
+                list.push(drift(
                     m,
                     x.cloned().unwrap_or(Value::Null),
                     y.cloned().unwrap_or(Value::Null),
@@ -804,6 +823,7 @@ mod tests {
             produces: vec![],
             attempts: vec![],
             compare: None,
+            info: vec![],
         };
         let entry = run.nodes[0].clone();
         DiffRun {

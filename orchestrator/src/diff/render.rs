@@ -271,6 +271,25 @@ pub fn text(d: &Diff, color: bool) -> String {
             );
         }
     }
+    if !d.info_changed.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{} informational metric change{} (marked `info`, never drift): {}",
+            d.info_changed.len(),
+            if d.info_changed.len() == 1 { "" } else { "s" },
+            d.info_changed
+                .iter()
+                .take(8)
+                .map(|m| format!("{} {} → {}", m.metric, value(&m.old), value(&m.new)))
+                .collect::<Vec<_>>()
+                .join(", ")
+                + if d.info_changed.len() > 8 {
+                    ", …"
+                } else {
+                    ""
+                }
+        );
+    }
     if !d.warns.is_empty() {
         section(&mut out, Tone::Note, "WARN", d.warns.len());
         for w in &d.warns {

@@ -122,7 +122,19 @@ impl Executor for LocalExecutor {
                 let mut result = self.attempt(job, n, rep, text.as_ref());
                 let dir = artifacts_dir(job, n);
                 match list_artifacts(&dir) {
-                    Ok(a) => result.record.artifacts = a,
+                    Ok(a) => {
+                        if let Some(store) = &job.store {
+                            for art in &a {
+                                crate::receipt::store::intern(
+                                    store,
+                                    &dir.join(&art.name),
+                                    art.bytes,
+                                    &art.sha256,
+                                );
+                            }
+                        }
+                        result.record.artifacts = a
+                    }
                     Err(e) => result.listing_error = Some(e.to_string()),
                 }
                 on_note(CellNote::Attempt(result.record.clone()));

@@ -64,6 +64,13 @@ pub struct CellJob {
     /// `expect_fail`: the check globs a negative cell's failure must be confined to.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub expect_fail: Vec<String>,
+    /// The receipts folder's artifact store, where the local executor stores each artifact
+    /// once ([`crate::receipt::store`]); `None` keeps every file as the gate wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<PathBuf>,
+    /// `info`: metric-name globs that are informational.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub info: Vec<String>,
     /// Text verdict regexes (sources; validated when the plan was built).
     pub verdict_pass: Option<String>,
     pub verdict_fail: Option<String>,
@@ -149,6 +156,7 @@ impl CellJob {
         r.gpus = self.gpus.clone();
         r.expect = self.expect;
         r.expect_fail = self.expect_fail.clone();
+        r.info = self.info.clone();
         r
     }
 }

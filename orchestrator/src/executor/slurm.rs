@@ -790,6 +790,8 @@ mod tests {
             retries: 1,
             expect: Expect::Pass,
             expect_fail: Vec::new(),
+            info: Vec::new(),
+            store: None,
             code: "git:t".into(),
             fingerprints: Vec::new(),
             verdict_pass: None,

@@ -280,6 +280,7 @@ pub fn build(
             gpus: raw.require.gpus.as_ref().map(|g| *g.get_ref()),
         },
         fingerprints,
+        attest: raw.attest.iter().map(|p| p.get_ref().clone()).collect(),
         cells,
         redact,
     })
@@ -303,6 +304,7 @@ fn with_defaults(n: &RawNode, d: &RawNode) -> RawNode {
     let mut e = n.clone();
     let is_compare = n.kind == Some(NodeKind::Compare);
     e.tags = n.tags.clone().or_else(|| d.tags.clone());
+    e.info = n.info.clone().or_else(|| d.info.clone());
     e.timeout = n.timeout.or(d.timeout);
     e.expect = n.expect.or(d.expect);
     e.inputs = n.inputs.clone().or_else(|| d.inputs.clone());
@@ -596,6 +598,17 @@ impl Builder<'_, '_> {
         let mut env_axes: Vec<String> = Vec::new();
         let mut axis_owner: HashMap<String, String> = HashMap::new();
         if let Some(m) = &n.matrix {
+            for (k, _) in m.include.iter().flatten() {
+                if k.get_ref().starts_with(matrix::QUIET_PREFIX) {
+                    self.err(
+                        k.span(),
+                        "an inline matrix's include entries take no `vars` table".into(),
+                        "set variables that should not name the cell in an env-matrix file's \
+                         `[[include]]` entry (`vars = { NAME = \"value\" }`), or in the node's `env`"
+                            .into(),
+                    );
+                }
+            }
             let combos = matrix::expand(m, self.src, self.max_cells, self.diags);
             for k in m
                 .axes
@@ -680,6 +693,7 @@ impl Builder<'_, '_> {
         };
         let mut out = Vec::with_capacity(combos.len());
         for combo in combos {
+            let (combo, quiet) = matrix::split_quiet(combo);
             let cell_id = matrix::cell_id(&id, &combo);
             let before = self.diags.len();
             let scope = Scope {
@@ -709,6 +723,7 @@ impl Builder<'_, '_> {
             }
             env.extend(pins.iter().cloned());
             env.extend(combo.iter().filter(|(k, _)| env_axes.contains(k)).cloned());
+            env.extend(quiet.iter().cloned());
             for (k, v) in &node_env {
                 if let Some(v) = self.subst(v, &scope) {
                     env.insert(k.get_ref().clone(), v);
@@ -728,6 +743,20 @@ impl Builder<'_, '_> {
             let mut creates = Vec::new();
             for p in n.creates.iter().flatten() {
                 creates.extend(self.subst(p, &scope).map(|p| resolve(&p)));
+            }
+            let mut info = Vec::new();
+            for g in n.info.iter().flatten() {
+                if let Some(text) = self.subst(g, &scope) {
+                    if let Err(e) = crate::canary::check_glob(&text) {
+                        let msg = format!("`info` entry \"{text}\" is not a valid glob: {e}");
+                        self.err(
+                            g.span(),
+                            msg,
+                            "write a metric-name glob, e.g. `info = [\"*_tok_s\"]`".into(),
+                        );
+                    }
+                    info.push(text);
+                }
             }
             let mut expect_fail = Vec::new();
             for g in n.expect_fail.iter().flatten() {
@@ -771,6 +800,7 @@ impl Builder<'_, '_> {
                 retries: n.retries.unwrap_or(0),
                 expect,
                 expect_fail,
+                info,
                 verdict: verdict.clone(),
                 produces,
                 creates,

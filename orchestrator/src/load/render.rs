@@ -79,6 +79,22 @@ fn policy_str(p: &Policy) -> String {
             format!("tolerance({})", parts.join(", "))
         }
         Policy::ArgmaxAgree { min_agree } => format!("argmax agreement >= {min_agree}"),
+        Policy::Kl { max_mean, max } => {
+            let mut parts = Vec::new();
+            if let Some(m) = max_mean {
+                parts.push(format!("mean<={m}"));
+            }
+            if let Some(m) = max {
+                parts.push(format!("max<={m}"));
+            }
+            format!("kl({})", parts.join(", "))
+        }
+        Policy::TopK { k, min_overlap } => format!("top-{k} overlap >= {min_overlap}"),
+        Policy::Ulp { max_ulp } => format!("ulp <= {max_ulp}"),
+        Policy::Tokens { min_prefix: None } => "tokens".into(),
+        Policy::Tokens {
+            min_prefix: Some(n),
+        } => format!("tokens (agree on the first {n} steps)"),
     }
 }
 

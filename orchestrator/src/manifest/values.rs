@@ -407,6 +407,31 @@ impl Walker<'_, '_> {
             }
             let mut pairs = Vec::new();
             for (ck, cv) in entries(table) {
+                if ck.get_ref().as_ref() == crate::matrix::QUIET_TABLE
+                    && cv.get_ref().as_table().is_some()
+                {
+                    if k != "include" {
+                        self.err(
+                            ck.span(),
+                            format!(
+                                "`{}` belongs to `include` entries, not `{k}`",
+                                crate::matrix::QUIET_TABLE
+                            ),
+                            "match axis values only in `exclude` entries".to_string(),
+                        );
+                        continue;
+                    }
+                    let inner = cv.get_ref().as_table().expect("checked to be a table");
+                    for (vk, vv) in entries(inner) {
+                        if let Some(s) = self.scalar(vk, vv) {
+                            let name = owned_key(vk);
+                            let marked =
+                                Spanned::new(name.span(), crate::matrix::quiet_key(name.get_ref()));
+                            pairs.push((marked, s));
+                        }
+                    }
+                    continue;
+                }
                 if let Some(s) = self.scalar(ck, cv) {
                     pairs.push((owned_key(ck), s));
                 }
@@ -555,10 +580,12 @@ impl Walker<'_, '_> {
     }
 
     pub(super) fn policy(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<Policy> {
-        const HELP: &str = "write `policy = \"bitwise\"`, `policy = { max_abs = 0.01, max_rel = 0.01, argmax = true }` or `policy = { argmax = true, min_agree = 0.95 }`";
+        const HELP: &str = "write `policy = \"bitwise\"`, `policy = \"tokens\"`, `policy = { max_abs = 0.01, max_rel = 0.01, argmax = true }`, `policy = { argmax = true, min_agree = 0.95 }`, `policy = { kl_mean = 1e-4, kl_max = 1e-3 }`, `policy = { topk = 5, min_overlap = 0.8 }`, `policy = { max_ulp = 4 }` or `policy = { tokens = true, min_prefix = 16 }`";
         if let Some(s) = v.get_ref().as_str() {
-            if s == "bitwise" {
-                return Some(Policy::Bitwise);
+            match s {
+                "bitwise" => return Some(Policy::Bitwise),
+                "tokens" => return Some(Policy::Tokens { min_prefix: None }),
+                _ => {}
             }
             self.err(
                 v.span(),
@@ -568,79 +595,164 @@ impl Walker<'_, '_> {
             return None;
         }
         let Some(t) = v.get_ref().as_table() else {
-            self.wrong_type(key, v, "\"bitwise\" or a table", HELP);
+            self.wrong_type(key, v, "\"bitwise\", \"tokens\" or a table", HELP);
             return None;
         };
-        let (mut max_abs, mut max_rel, mut argmax, mut min_agree) = (None, None, None, None);
+        const KEYS: [&str; 11] = [
+            "max_abs",
+            "max_rel",
+            "argmax",
+            "min_agree",
+            "kl_mean",
+            "kl_max",
+            "topk",
+            "min_overlap",
+            "max_ulp",
+            "tokens",
+            "min_prefix",
+        ];
+        // Each key with the family of policies it belongs to.
+        let family = |k: &str| match k {
+            "max_abs" | "max_rel" => "tolerance",
+            "argmax" | "min_agree" => "argmax",
+            "kl_mean" | "kl_max" => "kl",
+            "topk" | "min_overlap" => "topk",
+            "max_ulp" => "ulp",
+            _ => "tokens",
+        };
+        let mut nums: std::collections::BTreeMap<&str, f64> = Default::default();
+        let mut flags: std::collections::BTreeMap<&str, bool> = Default::default();
         let mut ok = true;
         for (k, val) in entries(t) {
-            match k.get_ref().as_ref() {
-                "max_abs" => {
-                    max_abs = self.number(k, val);
-                    ok &= max_abs.is_some();
-                }
-                "max_rel" => {
-                    max_rel = self.number(k, val);
-                    ok &= max_rel.is_some();
-                }
-                "argmax" => {
-                    argmax = self.boolean(k, val);
-                    ok &= argmax.is_some();
-                }
-                "min_agree" => {
-                    min_agree = self.number(k, val);
-                    ok &= min_agree.is_some();
-                    if min_agree.is_some_and(|m| m > 1.0) {
-                        self.err(
-                            val.span(),
-                            "`min_agree` is a fraction of rows and must be at most 1".into(),
-                            "write e.g. `min_agree = 0.95`".to_string(),
-                        );
-                        ok = false;
+            let name = k.get_ref().as_ref();
+            match name {
+                "argmax" | "tokens" => match self.boolean(k, val) {
+                    Some(b) => {
+                        flags.insert(if name == "argmax" { "argmax" } else { "tokens" }, b);
                     }
-                }
+                    None => ok = false,
+                },
+                _ if KEYS.contains(&name) => match self.number(k, val) {
+                    Some(x) => {
+                        let at = KEYS.iter().position(|n| *n == name).expect("a known key");
+                        nums.insert(KEYS[at], x);
+                    }
+                    None => ok = false,
+                },
                 other => {
                     ok = false;
-                    self.unknown_key(
-                        k,
-                        other,
-                        &["max_abs", "max_rel", "argmax", "min_agree"],
-                        "`policy`",
-                    );
+                    self.unknown_key(k, other, &KEYS, "`policy`");
                 }
             }
         }
         if !ok {
             return None;
         }
-        match min_agree {
-            Some(min_agree) => {
-                if max_abs.is_some() || max_rel.is_some() || argmax == Some(false) {
-                    self.err(
-                        v.span(),
-                        "`min_agree` is an argmax-agreement policy and takes no other bound".into(),
-                        "write `policy = { argmax = true, min_agree = 0.95 }`, or drop `min_agree`"
-                            .to_string(),
-                    );
-                    return None;
-                }
-                Some(Policy::ArgmaxAgree { min_agree })
+        let mut families: Vec<&str> = nums
+            .keys()
+            .copied()
+            .chain(flags.iter().filter(|(_, b)| **b).map(|(k, _)| *k))
+            .map(family)
+            .collect();
+        families.sort_unstable();
+        families.dedup();
+        // `argmax = true` joins a tolerance as its extra check.
+        if families == ["argmax", "tolerance"] && !nums.contains_key("min_agree") {
+            families = vec!["tolerance"];
+        }
+        let fail = |this: &mut Self, msg: String, help: &str| {
+            this.err(v.span(), msg, help.to_string());
+            None
+        };
+        if nums.contains_key("min_agree")
+            && (flags.get("argmax") == Some(&false) || families.len() > 1)
+        {
+            return fail(
+                self,
+                "`min_agree` is an argmax-agreement policy and takes no other bound".into(),
+                "write `policy = { argmax = true, min_agree = 0.95 }`, or drop `min_agree`",
+            );
+        }
+        let integer = |this: &mut Self, k: &str, min: f64| -> Option<u64> {
+            let x = nums[k];
+            if x.fract() != 0.0 || x < min || x > 9.0e15 {
+                this.err(
+                    v.span(),
+                    format!("`{k}` must be a whole number of at least {min}, found {x}"),
+                    format!("write e.g. `{k} = {}`", min.max(1.0)),
+                );
+                return None;
             }
-            None => {
-                if max_abs.is_none() && max_rel.is_none() && argmax != Some(true) {
-                    self.err(
-                        v.span(),
-                        "this policy checks nothing".into(),
-                        HELP.to_string(),
+            Some(x as u64)
+        };
+        match families.as_slice() {
+            [] => fail(self, "this policy checks nothing".into(), HELP),
+            ["tolerance"] => Some(Policy::Tolerance {
+                max_abs: nums.get("max_abs").copied(),
+                max_rel: nums.get("max_rel").copied(),
+                argmax: flags.get("argmax").copied().unwrap_or(false),
+            }),
+            ["argmax"] => match nums.get("min_agree") {
+                Some(&m) if m > 1.0 => fail(
+                    self,
+                    "`min_agree` is a fraction of rows and must be at most 1".into(),
+                    "write e.g. `min_agree = 0.95`",
+                ),
+                Some(&min_agree) => Some(Policy::ArgmaxAgree { min_agree }),
+                None => Some(Policy::Tolerance {
+                    max_abs: None,
+                    max_rel: None,
+                    argmax: true,
+                }),
+            },
+            ["kl"] => Some(Policy::Kl {
+                max_mean: nums.get("kl_mean").copied(),
+                max: nums.get("kl_max").copied(),
+            }),
+            ["topk"] => {
+                if !nums.contains_key("topk") {
+                    return fail(
+                        self,
+                        "`min_overlap` needs `topk`, the number of best entries per row".into(),
+                        "write `policy = { topk = 5, min_overlap = 0.8 }`",
                     );
-                    return None;
                 }
-                Some(Policy::Tolerance {
-                    max_abs,
-                    max_rel,
-                    argmax: argmax.unwrap_or(false),
-                })
+                let k = integer(self, "topk", 1.0)?;
+                let min_overlap = nums.get("min_overlap").copied().unwrap_or(1.0);
+                if min_overlap > 1.0 {
+                    return fail(
+                        self,
+                        "`min_overlap` is a fraction of the top k and must be at most 1".into(),
+                        "write e.g. `min_overlap = 0.8`",
+                    );
+                }
+                Some(Policy::TopK { k, min_overlap })
             }
+            ["ulp"] => Some(Policy::Ulp {
+                max_ulp: integer(self, "max_ulp", 0.0)?,
+            }),
+            ["tokens"] => {
+                if flags.get("tokens") != Some(&true) {
+                    return fail(
+                        self,
+                        "`min_prefix` belongs to the tokens policy".into(),
+                        "write `policy = { tokens = true, min_prefix = 16 }`",
+                    );
+                }
+                let min_prefix = match nums.contains_key("min_prefix") {
+                    true => Some(integer(self, "min_prefix", 1.0)?),
+                    false => None,
+                };
+                Some(Policy::Tokens { min_prefix })
+            }
+            many => fail(
+                self,
+                format!(
+                    "this policy mixes the {} policies; a compare judges by one",
+                    many.join(" and ")
+                ),
+                HELP,
+            ),
         }
     }
 }

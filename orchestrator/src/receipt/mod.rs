@@ -11,6 +11,7 @@ pub mod gc;
 pub mod load;
 pub mod own_outputs;
 pub mod resolve;
+pub mod store;
 pub mod tree;
 
 use std::collections::BTreeMap;
@@ -127,6 +128,9 @@ pub struct NodeReceipt {
     /// The checks a negative cell's failure must be confined to (`expect_fail`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub expect_fail: Vec<String>,
+    /// Metric-name globs `diff` shows but never counts as drift (`info`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub info: Vec<String>,
     pub reason: Option<String>,
     pub checks: Vec<CheckRow>,
     pub doors: Option<BTreeMap<String, Value>>,
@@ -172,6 +176,7 @@ impl NodeReceipt {
             verdict: Verdict::Error,
             expect: Expect::Pass,
             expect_fail: Vec::new(),
+            info: Vec::new(),
             reason: None,
             checks: Vec::new(),
             doors: None,

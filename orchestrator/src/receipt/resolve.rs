@@ -62,7 +62,11 @@ pub fn list_runs(receipts: &Path) -> Result<Vec<FoundRun>, FindError> {
     })?;
     let mut runs = Vec::new();
     for commit in commits.flatten() {
-        if !commit.file_type().is_ok_and(|t| t.is_dir()) {
+        // Dot folders are memra-orch's own (`.memra-index`, `.memra-store`, `.memra-bisect`),
+        // never a commit's runs.
+        if !commit.file_type().is_ok_and(|t| t.is_dir())
+            || commit.file_name().to_string_lossy().starts_with('.')
+        {
             continue;
         }
         let Ok(manifests) = std::fs::read_dir(commit.path()) else {

@@ -245,10 +245,7 @@ fn compare_table(out: &mut String, c: &CompareReport, outcome: Option<Verdict>) 
     let _ = writeln!(out, "\ncompare:");
     let _ = writeln!(out, "  reference: {}", c.reference.display());
     let _ = writeln!(out, "  candidate: {}", c.candidate.display());
-    let argmax = matches!(
-        c.policy,
-        Policy::ArgmaxAgree { .. } | Policy::Tolerance { argmax: true, .. }
-    );
+    let argmax = c.policy.wants_argmax();
     if !c.tensors.is_empty() {
         let head = [
             "tensor",
@@ -265,7 +262,11 @@ fn compare_table(out: &mut String, c: &CompareReport, outcome: Option<Verdict>) 
             .map(|t| {
                 [
                     t.name.clone(),
-                    format!("{:?}", t.shape),
+                    if t.dtype.is_empty() {
+                        format!("{:?}", t.shape)
+                    } else {
+                        format!("{} {:?}", t.dtype, t.shape)
+                    },
                     t.values.to_string(),
                     t.mismatches.to_string(),
                     number(t.max_abs),
@@ -318,6 +319,7 @@ fn compare_table(out: &mut String, c: &CompareReport, outcome: Option<Verdict>) 
             );
         }
     }
+    policy_numbers(out, c);
     if let Some(m) = &c.first_mismatch {
         let step = m.step.map_or(String::new(), |s| format!(", step {s}"));
         let kind = match m.got_argmax {
@@ -344,6 +346,47 @@ fn compare_table(out: &mut String, c: &CompareReport, outcome: Option<Verdict>) 
     }
 }
 
+/// The numbers only some policies produce, one line per tensor, labelled by the policy.
+fn policy_numbers(out: &mut String, c: &CompareReport) {
+    for t in &c.tensors {
+        let name = &t.name;
+        if let (Some(mean), Some(max)) = (t.kl_mean, t.kl_max) {
+            let _ = writeln!(
+                out,
+                "  kl:     {name}: mean {} nats, max {} over {} rows",
+                number(mean),
+                number(max),
+                t.rows
+            );
+        }
+        if let (Some(min), Some(mean)) = (t.topk_min_overlap, t.topk_mean_overlap) {
+            let _ = writeln!(
+                out,
+                "  topk:   {name}: overlap min {min:.3}, mean {mean:.3} over {} rows",
+                t.rows
+            );
+        }
+        if let (Policy::Ulp { .. }, Some(u)) = (&c.policy, t.max_ulp) {
+            let _ = writeln!(out, "  ulp:    {name}: max {u} ulp ({})", t.dtype);
+        }
+        if let Some(d) = t.diverged {
+            let mut line = format!("  tokens: {name}: {d} of {} sequences part", t.rows);
+            for (i, v) in t.divergences.iter().take(5).enumerate() {
+                let sep = if i == 0 { ": " } else { ", " };
+                let _ = write!(
+                    line,
+                    "{sep}sequence {} at step {} (ref {}, got {})",
+                    v.row, v.step, v.reference, v.got
+                );
+            }
+            if t.divergences.len() > 5 {
+                line.push_str(", …");
+            }
+            let _ = writeln!(out, "{line}");
+        }
+    }
+}
+
 /// A float for the table: 0 as `0`, else three significant digits in exponent form.
 fn number(x: f64) -> String {
     if x == 0.0 {
@@ -357,22 +400,9 @@ fn number(x: f64) -> String {
 fn policy_text(p: &Policy) -> String {
     match p {
         Policy::Bitwise => "bitwise".to_string(),
-        Policy::Tolerance {
-            max_abs,
-            max_rel,
-            argmax,
-        } => {
-            let mut parts = Vec::new();
-            if let Some(a) = max_abs {
-                parts.push(format!("max_abs = {a}"));
-            }
-            if let Some(r) = max_rel {
-                parts.push(format!("max_rel = {r}"));
-            }
-            parts.push(format!("argmax = {argmax}"));
-            format!("{{ {} }}", parts.join(", "))
-        }
+        Policy::Tokens { min_prefix: None } => "tokens".to_string(),
         Policy::ArgmaxAgree { min_agree } => format!("{{ min_agree = {min_agree} }}"),
+        other => other.manifest_text(),
     }
 }
 

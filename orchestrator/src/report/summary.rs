@@ -60,16 +60,27 @@ pub fn table(receipts: &[Option<Box<NodeReceipt>>], outcome: &RunOutcome, tree: 
         }
         out.push('\n');
     }
-    let attested = receipts
-        .iter()
-        .flatten()
-        .filter(|r| crate::attest::has_warning(r))
-        .count();
+    let count = |check: &str| {
+        receipts
+            .iter()
+            .flatten()
+            .filter(|r| r.checks.iter().any(|c| c.check == check))
+            .count()
+    };
+    let attested = count(crate::attest::CHECK);
     if attested > 0 {
         let _ = writeln!(
             out,
             "warning: {attested} cells report \"{}\" (their doors rows match a cell with another value of the pin); see summary.md",
             crate::attest::CHECK
+        );
+    }
+    let unread = count(crate::attest::UNREAD);
+    if unread > 0 {
+        let _ = writeln!(
+            out,
+            "warning: {unread} cells report \"{}\" (a pin their gate did not report reading); see summary.md",
+            crate::attest::UNREAD
         );
     }
     if warned > 0 {

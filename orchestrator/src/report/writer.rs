@@ -23,6 +23,7 @@ pub struct ReceiptWriter {
     receipts: Vec<Option<Box<NodeReceipt>>>,
     /// Every compare's (reference, candidate) cell positions, for pin attestation.
     pairs: Vec<(usize, usize)>,
+    attest: Vec<String>,
     errors: Vec<WriteError>,
     /// Set when a write finds the disk full; shared with the run loop.
     disk_full: DiskFull,
@@ -59,6 +60,7 @@ impl ReceiptWriter {
             entries: vec![None; cells],
             receipts: vec![None; cells],
             pairs: Vec::new(),
+            attest: Vec::new(),
             errors: Vec::new(),
             disk_full: DiskFull::new(),
             reserve: None,
@@ -73,6 +75,12 @@ impl ReceiptWriter {
 
     /// The compares' (reference, candidate) cell positions, so attestation also checks that
     /// a candidate's differing pins show in its doors row.
+    /// The manifest's `attest` prefixes: variables named so must be reported read.
+    pub fn with_attest(mut self, prefixes: Vec<String>) -> ReceiptWriter {
+        self.attest = prefixes;
+        self
+    }
+
     pub fn with_pairs(mut self, pairs: Vec<(usize, usize)>) -> ReceiptWriter {
         self.pairs = pairs;
         self
@@ -204,7 +212,8 @@ impl Listener for ReceiptWriter {
                 // Pin attestation needs every cell's doors row, so it runs once all are in;
                 // it only adds warning checks, so receipts filed earlier stay valid until
                 // they are rewritten here.
-                let (findings, changed) = crate::attest::attest(&mut self.receipts, &self.pairs);
+                let (findings, unread, changed) =
+                    crate::attest::attest(&mut self.receipts, &self.pairs, &self.attest);
                 for i in changed {
                     // Another run's tree is never written: a carried receipt keeps what its
                     // own run attested, and this run's summary lists the findings.
@@ -222,7 +231,7 @@ impl Listener for ReceiptWriter {
                 let r = write_json(&self.tree.run_json(), &self.run);
                 self.record(r);
                 let mut md = super::summary::markdown(&self.run);
-                md.push_str(&crate::attest::markdown(&findings));
+                md.push_str(&crate::attest::markdown(&findings, &unread));
                 let r = write_atomic(&self.tree.summary_md(), md.as_bytes());
                 self.record(r);
                 match super::junit::render(&self.run, &self.receipts) {

@@ -156,6 +156,7 @@ impl Builder<'_, '_> {
                     retries: 0,
                     expect: n.expect.unwrap_or(Expect::Pass),
                     expect_fail: Vec::new(),
+                    info: Vec::new(),
                     verdict: None,
                     produces: Vec::new(),
                     creates: Vec::new(),

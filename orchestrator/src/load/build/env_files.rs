@@ -79,17 +79,16 @@ impl Builder<'_, '_> {
         let raw: RawMatrix = manifest::parse_env_matrix(&src, self.diags)?;
         let combos = matrix::expand(&raw, &src, self.max_cells, self.diags);
         for entry in raw.include.iter().flatten() {
-            if !manifest::is_env_name(entry.0.get_ref()) {
-                let msg = format!(
-                    "`{}` is not a valid environment variable name",
-                    entry.0.get_ref()
-                );
+            let name = entry.0.get_ref();
+            let name = name.strip_prefix(matrix::QUIET_PREFIX).unwrap_or(name);
+            if !manifest::is_env_name(name) {
+                let msg = format!("`{name}` is not a valid environment variable name");
                 self.diags.push(src.diag(
                     entry.0.span(),
                     msg,
                     Some("env-matrix keys become environment variables".into()),
                 ));
-            } else if let Some((message, help)) = manifest::reserved_pin(entry.0.get_ref()) {
+            } else if let Some((message, help)) = manifest::reserved_pin(name) {
                 self.diags
                     .push(src.diag(entry.0.span(), message, Some(help)));
             }
@@ -104,7 +103,7 @@ impl Builder<'_, '_> {
         let mut axis_names: Vec<String> =
             raw.axes.iter().map(|(k, _)| k.get_ref().clone()).collect();
         for (k, _) in raw.include.iter().flatten() {
-            if !axis_names.contains(k.get_ref()) {
+            if !axis_names.contains(k.get_ref()) && !k.get_ref().starts_with(matrix::QUIET_PREFIX) {
                 axis_names.push(k.get_ref().clone());
             }
         }
