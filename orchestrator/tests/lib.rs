@@ -47,6 +47,7 @@ mod run_reps;
 mod run_require;
 mod run_verdicts;
 mod schedule_gpus;
+mod secret_ids;
 mod slurm_cluster;
 mod smoke_manifest;
 mod verdict_truth;

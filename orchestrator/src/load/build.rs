@@ -60,6 +60,7 @@ pub fn build(
         diags,
         env_files: HashMap::new(),
         sources: Vec::new(),
+        secret: raw.secret.iter().map(|s| s.get_ref().clone()).collect(),
     };
     b.top_level(raw);
     for n in std::iter::once(&raw.defaults).chain(&raw.nodes) {
@@ -296,6 +297,8 @@ struct Builder<'a, 'd> {
     /// Env-matrix files by absolute path; `None` when the file could not be used.
     env_files: HashMap<PathBuf, Option<std::rc::Rc<EnvMatrix>>>,
     sources: Vec<SourceFile>,
+    /// `[isolation] secret`: names whose values never name a cell.
+    secret: Vec<String>,
 }
 
 /// A node with `[defaults]` applied: scalars and arrays from the node win; `env` tables merge
@@ -352,6 +355,37 @@ fn written_inputs(n: &RawNode) -> Vec<String> {
 }
 
 impl Builder<'_, '_> {
+    /// A combination as cell ids, receipts and every display show it: the value of a key
+    /// that is secret (its name looks secret or `[isolation] secret` lists it) becomes
+    /// `<secret-N>`, N counting the key's distinct values in the order they first appear
+    /// (the declared order of an axis), so ids stay distinct and stable without holding the
+    /// secret; a URL's password is redacted in any value. The real values still reach the
+    /// gate's environment and `${matrix.NAME}`.
+    fn shown_axes(
+        &self,
+        combo: &[(String, String)],
+        seen: &mut HashMap<String, Vec<String>>,
+    ) -> Vec<(String, String)> {
+        combo
+            .iter()
+            .map(|(k, v)| {
+                if crate::redact::secret_name(k) || self.secret.iter().any(|s| s == k) {
+                    let values = seen.entry(k.clone()).or_default();
+                    let n = match values.iter().position(|x| x == v) {
+                        Some(i) => i + 1,
+                        None => {
+                            values.push(v.clone());
+                            values.len()
+                        }
+                    };
+                    (k.clone(), format!("<secret-{n}>"))
+                } else {
+                    (k.clone(), crate::redact::url_passwords(v).into_owned())
+                }
+            })
+            .collect()
+    }
+
     fn err(&mut self, span: Range<usize>, message: String, help: String) {
         self.diags.push(self.src.diag(span, message, Some(help)));
     }
@@ -692,9 +726,11 @@ impl Builder<'_, '_> {
             }
         };
         let mut out = Vec::with_capacity(combos.len());
+        let mut secret_values: HashMap<String, Vec<String>> = HashMap::new();
         for combo in combos {
             let (combo, quiet) = matrix::split_quiet(combo);
-            let cell_id = matrix::cell_id(&id, &combo);
+            let shown = self.shown_axes(&combo, &mut secret_values);
+            let cell_id = matrix::cell_id(&id, &shown);
             let before = self.diags.len();
             let scope = Scope {
                 root: &root_str,
@@ -781,7 +817,7 @@ impl Builder<'_, '_> {
                 id: CellId(cell_id),
                 node: NodeId(id.clone()),
                 kind: n.kind.expect("run nodes have a kind"),
-                axes: combo,
+                axes: shown,
                 description: n.description.clone(),
                 tags: tags.clone(),
                 argv,
