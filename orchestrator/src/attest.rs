@@ -125,8 +125,13 @@ fn reads(doors: &BTreeMap<String, serde_json::Value>) -> BTreeMap<&str, String> 
         .iter()
         .filter_map(|(k, v)| {
             let name = k.strip_prefix(READ_PREFIX)?;
+            // A number or boolean reads as the text a variable would hold: `1`, `true`.
             let text = match v {
                 serde_json::Value::String(s) => s.clone(),
+                serde_json::Value::Number(n) => n
+                    .as_i64()
+                    .map(|i| i.to_string())
+                    .unwrap_or_else(|| n.to_string()),
                 other => other.to_string(),
             };
             Some((name, text))
@@ -304,14 +309,18 @@ pub fn find_unread(
         }
     }
     let mut out = Vec::new();
+    let empty = BTreeMap::new();
     for (i, names) in wanted {
         let Some(Some(r)) = receipts.get(i) else {
             continue;
         };
-        let Some(doors) = r.doors.as_ref().filter(|_| eligible(r)) else {
+        // A cell that ran but wrote no doors row reads as one that reports no reads: only
+        // its attested pins are flagged (memra-orch cannot tell whether it read them).
+        let ran = r.kind == NodeKind::Arm && r.verdict.is_final() && !r.attempts.is_empty();
+        if !ran {
             continue;
-        };
-        let read = reads(doors);
+        }
+        let read = reads(r.doors.as_ref().unwrap_or(&empty));
         for pin in names {
             let Some(value) = r.env.get(pin) else {
                 // Unset on this side: the other side's value is what is attested.

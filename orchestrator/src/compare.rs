@@ -331,6 +331,8 @@ fn compare_tensors(
         }
     }
     let (mut kl_sum, mut kl_rows) = (0.0f64, 0u64);
+    // Rows of float tensors: the only ones that have an argmax.
+    let mut argmax_rows = 0u64;
     for name in r_names {
         if stop.load(Ordering::Relaxed) {
             return;
@@ -375,6 +377,9 @@ fn compare_tensors(
             return;
         }
         report.failures.extend(judge_tensor(&typed, policy));
+        if typed.float {
+            argmax_rows += typed.report.rows;
+        }
         let t = typed.report;
         report.tensors_compared += 1;
         report.values_compared += t.values;
@@ -402,12 +407,13 @@ fn compare_tensors(
         report.kl_mean = Some(kl_sum / kl_rows as f64);
     }
     match policy {
-        Policy::ArgmaxAgree { min_agree } if report.rows > 0 => {
-            let frac = report.argmax_agree as f64 / report.rows as f64;
+        Policy::ArgmaxAgree { min_agree } if argmax_rows > 0 => {
+            let frac = report.argmax_agree as f64 / argmax_rows as f64;
             if frac < *min_agree {
                 report.failures.push(format!(
-                    "argmax agrees on {} of {} rows ({frac:.4}), below min_agree {min_agree}",
-                    report.argmax_agree, report.rows
+                    "argmax agrees on {} of {argmax_rows} rows ({frac:.4}), below min_agree \
+                     {min_agree}",
+                    report.argmax_agree
                 ));
             }
         }
@@ -426,11 +432,14 @@ fn compare_tensors(
         }
         _ => {}
     }
-    if matches!(policy, Policy::Kl { .. } | Policy::TopK { .. })
-        && report.tensors_compared > 0
-        && report.kl_mean.is_none()
-        && report.topk_min_overlap.is_none()
-    {
+    let judges_floats = matches!(
+        policy,
+        Policy::Kl { .. }
+            | Policy::TopK { .. }
+            | Policy::ArgmaxAgree { .. }
+            | Policy::Tolerance { argmax: true, .. }
+    );
+    if judges_floats && report.tensors_compared > 0 && argmax_rows == 0 {
         report.failures.push(format!(
             "{}: no floating-point tensor to judge (integer tensors compare exactly, which they \
              did); use policy \"bitwise\" or \"tokens\" for integer artifacts",
@@ -479,6 +488,22 @@ fn judge_tensor(typed: &Typed, policy: &Policy) -> Vec<String> {
         ));
     }
     match policy {
+        Policy::Kl { .. } | Policy::TopK { .. }
+            if typed.float && t.rows > 0 && short_rows(t, policy) =>
+        {
+            failures.push(format!(
+                "tensor `{name}` ({dtype}): {}: rows of {} value{} cannot be judged by it \
+                 (a softmax of one value is always 1; a top k of no more than k values always \
+                 overlaps); compare this tensor bitwise or in a file of its own",
+                policy.name(),
+                t.shape.last().copied().unwrap_or(1),
+                if t.shape.last().copied().unwrap_or(1) == 1 {
+                    ""
+                } else {
+                    "s"
+                },
+            ));
+        }
         Policy::Tolerance { argmax: true, .. } if t.argmax_agree < t.rows && typed.float => {
             failures.push(format!(
                 "tensor `{name}` ({dtype}): argmax differs on {} of {} rows",
@@ -510,7 +535,14 @@ fn judge_tensor(typed: &Typed, policy: &Policy) -> Vec<String> {
             }
         }
         Policy::Tokens { min_prefix } if typed.parted_early > 0 => {
-            let d = &t.divergences[0];
+            let early = |d: &&Divergence| min_prefix.is_none_or(|n| d.step < n);
+            let Some(d) = t.divergences.iter().find(early) else {
+                failures.push(format!(
+                    "tensor `{name}` ({dtype}): tokens: {} of {} sequences part too early",
+                    typed.parted_early, t.rows
+                ));
+                return failures;
+            };
             let bound = match min_prefix {
                 Some(n) => format!(" before step {n}"),
                 None => String::new(),
@@ -524,6 +556,16 @@ fn judge_tensor(typed: &Typed, policy: &Policy) -> Vec<String> {
         _ => {}
     }
     failures
+}
+
+/// Whether a tensor's rows are too short for the `kl` or `topk` policy to tell anything.
+fn short_rows(t: &TensorReport, policy: &Policy) -> bool {
+    let len = t.shape.last().copied().unwrap_or(1) as u64;
+    match policy {
+        Policy::Kl { .. } => len <= 1,
+        Policy::TopK { k, .. } => len <= *k,
+        _ => false,
+    }
 }
 
 /// Whether `x` is past `bound`; NaN always is (never a pass).
@@ -588,7 +630,14 @@ fn compare_row<E: Element>(r: &[u8], g: &[u8], policy: &Policy) -> RowStats {
     let same = r == g;
     if E::FLOAT {
         if policy.wants_argmax() {
-            s.argmax = Some((E::row_argmax(r), E::row_argmax(g)));
+            // The argmax of a row of NaN only is 0, and its value NaN: such a row has no
+            // argmax, which agrees with nothing but another row of NaN only.
+            let best = |row: &[u8]| {
+                let i = E::row_argmax(row);
+                let v = E::read(&row[i as usize * E::BYTES..]).value();
+                if v.is_nan() { u64::MAX } else { i }
+            };
+            s.argmax = Some((best(r), best(g)));
         }
         match policy {
             Policy::Kl { .. } => s.kl = Some(if same { 0.0 } else { kl_row::<E>(r, g) }),
@@ -619,7 +668,12 @@ fn compare_row<E: Element>(r: &[u8], g: &[u8], policy: &Policy) -> RowStats {
         let (a, b) = (rv.value(), gv.value());
         let d = crate::tensors::abs_error(a, b);
         let rel = d / a.abs().max(1.0);
-        let ulp = u64::try_from((rv.position() - gv.position()).unsigned_abs()).unwrap_or(u64::MAX);
+        // NaN against a number is infinitely far in every policy, ulp included.
+        let ulp = if a.is_nan() != b.is_nan() {
+            u64::MAX
+        } else {
+            u64::try_from((rv.position() - gv.position()).unsigned_abs()).unwrap_or(u64::MAX)
+        };
         s.max_abs = s.max_abs.max(d);
         s.max_rel = s.max_rel.max(rel);
         s.max_ulp = s.max_ulp.max(ulp);
@@ -639,7 +693,12 @@ fn compare_row<E: Element>(r: &[u8], g: &[u8], policy: &Policy) -> RowStats {
         }
         if tokens && s.parts.is_none() {
             s.parts = Some((i as u64, rv.shown(), gv.shown()));
-            s.first = s.parts;
+            // A part at or after `min_prefix` is allowed: no mismatch to show for it.
+            if let Policy::Tokens { min_prefix } = policy
+                && min_prefix.is_none_or(|n| (i as u64) < n)
+            {
+                s.first = s.parts;
+            }
         }
     }
     s
@@ -705,8 +764,13 @@ fn top_k<E: Element>(b: &[u8], k: usize) -> Vec<usize> {
     v.into_iter().map(|(_, i)| i).collect()
 }
 
-/// |top-k(r) ∩ top-k(g)| / k, with k no larger than the row.
+/// |top-k(r) ∩ top-k(g)| / k, with k no larger than the row; 0 when the candidate has a NaN
+/// where the reference has a number (NaN is never ranked, so it would slip past).
 fn topk_overlap<E: Element>(r: &[u8], g: &[u8], k: u64) -> f64 {
+    let nan_at = |b: &[u8], i: usize| E::read(&b[i * E::BYTES..]).value().is_nan();
+    if (0..r.len() / E::BYTES).any(|i| nan_at(g, i) && !nan_at(r, i)) {
+        return 0.0;
+    }
     let k = usize::try_from(k)
         .unwrap_or(usize::MAX)
         .min(r.len() / E::BYTES);
@@ -735,7 +799,12 @@ fn compare_typed<E: Element>(p: Pair<'_>) -> Typed {
     } = p;
     let values = (r.len() / E::BYTES) as u64;
     let row_len = shape.last().copied().filter(|&n| n > 0).unwrap_or(1);
-    let row_bytes = row_len * E::BYTES;
+    // A tensor with no elements has no rows, whatever its last dimension says ([0, 2^62]
+    // is a valid header whose row length in bytes would overflow).
+    let row_bytes = match row_len.checked_mul(E::BYTES) {
+        Some(b) if !r.is_empty() => b,
+        _ => r.len().max(E::BYTES),
+    };
     let rows = if r.is_empty() { 0 } else { r.len() / row_bytes };
     let stats: Vec<RowStats> = r
         .par_chunks(row_bytes)
@@ -1089,5 +1158,61 @@ mod tests {
                 .iter()
                 .all(|w| !w.contains("tokens:"))
         );
+    }
+
+    #[test]
+    fn nan_against_a_number_is_never_close() {
+        let ulp = Policy::Ulp { max_ulp: 1 };
+        let t = f32s(
+            "l",
+            &[2],
+            &[f32::INFINITY, f32::MAX],
+            &[f32::NAN, f32::NAN],
+            &ulp,
+        );
+        assert_eq!(t.mismatches, 2);
+        assert_eq!(t.max_ulp, Some(u64::MAX));
+        // A row of NaN only has no argmax: it agrees with no row of numbers.
+        let am = Policy::ArgmaxAgree { min_agree: 1.0 };
+        let t = f32s("l", &[1, 3], &[5.0, 1.0, 0.0], &[f32::NAN; 3], &am);
+        assert_eq!(t.argmax_agree, 0);
+        let t = f32s("l", &[1, 3], &[f32::NAN; 3], &[f32::NAN; 3], &am);
+        assert_eq!(t.argmax_agree, 1);
+        // A NaN the candidate ranks nowhere fails the top k.
+        let tk = Policy::TopK {
+            k: 2,
+            min_overlap: 1.0,
+        };
+        let t = f32s(
+            "l",
+            &[1, 4],
+            &[5.0, 4.0, 3.0, 2.0],
+            &[5.0, 4.0, f32::NAN, f32::NAN],
+            &tk,
+        );
+        assert_eq!(t.topk_min_overlap, Some(0.0));
+    }
+
+    #[test]
+    fn rows_too_short_for_kl_or_topk_fail_instead_of_passing_blind() {
+        let kl = Policy::Kl {
+            max_mean: None,
+            max: Some(1e-6),
+        };
+        let ty = typed::<f32>("loss", &[1, 1], &bytes(&[1.0]), &bytes(&[1e9]), &kl);
+        assert!(judge_tensor(&ty, &kl)[0].contains("cannot be judged"));
+        let tk = Policy::TopK {
+            k: 5,
+            min_overlap: 1.0,
+        };
+        let r = [1.0, 2.0, 3.0, 4.0];
+        let ty = typed::<f32>("l", &[1, 4], &bytes(&r), &bytes(&[9.0, 9.0, 9.0, 9.0]), &tk);
+        assert!(judge_tensor(&ty, &tk)[0].contains("cannot be judged"));
+    }
+
+    #[test]
+    fn an_empty_tensor_with_a_huge_row_length_is_no_crash() {
+        let t = f32s("l", &[0, 1 << 62], &[], &[], &Policy::Bitwise);
+        assert_eq!((t.rows, t.values, t.mismatches), (0, 0, 0));
     }
 }

@@ -156,6 +156,17 @@ pub fn redact_receipt(r: &Redactor, rec: &mut NodeReceipt) {
             *m = r.text(m).into_owned();
         }
     }
+    // A gate reports the variables it read (`env.NAME`), secrets among them: redacted by
+    // the variable's name as `env` is, so attestation compares like with like.
+    if let Some(doors) = &mut rec.doors {
+        for (k, v) in doors.iter_mut() {
+            if let (Some(name), serde_json::Value::String(s)) = (k.strip_prefix("env."), &*v) {
+                *v = serde_json::Value::String(r.value(name, s));
+            } else if let serde_json::Value::String(s) = &*v {
+                *v = serde_json::Value::String(r.text(s).into_owned());
+            }
+        }
+    }
 }
 
 /// Something that observes a run: the terminal display, the receipt writer, the JUnit

@@ -50,4 +50,5 @@ mod schedule_gpus;
 mod secret_ids;
 mod slurm_cluster;
 mod smoke_manifest;
+mod supervisor_attacks;
 mod verdict_truth;

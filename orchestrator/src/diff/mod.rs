@@ -466,7 +466,9 @@ fn node(
             });
         }
     }
-    let info: Vec<&str> = or.info.iter().chain(&nr.info).map(String::as_str).collect();
+    // The new run's list only: dropping `info` from a manifest makes those metrics drift
+    // again at once, against every older run.
+    let info: Vec<&str> = nr.info.iter().map(String::as_str).collect();
     checks(d, id, &or.checks, &nr.checks, &info, t);
     quantify::compare_reports(
         &mut d.metric_drift,

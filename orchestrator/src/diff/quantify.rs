@@ -445,6 +445,11 @@ fn report_rows(r: &Value) -> BTreeMap<String, BTreeMap<String, Value>> {
             "mismatches",
             "rows",
             "argmax_agree",
+            "kl_mean",
+            "kl_max",
+            "topk_min_overlap",
+            "max_ulp",
+            "diverged",
         ],
     );
     let largest = |key: &str| {

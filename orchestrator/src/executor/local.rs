@@ -460,7 +460,10 @@ impl LocalExecutor {
         let err_copy = capture(err_r, stderr, "stderr.log");
         let ended = supervised.started().and_then(|pgid| {
             gate.store(pgid, Ordering::SeqCst);
-            let watch = self.watchdog.watch(pgid, job.timeout);
+            let supervisor = i32::try_from(supervised.id()).ok();
+            let watch = self
+                .watchdog
+                .watch_supervised(pgid, supervisor, job.timeout);
             let end = supervised.wait();
             let stopped = self.watchdog.unwatch(watch);
             end.map(|end| (end, stopped))
@@ -469,8 +472,13 @@ impl LocalExecutor {
             Ok(x) => x,
             Err(SuperviseError::Spawn(error)) => return Err(spawn_error(error)),
             // A supervisor that died unreported may have left processes holding the logs'
-            // pipes, so the copies are not waited for.
-            Err(SuperviseError::Lost(why)) => return Err(ExecError::Supervisor(why)),
+            // pipes, so the copies are not waited for. What it supervised re-parented to
+            // memra-orch (a subreaper): killed now, so nothing of this attempt runs beside
+            // the next cell on its GPU.
+            Err(SuperviseError::Lost(why)) => {
+                supervise::sweep_strays();
+                return Err(ExecError::Supervisor(why));
+            }
         };
         let mut cut = None;
         for (copy, log, path) in [

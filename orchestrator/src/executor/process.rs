@@ -38,11 +38,19 @@ struct State {
 #[derive(Debug)]
 struct Entry {
     pgid: i32,
+    /// The attempt's supervisor, killed [`SUPERVISOR_WAIT`] after the group's SIGKILL if
+    /// the watch is still on then: a supervisor that does not report by that time was
+    /// stopped or hung by what it supervises, and memra-orch must not wait for it forever.
+    supervisor: Option<i32>,
     deadline: Option<Instant>,
     term_sent: Option<Instant>,
-    kill_sent: bool,
+    kill_sent: Option<Instant>,
+    supervisor_killed: bool,
     stopped: Stopped,
 }
+
+/// How long after the group's SIGKILL a supervisor still watched is killed too.
+pub const SUPERVISOR_WAIT: Duration = Duration::from_secs(2);
 
 /// A watched process group; hand it back with [`Watchdog::unwatch`].
 #[derive(Debug)]
@@ -75,6 +83,12 @@ impl Watchdog {
     /// Watches the process group `pgid` with a time limit. If the run is already
     /// cancelled, the group is stopped at once.
     pub fn watch(&self, pgid: i32, timeout: Duration) -> Watch {
+        self.watch_supervised(pgid, None, timeout)
+    }
+
+    /// [`Watchdog::watch`] for a group started by the supervisor `supervisor`, which is
+    /// killed as well if it has not reported [`SUPERVISOR_WAIT`] after the group's SIGKILL.
+    pub fn watch_supervised(&self, pgid: i32, supervisor: Option<i32>, timeout: Duration) -> Watch {
         let mut st = self.lock();
         let token = st.next_token;
         st.next_token += 1;
@@ -82,9 +96,11 @@ impl Watchdog {
             token,
             Entry {
                 pgid,
+                supervisor,
                 deadline: Instant::now().checked_add(timeout),
                 term_sent: None,
-                kill_sent: false,
+                kill_sent: None,
+                supervisor_killed: false,
                 stopped: Stopped::No,
             },
         );
@@ -155,14 +171,25 @@ fn watch_loop(shared: &Shared) {
                 }
             }
             if let Some(t) = e.term_sent
-                && !e.kill_sent
+                && e.kill_sent.is_none()
             {
                 let kill_at = t + grace;
                 if now >= kill_at {
                     signal_group(e.pgid, libc::SIGKILL);
-                    e.kill_sent = true;
+                    e.kill_sent = Some(now);
                 } else {
                     next = Some(next.map_or(kill_at, |n| n.min(kill_at)));
+                }
+            }
+            if let (Some(k), Some(pid), false) = (e.kill_sent, e.supervisor, e.supervisor_killed) {
+                let at = k + SUPERVISOR_WAIT;
+                if now >= at {
+                    // SAFETY: kill takes plain integers; the supervisor is our own child and
+                    // is not reaped while it is watched (its owner unwatches it first).
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    e.supervisor_killed = true;
+                } else {
+                    next = Some(next.map_or(at, |n| n.min(at)));
                 }
             }
         }

@@ -161,6 +161,8 @@ impl SlurmExecutor {
         let mut remote = job.clone();
         remote.gpus.clear();
         remote.visible_devices.clear();
+        // Artifacts on the shared file system stay as written (docs/receipts.md).
+        remote.store = None;
         let bytes =
             serde_json::to_vec_pretty(&remote).map_err(|error| SlurmError::SerialiseJob {
                 node: job.id.clone(),

@@ -175,6 +175,58 @@ pub fn adopt_orphans() {
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
 }
 
+/// The supervisors memra-orch has started and not yet waited for.
+static LIVE: Mutex<Vec<libc::pid_t>> = Mutex::new(Vec::new());
+
+fn live() -> std::sync::MutexGuard<'static, Vec<libc::pid_t>> {
+    LIVE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Kills (with everything below them) and reaps the children of memra-orch that are not a
+/// live supervisor: the processes of a supervisor that died, re-parented here since
+/// memra-orch is a subreaper ([`adopt_orphans`]). Called as soon as a supervisor is found
+/// lost, so a `setsid` worker of its gate does not outlive the attempt until the run ends.
+pub fn sweep_strays() {
+    let _guard = SWEEP.lock().unwrap_or_else(|p| p.into_inner());
+    let me = std::process::id() as libc::pid_t;
+    let keep = live().clone();
+    for _ in 0..100 {
+        let strays: Vec<libc::pid_t> = children_of(me)
+            .into_iter()
+            .filter(|c| !keep.contains(c))
+            .collect();
+        if strays.is_empty() {
+            return;
+        }
+        for pid in strays {
+            for d in descendants(pid) {
+                // SAFETY: kill takes plain integers; `d` is below a stray of ours.
+                unsafe { libc::kill(d, libc::SIGKILL) };
+            }
+            // SAFETY: as above; `pid` is a child of ours that no Child handle owns.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // SAFETY: reaps only this child of ours (its own status, not another's).
+            unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The direct children of `parent`, from /proc.
+fn children_of(parent: libc::pid_t) -> Vec<libc::pid_t> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<libc::pid_t>().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // A zombie child has no subtree but still needs reaping: it counts.
+            (parent_of(&stat)? == parent).then_some(pid)
+        })
+        .collect()
+}
+
 /// Kills and reaps every process still below this one. Call it only once every attempt
 /// has ended and every child memra-orch started itself was waited for: whatever is left
 /// then is a stray of a dead supervisor.
@@ -279,7 +331,14 @@ impl Supervised {
         let (ours, theirs) = UnixStream::pair()?;
         cmd.stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
             .process_group(0);
-        let child = cmd.spawn()?;
+        // Spawned and registered under the sweep lock, so a stray sweep on another thread
+        // never takes a supervisor that is starting for one of ours.
+        let child = {
+            let _guard = SWEEP.lock().unwrap_or_else(|p| p.into_inner());
+            let child = cmd.spawn()?;
+            live().push(child.id() as libc::pid_t);
+            child
+        };
         // Drop the command now: it holds the pipe ends given to the child, and the readers
         // see end-of-file only once every copy is closed.
         drop(cmd);
@@ -314,7 +373,7 @@ impl Supervised {
                 Ok(n) if n != 0 => std::io::Error::from_raw_os_error(n),
                 _ => std::io::Error::other(message.to_string()),
             };
-            let _ = self.child.wait();
+            let _ = self.reap();
             return Err(SuperviseError::Spawn(error));
         }
         Err(self.lost(&line))
@@ -332,15 +391,23 @@ impl Supervised {
         };
         match end {
             Some(end) => {
-                let _ = self.child.wait();
+                let _ = self.reap();
                 Ok(end)
             }
             None => Err(self.lost(&line)),
         }
     }
 
-    fn lost(&mut self, line: &str) -> SuperviseError {
+    /// Waits for the supervisor and forgets it as a live one.
+    fn reap(&mut self) -> std::io::Result<std::process::ExitStatus> {
         let status = self.child.wait();
+        let pid = self.child.id() as libc::pid_t;
+        live().retain(|p| *p != pid);
+        status
+    }
+
+    fn lost(&mut self, line: &str) -> SuperviseError {
+        let status = self.reap();
         let how = match status {
             Ok(s) => s.to_string(),
             Err(e) => format!("cannot be waited for: {e}"),

@@ -660,7 +660,12 @@ impl Builder<'_, '_> {
             let Some(em) = self.env_matrix(written, vars) else {
                 continue;
             };
-            for name in em.axis_names.iter().chain(em.pins.iter().map(|(k, _)| k)) {
+            for name in em
+                .axis_names
+                .iter()
+                .chain(em.pins.iter().map(|(k, _)| k))
+                .chain(&em.quiet_names)
+            {
                 if let Some(owner) = axis_owner.get(name) {
                     let msg = format!("`{name}` is set by both {owner} and `{}`", em.written);
                     self.err(
@@ -670,7 +675,12 @@ impl Builder<'_, '_> {
                     );
                 }
             }
-            for name in em.axis_names.iter().chain(em.pins.iter().map(|(k, _)| k)) {
+            for name in em
+                .axis_names
+                .iter()
+                .chain(em.pins.iter().map(|(k, _)| k))
+                .chain(&em.quiet_names)
+            {
                 axis_owner.insert(name.clone(), format!("`{}`", em.written));
             }
             env_axes.extend(em.axis_names.iter().cloned());

@@ -698,6 +698,11 @@ impl Walker<'_, '_> {
                     "`min_agree` is a fraction of rows and must be at most 1".into(),
                     "write e.g. `min_agree = 0.95`",
                 ),
+                Some(&0.0) => fail(
+                    self,
+                    "`min_agree = 0` checks nothing".into(),
+                    "write the fraction of rows that must agree, e.g. `min_agree = 0.95`",
+                ),
                 Some(&min_agree) => Some(Policy::ArgmaxAgree { min_agree }),
                 None => Some(Policy::Tolerance {
                     max_abs: None,
@@ -719,6 +724,13 @@ impl Walker<'_, '_> {
                 }
                 let k = integer(self, "topk", 1.0)?;
                 let min_overlap = nums.get("min_overlap").copied().unwrap_or(1.0);
+                if min_overlap == 0.0 {
+                    return fail(
+                        self,
+                        "`min_overlap = 0` checks nothing".into(),
+                        "write the share of the top k that must agree, e.g. `min_overlap = 0.8`",
+                    );
+                }
                 if min_overlap > 1.0 {
                     return fail(
                         self,

@@ -1,7 +1,9 @@
 //! Artifacts stored once: a content-addressed folder under the receipts folder,
 //! `<receipts>/.memra-store/<first two hex digits>/<sha256>`, holding one copy of every
-//! artifact content. After an attempt, each artifact file the gate wrote becomes a hard link
-//! to its object ([`intern`]): a logit dump that is identical across cells, reps and nights
+//! artifact content. After an attempt, each artifact file the gate wrote is replaced by a
+//! hard link to its object ([`intern`]); a content new to the store is first copied into it,
+//! hashed as it is written, so an object always holds the bytes its name says even if a
+//! process that escaped the attempt kept writing to the gate's file: a logit dump that is identical across cells, reps and nights
 //! takes its bytes once, while every attempt folder still holds it under its own name and
 //! every receipt says what it said before (name, size, sha256). Hard links are used because
 //! they need nothing but the file system the receipts are on and keep every reader (compares,
@@ -13,9 +15,9 @@
 //! of the user's), a file whose size or digest no longer match what was listed, and any file
 //! when the store is on another file system or cannot be written (the copy the gate wrote is
 //! then the only one, as before). An object already in the store replaces the attempt's file
-//! only after their bytes compare equal, so a damaged object is never spread. Objects and
-//! interned files are made read-only (0444): a later write through one name would change
-//! them all.
+//! only after their bytes compare equal, so a damaged object is never spread. Objects (and
+//! so every interned name of them) are read-only (0444): a later write through one name
+//! would change them all. A file that is kept is left exactly as the gate wrote it.
 //!
 //! `gc` sweeps objects that no attempt folder links any more ([`sweep`]).
 
@@ -61,14 +63,34 @@ fn intern_inner(store: &Path, file: &Path, bytes: u64, sha256: &str) -> std::io:
     let shard = store.join(&sha256[..2]);
     std::fs::create_dir_all(&shard)?;
     let object = shard.join(sha256);
-    std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o444))?;
-    match std::fs::hard_link(file, &object) {
-        Ok(()) => return Ok(Interned::Added),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
+    let mut added = false;
+    if std::fs::symlink_metadata(&object).is_err() {
+        // A copy, hashed as it is written: the object holds exactly the bytes its name
+        // says, whatever happens to the gate's own file later.
+        let tmp = shard.join(temp_name("copy"));
+        let copied = copy_hashed(file, &tmp);
+        match copied {
+            Ok(digest) if digest == sha256 => {
+                std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o444))?;
+                match std::fs::hard_link(&tmp, &object) {
+                    Ok(()) => added = true,
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => {
+                        let _ = std::fs::remove_file(&tmp);
+                        return Err(e);
+                    }
+                }
+                std::fs::remove_file(&tmp)?;
+            }
+            other => {
+                let _ = std::fs::remove_file(&tmp);
+                other?;
+                return Ok(Interned::Kept);
+            }
+        }
     }
-    // The content is stored already: replace the file by a link to the object, after
-    // making sure the object holds the same bytes.
+    // The content is stored: replace the file by a link to the object, after making sure
+    // the object holds the same bytes (a damaged object is never spread).
     let om = std::fs::symlink_metadata(&object)?;
     if !om.file_type().is_file() || om.len() != bytes || om.ino() == meta.ino() {
         return Ok(Interned::Kept);
@@ -76,18 +98,57 @@ fn intern_inner(store: &Path, file: &Path, bytes: u64, sha256: &str) -> std::io:
     if !same_bytes(file, &object)? {
         return Ok(Interned::Kept);
     }
-    let dir = file.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".memra-intern-{}-{}",
-        std::process::id(),
-        &sha256[..16]
-    ));
-    std::fs::hard_link(&object, &tmp)?;
-    if let Err(e) = std::fs::rename(&tmp, file) {
-        let _ = std::fs::remove_file(&tmp);
+    let link = shard.join(temp_name("link"));
+    std::fs::hard_link(&object, &link)?;
+    if let Err(e) = std::fs::rename(&link, file) {
+        let _ = std::fs::remove_file(&link);
         return Err(e);
     }
-    Ok(Interned::Shared)
+    Ok(if added {
+        Interned::Added
+    } else {
+        Interned::Shared
+    })
+}
+
+/// A name for a temporary entry of the store, unique to this process and call.
+fn temp_name(what: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        ".{what}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Copies `from` (not through a link) to the new file `to`, returning the sha256 of what
+/// was written.
+fn copy_hashed(from: &Path, to: &Path) -> std::io::Result<String> {
+    use sha2::{Digest, Sha256};
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut src = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(from)?;
+    let mut dst = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(to)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = src.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        dst.write_all(&buf[..n])?;
+    }
+    dst.sync_all()?;
+    Ok(crate::digest::hex(&hasher.finalize()))
 }
 
 /// Whether two files hold the same bytes (read in blocks, stopping at the first difference).
@@ -125,7 +186,7 @@ pub struct Swept {
 }
 
 /// Removes every object no attempt folder links any more (its link count is 1: the store's
-/// own name). Only plain files named by a sha256 inside two-hex-digit folders are touched;
+/// own name), and temporaries an interrupted intern left more than an hour ago. Only plain files named by a sha256 inside two-hex-digit folders are touched;
 /// anything else under the store is left alone. Runs under way add links as they go, so an
 /// object added this instant has two links already.
 pub fn sweep(store: &Path) -> std::io::Result<Swept> {
@@ -151,10 +212,21 @@ pub fn sweep(store: &Path) -> std::io::Result<Swept> {
             let Ok(meta) = object.path().symlink_metadata() else {
                 continue;
             };
+            let stale_temp = oname.starts_with('.')
+                && meta
+                    .modified()
+                    .ok()
+                    .and_then(|m| m.elapsed().ok())
+                    .is_some_and(|age| age > std::time::Duration::from_secs(3600));
             if is_object && meta.file_type().is_file() && meta.nlink() == 1 {
-                std::fs::remove_file(object.path())?;
-                swept.objects += 1;
-                swept.bytes += meta.len();
+                // One object that cannot go (another user's) does not stop the sweep.
+                if std::fs::remove_file(object.path()).is_ok() {
+                    swept.objects += 1;
+                    swept.bytes += meta.len();
+                }
+            } else if stale_temp {
+                // What an interrupted intern left (a copy or a link an hour old).
+                let _ = std::fs::remove_file(object.path());
             }
         }
         // An empty shard goes; one with objects stays (removing fails, as it should).

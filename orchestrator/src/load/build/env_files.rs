@@ -19,6 +19,8 @@ pub(super) struct EnvMatrix {
     pub(super) pins: Vec<(String, String)>,
     pub(super) combos: Vec<Combo>,
     pub(super) axis_names: Vec<String>,
+    /// Variables the includes set without naming the cell (`vars`).
+    pub(super) quiet_names: Vec<String>,
 }
 
 impl Builder<'_, '_> {
@@ -107,7 +109,36 @@ impl Builder<'_, '_> {
                 axis_names.push(k.get_ref().clone());
             }
         }
+        let mut quiet_names: Vec<String> = Vec::new();
+        for (k, _) in raw.include.iter().flatten() {
+            let Some(name) = k.get_ref().strip_prefix(matrix::QUIET_PREFIX) else {
+                continue;
+            };
+            let named = axis_names.iter().any(|a| a == name)
+                || raw.pins.iter().any(|(p, _)| p.get_ref() == name);
+            if named {
+                // A quiet value would override what the id says the cell runs with.
+                self.diags.push(src.diag(
+                    k.span(),
+                    format!(
+                        "`{name}` is set in a `vars` table and also names cells (an axis, a pin \
+                         or an include key) in this file"
+                    ),
+                    Some(
+                        "a variable either names the cell or not: drop it from `vars`, or from \
+                         the axes, pins and include keys"
+                            .into(),
+                    ),
+                ));
+            } else if !quiet_names.iter().any(|q| q == name) {
+                quiet_names.push(name.to_string());
+            }
+        }
+        if self.diags.len() > before {
+            return None;
+        }
         Some(std::rc::Rc::new(EnvMatrix {
+            quiet_names,
             written: path_s.to_string(),
             pins: raw
                 .pins

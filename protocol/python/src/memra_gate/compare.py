@@ -175,7 +175,14 @@ def argmax(ref: Any, got: Any, min_agree: float = 1.0) -> Verdict:
     r, g = _rows(r), _rows(g)
     if r.shape[1] == 0:
         raise ValueError("argmax needs a last axis of at least one value")
-    ar, ag = r.argmax(axis=1), g.argmax(axis=1)
+    # NaN never wins (numpy's argmax would pick the first NaN); a row of NaN only has no
+    # argmax (-1), which agrees only with another row of NaN only.
+    def best(x):
+        masked = np.where(np.isnan(x), -np.inf, x)
+        idx = masked.argmax(axis=1)
+        return np.where(np.isnan(x).all(axis=1), -1, idx)
+
+    ar, ag = best(r), best(g)
     same = ar == ag
     rows = int(r.shape[0])
     agree = float(same.mean()) if rows else 1.0

@@ -1,0 +1,44 @@
+//! A gate that turns on its supervisor, with real processes: one that stops it
+//! (`kill -STOP $PPID`) cannot hang the run past its timeout, and one that kills it leaves
+//! no worker running beside the next cell.
+
+use std::time::{Duration, Instant};
+
+use crate::run_support::{Fixture, logged};
+
+#[test]
+fn a_gate_that_stops_its_supervisor_cannot_hang_the_run() {
+    let f = Fixture::new(
+        "schema = 1\nname = \"stop\"\n\
+         [[arm]]\nid = \"rogue\"\ntimeout = \"2s\"\nshell = true\nrun = \"kill -STOP $PPID; sleep 60\"\n",
+    );
+    let t = Instant::now();
+    let out = logged(f.run(&[]));
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(30), "the run took {took:?}");
+    assert_eq!(out.status.code(), Some(1));
+    let v = f.verdict("rogue");
+    assert_eq!(v, "error", "{:#}", f.receipt("rogue"));
+    let reason = f.receipt("rogue")["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(reason.contains("supervisor"), "{reason}");
+}
+
+#[test]
+fn a_gate_that_kills_its_supervisor_leaves_no_worker_beside_the_next_cell() {
+    // `rogue` starts a worker in a session of its own that keeps touching a file, then kills
+    // its supervisor. `next` (after it, one CPU slot) checks that the file stops changing.
+    let f = Fixture::new(
+        "schema = 1\nname = \"kill\"\n\
+         [[arm]]\nid = \"rogue\"\nshell = true\n\
+         run = \"setsid sh -c 'while true; do date +%s%N > \\\"$PWD/beat\\\"; sleep 0.05; done' </dev/null >/dev/null 2>&1 & sleep 0.5; kill -KILL $PPID; sleep 60\"\n\
+         [[arm]]\nid = \"next\"\nneeds = []\nshell = true\n\
+         run = \"sleep 0.5 && test -s beat && a=$(cat beat) && sleep 1 && b=$(cat beat) && test \\\"$a\\\" = \\\"$b\\\"\"\n",
+    );
+    let out = logged(f.run(&["--jobs", "1"]));
+    assert_eq!(f.verdict("rogue"), "error", "{:#}", f.receipt("rogue"));
+    assert_eq!(f.verdict("next"), "pass", "the worker outlived its attempt");
+    assert_eq!(out.status.code(), Some(1));
+}
