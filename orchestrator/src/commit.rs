@@ -281,9 +281,10 @@ fn untracked_digest(path: &Path, depth: usize) -> String {
 }
 
 fn validate_override(id: &str) -> Result<(), CommitError> {
+    // A leading dot would file the run among memra-orch's own folders (`.memra-index`,
+    // `.memra-store`, `.memra-bisect`), which no listing reads as a commit.
     let ok = !id.is_empty()
-        && id != "."
-        && id != ".."
+        && !id.starts_with('.')
         && id.len() <= 128
         && id
             .chars()

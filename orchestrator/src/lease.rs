@@ -5,6 +5,16 @@
 //! included, so there is no pid file to go stale and no takeover race. While the lock is
 //! held, the file says who holds it (pid, manifest, receipt tree, cell, since).
 //!
+//! Who may own the folder: root or the user running memra-orch. A folder owned by anyone
+//! else (say, made by another user after a reboot) lets its owner remove lock files that
+//! runs hold, so it is refused, as is a link in its place or a folder every user may write
+//! without the sticky bit. A lock file may belong to anyone (its owner can still unlink it
+//! while another user's run holds it), so each lease also binds an abstract Unix socket named
+//! after the folder and the GPU: a name in the kernel, not in the folder, that nobody can
+//! remove and that dies with its holder, so a run that took a fresh file at an unlinked lock
+//! file's name still finds the GPU leased. After `flock`, the file held is checked to be the
+//! one at the path (as `RunLock::acquire` does).
+//!
 //! This module owns the folder, the lock files and the holder text. It does not choose
 //! which GPUs a cell gets or when it retries (the scheduler does), and it does not print
 //! (the runner turns a refusal into an event).
@@ -95,8 +105,36 @@ impl LockDir {
         } else {
             std::fs::create_dir_all(&self.path).map_err(err)?;
         }
-        if !self.path.is_dir() {
+        let untrusted = |error| LeaseError::Untrusted {
+            path: self.path.clone(),
+            error,
+        };
+        let meta = std::fs::symlink_metadata(&self.path).map_err(err)?;
+        if meta.file_type().is_symlink() {
+            return Err(untrusted(io::Error::other(
+                "it is a link; the lease folder must be a real folder (remove the link)",
+            )));
+        }
+        if !meta.is_dir() {
             return Err(err(io::Error::other("it is not a folder")));
+        }
+        // SAFETY: geteuid takes no arguments and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if meta.uid() != 0 && meta.uid() != me {
+            return Err(untrusted(io::Error::other(format!(
+                "it is owned by uid {}, who could remove the lock files your runs hold; only \
+                 root or you may own it: have root make it (`install -d -m 1777 {}`)",
+                meta.uid(),
+                self.path.display()
+            ))));
+        }
+        let mode = meta.permissions().mode();
+        if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+            return Err(untrusted(io::Error::other(format!(
+                "every user may write it and it has no sticky bit, so anyone could remove the \
+                 lock files runs hold; `chmod +t {}`",
+                self.path.display()
+            ))));
         }
         Ok(())
     }
@@ -130,6 +168,8 @@ pub enum LeaseError {
         path.display()
     )]
     Folder { path: PathBuf, error: io::Error },
+    #[error("cannot use the GPU lock folder {}: {error}", path.display())]
+    Untrusted { path: PathBuf, error: io::Error },
     #[error(
         "cannot use the GPU lock file {}: {error}; its owner can fix or remove it (lock \
          files are plain files of mode 666), or set {LOCK_DIR_ENV} to another folder",
@@ -151,11 +191,27 @@ pub struct Holder {
 }
 
 impl std::fmt::Display for Holder {
+    /// The lock files are writable by every user: their text is shown with every control
+    /// character escaped, so it cannot drive the terminal.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let safe = |s: &str| -> String {
+            s.chars()
+                .flat_map(|c| {
+                    let bidi = matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+                    if c.is_control() || bidi {
+                        c.escape_unicode().collect::<Vec<_>>()
+                    } else {
+                        vec![c]
+                    }
+                })
+                .collect()
+        };
         write!(
             f,
             "memra-orch pid {}, manifest {} (cell {})",
-            self.pid, self.manifest, self.cell
+            self.pid,
+            safe(&self.manifest),
+            safe(&self.cell)
         )
     }
 }
@@ -208,6 +264,10 @@ struct LockFile {
     name: String,
     /// The file could be opened for writing (it can hold our holder text).
     writable: bool,
+    /// The abstract socket name of this lease ([`abstract_name`]).
+    lease_name: String,
+    /// The bound socket while this process holds the lease.
+    socket: std::sync::Mutex<Option<std::os::unix::net::UnixListener>>,
 }
 
 /// The lock files of a run's GPUs, by inventory position. Every method takes `&self`: a
@@ -224,9 +284,14 @@ impl GpuLocks {
     /// `dir` (created when missing). Nothing is locked yet.
     pub fn open(dir: &LockDir, gpus: &[Gpu], run: Run) -> Result<GpuLocks, LeaseError> {
         dir.prepare()?;
+        let canonical = std::fs::canonicalize(&dir.path).unwrap_or_else(|_| dir.path.clone());
         let files = gpus
             .iter()
-            .map(|g| open_lock_file(dir.lock_file(g), lock_name(g)))
+            .map(|g| {
+                let mut f = open_lock_file(dir.lock_file(g), lock_name(g))?;
+                f.lease_name = abstract_name(&canonical, &f.name);
+                Ok(f)
+            })
             .collect::<Result<_, _>>()?;
         Ok(GpuLocks { files, run })
     }
@@ -284,6 +349,7 @@ impl GpuLocks {
             if lock.writable {
                 let _ = lock.file.set_len(0);
             }
+            lock.unbind();
             let _ = lock.file.unlock();
         }
     }
@@ -295,12 +361,65 @@ impl GpuLocks {
 /// plain lock file.
 const OPEN_FLAGS: i32 = libc::O_NOFOLLOW | libc::O_NONBLOCK;
 
+/// The abstract socket name of a lease: the canonical lock folder (hashed, so users who
+/// reach one folder by different paths meet) and the lock file's name.
+fn abstract_name(folder: &Path, lock: &str) -> String {
+    let digest = crate::digest::sha256_hex(folder.as_os_str().as_encoded_bytes());
+    format!("memra-orch-gpu-lease/{}/{lock}", &digest[..16])
+}
+
 impl LockFile {
+    /// Binds the lease's abstract socket; `false` when another process holds the name.
+    fn bind(&self) -> io::Result<bool> {
+        use std::os::linux::net::SocketAddrExt;
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(self.lease_name.as_bytes())?;
+        match std::os::unix::net::UnixListener::bind_addr(&addr) {
+            Ok(l) => {
+                *self.socket.lock().unwrap_or_else(|p| p.into_inner()) = Some(l);
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn unbind(&self) {
+        self.socket.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// Whether the file this process holds is still the one at the lock's path.
+    fn still_at_path(&self) -> bool {
+        match (self.file.metadata(), std::fs::symlink_metadata(&self.path)) {
+            (Ok(held), Ok(now)) => held.ino() == now.ino() && held.dev() == now.dev(),
+            _ => false,
+        }
+    }
+
     fn try_lock(&self) -> Result<(), Blocker> {
         let mut tries = 0;
         loop {
             match self.file.try_lock() {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    // A lock on a file no longer at the path guards nothing, and the
+                    // abstract name is what stays held when a lock file is unlinked.
+                    let taken = self.still_at_path() && matches!(self.bind(), Ok(true));
+                    if taken {
+                        return Ok(());
+                    }
+                    let _ = self.file.unlock();
+                    if !self.still_at_path() {
+                        return Err(Blocker::Failed {
+                            path: self.path.clone(),
+                            error: "the lock file was removed or replaced while this run had it \
+                                    open; start the run again"
+                                .to_string(),
+                        });
+                    }
+                    return Err(match read_holder(&self.file) {
+                        Some(h) => Blocker::Held(h),
+                        None => Blocker::Unknown,
+                    });
+                }
                 Err(TryLockError::WouldBlock) => match read_holder(&self.file) {
                     Some(h) => return Err(Blocker::Held(h)),
                     // A holder writes its name right after taking the lock and clears it
@@ -372,6 +491,8 @@ fn open_lock_file(path: PathBuf, name: String) -> Result<LockFile, LeaseError> {
         file,
         name,
         writable,
+        lease_name: String::new(),
+        socket: std::sync::Mutex::new(None),
     })
 }
 
@@ -414,8 +535,27 @@ pub enum LeaseState {
 /// that tries the lease in that instant sees it held and tries again a moment later).
 pub fn probe(dir: &LockDir, gpu: &Gpu) -> LeaseState {
     let path = dir.lock_file(gpu);
+    // The lease's abstract name is held even when its lock file was unlinked.
+    let canonical = std::fs::canonicalize(&dir.path).unwrap_or_else(|_| dir.path.clone());
+    let name = abstract_name(&canonical, &lock_name(gpu));
+    let held_by_name = {
+        use std::os::linux::net::SocketAddrExt;
+        std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+            .and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a))
+            .is_err_and(|e| e.kind() == io::ErrorKind::AddrInUse)
+    };
     let file = match open_read_only(&path) {
+        // A run refuses anything but a plain file with one name: so does the probe.
+        Ok(f) if !f.metadata().is_ok_and(|m| m.is_file() && m.nlink() == 1) => {
+            return LeaseState::Taken(Blocker::Failed {
+                path,
+                error: "it is not a plain file with one name (a link or a special file); \
+                        remove it"
+                    .to_string(),
+            });
+        }
         Ok(f) => f,
+        Err(_) if held_by_name => return LeaseState::Taken(Blocker::Unknown),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return LeaseState::Free,
         Err(e) => {
             return LeaseState::Taken(Blocker::Failed {
@@ -427,7 +567,11 @@ pub fn probe(dir: &LockDir, gpu: &Gpu) -> LeaseState {
     match file.try_lock_shared() {
         Ok(()) => {
             let _ = file.unlock();
-            LeaseState::Free
+            if held_by_name {
+                LeaseState::Taken(Blocker::Unknown)
+            } else {
+                LeaseState::Free
+            }
         }
         Err(TryLockError::WouldBlock) => LeaseState::Taken(
             read_holder(&file)
@@ -447,7 +591,9 @@ pub fn render_leases(dir: &LockDir, gpus: &[Gpu]) -> String {
     for g in gpus {
         let state = match probe(dir, g) {
             LeaseState::Free => "free".to_string(),
-            LeaseState::Taken(Blocker::Held(h)) => format!("leased by {h} since {}", h.since),
+            LeaseState::Taken(Blocker::Held(h)) => {
+                format!("leased by {h} since {}", h.since.escape_debug())
+            }
             LeaseState::Taken(b) => b.to_string(),
         };
         s.push_str(&format!("  gpu {}: {state}\n", g.index));
@@ -607,5 +753,76 @@ mod tests {
         g.uuid.clear();
         g.index = 3;
         assert_eq!(lock_name(&g), "nvml-index-3");
+    }
+
+    #[test]
+    fn a_held_lock_file_that_is_unlinked_still_keeps_the_gpu() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = locks(dir.path(), 1, "a");
+        a.try_take(&[0], "cell-a").unwrap();
+        // Another user removes the lock file while run `a` holds it; run `b` creates a fresh
+        // one at the same name and takes its flock, but not the lease.
+        std::fs::remove_file(dir.path().join("GPU-fake-0.lock")).unwrap();
+        let b = locks(dir.path(), 1, "b");
+        assert!(b.try_take(&[0], "cell-b").is_err(), "two runs share GPU 0");
+        let probe_dir = LockDir::from_value(Some(dir.path().as_os_str().to_owned()));
+        assert!(matches!(
+            probe(&probe_dir, &Inventory::fake(1).gpus[0]),
+            LeaseState::Taken(_)
+        ));
+        a.release(&[0]);
+        b.try_take(&[0], "cell-b").unwrap();
+    }
+
+    #[test]
+    fn a_lease_folder_of_another_user_or_a_link_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let open = |p: &Path| {
+            GpuLocks::open(
+                &LockDir::from_value(Some(p.as_os_str().to_owned())),
+                &Inventory::fake(1).gpus,
+                Run {
+                    manifest: "m".into(),
+                    tree: PathBuf::from("/t"),
+                },
+            )
+        };
+        let e = open(&link).unwrap_err().to_string();
+        assert!(e.contains("it is a link"), "{e}");
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = open(&real).unwrap_err().to_string();
+        assert!(e.contains("no sticky bit"), "{e}");
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        open(&real).unwrap();
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            // As root (CI): a folder another user made is refused.
+            let theirs = dir.path().join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            let e = open(&theirs).unwrap_err().to_string();
+            assert!(e.contains("owned by uid 65534"), "{e}");
+        }
+    }
+
+    #[test]
+    fn holder_text_cannot_drive_the_terminal() {
+        let h = Holder {
+            pid: 1,
+            manifest: "m\u{1b}[2J".into(),
+            tree: PathBuf::from("/t"),
+            cell: "c\u{202e}x\u{7}".into(),
+            since: "now".into(),
+        };
+        let text = h.to_string();
+        assert!(
+            !text.chars().any(|c| c.is_control() || c == '\u{202e}'),
+            "{text:?}"
+        );
+        assert!(text.contains("\\u{1b}[2J"), "{text}");
     }
 }

@@ -518,6 +518,7 @@ fn compare_reports_are_diffed_like_metrics() {
         [
             ("compare", "max_abs", 0.5, 2.5),
             ("compare", "max_rel", 0.125, 0.625),
+            ("compare", "max_ulp", 1048576.0, 5242880.0),
             ("compare logits", "max_abs", 0.5, 2.5),
             ("compare logits", "max_rel", 0.125, 0.625),
         ]

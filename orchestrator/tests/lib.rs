@@ -19,6 +19,7 @@ mod gpu_leases;
 mod gpus_cli;
 mod history_nights;
 mod hostile_input;
+mod hostile_receipts;
 mod housekeeping_cli;
 mod isolation_env;
 mod isolation_timeout;

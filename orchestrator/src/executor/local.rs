@@ -458,16 +458,20 @@ impl LocalExecutor {
         };
         let out_copy = capture(out_r, stdout, "stdout.log");
         let err_copy = capture(err_r, stderr, "stderr.log");
-        let ended = supervised.started().and_then(|pgid| {
-            gate.store(pgid, Ordering::SeqCst);
-            let supervisor = i32::try_from(supervised.id()).ok();
-            let watch = self
-                .watchdog
-                .watch_supervised(pgid, supervisor, job.timeout);
-            let end = supervised.wait();
-            let stopped = self.watchdog.unwatch(watch);
-            end.map(|end| (end, stopped))
-        });
+        // The gate's timeout bounds its start too (plus a moment for a loaded machine).
+        let limit = job.timeout.saturating_add(Duration::from_secs(5));
+        let ended = supervised
+            .started(limit, || self.watchdog.is_cancelled())
+            .and_then(|pgid| {
+                gate.store(pgid, Ordering::SeqCst);
+                let supervisor = i32::try_from(supervised.id()).ok();
+                let watch = self
+                    .watchdog
+                    .watch_supervised(pgid, supervisor, job.timeout);
+                let end = supervised.wait();
+                let stopped = self.watchdog.unwatch(watch);
+                end.map(|end| (end, stopped))
+            });
         let (end, stopped) = match ended {
             Ok(x) => x,
             Err(SuperviseError::Spawn(error)) => return Err(spawn_error(error)),

@@ -353,6 +353,39 @@ impl Supervised {
         self.child.id()
     }
 
+    /// One line, waiting at most `limit` (looking at `cancelled` every 200 ms); on the limit
+    /// or a cancel the supervisor is killed, so what follows reads end-of-file.
+    fn line_within(&mut self, limit: Duration, cancelled: impl Fn() -> bool) -> Option<String> {
+        let started = std::time::Instant::now();
+        let _ = self
+            .link
+            .get_ref()
+            .set_read_timeout(Some(Duration::from_millis(200)));
+        let mut line = String::new();
+        let got = loop {
+            match self.link.read_line(&mut line) {
+                Ok(n) if n > 0 && line.ends_with('\n') => break Some(line.trim_end().to_string()),
+                Ok(0) => break (!line.is_empty()).then(|| line.trim_end().to_string()),
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock
+                            | std::io::ErrorKind::TimedOut
+                            | std::io::ErrorKind::Interrupted
+                    ) => {}
+                Err(_) => break None,
+            }
+            if started.elapsed() >= limit || cancelled() {
+                // SAFETY: kill takes plain integers; the supervisor is our child, not reaped.
+                unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGKILL) };
+                break None;
+            }
+        };
+        let _ = self.link.get_ref().set_read_timeout(None);
+        got
+    }
+
     fn line(&mut self) -> Option<String> {
         let mut line = String::new();
         match self.link.read_line(&mut line) {
@@ -361,9 +394,16 @@ impl Supervised {
         }
     }
 
-    /// Waits for the gate to start; returns its process group.
-    pub fn started(&mut self) -> Result<i32, SuperviseError> {
-        let line = self.line().unwrap_or_default();
+    /// Waits for the gate to start; returns its process group. A supervisor that says
+    /// nothing within `limit`, or before `cancelled()` turns true, is killed and reported
+    /// lost: a gate can stop its supervisor before the supervisor names the gate's group,
+    /// when no watchdog watches it yet.
+    pub fn started(
+        &mut self,
+        limit: Duration,
+        cancelled: impl Fn() -> bool,
+    ) -> Result<i32, SuperviseError> {
+        let line = self.line_within(limit, cancelled).unwrap_or_default();
         if let Some(pid) = line.strip_prefix("pid ").and_then(|p| p.parse().ok()) {
             return Ok(pid);
         }

@@ -47,10 +47,34 @@ struct Cached {
     untrusted: bool,
 }
 
+/// The largest index read; one past it is not trusted and is rebuilt from the trees (a
+/// year of a thousand-cell nightly is well under it).
+const MAX_INDEX_BYTES: u64 = 1 << 30;
+
 fn read_index(path: &Path) -> Cached {
     let mut out = Cached::default();
-    let Ok(text) = std::fs::read(path) else {
-        return out;
+    // Any gate can write under the receipts folder: the index is opened without following
+    // a link and without blocking (a FIFO in its place would hang every read), and only a
+    // plain file of a sane size is read. Anything else is an index to rebuild.
+    let text = match crate::attempt_file::open_path(path) {
+        Ok(f) => {
+            let size = f.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
+            if size > MAX_INDEX_BYTES {
+                out.untrusted = true;
+                return out;
+            }
+            let mut text = Vec::with_capacity(size as usize);
+            if (&f).take(MAX_INDEX_BYTES).read_to_end(&mut text).is_err() {
+                out.untrusted = true;
+                return out;
+            }
+            text
+        }
+        Err(e) if e.is_refusal() => {
+            out.untrusted = true;
+            return out;
+        }
+        Err(_) => return out,
     };
     let complete = text.ends_with(b"\n");
     let mut lines: Vec<&[u8]> = text.split(|b| *b == b'\n').collect();
@@ -147,8 +171,7 @@ fn line(record: &RunRecord, path: &Path) -> Result<Vec<u8>, ReceiptError> {
 /// Rewrites the index of `manifest` to hold exactly `records` (temporary file + rename).
 pub fn write(receipts: &Path, manifest: &str, records: &[RunRecord]) -> Result<(), ReceiptError> {
     let file = path(receipts, manifest);
-    let dir = receipts.join(INDEX_DIR);
-    std::fs::create_dir_all(&dir).map_err(|e| ReceiptError::new(&dir, Kind::CreateFolder(e)))?;
+    index_dir(receipts)?;
     let mut bytes = Vec::new();
     for r in records {
         bytes.extend(line(r, &file)?);
@@ -156,19 +179,48 @@ pub fn write(receipts: &Path, manifest: &str, records: &[RunRecord]) -> Result<(
     crate::receipt::write_atomic(&file, &bytes)
 }
 
+/// The index folder, made when missing; a link or anything but a folder at its name is
+/// refused (the index would be written wherever it leads).
+fn index_dir(receipts: &Path) -> Result<PathBuf, ReceiptError> {
+    let dir = receipts.join(INDEX_DIR);
+    match std::fs::symlink_metadata(&dir) {
+        Ok(m) if m.file_type().is_dir() => Ok(dir),
+        Ok(_) => Err(ReceiptError::new(
+            &dir,
+            Kind::CreateFolder(std::io::Error::other(
+                "a link or a file where the index folder belongs; remove it",
+            )),
+        )),
+        Err(_) => {
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| ReceiptError::new(&dir, Kind::CreateFolder(e)))?;
+            Ok(dir)
+        }
+    }
+}
+
 /// Appends the record of a run that just finished to its manifest's index, in one write.
 /// A file left ending in a torn line gets a newline first, so the new line stands alone.
 pub fn append(receipts: &Path, manifest: &str, record: &RunRecord) -> Result<(), ReceiptError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let file = path(receipts, manifest);
-    let dir = receipts.join(INDEX_DIR);
-    std::fs::create_dir_all(&dir).map_err(|e| ReceiptError::new(&dir, Kind::CreateFolder(e)))?;
+    index_dir(receipts)?;
     let mut bytes = line(record, &file)?;
+    // Never through a link, never blocking on a FIFO, only into a plain file: anything else
+    // at the index's name is refused (the next read rebuilds the index from the trees).
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(&file)
         .map_err(|e| ReceiptError::new(&file, Kind::Create(e)))?;
+    if !f.metadata().is_ok_and(|m| m.is_file()) {
+        return Err(ReceiptError::new(
+            &file,
+            Kind::Create(std::io::Error::other("not a plain file; remove it")),
+        ));
+    }
     let len = f
         .metadata()
         .map_err(|e| ReceiptError::new(&file, Kind::Read(e)))?

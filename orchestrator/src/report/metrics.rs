@@ -31,7 +31,12 @@ pub enum MetricsPathError {
         dir: PathBuf,
         error: std::io::Error,
     },
+    #[error("--metrics-file {}: the file exists and is not a metrics file memra-orch wrote; it would be overwritten: remove it or give another path", path.display())]
+    Foreign { path: PathBuf },
 }
+
+/// How every metrics file memra-orch writes begins.
+const FIRST_LINE: &str = "# HELP memra_run_info ";
 
 /// A metrics file that could not be written at the end of a run.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +66,25 @@ pub fn check_path(path: &Path) -> Result<(), MetricsPathError> {
             path: path.to_path_buf(),
             dir,
         });
+    }
+    // An existing file is replaced only when it is empty or one memra-orch wrote: a typo
+    // (`--metrics-file manifest.toml`) must not cost the user a file.
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        let ours = meta.is_file()
+            && (meta.len() == 0
+                || crate::attempt_file::open_path(path).is_ok_and(|f| {
+                    use std::io::Read as _;
+                    let mut head = Vec::new();
+                    f.take(FIRST_LINE.len() as u64)
+                        .read_to_end(&mut head)
+                        .is_ok()
+                        && head == FIRST_LINE.as_bytes()
+                }));
+        if !ours {
+            return Err(MetricsPathError::Foreign {
+                path: path.to_path_buf(),
+            });
+        }
     }
     temp_in(&dir, path)
         .map(drop)

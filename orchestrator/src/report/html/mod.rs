@@ -57,6 +57,13 @@ pub enum SiteError {
     Foreign { dir: PathBuf, entry: String },
     #[error("{}: {MARKER} is not a report marker ({why}); pass a new or empty folder", dir.display())]
     BadMarker { dir: PathBuf, why: String },
+    #[error(
+        "{}: is a link or not a plain folder; the report writes its pages only into folders of \
+         its own (it never follows a link out of the site's folder): remove it, or pass a new \
+         or empty folder",
+        .0.display()
+    )]
+    Link(PathBuf),
     #[error("{}: {error}", path.display())]
     Io {
         path: PathBuf,
@@ -86,8 +93,19 @@ pub struct Written {
 /// files without [`MARKER`], and replaces an earlier report's pages.
 pub fn write_site(dir: &Path, view: &ReportView) -> Result<Written, SiteError> {
     let previous = previous_files(dir)?;
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
     for sub in [pages::CELLS, pages::RUNS] {
-        std::fs::create_dir_all(dir.join(sub)).map_err(io(&dir.join(sub)))?;
+        let path = dir.join(sub);
+        // A link planted at `cells` or `runs` would lead every page write, and the deletion
+        // of stale pages, outside the site's folder.
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.file_type().is_dir() => {}
+            Ok(_) => return Err(SiteError::Link(path)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir(&path).map_err(io(&path))?;
+            }
+            Err(e) => return Err(io(&path)(e)),
+        }
     }
     let dir = std::fs::canonicalize(dir).map_err(io(dir))?;
 
@@ -176,7 +194,19 @@ fn previous_files(dir: &Path) -> Result<BTreeSet<String>, SiteError> {
         dir: dir.to_path_buf(),
         why,
     };
-    let text = std::fs::read(dir.join(MARKER)).map_err(io(&dir.join(MARKER)))?;
+    // Opened without following a link and without blocking (a FIFO in its place would
+    // hang the report), and only a plain file is read.
+    let marker_path = dir.join(MARKER);
+    let text = crate::attempt_file::open_path(&marker_path)
+        .map_err(|e| bad(e.to_string()))
+        .and_then(|f| {
+            use std::io::Read as _;
+            let mut text = Vec::new();
+            f.take(16 << 20)
+                .read_to_end(&mut text)
+                .map(|_| text)
+                .map_err(io(&marker_path))
+        })?;
     let marker: Marker = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
     if marker.written_by != WRITTEN_BY {
         return Err(bad(format!("written by {:?}", marker.written_by)));
