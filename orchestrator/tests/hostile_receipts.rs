@@ -150,3 +150,101 @@ fn a_commit_name_among_memra_orchs_own_folders_is_refused() {
         assert!(!f.path().join("receipts").join(name).join("c").exists());
     }
 }
+
+#[test]
+fn bidi_and_control_characters_in_cell_names_never_reach_the_terminal_raw() {
+    let f = Fixture::new(
+        "schema = 1\nname = \"bidi\"\n[[arm]]\nid = \"a\"\nrun = [\"{gates}/pass.sh\"]\n\
+         matrix = { v = [\"x\\u202eevil\\u0007\"] }\n",
+    );
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    for args in [
+        vec!["history"],
+        vec!["show", "latest"],
+        vec!["diff", "previous", "latest", "--color", "never"],
+        vec!["diff", "previous", "latest", "--format", "markdown"],
+    ] {
+        let out = orch(&f, &args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !text.contains('\u{202e}') && !text.contains('\u{7}'),
+            "{args:?} printed a raw control: {text:?}"
+        );
+    }
+}
+
+#[test]
+fn worktrees_a_killed_bisect_left_are_pruned_and_a_live_ones_kept() {
+    assert!(crate::diff_support::have_git(), "git is needed");
+    let repo = tempfile::tempdir().unwrap();
+    let git = |args: &[&str]| crate::diff_support::git_at(repo.path(), args);
+    git(&["init", "-q"]);
+    std::fs::write(repo.path().join("a"), "a").unwrap();
+    git(&["add", "a"]);
+    git(&[
+        "-c",
+        "user.name=t",
+        "-c",
+        "user.email=t@t",
+        "commit",
+        "-qm",
+        "a",
+    ]);
+    let stale = tempfile::Builder::new()
+        .prefix("memra-bisect-")
+        .tempdir()
+        .unwrap();
+    let live = tempfile::Builder::new()
+        .prefix("memra-bisect-")
+        .tempdir()
+        .unwrap();
+    // A pid no process has (beyond the kernel's limit) and our own, alive.
+    std::fs::write(stale.path().join("owner.pid"), "2147483646").unwrap();
+    std::fs::write(
+        live.path().join("owner.pid"),
+        std::process::id().to_string(),
+    )
+    .unwrap();
+    for d in [&stale, &live] {
+        let wt = d.path().join("wt");
+        git(&[
+            "worktree",
+            "add",
+            "--detach",
+            "-q",
+            wt.to_str().unwrap(),
+            "HEAD",
+        ]);
+    }
+    memra_orch::bisect::git::prune_stale(repo.path());
+    let list = git(&["worktree", "list", "--porcelain"]);
+    assert!(!stale.path().exists(), "the stale folder stayed");
+    assert!(!list.contains(stale.path().to_str().unwrap()), "{list}");
+    assert!(live.path().join("wt").exists());
+    assert!(
+        list.contains(live.path().join("wt").to_str().unwrap()),
+        "{list}"
+    );
+}
+
+#[test]
+fn gc_under_a_held_lock_says_what_holds_it_and_counts_what_it_deleted() {
+    let f = battery();
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    let manifest_dir = f.manifest_dir();
+    let _held = memra_orch::receipt::tree::RunLock::acquire(&manifest_dir).unwrap();
+    let out = orch(&f, &["gc", "--keep", "1"]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(stderr.contains("locked"), "{stderr}");
+    assert!(
+        stderr.contains("a run or another gc in progress"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("--wait-lock"), "{stderr}");
+    assert!(stdout.contains("0 of 2 runs deleted"), "{stdout}");
+    assert_eq!(f.runs().len(), 2);
+}

@@ -49,7 +49,12 @@ fn the_metrics_file_parses_and_carries_run_json_counts() {
     let dir = f.path().join("textfile");
     std::fs::create_dir(&dir).unwrap();
     let path = dir.join("memra.prom");
-    std::fs::write(&path, "# an earlier run's file\nold_metric 1\n").unwrap();
+    // An earlier run's file (its first line is the one memra-orch writes first).
+    std::fs::write(
+        &path,
+        "# HELP memra_run_info The run this file describes.\nold_metric 1\n",
+    )
+    .unwrap();
     let old_inode = std::fs::metadata(&path).unwrap().ino();
     let out = f.run(&["--metrics-file", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));

@@ -125,10 +125,14 @@ fn info(repo: &Path, sha: &str) -> Result<CommitInfo, GitError> {
 
 fn parse_info(line: &str) -> CommitInfo {
     let mut parts = line.splitn(3, '\x1f');
+    // Subjects and authors are anyone's text (a hostile commit): every display of them,
+    // text or markdown, gets their control and bidirectional characters escaped.
+    let shown =
+        |s: Option<&str>| crate::report::escape::control(s.unwrap_or_default()).into_owned();
     CommitInfo {
         sha: parts.next().unwrap_or_default().to_string(),
-        subject: parts.next().unwrap_or_default().to_string(),
-        author: parts.next().unwrap_or_default().to_string(),
+        subject: shown(parts.next()),
+        author: shown(parts.next()),
     }
 }
 
@@ -137,10 +141,55 @@ pub fn exists_at(repo: &Path, sha: &str, path: &str) -> bool {
     git(repo, &["cat-file", "-e", &format!("{sha}:{path}")]).is_ok()
 }
 
-/// Adds a detached worktree of `sha` at `dir` (which must not exist).
+/// Adds a detached worktree of `sha` at `dir` (which must not exist). git's records of
+/// worktrees whose folders are gone (a bisect killed with SIGKILL left them) are pruned
+/// first, so they never accumulate.
 pub fn add_worktree(repo: &Path, dir: &Path, sha: &str) -> Result<(), GitError> {
+    let _ = git(repo, &["worktree", "prune"]);
     let d = dir.to_string_lossy();
     git(repo, &["worktree", "add", "--detach", "--quiet", &d, sha]).map(|_| ())
+}
+
+/// The prefix of the temporary folder a bisect makes its worktrees in.
+pub const WORKTREES_PREFIX: &str = "memra-bisect-";
+
+/// The file in that folder naming the bisect's pid.
+pub const OWNER_FILE: &str = "owner.pid";
+
+/// Removes the worktrees (folders and git's records) that a bisect killed with SIGKILL left
+/// in `repo`: those in a `memra-bisect-*` folder of the temporary folder whose owner is no
+/// longer alive. A live bisect's worktrees are left alone.
+pub fn prune_stale(repo: &Path) {
+    let Ok(list) = git(repo, &["worktree", "list", "--porcelain"]) else {
+        return;
+    };
+    let temp = std::fs::canonicalize(std::env::temp_dir()).unwrap_or_else(|_| std::env::temp_dir());
+    for line in list.lines() {
+        let Some(path) = line.strip_prefix("worktree ") else {
+            continue;
+        };
+        let path = Path::new(path);
+        let Some(folder) = path.parent() else {
+            continue;
+        };
+        let ours = folder.parent() == Some(temp.as_path())
+            && folder
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(WORKTREES_PREFIX));
+        if !ours {
+            continue;
+        }
+        let owner_alive = std::fs::read_to_string(folder.join(OWNER_FILE))
+            .ok()
+            .and_then(|t| t.trim().parse::<libc::pid_t>().ok())
+            // SAFETY: signal 0 only asks whether the process exists.
+            .is_some_and(|pid| unsafe { libc::kill(pid, 0) } == 0);
+        if !owner_alive {
+            remove_worktree(repo, path);
+            let _ = std::fs::remove_dir_all(folder);
+        }
+    }
+    let _ = git(repo, &["worktree", "prune"]);
 }
 
 /// Removes a worktree added by [`add_worktree`], files and all, and git's record of it.

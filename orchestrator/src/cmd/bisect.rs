@@ -129,8 +129,11 @@ fn command_inner(args: &BisectArgs) -> Result<ExitCode, Failure> {
         )
     })?;
     let dir = state::state_dir(&receipts);
+    // What an earlier bisect killed with SIGKILL left (worktrees and git's records) goes
+    // first; then this bisect's folder names its owner so a later one can tell.
+    crate::bisect::git::prune_stale(&repo);
     let worktrees = tempfile::Builder::new()
-        .prefix("memra-bisect-")
+        .prefix(crate::bisect::git::WORKTREES_PREFIX)
         .tempdir()
         .map_err(|e| {
             (
@@ -138,6 +141,10 @@ fn command_inner(args: &BisectArgs) -> Result<ExitCode, Failure> {
                 format!("cannot make a folder for the worktrees: {e}"),
             )
         })?;
+    let _ = std::fs::write(
+        worktrees.path().join(crate::bisect::git::OWNER_FILE),
+        std::process::id().to_string(),
+    );
     let setting = Setting {
         repo: repo.clone(),
         manifest_rel,

@@ -71,7 +71,10 @@ fn command_inner(args: &DiffArgs) -> Result<ExitCode, FindError> {
         });
     }
     let d = compare(args, &old_dir, &new_dir)?;
-    print!("{}", render::render(&d, args.format, args.color));
+    print!(
+        "{}",
+        shown(render::render(&d, args.format, args.color), args)
+    );
     Ok(exit_code(&d))
 }
 
@@ -164,14 +167,20 @@ fn one_morning(
         None => None,
     };
     if args.format != DiffFormat::Json {
-        print!("{}", render::render(&main, args.format, args.color));
+        print!(
+            "{}",
+            shown(render::render(&main, args.format, args.color), args)
+        );
         if let Some(g) = &since_green {
             let title = "since the last green run";
             match args.format {
                 DiffFormat::Markdown => println!("\n---\n\n## {title}\n"),
                 _ => println!("\n== {title} ==\n"),
             }
-            print!("{}", render::render(g, args.format, args.color));
+            print!(
+                "{}",
+                shown(render::render(g, args.format, args.color), args)
+            );
         }
         if !m.unfinished.is_empty() {
             println!(
@@ -226,5 +235,16 @@ fn same_run(a: &Path, b: &Path) -> bool {
     match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
         (Ok(x), Ok(y)) => x == y,
         _ => a == b,
+    }
+}
+
+/// A rendered diff as printed: cell names, messages and subjects came from manifests and
+/// gates, so control and bidirectional characters are escaped (the colours' ESC kept); JSON
+/// escapes its own.
+fn shown(text: String, args: &DiffArgs) -> String {
+    match args.format {
+        DiffFormat::Json => text,
+        _ => crate::report::escape::terminal(&text, crate::diff::render::use_color(args.color))
+            .into_owned(),
     }
 }

@@ -34,15 +34,28 @@ pub fn command(args: &GcArgs) -> ExitCode {
         );
     }
     let mut failed = false;
+    let mut deleted = 0usize;
     for dir in doomed {
         if args.dry_run {
             println!("would delete {}", dir.display());
             continue;
         }
         match delete(dir) {
-            Ok(()) => println!("deleted {}", dir.display()),
+            Ok(()) => {
+                deleted += 1;
+                println!("deleted {}", dir.display())
+            }
             Err(e) => {
-                eprintln!("memra-orch gc: kept {}: {e}", dir.display());
+                match &e.kind {
+                    // The lock is held by a run or by another gc of that manifest folder.
+                    crate::receipt::error::ReceiptErrorKind::Locked(pid) => eprintln!(
+                        "memra-orch gc: kept {}: its manifest folder is locked{} by a run or \
+                         another gc in progress; run gc again once it ends",
+                        dir.display(),
+                        pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+                    ),
+                    _ => eprintln!("memra-orch gc: kept {}: {e}", dir.display()),
+                }
                 failed = true;
             }
         }
@@ -78,7 +91,7 @@ pub fn command(args: &GcArgs) -> ExitCode {
     }
     println!(
         "{} of {} runs {}deleted; kept the newest {} per manifest",
-        doomed.len(),
+        if args.dry_run { doomed.len() } else { deleted },
         runs.len(),
         if args.dry_run { "would be " } else { "" },
         args.keep

@@ -32,5 +32,11 @@ fn command_inner(args: &HistoryArgs) -> Result<String, String> {
         index: index::Mode::Use,
     };
     let h = history::load(&receipts, &manifest, &opts).map_err(|e| e.to_string())?;
-    Ok(history::render::render(&h, args.format))
+    let text = history::render::render(&h, args.format);
+    // Cell names and messages came from manifests and gates: no control or bidirectional
+    // character reaches the terminal raw (JSON escapes its own).
+    Ok(match args.format {
+        crate::history::render::HistoryFormat::Json => text,
+        _ => crate::report::escape::terminal(&text, false).into_owned(),
+    })
 }

@@ -39,6 +39,25 @@ pub fn control(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Text for a terminal: every rewritten character but the newline (and ESC when
+/// `keep_esc`, for output that colours itself) spelled as [`control`] spells it. For whole
+/// rendered outputs (`diff`, `history`, `show`) whose parts came from manifests and gates.
+pub fn terminal(s: &str, keep_esc: bool) -> Cow<'_, str> {
+    let kept = |c: char| c == '\n' || (keep_esc && c == '\x1b');
+    if !s.chars().any(|c| rewritten(c) && !kept(c)) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if kept(c) {
+            out.push(c);
+        } else {
+            out.push_str(&control(c.encode_utf8(&mut [0u8; 4])));
+        }
+    }
+    Cow::Owned(out)
+}
+
 /// `s` as HTML text or as a quoted attribute value: control characters made visible as
 /// [`control`] does, then `&`, `<`, `>`, `"` and `'` written as character references, so
 /// what a gate wrote can neither open an element nor end the attribute it sits in.

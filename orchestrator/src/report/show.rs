@@ -409,23 +409,7 @@ fn policy_text(p: &Policy) -> String {
 /// `text` with every control character but the newline written as an escape (`\x1b`,
 /// `\x00`, `\u{9b}`), so what a gate wrote into its rows cannot reach the terminal raw.
 pub fn escape_controls(text: &str) -> String {
-    if !text.chars().any(|c| c.is_control() && c != '\n') {
-        return text.to_string();
-    }
-    let mut out = String::with_capacity(text.len() + 16);
-    for c in text.chars() {
-        match c {
-            '\n' => out.push(c),
-            c if c.is_control() && (c as u32) < 0x80 => {
-                let _ = write!(out, "\\x{:02x}", c as u32);
-            }
-            c if c.is_control() => {
-                let _ = write!(out, "\\u{{{:x}}}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out
+    crate::report::escape::terminal(text, false).into_owned()
 }
 
 #[cfg(test)]
@@ -436,8 +420,9 @@ mod tests {
     fn control_characters_are_escaped_and_newlines_kept() {
         assert_eq!(
             escape_controls("a\u{1b}[31mred\0\nnext\u{9b}\t"),
-            "a\\x1b[31mred\\x00\nnext\\u{9b}\\x09"
+            "a\\x1b[31mred\\x00\nnext\\u{9b}\\t"
         );
         assert_eq!(escape_controls("plain — text"), "plain — text");
+        assert_eq!(escape_controls("x\u{202e}y"), "x\\u{202e}y");
     }
 }
