@@ -3,21 +3,8 @@
 //! honoured by the local scheduler.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-use crate::run_support::{Fixture, logged};
-
-fn orch(f: &Fixture, args: &[&str]) -> Output {
-    logged(
-        Command::new(env!("CARGO_BIN_EXE_memra-orch"))
-            .args(args)
-            .arg("--receipts")
-            .arg(f.path().join("receipts"))
-            .current_dir(f.path())
-            .output()
-            .unwrap(),
-    )
-}
+use crate::run_support::{Fixture, orch};
 
 fn run_id(tree: &Path) -> String {
     tree.file_name().unwrap().to_string_lossy().into_owned()

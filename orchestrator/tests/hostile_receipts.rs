@@ -4,22 +4,10 @@
 //! written through.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::run_support::{Fixture, logged};
-
-fn orch(f: &Fixture, args: &[&str]) -> Output {
-    logged(
-        Command::new(env!("CARGO_BIN_EXE_memra-orch"))
-            .args(args)
-            .arg("--receipts")
-            .arg(f.path().join("receipts"))
-            .current_dir(f.path())
-            .output()
-            .unwrap(),
-    )
-}
+use crate::run_support::{Fixture, orch};
 
 fn mkfifo(path: &Path) {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::run_support::{Fixture, files_under, logged, node_dir_in, read_json};
+use crate::run_support::{Fixture, files_under, node_dir_in, orch, read_json};
 
 /// sha256-free digest of every file of a tree: its bytes, by path.
 fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
@@ -22,18 +22,6 @@ fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
             (p, bytes)
         })
         .collect()
-}
-
-fn orch(f: &Fixture, args: &[&str]) -> std::process::Output {
-    logged(
-        std::process::Command::new(env!("CARGO_BIN_EXE_memra-orch"))
-            .args(args)
-            .arg("--receipts")
-            .arg(f.path().join("receipts"))
-            .current_dir(f.path())
-            .output()
-            .unwrap(),
-    )
 }
 
 /// Asserts that run.json's index, the receipts it points at (carried ones in the run that

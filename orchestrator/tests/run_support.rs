@@ -310,3 +310,17 @@ pub fn validate(text: &str) -> (i32, String) {
         .replace(&dir.path().to_string_lossy().into_owned(), "[DIR]");
     (out.status.code().unwrap_or(-1), stderr)
 }
+
+/// `memra-orch ARGS --receipts <fixture>/receipts` in the fixture folder, logged: for the
+/// read commands (`diff`, `history`, `show`, `gc`, `report`) over a fixture's runs.
+pub fn orch(f: &Fixture, args: &[&str]) -> Output {
+    logged(
+        Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+            .args(args)
+            .arg("--receipts")
+            .arg(f.path().join("receipts"))
+            .current_dir(f.path())
+            .output()
+            .unwrap(),
+    )
+}

@@ -154,16 +154,20 @@ fn wait_for_hangup(link: &UnixStream, stop: &AtomicBool) {
         match (&*link).read(&mut buf) {
             Ok(0) => return,
             Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock
-                        | std::io::ErrorKind::TimedOut
-                        | std::io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if only_a_pause(&e) => {}
             Err(_) => return,
         }
     }
+}
+
+/// Whether a read on a socket with a read timeout only paused (nothing yet, or a signal).
+fn only_a_pause(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock
+            | std::io::ErrorKind::TimedOut
+            | std::io::ErrorKind::Interrupted
+    )
 }
 
 /// Makes this process (memra-orch running a manifest or a job) a child subreaper, so that
@@ -367,13 +371,7 @@ impl Supervised {
                 Ok(n) if n > 0 && line.ends_with('\n') => break Some(line.trim_end().to_string()),
                 Ok(0) => break (!line.is_empty()).then(|| line.trim_end().to_string()),
                 Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock
-                            | std::io::ErrorKind::TimedOut
-                            | std::io::ErrorKind::Interrupted
-                    ) => {}
+                Err(e) if only_a_pause(&e) => {}
                 Err(_) => break None,
             }
             if started.elapsed() >= limit || cancelled() {
