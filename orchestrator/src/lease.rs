@@ -361,6 +361,13 @@ impl GpuLocks {
 /// plain lock file.
 const OPEN_FLAGS: i32 = libc::O_NOFOLLOW | libc::O_NONBLOCK;
 
+/// Held for reading while a process is spawned (every spawn of a run's worker threads goes
+/// through it), for writing while a lease's socket is closed. A child between fork and exec
+/// holds a copy of every descriptor, so a socket closed then would stay bound (its name
+/// leased) until the child execs; with the guard no child is in that window when a lease is
+/// given back. (An flock needs no such care: unlocking frees the lock for every copy.)
+pub static SPAWN_GUARD: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 /// The abstract socket name of a lease: the canonical lock folder (hashed, so users who
 /// reach one folder by different paths meet) and the lock file's name.
 fn abstract_name(folder: &Path, lock: &str) -> String {
@@ -384,6 +391,7 @@ impl LockFile {
     }
 
     fn unbind(&self) {
+        let _no_fork = SPAWN_GUARD.write().unwrap_or_else(|p| p.into_inner());
         self.socket.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 

@@ -339,6 +339,9 @@ impl Supervised {
         // never takes a supervisor that is starting for one of ours.
         let child = {
             let _guard = SWEEP.lock().unwrap_or_else(|p| p.into_inner());
+            let _spawning = crate::lease::SPAWN_GUARD
+                .read()
+                .unwrap_or_else(|p| p.into_inner());
             let child = cmd.spawn()?;
             live().push(child.id() as libc::pid_t);
             child
