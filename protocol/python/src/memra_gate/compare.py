@@ -72,6 +72,16 @@ def _floats(ref, got):
     )
 
 
+
+def _float_rows(ref, got):
+    """Both sides as float64 rows along the last axis, or the failing Verdict when their
+    shapes differ (the prologue of every row-wise check)."""
+    r, g = _floats(ref, got)
+    differ = _shapes_differ(r, g)
+    if differ:
+        return differ
+    return _rows(r), _rows(g)
+
 def bitwise(ref: Any, got: Any) -> Verdict:
     """Pass when `ref` and `got` have the same dtype, shape and raw bits everywhere (NaNs
     with equal bits are equal, 0.0 and -0.0 differ). Metrics: compared, mismatches."""
@@ -168,11 +178,10 @@ def argmax(ref: Any, got: Any, min_agree: float = 1.0) -> Verdict:
     maxima) is the same in `got` as in `ref` is at least `min_agree`. Metrics: rows,
     agree. The first mismatch names the first disagreeing row at the reference's argmax."""
     np = _np()
-    r, g = _floats(ref, got)
-    differ = _shapes_differ(r, g)
-    if differ:
-        return differ
-    r, g = _rows(r), _rows(g)
+    pair = _float_rows(ref, got)
+    if isinstance(pair, Verdict):
+        return pair
+    r, g = pair
     if r.shape[1] == 0:
         raise ValueError("argmax needs a last axis of at least one value")
     # NaN never wins (numpy's argmax would pick the first NaN); a row of NaN only has no
@@ -222,11 +231,10 @@ def kl(
     when given). Metrics: kl_mean, kl_max, rows. The first mismatch is the first row over
     `max` (or not finite, else the worst row) at the value that adds most to its KL."""
     np = _np()
-    r, g = _floats(ref, got)
-    differ = _shapes_differ(r, g)
-    if differ:
-        return differ
-    r, g = _rows(r), _rows(g)
+    pair = _float_rows(ref, got)
+    if isinstance(pair, Verdict):
+        return pair
+    r, g = pair
     if r.shape[1] == 0:
         raise ValueError("kl needs a last axis of at least one logit")
     lr, lg = _log_softmax(r), _log_softmax(g)
@@ -271,11 +279,10 @@ def topk(ref: Any, got: Any, k: int = 5, min_overlap: float = 1.0) -> Verdict:
     topk_min_overlap, topk_mean_overlap, rows, k. The first mismatch names the first row
     below `min_overlap` at its best-ranked reference index missing from got's top k."""
     np = _np()
-    r, g = _floats(ref, got)
-    differ = _shapes_differ(r, g)
-    if differ:
-        return differ
-    r, g = _rows(r), _rows(g)
+    pair = _float_rows(ref, got)
+    if isinstance(pair, Verdict):
+        return pair
+    r, g = pair
     if not 1 <= k <= r.shape[1]:
         raise ValueError(f"topk needs 1 <= k <= {r.shape[1]} (the last axis), not k={k}")
     tr, tg = _top(r, k), _top(g, k)
