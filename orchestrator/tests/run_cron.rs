@@ -203,3 +203,26 @@ fn a_dirty_tree_names_the_paths_that_made_it_dirty() {
     assert!(stderr.contains("\n  and 2 more\n"), "{stderr}");
     assert_eq!(stderr.matches("uncommitted changes").count(), 1, "{stderr}");
 }
+
+#[test]
+fn a_run_started_while_gc_moves_a_run_aside_waits_for_it_instead_of_exiting_75() {
+    // gc holds a manifest folder's lock only while it moves a run aside; a nightly started
+    // by cron in that moment, without --wait-lock, waits for it and runs.
+    let f = Fixture::new(
+        "schema = 1\nname = \"nightly\"\n[[arm]]\nid = \"a\"\ngpus = 0\nrun = [\"{gates}/pass.sh\"]\n",
+    );
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    let gc = memra_orch::receipt::tree::RunLock::acquire_as(&f.manifest_dir(), true).unwrap();
+    let text = std::fs::read_to_string(f.manifest_dir().join(".lock")).unwrap();
+    assert_eq!(text.trim(), format!("gc {}", std::process::id()));
+    let mut run = f.command(&[]).stdout(Stdio::null()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        matches!(run.try_wait(), Ok(None)),
+        "the run waits while gc holds the lock"
+    );
+    drop(gc);
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(f.runs().len(), 2);
+}

@@ -4,7 +4,7 @@
 
 use crate::ExitCode;
 use crate::cli::GcArgs;
-use crate::receipt::gc::{delete, plan};
+use crate::receipt::gc::{delete, plan, sweep_leftovers};
 use crate::receipt::resolve::{list_runs, receipts_root};
 
 /// The `gc` subcommand.
@@ -48,11 +48,16 @@ pub fn command(args: &GcArgs) -> ExitCode {
             Err(e) => {
                 match &e.kind {
                     // The lock is held by a run or by another gc of that manifest folder.
-                    crate::receipt::error::ReceiptErrorKind::Locked(pid) => eprintln!(
-                        "memra-orch gc: kept {}: its manifest folder is locked{} by a run or \
-                         another gc in progress; run gc again once it ends",
+                    crate::receipt::error::ReceiptErrorKind::Locked(h) => eprintln!(
+                        "memra-orch gc: kept {}: its manifest folder is locked{} by {}; run gc \
+                         again once it ends",
                         dir.display(),
-                        pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+                        h.pid.map(|p| format!(" (pid {p})")).unwrap_or_default(),
+                        if h.gc {
+                            "another gc"
+                        } else {
+                            "a run in progress"
+                        }
                     ),
                     _ => eprintln!("memra-orch gc: kept {}: {e}", dir.display()),
                 }
@@ -61,6 +66,14 @@ pub fn command(args: &GcArgs) -> ExitCode {
         }
     }
     if !args.dry_run {
+        // What a gc killed mid-deletion left behind goes too.
+        let leftovers = sweep_all_leftovers(&receipts);
+        if leftovers > 0 {
+            println!(
+                "removed {leftovers} partly deleted run{} that a killed gc left",
+                if leftovers == 1 { "" } else { "s" }
+            );
+        }
         // The history index drops the deleted runs now rather than at its next read.
         let names: std::collections::BTreeSet<&str> = runs
             .iter()
@@ -103,4 +116,27 @@ pub fn command(args: &GcArgs) -> ExitCode {
     } else {
         ExitCode::Ok
     }
+}
+
+/// [`sweep_leftovers`] in every manifest folder under the receipts folder (dot folders are
+/// memra-orch's own, never commits).
+fn sweep_all_leftovers(receipts: &std::path::Path) -> usize {
+    let dirs = |p: &std::path::Path| -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(p)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| {
+                        e.file_type().is_ok_and(|t| t.is_dir())
+                            && !e.file_name().to_string_lossy().starts_with('.')
+                    })
+                    .map(|e| e.path())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    dirs(receipts)
+        .iter()
+        .flat_map(|c| dirs(c))
+        .map(|m| sweep_leftovers(&m))
+        .sum()
 }

@@ -418,43 +418,60 @@ fn heartbeat_interval() -> Result<Duration, String> {
 /// How often a run waiting with `--wait-lock` looks at the lock again.
 const LOCK_POLL: Duration = Duration::from_millis(200);
 
+/// How long a run waits, with or without `--wait-lock`, for a lock that `gc` holds (or whose
+/// holder has not yet written its name): gc holds it only while it moves a run aside (a
+/// rename), so a nightly started by cron while a gc runs is not refused for it.
+const GC_LOCK_WAIT: Duration = Duration::from_secs(60);
+
 /// Takes the run lock of a manifest folder. Held by another run: with `wait`, polls until it
 /// is free or `wait` has passed (saying once whom it waits for); then, or at once without
 /// `wait`, fails with [`ExitCode::Locked`] so cron can tell "try later" from a broken
-/// manifest.
+/// manifest. Held by gc, or by a holder not yet named: waits for it (up to [`GC_LOCK_WAIT`],
+/// or `wait` when longer).
 fn acquire_lock(
     manifest_dir: &Path,
     wait: Option<Duration>,
 ) -> Result<RunLock, (ExitCode, String)> {
-    let deadline = wait.map(|w| std::time::Instant::now() + w);
+    let start = std::time::Instant::now();
     let mut said = false;
     loop {
         match RunLock::acquire(manifest_dir) {
             Ok(lock) => return Ok(lock),
             Err(e) => {
-                let ReceiptErrorKind::Locked(pid) = e.kind else {
+                let ReceiptErrorKind::Locked(holder) = e.kind else {
                     return Err((ExitCode::Usage, e.to_string()));
                 };
-                let waiting = deadline.is_some_and(|d| std::time::Instant::now() < d);
-                if !waiting {
-                    let message = match wait {
-                        Some(w) => format!(
+                let limit = match wait {
+                    Some(w) if holder.momentary() => w.max(GC_LOCK_WAIT),
+                    Some(w) => w,
+                    None if holder.momentary() => GC_LOCK_WAIT,
+                    None => Duration::ZERO,
+                };
+                if start.elapsed() >= limit {
+                    let message = if limit.is_zero() {
+                        e.to_string()
+                    } else {
+                        format!(
                             "still locked after waiting {}: {e}",
-                            humantime::format_duration(w)
-                        ),
-                        None => e.to_string(),
+                            humantime::format_duration(limit)
+                        )
                     };
                     return Err((ExitCode::Locked, message));
                 }
-                if !said {
+                // gc's moment is not worth a line; a run's wait is.
+                if !said && !holder.momentary() {
                     eprintln!(
                         "memra-orch: waiting for the lock of {}: held by memra-orch{}",
                         manifest_dir.display(),
-                        pid.map(|p| format!(" pid {p}")).unwrap_or_default()
+                        holder.pid.map(|p| format!(" pid {p}")).unwrap_or_default()
                     );
                     said = true;
                 }
-                std::thread::sleep(LOCK_POLL);
+                std::thread::sleep(if holder.momentary() {
+                    Duration::from_millis(20)
+                } else {
+                    LOCK_POLL
+                });
             }
         }
     }

@@ -35,6 +35,37 @@ impl ReceiptError {
 }
 
 /// What went wrong at a [`ReceiptError`]'s path.
+/// Who holds a manifest folder's run lock, as its lock file says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LockHolder {
+    pub pid: Option<i32>,
+    /// `gc` holds it (for a moment: while it moves a run aside).
+    pub gc: bool,
+}
+
+impl LockHolder {
+    /// Whether the hold is a moment's: gc moving a run aside, or a holder that has not yet
+    /// written its name (it does so right after taking the lock).
+    pub fn momentary(&self) -> bool {
+        self.gc || self.pid.is_none()
+    }
+}
+
+fn locked_message(h: &LockHolder) -> String {
+    let pid = h.pid.map(|p| format!(" (pid {p})")).unwrap_or_default();
+    if h.gc {
+        format!(
+            "memra-orch gc{pid} is deleting a run in this manifest folder; run again in a moment \
+             (or pass --wait-lock DURATION)"
+        )
+    } else {
+        format!(
+            "another memra-orch run{pid} is running this manifest at this commit; wait for it to \
+             finish (or pass --wait-lock DURATION), or pass --commit or --receipts to run elsewhere"
+        )
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReceiptErrorKind {
     #[error("has no parent folder; name a path inside a folder")]
@@ -55,11 +86,8 @@ pub enum ReceiptErrorKind {
     Create(std::io::Error),
     #[error("cannot create the receipt folder: {0}; check its permissions or pass --receipts DIR")]
     CreateFolder(std::io::Error),
-    #[error(
-        "another memra-orch run{} is running this manifest at this commit; wait for it to finish (or pass --wait-lock DURATION), or pass --commit or --receipts to run elsewhere",
-        .0.map(|pid| format!(" (pid {pid})")).unwrap_or_default()
-    )]
-    Locked(Option<i32>),
+    #[error("{}", locked_message(.0))]
+    Locked(LockHolder),
     #[error("cannot create the run lock: {0}; check the receipt folder is writable")]
     CreateLock(std::io::Error),
     #[error("cannot move aside for deletion: {0}; check the receipts folder is writable")]

@@ -63,10 +63,17 @@ pub fn plan(runs: &[FoundRun], keep: usize, manifest: Option<&str>) -> GcPlan {
     out
 }
 
-/// Deletes one run under the lock of its manifest folder. A run folder is renamed aside and
-/// removed; a tree of the layout before run ids is the manifest folder itself, which may
-/// also hold newer runs, so only its own files go (`run.json` first, so it stops being a
-/// run before anything else is touched).
+/// The prefix of a run moved aside for deletion (`.gc-<name>-<pid>`), in its manifest
+/// folder; never a run id, so never read as a run.
+const TRASH_PREFIX: &str = ".gc-";
+
+/// Deletes one run. Under the lock of its manifest folder (held only for that moment, so a
+/// run starting meanwhile waits a blink rather than being refused) the run is moved aside:
+/// a run folder is renamed; a tree of the layout before run ids is the manifest folder
+/// itself, which may also hold newer runs, so only its own files are moved (`run.json`
+/// first, so it stops being a run before anything else is touched). The moved tree is then
+/// removed without the lock, and a manifest folder left with nothing but its lock goes under
+/// the lock again, then its commit folder when that is empty too.
 pub fn delete(dir: &Path) -> Result<(), ReceiptError> {
     let name = dir
         .file_name()
@@ -79,37 +86,91 @@ pub fn delete(dir: &Path) -> Result<(), ReceiptError> {
     } else {
         dir
     };
-    let lock = RunLock::acquire(manifest_dir)?;
-    let trash = manifest_dir.join(format!(".gc-{name}-{}", std::process::id()));
-    if new_layout {
-        // Renamed aside first so that a reader never sees half a tree as a run.
-        std::fs::rename(dir, &trash).map_err(|e| ReceiptError::new(dir, Kind::MoveAside(e)))?;
-    } else {
-        std::fs::create_dir_all(&trash).map_err(|e| ReceiptError::new(&trash, Kind::Create(e)))?;
-        for part in ["run.json", "summary.md", "junit.xml", "nodes"] {
-            let from = dir.join(part);
-            if from.exists() {
-                std::fs::rename(&from, trash.join(part))
-                    .map_err(|e| ReceiptError::new(&from, Kind::MoveAside(e)))?;
+    let trash = manifest_dir.join(format!("{TRASH_PREFIX}{name}-{}", std::process::id()));
+    {
+        let _lock = RunLock::acquire_as(manifest_dir, true)?;
+        if new_layout {
+            // Renamed aside first so that a reader never sees half a tree as a run.
+            std::fs::rename(dir, &trash)
+                .map_err(|e| ReceiptError::new(dir, Kind::MoveAside(e)))?;
+        } else {
+            std::fs::create_dir_all(&trash)
+                .map_err(|e| ReceiptError::new(&trash, Kind::Create(e)))?;
+            for part in ["run.json", "summary.md", "junit.xml", "nodes"] {
+                let from = dir.join(part);
+                if from.exists() {
+                    std::fs::rename(&from, trash.join(part))
+                        .map_err(|e| ReceiptError::new(&from, Kind::MoveAside(e)))?;
+                }
             }
         }
     }
     std::fs::remove_dir_all(&trash).map_err(|e| ReceiptError::new(&trash, Kind::Delete(e)))?;
-    // A manifest folder left with nothing but its lock goes, and then its commit folder
-    // when that is empty too (removing fails, as it should, while anything is left).
+    remove_if_empty(manifest_dir);
+    Ok(())
+}
+
+/// Removes a manifest folder that holds nothing but its lock file, and then its commit
+/// folder when that is empty too; a run that holds the lock, or anything else in either
+/// folder, leaves them be.
+fn remove_if_empty(manifest_dir: &Path) {
+    let Ok(lock) = RunLock::acquire_as(manifest_dir, true) else {
+        return;
+    };
     let only_lock = std::fs::read_dir(manifest_dir)
         .map(|d| d.flatten().all(|e| e.file_name() == ".lock"))
         .unwrap_or(false);
-    if only_lock {
-        let _ = lock.remove_file();
-        drop(lock);
-        if std::fs::remove_dir(manifest_dir).is_ok()
-            && let Some(commit_dir) = manifest_dir.parent()
-        {
-            let _ = std::fs::remove_dir(commit_dir);
+    if !only_lock {
+        return;
+    }
+    let _ = lock.remove_file();
+    drop(lock);
+    // Removing fails, as it should, when a run created its lock file again meanwhile.
+    if std::fs::remove_dir(manifest_dir).is_ok()
+        && let Some(commit_dir) = manifest_dir.parent()
+    {
+        let _ = std::fs::remove_dir(commit_dir);
+    }
+}
+
+/// Removes what a gc that was killed while deleting left in a manifest folder: folders
+/// `.gc-<name>-<pid>` whose gc process no longer lives. Returns how many went.
+pub fn sweep_leftovers(manifest_dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(manifest_dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(TRASH_PREFIX)
+            .and_then(|rest| rest.rsplit_once('-'))
+            .and_then(|(_, pid)| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // Only a real folder (not a link a gate planted) of a gc that is gone.
+        if !e.file_type().is_ok_and(|t| t.is_dir()) || alive(pid) {
+            continue;
+        }
+        if std::fs::remove_dir_all(e.path()).is_ok() {
+            removed += 1;
         }
     }
-    Ok(())
+    if removed > 0 {
+        remove_if_empty(manifest_dir);
+    }
+    removed
+}
+
+/// Whether a process of this pid exists (one of another user counts).
+fn alive(pid: i32) -> bool {
+    if pid <= 0 {
+        return true;
+    }
+    // SAFETY: signal 0 only checks that the process exists; nothing is sent.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 #[cfg(test)]

@@ -150,26 +150,63 @@ impl RunLock {
         manifest_dir.join(".lock")
     }
 
+    /// Takes the lock for a run; see [`RunLock::acquire_as`].
     pub fn acquire(manifest_dir: &Path) -> Result<RunLock, ReceiptError> {
+        RunLock::acquire_as(manifest_dir, false)
+    }
+
+    /// Takes the lock of `manifest_dir` (created when missing) without waiting, for a run or
+    /// (`gc`) for gc, which its lock file then says (`gc <pid>` instead of `<pid>`), so that a
+    /// run finding it held by gc knows the wait is a moment's. `gc` may remove the folder
+    /// between its creation here and the lock file's: it is created again.
+    pub fn acquire_as(manifest_dir: &Path, gc: bool) -> Result<RunLock, ReceiptError> {
         use std::os::unix::fs::MetadataExt;
-        std::fs::create_dir_all(manifest_dir)
-            .map_err(|e| ReceiptError::new(manifest_dir, Kind::CreateFolder(e)))?;
         let path = RunLock::path(manifest_dir);
+        let (mut vanished, mut unnamed) = (0, 0);
         loop {
-            let mut file = std::fs::OpenOptions::new()
+            match std::fs::create_dir_all(manifest_dir) {
+                Ok(()) => {}
+                // A gc removed the (empty) commit folder between its creation and ours, or
+                // the folder between another process's creation and our look at it.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::NotFound | std::io::ErrorKind::AlreadyExists
+                    ) && vanished < 100 =>
+                {
+                    vanished += 1;
+                    continue;
+                }
+                Err(e) => return Err(ReceiptError::new(manifest_dir, Kind::CreateFolder(e))),
+            }
+            let opened = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
                 .truncate(false)
-                .open(&path)
-                .map_err(|e| ReceiptError::new(&path, Kind::CreateLock(e)))?;
+                .open(&path);
+            let mut file = match opened {
+                Ok(f) => f,
+                // A gc emptied and removed the folder in between: make it again.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && vanished < 100 => {
+                    vanished += 1;
+                    continue;
+                }
+                Err(e) => return Err(ReceiptError::new(&path, Kind::CreateLock(e))),
+            };
             match file.try_lock() {
                 Ok(()) => {}
                 Err(std::fs::TryLockError::WouldBlock) => {
                     let mut text = String::new();
                     let _ = file.read_to_string(&mut text);
-                    let pid = text.trim().parse::<i32>().ok();
-                    return Err(ReceiptError::new(path, Kind::Locked(pid)));
+                    // A holder writes its name right after taking the lock: a file that
+                    // names nobody is most often that instant, so it gets another look.
+                    if text.trim().is_empty() && unnamed < 3 {
+                        unnamed += 1;
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                        continue;
+                    }
+                    return Err(ReceiptError::new(path, Kind::Locked(holder_of(&text))));
                 }
                 Err(std::fs::TryLockError::Error(e)) => {
                     return Err(ReceiptError::new(path, Kind::CreateLock(e)));
@@ -183,14 +220,16 @@ impl RunLock {
                 _ => false,
             };
             if !same {
-                std::fs::create_dir_all(manifest_dir)
-                    .map_err(|e| ReceiptError::new(manifest_dir, Kind::CreateFolder(e)))?;
                 continue;
             }
-            // Best effort: the pid only names the holder in another run's message.
+            // Best effort: the text only names the holder in another process's message.
             let _ = file.set_len(0);
             let _ = file.rewind();
-            let _ = writeln!(file, "{}", std::process::id());
+            let _ = if gc {
+                writeln!(file, "gc {}", std::process::id())
+            } else {
+                writeln!(file, "{}", std::process::id())
+            };
             return Ok(RunLock { _file: file, path });
         }
     }
@@ -203,9 +242,87 @@ impl RunLock {
     }
 }
 
+impl Drop for RunLock {
+    /// Clears the holder text before the lock goes (with the file), so the next holder's
+    /// first instant never shows this one's name.
+    fn drop(&mut self) {
+        let _ = self._file.set_len(0);
+    }
+}
+
+/// The holder a run lock file names: `<pid>` (a run) or `gc <pid>`.
+fn holder_of(text: &str) -> super::error::LockHolder {
+    let text = text.trim();
+    let (gc, pid) = match text.strip_prefix("gc ") {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    super::error::LockHolder {
+        pid: pid.trim().parse::<i32>().ok(),
+        gc,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_lock_is_taken_while_gc_removes_the_folder_again_and_again() {
+        // gc empties and removes a manifest folder (and its commit folder) while runs start
+        // there: a run must get the lock or find it held, never fail for the folder vanishing
+        // between its creation and the lock file's.
+        let tmp = tempfile::tempdir().unwrap();
+        let m = tmp.path().join("commit/smoke");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let gc = {
+            let (m, stop) = (m.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut removed = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Ok(l) = RunLock::acquire_as(&m, true) {
+                        let _ = l.remove_file();
+                        drop(l);
+                        if std::fs::remove_dir(&m).is_ok() {
+                            removed += 1;
+                            let _ = std::fs::remove_dir(m.parent().unwrap());
+                        }
+                    }
+                }
+                removed
+            })
+        };
+        let mut taken = 0;
+        for _ in 0..3000 {
+            match RunLock::acquire(&m) {
+                Ok(_) => taken += 1,
+                Err(e) if matches!(e.kind, Kind::Locked(h) if h.momentary()) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let removed = gc.join().unwrap();
+        assert!(taken > 0 && removed > 0, "taken {taken}, removed {removed}");
+    }
+
+    #[test]
+    fn the_lock_file_says_whether_gc_or_a_run_holds_it() {
+        assert_eq!(
+            holder_of("gc 42\n"),
+            super::super::error::LockHolder {
+                pid: Some(42),
+                gc: true
+            }
+        );
+        assert_eq!(
+            holder_of("42\n"),
+            super::super::error::LockHolder {
+                pid: Some(42),
+                gc: false
+            }
+        );
+        assert_eq!(holder_of("\u{1b}[2J").pid, None);
+    }
 
     #[test]
     fn paths_stay_under_the_tree() {
