@@ -170,12 +170,6 @@ pub enum LeaseError {
     Folder { path: PathBuf, error: io::Error },
     #[error("cannot use the GPU lock folder {}: {error}", path.display())]
     Untrusted { path: PathBuf, error: io::Error },
-    #[error(
-        "cannot use the GPU lock file {}: {error}; its owner can fix or remove it (lock \
-         files are plain files of mode 666), or set {LOCK_DIR_ENV} to another folder",
-        path.display()
-    )]
-    File { path: PathBuf, error: io::Error },
 }
 
 /// Who holds a lease, as the lock file says it.
@@ -194,18 +188,6 @@ impl std::fmt::Display for Holder {
     /// The lock files are writable by every user: their text is shown with every control
     /// character escaped, so it cannot drive the terminal.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let safe = |s: &str| -> String {
-            s.chars()
-                .flat_map(|c| {
-                    let bidi = matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
-                    if c.is_control() || bidi {
-                        c.escape_unicode().collect::<Vec<_>>()
-                    } else {
-                        vec![c]
-                    }
-                })
-                .collect()
-        };
         write!(
             f,
             "memra-orch pid {}, manifest {} (cell {})",
@@ -214,6 +196,21 @@ impl std::fmt::Display for Holder {
             safe(&self.cell)
         )
     }
+}
+
+/// Text another user wrote (holder lines, names in the shared folder) with every control
+/// and bidi character escaped, so it cannot drive the terminal.
+fn safe(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            let bidi = matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+            if c.is_control() || bidi {
+                c.escape_unicode().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
 }
 
 /// What keeps a GPU from a cell: a holder, one that has not said who it is, or a lock that
@@ -259,7 +256,11 @@ pub struct Run {
 #[derive(Debug)]
 struct LockFile {
     path: PathBuf,
-    file: File,
+    /// `None` when the file at the lock's name cannot be used (another user's file we may
+    /// not open, a folder, a FIFO, a link): the lease is then its abstract name alone.
+    file: Option<File>,
+    /// Why the file cannot be used, when it cannot.
+    unusable: Option<String>,
     /// Sorting key: the file name, so every process takes a set in the same order.
     name: String,
     /// The file could be opened for writing (it can hold our holder text).
@@ -288,16 +289,37 @@ impl GpuLocks {
         let files = gpus
             .iter()
             .map(|g| {
-                let mut f = open_lock_file(dir.lock_file(g), lock_name(g))?;
+                let mut f = open_lock_file(dir.lock_file(g), lock_name(g));
                 f.lease_name = abstract_name(&canonical, &f.name);
-                Ok(f)
+                f
             })
-            .collect::<Result<_, _>>()?;
+            .collect();
         Ok(GpuLocks { files, run })
     }
 
     pub fn len(&self) -> usize {
         self.files.len()
+    }
+
+    /// The GPUs (by inventory position) whose lock file cannot be used, each with a line
+    /// saying why and what to do; their leases are held by name alone.
+    pub fn by_name_only(&self) -> Vec<(usize, String)> {
+        self.files
+            .iter()
+            .enumerate()
+            .filter_map(|(i, f)| {
+                let why = f.unusable.as_ref()?;
+                Some((
+                    i,
+                    format!(
+                        "the GPU lock file {} cannot be used ({why}); this GPU's lease is held by \
+                         its name in the kernel only, which runs in another network namespace \
+                         (a container) do not see; its owner or root can remove it",
+                        safe(&f.path.display().to_string())
+                    ),
+                ))
+            })
+            .collect()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -334,8 +356,10 @@ impl GpuLocks {
             // it to length, instead of truncating first, leaves no extra moment in which
             // a waiting run reads an empty file. The text is only for people: a lease
             // whose text could not be written is still held.
-            if lock.writable && lock.file.write_all_at(&text, 0).is_ok() {
-                let _ = lock.file.set_len(text.len() as u64);
+            if let Some(file) = lock.file.as_ref().filter(|_| lock.writable)
+                && file.write_all_at(&text, 0).is_ok()
+            {
+                let _ = file.set_len(text.len() as u64);
             }
         }
         Ok(())
@@ -346,11 +370,15 @@ impl GpuLocks {
     pub fn release(&self, positions: &[usize]) {
         for &p in positions {
             let lock = &self.files[p];
-            if lock.writable {
-                let _ = lock.file.set_len(0);
+            if let Some(file) = &lock.file {
+                if lock.writable {
+                    let _ = file.set_len(0);
+                }
+                lock.unbind();
+                let _ = file.unlock();
+            } else {
+                lock.unbind();
             }
-            lock.unbind();
-            let _ = lock.file.unlock();
         }
     }
 }
@@ -397,16 +425,30 @@ impl LockFile {
 
     /// Whether the file this process holds is still the one at the lock's path.
     fn still_at_path(&self) -> bool {
-        match (self.file.metadata(), std::fs::symlink_metadata(&self.path)) {
+        let Some(file) = &self.file else {
+            return false;
+        };
+        match (file.metadata(), std::fs::symlink_metadata(&self.path)) {
             (Ok(held), Ok(now)) => held.ino() == now.ino() && held.dev() == now.dev(),
             _ => false,
         }
     }
 
     fn try_lock(&self) -> Result<(), Blocker> {
+        let Some(file) = &self.file else {
+            // By name alone: the name is what every memra-orch process binds.
+            return match self.bind() {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(Blocker::Unknown),
+                Err(e) => Err(Blocker::Failed {
+                    path: self.path.clone(),
+                    error: e.to_string(),
+                }),
+            };
+        };
         let mut tries = 0;
         loop {
-            match self.file.try_lock() {
+            match file.try_lock() {
                 Ok(()) => {
                     // A lock on a file no longer at the path guards nothing, and the
                     // abstract name is what stays held when a lock file is unlinked.
@@ -414,7 +456,7 @@ impl LockFile {
                     if taken {
                         return Ok(());
                     }
-                    let _ = self.file.unlock();
+                    let _ = file.unlock();
                     if !self.still_at_path() {
                         return Err(Blocker::Failed {
                             path: self.path.clone(),
@@ -423,12 +465,12 @@ impl LockFile {
                                 .to_string(),
                         });
                     }
-                    return Err(match read_holder(&self.file) {
+                    return Err(match read_holder(file) {
                         Some(h) => Blocker::Held(h),
                         None => Blocker::Unknown,
                     });
                 }
-                Err(TryLockError::WouldBlock) => match read_holder(&self.file) {
+                Err(TryLockError::WouldBlock) => match read_holder(file) {
                     Some(h) => return Err(Blocker::Held(h)),
                     // A holder writes its name right after taking the lock and clears it
                     // right before giving it back: a file that names nobody is most often
@@ -451,7 +493,11 @@ impl LockFile {
     }
 }
 
-fn open_lock_file(path: PathBuf, name: String) -> Result<LockFile, LeaseError> {
+/// Opens a GPU's lock file, creating it when missing. Anything at its name that cannot be
+/// used as a lock file — another user's file we may not open, a folder, a FIFO, a link, a
+/// file with a second name — is left untouched and the lease is held by name alone
+/// ([`LockFile::unusable`]): such a thing in the shared folder must not stop every run.
+fn open_lock_file(path: PathBuf, name: String) -> LockFile {
     let rw = OpenOptions::new()
         .read(true)
         .write(true)
@@ -460,48 +506,58 @@ fn open_lock_file(path: PathBuf, name: String) -> Result<LockFile, LeaseError> {
         .mode(LOCK_FILE_MODE)
         .custom_flags(OPEN_FLAGS)
         .open(&path);
-    let (file, writable) = match rw {
+    let opened = match rw {
         Ok(f) => {
             // The umask narrowed the mode of a file this call created; widen it so other
             // users' runs can write their holder text. A file of another user keeps its
             // mode (only its owner may change it).
             if f.metadata()
-                .is_ok_and(|m| m.permissions().mode() & 0o777 != LOCK_FILE_MODE)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o777 != LOCK_FILE_MODE)
             {
                 let _ = f.set_permissions(std::fs::Permissions::from_mode(LOCK_FILE_MODE));
             }
-            (f, true)
+            Ok((f, true))
         }
         // Another user's file that is not writable for us still takes an flock (flock
         // does not need write access); only our holder text cannot be written.
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-            let f = open_read_only(&path).map_err(|error| LeaseError::File {
-                path: path.clone(),
-                error,
-            })?;
-            (f, false)
+            open_read_only(&path).map(|f| (f, false))
         }
-        Err(error) => return Err(LeaseError::File { path, error }),
+        Err(e) => Err(e),
+    };
+    let unusable = |why: String| LockFile {
+        path: path.clone(),
+        file: None,
+        unusable: Some(why),
+        name: name.clone(),
+        writable: false,
+        lease_name: String::new(),
+        socket: std::sync::Mutex::new(None),
+    };
+    let (file, writable) = match opened {
+        Ok(x) => x,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return unusable("it is a link".to_string());
+        }
+        Err(e) => return unusable(e.to_string()),
     };
     // A hard link planted in the shared folder would be another file of ours under a lock
     // file's name; only a plain file with one name is a lock file.
     let plain = file.metadata().is_ok_and(|m| m.is_file() && m.nlink() == 1);
     if !plain {
-        return Err(LeaseError::File {
-            path,
-            error: io::Error::other(
-                "it is not a plain file with one name (a link or a special file); remove it",
-            ),
-        });
+        return unusable(
+            "it is not a plain file with one name (a folder, a link or a special file)".to_string(),
+        );
     }
-    Ok(LockFile {
+    LockFile {
         path,
-        file,
+        file: Some(file),
+        unusable: None,
         name,
         writable,
         lease_name: String::new(),
         socket: std::sync::Mutex::new(None),
-    })
+    }
 }
 
 fn open_read_only(path: &Path) -> io::Result<File> {
@@ -536,11 +592,15 @@ fn read_holder(file: &File) -> Option<Holder> {
 pub enum LeaseState {
     Free,
     Taken(Blocker),
+    /// The lock file cannot be used (why); runs lease the GPU by its name alone, which
+    /// is held or not.
+    ByNameOnly { why: String, held: bool },
 }
 
 /// Looks at a GPU's lease without taking it for longer than the look. A lock file that
 /// does not exist is free; otherwise a shared lock is tried and given back at once (a run
-/// that tries the lease in that instant sees it held and tries again a moment later).
+/// that tries the lease in that instant sees it held and tries again a moment later). What
+/// a run could not use as a lock file is shown as it uses it: by name alone.
 pub fn probe(dir: &LockDir, gpu: &Gpu) -> LeaseState {
     let path = dir.lock_file(gpu);
     // The lease's abstract name is held even when its lock file was unlinked.
@@ -552,25 +612,28 @@ pub fn probe(dir: &LockDir, gpu: &Gpu) -> LeaseState {
             .and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a))
             .is_err_and(|e| e.kind() == io::ErrorKind::AddrInUse)
     };
+    let by_name = |why: String| LeaseState::ByNameOnly {
+        why,
+        held: held_by_name,
+    };
     let file = match open_read_only(&path) {
-        // A run refuses anything but a plain file with one name: so does the probe.
+        // A run uses nothing but a plain file with one name: neither does the probe.
         Ok(f) if !f.metadata().is_ok_and(|m| m.is_file() && m.nlink() == 1) => {
-            return LeaseState::Taken(Blocker::Failed {
-                path,
-                error: "it is not a plain file with one name (a link or a special file); \
-                        remove it"
+            return by_name(
+                "it is not a plain file with one name (a folder, a link or a special file)"
                     .to_string(),
-            });
+            );
         }
         Ok(f) => f,
-        Err(_) if held_by_name => return LeaseState::Taken(Blocker::Unknown),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return LeaseState::Free,
-        Err(e) => {
-            return LeaseState::Taken(Blocker::Failed {
-                path,
-                error: e.to_string(),
-            });
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return if held_by_name {
+                LeaseState::Taken(Blocker::Unknown)
+            } else {
+                LeaseState::Free
+            };
         }
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return by_name("it is a link".into()),
+        Err(e) => return by_name(e.to_string()),
     };
     match file.try_lock_shared() {
         Ok(()) => {
@@ -603,6 +666,17 @@ pub fn render_leases(dir: &LockDir, gpus: &[Gpu]) -> String {
                 format!("leased by {h} since {}", h.since.escape_debug())
             }
             LeaseState::Taken(b) => b.to_string(),
+            LeaseState::ByNameOnly { why, held } => format!(
+                "{} (by name only: its lock file {} cannot be used: {}; its owner or root can \
+                 remove it)",
+                if held {
+                    "held by another process"
+                } else {
+                    "free"
+                },
+                safe(&dir.lock_file(g).display().to_string()),
+                safe(&why)
+            ),
         };
         s.push_str(&format!("  gpu {}: {state}\n", g.index));
     }
@@ -697,30 +771,53 @@ mod tests {
     }
 
     #[test]
-    fn a_link_in_place_of_a_lock_file_is_refused_and_its_target_untouched() {
+    fn anything_but_a_plain_lock_file_leaves_the_lease_by_name_and_is_untouched() {
         let dir = tempfile::tempdir().unwrap();
         let victim = dir.path().join("victim");
         std::fs::write(&victim, "keep me").unwrap();
         let lock = dir.path().join("GPU-fake-0.lock");
         let d = LockDir::from_value(Some(dir.path().as_os_str().to_owned()));
-        let open = || {
-            GpuLocks::open(
-                &d,
-                &Inventory::fake(1).gpus,
-                Run {
-                    manifest: "m".into(),
-                    tree: PathBuf::new(),
-                },
-            )
-        };
-        std::os::unix::fs::symlink(&victim, &lock).unwrap();
-        let e = open().unwrap_err().to_string();
-        assert!(e.contains("GPU-fake-0.lock"), "{e}");
-        std::fs::remove_file(&lock).unwrap();
-        std::fs::hard_link(&victim, &lock).unwrap();
-        let e = open().unwrap_err().to_string();
-        assert!(e.contains("not a plain file with one name"), "{e}");
-        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+        let gpu = &Inventory::fake(1).gpus[0];
+        let plant: [(&str, &dyn Fn()); 4] = [
+            ("a link", &|| std::os::unix::fs::symlink(&victim, &lock).unwrap()),
+            ("a second name", &|| std::fs::hard_link(&victim, &lock).unwrap()),
+            ("a folder", &|| std::fs::create_dir(&lock).unwrap()),
+            ("a FIFO", &|| {
+                let c = std::ffi::CString::new(lock.as_os_str().as_encoded_bytes()).unwrap();
+                // SAFETY: a valid NUL-terminated path and a mode.
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+            }),
+        ];
+        for (what, plant) in plant {
+            plant();
+            let a = locks(dir.path(), 1, "a");
+            let b = locks(dir.path(), 1, "b");
+            let said = a.by_name_only();
+            assert_eq!(said.len(), 1, "{what}");
+            assert!(said[0].1.contains("GPU-fake-0.lock"), "{what}: {}", said[0].1);
+            // The name alone still keeps two runs apart, and `gpus` says what runs do.
+            a.try_take(&[0], "x").unwrap();
+            assert_eq!(b.try_take(&[0], "y").unwrap_err().1, Blocker::Unknown, "{what}");
+            assert!(
+                matches!(probe(&d, gpu), LeaseState::ByNameOnly { held: true, .. }),
+                "{what}"
+            );
+            a.release(&[0]);
+            assert!(
+                matches!(probe(&d, gpu), LeaseState::ByNameOnly { held: false, .. }),
+                "{what}"
+            );
+            b.try_take(&[0], "y").unwrap();
+            b.release(&[0]);
+            assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me", "{what}");
+            if lock.is_dir() && !lock.is_symlink() {
+                std::fs::remove_dir(&lock).unwrap();
+            } else {
+                std::fs::remove_file(&lock).unwrap();
+            }
+        }
+        // A plain file is used as the lock again.
+        assert!(locks(dir.path(), 1, "a").by_name_only().is_empty());
     }
 
     #[test]

@@ -241,3 +241,67 @@ fn a_two_gpu_cell_and_a_one_gpu_cell_of_two_runs_never_share_a_gpu() {
         + stderr(&os).contains("waiting for gpu") as u32;
     assert_eq!(waits, 1, "exactly one of the runs waited");
 }
+
+/// Makes `cmd` run as root without the capabilities that let root past file permissions,
+/// so that it meets another user's files as any user does (CI runs as root).
+fn without_root_file_powers(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            // CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER (linux/capability.h).
+            for cap in [1, 2, 3] {
+                if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+#[test]
+fn another_users_private_lock_file_leaves_the_gpu_leased_by_name_and_runs_still_take_turns() {
+    // SAFETY: geteuid cannot fail.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test makes a file of another uid: run the suite as root, as CI does"
+    );
+    let leases = tempfile::tempdir().unwrap();
+    let lock = leases.path().join("GPU-fake-0.lock");
+    std::fs::write(&lock, "").unwrap();
+    std::os::unix::fs::chown(&lock, Some(65534), Some(65534)).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let a = Fixture::new(&manifest("lease-a", "cell-a", 1, 2));
+    let b = Fixture::new(&manifest("lease-b", "cell-b", 1, 2));
+    let (mut ca, mut cb) = (
+        command(&a, "fake:1", leases.path()),
+        command(&b, "fake:1", leases.path()),
+    );
+    without_root_file_powers(&mut ca);
+    without_root_file_powers(&mut cb);
+    let (ra, rb) = (Background::start(ca), Background::start(cb));
+    let (oa, ob) = (ra.finish(), rb.finish());
+    for o in [&oa, &ob] {
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(o));
+        let err = stderr(o);
+        assert!(
+            err.contains("GPU-fake-0.lock cannot be used (Permission denied")
+                && err.contains("held by its name in the kernel only"),
+            "{err}"
+        );
+    }
+    let (ia, ib) = (interval(&a, "cell-a"), interval(&b, "cell-b"));
+    assert!(
+        !overlap(ia, ib),
+        "both runs had GPU 0 at once: {ia:?} {ib:?}"
+    );
+    let meta = std::fs::metadata(&lock).unwrap();
+    assert_eq!(
+        (meta.permissions().mode() & 0o777, meta.len()),
+        (0o600, 0),
+        "the other user's file is left as it was"
+    );
+}

@@ -203,8 +203,8 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     })?;
     let disk_full = crate::diskfull::DiskFull::new();
     let gpu_locks = match args.executor {
-        ExecutorKind::Local if !inventory.gpus.is_empty() => Some(Arc::new(
-            GpuLocks::open(
+        ExecutorKind::Local if !inventory.gpus.is_empty() => {
+            let locks = GpuLocks::open(
                 &LockDir::from_env(),
                 &inventory.gpus,
                 lease::Run {
@@ -212,8 +212,12 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
                     tree: tree.dir.clone(),
                 },
             )
-            .map_err(|e| usage(e.to_string()))?,
-        )),
+            .map_err(|e| usage(e.to_string()))?;
+            for (i, line) in locks.by_name_only() {
+                eprintln!("memra-orch: gpu {}: {line}", inventory.gpus[i].index);
+            }
+            Some(Arc::new(locks))
+        }
         // A run without GPUs has nothing to lease.
         ExecutorKind::Local => None,
         // Slurm jobs take no local leases: their GPU slots name no device of this host.
