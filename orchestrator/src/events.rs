@@ -57,6 +57,9 @@ pub enum Event {
         /// The `Gpu::index` of the GPU it waits for.
         gpu: u32,
         blocker: Blocker,
+        /// `None` when the wait begins or what holds the GPU changes; how long the cell has
+        /// waited when it is said again as a heartbeat.
+        waited: Option<Duration>,
     },
     NodeStarted {
         cell: CellIndex,

@@ -594,7 +594,10 @@ pub enum LeaseState {
     Taken(Blocker),
     /// The lock file cannot be used (why); runs lease the GPU by its name alone, which
     /// is held or not.
-    ByNameOnly { why: String, held: bool },
+    ByNameOnly {
+        why: String,
+        held: bool,
+    },
 }
 
 /// Looks at a GPU's lease without taking it for longer than the look. A lock file that
@@ -779,8 +782,12 @@ mod tests {
         let d = LockDir::from_value(Some(dir.path().as_os_str().to_owned()));
         let gpu = &Inventory::fake(1).gpus[0];
         let plant: [(&str, &dyn Fn()); 4] = [
-            ("a link", &|| std::os::unix::fs::symlink(&victim, &lock).unwrap()),
-            ("a second name", &|| std::fs::hard_link(&victim, &lock).unwrap()),
+            ("a link", &|| {
+                std::os::unix::fs::symlink(&victim, &lock).unwrap()
+            }),
+            ("a second name", &|| {
+                std::fs::hard_link(&victim, &lock).unwrap()
+            }),
             ("a folder", &|| std::fs::create_dir(&lock).unwrap()),
             ("a FIFO", &|| {
                 let c = std::ffi::CString::new(lock.as_os_str().as_encoded_bytes()).unwrap();
@@ -794,10 +801,18 @@ mod tests {
             let b = locks(dir.path(), 1, "b");
             let said = a.by_name_only();
             assert_eq!(said.len(), 1, "{what}");
-            assert!(said[0].1.contains("GPU-fake-0.lock"), "{what}: {}", said[0].1);
+            assert!(
+                said[0].1.contains("GPU-fake-0.lock"),
+                "{what}: {}",
+                said[0].1
+            );
             // The name alone still keeps two runs apart, and `gpus` says what runs do.
             a.try_take(&[0], "x").unwrap();
-            assert_eq!(b.try_take(&[0], "y").unwrap_err().1, Blocker::Unknown, "{what}");
+            assert_eq!(
+                b.try_take(&[0], "y").unwrap_err().1,
+                Blocker::Unknown,
+                "{what}"
+            );
             assert!(
                 matches!(probe(&d, gpu), LeaseState::ByNameOnly { held: true, .. }),
                 "{what}"
@@ -809,7 +824,11 @@ mod tests {
             );
             b.try_take(&[0], "y").unwrap();
             b.release(&[0]);
-            assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me", "{what}");
+            assert_eq!(
+                std::fs::read_to_string(&victim).unwrap(),
+                "keep me",
+                "{what}"
+            );
             if lock.is_dir() && !lock.is_symlink() {
                 std::fs::remove_dir(&lock).unwrap();
             } else {

@@ -50,6 +50,8 @@ pub struct RawManifest {
     pub fingerprints: Vec<(Sp<String>, Vec<Sp<String>>)>,
     /// `attest = ["LLAMA_"]`: prefixes of variables every gate must report reading.
     pub attest: Vec<Sp<String>>,
+    /// `lease_timeout = "2h"`: the longest a cell waits for a GPU another process leases.
+    pub lease_timeout: Option<Duration>,
     /// `[[setup]]`, `[[arm]]` and `[[compare]]` tables in the order kinds are listed in the
     /// plan: setups, then arms, then compares, each in file order.
     pub nodes: Vec<RawNode>,
@@ -155,6 +157,7 @@ const TOP_KEYS: &[&str] = &[
     "require",
     "fingerprints",
     "attest",
+    "lease_timeout",
     "max_cells",
     "setup",
     "arm",
@@ -282,6 +285,7 @@ pub fn parse(src: &SourceText, diags: &mut Vec<Diagnostic>) -> Option<RawManifes
                 }
             }
             "max_cells" => m.max_cells = w.uint(key, value, 1),
+            "lease_timeout" => m.lease_timeout = w.duration(key, value, "lease_timeout", "2h"),
             "attest" => {
                 for p in w.strings(key, value).unwrap_or_default() {
                     let text = p.get_ref();
@@ -583,24 +587,8 @@ impl Walker<'_, '_> {
                     bytes
                 }),
                 "timeout" => {
-                    if let Some(s) = self.string(k, val) {
-                        match humantime::parse_duration(s.get_ref()) {
-                            Ok(d) if !d.is_zero() => n.timeout = Some(d),
-                            Ok(_) => self.err(
-                                val.span(),
-                                "`timeout` must be longer than zero".into(),
-                                "write e.g. `timeout = \"30m\"`".to_string(),
-                            ),
-                            Err(e) => {
-                                let msg =
-                                    format!("`timeout` \"{}\" is not a duration: {e}", s.get_ref());
-                                self.err(
-                                    val.span(),
-                                    msg,
-                                    "write e.g. `timeout = \"30m\"` or \"1h 30m\"".to_string(),
-                                );
-                            }
-                        }
+                    if let Some(d) = self.duration(k, val, "timeout", "30m") {
+                        n.timeout = Some(d);
                     }
                 }
                 "reps" => n.reps = self.uint(k, val, 1).map(Spanned::into_inner),
@@ -686,6 +674,37 @@ mod tests {
         assert_eq!(m.nodes[1].memory, Some(1 << 30));
         assert_eq!(m.nodes[1].timeout, Some(Duration::from_secs(300)));
         assert!(m.nodes[0].run.as_ref().unwrap().single);
+    }
+
+    #[test]
+    fn lease_timeout_is_a_duration_longer_than_zero() {
+        let (m, d) = parse_str("schema = 1\nname = \"x\"\nlease_timeout = \"1h 30m\"\n");
+        assert!(d.is_empty(), "{d:?}");
+        assert_eq!(m.unwrap().lease_timeout, Some(Duration::from_secs(5400)));
+        for (bad, said, help) in [
+            (
+                "\"0s\"",
+                "`lease_timeout` must be longer than zero",
+                "lease_timeout = \"2h\"",
+            ),
+            (
+                "\"soon\"",
+                "`lease_timeout` \"soon\" is not a duration",
+                "lease_timeout = \"2h\"",
+            ),
+            ("30", "`lease_timeout` must be a string", "quote it"),
+        ] {
+            let (_, d) = parse_str(&format!(
+                "schema = 1\nname = \"x\"\nlease_timeout = {bad}\n"
+            ));
+            assert_eq!(d.len(), 1, "{bad}: {d:?}");
+            assert!(d[0].message.contains(said), "{bad}: {}", d[0].message);
+            assert!(
+                d[0].help.as_deref().unwrap_or("").contains(help),
+                "{bad}: {:?}",
+                d[0].help
+            );
+        }
     }
 
     #[test]

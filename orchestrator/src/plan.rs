@@ -298,6 +298,9 @@ pub struct Plan {
     pub fingerprints: Vec<FingerprintCommand>,
     /// `attest`: prefixes of variables a gate must report reading (`LLAMA_`).
     pub attest: Vec<String>,
+    /// `lease_timeout`: the longest a cell waits for a GPU another process leases before
+    /// it ends `error` (`None`: as long as it takes).
+    pub lease_timeout: Option<std::time::Duration>,
     pub cells: Vec<Cell>,
     /// The manifest's secrets, redacted from everything the orchestrator writes or prints.
     pub redact: crate::redact::Redactor,

@@ -294,6 +294,8 @@ struct Runner<'a, 'b> {
     pending: Vec<Event>,
     workers: Option<Workers>,
     beats: BTreeMap<CellIndex, Beat>,
+    /// Heartbeats already sent for each cell waiting for a lease, since it was last said.
+    wait_beats: HashMap<CellIndex, u32>,
     modes: Vec<Mode>,
     /// Seconds each cell waited for a GPU another process leased, before it started.
     lease_waited: Vec<Option<f64>>,
@@ -340,6 +342,7 @@ pub fn execute(
         pending: Vec::new(),
         workers: None,
         beats: BTreeMap::new(),
+        wait_beats: HashMap::new(),
         modes: modes(plan, opts),
         lease_waited: vec![None; n],
         compare_cancel: Arc::new(AtomicBool::new(false)),
@@ -637,12 +640,28 @@ impl Runner<'_, '_> {
         }
         let plan = self.plan;
         let taken = self.queue.take_placeable(&mut self.pool, plan);
+        if let Some(limit) = plan.lease_timeout {
+            for (cell, gpu, blocker, waited) in self.queue.expire_waits(limit) {
+                self.wait_beats.remove(&cell);
+                self.lease_waited[cell.0] = Some(waited.as_secs_f64());
+                let reason = format!(
+                    "waited {} for gpu {gpu}, {blocker}, longer than lease_timeout = \"{}\"; \
+                     free the GPU (memra-orch gpus shows who holds it) or raise lease_timeout",
+                    humantime::format_duration(Duration::from_secs(waited.as_secs())),
+                    humantime::format_duration(limit)
+                );
+                self.finish_unplaced(cell, Verdict::Error, reason, true);
+            }
+        }
         for w in taken.waiting {
+            // Said anew (the wait began, or its holder changed): heartbeats count afresh.
+            self.wait_beats.remove(&w.cell);
             self.emit(&Event::WaitingForGpu {
                 cell: w.cell,
                 id: plan.cell(w.cell).id.clone(),
                 gpu: w.gpu,
                 blocker: w.blocker,
+                waited: None,
             });
         }
         for (cell, seconds) in taken.waited {
@@ -827,6 +846,22 @@ impl Runner<'_, '_> {
                 });
             }
         }
+        // Cells waiting for a GPU another process leases are said again every interval,
+        // so a cron log shows the run is alive and what it waits for.
+        for (cell, since, gpu, blocker) in self.queue.lease_waits() {
+            let sent = self.wait_beats.entry(cell).or_default();
+            let next = every.saturating_mul(*sent + 1);
+            if since.elapsed() >= next {
+                *sent += 1;
+                due.push(Event::WaitingForGpu {
+                    cell,
+                    id: self.plan.cell(cell).id.clone(),
+                    gpu,
+                    blocker: blocker.clone(),
+                    waited: Some(next),
+                });
+            }
+        }
         for e in &due {
             self.emit(e);
         }
@@ -838,7 +873,12 @@ impl Runner<'_, '_> {
             return;
         }
         let c = self.plan.cell(cell);
-        let receipt = write.then(|| Box::new(static_receipt(c, verdict, &reason)));
+        let waited = self.lease_waited[cell.0];
+        let receipt = write.then(|| {
+            let mut r = static_receipt(c, verdict, &reason);
+            r.lease_wait_seconds = waited;
+            Box::new(r)
+        });
         self.finished[cell.0].reason = Some(reason.clone());
         let event = Event::NodeFinished {
             cell,

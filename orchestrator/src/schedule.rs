@@ -415,6 +415,32 @@ impl ReadyQueue {
         taken
     }
 
+    /// The cells now waiting for a lease another process holds: since when, the GPU and
+    /// what holds it.
+    pub fn lease_waits(&self) -> impl Iterator<Item = (CellIndex, Instant, u32, &Blocker)> {
+        self.lease_waits
+            .iter()
+            .map(|(c, (since, gpu, b))| (*c, *since, *gpu, b))
+    }
+
+    /// Takes out of the queue every cell that has waited `limit` or longer for a lease
+    /// another process holds, with the GPU, what holds it and how long it waited.
+    pub fn expire_waits(&mut self, limit: Duration) -> Vec<(CellIndex, u32, Blocker, Duration)> {
+        let mut expired: Vec<(CellIndex, u32, Blocker, Duration)> = self
+            .lease_waits
+            .iter()
+            .filter(|(_, (since, _, _))| since.elapsed() >= limit)
+            .map(|(c, (since, gpu, b))| (*c, *gpu, b.clone(), since.elapsed()))
+            .collect();
+        expired.sort_by_key(|e| e.0);
+        for (cell, ..) in &expired {
+            self.lease_waits.remove(cell);
+        }
+        self.gpu
+            .retain(|e| !expired.iter().any(|(cell, ..)| *cell == e.cell));
+        expired
+    }
+
     /// Records that `cell` waits for `gpu`, held by `blocker`, and queues it to be said
     /// unless exactly that was said last.
     fn note_wait(&mut self, cell: CellIndex, gpu: u32, blocker: Blocker, say: &mut Vec<LeaseWait>) {
@@ -683,6 +709,7 @@ mod tests {
             require: Default::default(),
             fingerprints: Vec::new(),
             attest: Vec::new(),
+            lease_timeout: None,
             cells,
             redact: Default::default(),
         }

@@ -305,3 +305,65 @@ fn another_users_private_lock_file_leaves_the_gpu_leased_by_name_and_runs_still_
         "the other user's file is left as it was"
     );
 }
+
+#[test]
+fn a_cell_waits_no_longer_than_lease_timeout_and_says_it_still_waits_meanwhile() {
+    let leases = tempfile::tempdir().unwrap();
+    let holder = Fixture::new(&manifest("holder", "hog", 1, 8));
+    let waiter = Fixture::new(&format!(
+        "lease_timeout = \"2s\"\n{}\n[[arm]]\nid = \"cpu\"\ngpus = 0\nrun = [\"{{gates}}/pass.sh\"]\n",
+        manifest("waiter", "wants-gpu", 1, 0)
+    ));
+    let mut rh = Background::start(command(&holder, "fake:1", leases.path()));
+    let pid = rh.child().id();
+    let d = LockDirProbe(leases.path());
+    assert!(
+        eventually(Duration::from_secs(30), || d.held()),
+        "the holder never took GPU 0"
+    );
+    let mut cmd = command(&waiter, "fake:1", leases.path());
+    cmd.env("MEMRA_ORCH_HEARTBEAT", "500ms");
+    let t = Instant::now();
+    let out = cmd.output().unwrap();
+    let err = stderr(&out);
+    assert!(
+        t.elapsed() < Duration::from_secs(7),
+        "{:?}\n{err}",
+        t.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let receipt = waiter.receipt("wants-gpu");
+    assert_eq!(receipt["verdict"], "error", "{receipt}");
+    let reason = receipt["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!(
+            "for gpu 0, held by memra-orch pid {pid}, manifest holder"
+        )) && reason.contains("longer than lease_timeout = \"2s\""),
+        "{reason}"
+    );
+    assert!(receipt["lease_wait_seconds"].as_f64().unwrap() >= 2.0);
+    assert_eq!(waiter.receipt("cpu")["verdict"], "pass");
+    // Said when it began, and again while it went on.
+    assert_eq!(
+        err.matches("waiting for gpu 0: held by").count(),
+        1,
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "still waiting for gpu 0 after 1s: held by memra-orch pid {pid}, manifest holder (cell hog); wanted by wants-gpu"
+        )),
+        "{err}"
+    );
+    assert_eq!(rh.finish().status.code(), Some(0));
+}
+
+/// Whether a lease folder's fake GPU 0 is held, by trying its lock file.
+struct LockDirProbe<'a>(&'a Path);
+
+impl LockDirProbe<'_> {
+    fn held(&self) -> bool {
+        std::fs::File::open(self.0.join("GPU-fake-0.lock"))
+            .is_ok_and(|f| matches!(f.try_lock_shared(), Err(std::fs::TryLockError::WouldBlock)))
+    }
+}

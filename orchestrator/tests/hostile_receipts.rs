@@ -228,10 +228,7 @@ fn gc_under_a_held_lock_says_what_holds_it_and_counts_what_it_deleted() {
         String::from_utf8_lossy(&out.stderr),
     );
     assert!(stderr.contains("locked"), "{stderr}");
-    assert!(
-        stderr.contains("a run in progress"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("a run in progress"), "{stderr}");
     assert!(!stderr.contains("--wait-lock"), "{stderr}");
     assert!(stdout.contains("0 of 2 runs deleted"), "{stdout}");
     assert_eq!(f.runs().len(), 2);

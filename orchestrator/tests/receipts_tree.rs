@@ -77,6 +77,7 @@ fn hostile_cell_ids_cannot_write_outside_the_tree() {
         require: Default::default(),
         fingerprints: Vec::new(),
         attest: Vec::new(),
+        lease_timeout: None,
         cells: ids
             .iter()
             .map(|id| cell(id, vec![gate.clone()], &work))

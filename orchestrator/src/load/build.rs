@@ -282,6 +282,7 @@ pub fn build(
         },
         fingerprints,
         attest: raw.attest.iter().map(|p| p.get_ref().clone()).collect(),
+        lease_timeout: raw.lease_timeout,
         cells,
         redact,
     })

@@ -226,6 +226,38 @@ impl Walker<'_, '_> {
         }
     }
 
+    /// A duration longer than zero (`"30m"`, `"1h 30m"`); `example` is the value the
+    /// fix suggests.
+    pub(super) fn duration(
+        &mut self,
+        key: &Key<'_>,
+        v: &Spanned<DeValue<'_>>,
+        name: &str,
+        example: &str,
+    ) -> Option<std::time::Duration> {
+        let s = self.string(key, v)?;
+        match humantime::parse_duration(s.get_ref()) {
+            Ok(d) if !d.is_zero() => Some(d),
+            Ok(_) => {
+                self.err(
+                    v.span(),
+                    format!("`{name}` must be longer than zero"),
+                    format!("write e.g. `{name} = \"{example}\"`"),
+                );
+                None
+            }
+            Err(e) => {
+                let msg = format!("`{name}` \"{}\" is not a duration: {e}", s.get_ref());
+                self.err(
+                    v.span(),
+                    msg,
+                    format!("write e.g. `{name} = \"{example}\"` or \"1h 30m\""),
+                );
+                None
+            }
+        }
+    }
+
     pub(super) fn boolean(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<bool> {
         match v.get_ref().as_bool() {
             Some(b) => Some(b),

@@ -91,8 +91,7 @@ pub fn delete(dir: &Path) -> Result<(), ReceiptError> {
         let _lock = RunLock::acquire_as(manifest_dir, true)?;
         if new_layout {
             // Renamed aside first so that a reader never sees half a tree as a run.
-            std::fs::rename(dir, &trash)
-                .map_err(|e| ReceiptError::new(dir, Kind::MoveAside(e)))?;
+            std::fs::rename(dir, &trash).map_err(|e| ReceiptError::new(dir, Kind::MoveAside(e)))?;
         } else {
             std::fs::create_dir_all(&trash)
                 .map_err(|e| ReceiptError::new(&trash, Kind::Create(e)))?;

@@ -287,9 +287,20 @@ impl Listener for Progress {
                 }
             }
             Event::WaitingForGpu {
-                id, gpu, blocker, ..
+                id,
+                gpu,
+                blocker,
+                waited,
+                ..
             } => {
-                let line = format!("waiting for gpu {gpu}: {blocker}; wanted by {}", id.0);
+                let id = control(&id.0);
+                let line = match waited {
+                    None => format!("waiting for gpu {gpu}: {blocker}; wanted by {id}"),
+                    Some(w) => format!(
+                        "still waiting for gpu {gpu} after {}: {blocker}; wanted by {id}",
+                        humantime::format_duration(Duration::from_secs(w.as_secs()))
+                    ),
+                };
                 match (&self.bars, self.mode) {
                     (Some(b), _) => b.overall.println(line),
                     (None, ProgressMode::Plain) => eprintln!("{line}"),
