@@ -12,12 +12,13 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
+
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
 use super::build::{self, RunOnDisk};
-use super::{HistoryError, INDEX_SCHEMA, RunRecord};
+use super::{HistoryError, INDEX_SCHEMA, RunRecord, Stamp};
 use crate::receipt::error::{ReceiptError, ReceiptErrorKind as Kind};
 
 /// The folder of the index files under a receipts folder.
@@ -40,7 +41,8 @@ pub fn path(receipts: &Path, manifest: &str) -> PathBuf {
 }
 
 /// The index as read: the trustworthy records by run folder, and whether any line was not
-/// (torn, unreadable, another format, a duplicate).
+/// (torn, unreadable, unsealed or wrongly sealed, another format, a duplicate, a run no
+/// longer on disk).
 #[derive(Debug, Default)]
 struct Cached {
     records: HashMap<String, RunRecord>,
@@ -51,59 +53,129 @@ struct Cached {
 /// year of a thousand-cell nightly is well under it).
 const MAX_INDEX_BYTES: u64 = 1 << 30;
 
-fn read_index(path: &Path) -> Cached {
+/// The longest line read: a line is one run, a few hundred bytes a cell. A longer one is
+/// skipped unread (and the index rewritten), so a planted giant line costs no memory.
+const MAX_LINE_BYTES: usize = 16 << 20;
+
+/// Lines are parsed in parallel in batches of about this many bytes: reading stays in
+/// bounded memory beyond the records kept, however large the file.
+const BATCH_BYTES: usize = 8 << 20;
+
+/// The seal of a line's JSON: its sha256, in hex. A line is written `<seal> <json>`.
+fn seal(json: &[u8]) -> String {
+    crate::digest::sha256_hex(json)
+}
+
+/// The record on one line, when the line is whole, sealed by its own JSON and of this
+/// format.
+fn parse_line(line: &[u8]) -> Option<RunRecord> {
+    let (sealed, json) = line.split_at_checked(64)?;
+    let json = json.strip_prefix(b" ")?;
+    if sealed != seal(json).as_bytes() {
+        return None;
+    }
+    serde_json::from_slice::<RunRecord>(json)
+        .ok()
+        .filter(|r| r.schema == INDEX_SCHEMA)
+}
+
+/// Reads the index at `path`, keeping the records `wanted` accepts (a record it refuses
+/// marks the index for rewriting).
+fn read_index(path: &Path, wanted: &(dyn Fn(&RunRecord) -> bool + Sync)) -> Cached {
+    use std::io::BufRead;
     let mut out = Cached::default();
     // Any gate can write under the receipts folder: the index is opened without following
     // a link and without blocking (a FIFO in its place would hang every read), and only a
     // plain file of a sane size is read. Anything else is an index to rebuild.
-    let text = match crate::attempt_file::open_path(path) {
-        Ok(f) => {
-            let size = f.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
-            if size > MAX_INDEX_BYTES {
-                out.untrusted = true;
-                return out;
-            }
-            let mut text = Vec::with_capacity(size as usize);
-            if (&f).take(MAX_INDEX_BYTES).read_to_end(&mut text).is_err() {
-                out.untrusted = true;
-                return out;
-            }
-            text
-        }
+    let f = match crate::attempt_file::open_path(path) {
+        Ok(f) => f,
         Err(e) if e.is_refusal() => {
             out.untrusted = true;
             return out;
         }
         Err(_) => return out,
     };
-    let complete = text.ends_with(b"\n");
-    let mut lines: Vec<&[u8]> = text.split(|b| *b == b'\n').collect();
-    // `split` leaves an empty piece after the last newline; without a newline the last
-    // piece is a torn line (a writer died mid-append) and is never trusted.
-    lines.pop();
-    if !complete && !text.is_empty() {
+    if f.metadata().map_or(true, |m| m.len() > MAX_INDEX_BYTES) {
         out.untrusted = true;
+        return out;
     }
-    // A line is a whole run (a thousand cells): parsing them in parallel is what makes a
-    // warm read of a year of nightlies quick.
-    let parsed: Vec<Result<RunRecord, serde_json::Error>> = lines
-        .par_iter()
-        .map(|line| serde_json::from_slice::<RunRecord>(line))
-        .collect();
-    for parsed in parsed {
-        match parsed {
-            Ok(r) if r.schema == INDEX_SCHEMA => {
-                if let Some(old) = out.records.insert(r.run.dir.clone(), r) {
-                    // Two lines of one run: the later one is newer, but the file wants
-                    // rewriting.
-                    let _ = old;
-                    out.untrusted = true;
+    let mut reader = std::io::BufReader::new(f.take(MAX_INDEX_BYTES));
+    let mut batch: Vec<Vec<u8>> = Vec::new();
+    let mut batch_bytes = 0usize;
+    let mut done = false;
+    while !done {
+        let mut line = Vec::new();
+        match (&mut reader)
+            .take(MAX_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut line)
+        {
+            Ok(0) => done = true,
+            Ok(_) if line.ends_with(b"\n") => {
+                line.pop();
+                batch_bytes += line.len();
+                batch.push(line);
+            }
+            Ok(_) if line.len() > MAX_LINE_BYTES => {
+                // Too long to be a run: skip to the end of the line without keeping it.
+                out.untrusted = true;
+                loop {
+                    let buf = match reader.fill_buf() {
+                        Ok(b) => b,
+                        Err(_) => {
+                            done = true;
+                            break;
+                        }
+                    };
+                    if buf.is_empty() {
+                        done = true;
+                        break;
+                    }
+                    match buf.iter().position(|b| *b == b'\n') {
+                        Some(i) => {
+                            reader.consume(i + 1);
+                            break;
+                        }
+                        None => {
+                            let n = buf.len();
+                            reader.consume(n);
+                        }
+                    }
                 }
             }
-            _ => out.untrusted = true,
+            // A last line without a newline is a torn line (a writer died mid-append)
+            // and is never trusted; so is a file that cannot be read to its end.
+            Ok(_) | Err(_) => {
+                out.untrusted = true;
+                done = true;
+            }
+        }
+        if batch_bytes >= BATCH_BYTES || (done && !batch.is_empty()) {
+            take_batch(std::mem::take(&mut batch), wanted, &mut out);
+            batch_bytes = 0;
         }
     }
     out
+}
+
+/// Parses a batch of lines in parallel (a line is a whole run of up to thousands of cells:
+/// that is what makes a warm read of a year of nightlies quick) and keeps what is wanted.
+fn take_batch(lines: Vec<Vec<u8>>, wanted: &(dyn Fn(&RunRecord) -> bool + Sync), out: &mut Cached) {
+    let parsed: Vec<Option<RunRecord>> = lines
+        .par_iter()
+        .map(|line| parse_line(line).filter(|r| wanted(r)))
+        .collect();
+    for parsed in parsed {
+        match parsed {
+            Some(r) => {
+                // Two lines of one run: the later one is newer, but the file wants
+                // rewriting.
+                if out.records.insert(r.run.dir.clone(), r).is_some() {
+                    out.untrusted = true;
+                }
+            }
+            None => out.untrusted = true,
+        }
+    }
 }
 
 /// Every run of `manifest` under `receipts`, oldest first (by start, then run id), read
@@ -114,20 +186,22 @@ pub fn records(
     mode: Mode,
 ) -> Result<Vec<RunRecord>, HistoryError> {
     let on_disk = build::runs_on_disk(receipts, manifest);
+    let stamps: HashMap<&str, Stamp> = on_disk.iter().map(|r| (r.rel.as_str(), r.stamp)).collect();
     let mut cached = match mode {
-        Mode::Use => read_index(&path(receipts, manifest)),
+        // Only records of runs on disk, of the run.json on disk, are kept while reading.
+        Mode::Use => read_index(&path(receipts, manifest), &|r: &RunRecord| {
+            stamps.get(r.run.dir.as_str()) == Some(&r.stamp)
+        }),
         Mode::Ignore => Cached::default(),
     };
-    let lines = cached.records.len();
     let mut out: Vec<RunRecord> = Vec::with_capacity(on_disk.len());
     let mut missing: Vec<&RunOnDisk> = Vec::new();
     for r in &on_disk {
         match cached.records.remove(&r.rel) {
-            Some(rec) if rec.stamp == r.stamp => out.push(rec),
-            _ => missing.push(r),
+            Some(rec) => out.push(rec),
+            None => missing.push(r),
         }
     }
-    let trusted = out.len();
     let fresh: Vec<Result<Option<RunRecord>, ReceiptError>> = missing
         .par_iter()
         .map(|r| match build::read(r) {
@@ -142,7 +216,7 @@ pub fn records(
         out.extend(f?);
     }
     sort(&mut out);
-    let stale = !missing.is_empty() || cached.untrusted || lines != trusted;
+    let stale = !missing.is_empty() || cached.untrusted;
     if mode == Mode::Use && stale {
         // The index is a cache: a receipts folder that cannot be written (a read-only
         // mount) still gets a right answer, only a slower one.
@@ -161,9 +235,13 @@ fn sort(records: &mut [RunRecord]) {
     });
 }
 
+/// A record's line: `<seal> <json>\n`.
 fn line(record: &RunRecord, path: &Path) -> Result<Vec<u8>, ReceiptError> {
-    let mut bytes =
+    let json =
         serde_json::to_vec(record).map_err(|e| ReceiptError::new(path, Kind::Serialise(e)))?;
+    let mut bytes = seal(&json).into_bytes();
+    bytes.push(b' ');
+    bytes.extend(json);
     bytes.push(b'\n');
     Ok(bytes)
 }
@@ -245,16 +323,12 @@ pub fn prune(receipts: &Path, manifest: &str) -> Result<(), ReceiptError> {
     if !file.exists() {
         return Ok(());
     }
-    let cached = read_index(&file);
     let on_disk: std::collections::HashSet<String> = build::runs_on_disk(receipts, manifest)
         .into_iter()
         .map(|r| r.rel)
         .collect();
-    let mut kept: Vec<RunRecord> = cached
-        .records
-        .into_values()
-        .filter(|r| on_disk.contains(&r.run.dir))
-        .collect();
+    let cached = read_index(&file, &|r: &RunRecord| on_disk.contains(&r.run.dir));
+    let mut kept: Vec<RunRecord> = cached.records.into_values().collect();
     sort(&mut kept);
     write(receipts, manifest, &kept)
 }
@@ -326,8 +400,57 @@ mod tests {
         let only = records(r, "m", Mode::Ignore).unwrap();
         std::fs::write(&file, b"{\"torn").unwrap();
         append(r, "m", &only[0]).unwrap();
-        let cached = read_index(&file);
+        let cached = read_index(&file, &|_| true);
         assert_eq!(cached.records.len(), 1);
         assert!(cached.untrusted);
+    }
+
+    #[test]
+    fn an_edited_line_is_not_trusted_even_with_its_stamp_kept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let r = tmp.path();
+        run(r, ID1, "2026-12-01T00:00:00Z", "i1");
+        let truth = records(r, "m", Mode::Use).unwrap();
+        let file = path(r, "m");
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(text.contains("\"verdict\":\"pass\""), "{text}");
+        // The seal left as it was, or the line written without one: either way the run is
+        // read from its tree again.
+        std::fs::write(&file, text.replace("\"max_abs\":0.5", "\"max_abs\":0.0")).unwrap();
+        assert_eq!(records(r, "m", Mode::Use).unwrap(), truth);
+        let unsealed = text
+            .split_once(' ')
+            .unwrap()
+            .1
+            .replace("\"max_abs\":0.5", "\"max_abs\":0.0");
+        std::fs::write(&file, unsealed).unwrap();
+        assert_eq!(records(r, "m", Mode::Use).unwrap(), truth);
+        assert_eq!(
+            std::fs::read_to_string(&file).unwrap(),
+            text,
+            "rewritten from the tree"
+        );
+    }
+
+    #[test]
+    fn a_line_too_long_to_be_a_run_is_skipped_unread() {
+        let tmp = tempfile::tempdir().unwrap();
+        let r = tmp.path();
+        run(r, ID1, "2026-12-01T00:00:00Z", "i1");
+        run(r, ID2, "2026-12-02T00:00:00Z", "i2");
+        let truth = records(r, "m", Mode::Use).unwrap();
+        let file = path(r, "m");
+        let text = std::fs::read_to_string(&file).unwrap();
+        let (first, second) = text.split_once('\n').unwrap();
+        let mut planted = format!("{first}\n").into_bytes();
+        planted.extend(std::iter::repeat_n(b'x', MAX_LINE_BYTES + 4096));
+        planted.push(b'\n');
+        planted.extend(second.as_bytes());
+        std::fs::write(&file, &planted).unwrap();
+        let cached = read_index(&file, &|_| true);
+        assert!(cached.untrusted);
+        assert_eq!(cached.records.len(), 2, "the lines around it are read");
+        assert_eq!(records(r, "m", Mode::Use).unwrap(), truth);
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), text);
     }
 }

@@ -34,9 +34,9 @@ use serde::{Deserialize, Serialize};
 use crate::receipt::error::ReceiptError;
 use crate::verdict::Verdict;
 
-/// Format version of an index line ([`RunRecord`]). A line of another version is not
+/// Format version of an index line ([`RunRecord`], sealed since 3). A line of another version is not
 /// trusted: its run is read from the tree again.
-pub const INDEX_SCHEMA: u32 = 2;
+pub const INDEX_SCHEMA: u32 = 3;
 
 /// What identifies the `run.json` a record was read from: when any of it differs, the run
 /// changed (a run that was still going has finished, a tree was replaced) and the record is
