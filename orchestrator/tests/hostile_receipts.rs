@@ -233,3 +233,58 @@ fn gc_under_a_held_lock_says_what_holds_it_and_counts_what_it_deleted() {
     assert!(stdout.contains("0 of 2 runs deleted"), "{stdout}");
     assert_eq!(f.runs().len(), 2);
 }
+
+#[test]
+fn a_run_dated_in_the_future_is_never_latest_and_gc_neither_counts_nor_deletes_it() {
+    // A night whose clock was ahead (a reset RTC) files a run dated 2099.
+    let f = battery();
+    let first = f.runs().pop().unwrap();
+    let future = f.manifest_dir().join("20990101T000000.000Z-ffff");
+    let text = std::fs::read_to_string(first.join("run.json")).unwrap();
+    let mut run: serde_json::Value = serde_json::from_str(&text).unwrap();
+    run["start"] = "2099-01-01T00:00:00.000Z".into();
+    run["run_id"] = "20990101T000000.000Z-ffff".into();
+    std::fs::write(first.join("run.json"), run.to_string()).unwrap();
+    std::fs::rename(&first, &future).unwrap();
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    let tonight = f.runs().into_iter().filter(|r| *r != future).max().unwrap();
+
+    let ls = orch(&f, &["ls", "--format", "json"]);
+    let rows: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
+    assert_eq!(
+        rows[0]["dir"].as_str().unwrap(),
+        tonight.to_str().unwrap(),
+        "the newest run of a right clock is the latest"
+    );
+    assert_eq!(rows[2]["id"], "20990101T000000.000Z-ffff", "listed last");
+    let text = String::from_utf8_lossy(&orch(&f, &["ls"]).stdout).into_owned();
+    assert!(
+        text.lines()
+            .last()
+            .unwrap()
+            .ends_with("(dated in the future: its clock was ahead; listed last)"),
+        "{text}"
+    );
+    let show = orch(&f, &["show", "latest", "--format", "json"]);
+    let shown: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(
+        shown["run_id"].as_str().unwrap(),
+        tonight.file_name().unwrap().to_str().unwrap()
+    );
+
+    let gc = orch(&f, &["gc", "--keep", "1"]);
+    let out = String::from_utf8_lossy(&gc.stdout);
+    assert_eq!(gc.status.code(), Some(0), "{out}");
+    assert!(
+        out.contains("20990101T000000.000Z-ffff: dated 2099-01-01T00:00:00.000Z, ahead of"),
+        "{out}"
+    );
+    assert!(out.contains("1 of 3 runs deleted"), "{out}");
+    assert!(tonight.join("run.json").is_file(), "tonight's run is kept");
+    assert!(
+        future.join("run.json").is_file(),
+        "the future run is not deleted"
+    );
+    assert_eq!(f.runs().len(), 2);
+}

@@ -33,6 +33,14 @@ pub fn command(args: &GcArgs) -> ExitCode {
             by.display()
         );
     }
+    for (dir, start) in &decided.kept_future {
+        println!(
+            "kept {}: dated {start}, ahead of this machine's clock (its clock was ahead when it \
+             ran), so its age is unknown and it is neither counted nor deleted; remove it by \
+             hand when it is not wanted",
+            dir.display()
+        );
+    }
     let mut failed = false;
     let mut deleted = 0usize;
     for dir in doomed {

@@ -225,13 +225,16 @@ pub fn records(
     Ok(out)
 }
 
+/// Oldest first by start time; a run dated in the future is of unknown age and comes
+/// before every other (as `ls` lists it last), so it never stands as the newest night.
 fn sort(records: &mut [RunRecord]) {
-    records.sort_by(|a, b| {
-        a.run
-            .start
-            .cmp(&b.run.start)
-            .then_with(|| a.run.id.cmp(&b.run.id))
-            .then_with(|| a.run.dir.cmp(&b.run.dir))
+    records.sort_by_cached_key(|r| {
+        (
+            !crate::receipt::resolve::in_future(&r.run.start),
+            r.run.start.clone(),
+            r.run.id.clone(),
+            r.run.dir.clone(),
+        )
     });
 }
 

@@ -20,6 +20,9 @@ pub struct GcPlan {
     /// Runs past `--keep` that stay because a kept run carries receipts from them, each with
     /// the run that does.
     pub kept_for_carry: Vec<(PathBuf, PathBuf)>,
+    /// Runs dated in the future ([`super::resolve::in_future`]), with their start: of
+    /// unknown age, neither counted nor deleted.
+    pub kept_future: Vec<(PathBuf, String)>,
 }
 
 /// Decides which runs go. `runs` is newest first (as `list_runs` gives it).
@@ -27,8 +30,14 @@ pub fn plan(runs: &[FoundRun], keep: usize, manifest: Option<&str>) -> GcPlan {
     let mut per_manifest: BTreeMap<&str, usize> = BTreeMap::new();
     let mut doomed = Vec::new();
     let mut kept = Vec::new();
+    let mut kept_future = Vec::new();
     for r in runs {
         if manifest.is_some_and(|m| r.run.name != m) {
+            kept.push(r);
+            continue;
+        }
+        if super::resolve::in_future(&r.run.start) {
+            kept_future.push((r.dir.clone(), r.run.start.clone()));
             kept.push(r);
             continue;
         }
@@ -53,7 +62,10 @@ pub fn plan(runs: &[FoundRun], keep: usize, manifest: Option<&str>) -> GcPlan {
             needed.entry(s).or_insert_with(|| r.dir.clone());
         }
     }
-    let mut out = GcPlan::default();
+    let mut out = GcPlan {
+        kept_future,
+        ..GcPlan::default()
+    };
     for r in doomed {
         match needed.get(&r.dir) {
             Some(by) => out.kept_for_carry.push((r.dir.clone(), by.clone())),

@@ -121,14 +121,33 @@ fn runs_in(manifest_dir: &Path, commit: &str) -> Vec<FoundRun> {
     runs
 }
 
+/// Newest first by start time; a run dated in the future ([`in_future`]) is of unknown age
+/// and comes after every other, so it never stays `latest` once the clock is right again.
 fn sort_newest_first(runs: &mut [FoundRun]) {
-    runs.sort_by(|a, b| {
-        b.run
-            .start
-            .cmp(&a.run.start)
-            .then_with(|| b.id.cmp(&a.id))
-            .then_with(|| a.dir.cmp(&b.dir))
+    let now = std::time::SystemTime::now();
+    runs.sort_by_cached_key(|r| {
+        (
+            in_future_at(&r.run.start, now),
+            std::cmp::Reverse(r.run.start.clone()),
+            std::cmp::Reverse(r.id.clone()),
+            r.dir.clone(),
+        )
     });
+}
+
+/// How far ahead of this machine's clock a start time may be and still count as now
+/// (clocks of the hosts that share a receipts folder differ a little).
+pub const FUTURE_SLACK: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Whether a run's start time lies ahead of this machine's clock by more than
+/// [`FUTURE_SLACK`]: its clock was ahead when it ran (a reset RTC, a wrong NTP). Such a run
+/// is of unknown age: it is never `latest`, and `gc` neither counts nor deletes it.
+pub fn in_future(start: &str) -> bool {
+    in_future_at(start, std::time::SystemTime::now())
+}
+
+fn in_future_at(start: &str, now: std::time::SystemTime) -> bool {
+    humantime::parse_rfc3339_weak(start).is_ok_and(|t| t > now + FUTURE_SLACK)
 }
 
 /// The most recent run of this manifest under the receipts folder (by start time), any

@@ -56,6 +56,11 @@ pub fn table(runs: &[FoundRun]) -> String {
                 String::new()
             }
         );
+        let line = if crate::receipt::resolve::in_future(&r.run.start) {
+            format!("{line} (dated in the future: its clock was ahead; listed last)")
+        } else {
+            line
+        };
         let _ = writeln!(out, "{}", line.trim_end());
     }
     out
