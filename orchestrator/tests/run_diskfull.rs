@@ -154,3 +154,43 @@ fn a_run_that_fills_the_disk_ends_disk_full_with_a_final_run_json() {
         assert_eq!(&std::fs::read(p).unwrap(), b, "{} changed", p.display());
     }
 }
+
+#[test]
+fn a_report_that_fills_the_disk_says_the_disk_is_full() {
+    let Some(fs) = Tmpfs::mount("16k") else {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+        return;
+    };
+    let f = Fixture::new(
+        "schema = 1\nname = \"h\"\n[[arm]]\nid = \"a\"\ngpus = 0\nrun = [\"{gates}/pass.sh\"]\n",
+    );
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    let site = fs.path().join("site");
+    let out = crate::run_support::orch(&f, &["report", "--html", site.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(74),
+        "the disk-full exit code: {stderr}"
+    );
+    assert!(
+        stderr.contains("the disk is full (No space left on device")
+            && stderr.contains("free space there and run memra-orch report again"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("receipt folder"), "{stderr}");
+    // Room again: the next report takes the half-written folder as its own.
+    let grown = Command::new("mount")
+        .args(["-o", "remount,size=4m"])
+        .arg(fs.path())
+        .status()
+        .unwrap();
+    assert!(grown.success());
+    let out = crate::run_support::orch(&f, &["report", "--html", site.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

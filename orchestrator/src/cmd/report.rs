@@ -26,6 +26,7 @@ pub fn command(args: &ReportArgs) -> ExitCode {
         let view = build::view(&history).map_err(|e| (ExitCode::Internal, e.to_string()))?;
         let written = write_site(&args.html, &view).map_err(|e| match e {
             SiteError::Io { .. } => (ExitCode::Internal, e.to_string()),
+            SiteError::DiskFull { .. } => (ExitCode::DiskFull, e.to_string()),
             e => usage(&e),
         })?;
         // Remembered so that the next run's dirty check leaves the site out; a failure

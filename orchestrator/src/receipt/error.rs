@@ -24,17 +24,21 @@ impl ReceiptError {
 
     /// Whether the operation failed because the file system is full (or the quota used up).
     pub fn is_disk_full(&self) -> bool {
+        self.io_error().is_some_and(crate::diskfull::is_disk_full)
+    }
+
+    /// The system's error behind a failed write, when that is what failed.
+    pub fn io_error(&self) -> Option<&std::io::Error> {
         use ReceiptErrorKind as K;
         match &self.kind {
             K::Write(e) | K::Rename(e) | K::Create(e) | K::CreateFolder(e) | K::CreateLock(e) => {
-                crate::diskfull::is_disk_full(e)
+                Some(e)
             }
-            _ => false,
+            _ => None,
         }
     }
 }
 
-/// What went wrong at a [`ReceiptError`]'s path.
 /// Who holds a manifest folder's run lock, as its lock file says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LockHolder {
@@ -66,6 +70,7 @@ fn locked_message(h: &LockHolder) -> String {
     }
 }
 
+/// What went wrong at a [`ReceiptError`]'s path.
 #[derive(Debug, thiserror::Error)]
 pub enum ReceiptErrorKind {
     #[error("has no parent folder; name a path inside a folder")]

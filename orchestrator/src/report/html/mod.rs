@@ -69,12 +69,42 @@ pub enum SiteError {
         path: PathBuf,
         error: std::io::Error,
     },
+    #[error(
+        "{}: the disk is full ({error}); free space there and run memra-orch report again (the \
+         pages written so far are listed in {MARKER}, so the next report replaces them)",
+        path.display()
+    )]
+    DiskFull { path: PathBuf, error: String },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SiteError + '_ {
-    move |error| SiteError::Io {
-        path: path.to_path_buf(),
-        error,
+    move |error| {
+        if crate::diskfull::is_disk_full(&error) {
+            SiteError::DiskFull {
+                path: path.to_path_buf(),
+                error: error.to_string(),
+            }
+        } else {
+            SiteError::Io {
+                path: path.to_path_buf(),
+                error,
+            }
+        }
+    }
+}
+
+/// A file the site writes (through the receipts' atomic writer) that could not be written.
+fn written(path: PathBuf, e: crate::receipt::error::ReceiptError) -> SiteError {
+    if let Some(io) = e.io_error().filter(|io| crate::diskfull::is_disk_full(io)) {
+        SiteError::DiskFull {
+            path,
+            error: io.to_string(),
+        }
+    } else {
+        SiteError::Io {
+            path,
+            error: std::io::Error::other(e.to_string()),
+        }
     }
 }
 
@@ -130,10 +160,7 @@ pub fn write_site(dir: &Path, view: &ReportView) -> Result<Written, SiteError> {
     write_marker(&dir, &both)?;
     for (name, text) in &out {
         let path = dir.join(name);
-        write_atomic(&path, text.as_bytes()).map_err(|e| SiteError::Io {
-            path,
-            error: std::io::Error::other(e.to_string()),
-        })?;
+        write_atomic(&path, text.as_bytes()).map_err(|e| written(path, e))?;
     }
     let mut removed = 0;
     for stale in previous.difference(&files) {
@@ -159,10 +186,7 @@ fn write_marker(dir: &Path, files: &BTreeSet<String>) -> Result<(), SiteError> {
         files: files.clone(),
     };
     let path = dir.join(MARKER);
-    crate::receipt::write_json(&path, &marker).map_err(|e| SiteError::Io {
-        path,
-        error: std::io::Error::other(e.to_string()),
-    })
+    crate::receipt::write_json(&path, &marker).map_err(|e| written(path, e))
 }
 
 /// The files an earlier report wrote into `dir` (empty for a missing or empty folder); an
