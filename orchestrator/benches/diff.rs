@@ -84,6 +84,7 @@ fn receipt(i: usize, generation: usize) -> NodeReceipt {
         outcome: r.verdict,
         reason: None,
         artifacts: Vec::new(),
+        gpu_health: Vec::new(),
     });
     r.checks = (0..3)
         .map(|c| {
@@ -200,6 +201,7 @@ fn write_tree(dir: &Path, generation: usize) {
         interrupted: false,
         unmet: None,
         disk_full: None,
+        quarantined_gpus: Vec::new(),
         counts: count(entries.iter().map(|e| e.verdict)),
         verdict: "pass".into(),
         nodes: entries,

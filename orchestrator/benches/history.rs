@@ -66,6 +66,7 @@ fn receipt(i: usize, night: usize) -> NodeReceipt {
         outcome: r.verdict,
         reason: None,
         artifacts: Vec::new(),
+        gpu_health: Vec::new(),
     });
     r.checks = (0..2)
         .map(|c| CheckRow {
@@ -147,6 +148,7 @@ fn write_run(receipts: &Path, night: usize) {
         interrupted: false,
         unmet: None,
         disk_full: None,
+        quarantined_gpus: Vec::new(),
         counts: count(entries.iter().map(|e| e.verdict)),
         verdict: "fail".into(),
         nodes: entries,

@@ -492,6 +492,7 @@ mod tests {
             outcome: Verdict::Pass,
             reason: None,
             artifacts: Vec::new(),
+            gpu_health: Vec::new(),
         });
         for (k, v) in axes {
             r.cell.insert(k.to_string(), v.to_string());

@@ -96,6 +96,10 @@ pub struct RunArgs {
     /// indices (`0,2`), or `fake:N` for N fake GPUs.
     #[arg(long, default_value = "all", value_parser = parse_gpu_spec)]
     pub gpus: GpuSpec,
+    /// Leave this GPU out of the run (its UUID, or a unique prefix of it, as `memra-orch
+    /// gpus` prints it), e.g. one `gpus --health` marks unfit. Repeatable.
+    #[arg(long, value_name = "UUID")]
+    pub exclude_gpu: Vec<String>,
     /// Refuse to run (exit 4) unless at least N GPUs are detected, and fail the run when a
     /// node is skipped for lack of GPUs; overrides the manifest's `[require] gpus` (`0`
     /// lifts it and runs what this machine can).
@@ -220,6 +224,11 @@ pub struct GpusArgs {
     /// `text` (a table) or `json` (the inventory the receipts record).
     #[arg(long, value_enum, default_value_t = GpusFormat::Text)]
     pub format: GpusFormat,
+    /// Also read each GPU's health through NVML (ECC counts, retired pages and remapped
+    /// rows, throttle reasons, temperature, power, performance state, PCIe replays) and mark
+    /// a GPU unfit for exactness gates (docs/receipts.md).
+    #[arg(long)]
+    pub health: bool,
 }
 
 /// What `diff`, `show`, `ls` and `gc` accept as a run, for `--help`.

@@ -66,6 +66,17 @@ pub enum Event {
         id: CellId,
         placement: Placement,
     },
+    /// A GPU faulted during an attempt of a cell ([`crate::health`]): it takes no new cells
+    /// for the rest of the run. `retry`: the cell runs again on a healthy GPU of the same
+    /// model.
+    GpuQuarantined {
+        cell: CellIndex,
+        id: CellId,
+        gpu: u32,
+        uuid: String,
+        fault: String,
+        retry: bool,
+    },
     AttemptFinished {
         cell: CellIndex,
         id: CellId,

@@ -29,6 +29,11 @@ pub enum ExitCode {
     /// the run stopped starting cells, marked the cells it lost as `error: disk full at …`
     /// and finalized `run.json`. Not a gate failure: free space and run again.
     DiskFull = 74,
+    /// A GPU faulted (an Xid of the hardware, an uncorrected ECC error, a page pending
+    /// retirement, the GPU lost) and nothing but the hardware went wrong: every cell ended
+    /// as expected or `device-fault` (sysexits' `EX_UNAVAILABLE`). A real failure beside a
+    /// fault is exit 1.
+    DeviceFault = 69,
     /// Interrupted by Ctrl-C, SIGTERM or SIGHUP; running nodes were cancelled.
     Interrupted = 130,
 }
@@ -50,6 +55,9 @@ Exit codes:
   4    the machine does not meet the requirement (`[require]`, --require-gpus): nothing ran
   5    `bisect` could not name one commit: the cell is flaky, or untestable commits leave a
        range
+  69   a GPU faulted (hardware Xid, uncorrected ECC error, page pending retirement, GPU lost)
+       and every cell ended as expected or `device-fault`: the hardware's failure, not the
+       code's; the GPU took no new cells (run.json `quarantined_gpus`)
   74   the disk of the receipt tree filled: the run stopped, its cells that could not finish
        or be recorded are `error: disk full at …`, run.json is final; free space, run again
   75   another run of this manifest at this commit holds the lock (after --wait-lock, if

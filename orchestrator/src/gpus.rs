@@ -98,6 +98,46 @@ impl Inventory {
     }
 }
 
+/// Leaves out of `inv` the GPUs `uuids` name (a UUID or a unique prefix of one, any case).
+/// An entry that names no GPU, or several, is an error naming it: a GPU meant to be kept
+/// out must not slip back in through a typo.
+pub fn exclude(inv: &mut Inventory, uuids: &[String]) -> Result<(), String> {
+    for u in uuids {
+        let want = u.trim().to_ascii_lowercase();
+        let hits: Vec<usize> = inv
+            .gpus
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| !want.is_empty() && g.uuid.to_ascii_lowercase().starts_with(&want))
+            .map(|(i, _)| i)
+            .collect();
+        match hits.as_slice() {
+            [i] => {
+                inv.gpus.remove(*i);
+            }
+            [] => {
+                let have: Vec<&str> = inv.gpus.iter().map(|g| g.uuid.as_str()).collect();
+                return Err(format!(
+                    "--exclude-gpu {u}: no GPU of this run has that UUID (it has: {}); copy it \
+                     from `memra-orch gpus`",
+                    if have.is_empty() {
+                        "none".to_string()
+                    } else {
+                        have.join(", ")
+                    }
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "--exclude-gpu {u}: names {} GPUs; give more of the UUID",
+                    hits.len()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Gpu {
     /// What to export in CUDA_VISIBLE_DEVICES for this GPU: the UUID for NVML GPUs (CUDA
     /// accepts UUIDs, and they do not depend on CUDA's device ordering, which may differ from

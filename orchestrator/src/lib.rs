@@ -27,6 +27,7 @@ pub mod exit;
 pub mod fingerprint;
 pub mod gpus;
 pub mod graph;
+pub mod health;
 pub mod history;
 pub mod lease;
 pub mod load;

@@ -93,6 +93,8 @@ pub struct RunOutcome {
     pub require_gpus: Option<u32>,
     /// Where the run found the disk full, if it did.
     pub disk_full: Option<PathBuf>,
+    /// The GPUs quarantined after a device fault, by `Gpu::index`.
+    pub quarantined: Vec<u32>,
 }
 
 impl RunOutcome {
@@ -121,11 +123,25 @@ impl RunOutcome {
             ExitCode::DiskFull
         } else if self.interrupted {
             ExitCode::Interrupted
-        } else if self.all_as_expected() {
+        } else if self.all_as_expected() && self.quarantined.is_empty() {
             ExitCode::Ok
+        } else if self.only_the_hardware() {
+            ExitCode::DeviceFault
         } else {
             ExitCode::NotAsExpected
         }
+    }
+
+    /// Whether a GPU faulted and nothing but the hardware went wrong: every cell ended as
+    /// expected or `device-fault`. A real failure beside a fault is exit 1: a fault never
+    /// hides one.
+    pub fn only_the_hardware(&self) -> bool {
+        !self.quarantined.is_empty()
+            && self.lacked_resources_note().is_none()
+            && self
+                .verdicts
+                .iter()
+                .all(|v| v.as_expected() || *v == Verdict::DeviceFault)
     }
 }
 
@@ -296,6 +312,10 @@ struct Runner<'a, 'b> {
     beats: BTreeMap<CellIndex, Beat>,
     /// Heartbeats already sent for each cell waiting for a lease, since it was last said.
     wait_beats: HashMap<CellIndex, u32>,
+    /// Per cell: it already ran again after a device fault (a cell gets one such retry).
+    device_retried: Vec<bool>,
+    /// Per cell: the attempts of its try that ended `device-fault`, for the retry to keep.
+    prior_attempts: Vec<Vec<AttemptRecord>>,
     modes: Vec<Mode>,
     /// Seconds each cell waited for a GPU another process leased, before it started.
     lease_waited: Vec<Option<f64>>,
@@ -343,6 +363,8 @@ pub fn execute(
         workers: None,
         beats: BTreeMap::new(),
         wait_beats: HashMap::new(),
+        device_retried: vec![false; n],
+        prior_attempts: vec![Vec::new(); n],
         modes: modes(plan, opts),
         lease_waited: vec![None; n],
         compare_cancel: Arc::new(AtomicBool::new(false)),
@@ -376,6 +398,7 @@ pub fn execute(
         lacked_resources: runner.lacked.iter().filter(|&&l| l).count(),
         require_gpus: opts.require_gpus,
         disk_full: opts.disk_full.get().map(Path::to_path_buf),
+        quarantined: runner.pool.quarantined(),
     };
     runner.emit(&Event::RunFinished {
         counts: outcome.counts.clone(),
@@ -631,6 +654,20 @@ impl Runner<'_, '_> {
             Mode::Check => 0,
             _ => self.plan.cell(i).gpus,
         };
+        if gpus as usize > self.pool.healthy(None) {
+            let gone: Vec<String> = self
+                .pool
+                .quarantined()
+                .iter()
+                .map(|g| format!("gpu {g}"))
+                .collect();
+            let why = format!(
+                "not run: too few healthy GPUs are left for it ({} quarantined after a device fault)",
+                gone.join(", ")
+            );
+            self.finish_unplaced(i, Verdict::DeviceFault, why, true);
+            return;
+        }
         self.queue.push(i, self.priority[i.0], gpus);
     }
 
@@ -670,7 +707,8 @@ impl Runner<'_, '_> {
         for (cell, placement) in taken.started {
             self.state[cell.0] = State::Running;
             self.running += 1;
-            let job = self.job(cell, &placement);
+            let mut job = self.job(cell, &placement);
+            job.prior_attempts = std::mem::take(&mut self.prior_attempts[cell.0]);
             let compare = self.compare_paths(cell);
             let mode = self.modes[cell.0];
             let previous = match (mode, &self.opts.carry) {
@@ -783,6 +821,12 @@ impl Runner<'_, '_> {
                 self.pool.release(&placement);
                 self.running -= 1;
                 self.beats.remove(&cell);
+                if carried.is_none()
+                    && receipt.verdict == Verdict::DeviceFault
+                    && self.quarantine_and_retry(cell, &receipt)
+                {
+                    return;
+                }
                 if carried.is_none() && self.plan.cell(cell).kind == NodeKind::Setup {
                     // A setup may have written files that cells still to come declare.
                     self.digests.files_changed();
@@ -867,6 +911,73 @@ impl Runner<'_, '_> {
         }
     }
 
+    /// A cell ended `device-fault`: every GPU that faulted in its last attempt takes no new
+    /// cells for the rest of the run, and the cell runs once more on healthy GPUs of the
+    /// same model when the run has enough of them (it keeps its faulty attempts). Returns
+    /// whether it was queued again; cells that can no longer be placed at all end
+    /// `device-fault` too.
+    fn quarantine_and_retry(&mut self, cell: CellIndex, receipt: &NodeReceipt) -> bool {
+        let faulty: Vec<(u32, String, String)> = receipt
+            .attempts
+            .last()
+            .map(|a| {
+                a.gpu_health
+                    .iter()
+                    .filter_map(|h| Some((h.gpu, h.uuid.clone(), h.fault.clone()?)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let model = faulty
+            .first()
+            .and_then(|(g, _, _)| self.pool.model_of(*g).map(str::to_string));
+        for (gpu, _, _) in &faulty {
+            self.pool.quarantine(*gpu);
+        }
+        let c = self.plan.cell(cell);
+        let retry = !self.device_retried[cell.0]
+            && self.stop.is_none()
+            && !faulty.is_empty()
+            && self.pool.healthy(model.as_deref()) >= c.gpus as usize;
+        for (gpu, uuid, fault) in &faulty {
+            self.emit(&Event::GpuQuarantined {
+                cell,
+                id: c.id.clone(),
+                gpu: *gpu,
+                uuid: uuid.clone(),
+                fault: fault.clone(),
+                retry,
+            });
+        }
+        // What can never be placed now ends here rather than waiting for ever.
+        let lost = self.queue.take_unplaceable(&self.pool);
+        let gone: Vec<String> = self
+            .pool
+            .quarantined()
+            .iter()
+            .map(|g| format!("gpu {g}"))
+            .collect();
+        for l in lost {
+            let why = format!(
+                "not run: too few healthy GPUs are left for it ({} quarantined after a device fault)",
+                gone.join(", ")
+            );
+            self.finish_unplaced(l, Verdict::DeviceFault, why, true);
+        }
+        if !retry {
+            return false;
+        }
+        self.device_retried[cell.0] = true;
+        self.prior_attempts[cell.0] = receipt.attempts.clone();
+        self.state[cell.0] = State::Ready;
+        self.queue.push_on(
+            cell,
+            self.priority[cell.0],
+            self.plan.cell(cell).gpus,
+            model,
+        );
+        true
+    }
+
     /// Finishes a cell that never got resources (skipped, blocked, cancelled).
     fn finish_unplaced(&mut self, cell: CellIndex, verdict: Verdict, reason: String, write: bool) {
         if matches!(self.state[cell.0], State::Done(_)) {
@@ -920,6 +1031,15 @@ impl Runner<'_, '_> {
                     d,
                     Verdict::Cancelled,
                     format!("not started: needs {dep_id}, which was cancelled"),
+                    true,
+                );
+            } else if verdict == Verdict::DeviceFault {
+                // The hardware kept the dependency from an answer: not the dependent's
+                // fault, and not the code's either.
+                self.finish_unplaced(
+                    d,
+                    Verdict::DeviceFault,
+                    format!("not run: needs {dep_id}, which ended device-fault"),
                     true,
                 );
             } else if !verdict.as_expected() && !self.reads_what_was_written(d, cell, verdict) {
@@ -987,6 +1107,7 @@ impl Runner<'_, '_> {
             binaries.extend(self.finished[need.0].produces.iter().cloned());
         }
         CellJob {
+            prior_attempts: Vec::new(),
             id: c.id.0.clone(),
             node: c.node.0.clone(),
             kind: c.kind,

@@ -40,6 +40,10 @@ pub struct Pool {
     locks: Option<Arc<GpuLocks>>,
     /// GPUs last found leased by another process: when, and by whom.
     held: Vec<Option<(Instant, Blocker)>>,
+    /// The model of each GPU, for a retry that must land on the same model.
+    model: Vec<String>,
+    /// GPUs that faulted in this run ([`crate::health`]): they take no new cells.
+    quarantined: Vec<bool>,
 }
 
 /// Why a cell cannot be placed now.
@@ -86,7 +90,38 @@ impl Pool {
             cpu_groups: HashMap::new(),
             locks: None,
             held: vec![None; inventory.gpus.len()],
+            model: inventory.gpus.iter().map(|g| g.name.clone()).collect(),
+            quarantined: vec![false; inventory.gpus.len()],
         }
+    }
+
+    /// Keeps the GPU of this `Gpu::index` from every cell placed from now on (a device
+    /// fault); the cell on it now finishes as it does.
+    pub fn quarantine(&mut self, gpu: u32) {
+        if let Some(i) = self.gpu_index.iter().position(|&g| g == gpu) {
+            self.quarantined[i] = true;
+        }
+    }
+
+    /// The model of the GPU of this `Gpu::index`.
+    pub fn model_of(&self, gpu: u32) -> Option<&str> {
+        let i = self.gpu_index.iter().position(|&g| g == gpu)?;
+        Some(self.model[i].as_str())
+    }
+
+    /// How many GPUs (of `model`, when given) are not quarantined.
+    pub fn healthy(&self, model: Option<&str>) -> usize {
+        (0..self.gpu_index.len())
+            .filter(|&i| !self.quarantined[i] && model.is_none_or(|m| self.model[i] == m))
+            .count()
+    }
+
+    /// The quarantined GPUs, by `Gpu::index`.
+    pub fn quarantined(&self) -> Vec<u32> {
+        (0..self.gpu_index.len())
+            .filter(|&i| self.quarantined[i])
+            .map(|i| self.gpu_index[i])
+            .collect()
     }
 
     /// The same pool taking a machine-wide lease on every GPU it places, through `locks`
@@ -125,6 +160,7 @@ impl Pool {
     /// seen more than [`LEASE_POLL`] ago is worth trying again).
     fn gpu_available(&self, i: usize) -> bool {
         !self.gpu_busy[i]
+            && !self.quarantined[i]
             && self.held[i]
                 .as_ref()
                 .is_none_or(|(seen, _)| seen.elapsed() >= LEASE_POLL)
@@ -135,13 +171,24 @@ impl Pool {
     /// of which one is leased elsewhere is given back whole, and the next best set of the
     /// remaining GPUs is tried.
     pub fn try_lease(&mut self, gpus: u32, cell: &str) -> Result<Placement, NotNow> {
+        self.try_lease_of(gpus, cell, None)
+    }
+
+    /// [`Pool::try_lease`] on GPUs of `model` only, when given (a cell run again after a
+    /// device fault goes to a twin of the GPU that faulted).
+    pub fn try_lease_of(
+        &mut self,
+        gpus: u32,
+        cell: &str,
+        model: Option<&str>,
+    ) -> Result<Placement, NotNow> {
         if gpus == 0 {
             return self.try_lease_cpus(1);
         }
         let n = gpus as usize;
         loop {
             let free: Vec<usize> = (0..self.gpu_busy.len())
-                .filter(|&i| self.gpu_available(i))
+                .filter(|&i| self.gpu_available(i) && model.is_none_or(|m| self.model[i] == m))
                 .collect();
             if free.len() < n {
                 return Err(self.why_not(n));
@@ -188,7 +235,7 @@ impl Pool {
     /// enough are free here and the first one another process leases is to blame.
     fn why_not(&self, n: usize) -> NotNow {
         let free_here: Vec<usize> = (0..self.gpu_busy.len())
-            .filter(|&i| !self.gpu_busy[i])
+            .filter(|&i| !self.gpu_busy[i] && !self.quarantined[i])
             .collect();
         if free_here.len() < n {
             return NotNow::Busy;
@@ -336,6 +383,8 @@ struct Entry {
     priority: f64,
     cell: CellIndex,
     gpus: u32,
+    /// Only GPUs of this model (a retry after a device fault).
+    model: Option<String>,
 }
 
 impl Eq for Entry {}
@@ -356,10 +405,16 @@ impl PartialOrd for Entry {
 
 impl ReadyQueue {
     pub fn push(&mut self, cell: CellIndex, priority: f64, gpus: u32) {
+        self.push_on(cell, priority, gpus, None)
+    }
+
+    /// [`ReadyQueue::push`] for a cell that may only run on GPUs of `model`.
+    pub fn push_on(&mut self, cell: CellIndex, priority: f64, gpus: u32, model: Option<String>) {
         let e = Entry {
             priority,
             cell,
             gpus,
+            model,
         };
         if gpus == 0 {
             self.cpu.push(e)
@@ -396,7 +451,7 @@ impl ReadyQueue {
         while (0..pool.gpu_busy.len()).any(|i| pool.gpu_available(i))
             && let Some(e) = self.gpu.pop()
         {
-            match pool.try_lease(e.gpus, &plan.cell(e.cell).id.0) {
+            match pool.try_lease_of(e.gpus, &plan.cell(e.cell).id.0, e.model.as_deref()) {
                 Ok(p) => {
                     if let Some((since, _, _)) = self.lease_waits.remove(&e.cell) {
                         taken.waited.push((e.cell, since.elapsed().as_secs_f64()));
@@ -413,6 +468,24 @@ impl ReadyQueue {
         }
         self.gpu.extend(waiting);
         taken
+    }
+
+    /// Takes out of the queue every GPU cell that needs more GPUs than are left healthy
+    /// (of its model, when it has one): after a quarantine they can never be placed.
+    pub fn take_unplaceable(&mut self, pool: &Pool) -> Vec<CellIndex> {
+        let mut out = Vec::new();
+        self.gpu.retain(|e| {
+            let fits = e.gpus as usize <= pool.healthy(e.model.as_deref());
+            if !fits {
+                out.push(e.cell);
+            }
+            fits
+        });
+        for c in &out {
+            self.lease_waits.remove(c);
+        }
+        out.sort();
+        out
     }
 
     /// The cells now waiting for a lease another process holds: since when, the GPU and

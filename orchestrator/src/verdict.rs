@@ -13,6 +13,12 @@ use serde::{Deserialize, Serialize};
 pub enum Verdict {
     Pass,
     Skipped,
+    /// The GPU faulted (an Xid of the hardware, a new uncorrected ECC error, a page pending
+    /// retirement, the GPU lost) during an attempt that did not pass: the hardware's
+    /// failure, not the code's. Ordered before every failure, so that the worse of a
+    /// device fault and a real failure is the failure: a fault never hides one.
+    #[serde(rename = "device-fault")]
+    DeviceFault,
     Fail,
     Crash,
     Timeout,
@@ -22,12 +28,13 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    pub const ALL: [Verdict; 8] = [
+    pub const ALL: [Verdict; 9] = [
         Verdict::Pass,
         Verdict::Fail,
         Verdict::Crash,
         Verdict::Timeout,
         Verdict::Error,
+        Verdict::DeviceFault,
         Verdict::Skipped,
         Verdict::Blocked,
         Verdict::Cancelled,
@@ -46,6 +53,7 @@ impl Verdict {
             Verdict::Crash => "crash",
             Verdict::Timeout => "timeout",
             Verdict::Error => "error",
+            Verdict::DeviceFault => "device-fault",
             Verdict::Skipped => "skipped",
             Verdict::Blocked => "blocked",
             Verdict::Cancelled => "cancelled",

@@ -13,6 +13,7 @@ mod bisect_commits;
 mod compare_artifacts;
 mod compare_cells;
 mod declared_inputs;
+mod device_faults;
 mod diff_quantify;
 mod diff_trees;
 mod gpu_leases;

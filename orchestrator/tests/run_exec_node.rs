@@ -10,6 +10,7 @@ use memra_orch::plan::{Expect, NodeKind};
 
 fn job(node_dir: &std::path::Path, gate: &str) -> CellJob {
     CellJob {
+        prior_attempts: Vec::new(),
         id: "remote[b=1]".into(),
         node: "remote".into(),
         kind: NodeKind::Arm,

@@ -458,6 +458,10 @@ artifact = "logits.safetensors"
         }
         assert!(a.iter().all(|k| !k.starts_with(".slurm_jobs")));
         b.retain(|k| !k.starts_with(".slurm_jobs"));
+        // A local attempt on a GPU reads its health (a Slurm node's GPUs are not this
+        // host's, so a Slurm attempt has none): the one key a Slurm receipt lacks.
+        assert!(b.iter().all(|k| !k.contains(".gpu_health")));
+        a.retain(|k| !k.contains(".gpu_health"));
         // The environment differs by what the caller's machine put on the inherit list
         // only in values; checks, attempts and artifacts must have the same structure.
         assert_eq!(a, b, "{id}: the receipts differ in shape");

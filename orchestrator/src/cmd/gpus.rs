@@ -20,11 +20,52 @@ pub fn command(args: &GpusArgs) -> ExitCode {
                 print!("{}", render_leases(&LockDir::from_env(), &inv.gpus));
             }
         }
-        GpusFormat::Json => {
+        GpusFormat::Json if !args.health => {
             println!(
                 "{}",
                 serde_json::to_string_pretty(&inv).expect("inventory serializes")
             );
+        }
+        GpusFormat::Json => {}
+    }
+    if args.health {
+        let monitor = match crate::health::Monitor::new() {
+            Ok(m) if inv.source == crate::gpus::InventorySource::Nvml => m.with_nvml(),
+            Ok(m) => m,
+            Err(e) => {
+                eprintln!("memra-orch gpus: {e}");
+                return ExitCode::Usage;
+            }
+        };
+        let readings: Vec<(crate::health::GpuRef, String, crate::health::Reading)> = inv
+            .gpus
+            .iter()
+            .map(|g| {
+                let r = crate::health::GpuRef {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                };
+                let reading = monitor.read_at_rest(&r);
+                (r, g.name.clone(), reading)
+            })
+            .collect();
+        match args.format {
+            GpusFormat::Text => print!("{}", crate::health::render(&readings)),
+            GpusFormat::Json => {
+                let rows: Vec<serde_json::Value> = readings
+                    .iter()
+                    .map(|(g, name, r)| {
+                        serde_json::json!({
+                            "gpu": g.index, "uuid": g.uuid, "name": name,
+                            "health": r, "unfit": r.standing_fault(),
+                        })
+                    })
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&rows).expect("readings serialize")
+                );
+            }
         }
     }
     ExitCode::Ok

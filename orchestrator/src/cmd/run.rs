@@ -76,10 +76,11 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
             )));
         }
     }
-    let inventory = match args.executor {
+    let mut inventory = match args.executor {
         ExecutorKind::Local => crate::gpus::detect(&args.gpus),
         ExecutorKind::Slurm => slurm_slots(args).map_err(|e| usage(e.to_string()))?,
     };
+    crate::gpus::exclude(&mut inventory, &args.exclude_gpu).map_err(usage)?;
     if let Some(note) = &inventory.note {
         eprintln!("memra-orch: {note}");
     }
@@ -110,6 +111,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         eprintln!("memra-orch: {}", dirty_note(&plan.root, &commit.id, &own));
     }
     let heartbeat = heartbeat_interval().map_err(usage)?;
+    let monitor = crate::health::Monitor::new().map_err(usage)?;
     // Taken before anything runs: a run that cannot tell which engine it tests refuses.
     let fingerprints = crate::fingerprint::take_all(&plan)
         .map_err(|e| (ExitCode::RequirementUnmet, e.to_string()))?;
@@ -253,7 +255,17 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     let mode = args.progress.resolve();
     let mut display = Progress::new(mode, &plan, &inventory);
     let executor: Arc<dyn Executor> = match args.executor {
-        ExecutorKind::Local => Arc::new(LocalExecutor::new(grace, std::env::temp_dir())),
+        ExecutorKind::Local => {
+            let local = LocalExecutor::new(grace, std::env::temp_dir());
+            // Every attempt on a GPU is read before and after (crate::health).
+            Arc::new(match inventory.source {
+                _ if inventory.gpus.is_empty() => local,
+                crate::gpus::InventorySource::Nvml => {
+                    local.with_health(Arc::new(monitor.with_nvml()))
+                }
+                _ => local.with_health(Arc::new(monitor)),
+            })
+        }
         ExecutorKind::Slurm => Arc::new(SlurmExecutor::new(
             slurm_options(args, &plan, &receipts, &commit.id, grace)
                 .map_err(|e| internal(e.to_string()))?,

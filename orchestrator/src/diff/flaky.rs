@@ -59,6 +59,47 @@ struct Identity {
     code: String,
     #[serde(default)]
     gpus: Vec<GpuRef>,
+    #[serde(default)]
+    attempts: Vec<AttemptArtifacts>,
+}
+
+/// What classification reads of an attempt: the artifacts it wrote.
+#[derive(Debug, Deserialize)]
+struct AttemptArtifacts {
+    #[serde(default)]
+    artifacts: Vec<crate::receipt::Artifact>,
+}
+
+impl Identity {
+    /// Whether the receipt shows the cell deterministic on its GPU: two or more attempts
+    /// wrote artifacts, all the same bits.
+    fn reps_agree(&self) -> bool {
+        let sets: Vec<Vec<(&str, &str)>> = self
+            .attempts
+            .iter()
+            .filter(|a| !a.artifacts.is_empty())
+            .map(|a| {
+                a.artifacts
+                    .iter()
+                    .map(|x| (x.name.as_str(), x.sha256.as_str()))
+                    .collect()
+            })
+            .collect();
+        sets.len() >= 2 && sets.windows(2).all(|w| w[0] == w[1])
+    }
+
+    fn uuids(&self) -> Vec<String> {
+        self.gpus.iter().map(|g| g.uuid.clone()).collect()
+    }
+}
+
+/// The GPUs of each side when cell `id`'s bits moved between two GPUs of the same model on
+/// identical inputs while each side's reps agreed: the result depends on the card.
+fn gpu_dependent(old: &DiffRun, new: &DiffRun, id: &str) -> Option<(Vec<String>, Vec<String>)> {
+    let (o, n) = (old.nodes.get(id)?, new.nodes.get(id)?);
+    let (a, b) = (identity(old, o)?, identity(new, n)?);
+    let (ua, ub) = (a.uuids(), b.uuids());
+    (!ua.is_empty() && ua != ub && a.reps_agree() && b.reps_agree()).then_some((ua, ub))
 }
 
 fn identity<R>(run: &DiffRun, node: &LoadedNode<R>) -> Option<Identity> {
@@ -130,7 +171,16 @@ pub fn classify(d: &mut Diff, old: &DiffRun, new: &DiffRun, window: usize) {
         .into_iter()
         .partition(|b| same_machine && same_inputs(old, new, &b.id));
     d.bits_moved = kept;
-    d.nondeterministic.extend(nondet);
+    for b in nondet {
+        match gpu_dependent(old, new, &b.id) {
+            Some((old_gpus, new_gpus)) => d.gpu_dependent.push(super::GpuDependent {
+                moved: b,
+                old_gpus,
+                new_gpus,
+            }),
+            None => d.nondeterministic.push(b),
+        }
+    }
     let marks = !(d.regressions.is_empty() && d.fixes.is_empty() && d.bits_moved.is_empty());
     if flaky.is_empty() && !marks {
         return;
@@ -286,6 +336,32 @@ pub fn text(out: &mut String, d: &Diff, width: usize, title: &dyn Fn(&str, usize
             );
         }
     }
+    if !d.gpu_dependent.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{}",
+            title("GPU-DEPENDENT RESULTS", d.gpu_dependent.len())
+        );
+        for g in &d.gpu_dependent {
+            let _ = writeln!(
+                out,
+                "  {:<width$}  {}  inputs unchanged, reps agree on each GPU, artifacts differ between {} and {}",
+                g.moved.id,
+                g.moved.verdict,
+                g.old_gpus.join("+"),
+                g.new_gpus.join("+")
+            );
+            for a in &g.moved.artifacts {
+                let _ = writeln!(
+                    out,
+                    "      {}: {} → {}",
+                    a.name,
+                    short(&a.old_sha256),
+                    short(&a.new_sha256)
+                );
+            }
+        }
+    }
     if !d.nondeterministic.is_empty() {
         let _ = writeln!(
             out,
@@ -330,6 +406,24 @@ pub fn markdown(out: &mut String, d: &Diff, md: &dyn Fn(&str) -> String) {
                 f.change.old,
                 f.change.new,
                 flips_note(f)
+            );
+        }
+        out.push('\n');
+    }
+    if !d.gpu_dependent.is_empty() {
+        let _ = writeln!(
+            out,
+            "### GPU-dependent results ({})\n\nInputs unchanged and each side's reps agree, but the bits differ between two GPUs of the same model: a marginal card shows this way before it fails.\n",
+            d.gpu_dependent.len()
+        );
+        for g in &d.gpu_dependent {
+            let _ = writeln!(
+                out,
+                "- `{}` ({}): `{}` → `{}`",
+                md(&g.moved.id),
+                g.moved.verdict,
+                md(&g.old_gpus.join("+")),
+                md(&g.new_gpus.join("+"))
             );
         }
         out.push('\n');

@@ -156,6 +156,16 @@ pub struct BitsMoved {
     pub known_nondeterministic: Option<String>,
 }
 
+/// A cell whose bits depend on the GPU it ran on ([`Diff::gpu_dependent`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuDependent {
+    #[serde(flatten)]
+    pub moved: BitsMoved,
+    /// The UUIDs of the GPUs each side ran on.
+    pub old_gpus: Vec<String>,
+    pub new_gpus: Vec<String>,
+}
+
 /// A check row that is at `warn` in NEW and was not in OLD (another status, or no row).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct WarnChange {
@@ -220,6 +230,12 @@ pub struct Diff {
     /// `--allow-lost`: lost coverage is listed but does not count as a regression.
     pub allow_lost: bool,
     pub regressions: Vec<VerdictChange>,
+    /// Cells NEW ended `device-fault` (the hardware failed during them, and no healthy
+    /// GPU of the same model was left to run them again): never a regression, and never
+    /// hiding one (a cell that failed again on a healthy GPU ended `fail`, a regression).
+    pub device_faults: Vec<VerdictChange>,
+    /// The GPUs NEW quarantined after a device fault (run.json `quarantined_gpus`).
+    pub quarantined_gpus: Vec<crate::receipt::Quarantined>,
     pub lost_coverage: Vec<LostCoverage>,
     pub fixes: Vec<VerdictChange>,
     pub still_failing: Vec<VerdictChange>,
@@ -244,6 +260,10 @@ pub struct Diff {
     /// Bits moved on identical inputs and the same verdict, moved out of `bits_moved` by
     /// [`flaky::classify`].
     pub nondeterministic: Vec<BitsMoved>,
+    /// Bits moved on identical inputs between two GPUs of the same model, each side's reps
+    /// agreeing: the result depends on the card (a marginal GPU), moved out of
+    /// nondeterministic by [`flaky::classify`].
+    pub gpu_dependent: Vec<GpuDependent>,
     /// `--flaky-fails`: flaky and nondeterministic cells make the exit code 1.
     pub flaky_fails: bool,
 }
@@ -254,13 +274,18 @@ impl Diff {
     pub fn regressed(&self) -> bool {
         !self.regressions.is_empty()
             || (!self.allow_lost && !self.lost_coverage.is_empty())
-            || (self.flaky_fails && !(self.flaky.is_empty() && self.nondeterministic.is_empty()))
+            || (self.flaky_fails
+                && !(self.flaky.is_empty()
+                    && self.nondeterministic.is_empty()
+                    && self.gpu_dependent.is_empty()))
     }
 
     /// Whether nothing differs between the two runs under the thresholds. Nodes failing on
     /// both sides are listed but are no difference: a run diffed with itself is clean.
     pub fn is_clean(&self) -> bool {
         self.regressions.is_empty()
+            && self.device_faults.is_empty()
+            && self.quarantined_gpus.is_empty()
             && self.lost_coverage.is_empty()
             && self.fixes.is_empty()
             && self.other_verdict_changes.is_empty()
@@ -274,6 +299,7 @@ impl Diff {
             && self.environment.is_empty()
             && self.flaky.is_empty()
             && self.nondeterministic.is_empty()
+            && self.gpu_dependent.is_empty()
     }
 }
 
@@ -297,6 +323,8 @@ pub fn diff(old: &DiffRun, new: &DiffRun, t: &Thresholds) -> Diff {
         thresholds: *t,
         allow_lost: false,
         regressions: Vec::new(),
+        device_faults: Vec::new(),
+        quarantined_gpus: new.run.quarantined_gpus.clone(),
         lost_coverage: Vec::new(),
         fixes: Vec::new(),
         still_failing: Vec::new(),
@@ -312,6 +340,7 @@ pub fn diff(old: &DiffRun, new: &DiffRun, t: &Thresholds) -> Diff {
         environment: environment(old, new),
         flaky: Vec::new(),
         nondeterministic: Vec::new(),
+        gpu_dependent: Vec::new(),
         flaky_fails: false,
     };
     for (id, o) in &old.nodes {
@@ -428,7 +457,14 @@ fn node(
         reason,
         known_flaky: None,
     };
-    match (ov.as_expected(), nv.as_expected()) {
+    // A device fault is the hardware's: tonight's is listed on its own, and last night's
+    // says nothing of the code, so a failure after it is a regression.
+    let was_good = ov.as_expected() || ov == Verdict::DeviceFault;
+    match (was_good, nv.as_expected()) {
+        _ if nv == Verdict::DeviceFault => d.device_faults.push(change(n.entry.reason.clone())),
+        (true, true) if ov == Verdict::DeviceFault => {
+            d.other_verdict_changes.push(change(n.entry.reason.clone()))
+        }
         (true, false) => d.regressions.push(change(n.entry.reason.clone())),
         (false, true) => d
             .fixes

@@ -113,6 +113,11 @@ fn one_line(s: &str) -> String {
 fn counts(d: &Diff) -> String {
     let parts = [
         (d.regressions.len(), "regression", "regressions"),
+        (
+            d.device_faults.len().max(d.quarantined_gpus.len()),
+            "device fault",
+            "device faults",
+        ),
         (d.lost_coverage.len(), "lost coverage", "lost coverage"),
         (d.fixes.len(), "fix", "fixes"),
         (
@@ -134,6 +139,11 @@ fn counts(d: &Diff) -> String {
             d.nondeterministic.len(),
             "nondeterministic node",
             "nondeterministic nodes",
+        ),
+        (
+            d.gpu_dependent.len(),
+            "GPU-dependent result",
+            "GPU-dependent results",
         ),
         (d.new_nodes.len(), "new node", "new nodes"),
         (d.removed_nodes.len(), "removed node", "removed nodes"),
@@ -222,6 +232,40 @@ pub fn text(d: &Diff, color: bool) -> String {
         }
     };
     verdicts(&mut out, Tone::Bad, "REGRESSIONS", &d.regressions);
+    if !d.device_faults.is_empty() || !d.quarantined_gpus.is_empty() {
+        let n = d.device_faults.len().max(d.quarantined_gpus.len());
+        section(
+            &mut out,
+            Tone::Note,
+            "DEVICE FAULTS (the hardware's, not regressions)",
+            n,
+        );
+        for q in &d.quarantined_gpus {
+            let _ = writeln!(
+                out,
+                "  gpu {} {}  quarantined: {} during {}{}",
+                q.gpu,
+                q.uuid,
+                one_line(&q.fault),
+                q.cell,
+                if q.retried {
+                    " (ran again on a healthy GPU)"
+                } else {
+                    ""
+                }
+            );
+        }
+        for c in &d.device_faults {
+            let line = format!(
+                "  {:<width$}  {} → {}  {}",
+                c.id,
+                c.old,
+                c.new,
+                one_line(c.reason.as_deref().unwrap_or(""))
+            );
+            let _ = writeln!(out, "{}", line.trim_end());
+        }
+    }
     if !d.lost_coverage.is_empty() {
         let tone = if d.allow_lost { Tone::Note } else { Tone::Bad };
         section(&mut out, tone, "LOST COVERAGE", d.lost_coverage.len());
@@ -430,6 +474,30 @@ pub fn markdown(d: &Diff) -> String {
         out.push('\n');
     };
     verdicts(&mut out, "Regressions", &d.regressions);
+    if !d.quarantined_gpus.is_empty() {
+        let _ = writeln!(
+            out,
+            "### Device faults: quarantined GPUs ({})\n\nThe hardware failed, not the code; not counted as regressions.\n",
+            d.quarantined_gpus.len()
+        );
+        for q in &d.quarantined_gpus {
+            let _ = writeln!(
+                out,
+                "- gpu {} `{}`: {} during `{}`{}",
+                q.gpu,
+                md(&q.uuid),
+                md(&q.fault),
+                md(&q.cell),
+                if q.retried {
+                    " (ran again on a healthy GPU)"
+                } else {
+                    ""
+                }
+            );
+        }
+        out.push('\n');
+    }
+    verdicts(&mut out, "Device faults", &d.device_faults);
     if !d.lost_coverage.is_empty() {
         let _ = writeln!(out, "### Lost coverage ({})\n", d.lost_coverage.len());
         let _ = writeln!(out, "| node | old | new | reason |\n|---|---|---|---|");

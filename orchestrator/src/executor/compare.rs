@@ -165,6 +165,7 @@ pub fn run(
         outcome,
         reason: raw_reason,
         artifacts: Vec::new(),
+        gpu_health: Vec::new(),
     });
     r.compare = report
         .and_then(|report| serde_json::to_value(&report).ok())

@@ -45,6 +45,9 @@ pub struct LocalExecutor {
     tmp: TmpDirs,
     /// The memra-orch binary, re-executed as each attempt's supervisor.
     supervisor: PathBuf,
+    /// Reads the attempt's GPUs before and after it ([`crate::health`]); `None`: no
+    /// readings (a run without GPUs).
+    health: Option<Arc<crate::health::Monitor>>,
 }
 
 impl LocalExecutor {
@@ -55,7 +58,14 @@ impl LocalExecutor {
             watchdog: Watchdog::new(grace),
             tmp: TmpDirs::new(tmp_parent),
             supervisor: supervise::default_program(),
+            health: None,
         }
+    }
+
+    /// The same executor reading every GPU attempt's health through `monitor`.
+    pub fn with_health(mut self, monitor: Arc<crate::health::Monitor>) -> LocalExecutor {
+        self.health = Some(monitor);
+        self
     }
 
     /// The same executor with another supervisor binary (memra-orch, by path).
@@ -80,10 +90,16 @@ impl Executor for LocalExecutor {
     fn execute(&self, job: &CellJob, on_note: &mut dyn FnMut(CellNote)) -> NodeReceipt {
         let started = Instant::now();
         let mut receipt = job.receipt();
-        if let Err(e) = reset_dir(&job.node_dir) {
-            receipt.verdict = Verdict::Error;
-            receipt.reason = Some(e.to_string());
-            return receipt;
+        // A cell run again after a device fault keeps the faulty attempts (their folders
+        // and records) and numbers its own after them.
+        if job.prior_attempts.is_empty() {
+            if let Err(e) = reset_dir(&job.node_dir) {
+                receipt.verdict = Verdict::Error;
+                receipt.reason = Some(e.to_string());
+                return receipt;
+            }
+        } else {
+            receipt.attempts = job.prior_attempts.clone();
         }
         if job.kind == NodeKind::Setup
             && !job.creates.is_empty()
@@ -108,7 +124,7 @@ impl Executor for LocalExecutor {
             Verdict::Pass
         };
         let check_reps = job.deterministic && job.reps > 1;
-        let mut n = 0;
+        let mut n = job.prior_attempts.len() as u32;
         let mut last: Option<AttemptResult> = None;
         // Rep 1's artifacts (its last attempt's), which every later rep must match.
         let mut first: Option<(PathBuf, Vec<Artifact>)> = None;
@@ -119,7 +135,24 @@ impl Executor for LocalExecutor {
             let mut retried = 0;
             loop {
                 n += 1;
+                let gpus: Vec<crate::health::GpuRef> = job
+                    .gpus
+                    .iter()
+                    .map(|g| crate::health::GpuRef {
+                        index: g.index,
+                        uuid: g.uuid.clone(),
+                    })
+                    .collect();
+                let watch = self
+                    .health
+                    .as_deref()
+                    .filter(|_| !gpus.is_empty())
+                    .map(|m| m.watch(&gpus, &job.id, n));
                 let mut result = self.attempt(job, n, rep, text.as_ref());
+                if let Some(w) = watch {
+                    result.record.gpu_health = w.finish();
+                    blame_the_device(&mut result.record);
+                }
                 let dir = artifacts_dir(job, n);
                 match list_artifacts(&dir) {
                     Ok(a) => {
@@ -247,6 +280,35 @@ impl Executor for LocalExecutor {
     }
 }
 
+/// An attempt that did not pass on a GPU that faulted meanwhile ([`crate::health::fault`])
+/// ends `device-fault`, its reason naming the GPU, the fault and how the attempt ended.
+fn blame_the_device(record: &mut AttemptRecord) {
+    if record.outcome == Verdict::Pass {
+        return;
+    }
+    let faults: Vec<String> = record
+        .gpu_health
+        .iter()
+        .filter_map(|h| {
+            h.fault
+                .as_ref()
+                .map(|f| format!("gpu {} ({}): {f}", h.gpu, h.uuid))
+        })
+        .collect();
+    if faults.is_empty() {
+        return;
+    }
+    let ended = match &record.reason {
+        Some(r) => format!("{} ({r})", record.outcome),
+        None => record.outcome.to_string(),
+    };
+    record.reason = Some(format!(
+        "device fault during the attempt, {}; the attempt ended {ended}",
+        faults.join("; ")
+    ));
+    record.outcome = Verdict::DeviceFault;
+}
+
 impl LocalExecutor {
     fn attempt(
         &self,
@@ -270,6 +332,7 @@ impl LocalExecutor {
             outcome: Verdict::Error,
             reason: None,
             artifacts: Vec::new(),
+            gpu_health: Vec::new(),
         };
         let not_started = |mut record: AttemptRecord, reason: String| {
             record.reason = Some(reason);

@@ -81,6 +81,10 @@ pub struct CellJob {
     pub visible_devices: Vec<String>,
     /// `nodes/<slug>` in the receipt tree; attempts go below it.
     pub node_dir: PathBuf,
+    /// The attempts of an earlier try of this cell that ended `device-fault` on another
+    /// GPU: kept (records and folders), and this try's attempts numbered after them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prior_attempts: Vec<AttemptRecord>,
     pub binaries: Vec<FileDigest>,
     /// The files the cell's declared `inputs` globs matched, paths relative to the root.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -774,6 +774,7 @@ mod tests {
 
     fn job() -> CellJob {
         CellJob {
+            prior_attempts: Vec::new(),
             id: "arm[b=1]".into(),
             node: "arm".into(),
             kind: NodeKind::Arm,

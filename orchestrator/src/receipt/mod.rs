@@ -56,6 +56,19 @@ pub struct GpuRef {
     pub name: String,
 }
 
+/// A GPU quarantined for the rest of a run, as `run.json` records it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Quarantined {
+    /// Its index (as in CUDA_VISIBLE_DEVICES) and UUID.
+    pub gpu: u32,
+    pub uuid: String,
+    /// The cell during whose attempt it faulted, and the fault.
+    pub cell: String,
+    pub fault: String,
+    /// The cell ran again on a healthy GPU of the same model.
+    pub retried: bool,
+}
+
 /// One attempt of a node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AttemptRecord {
@@ -76,6 +89,10 @@ pub struct AttemptRecord {
     /// (the node's `artifacts` are the last attempt's). Absent when it wrote nothing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub artifacts: Vec<Artifact>,
+    /// Each of the attempt's GPUs read before and after it, with the Xids it raised
+    /// ([`crate::health`]). Absent for attempts without GPUs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_health: Vec<crate::health::AttemptHealth>,
 }
 
 /// `nodes/<slug>/receipt.json`.
@@ -351,6 +368,10 @@ pub struct RunReceipt {
     /// otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_full: Option<String>,
+    /// GPUs that faulted during a cell's attempt and took no new cells for the rest of the
+    /// run ([`crate::health`]). Absent when none did.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quarantined_gpus: Vec<Quarantined>,
     /// `pass` when every node ended as expected (skipped included) and no requirement went
     /// unmet, else `fail`; `running` while in progress.
     pub verdict: String,
@@ -412,6 +433,7 @@ impl RunReceipt {
             interrupted: false,
             unmet: None,
             disk_full: None,
+            quarantined_gpus: Vec::new(),
             counts: BTreeMap::new(),
             verdict: "running".to_string(),
             nodes: Vec::new(),

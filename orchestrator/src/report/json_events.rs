@@ -75,6 +75,16 @@ enum Line<'a> {
         receipt: Option<String>,
         carried_from: Option<&'a str>,
     },
+    /// A GPU faulted during a cell's attempt and takes no new cells for the rest of the run.
+    GpuQuarantined {
+        schema: u32,
+        cell: &'a str,
+        gpu: u32,
+        uuid: &'a str,
+        fault: &'a str,
+        /// The cell runs again on a healthy GPU of the same model.
+        retry: bool,
+    },
     RunFinished {
         schema: u32,
         run: &'a str,
@@ -246,6 +256,21 @@ impl<W: Write> Listener for JsonEvents<W> {
                     carried_from: carried.as_ref().and_then(|c| c.run.as_deref()),
                 }
             }
+            Event::GpuQuarantined {
+                id,
+                gpu,
+                uuid,
+                fault,
+                retry,
+                ..
+            } => Line::GpuQuarantined {
+                schema: EVENTS_SCHEMA,
+                cell: &id.0,
+                gpu: *gpu,
+                uuid,
+                fault,
+                retry: *retry,
+            },
             // Heartbeats, GPU waits and cluster job states are for the display; the last
             // line waits for run.json (`finish_run`).
             Event::WaitingForGpu { .. }

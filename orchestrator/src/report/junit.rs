@@ -118,6 +118,7 @@ mod tests {
             outcome,
             reason: None,
             artifacts: Vec::new(),
+            gpu_health: Vec::new(),
         }
     }
 

@@ -315,6 +315,17 @@ pub fn render(run: &RunReceipt, exit: Option<ExitCode>) -> String {
         &base,
         if run.interrupted { 1.0 } else { 0.0 },
     );
+    Family::new(
+        &mut out,
+        "memra_run_quarantined_gpus",
+        "gauge",
+        "GPUs that faulted during the run and took no new cells (run.json quarantined_gpus).",
+    )
+    .sample(
+        "memra_run_quarantined_gpus",
+        &base,
+        run.quarantined_gpus.len() as f64,
+    );
     let mut cells = Family::new(
         &mut out,
         "memra_run_cells",

@@ -340,6 +340,31 @@ impl Listener for Progress {
                 }
             }
             Event::JobChanged { id, note, .. } => self.job_changed(id, note),
+            Event::GpuQuarantined {
+                id,
+                gpu,
+                uuid,
+                fault,
+                retry,
+                ..
+            } => {
+                let line = format!(
+                    "quarantined gpu {gpu} ({}) for the rest of the run: {} during {}; {}",
+                    control(uuid),
+                    control(fault),
+                    control(&id.0),
+                    if *retry {
+                        "it runs again on a healthy GPU of the same model"
+                    } else {
+                        "no healthy GPU of the same model is left to run it again"
+                    }
+                );
+                match (&self.bars, self.mode) {
+                    (Some(b), _) => b.overall.println(line),
+                    (None, ProgressMode::Quiet) => {}
+                    (None, _) => eprintln!("{line}"),
+                }
+            }
             Event::StillRunning {
                 id,
                 running_for,

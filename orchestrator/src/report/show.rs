@@ -185,6 +185,9 @@ pub fn node_text(run: &LoadedRun, r: &NodeReceipt) -> String {
                 a.reason.as_deref().unwrap_or("").replace('\n', " ")
             );
             let _ = writeln!(out, "{}", line.trim_end());
+            for h in &a.gpu_health {
+                let _ = writeln!(out, "      {}", crate::health::changes(h));
+            }
         }
         if let Some(last) = r.last_attempt_dir() {
             let _ = writeln!(

@@ -169,6 +169,28 @@ pub fn markdown(run: &RunReceipt) -> String {
     if let Some(unmet) = &run.unmet {
         let _ = writeln!(out, "**Requirement not met:** {}\n", md_escape(unmet));
     }
+    if !run.quarantined_gpus.is_empty() {
+        let _ = writeln!(
+            out,
+            "**Device faults:** the hardware failed, not the code; these GPUs took no new cells for the rest of the run:\n"
+        );
+        for q in &run.quarantined_gpus {
+            let _ = writeln!(
+                out,
+                "- gpu {} (`{}`): {} during `{}`; {}",
+                q.gpu,
+                md_escape(&q.uuid),
+                md_escape(&q.fault),
+                md_escape(&q.cell),
+                if q.retried {
+                    "it ran again on a healthy GPU of the same model"
+                } else {
+                    "no healthy GPU of the same model was left to run it again"
+                }
+            );
+        }
+        out.push('\n');
+    }
     let warned = run.nodes.iter().filter(|n| n.warns > 0).count();
     if warned > 0 {
         let rows: u32 = run.nodes.iter().map(|n| n.warns).sum();
@@ -286,6 +308,7 @@ mod tests {
             interrupted: false,
             unmet: None,
             disk_full: None,
+            quarantined_gpus: Vec::new(),
             counts: count([Verdict::Pass, Verdict::Fail]),
             verdict: "fail".into(),
             nodes: vec![
@@ -352,6 +375,7 @@ mod tests {
             lacked_resources: 1,
             require_gpus: None,
             disk_full: None,
+            quarantined: Vec::new(),
         };
         let tree = Tree {
             dir: std::path::PathBuf::from("/r/abc123-dirty/nightly/20261201T000000.000Z-abcd"),

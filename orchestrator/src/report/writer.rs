@@ -203,8 +203,15 @@ impl Listener for ReceiptWriter {
                 self.run.unmet = unmet.clone();
                 let ok = counts.iter().all(|(v, n)| *n == 0 || v.as_expected());
                 let ok = ok && full.is_none();
-                self.run.verdict = if ok && !interrupted && unmet.is_none() {
+                // Only the hardware went wrong: every cell as expected or a device fault.
+                let hardware = !self.run.quarantined_gpus.is_empty()
+                    && counts.iter().all(|(v, n)| {
+                        *n == 0 || v.as_expected() || *v == crate::verdict::Verdict::DeviceFault
+                    });
+                self.run.verdict = if ok && !interrupted && unmet.is_none() && !hardware {
                     "pass"
+                } else if hardware && full.is_none() && !interrupted && unmet.is_none() {
+                    "device-fault"
                 } else {
                     "fail"
                 }
@@ -246,6 +253,22 @@ impl Listener for ReceiptWriter {
                 if let Some(mut r) = self.reserve.take() {
                     r.release();
                 }
+            }
+            Event::GpuQuarantined {
+                id,
+                gpu,
+                uuid,
+                fault,
+                retry,
+                ..
+            } => {
+                self.run.quarantined_gpus.push(crate::receipt::Quarantined {
+                    gpu: *gpu,
+                    uuid: uuid.clone(),
+                    cell: id.0.clone(),
+                    fault: fault.clone(),
+                    retried: *retry,
+                });
             }
             Event::NodeStarted { .. }
             | Event::WaitingForGpu { .. }
