@@ -396,11 +396,17 @@ const OPEN_FLAGS: i32 = libc::O_NOFOLLOW | libc::O_NONBLOCK;
 /// given back. (An flock needs no such care: unlocking frees the lock for every copy.)
 pub static SPAWN_GUARD: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
-/// The abstract socket name of a lease: the canonical lock folder (hashed, so users who
-/// reach one folder by different paths meet) and the lock file's name.
+/// The abstract socket name of a lease: the lock folder's identity (its device and inode,
+/// so users who reach one folder by different paths — links, bind mounts — meet) and the
+/// lock file's name. A folder that cannot be looked at falls back to its path.
 fn abstract_name(folder: &Path, lock: &str) -> String {
-    let digest = crate::digest::sha256_hex(folder.as_os_str().as_encoded_bytes());
-    format!("memra-orch-gpu-lease/{}/{lock}", &digest[..16])
+    match std::fs::metadata(folder) {
+        Ok(m) => format!("memra-orch-gpu-lease/{:x}-{:x}/{lock}", m.dev(), m.ino()),
+        Err(_) => {
+            let digest = crate::digest::sha256_hex(folder.as_os_str().as_encoded_bytes());
+            format!("memra-orch-gpu-lease/{}/{lock}", &digest[..16])
+        }
+    }
 }
 
 impl LockFile {
@@ -498,31 +504,34 @@ impl LockFile {
 /// file with a second name — is left untouched and the lease is held by name alone
 /// ([`LockFile::unusable`]): such a thing in the shared folder must not stop every run.
 fn open_lock_file(path: PathBuf, name: String) -> LockFile {
-    let rw = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(LOCK_FILE_MODE)
-        .custom_flags(OPEN_FLAGS)
-        .open(&path);
-    let opened = match rw {
+    let opts = |create: bool| {
+        let mut o = OpenOptions::new();
+        o.read(true)
+            .write(true)
+            .mode(LOCK_FILE_MODE)
+            .custom_flags(OPEN_FLAGS);
+        if create {
+            o.create_new(true);
+        }
+        o
+    };
+    // Only a file this call creates gets its mode widened (the umask narrowed it) so other
+    // users' runs can write their holder text; a file that exists is never changed, whoever
+    // owns it and whatever it is a name of.
+    let opened = match opts(true).open(&path) {
         Ok(f) => {
-            // The umask narrowed the mode of a file this call created; widen it so other
-            // users' runs can write their holder text. A file of another user keeps its
-            // mode (only its owner may change it).
-            if f.metadata()
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o777 != LOCK_FILE_MODE)
-            {
-                let _ = f.set_permissions(std::fs::Permissions::from_mode(LOCK_FILE_MODE));
-            }
+            let _ = f.set_permissions(std::fs::Permissions::from_mode(LOCK_FILE_MODE));
             Ok((f, true))
         }
-        // Another user's file that is not writable for us still takes an flock (flock
-        // does not need write access); only our holder text cannot be written.
-        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-            open_read_only(&path).map(|f| (f, false))
-        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => match opts(false).open(&path) {
+            Ok(f) => Ok((f, true)),
+            // Another user's file that is not writable for us still takes an flock (flock
+            // does not need write access); only our holder text cannot be written.
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                open_read_only(&path).map(|f| (f, false))
+            }
+            Err(e) => Err(e),
+        },
         Err(e) => Err(e),
     };
     let unusable = |why: String| LockFile {
@@ -778,6 +787,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let victim = dir.path().join("victim");
         std::fs::write(&victim, "keep me").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
         let lock = dir.path().join("GPU-fake-0.lock");
         let d = LockDir::from_value(Some(dir.path().as_os_str().to_owned()));
         let gpu = &Inventory::fake(1).gpus[0];
@@ -829,6 +839,11 @@ mod tests {
                 "keep me",
                 "{what}"
             );
+            assert_eq!(
+                std::fs::metadata(&victim).unwrap().permissions().mode() & 0o777,
+                0o600,
+                "{what}: the file behind it keeps its mode"
+            );
             if lock.is_dir() && !lock.is_symlink() {
                 std::fs::remove_dir(&lock).unwrap();
             } else {
@@ -837,6 +852,55 @@ mod tests {
         }
         // A plain file is used as the lock again.
         assert!(locks(dir.path(), 1, "a").by_name_only().is_empty());
+    }
+
+    #[test]
+    fn a_lock_file_that_exists_is_never_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("GPU-fake-0.lock");
+        std::fs::write(&lock, "").unwrap();
+        std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o600)).unwrap();
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            // As root (CI): another user's private file stays theirs and private.
+            std::os::unix::fs::chown(&lock, Some(65534), Some(65534)).unwrap();
+        }
+        let a = locks(dir.path(), 1, "a");
+        a.try_take(&[0], "x").unwrap();
+        a.release(&[0]);
+        assert_eq!(
+            std::fs::metadata(&lock).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+
+    #[test]
+    fn one_folder_reached_through_a_bind_mount_is_one_set_of_leases() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        let bind = dir.path().join("bind");
+        std::fs::create_dir_all(real.join("GPU-fake-0.lock")).unwrap();
+        std::fs::create_dir(&bind).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .arg("--bind")
+            .arg(&real)
+            .arg(&bind)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            eprintln!("skipped: cannot bind-mount here (needs root)");
+            return;
+        }
+        // The lock file is unusable (a folder): the lease is its name alone, which must be
+        // the same whichever path leads to the folder.
+        let a = locks(&real, 1, "a");
+        let b = locks(&bind, 1, "b");
+        a.try_take(&[0], "x").unwrap();
+        let taken = b.try_take(&[0], "y");
+        a.release(&[0]);
+        let _ = std::process::Command::new("umount").arg(&bind).status();
+        assert!(taken.is_err(), "two runs held GPU 0 through two paths");
     }
 
     #[test]

@@ -504,6 +504,9 @@ impl Runner<'_, '_> {
             if matches!(self.state[i], State::Done(_)) {
                 continue;
             }
+            if let Some((_, since, _, _)) = self.queue.lease_waits().find(|w| w.0 == CellIndex(i)) {
+                self.lease_waited[i] = Some(since.elapsed().as_secs_f64());
+            }
             let (verdict, reason) = match &self.stop {
                 Some(why) => (Verdict::Cancelled, format!("not started: {why}")),
                 None => (
@@ -893,7 +896,12 @@ impl Runner<'_, '_> {
         // Cells waiting for a GPU another process leases are said again every interval,
         // so a cron log shows the run is alive and what it waits for.
         for (cell, since, gpu, blocker) in self.queue.lease_waits() {
-            let sent = self.wait_beats.entry(cell).or_default();
+            // Counted from the start of the wait, also after the wait was said anew (its
+            // holder changed): the line says how long the cell has really waited.
+            let sent = self.wait_beats.entry(cell).or_insert_with(|| {
+                u32::try_from(since.elapsed().as_nanos() / every.as_nanos().max(1))
+                    .unwrap_or(u32::MAX)
+            });
             let next = every.saturating_mul(*sent + 1);
             if since.elapsed() >= next {
                 *sent += 1;

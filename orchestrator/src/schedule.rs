@@ -448,6 +448,7 @@ impl ReadyQueue {
             }
         }
         let mut waiting = Vec::new();
+        let mut leased: Option<(u32, Blocker)> = None;
         while (0..pool.gpu_busy.len()).any(|i| pool.gpu_available(i))
             && let Some(e) = self.gpu.pop()
         {
@@ -460,6 +461,7 @@ impl ReadyQueue {
                 }
                 Err(why) => {
                     if let NotNow::Leased { gpu, blocker } = why {
+                        leased = Some((gpu, blocker.clone()));
                         self.note_wait(e.cell, gpu, blocker, &mut taken.waiting);
                     }
                     waiting.push(e)
@@ -467,6 +469,23 @@ impl ReadyQueue {
             }
         }
         self.gpu.extend(waiting);
+        // With no GPU busy with this run's own cells, every GPU cell still queued waits for
+        // leases other processes hold, not just the one that was tried: its wait counts
+        // from now too (for `lease_timeout`), and is said.
+        if let Some((gpu, blocker)) = leased
+            && !pool.gpu_busy.iter().any(|b| *b)
+        {
+            let mut rest: Vec<CellIndex> = self
+                .gpu
+                .iter()
+                .map(|e| e.cell)
+                .filter(|c| !self.lease_waits.contains_key(c))
+                .collect();
+            rest.sort();
+            for c in rest {
+                self.note_wait(c, gpu, blocker.clone(), &mut taken.waiting);
+            }
+        }
         taken
     }
 

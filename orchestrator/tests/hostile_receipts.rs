@@ -263,7 +263,7 @@ fn a_run_dated_in_the_future_is_never_latest_and_gc_neither_counts_nor_deletes_i
         text.lines()
             .last()
             .unwrap()
-            .ends_with("(dated in the future: its clock was ahead; listed last)"),
+            .ends_with("(of unknown age: dated in the future or unparsable; listed last)"),
         "{text}"
     );
     let show = orch(&f, &["show", "latest", "--format", "json"]);
@@ -287,4 +287,45 @@ fn a_run_dated_in_the_future_is_never_latest_and_gc_neither_counts_nor_deletes_i
         "the future run is not deleted"
     );
     assert_eq!(f.runs().len(), 2);
+}
+
+#[test]
+fn runs_of_unknown_age_are_never_latest_or_previous_and_gc_keeps_the_real_ones() {
+    // The oldest run's start garbled, the next one dated 2099; one real run after them.
+    let f = battery();
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    let edit = |dir: &std::path::Path, start: &str| {
+        let text = std::fs::read_to_string(dir.join("run.json")).unwrap();
+        let mut run: serde_json::Value = serde_json::from_str(&text).unwrap();
+        run["start"] = start.into();
+        std::fs::write(dir.join("run.json"), run.to_string()).unwrap();
+    };
+    let runs = f.runs();
+    edit(&runs[0], "zzz");
+    edit(&runs[1], "2099-01-01T00:00:00.000Z");
+    // With no real run, neither latest nor previous exists.
+    let show = orch(&f, &["show", "latest"]);
+    assert_ne!(show.status.code(), Some(0));
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    let real = f.runs().into_iter().find(|r| !runs.contains(r)).unwrap();
+    let shown: serde_json::Value =
+        serde_json::from_slice(&orch(&f, &["show", "latest", "--format", "json"]).stdout).unwrap();
+    assert_eq!(
+        shown["run_id"].as_str().unwrap(),
+        real.file_name().unwrap().to_str().unwrap()
+    );
+    let previous = orch(&f, &["show", "previous"]);
+    assert_ne!(
+        previous.status.code(),
+        Some(0),
+        "a run of unknown age is no previous run"
+    );
+    let gc = orch(&f, &["gc", "--keep", "1"]);
+    let out = String::from_utf8_lossy(&gc.stdout);
+    assert!(
+        out.contains("its start time \"zzz\" does not parse"),
+        "{out}"
+    );
+    assert!(out.contains("0 of 3 runs deleted"), "{out}");
+    assert_eq!(f.runs().len(), 3);
 }

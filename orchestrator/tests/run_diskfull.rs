@@ -194,3 +194,39 @@ fn a_report_that_fills_the_disk_says_the_disk_is_full() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_report_whose_marker_could_not_be_written_is_taken_up_again_with_room() {
+    let Some(fs) = Tmpfs::mount("64k") else {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+        return;
+    };
+    let f = Fixture::new(
+        "schema = 1\nname = \"h\"\n[[arm]]\nid = \"a\"\ngpus = 0\nrun = [\"{gates}/pass.sh\"]\n",
+    );
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    // The disk is full before the report starts: its folders are made, its marker is not.
+    let filler = fs.path().join("filler");
+    let _ = Command::new("dd")
+        .args(["if=/dev/zero", "bs=4k", "count=1024"])
+        .arg(format!("of={}", filler.display()))
+        .stderr(std::process::Stdio::null())
+        .status();
+    let site = fs.path().join("site");
+    let out = crate::run_support::orch(&f, &["report", "--html", site.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(74),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!site.join("memra-report.json").exists());
+    std::fs::remove_file(&filler).unwrap();
+    let out = crate::run_support::orch(&f, &["report", "--html", site.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

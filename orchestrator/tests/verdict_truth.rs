@@ -479,22 +479,26 @@ fn the_morning_diff_names_a_newer_run_that_never_finished_and_fails() {
     assert_eq!(diff(&[]).status.code(), Some(0));
     // A third run killed while it ran: run.json without an end.
     let last = f.tree();
-    let killed = last.with_file_name("29991231T235959.000Z-dead");
+    // A minute from now: the newest run, and within the clock slack (not of unknown age).
+    let at = std::time::SystemTime::now() + std::time::Duration::from_secs(60);
+    let start = humantime::format_rfc3339_millis(at).to_string();
+    let id: String = start.chars().filter(|c| *c != '-' && *c != ':').collect();
+    let id = format!("{id}-dead");
+    let killed = last.with_file_name(&id);
     std::fs::create_dir(&killed).unwrap();
     let mut run: serde_json::Value =
         serde_json::from_slice(&std::fs::read(last.join("run.json")).unwrap()).unwrap();
     run["end"] = serde_json::Value::Null;
     run["verdict"] = "running".into();
-    run["start"] = "2999-12-31T23:59:59.000Z".into();
-    run["run_id"] = "29991231T235959.000Z-dead".into();
+    run["start"] = start.clone().into();
+    run["run_id"] = id.clone().into();
     run["nodes"] = serde_json::json!([]);
     std::fs::write(killed.join("run.json"), run.to_string()).unwrap();
     let out = diff(&["--color", "never"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("run 29991231T235959.000Z-dead of `morning`")
-            && err.contains("has not finished"),
+        err.contains(&format!("run {id} of `morning`")) && err.contains("has not finished"),
         "{err}"
     );
     // The finished runs are still compared: no lost coverage from the empty one.

@@ -34,11 +34,17 @@ pub fn command(args: &GcArgs) -> ExitCode {
         );
     }
     for (dir, start) in &decided.kept_future {
+        let why = if crate::receipt::resolve::start_time(start).is_some() {
+            format!(
+                "dated {start}, ahead of this machine's clock (its clock was ahead when it ran)"
+            )
+        } else {
+            format!("its start time {start:?} does not parse")
+        };
         println!(
-            "kept {}: dated {start}, ahead of this machine's clock (its clock was ahead when it \
-             ran), so its age is unknown and it is neither counted nor deleted; remove it by \
-             hand when it is not wanted",
-            dir.display()
+            "kept {}: {why}, so its age is unknown and it is neither counted nor deleted; \
+             remove it by hand when it is not wanted",
+            crate::report::escape::control(&dir.display().to_string())
         );
     }
     let mut failed = false;
@@ -75,7 +81,15 @@ pub fn command(args: &GcArgs) -> ExitCode {
     }
     if !args.dry_run {
         // What a gc killed mid-deletion left behind goes too.
-        let leftovers = sweep_all_leftovers(&receipts);
+        let (leftovers, stuck) = sweep_all_leftovers(&receipts);
+        for (dir, why) in &stuck {
+            eprintln!(
+                "memra-orch gc: cannot remove {}, left by a gc that was killed: {why}; remove it \
+                 by hand",
+                crate::report::escape::control(&dir.display().to_string())
+            );
+            failed = true;
+        }
         if leftovers > 0 {
             println!(
                 "removed {leftovers} partly deleted run{} that a killed gc left",
@@ -128,7 +142,7 @@ pub fn command(args: &GcArgs) -> ExitCode {
 
 /// [`sweep_leftovers`] in every manifest folder under the receipts folder (dot folders are
 /// memra-orch's own, never commits).
-fn sweep_all_leftovers(receipts: &std::path::Path) -> usize {
+fn sweep_all_leftovers(receipts: &std::path::Path) -> (usize, Vec<(std::path::PathBuf, String)>) {
     let dirs = |p: &std::path::Path| -> Vec<std::path::PathBuf> {
         std::fs::read_dir(p)
             .map(|d| {
@@ -142,9 +156,12 @@ fn sweep_all_leftovers(receipts: &std::path::Path) -> usize {
             })
             .unwrap_or_default()
     };
-    dirs(receipts)
-        .iter()
-        .flat_map(|c| dirs(c))
-        .map(|m| sweep_leftovers(&m))
-        .sum()
+    let mut removed = 0;
+    let mut stuck = Vec::new();
+    for m in dirs(receipts).iter().flat_map(|c| dirs(c)) {
+        let s = sweep_leftovers(&m);
+        removed += s.removed;
+        stuck.extend(s.stuck);
+    }
+    (removed, stuck)
 }

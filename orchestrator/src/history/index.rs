@@ -61,6 +61,10 @@ const MAX_LINE_BYTES: usize = 16 << 20;
 /// bounded memory beyond the records kept, however large the file.
 const BATCH_BYTES: usize = 8 << 20;
 
+/// And at most this many lines a batch (a run's line is kilobytes; a flood of short lines
+/// must not pile up either).
+const BATCH_LINES: usize = 1024;
+
 /// The seal of a line's JSON: its sha256, in hex. A line is written `<seal> <json>`.
 fn seal(json: &[u8]) -> String {
     crate::digest::sha256_hex(json)
@@ -112,8 +116,13 @@ fn read_index(path: &Path, wanted: &(dyn Fn(&RunRecord) -> bool + Sync)) -> Cach
             Ok(0) => done = true,
             Ok(_) if line.ends_with(b"\n") => {
                 line.pop();
-                batch_bytes += line.len();
-                batch.push(line);
+                // Shorter than a seal and a space cannot be a record: not worth keeping.
+                if line.len() <= 65 {
+                    out.untrusted = true;
+                } else {
+                    batch_bytes += line.len();
+                    batch.push(line);
+                }
             }
             Ok(_) if line.len() > MAX_LINE_BYTES => {
                 // Too long to be a run: skip to the end of the line without keeping it.
@@ -149,7 +158,7 @@ fn read_index(path: &Path, wanted: &(dyn Fn(&RunRecord) -> bool + Sync)) -> Cach
                 done = true;
             }
         }
-        if batch_bytes >= BATCH_BYTES || (done && !batch.is_empty()) {
+        if batch_bytes >= BATCH_BYTES || batch.len() >= BATCH_LINES || (done && !batch.is_empty()) {
             take_batch(std::mem::take(&mut batch), wanted, &mut out);
             batch_bytes = 0;
         }
@@ -225,13 +234,14 @@ pub fn records(
     Ok(out)
 }
 
-/// Oldest first by start time; a run dated in the future is of unknown age and comes
-/// before every other (as `ls` lists it last), so it never stands as the newest night.
+/// Oldest first by start time; a run of unknown age (dated in the future, or a start that
+/// does not parse) comes before every other (as `ls` lists it last), so it never stands as
+/// the newest night.
 fn sort(records: &mut [RunRecord]) {
     records.sort_by_cached_key(|r| {
         (
-            !crate::receipt::resolve::in_future(&r.run.start),
-            r.run.start.clone(),
+            !crate::receipt::resolve::unknown_age(&r.run.start),
+            crate::receipt::resolve::start_time(&r.run.start),
             r.run.id.clone(),
             r.run.dir.clone(),
         )

@@ -20,8 +20,8 @@ pub struct GcPlan {
     /// Runs past `--keep` that stay because a kept run carries receipts from them, each with
     /// the run that does.
     pub kept_for_carry: Vec<(PathBuf, PathBuf)>,
-    /// Runs dated in the future ([`super::resolve::in_future`]), with their start: of
-    /// unknown age, neither counted nor deleted.
+    /// Runs of unknown age ([`super::resolve::unknown_age`]: dated in the future, or a
+    /// start that does not parse), with their start: neither counted nor deleted.
     pub kept_future: Vec<(PathBuf, String)>,
 }
 
@@ -36,7 +36,7 @@ pub fn plan(runs: &[FoundRun], keep: usize, manifest: Option<&str>) -> GcPlan {
             kept.push(r);
             continue;
         }
-        if super::resolve::in_future(&r.run.start) {
+        if super::resolve::unknown_age(&r.run.start) {
             kept_future.push((r.dir.clone(), r.run.start.clone()));
             kept.push(r);
             continue;
@@ -102,8 +102,15 @@ pub fn delete(dir: &Path) -> Result<(), ReceiptError> {
     {
         let _lock = RunLock::acquire_as(manifest_dir, true)?;
         if new_layout {
-            // Renamed aside first so that a reader never sees half a tree as a run.
-            std::fs::rename(dir, &trash).map_err(|e| ReceiptError::new(dir, Kind::MoveAside(e)))?;
+            // Renamed aside first so that a reader never sees half a tree as a run. Gone
+            // already: another gc took it in the meantime, which is what was asked.
+            match std::fs::rename(dir, &trash) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !dir.exists() => {
+                    return Ok(());
+                }
+                Err(e) => return Err(ReceiptError::new(dir, Kind::MoveAside(e))),
+            }
         } else {
             std::fs::create_dir_all(&trash)
                 .map_err(|e| ReceiptError::new(&trash, Kind::Create(e)))?;
@@ -144,13 +151,21 @@ fn remove_if_empty(manifest_dir: &Path) {
     }
 }
 
+/// What [`sweep_leftovers`] did: how many leftovers went, and the ones that would not go
+/// (with why).
+#[derive(Debug, Default)]
+pub struct Swept {
+    pub removed: usize,
+    pub stuck: Vec<(PathBuf, String)>,
+}
+
 /// Removes what a gc that was killed while deleting left in a manifest folder: folders
-/// `.gc-<name>-<pid>` whose gc process no longer lives. Returns how many went.
-pub fn sweep_leftovers(manifest_dir: &Path) -> usize {
+/// `.gc-<name>-<pid>` whose gc process no longer lives.
+pub fn sweep_leftovers(manifest_dir: &Path) -> Swept {
+    let mut out = Swept::default();
     let Ok(entries) = std::fs::read_dir(manifest_dir) else {
-        return 0;
+        return out;
     };
-    let mut removed = 0;
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         let Some(pid) = name
@@ -164,14 +179,15 @@ pub fn sweep_leftovers(manifest_dir: &Path) -> usize {
         if !e.file_type().is_ok_and(|t| t.is_dir()) || alive(pid) {
             continue;
         }
-        if std::fs::remove_dir_all(e.path()).is_ok() {
-            removed += 1;
+        match std::fs::remove_dir_all(e.path()) {
+            Ok(()) => out.removed += 1,
+            Err(err) => out.stuck.push((e.path(), err.to_string())),
         }
     }
-    if removed > 0 {
+    if out.removed > 0 {
         remove_if_empty(manifest_dir);
     }
-    removed
+    out
 }
 
 /// Whether a process of this pid exists (one of another user counts).
@@ -230,17 +246,17 @@ mod tests {
             found(
                 new,
                 "smoke",
-                "2026-11-03",
+                "2026-11-03T00:00:00Z",
                 Some(Carried::from_run(Some("20261101T000000.000Z-aaaa"))),
             ),
             found(
                 "/r/c/other/20261102T000000.000Z-dddd",
                 "other",
-                "2026-11-02",
+                "2026-11-02T00:00:00Z",
                 None,
             ),
-            found(mid, "smoke", "2026-11-02", None),
-            found(old, "smoke", "2026-11-01", None),
+            found(mid, "smoke", "2026-11-02T00:00:00Z", None),
+            found(old, "smoke", "2026-11-01T00:00:00Z", None),
         ];
         let p = plan(&runs, 1, None);
         assert_eq!(p.delete, vec![PathBuf::from(mid)]);
@@ -254,6 +270,29 @@ mod tests {
             p.delete,
             vec![PathBuf::from("/r/c/other/20261102T000000.000Z-dddd")]
         );
+    }
+
+    #[test]
+    fn a_run_another_gc_deleted_meanwhile_is_no_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("c/smoke/20261103T000000.000Z-cccc");
+        std::fs::create_dir_all(&run).unwrap();
+        std::fs::write(run.join("run.json"), "{}").unwrap();
+        delete(&run).unwrap();
+        delete(&run).unwrap();
+    }
+
+    #[test]
+    fn runs_of_unknown_age_are_neither_counted_nor_deleted() {
+        let runs = vec![
+            found("/r/c/smoke/x-future", "smoke", "2099-01-01T00:00:00Z", None),
+            found("/r/c/smoke/x-garbled", "smoke", "zzz", None),
+            found("/r/c/smoke/x-new", "smoke", "2026-11-03T00:00:00Z", None),
+            found("/r/c/smoke/x-old", "smoke", "2026-11-02T00:00:00Z", None),
+        ];
+        let p = plan(&runs, 1, None);
+        assert_eq!(p.delete, vec![PathBuf::from("/r/c/smoke/x-old")]);
+        assert_eq!(p.kept_future.len(), 2);
     }
 
     #[test]

@@ -121,14 +121,15 @@ fn runs_in(manifest_dir: &Path, commit: &str) -> Vec<FoundRun> {
     runs
 }
 
-/// Newest first by start time; a run dated in the future ([`in_future`]) is of unknown age
-/// and comes after every other, so it never stays `latest` once the clock is right again.
+/// Newest first by start time; a run of unknown age ([`unknown_age`]: dated in the future,
+/// or with a start time that does not parse) comes after every other, so it never stays
+/// `latest` once the clock is right again.
 fn sort_newest_first(runs: &mut [FoundRun]) {
     let now = std::time::SystemTime::now();
     runs.sort_by_cached_key(|r| {
         (
-            in_future_at(&r.run.start, now),
-            std::cmp::Reverse(r.run.start.clone()),
+            unknown_age_at(&r.run.start, now),
+            std::cmp::Reverse(start_time(&r.run.start)),
             std::cmp::Reverse(r.id.clone()),
             r.dir.clone(),
         )
@@ -139,15 +140,41 @@ fn sort_newest_first(runs: &mut [FoundRun]) {
 /// (clocks of the hosts that share a receipts folder differ a little).
 pub const FUTURE_SLACK: std::time::Duration = std::time::Duration::from_secs(600);
 
-/// Whether a run's start time lies ahead of this machine's clock by more than
-/// [`FUTURE_SLACK`]: its clock was ahead when it ran (a reset RTC, a wrong NTP). Such a run
-/// is of unknown age: it is never `latest`, and `gc` neither counts nor deletes it.
-pub fn in_future(start: &str) -> bool {
-    in_future_at(start, std::time::SystemTime::now())
+/// A run's start time as a point in time: RFC 3339 with `Z` or a `±HH:MM` offset (memra-orch
+/// writes `Z`; a hand-edited or foreign `run.json` may not). `None` when it does not parse.
+pub fn start_time(start: &str) -> Option<std::time::SystemTime> {
+    let s = start.trim();
+    // `…T04:00:00.000+05:00`: the offset's sign sits 6 characters from the end (humantime
+    // would read the time and drop the offset).
+    let cut = s.len().checked_sub(6)?;
+    let (base, offset) = (s.get(..cut)?, s.get(cut..)?);
+    let sign = match offset.as_bytes()[0] {
+        b'+' if base.contains('T') => 1i64,
+        b'-' if base.contains('T') => -1,
+        _ => return humantime::parse_rfc3339_weak(s).ok(),
+    };
+    let (h, m) = offset[1..].split_once(':')?;
+    let secs = (h.parse::<i64>().ok()? * 60 + m.parse::<i64>().ok()?) * 60;
+    let local = humantime::parse_rfc3339_weak(base).ok()?;
+    let shift = std::time::Duration::from_secs(secs.unsigned_abs());
+    // Local time minus the offset is UTC.
+    if sign * secs >= 0 {
+        local.checked_sub(shift)
+    } else {
+        local.checked_add(shift)
+    }
 }
 
-fn in_future_at(start: &str, now: std::time::SystemTime) -> bool {
-    humantime::parse_rfc3339_weak(start).is_ok_and(|t| t > now + FUTURE_SLACK)
+/// Whether a run's age is unknown: its start time does not parse, or lies ahead of this
+/// machine's clock by more than [`FUTURE_SLACK`] (its clock was ahead when it ran: a reset
+/// RTC, a wrong NTP). Such a run is never `latest` or `previous`, and `gc` neither counts
+/// nor deletes it.
+pub fn unknown_age(start: &str) -> bool {
+    unknown_age_at(start, std::time::SystemTime::now())
+}
+
+fn unknown_age_at(start: &str, now: std::time::SystemTime) -> bool {
+    start_time(start).is_none_or(|t| t > now + FUTURE_SLACK)
 }
 
 /// The most recent run of this manifest under the receipts folder (by start time), any
@@ -207,9 +234,10 @@ pub fn resolve(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<Pa
         return pick_manifest(as_path, manifest, spec);
     }
     if spec == "latest" || spec == "previous" {
+        // A run of unknown age is never the latest or the one before it.
         let runs: Vec<FoundRun> = list_runs(receipts)?
             .into_iter()
-            .filter(|r| manifest.is_none_or(|m| r.run.name == m))
+            .filter(|r| manifest.is_none_or(|m| r.run.name == m) && !unknown_age(&r.run.start))
             .collect();
         let latest = runs.first().ok_or_else(|| FindError::NoRun {
             spec: spec.to_string(),
@@ -422,9 +450,10 @@ pub fn morning(receipts: &Path, manifest: Option<&str>) -> Result<Vec<Morning>, 
     }
     let mut out = Vec::new();
     for name in names {
+        // A run of unknown age is never the morning's latest, previous or last green run.
         let (finished, unfinished): (Vec<FoundRun>, Vec<FoundRun>) = all
             .iter()
-            .filter(|r| r.run.name == name)
+            .filter(|r| r.run.name == name && !unknown_age(&r.run.start))
             .cloned()
             .partition(FoundRun::complete);
         let mut runs = finished.into_iter();
@@ -539,6 +568,18 @@ fn git(dir: &Path, args: &[&str]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn start_times_with_offsets_and_unknown_ages() {
+        let z = start_time("2026-12-04T23:00:00.000Z").unwrap();
+        assert_eq!(start_time("2026-12-05T04:00:00.000+05:00"), Some(z));
+        assert_eq!(start_time("2026-12-04T20:00:00-03:00"), Some(z));
+        assert_eq!(start_time("zzz"), None);
+        assert_eq!(start_time(""), None);
+        assert!(unknown_age("zzz"));
+        assert!(unknown_age("2099-01-01T00:00:00Z"));
+        assert!(!unknown_age("2026-12-05T04:00:00.000+05:00"));
+    }
 
     fn run_json(dir: &Path, name: &str, start: &str, complete: bool) {
         std::fs::create_dir_all(dir).unwrap();

@@ -56,8 +56,8 @@ pub fn table(runs: &[FoundRun]) -> String {
                 String::new()
             }
         );
-        let line = if crate::receipt::resolve::in_future(&r.run.start) {
-            format!("{line} (dated in the future: its clock was ahead; listed last)")
+        let line = if crate::receipt::resolve::unknown_age(&r.run.start) {
+            format!("{line} (of unknown age: dated in the future or unparsable; listed last)")
         } else {
             line
         };

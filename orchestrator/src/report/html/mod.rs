@@ -100,6 +100,13 @@ fn written(path: PathBuf, e: crate::receipt::error::ReceiptError) -> SiteError {
             path,
             error: io.to_string(),
         }
+    } else if let Some(io) = e.io_error() {
+        // The system's own words: the receipts' hint ("check the receipt folder") would
+        // name the wrong folder here.
+        SiteError::Io {
+            path,
+            error: std::io::Error::new(io.kind(), io.to_string()),
+        }
     } else {
         SiteError::Io {
             path,
@@ -205,7 +212,14 @@ fn previous_files(dir: &Path) -> Result<BTreeSet<String>, SiteError> {
         .collect::<Result<_, _>>()
         .map_err(io(dir))?;
     names.sort();
-    if names.is_empty() {
+    // A report that found the disk full before its marker was written left only its two
+    // (empty) page folders: that folder is still as good as empty.
+    let empty_page_folder = |n: &String| {
+        (n == pages::CELLS || n == pages::RUNS)
+            && std::fs::symlink_metadata(dir.join(n)).is_ok_and(|m| m.is_dir())
+            && std::fs::read_dir(dir.join(n)).is_ok_and(|mut d| d.next().is_none())
+    };
+    if names.iter().all(empty_page_folder) {
         return Ok(BTreeSet::new());
     }
     if !names.iter().any(|n| n == MARKER) {
