@@ -201,6 +201,7 @@ fn write_tree(dir: &Path, generation: usize) {
         interrupted: false,
         unmet: None,
         disk_full: None,
+        excluded_gpus: Vec::new(),
         quarantined_gpus: Vec::new(),
         counts: count(entries.iter().map(|e| e.verdict)),
         verdict: "pass".into(),

@@ -148,6 +148,7 @@ fn write_run(receipts: &Path, night: usize) {
         interrupted: false,
         unmet: None,
         disk_full: None,
+        excluded_gpus: Vec::new(),
         quarantined_gpus: Vec::new(),
         counts: count(entries.iter().map(|e| e.verdict)),
         verdict: "fail".into(),

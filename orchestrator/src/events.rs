@@ -75,6 +75,8 @@ pub enum Event {
         gpu: u32,
         uuid: String,
         fault: String,
+        /// How the cell's try on it ended.
+        ended: Verdict,
         retry: bool,
     },
     AttemptFinished {

@@ -101,9 +101,16 @@ impl Inventory {
 /// Leaves out of `inv` the GPUs `uuids` name (a UUID or a unique prefix of one, any case).
 /// An entry that names no GPU, or several, is an error naming it: a GPU meant to be kept
 /// out must not slip back in through a typo.
-pub fn exclude(inv: &mut Inventory, uuids: &[String]) -> Result<(), String> {
-    for u in uuids {
+pub fn exclude(inv: &mut Inventory, uuids: &[String]) -> Result<Vec<String>, String> {
+    let mut removed = Vec::new();
+    for (k, u) in uuids.iter().enumerate() {
         let want = u.trim().to_ascii_lowercase();
+        if uuids[..k]
+            .iter()
+            .any(|o| o.trim().eq_ignore_ascii_case(u.trim()))
+        {
+            return Err(format!("--exclude-gpu {u} is given twice; give it once"));
+        }
         let hits: Vec<usize> = inv
             .gpus
             .iter()
@@ -113,7 +120,7 @@ pub fn exclude(inv: &mut Inventory, uuids: &[String]) -> Result<(), String> {
             .collect();
         match hits.as_slice() {
             [i] => {
-                inv.gpus.remove(*i);
+                removed.push(inv.gpus.remove(*i).uuid);
             }
             [] => {
                 let have: Vec<&str> = inv.gpus.iter().map(|g| g.uuid.as_str()).collect();
@@ -135,7 +142,7 @@ pub fn exclude(inv: &mut Inventory, uuids: &[String]) -> Result<(), String> {
             }
         }
     }
-    Ok(())
+    Ok(removed)
 }
 
 impl Gpu {

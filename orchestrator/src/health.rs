@@ -252,7 +252,12 @@ impl Planted {
                          `gpu=0,fault=xid:79`"
                     )
                 })?;
-                fields.insert(k.trim(), v.trim());
+                if fields.insert(k.trim(), v.trim()).is_some() {
+                    return Err(format!(
+                        "{FAKE_FAULTS_ENV}: `{entry}` gives `{}` twice; give each key once",
+                        k.trim()
+                    ));
+                }
             }
             let bad = |what: &str| {
                 format!(
@@ -269,15 +274,24 @@ impl Planted {
                 Some("lost") => PlantedFault::Lost,
                 Some("pending-retirement") => PlantedFault::PendingRetirement,
                 Some(f) => match f.strip_prefix("xid:").and_then(|x| x.parse().ok()) {
+                    Some(0) => return Err(bad("Xid 0 is no Xid")),
                     Some(x) => PlantedFault::Xid(x),
                     None => return Err(bad(&format!("unknown fault `{f}`"))),
                 },
                 None => return Err(bad("no `fault=…`")),
             };
             let attempt = match fields.get("attempt") {
-                Some(a) => Some(a.parse().map_err(|_| bad("`attempt` is not a number"))?),
+                Some(a) => match a.parse::<u32>() {
+                    Ok(n) if n >= 1 => Some(n),
+                    _ => return Err(bad("`attempt` is an attempt number, 1 or more")),
+                },
                 None => None,
             };
+            if let Some(c) = fields.get("cell")
+                && (c.is_empty() || globset::Glob::new(c).is_err())
+            {
+                return Err(bad(&format!("`cell={c}` is not a glob of cell ids")));
+            }
             if let Some(k) = fields
                 .keys()
                 .find(|k| !["gpu", "fault", "cell", "attempt"].contains(k))
@@ -337,6 +351,28 @@ impl Monitor {
     pub fn with_nvml(mut self) -> Monitor {
         self.nvml = nvml_wrapper::Nvml::init().ok();
         self
+    }
+
+    /// Checks that every planted fault names one of `fake` (the indices of the run's fake
+    /// GPUs): a fault planted on a GPU the run does not have would silently plant nothing.
+    pub fn check_planted(&self, fake: &[u32]) -> Result<(), String> {
+        match self.planted.iter().find(|p| !fake.contains(&p.gpu)) {
+            None => Ok(()),
+            Some(p) if fake.is_empty() => Err(format!(
+                "{FAKE_FAULTS_ENV} plants a fault on gpu {}, but only fake GPUs take planted \
+                 faults and this run has none; run with --gpus fake:N or unset it",
+                p.gpu
+            )),
+            Some(p) => Err(format!(
+                "{FAKE_FAULTS_ENV} plants a fault on gpu {}, which this run does not have (its \
+                 fake GPUs: {}); name one of them",
+                p.gpu,
+                fake.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
     }
 
     /// A monitor with these planted faults and no NVML (tests).

@@ -396,12 +396,23 @@ const OPEN_FLAGS: i32 = libc::O_NOFOLLOW | libc::O_NONBLOCK;
 /// given back. (An flock needs no such care: unlocking frees the lock for every copy.)
 pub static SPAWN_GUARD: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
-/// The abstract socket name of a lease: the lock folder's identity (its device and inode,
-/// so users who reach one folder by different paths — links, bind mounts — meet) and the
-/// lock file's name. A folder that cannot be looked at falls back to its path.
+/// The abstract socket name of a lease: the lock folder's identity (its device, inode and
+/// birth time, so users who reach one folder by different paths — links, bind mounts —
+/// meet, and a folder made later on a reused inode is another folder) and the lock file's
+/// name. A folder that cannot be looked at falls back to its path.
 fn abstract_name(folder: &Path, lock: &str) -> String {
     match std::fs::metadata(folder) {
-        Ok(m) => format!("memra-orch-gpu-lease/{:x}-{:x}/{lock}", m.dev(), m.ino()),
+        Ok(m) => {
+            let born = m
+                .created()
+                .ok()
+                .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos());
+            // Hashed, so the name stays well inside a socket address's 108 bytes.
+            let id = format!("{:x}-{:x}-{born:x}", m.dev(), m.ino());
+            let digest = crate::digest::sha256_hex(id.as_bytes());
+            format!("memra-orch-gpu-lease/{}/{lock}", &digest[..16])
+        }
         Err(_) => {
             let digest = crate::digest::sha256_hex(folder.as_os_str().as_encoded_bytes());
             format!("memra-orch-gpu-lease/{}/{lock}", &digest[..16])

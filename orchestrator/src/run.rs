@@ -312,8 +312,6 @@ struct Runner<'a, 'b> {
     beats: BTreeMap<CellIndex, Beat>,
     /// Heartbeats already sent for each cell waiting for a lease, since it was last said.
     wait_beats: HashMap<CellIndex, u32>,
-    /// Per cell: it already ran again after a device fault (a cell gets one such retry).
-    device_retried: Vec<bool>,
     /// Per cell: the attempts of its try that ended `device-fault`, for the retry to keep.
     prior_attempts: Vec<Vec<AttemptRecord>>,
     modes: Vec<Mode>,
@@ -363,7 +361,6 @@ pub fn execute(
         workers: None,
         beats: BTreeMap::new(),
         wait_beats: HashMap::new(),
-        device_retried: vec![false; n],
         prior_attempts: vec![Vec::new(); n],
         modes: modes(plan, opts),
         lease_waited: vec![None; n],
@@ -824,10 +821,7 @@ impl Runner<'_, '_> {
                 self.pool.release(&placement);
                 self.running -= 1;
                 self.beats.remove(&cell);
-                if carried.is_none()
-                    && receipt.verdict == Verdict::DeviceFault
-                    && self.quarantine_and_retry(cell, &receipt)
-                {
+                if carried.is_none() && self.quarantine_and_retry(cell, &receipt) {
                     return;
                 }
                 if carried.is_none() && self.plan.cell(cell).kind == NodeKind::Setup {
@@ -919,22 +913,25 @@ impl Runner<'_, '_> {
         }
     }
 
-    /// A cell ended `device-fault`: every GPU that faulted in its last attempt takes no new
-    /// cells for the rest of the run, and the cell runs once more on healthy GPUs of the
-    /// same model when the run has enough of them (it keeps its faulty attempts). Returns
-    /// whether it was queued again; cells that can no longer be placed at all end
-    /// `device-fault` too.
+    /// Every GPU that faulted during the cell's last attempt takes no new cells for the rest of
+    /// the run (whether the attempt passed or not), and what can no longer be placed ends
+    /// `device-fault`. A cell that ended `device-fault` runs again on healthy GPUs of the same
+    /// model while the run has enough of them (each fault quarantines a GPU, so this ends); it
+    /// keeps its faulty attempts. Returns whether it was queued again.
     fn quarantine_and_retry(&mut self, cell: CellIndex, receipt: &NodeReceipt) -> bool {
         let faulty: Vec<(u32, String, String)> = receipt
             .attempts
-            .last()
-            .map(|a| {
+            .iter()
+            .flat_map(|a| {
                 a.gpu_health
                     .iter()
                     .filter_map(|h| Some((h.gpu, h.uuid.clone(), h.fault.clone()?)))
-                    .collect()
             })
-            .unwrap_or_default();
+            .filter(|(g, _, _)| !self.pool.quarantined().contains(g))
+            .collect();
+        if faulty.is_empty() {
+            return false;
+        }
         let model = faulty
             .first()
             .and_then(|(g, _, _)| self.pool.model_of(*g).map(str::to_string));
@@ -942,9 +939,8 @@ impl Runner<'_, '_> {
             self.pool.quarantine(*gpu);
         }
         let c = self.plan.cell(cell);
-        let retry = !self.device_retried[cell.0]
+        let retry = receipt.verdict == Verdict::DeviceFault
             && self.stop.is_none()
-            && !faulty.is_empty()
             && self.pool.healthy(model.as_deref()) >= c.gpus as usize;
         for (gpu, uuid, fault) in &faulty {
             self.emit(&Event::GpuQuarantined {
@@ -953,6 +949,7 @@ impl Runner<'_, '_> {
                 gpu: *gpu,
                 uuid: uuid.clone(),
                 fault: fault.clone(),
+                ended: receipt.verdict,
                 retry,
             });
         }
@@ -974,7 +971,6 @@ impl Runner<'_, '_> {
         if !retry {
             return false;
         }
-        self.device_retried[cell.0] = true;
         self.prior_attempts[cell.0] = receipt.attempts.clone();
         self.state[cell.0] = State::Ready;
         self.queue.push_on(
@@ -993,9 +989,20 @@ impl Runner<'_, '_> {
         }
         let c = self.plan.cell(cell);
         let waited = self.lease_waited[cell.0];
+        // A cell whose run again after a device fault never started keeps the attempts of
+        // its faulty try: they ran, and their readings are the evidence.
+        let prior = std::mem::take(&mut self.prior_attempts[cell.0]);
+        let reason = if prior.is_empty() {
+            reason
+        } else {
+            format!(
+                "its earlier try ended device-fault (attempts kept); running it again: {reason}"
+            )
+        };
         let receipt = write.then(|| {
             let mut r = static_receipt(c, verdict, &reason);
             r.lease_wait_seconds = waited;
+            r.attempts = prior;
             Box::new(r)
         });
         self.finished[cell.0].reason = Some(reason.clone());

@@ -448,7 +448,7 @@ impl ReadyQueue {
             }
         }
         let mut waiting = Vec::new();
-        let mut leased: Option<(u32, Blocker)> = None;
+        let mut leased: Option<(CellIndex, u32, Blocker)> = None;
         while (0..pool.gpu_busy.len()).any(|i| pool.gpu_available(i))
             && let Some(e) = self.gpu.pop()
         {
@@ -461,7 +461,7 @@ impl ReadyQueue {
                 }
                 Err(why) => {
                     if let NotNow::Leased { gpu, blocker } = why {
-                        leased = Some((gpu, blocker.clone()));
+                        leased = Some((e.cell, gpu, blocker.clone()));
                         self.note_wait(e.cell, gpu, blocker, &mut taken.waiting);
                     }
                     waiting.push(e)
@@ -471,8 +471,16 @@ impl ReadyQueue {
         self.gpu.extend(waiting);
         // With no GPU busy with this run's own cells, every GPU cell still queued waits for
         // leases other processes hold, not just the one that was tried: its wait counts
-        // from now too (for `lease_timeout`), and is said.
-        if let Some((gpu, blocker)) = leased
+        // from now too (for `lease_timeout`), and is said. Only once the tried cell has
+        // waited past a few polls: a lease found held for an instant (its holder giving it
+        // back) is no wait of the others.
+        let lasting = leased.as_ref().is_some_and(|(c, _, _)| {
+            self.lease_waits
+                .get(c)
+                .is_some_and(|(since, _, _)| since.elapsed() >= LEASE_POLL * 4)
+        });
+        if let Some((_, gpu, blocker)) = leased
+            && lasting
             && !pool.gpu_busy.iter().any(|b| *b)
         {
             let mut rest: Vec<CellIndex> = self

@@ -273,7 +273,7 @@ gpus = 1
 reps = 2
 hermetic = true
 inputs = ["manifest.toml"]
-run = "echo $CUDA_VISIBLE_DEVICES > $MEMRA_ORCH_ARTIFACTS/out.bin"
+run = "echo $CUDA_VISIBLE_DEVICES > $MEMRA_ORCH_ARTIFACTS/out.bin; ! [ -e FLAG ] || [ $CUDA_VISIBLE_DEVICES != 0 ]"
 shell = true
 "#,
     );
@@ -297,10 +297,127 @@ shell = true
         "{text}"
     );
     assert!(!text.contains("NONDETERMINISTIC"), "{text}");
+    // A night whose first try on GPU 0 faulted and whose retry ran on GPU 1: the faulty
+    // attempt's bits ran elsewhere and do not make the cell look nondeterministic.
+    // Two nights on the same two GPUs: first on GPU 0, then a try on GPU 0 that faults
+    // and a retry on GPU 1.
+    assert_eq!(run(&f, "fake:2", "", &[]).status.code(), Some(0));
+    assert_eq!(f.receipt("matmul")["gpus"][0]["index"], 0);
+    std::fs::write(f.path().join("FLAG"), "").unwrap();
+    let out = run(&f, "fake:2", "gpu=0,fault=xid:79", &[]);
+    assert_eq!(out.status.code(), Some(69), "{}", stderr(&out));
+    let d = orch(&f, &["diff", "--manifest", "twins"]);
+    let text = String::from_utf8_lossy(&d.stdout);
+    assert!(text.contains("GPU-DEPENDENT RESULTS (1)"), "{text}");
     let json = orch(&f, &["diff", "--manifest", "twins", "--format", "json"]);
     let d: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     let found = &d["previous"]["gpu_dependent"][0];
     assert_eq!(found["id"], "matmul", "{d:#}");
     assert_eq!(found["old_gpus"], serde_json::json!(["GPU-fake-0"]));
     assert_eq!(found["new_gpus"], serde_json::json!(["GPU-fake-1"]));
+}
+
+#[test]
+fn a_retry_that_can_no_longer_run_keeps_its_faulty_attempts() {
+    // Both GPUs fault under two failing cells: the first one's retry, queued after the first
+    // fault, can no longer be placed after the second.
+    let f = Fixture::new(
+        r#"
+schema = 1
+name = "hw"
+
+[[arm]]
+id = "a"
+gpus = 1
+run = "sleep 0.3; exit 1"
+shell = true
+
+[[arm]]
+id = "b"
+gpus = 1
+run = "sleep 0.6; exit 1"
+shell = true
+"#,
+    );
+    let out = run(
+        &f,
+        "fake:2",
+        "gpu=0,fault=xid:79;gpu=1,fault=ecc-uncorrected",
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(69), "{}", stderr(&out));
+    for id in ["a", "b"] {
+        let r = f.receipt(id);
+        assert_eq!(r["verdict"], "device-fault", "{r:#}");
+        let attempts = r["attempts"].as_array().unwrap();
+        assert!(
+            attempts
+                .iter()
+                .any(|a| a["outcome"] == "device-fault" && a["gpu_health"][0]["fault"].is_string()),
+            "{id}: the faulty attempt is kept: {r:#}"
+        );
+    }
+}
+
+#[test]
+fn a_real_failure_is_run_again_until_a_healthy_gpu_shows_it() {
+    // GPUs 0 and 1 fault; GPU 2 is healthy and shows the code's own failure.
+    let f = Fixture::new(&on_any("exit 1"));
+    let out = run(&f, "fake:3", "gpu=0,fault=xid:79;gpu=1,fault=xid:79", &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let r = f.receipt("decode");
+    assert_eq!(r["verdict"], "fail", "{r:#}");
+    let outcomes: Vec<&str> = r["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["device-fault", "device-fault", "fail"], "{r:#}");
+    assert_eq!(r["gpus"][0]["index"], 2);
+}
+
+#[test]
+fn a_gpu_that_faults_under_a_passing_cell_takes_no_more_cells() {
+    let f = Fixture::new(&on_any("true"));
+    let out = run(&f, "fake:2", "gpu=0,fault=lost,cell=decode", &["-j", "1"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(
+        err.contains("the cell ended as expected; the GPU takes no new cells"),
+        "{err}"
+    );
+    assert_eq!(f.receipt("decode")["verdict"], "pass");
+    assert_eq!(f.receipt("after")["gpus"][0]["index"], 1);
+    let run_json = read_json(&f.tree().join("run.json"));
+    assert_eq!(run_json["quarantined_gpus"][0]["retried"], false);
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("the HARDWARE failed (quarantined: gpu 0; exit 69)"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn planted_faults_and_exclusions_that_name_nothing_are_refused() {
+    let f = Fixture::new(ON_ONE);
+    let out = run(&f, "fake:2", "gpu=9,fault=xid:79", &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("plants a fault on gpu 9, which this run does not have"));
+    let out = run(
+        &f,
+        "fake:2",
+        "",
+        &["--exclude-gpu", "GPU-fake-0", "--exclude-gpu", "GPU-fake-0"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("is given twice"), "{}", stderr(&out));
+    assert!(f.runs().is_empty(), "a refused run leaves no tree");
+    let out = run(&f, "fake:2", "", &["--exclude-gpu", "GPU-fake-0"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        read_json(&f.tree().join("run.json"))["excluded_gpus"],
+        serde_json::json!(["GPU-fake-0"])
+    );
 }

@@ -80,7 +80,11 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         ExecutorKind::Local => crate::gpus::detect(&args.gpus),
         ExecutorKind::Slurm => slurm_slots(args).map_err(|e| usage(e.to_string()))?,
     };
-    crate::gpus::exclude(&mut inventory, &args.exclude_gpu).map_err(usage)?;
+    let excluded = crate::gpus::exclude(&mut inventory, &args.exclude_gpu).map_err(usage)?;
+    let fake: Vec<u32> = match inventory.source {
+        crate::gpus::InventorySource::Fake => inventory.gpus.iter().map(|g| g.index).collect(),
+        _ => Vec::new(),
+    };
     if let Some(note) = &inventory.note {
         eprintln!("memra-orch: {note}");
     }
@@ -112,6 +116,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     }
     let heartbeat = heartbeat_interval().map_err(usage)?;
     let monitor = crate::health::Monitor::new().map_err(usage)?;
+    monitor.check_planted(&fake).map_err(usage)?;
     // Taken before anything runs: a run that cannot tell which engine it tests refuses.
     let fingerprints = crate::fingerprint::take_all(&plan)
         .map_err(|e| (ExitCode::RequirementUnmet, e.to_string()))?;
@@ -250,6 +255,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     header.fingerprints = fingerprints;
     header.run_id = Some(run_id);
     header.rerun_failed = args.rerun_failed;
+    header.excluded_gpus = excluded;
     header.vars = args.vars.iter().cloned().collect();
     header.carried_from = source.as_ref().map(|r| r.id_label().to_string());
     let mode = args.progress.resolve();

@@ -33,6 +33,7 @@ use crate::history::RunRecord;
 use crate::receipt::GpuRef;
 use crate::receipt::load::LoadedNode;
 use crate::receipt::tree::Tree;
+use crate::verdict::Verdict;
 
 /// A cell whose verdict changed while its inputs did not.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -63,21 +64,24 @@ struct Identity {
     attempts: Vec<AttemptArtifacts>,
 }
 
-/// What classification reads of an attempt: the artifacts it wrote.
+/// What classification reads of an attempt: how it ended and the artifacts it wrote.
 #[derive(Debug, Deserialize)]
 struct AttemptArtifacts {
+    #[serde(default)]
+    outcome: Option<Verdict>,
     #[serde(default)]
     artifacts: Vec<crate::receipt::Artifact>,
 }
 
 impl Identity {
     /// Whether the receipt shows the cell deterministic on its GPU: two or more attempts
-    /// wrote artifacts, all the same bits.
+    /// wrote artifacts, all the same bits (attempts on a GPU that faulted, kept from the
+    /// try before a retry, ran elsewhere and do not count).
     fn reps_agree(&self) -> bool {
         let sets: Vec<Vec<(&str, &str)>> = self
             .attempts
             .iter()
-            .filter(|a| !a.artifacts.is_empty())
+            .filter(|a| !a.artifacts.is_empty() && a.outcome != Some(Verdict::DeviceFault))
             .map(|a| {
                 a.artifacts
                     .iter()

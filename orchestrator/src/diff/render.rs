@@ -249,7 +249,7 @@ pub fn text(d: &Diff, color: bool) -> String {
                 one_line(&q.fault),
                 q.cell,
                 if q.retried {
-                    " (ran again on a healthy GPU)"
+                    " (queued to run again on a healthy GPU)"
                 } else {
                     ""
                 }
@@ -489,7 +489,7 @@ pub fn markdown(d: &Diff) -> String {
                 md(&q.fault),
                 md(&q.cell),
                 if q.retried {
-                    " (ran again on a healthy GPU)"
+                    " (queued to run again on a healthy GPU)"
                 } else {
                     ""
                 }

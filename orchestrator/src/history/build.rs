@@ -283,7 +283,14 @@ fn facts(n: &LoadedNode<HistReceipt>) -> CellFacts {
                 .attempts
                 .iter()
                 .map(|a| a.outcome)
-                .filter(|o| *o != crate::verdict::Verdict::Cancelled)
+                // Neither a cancelled attempt nor one on a GPU that faulted (it ran
+                // elsewhere, before a retry) says anything of the cell's own stability.
+                .filter(|o| {
+                    !matches!(
+                        o,
+                        crate::verdict::Verdict::Cancelled | crate::verdict::Verdict::DeviceFault
+                    )
+                })
                 .collect();
             ended.windows(2).any(|w| w[0] != w[1])
         }),
@@ -291,7 +298,9 @@ fn facts(n: &LoadedNode<HistReceipt>) -> CellFacts {
             let sets: Vec<Vec<(&str, &str)>> = r
                 .attempts
                 .iter()
-                .filter(|a| !a.artifacts.is_empty())
+                .filter(|a| {
+                    !a.artifacts.is_empty() && a.outcome != crate::verdict::Verdict::DeviceFault
+                })
                 .map(|a| {
                     a.artifacts
                         .iter()

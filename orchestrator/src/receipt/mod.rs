@@ -65,7 +65,8 @@ pub struct Quarantined {
     /// The cell during whose attempt it faulted, and the fault.
     pub cell: String,
     pub fault: String,
-    /// The cell ran again on a healthy GPU of the same model.
+    /// The cell was queued to run again on a healthy GPU of the same model (its receipt
+    /// keeps every attempt, the faulty ones included).
     pub retried: bool,
 }
 
@@ -368,6 +369,9 @@ pub struct RunReceipt {
     /// otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_full: Option<String>,
+    /// GPUs left out of the run by `--exclude-gpu`, by UUID. Absent when none were.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub excluded_gpus: Vec<String>,
     /// GPUs that faulted during a cell's attempt and took no new cells for the rest of the
     /// run ([`crate::health`]). Absent when none did.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -433,6 +437,7 @@ impl RunReceipt {
             interrupted: false,
             unmet: None,
             disk_full: None,
+            excluded_gpus: Vec::new(),
             quarantined_gpus: Vec::new(),
             counts: BTreeMap::new(),
             verdict: "running".to_string(),

@@ -82,6 +82,8 @@ enum Line<'a> {
         gpu: u32,
         uuid: &'a str,
         fault: &'a str,
+        /// How the cell's try on the GPU ended.
+        ended: Verdict,
         /// The cell runs again on a healthy GPU of the same model.
         retry: bool,
     },
@@ -261,6 +263,7 @@ impl<W: Write> Listener for JsonEvents<W> {
                 gpu,
                 uuid,
                 fault,
+                ended,
                 retry,
                 ..
             } => Line::GpuQuarantined {
@@ -269,6 +272,7 @@ impl<W: Write> Listener for JsonEvents<W> {
                 gpu: *gpu,
                 uuid,
                 fault,
+                ended: *ended,
                 retry: *retry,
             },
             // Heartbeats, GPU waits and cluster job states are for the display; the last

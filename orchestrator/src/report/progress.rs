@@ -345,6 +345,7 @@ impl Listener for Progress {
                 gpu,
                 uuid,
                 fault,
+                ended,
                 retry,
                 ..
             } => {
@@ -355,8 +356,12 @@ impl Listener for Progress {
                     control(&id.0),
                     if *retry {
                         "it runs again on a healthy GPU of the same model"
-                    } else {
+                    } else if ended.as_expected() {
+                        "the cell ended as expected; the GPU takes no new cells"
+                    } else if *ended == Verdict::DeviceFault {
                         "no healthy GPU of the same model is left to run it again"
+                    } else {
+                        "the cell's failure stands"
                     }
                 );
                 match (&self.bars, self.mode) {

@@ -44,6 +44,24 @@ pub fn run_text(run: &LoadedRun) -> String {
         if r.interrupted { " (interrupted)" } else { "" },
         counts_line(&r.counts)
     );
+    for q in &r.quarantined_gpus {
+        let _ = writeln!(
+            out,
+            "  quarantined: gpu {} {} after a device fault ({}) during {}{}",
+            q.gpu,
+            q.uuid,
+            q.fault,
+            q.cell,
+            if q.retried {
+                "; the cell was queued to run again on a healthy GPU"
+            } else {
+                ""
+            }
+        );
+    }
+    if !r.excluded_gpus.is_empty() {
+        let _ = writeln!(out, "  excluded: {}", r.excluded_gpus.join(", "));
+    }
     let _ = writeln!(
         out,
         "  started:  {}, {} on {}",

@@ -111,11 +111,21 @@ pub fn footer(outcome: &RunOutcome, tree: &Tree) -> String {
         out,
         "{} in {:.1}s; receipts: {}",
         if outcome.interrupted {
-            "interrupted"
+            "interrupted".to_string()
+        } else if outcome.only_the_hardware() {
+            format!(
+                "the HARDWARE failed (quarantined: {}; exit 69), every cell otherwise as expected",
+                outcome
+                    .quarantined
+                    .iter()
+                    .map(|g| format!("gpu {g}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
         } else if outcome.all_as_expected() {
-            "all as expected"
+            "all as expected".to_string()
         } else {
-            "NOT all as expected"
+            "NOT all as expected".to_string()
         },
         outcome.elapsed.as_secs_f64(),
         tree.dir.display()
@@ -183,9 +193,9 @@ pub fn markdown(run: &RunReceipt) -> String {
                 md_escape(&q.fault),
                 md_escape(&q.cell),
                 if q.retried {
-                    "it ran again on a healthy GPU of the same model"
+                    "it was queued to run again on a healthy GPU of the same model (its receipt keeps every attempt)"
                 } else {
-                    "no healthy GPU of the same model was left to run it again"
+                    "it was not run again (it passed, or no healthy GPU of the same model was left)"
                 }
             );
         }
@@ -308,6 +318,7 @@ mod tests {
             interrupted: false,
             unmet: None,
             disk_full: None,
+            excluded_gpus: Vec::new(),
             quarantined_gpus: Vec::new(),
             counts: count([Verdict::Pass, Verdict::Fail]),
             verdict: "fail".into(),
