@@ -103,7 +103,9 @@ fn xid_79_during_a_failing_attempt_is_a_device_fault_retried_on_the_twin() {
     let summary = std::fs::read_to_string(f.tree().join("summary.md")).unwrap();
     assert!(summary.contains("**Device faults:**"), "{summary}");
     assert!(
-        summary.contains("- gpu 0 (`GPU-fake-0`): Xid 79 during `decode`"),
+        summary.contains(
+            "- gpu 0 `GPU-fake-0`: Xid 79 during `decode` (queued to run again on a healthy GPU of the same model)"
+        ),
         "{summary}"
     );
     let events = String::from_utf8_lossy(&out.stdout);

@@ -241,19 +241,8 @@ pub fn text(d: &Diff, color: bool) -> String {
             n,
         );
         for q in &d.quarantined_gpus {
-            let _ = writeln!(
-                out,
-                "  gpu {} {}  quarantined: {} during {}{}",
-                q.gpu,
-                q.uuid,
-                one_line(&q.fault),
-                q.cell,
-                if q.retried {
-                    " (queued to run again on a healthy GPU)"
-                } else {
-                    ""
-                }
-            );
+            let plain = |t: &str| one_line(t);
+            let _ = writeln!(out, "  quarantined {}", q.line(&plain, &plain));
         }
         for c in &d.device_faults {
             let line = format!(
@@ -481,19 +470,8 @@ pub fn markdown(d: &Diff) -> String {
             d.quarantined_gpus.len()
         );
         for q in &d.quarantined_gpus {
-            let _ = writeln!(
-                out,
-                "- gpu {} `{}`: {} during `{}`{}",
-                q.gpu,
-                md(&q.uuid),
-                md(&q.fault),
-                md(&q.cell),
-                if q.retried {
-                    " (queued to run again on a healthy GPU)"
-                } else {
-                    ""
-                }
-            );
+            let code = |t: &str| format!("`{}`", md(t));
+            let _ = writeln!(out, "- {}", q.line(&md, &code));
         }
         out.push('\n');
     }

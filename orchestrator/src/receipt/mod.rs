@@ -70,6 +70,26 @@ pub struct Quarantined {
     pub retried: bool,
 }
 
+impl Quarantined {
+    /// `gpu 0 GPU-…: Xid 79 during decode (queued to run again on a healthy GPU)`, each part
+    /// passed through `text` (markdown escaping, or none), the UUID and cell through `code`
+    /// (backticks in markdown): the one wording of every report that lists it.
+    pub fn line(&self, text: &dyn Fn(&str) -> String, code: &dyn Fn(&str) -> String) -> String {
+        format!(
+            "gpu {} {}: {} during {}{}",
+            self.gpu,
+            code(&self.uuid),
+            text(&self.fault),
+            code(&self.cell),
+            if self.retried {
+                " (queued to run again on a healthy GPU of the same model)"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
 /// One attempt of a node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AttemptRecord {

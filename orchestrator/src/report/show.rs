@@ -45,18 +45,11 @@ pub fn run_text(run: &LoadedRun) -> String {
         counts_line(&r.counts)
     );
     for q in &r.quarantined_gpus {
+        let plain = |t: &str| t.to_string();
         let _ = writeln!(
             out,
-            "  quarantined: gpu {} {} after a device fault ({}) during {}{}",
-            q.gpu,
-            q.uuid,
-            q.fault,
-            q.cell,
-            if q.retried {
-                "; the cell was queued to run again on a healthy GPU"
-            } else {
-                ""
-            }
+            "  quarantined after a device fault: {}",
+            q.line(&plain, &plain)
         );
     }
     if !r.excluded_gpus.is_empty() {

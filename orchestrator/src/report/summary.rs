@@ -185,19 +185,9 @@ pub fn markdown(run: &RunReceipt) -> String {
             "**Device faults:** the hardware failed, not the code; these GPUs took no new cells for the rest of the run:\n"
         );
         for q in &run.quarantined_gpus {
-            let _ = writeln!(
-                out,
-                "- gpu {} (`{}`): {} during `{}`; {}",
-                q.gpu,
-                md_escape(&q.uuid),
-                md_escape(&q.fault),
-                md_escape(&q.cell),
-                if q.retried {
-                    "it was queued to run again on a healthy GPU of the same model (its receipt keeps every attempt)"
-                } else {
-                    "it was not run again (it passed, or no healthy GPU of the same model was left)"
-                }
-            );
+            let md = |t: &str| md_escape(t);
+            let code = |t: &str| format!("`{}`", md_escape(t));
+            let _ = writeln!(out, "- {}", q.line(&md, &code));
         }
         out.push('\n');
     }
