@@ -655,16 +655,7 @@ impl Runner<'_, '_> {
             _ => self.plan.cell(i).gpus,
         };
         if gpus as usize > self.pool.healthy(None) {
-            let gone: Vec<String> = self
-                .pool
-                .quarantined()
-                .iter()
-                .map(|g| format!("gpu {g}"))
-                .collect();
-            let why = format!(
-                "not run: too few healthy GPUs are left for it ({} quarantined after a device fault)",
-                gone.join(", ")
-            );
+            let why = self.too_few_healthy();
             self.finish_unplaced(i, Verdict::DeviceFault, why, true);
             return;
         }
@@ -955,17 +946,8 @@ impl Runner<'_, '_> {
         }
         // What can never be placed now ends here rather than waiting for ever.
         let lost = self.queue.take_unplaceable(&self.pool);
-        let gone: Vec<String> = self
-            .pool
-            .quarantined()
-            .iter()
-            .map(|g| format!("gpu {g}"))
-            .collect();
         for l in lost {
-            let why = format!(
-                "not run: too few healthy GPUs are left for it ({} quarantined after a device fault)",
-                gone.join(", ")
-            );
+            let why = self.too_few_healthy();
             self.finish_unplaced(l, Verdict::DeviceFault, why, true);
         }
         if !retry {
@@ -980,6 +962,20 @@ impl Runner<'_, '_> {
             model,
         );
         true
+    }
+
+    /// Why a cell is not run after GPUs were quarantined: too few healthy ones are left.
+    fn too_few_healthy(&self) -> String {
+        let gone: Vec<String> = self
+            .pool
+            .quarantined()
+            .iter()
+            .map(|g| format!("gpu {g}"))
+            .collect();
+        format!(
+            "not run: too few healthy GPUs are left for it ({} quarantined after a device fault)",
+            gone.join(", ")
+        )
     }
 
     /// Finishes a cell that never got resources (skipped, blocked, cancelled).

@@ -33,7 +33,6 @@ use crate::history::RunRecord;
 use crate::receipt::GpuRef;
 use crate::receipt::load::LoadedNode;
 use crate::receipt::tree::Tree;
-use crate::verdict::Verdict;
 
 /// A cell whose verdict changed while its inputs did not.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -61,16 +60,7 @@ struct Identity {
     #[serde(default)]
     gpus: Vec<GpuRef>,
     #[serde(default)]
-    attempts: Vec<AttemptArtifacts>,
-}
-
-/// What classification reads of an attempt: how it ended and the artifacts it wrote.
-#[derive(Debug, Deserialize)]
-struct AttemptArtifacts {
-    #[serde(default)]
-    outcome: Option<Verdict>,
-    #[serde(default)]
-    artifacts: Vec<crate::receipt::Artifact>,
+    attempts: Vec<crate::history::build::HistAttempt>,
 }
 
 impl Identity {
@@ -78,17 +68,7 @@ impl Identity {
     /// wrote artifacts, all the same bits (attempts on a GPU that faulted, kept from the
     /// try before a retry, ran elsewhere and do not count).
     fn reps_agree(&self) -> bool {
-        let sets: Vec<Vec<(&str, &str)>> = self
-            .attempts
-            .iter()
-            .filter(|a| !a.artifacts.is_empty() && a.outcome != Some(Verdict::DeviceFault))
-            .map(|a| {
-                a.artifacts
-                    .iter()
-                    .map(|x| (x.name.as_str(), x.sha256.as_str()))
-                    .collect()
-            })
-            .collect();
+        let sets = crate::history::build::artifact_sets(&self.attempts);
         sets.len() >= 2 && sets.windows(2).all(|w| w[0] == w[1])
     }
 

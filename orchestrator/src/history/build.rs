@@ -294,22 +294,8 @@ fn facts(n: &LoadedNode<HistReceipt>) -> CellFacts {
                 .collect();
             ended.windows(2).any(|w| w[0] != w[1])
         }),
-        moved_within: r.is_some_and(|r| {
-            let sets: Vec<Vec<(&str, &str)>> = r
-                .attempts
-                .iter()
-                .filter(|a| {
-                    !a.artifacts.is_empty() && a.outcome != crate::verdict::Verdict::DeviceFault
-                })
-                .map(|a| {
-                    a.artifacts
-                        .iter()
-                        .map(|x| (x.name.as_str(), x.sha256.as_str()))
-                        .collect()
-                })
-                .collect();
-            sets.windows(2).any(|w| w[0] != w[1])
-        }),
+        moved_within: r
+            .is_some_and(|r| artifact_sets(&r.attempts).windows(2).any(|w| w[0] != w[1])),
         warns: match (e.warns, r) {
             (0, Some(r)) => u32::try_from(
                 r.checks
@@ -337,6 +323,21 @@ fn facts(n: &LoadedNode<HistReceipt>) -> CellFacts {
             crate::receipt::warning_line(&rows.iter().collect::<Vec<_>>())
         }),
     }
+}
+
+/// The artifacts (name, sha256) each attempt wrote, for the attempts that wrote any and did
+/// not run on a GPU that faulted (kept from a try before a retry, they ran elsewhere).
+pub fn artifact_sets(attempts: &[HistAttempt]) -> Vec<Vec<(&str, &str)>> {
+    attempts
+        .iter()
+        .filter(|a| !a.artifacts.is_empty() && a.outcome != crate::verdict::Verdict::DeviceFault)
+        .map(|a| {
+            a.artifacts
+                .iter()
+                .map(|x| (x.name.as_str(), x.sha256.as_str()))
+                .collect()
+        })
+        .collect()
 }
 
 /// Whether a receipt's code identity names the code (so equal inputs digests mean the same
