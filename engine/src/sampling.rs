@@ -82,6 +82,45 @@ pub fn nucleus(doors: &Doors) -> Nucleus {
     }
 }
 
+/// [`sample_token_with`] for many draws from one row: the row's preparation (softmax, cuts
+/// and kept sums) done once, each [`PreparedRow::draw`] the token [`sample_token_with`]
+/// gives for the same row, parameters, sequence and step (it is the same routine split in
+/// two: `twin::sample_with` is `Prepared::new` then `pick`).
+pub struct PreparedRow {
+    prepared: twin::Prepared,
+    seed: u64,
+}
+
+impl PreparedRow {
+    /// Prepares `logits` under `params` keeping `nucleus`.
+    pub fn new(
+        logits: &[f32],
+        params: &SamplingParams,
+        nucleus: Nucleus,
+    ) -> Result<PreparedRow, EngineError> {
+        params.validate()?;
+        if logits.is_empty() {
+            return Err(EngineError::Empty { what: "logits row" });
+        }
+        Ok(PreparedRow {
+            prepared: twin::Prepared::new(
+                logits,
+                params.temperature,
+                params.top_k,
+                params.top_p,
+                nucleus,
+            ),
+            seed: params.seed,
+        })
+    }
+
+    /// The token drawn for sequence `seq` at `step`.
+    pub fn draw(&self, seq: SeqId, step: usize) -> u32 {
+        self.prepared
+            .pick(twin::draw_uniform(self.seed, seq.0, step as u32))
+    }
+}
+
 /// [`sample_token`] with a choice of nucleus (the backends pass [`nucleus`] of their doors).
 pub fn sample_token_with(
     logits: &[f32],
@@ -107,4 +146,47 @@ pub fn sample_token_with(
         step as u32,
         nucleus,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A prepared row draws the tokens `sample_token_with` gives, step by step, under every
+    /// nucleus and truncation, ties at the cuts included.
+    #[test]
+    fn a_prepared_row_draws_what_sample_token_with_draws() {
+        let mut row: Vec<f32> = (0..3000u32)
+            .map(|i| ((i.wrapping_mul(2_654_435_761) >> 16) % 1000) as f32 / 97.0)
+            .collect();
+        row[17] = row[5];
+        let nuclei = [
+            Nucleus::Exact,
+            Nucleus::OneEarly,
+            Nucleus::KOneMore,
+            Nucleus::KDropTies,
+        ];
+        for (temperature, top_k, top_p) in
+            [(1.0, 0, 1.0), (0.7, 40, 0.9), (1.3, 8, 0.2), (0.0, 0, 1.0)]
+        {
+            let p = SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                seed: 1 << 33,
+            };
+            for nucleus in nuclei {
+                let prepared = PreparedRow::new(&row, &p, nucleus).unwrap();
+                for step in 0..300 {
+                    let want = sample_token_with(&row, &p, SeqId(3), step, nucleus).unwrap();
+                    assert_eq!(
+                        prepared.draw(SeqId(3), step),
+                        want,
+                        "{p:?} {nucleus:?} {step}"
+                    );
+                }
+            }
+        }
+        assert!(PreparedRow::new(&[], &SamplingParams::greedy(), Nucleus::Exact).is_err());
+    }
 }

@@ -413,7 +413,20 @@ fn distribution_row(
         top_p,
         seed,
     };
-    let draw = |step: usize| sampling::sample_token_with(row, &p, seq, step, nucleus);
+    // The row prepared once and drawn from at every step: the tokens of
+    // `sample_token_with` at those steps (`sampling::PreparedRow`), without redoing the
+    // softmax and the cuts' bisections for each of thousands of draws.
+    let prepared = match sampling::PreparedRow::new(row, &p, nucleus) {
+        Ok(r) => r,
+        Err(e) => {
+            return Check::new(
+                name,
+                Status::Fail,
+                format!("the engine's sampler refused: {e}"),
+            );
+        }
+    };
+    let draw = |step: usize| Ok(prepared.draw(seq, step));
     match distribution_test(row, &p, draws, draw) {
         Ok(d) => d.check(name),
         Err(e) => Check::new(

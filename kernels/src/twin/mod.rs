@@ -34,7 +34,7 @@ pub use quantize::quantize_q8_1;
 pub use reduce::{block_sum, warp_sum};
 pub use rope::{kv_round_blocks, kv_round_q8_0, rope, rope_table};
 pub use sample::{
-    Nucleus, SAMPLE_THREADS, argmax, draw_uniform, philox4x32_10, sample, sample_with,
+    Nucleus, Prepared, SAMPLE_THREADS, argmax, draw_uniform, philox4x32_10, sample, sample_with,
     uniform_from_philox,
 };
 

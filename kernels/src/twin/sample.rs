@@ -178,7 +178,8 @@ pub fn sample(
 }
 
 /// [`sample`] with a choice of [`Nucleus`] (the planted `top-p-cut` and `top-k-cut` defects'
-/// hook).
+/// hook): [`Prepared::new`] of the row, then [`Prepared::pick`] at the `(seed, seq, step)`
+/// uniform.
 #[allow(clippy::too_many_arguments)]
 pub fn sample_with(
     logits: &[f32],
@@ -190,64 +191,109 @@ pub fn sample_with(
     step: u32,
     nucleus: Nucleus,
 ) -> u32 {
-    let n = logits.len();
-    if n == 0 || temp <= 0.0 || temp.is_nan() {
-        return argmax(logits);
-    }
-    let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut p: Vec<f32> = logits
-        .iter()
-        .map(|&l| exp_mirrored((l - m) / temp))
-        .collect();
-    let chunk = n.div_ceil(SAMPLE_THREADS);
-    let mut sums = [0.0f32; SAMPLE_THREADS];
-    let mut tau_bits = 0u32;
-    if top_k > 0 && (top_k as usize) < n {
-        let k = top_k as usize + usize::from(nucleus == Nucleus::KOneMore);
-        tau_bits = bisect(0, |t| count(&p, t) >= k).0;
-        if nucleus == Nucleus::KDropTies {
-            // Room for the first ties at the cut: k less the tokens strictly above it.
-            let tau = f32::from_bits(tau_bits);
-            let mut room = k - count(&p, f32::from_bits(tau_bits + 1));
-            for v in p.iter_mut().filter(|v| **v == tau) {
-                if room > 0 {
-                    room -= 1;
-                } else {
-                    *v = -1.0; // below every cut (τ >= +0): never kept
-                }
-            }
+    Prepared::new(logits, temp, top_k, top_p, nucleus).pick(draw_uniform(seed, seq, step))
+}
+
+/// Steps 1–4 of the composition done once for a row: the unnormalised probabilities, the
+/// cut and the kept chunk sums, from which [`Prepared::pick`] draws steps 5–6 for any
+/// uniform. [`sample_with`] is exactly `new` then `pick`, so many draws from one row (a
+/// distribution test) cost one preparation, not one each, and give the same tokens.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// `None`: greedy (`temp <= 0`, NaN or an empty row), the argmax.
+    p: Option<Vec<f32>>,
+    argmax: u32,
+    tau: f32,
+    chunk: usize,
+    sums: [f32; SAMPLE_THREADS],
+    kept: f32,
+}
+
+impl Prepared {
+    /// The row `logits` at temperature `temp`, top-k `top_k` (0 = none), nucleus `top_p`,
+    /// keeping `nucleus`.
+    pub fn new(logits: &[f32], temp: f32, top_k: u32, top_p: f32, nucleus: Nucleus) -> Self {
+        let n = logits.len();
+        let mut out = Prepared {
+            p: None,
+            argmax: 0,
+            tau: 0.0,
+            chunk: 1,
+            sums: [0.0; SAMPLE_THREADS],
+            kept: 0.0,
+        };
+        if n == 0 || temp <= 0.0 || temp.is_nan() {
+            out.argmax = argmax(logits);
+            return out;
         }
-    }
-    if top_p < 1.0 {
-        let want = top_p * mass(&p, f32::from_bits(tau_bits), chunk, &mut sums);
-        // mass(τ_k) >= want, as top_p <= 1: the bisection's lower end holds.
-        let (lo, hi) = bisect(tau_bits, |t| mass(&p, t, chunk, &mut sums) >= want);
-        tau_bits = lo;
-        if nucleus == Nucleus::OneEarly && mass(&p, f32::from_bits(hi), chunk, &mut sums) > 0.0 {
-            tau_bits = hi;
-        }
-    }
-    let tau = f32::from_bits(tau_bits);
-    let kept = mass(&p, tau, chunk, &mut sums);
-    let target = draw_uniform(seed, seq, step) * kept;
-    let last_kept = |range: std::ops::Range<usize>| range.rev().find(|&i| p[i] >= tau);
-    let mut run = 0.0f32;
-    for (c, &s) in sums.iter().enumerate() {
-        let range = (c * chunk).min(n)..((c + 1) * chunk).min(n);
-        if run + s > target {
-            for i in range.clone() {
-                if p[i] >= tau {
-                    run += p[i];
-                    if run > target {
-                        return i as u32;
+        let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut p: Vec<f32> = logits
+            .iter()
+            .map(|&l| exp_mirrored((l - m) / temp))
+            .collect();
+        let chunk = n.div_ceil(SAMPLE_THREADS);
+        let mut sums = [0.0f32; SAMPLE_THREADS];
+        let mut tau_bits = 0u32;
+        if top_k > 0 && (top_k as usize) < n {
+            let k = top_k as usize + usize::from(nucleus == Nucleus::KOneMore);
+            tau_bits = bisect(0, |t| count(&p, t) >= k).0;
+            if nucleus == Nucleus::KDropTies {
+                // Room for the first ties at the cut: k less the tokens strictly above it.
+                let tau = f32::from_bits(tau_bits);
+                let mut room = k - count(&p, f32::from_bits(tau_bits + 1));
+                for v in p.iter_mut().filter(|v| **v == tau) {
+                    if room > 0 {
+                        room -= 1;
+                    } else {
+                        *v = -1.0; // below every cut (τ >= +0): never kept
                     }
                 }
             }
-            return last_kept(range).unwrap_or(0) as u32;
         }
-        run += s;
+        if top_p < 1.0 {
+            let want = top_p * mass(&p, f32::from_bits(tau_bits), chunk, &mut sums);
+            // mass(τ_k) >= want, as top_p <= 1: the bisection's lower end holds.
+            let (lo, hi) = bisect(tau_bits, |t| mass(&p, t, chunk, &mut sums) >= want);
+            tau_bits = lo;
+            if nucleus == Nucleus::OneEarly && mass(&p, f32::from_bits(hi), chunk, &mut sums) > 0.0
+            {
+                tau_bits = hi;
+            }
+        }
+        out.tau = f32::from_bits(tau_bits);
+        out.kept = mass(&p, out.tau, chunk, &mut sums);
+        out.p = Some(p);
+        out.chunk = chunk;
+        out.sums = sums;
+        out
     }
-    last_kept(0..n).unwrap_or(0) as u32
+
+    /// The token drawn at uniform `u` in `[0, 1)` (steps 5–6; the argmax when greedy).
+    pub fn pick(&self, u: f32) -> u32 {
+        let Some(p) = &self.p else {
+            return self.argmax;
+        };
+        let (n, chunk, tau) = (p.len(), self.chunk, self.tau);
+        let target = u * self.kept;
+        let last_kept = |range: std::ops::Range<usize>| range.rev().find(|&i| p[i] >= tau);
+        let mut run = 0.0f32;
+        for (c, &s) in self.sums.iter().enumerate() {
+            let range = (c * chunk).min(n)..((c + 1) * chunk).min(n);
+            if run + s > target {
+                for i in range.clone() {
+                    if p[i] >= tau {
+                        run += p[i];
+                        if run > target {
+                            return i as u32;
+                        }
+                    }
+                }
+                return last_kept(range).unwrap_or(0) as u32;
+            }
+            run += s;
+        }
+        last_kept(0..n).unwrap_or(0) as u32
+    }
 }
 
 #[cfg(test)]
