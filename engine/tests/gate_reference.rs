@@ -201,6 +201,36 @@ fn synthesized_arms_are_green_against_the_banked_goldens() {
     }
 }
 
+/// The q8_0 KV cache asked for in the environment is set aside: the gate runs the f32
+/// cache its oracle models, and its doors row says so. Asked for with `--kv-q8`, the cache
+/// is gated, and its rounding fails the f32 oracle's policy.
+#[test]
+fn the_environment_cannot_put_the_q8_0_cache_into_the_instrument() {
+    let doors = |r: &Run| {
+        r.rows
+            .iter()
+            .find_map(|row| row.get("doors").cloned())
+            .unwrap_or_else(|| panic!("no doors row: {}", r.stdout))
+    };
+    let r = gate(&[], &[("MEMRA_KV_Q8", "1")]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let d = doors(&r);
+    assert_eq!(d["kv"], "f32", "{d}");
+    let instrument = d["instrument"].as_str().unwrap();
+    assert!(
+        instrument.contains("kv pinned f32") && instrument.contains("MEMRA_KV_Q8=1"),
+        "{instrument}"
+    );
+    assert!(r.stdout.contains("set aside"), "{}", r.stdout);
+
+    let r = gate(&["--kv-q8"], &[]);
+    assert_eq!(r.code, 1, "{}\n{}", r.stdout, r.stderr);
+    let d = doors(&r);
+    assert_eq!(d["kv"], "q8_0", "{d}");
+    assert!(d["instrument"].as_str().unwrap().contains("--kv-q8"), "{d}");
+    assert_eq!(r.status("reference.q8_0"), "fail", "{}", r.stdout);
+}
+
 #[test]
 fn the_canary_fails_every_arm() {
     let r = gate(&[], &[("MEMRA_GATE_CANARY", "1")]);

@@ -47,12 +47,23 @@ pub struct Args {
     /// Mint the goldens file from this run instead of checking it.
     #[arg(long)]
     pub write_goldens: bool,
+    /// Tokens of each arm's program (at most the arm's context): the first N - 8 prefilled
+    /// (one-shot, and in chunks of 7), the last 8 decoded. Past 128 the chunked prefill's
+    /// continuing chunks cross the split-K attention windows at 64 and 128.
+    #[arg(long, default_value_t = PROGRAM_LEN, value_name = "N")]
+    pub program_len: usize,
+    /// Run the engine with the q8_0 KV cache. Without it the cache is pinned f32 whatever
+    /// `MEMRA_KV_Q8` says: this gate holds the engine to an f32 oracle, and a lossy cache
+    /// leaking in from the environment would fail every arm for a reason that is not a bug.
+    #[arg(long)]
+    pub kv_q8: bool,
 }
 
-/// Tokens of each arm's program, positions prefilled before the decode rows, and the chunk
-/// size of the chunked prefill.
+/// Tokens of each arm's program by default, decode rows after the prefill of every
+/// program, and the chunk size of the chunked prefill. A program of N tokens prefills its
+/// first N - 8 and decodes the rest.
 const PROGRAM_LEN: usize = 20;
-const PREFILL_LEN: usize = 12;
+const DECODE_ROWS: usize = 8;
 const CHUNK: usize = 7;
 
 /// Seed of the synthesized checkpoints. Fixed (not `MEMRA_GATE_SEED`): the goldens are
@@ -171,7 +182,15 @@ impl Receipt {
 
 /// The whole gate; errors before the verdict are setup errors (exit 2).
 pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
-    let doors = Doors::from_env().map_err(|e| GateError::new(format!("bad pins: {e}")))?;
+    if args.program_len <= DECODE_ROWS {
+        return Err(GateError::new(format!(
+            "--program-len {}: give more than {DECODE_ROWS} (the last {DECODE_ROWS} tokens \
+             are decoded after a prefill of the rest), e.g. --program-len 140",
+            args.program_len
+        )));
+    }
+    let env_doors = Doors::from_env().map_err(|e| GateError::new(format!("bad pins: {e}")))?;
+    let (doors, instrument) = pin_instrument(env_doors, args.kv_q8);
     let real = args
         .model
         .as_ref()
@@ -223,7 +242,8 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
         } else {
             Activations::F32
         };
-        let tokens = prompts(model.config.n_vocab, 1, PROGRAM_LEN, doors.gate_seed, 2000).remove(0);
+        let len = args.program_len.min(model.config.n_ctx);
+        let tokens = prompts(model.config.n_vocab, 1, len, doors.gate_seed, 2000).remove(0);
         // The oracle keeps its own copy: a backend that traces its q8_1 activations gets
         // the tie-following oracle per program, run after the backend took the weights.
         let oracle_model = model.clone();
@@ -239,12 +259,16 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
             rep.header(
                 &be.doors_report(),
                 &doors,
-                &[(
-                    "policy",
-                    json!("max_abs<=0.01&max_rel<=0.01 of max(1,|ref|), equal argmax"),
-                )],
+                &[
+                    (
+                        "policy",
+                        json!("max_abs<=0.01&max_rel<=0.01 of max(1,|ref|), equal argmax"),
+                    ),
+                    ("instrument", json!(instrument)),
+                ],
             )?;
-            receipt.text = receipt_header(&be.doors_report().to_json(), &arm_names);
+            receipt.text =
+                receipt_header(&be.doors_report().to_json(), &arm_names, args.program_len);
         }
         let check = match check_arm(
             &mut *be,
@@ -295,6 +319,24 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
     Ok(rep.finish())
 }
 
+/// The doors the gate runs under: the environment's, with every lossy door that would make
+/// a same-configuration parity gate fail for a reason that is not a bug set to the
+/// exactness instrument's setting (today the q8_0 KV cache, kept only when `kv_q8` asks
+/// for it). Returns them with the doors row's `instrument` text: what was pinned and why.
+fn pin_instrument(env: Doors, kv_q8: bool) -> (Doors, String) {
+    let text = match (env.kv_q8, kv_q8) {
+        (_, true) => "kv=q8_0 (asked for with --kv-q8)".to_string(),
+        (true, false) => "kv pinned f32 (MEMRA_KV_Q8=1 in the environment set aside; \
+                          --kv-q8 gates the q8_0 cache)"
+            .to_string(),
+        (false, false) => "kv pinned f32".to_string(),
+    };
+    if env.kv_q8 && !kv_q8 {
+        say!("reference-gate: {text}");
+    }
+    (Doors { kv_q8, ..env }, text)
+}
+
 /// sha256 of this gate's own binary (`unknown(…)` when it cannot be read).
 fn binary_sha256() -> String {
     std::env::current_exe()
@@ -303,10 +345,10 @@ fn binary_sha256() -> String {
         .unwrap_or_else(|e| format!("unknown({e})"))
 }
 
-fn receipt_header(doors: &serde_json::Value, arms: &str) -> String {
+fn receipt_header(doors: &serde_json::Value, arms: &str, program_len: usize) -> String {
     let sha = binary_sha256();
     format!(
-        "# reference-gate\tbinary_sha256={sha}\tdoors={doors}\tpolicy=max_abs<=0.01&max_rel<=0.01,argmax\tarms={arms}\tprogram_len={PROGRAM_LEN}\tchunk={CHUNK}\n\
+        "# reference-gate\tbinary_sha256={sha}\tdoors={doors}\tpolicy=max_abs<=0.01&max_rel<=0.01,argmax\tarms={arms}\tprogram_len={program_len}\tchunk={CHUNK}\n\
          arm\tkind\trow\tmax_abs\tmax_rel\trel_rms\targmax_ref\targmax_got\tverdict\n"
     )
 }
@@ -358,11 +400,12 @@ fn check_arm(
         input.quantized,
     );
     let v = be.config().n_vocab;
+    let prefill_len = tokens.len().saturating_sub(DECODE_ROWS).max(1);
     // What the arm ran, so the receipt alone says which program its rows belong to.
     let _ = writeln!(
         receipt.text,
-        "# arm\tarm={arm}\tvocab={v}\tprompt_len={PREFILL_LEN}\tdecode_steps={}\ttokens={}",
-        tokens.len().saturating_sub(PREFILL_LEN),
+        "# arm\tarm={arm}\tvocab={v}\tprompt_len={prefill_len}\tdecode_steps={}\ttokens={}",
+        tokens.len().saturating_sub(prefill_len),
         tokens
             .iter()
             .map(u32::to_string)
@@ -381,16 +424,16 @@ fn check_arm(
     )
     .map_err(|e| EngineError::Unavailable(e.to_string()))?;
     let single = with_seq(be, seq, tokens.len(), |be| {
-        let mut rows = be.prefill(seq, &tokens[..PREFILL_LEN])?;
-        for &t in &tokens[PREFILL_LEN..] {
+        let mut rows = be.prefill(seq, &tokens[..prefill_len])?;
+        for &t in &tokens[prefill_len..] {
             rows.extend(be.decode_step_h(seq, t)?);
         }
         Ok(rows)
     })?;
     let want_single = program_oracle(be, input, seq, "decode", &mut follows)?;
     let batched = with_seq(be, seq, tokens.len(), |be| {
-        let mut rows = be.prefill(seq, &tokens[..PREFILL_LEN])?;
-        for &t in &tokens[PREFILL_LEN..] {
+        let mut rows = be.prefill(seq, &tokens[..prefill_len])?;
+        for &t in &tokens[prefill_len..] {
             rows.extend(be.decode_step_batch(&[seq], &[t])?);
         }
         Ok(rows)
@@ -407,10 +450,10 @@ fn check_arm(
     // cache is read by every later step.
     let after_chunks = with_seq(be, seq, tokens.len(), |be| {
         let mut rows = Vec::new();
-        for c in tokens[..PREFILL_LEN].chunks(CHUNK) {
+        for c in tokens[..prefill_len].chunks(CHUNK) {
             rows.extend(be.prefill(seq, c)?);
         }
-        for &t in &tokens[PREFILL_LEN..] {
+        for &t in &tokens[prefill_len..] {
             rows.extend(be.decode_step_h(seq, t)?);
         }
         Ok(rows)
@@ -466,16 +509,16 @@ fn check_arm(
     cmp("prefill", &want_prefill, &one_shot, 0, class);
     cmp(
         "decode",
-        &want_single[PREFILL_LEN * v..],
-        &single[PREFILL_LEN * v..],
-        PREFILL_LEN,
+        &want_single[prefill_len * v..],
+        &single[prefill_len * v..],
+        prefill_len,
         class,
     );
     cmp(
         "decode-batch",
-        &want_batched[PREFILL_LEN * v..],
-        &batched[PREFILL_LEN * v..],
-        PREFILL_LEN,
+        &want_batched[prefill_len * v..],
+        &batched[prefill_len * v..],
+        prefill_len,
         class,
     );
     // Chunked against one-shot prefill is the engine against itself through one
@@ -484,9 +527,9 @@ fn check_arm(
     cmp("chunked", &one_shot, &chunked, 0, Class::Bitwise);
     cmp(
         "decode-after-chunked",
-        &single[PREFILL_LEN * v..],
-        &after_chunks[PREFILL_LEN * v..],
-        PREFILL_LEN,
+        &single[prefill_len * v..],
+        &after_chunks[prefill_len * v..],
+        prefill_len,
         Class::Bitwise,
     );
 
