@@ -127,12 +127,23 @@ fn config_mode_is_green_and_speaks_the_protocol() {
     }
 }
 
+/// Strict mode holds the batch to the single-sequence path: gate1 (single vs batched at
+/// B=1) and gate2 (each batch row vs its sequence alone through `decode_step_h`), bit for
+/// bit. Under the equalized pins both paths are one composition; under the defaults the
+/// single path runs the fused tier and both fail by design.
 #[test]
-fn strict_gate1_passes_under_equalized_pins_and_fails_under_defaults() {
+fn strict_gates_pass_under_equalized_pins_and_fail_under_defaults() {
     let m = model_arg();
     let eq = gate(&[&m, "--mode", "strict", "--steps", "4"], &EQUALIZED);
     assert_eq!(eq.code, 0, "{}", eq.stdout);
     assert_eq!(eq.status("gate1"), "pass");
+    assert_eq!(eq.status("gate2[B=4]"), "pass");
+    assert_eq!(eq.status("gate2[B=4,1,4]"), "pass");
+    let msg = eq.check("gate2[B=4]")["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(msg.contains("single-sequence path"), "{msg}");
     assert_eq!(eq.rows[0]["doors"]["matvec"], "dp4a");
 
     let def = gate(&[&m, "--mode", "strict", "--steps", "4"], &[]);
@@ -143,9 +154,14 @@ fn strict_gate1_passes_under_equalized_pins_and_fails_under_defaults() {
         g1["first_mismatch"]["step"], 0,
         "the fused tier differs from the first step"
     );
-    // The batched properties hold under the default pins too.
-    assert_eq!(def.status("gate2[B=4]"), "pass");
+    assert_eq!(def.status("gate2[B=4]"), "fail");
+    assert_eq!(def.check("gate2[B=4]")["first_mismatch"]["step"], 0);
+    // gate3 holds the batch to itself, which the fused tier does not enter.
     assert_eq!(def.status("gate3[B=4]"), "pass");
+    // In config mode gate2 holds the batch to the batched path at B=1, under any pins.
+    let config = gate(&[&m, "--steps", "4"], &[]);
+    assert_eq!(config.code, 0, "{}", config.stdout);
+    assert_eq!(config.status("gate2[B=4]"), "pass");
 }
 
 #[test]
@@ -160,6 +176,11 @@ fn the_canary_fails_every_mode() {
     }
     let r = gate(&[&m, "--steps", "4"], &canary);
     // The wrong token is fed to the last row of a batch: gate2 points at it.
+    assert_eq!(
+        r.status("gate2[B=4,1,4]"),
+        "fail",
+        "the batch's last row takes it"
+    );
     let first = &r.check("gate2[B=4]")["first_mismatch"];
     assert_eq!(
         (first["step"].as_u64(), first["row"].as_u64()),
@@ -171,8 +192,9 @@ fn the_canary_fails_every_mode() {
 fn the_canary_fails_gate1_on_every_draw_from_the_first_steps() {
     let m = model_arg();
     let canary = [("MEMRA_GATE_CANARY", "1")];
-    // The single path takes a wrong token at every step and the batched path at B=1 none,
-    // so every draw diverges early and the multi-draw rule fires.
+    // The single path takes one wrong token, at its first step after the prompt, and the
+    // batched path at B=1 none: that one token turns every draw early (measured: divergence
+    // steps 0,0,0,0,0,0 here, 0,0,0,1,0,0 on SmolLM2), so the 4-of-6 rule fires.
     let r = gate(&[&m, "--steps", "4", "--batch", "1"], &canary);
     assert_eq!(r.code, 1, "{}", r.stdout);
     let g1 = r.check("gate1");

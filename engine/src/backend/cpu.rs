@@ -67,6 +67,8 @@ pub struct Stage {
 struct SeqState {
     len: usize,
     capacity: usize,
+    /// The length after the last prefill or prime (the canary's single-path site).
+    prompt_end: usize,
 }
 
 /// The CPU backend. See the module docs.
@@ -331,6 +333,14 @@ impl CpuBackend {
     fn commit_positions(&mut self, seq: SeqId, added: usize) {
         if let Some(st) = self.seqs.get_mut(&seq) {
             st.len += added;
+        }
+    }
+
+    /// [`CpuBackend::commit_positions`] of a prompt, which also marks where it ended.
+    fn commit_prompt(&mut self, seq: SeqId, added: usize) {
+        if let Some(st) = self.seqs.get_mut(&seq) {
+            st.len += added;
+            st.prompt_end = st.len;
         }
     }
 }
@@ -739,7 +749,14 @@ impl Backend for CpuBackend {
                 );
             }
         }
-        self.seqs.insert(seq, SeqState { len: 0, capacity });
+        self.seqs.insert(
+            seq,
+            SeqState {
+                len: 0,
+                capacity,
+                prompt_end: 0,
+            },
+        );
         Ok(())
     }
 
@@ -765,21 +782,27 @@ impl Backend for CpuBackend {
     fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
         let rows = self.prompt_rows(seq, tokens)?;
         let logits = self.forward(&rows, Tier::Separate, 0..rows.len())?;
-        self.commit_positions(seq, prompt_commit(&self.doors, &rows));
+        self.commit_prompt(seq, prompt_commit(&self.doors, &rows));
         Ok(logits)
     }
 
     fn prime(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
         let rows = self.prompt_rows(seq, tokens)?;
         let logits = self.forward(&rows, Tier::Separate, rows.len() - 1..rows.len())?;
-        self.commit_positions(seq, prompt_commit(&self.doors, &rows));
+        self.commit_prompt(seq, prompt_commit(&self.doors, &rows));
         Ok(logits)
     }
 
     fn decode_step_h(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, EngineError> {
         check_token(token, self.config.n_vocab)?;
         let pos = self.reserve(seq, 1)?;
-        let token = canary_token(&self.doors, token, self.config.n_vocab, TokenSite::Single);
+        let prompt_end = self.seqs.get(&seq).map_or(0, |st| st.prompt_end);
+        let token = canary_token(
+            &self.doors,
+            token,
+            self.config.n_vocab,
+            TokenSite::Single { pos, prompt_end },
+        );
         let tier = if self.fused_single {
             Tier::Fused
         } else {

@@ -452,8 +452,10 @@ pub enum TokenSite {
     /// A prompt token (prefill or prime) taking position `pos`.
     Prompt { pos: usize },
     /// A token through the single-sequence path (`decode_step_h` and its sampled variant,
-    /// also when `MEMRA_SERVE_B1FAST=1` routes a batched B=1 call there).
-    Single,
+    /// also when `MEMRA_SERVE_B1FAST=1` routes a batched B=1 call there) taking position
+    /// `pos` of a sequence whose last prompt ended at `prompt_end` (its length after its
+    /// last prefill or prime).
+    Single { pos: usize, prompt_end: usize },
     /// Row `row` of a batched step of `rows` rows (the split walk or the unsplit body).
     BatchRow { row: usize, rows: usize },
 }
@@ -463,16 +465,17 @@ pub enum TokenSite {
 /// vocabulary id
 /// - at position 1 of a prompt (so prompt-only programs such as reference-gate's prefill
 ///   see it),
-/// - at every step of the single-sequence path (so gate1, which runs the same primed
-///   prompts through the single path and through the batched path at B=1, sees the two
-///   diverge from the first decode step on every draw; under `MEMRA_SERVE_B1FAST=1` both
-///   of its sides take the single path and gate2 catches it instead),
+/// - at one step of the single-sequence path, the first after a prompt (one wrong token at
+///   one step, as the upstream design plants it: gate1, which runs the same primed prompts
+///   through the single path and through the batched path at B=1, must see the two diverge
+///   early on most draws from that one token; under `MEMRA_SERVE_B1FAST=1` both of its
+///   sides take the single path and gate2 catches it instead),
 /// - in the last row of every batched step with B ≥ 2 (so gate2, which runs the same
 ///   sequences alone at B=1 through the batched path, points at that row).
 pub fn canary_token(doors: &Doors, token: u32, n_vocab: usize, site: TokenSite) -> u32 {
     let hit = match site {
         TokenSite::Prompt { pos } => pos == 1,
-        TokenSite::Single => true,
+        TokenSite::Single { pos, prompt_end } => pos == prompt_end,
         TokenSite::BatchRow { row, rows } => rows >= 2 && row == rows - 1,
     };
     if doors.gate_canary && hit {
@@ -487,7 +490,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_canary_hits_prompt_position_1_every_single_step_and_the_last_of_many_rows() {
+    fn the_canary_hits_prompt_position_1_one_single_step_and_the_last_of_many_rows() {
         let on = Doors {
             gate_canary: true,
             ..Doors::default()
@@ -495,7 +498,9 @@ mod tests {
         let hit = |site| canary_token(&on, 7, 8, site) != 7;
         assert!(hit(TokenSite::Prompt { pos: 1 }));
         assert!(!hit(TokenSite::Prompt { pos: 0 }) && !hit(TokenSite::Prompt { pos: 2 }));
-        assert!(hit(TokenSite::Single));
+        let single = |pos| TokenSite::Single { pos, prompt_end: 9 };
+        assert!(hit(single(9)), "the first step after the prompt");
+        assert!(!hit(single(10)) && !hit(single(8)), "no other step");
         assert!(hit(TokenSite::BatchRow { row: 3, rows: 4 }));
         assert!(!hit(TokenSite::BatchRow { row: 2, rows: 4 }));
         assert!(
@@ -503,10 +508,10 @@ mod tests {
             "B=1 is gate1's reference"
         );
         assert_eq!(
-            canary_token(&on, 7, 8, TokenSite::Single),
+            canary_token(&on, 7, 8, single(9)),
             0,
             "the next id, wrapped"
         );
-        assert_eq!(canary_token(&Doors::default(), 7, 8, TokenSite::Single), 7);
+        assert_eq!(canary_token(&Doors::default(), 7, 8, single(9)), 7);
     }
 }

@@ -18,7 +18,8 @@ use memra_protocol::{Check, Status};
 
 use super::protocol::{GateError, GateExit, Reporter};
 use super::workload::{
-    Prime, Tick, Trace, prompts, run, run_alone, run_primed, run_rows, run_rows_alone,
+    Prime, Tick, Trace, prompts, run, run_alone, run_fed, run_phases, run_primed, run_rows,
+    run_rows_alone,
 };
 use crate::backend::{Backend, open_backend};
 use crate::doors::{Doors, PpSplits};
@@ -261,15 +262,40 @@ fn batch_gates(
     for (i, &b) in s.batches.iter().enumerate() {
         let ps = prompts(n_vocab, b, s.plen, doors.gate_seed, 0);
         let name = format!("gate2[B={b}]");
-        match gate2(be, &ps, s.steps) {
+        // Strict gate2 holds the batch to each sequence decoded alone through the
+        // single-sequence path (`decode_step_h`), which under the equalized pins runs the
+        // same composition; config gate2 to each alone through the batched path at B=1.
+        let (alone, against) = if s.mode == Mode::Strict {
+            (Tick::Single, "alone through the single-sequence path")
+        } else {
+            (
+                Tick::Full(SamplingParams::greedy()),
+                "alone through the batched path at B=1",
+            )
+        };
+        match gate2(be, &ps, s.steps, alone) {
             Ok((ledger, trace)) => {
                 rep.check(&ledger.check(
                     &name,
-                    &format!("B={b} rows vs the same sequences alone at B=1"),
+                    &format!("B={b} rows vs the same sequences {against}"),
                 ))?;
                 dump(rep, i, b, &trace, n_vocab)?;
             }
             Err(e) => rep.check(&engine_fail(&name, "batched decode", e))?,
+        }
+        if b >= 2 {
+            let name = format!("gate2[B={b},1,{b}]");
+            let c = match gate2_widths(be, &ps, s.steps, alone) {
+                Ok((ledger, phases)) => ledger.check(
+                    &name,
+                    &format!(
+                        "a stream whose batch width changes ({phases}) vs each sequence \
+                         {against}"
+                    ),
+                ),
+                Err(e) => engine_fail(&name, "batched decode", e),
+            };
+            rep.check(&c)?;
         }
         let name = format!("gate3[B={b}]");
         let c = match gate3(be, &ps, s.steps, doors.gate_seed) {
@@ -370,22 +396,69 @@ fn config_verdict(firsts: &[Option<usize>]) -> (usize, bool) {
     (early, early >= GATE1_FAIL_DRAWS)
 }
 
-/// gate2: every row of a B-row batch against the same sequence alone at B=1 through the
-/// same batched program, bit for bit at every step.
+/// gate2: every row of a B-row batch against the same sequence alone, each step of it
+/// computed by `alone` (the batched program at B=1, or the single-sequence path), bit for
+/// bit at every step.
 fn gate2(
     be: &mut dyn Backend,
     ps: &[Vec<u32>],
     steps: usize,
+    alone: Tick,
 ) -> Result<(Ledger, Trace), crate::backend::EngineError> {
     let greedy = Tick::Full(SamplingParams::greedy());
     let batched = run(be, ps, 0, steps, greedy)?;
-    let alone = run_alone(be, ps, 0, steps, greedy)?;
+    let alone = run_alone(be, ps, 0, steps, alone)?;
     let n_vocab = be.config().n_vocab;
     let mut ledger = Ledger::default();
     for (step, (a, b)) in alone.logits.iter().zip(&batched.logits).enumerate() {
         ledger.logits(Some(step), a, b, n_vocab);
     }
     Ok((ledger, batched))
+}
+
+/// gate2 across a change of batch width in the middle of the streams: row 0 decoded at
+/// B=N, then alone in the batch (B=1) while the other rows wait, then at B=N again; every
+/// row's steps against the same sequence alone for as many steps, each computed by `alone`.
+/// Returns the ledger and the phases in words.
+fn gate2_widths(
+    be: &mut dyn Backend,
+    ps: &[Vec<u32>],
+    steps: usize,
+    alone: Tick,
+) -> Result<(Ledger, String), crate::backend::EngineError> {
+    let b = ps.len();
+    let third = (steps / 3).max(1);
+    let all: Vec<usize> = (0..b).collect();
+    let phases = [
+        (all.clone(), third),
+        (vec![0], third),
+        (all, steps.saturating_sub(2 * third).max(1)),
+    ];
+    let rows = run_phases(be, ps, 0, &phases)?;
+    let n_vocab = be.config().n_vocab;
+    let mut ledger = Ledger::default();
+    for (r, got) in rows.iter().enumerate() {
+        let want = run(
+            be,
+            std::slice::from_ref(&ps[r]),
+            r as u32,
+            got.logits.len(),
+            alone,
+        )?;
+        for (step, (w, g)) in want.logits.iter().zip(&got.logits).enumerate() {
+            let mut l = Ledger::default();
+            l.logits(Some(step), w, g, n_vocab);
+            if let Some(m) = &mut l.first {
+                m.row = r;
+            }
+            ledger.absorb(&l);
+        }
+    }
+    let words = format!(
+        "{} steps at B={b}, {} with row 0 alone at B=1, {} at B={b}",
+        phases[0].1, phases[1].1, phases[2].1
+    );
+    Ok((ledger, words))
 }
 
 /// The parts of gate3, each with its own ledger.
@@ -582,8 +655,18 @@ fn pp_gate(
         let (ref_greedy, ref_sampled) = refs.map_err(|e| {
             GateError::new(format!("the unsplit reference could not run at B={b}: {e}"))
         })?;
+        // Every split arm is fed the reference's tokens (upstream's replay): after a first
+        // mismatch its counts still compare the same text, so "N of M rows differ" measures
+        // the split and not a stream that wandered off.
         for r in 0..s.reps {
-            match run(&mut *split, &ps, 0, s.steps, greedy) {
+            match run_fed(
+                &mut *split,
+                &ps,
+                0,
+                &ref_greedy.inputs,
+                greedy,
+                Prime::Prefill,
+            ) {
                 Ok(t) => {
                     let mut one = Ledger::default();
                     compare(&mut one, &ref_greedy, &t, n_vocab, false);
@@ -602,32 +685,33 @@ fn pp_gate(
         // priming steps are all B=1, and through `decode_step_batch` they would take the
         // single-sequence route MEMRA_SERVE_B1FAST gives it, which the candidate's unsplit
         // walk never takes.
-        let local =
-            run_primed(&mut *split, &ps, 0, s.steps, Tick::Unsplit, Prime::Steps).and_then(|t| {
-                let r = run_primed(
-                    &mut *reference,
-                    &ps,
-                    0,
-                    s.steps,
-                    Tick::Unsplit,
-                    Prime::Steps,
-                )?;
-                Ok((r, t))
-            });
+        let local = run_primed(
+            &mut *reference,
+            &ps,
+            0,
+            s.steps,
+            Tick::Unsplit,
+            Prime::Steps,
+        )
+        .and_then(|r| {
+            let t = run_fed(&mut *split, &ps, 0, &r.inputs, Tick::Unsplit, Prime::Steps)?;
+            Ok((r, t))
+        });
         match local {
             Ok((r, t)) => compare(&mut local_l, &r, &t, n_vocab, false),
             Err(e) => errors[1].push(format!("B={b}: {e}")),
         }
         let lean = (|| {
+            let fed = |be: &mut dyn Backend, reference: &Trace, tick| {
+                run_fed(be, &ps, 0, &reference.inputs, tick, Prime::Prefill)
+            };
             Ok::<_, crate::backend::EngineError>((
-                run(
+                fed(
                     &mut *split,
-                    &ps,
-                    0,
-                    s.steps,
+                    &ref_greedy,
                     Tick::Lean(SamplingParams::greedy()),
                 )?,
-                run(&mut *split, &ps, 0, s.steps, Tick::Lean(p))?,
+                fed(&mut *split, &ref_sampled, Tick::Lean(p))?,
             ))
         })();
         match lean {
@@ -646,8 +730,8 @@ fn pp_gate(
             "pp.split",
             split_l,
             format!(
-                "split walk vs unsplit reference: {reps_failed} of {} runs ({} reps per batch \
-                 size) differ{diagnosis}",
+                "split walk vs unsplit reference, fed the reference's tokens: {reps_failed} of \
+                 {} runs ({} reps per batch size) differ{diagnosis}",
                 s.reps * s.batches.len(),
                 s.reps
             ),
@@ -655,12 +739,16 @@ fn pp_gate(
         (
             "pp.localizer",
             local_l,
-            "unsplit body walked over the split placement vs unsplit reference".to_string(),
+            "unsplit body walked over the split placement vs unsplit reference, fed the \
+             reference's tokens"
+                .to_string(),
         ),
         (
             "pp.epilogue",
             epi_l,
-            "last-stage sampling (greedy and T=0.7 tokens) and lean park vs reference".to_string(),
+            "last-stage sampling (greedy and T=0.7 tokens) and lean park vs reference, fed the \
+             reference's tokens"
+                .to_string(),
         ),
     ];
     for ((name, ledger, what), errs) in arms.into_iter().zip(errors) {

@@ -50,10 +50,11 @@ pub enum Tick {
     Lean(SamplingParams),
 }
 
-/// What a run produced: per decode step, `[B, n_vocab]` logits and the `B` tokens chosen
-/// from them.
+/// What a run produced: per decode step, the `B` tokens fed in, the `[B, n_vocab]` logits
+/// and the `B` tokens chosen from them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Trace {
+    pub inputs: Vec<Vec<u32>>,
     pub logits: Vec<Vec<f32>>,
     pub tokens: Vec<Vec<u32>>,
 }
@@ -64,6 +65,8 @@ impl Trace {
         let steps = runs.first().map_or(0, |r| r.logits.len());
         let mut out = Trace::default();
         for s in 0..steps {
+            out.inputs
+                .push(runs.iter().flat_map(|r| r.inputs[s].clone()).collect());
             out.logits
                 .push(runs.iter().flat_map(|r| r.logits[s].clone()).collect());
             out.tokens
@@ -107,6 +110,53 @@ pub fn run_primed(
     tick: Tick,
     prime: Prime,
 ) -> Result<Trace, EngineError> {
+    drive(be, prompts, first_id, steps, tick, prime, None)
+}
+
+/// [`run_primed`] fed `inputs` (step by step, one token per row: another run's
+/// [`Trace::inputs`]) instead of its own choices, so a candidate that went wrong at one step
+/// still computes the reference's text at every later one and its counts compare like with
+/// like. The trace still records the candidate's own choices in `tokens`.
+pub fn run_fed(
+    be: &mut dyn Backend,
+    prompts: &[Vec<u32>],
+    first_id: u32,
+    inputs: &[Vec<u32>],
+    tick: Tick,
+    prime: Prime,
+) -> Result<Trace, EngineError> {
+    if inputs.iter().any(|row| row.len() != prompts.len()) {
+        return Err(EngineError::BatchShape {
+            seqs: prompts.len(),
+            tokens: inputs
+                .iter()
+                .map(Vec::len)
+                .find(|&n| n != prompts.len())
+                .unwrap_or(0),
+        });
+    }
+    drive(
+        be,
+        prompts,
+        first_id,
+        inputs.len(),
+        tick,
+        prime,
+        Some(inputs),
+    )
+}
+
+/// The run behind [`run_primed`] and [`run_fed`]: `feed` replaces the tokens each step is
+/// fed when given.
+fn drive(
+    be: &mut dyn Backend,
+    prompts: &[Vec<u32>],
+    first_id: u32,
+    steps: usize,
+    tick: Tick,
+    prime: Prime,
+    feed: Option<&[Vec<u32>]>,
+) -> Result<Trace, EngineError> {
     let seqs: Vec<SeqId> = (0..prompts.len() as u32)
         .map(|b| SeqId(first_id + b))
         .collect();
@@ -129,11 +179,16 @@ pub fn run_primed(
             next.push(choose(&logits, tick, seq, prompt.len())?);
         }
         let mut trace = Trace::default();
-        for _ in 0..steps {
+        for s in 0..steps {
+            if let Some(feed) = feed {
+                next.clone_from(&feed[s]);
+            }
             let (logits, chosen) = step(be, &seqs, &next, tick)?;
+            trace
+                .inputs
+                .push(std::mem::replace(&mut next, chosen.clone()));
             trace.logits.push(logits);
-            trace.tokens.push(chosen.clone());
-            next = chosen;
+            trace.tokens.push(chosen);
         }
         Ok(trace)
     })();
@@ -194,9 +249,11 @@ pub fn run_rows(
         let mut trace = Trace::default();
         for _ in 0..steps {
             let chosen = be.decode_step_batch_sampled_rows(&seqs, &next, params)?;
+            trace
+                .inputs
+                .push(std::mem::replace(&mut next, chosen.clone()));
             trace.logits.push(be.parked_logits()?);
-            trace.tokens.push(chosen.clone());
-            next = chosen;
+            trace.tokens.push(chosen);
         }
         Ok(trace)
     })();
@@ -231,6 +288,57 @@ pub fn run_rows_alone(
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Trace::side_by_side(runs))
+}
+
+/// A run whose batch width changes in the middle of the streams: every prompt primed alone
+/// (row b is `SeqId(first_id + b)`), then each phase `(rows, steps)` decodes the listed
+/// rows together for `steps` batched greedy steps while the others wait. Returns one trace
+/// per row (`[1, n_vocab]` logits per step the row took), comparable with the row run alone
+/// for as many steps. Sequences are closed afterwards, also on error.
+pub fn run_phases(
+    be: &mut dyn Backend,
+    prompts: &[Vec<u32>],
+    first_id: u32,
+    phases: &[(Vec<usize>, usize)],
+) -> Result<Vec<Trace>, EngineError> {
+    let seqs: Vec<SeqId> = (0..prompts.len() as u32)
+        .map(|b| SeqId(first_id + b))
+        .collect();
+    let n_vocab = be.config().n_vocab;
+    let mut opened = Vec::new();
+    let result = (|| {
+        let mut next = Vec::with_capacity(prompts.len());
+        for (&seq, prompt) in seqs.iter().zip(prompts) {
+            let steps: usize = phases
+                .iter()
+                .filter(|(rows, _)| rows.contains(&opened.len()))
+                .map(|(_, n)| n)
+                .sum();
+            be.open_sequence(seq, prompt.len() + steps + 1)?;
+            opened.push(seq);
+            next.push(host_argmax(&be.prime(seq, prompt)?));
+        }
+        let mut traces = vec![Trace::default(); prompts.len()];
+        for (rows, steps) in phases {
+            let ids: Vec<SeqId> = rows.iter().map(|&b| seqs[b]).collect();
+            for _ in 0..*steps {
+                let tokens: Vec<u32> = rows.iter().map(|&b| next[b]).collect();
+                let logits = be.decode_step_batch(&ids, &tokens)?;
+                for (&b, row) in rows.iter().zip(logits.chunks_exact(n_vocab)) {
+                    let chosen = host_argmax(row);
+                    traces[b].inputs.push(vec![next[b]]);
+                    traces[b].logits.push(row.to_vec());
+                    traces[b].tokens.push(vec![chosen]);
+                    next[b] = chosen;
+                }
+            }
+        }
+        Ok(traces)
+    })();
+    for seq in opened {
+        let _ = be.close_sequence(seq);
+    }
+    result
 }
 
 fn one_set_per_row(prompts: &[Vec<u32>], params: &[SamplingParams]) -> Result<(), EngineError> {
@@ -331,6 +439,59 @@ mod tests {
         .unwrap();
         assert_eq!(alone.logits[1][512..1024], second.logits[1][..]);
         assert_eq!(alone.tokens[1][1], second.tokens[1][0]);
+    }
+
+    #[test]
+    fn a_fed_run_takes_the_given_tokens_and_records_its_own_choices() {
+        let mut be = tiny_backend();
+        let ps = prompts(512, 2, 4, 5, 0);
+        let greedy = Tick::Full(SamplingParams::greedy());
+        let own = run(&mut *be, &ps, 0, 3, greedy).unwrap();
+        assert_eq!(
+            own.inputs[1], own.tokens[0],
+            "a step is fed the last step's choice"
+        );
+        // Fed its own inputs, a run is itself.
+        let again = run_fed(&mut *be, &ps, 0, &own.inputs, greedy, Prime::Prefill).unwrap();
+        assert_eq!(again, own);
+        // Fed other tokens, it follows them and still records what it would have chosen.
+        let mut other = own.inputs.clone();
+        other[1] = vec![(own.inputs[1][0] + 1) % 512, own.inputs[1][1]];
+        let fed = run_fed(&mut *be, &ps, 0, &other, greedy, Prime::Prefill).unwrap();
+        assert_eq!(fed.inputs, other);
+        assert_eq!(fed.logits[0], own.logits[0]);
+        assert_ne!(
+            fed.logits[1][..512],
+            own.logits[1][..512],
+            "row 0 took another token"
+        );
+        assert_eq!(fed.logits[1][512..], own.logits[1][512..], "row 1 did not");
+        assert_eq!(
+            fed.inputs[2], other[2],
+            "the feed, not its own choice, goes on"
+        );
+        // A feed with the wrong number of rows is refused.
+        assert!(run_fed(&mut *be, &ps, 0, &[vec![1]], greedy, Prime::Prefill).is_err());
+    }
+
+    #[test]
+    fn a_phased_run_steps_only_the_rows_of_each_phase() {
+        let mut be = tiny_backend();
+        let ps = prompts(512, 3, 4, 6, 0);
+        let phases = [(vec![0, 1, 2], 2), (vec![0], 1), (vec![0, 2], 1)];
+        let rows = run_phases(&mut *be, &ps, 0, &phases).unwrap();
+        let steps: Vec<usize> = rows.iter().map(|t| t.logits.len()).collect();
+        assert_eq!(steps, [4, 2, 3]);
+        let alone = run(
+            &mut *be,
+            &ps[2..3],
+            2,
+            3,
+            Tick::Full(SamplingParams::greedy()),
+        )
+        .unwrap();
+        assert_eq!(rows[2].logits, alone.logits);
+        assert_eq!(rows[2].tokens, alone.tokens);
     }
 
     #[test]

@@ -108,6 +108,8 @@ enum Tier {
 struct DevSeq {
     len: usize,
     capacity: usize,
+    /// The length after the last prefill or prime (the canary's single-path site).
+    prompt_end: usize,
     /// Distinguishes a reopened id from the sequence it replaced in the pointer tables.
     generation: u64,
     k: Vec<CudaSlice<f32>>,
@@ -687,6 +689,14 @@ impl CudaBackend {
         }
     }
 
+    /// [`CudaBackend::commit`] of a prompt, which also marks where it ended.
+    fn commit_prompt(&mut self, seq: SeqId, added: usize) {
+        if let Some(st) = self.seqs.get_mut(&seq) {
+            st.len += added;
+            st.prompt_end = st.len;
+        }
+    }
+
     /// The rows of a prompt appended to `seq`.
     fn prompt_rows(&self, seq: SeqId, tokens: &[u32]) -> Result<Vec<RowSpec>, EngineError> {
         if tokens.is_empty() {
@@ -743,7 +753,7 @@ impl CudaBackend {
                 out.extend_from_slice(&l[(chunk.len() - 1) * v..]);
             }
         }
-        self.commit(seq, prompt_commit(&self.doors, &rows));
+        self.commit_prompt(seq, prompt_commit(&self.doors, &rows));
         Ok(out)
     }
 
@@ -751,11 +761,12 @@ impl CudaBackend {
     fn single_row(&self, seq: SeqId, token: u32) -> Result<(RowSpec, Tier), EngineError> {
         check_token(token, self.dm.config.n_vocab)?;
         let pos = self.reserve(seq, 1)?;
+        let prompt_end = self.seqs.get(&seq).map_or(0, |st| st.prompt_end);
         let token = canary_token(
             &self.doors,
             token,
             self.dm.config.n_vocab,
-            TokenSite::Single,
+            TokenSite::Single { pos, prompt_end },
         );
         let tier = if self.fused_single {
             Tier::Fused
@@ -969,6 +980,7 @@ impl Backend for CudaBackend {
             DevSeq {
                 len: 0,
                 capacity,
+                prompt_end: 0,
                 generation: self.generation,
                 k,
                 v,
