@@ -9,6 +9,7 @@ use std::time::Instant;
 use memra_kernels::twin;
 
 use crate::backend::Backend;
+use crate::doors::Doors;
 use crate::error::EngineError;
 use crate::seq::SeqId;
 use crate::spec::{Drafting, SpecSeq, SpecStats, speculate};
@@ -93,8 +94,12 @@ fn ids(n: usize, n_vocab: usize, salt: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Runs `plan` on `backend` and returns one row per measurement.
-pub fn run(backend: &mut dyn Backend, plan: &BenchPlan) -> Result<Vec<BenchRow>, EngineError> {
+/// Runs `plan` on `backend` (opened under `doors`) and returns one row per measurement.
+pub fn run(
+    backend: &mut dyn Backend,
+    doors: &Doors,
+    plan: &BenchPlan,
+) -> Result<Vec<BenchRow>, EngineError> {
     let n_vocab = backend.config().n_vocab;
     let mut rows = Vec::new();
     let reps = plan.reps.max(1);
@@ -131,7 +136,7 @@ pub fn run(backend: &mut dyn Backend, plan: &BenchPlan) -> Result<Vec<BenchRow>,
             let (done, wall, cpu) = timed(|| -> Result<(), EngineError> {
                 for feed in &feeds {
                     if b == 1 {
-                        backend.decode_step_h(seqs[0], feed[0])?;
+                        crate::engine::plain_step_logits(backend, doors, seqs[0], feed[0])?;
                     } else {
                         backend.decode_step_batch(&seqs, feed)?;
                     }
@@ -146,10 +151,10 @@ pub fn run(backend: &mut dyn Backend, plan: &BenchPlan) -> Result<Vec<BenchRow>,
                 backend.close_sequence(s)?;
             }
         }
-        let path = if b == 1 {
-            "decode_step_h"
-        } else {
-            "decode_step_batch"
+        let path = match (b, backend.doors_report().b1fast) {
+            (1, false) => "plain generate's step: decode_step_batch at B=1",
+            (1, true) => "plain generate's step: decode_step_h under MEMRA_SERVE_B1FAST=1",
+            _ => "decode_step_batch",
         };
         rows.push(BenchRow {
             what: format!("decode B={b} ({path}, {} steps)", plan.decode_steps),

@@ -268,6 +268,9 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             let doors = doors()?;
             check_model_path(&model)?;
             let mut engine = Engine::open(&model, doors)?;
+            if let Some(why) = spec.and_then(|_| engine.spec_refusal()) {
+                return Err(bad(format!("--spec: {why}")));
+            }
             let ids = engine.encode(&prompt)?;
             eprintln!(
                 "memra-engine: {} prompt tokens, doors {}",
@@ -410,7 +413,7 @@ fn dispatch(command: Command) -> Result<(), Failure> {
                     "--spec 0: give a draft length of at least 1, e.g. --spec 4",
                 ));
             }
-            let mut rows = bench::run(backend.as_mut(), &plan).map_err(engine_failure)?;
+            let mut rows = bench::run(backend.as_mut(), &doors, &plan).map_err(engine_failure)?;
             if let Some(k) = spec {
                 rows.extend(bench::run_spec(backend.as_mut(), &plan, k).map_err(engine_failure)?);
             }

@@ -165,6 +165,13 @@ pub enum GateDefect {
     /// every path reads alike, so the batch and split gates stay green and only exact-gate's
     /// `:vs-f32-cache` bound (and its exact-model bound) catch it.
     KvQ8Coarse,
+    /// Plain generation's decode steps take the single-sequence path
+    /// ([`crate::engine::plain_step_logits`]) instead of the batched body at B=1: under the
+    /// default pins that is the fused norm tier, a composition no verify runs, so
+    /// `generate --spec K` parts from plain `generate` at a near-tie. spec-gate's
+    /// `spec.plain` row, which holds the verify's columns to plain generation's own steps
+    /// bit for bit, catches it; no gate that drives the backend directly sees it.
+    PlainSingle,
 }
 
 impl GateDefect {
@@ -179,7 +186,7 @@ impl GateDefect {
     }
 
     /// Every defect with its `MEMRA_GATE_DEFECT` value.
-    pub const ALL: [(GateDefect, &'static str); 16] = [
+    pub const ALL: [(GateDefect, &'static str); 17] = [
         (GateDefect::BatchReduction, "batch-reduction"),
         (GateDefect::StageRange, "stage-range"),
         (GateDefect::BoundaryCopy, "boundary-copy"),
@@ -196,6 +203,7 @@ impl GateDefect {
         (GateDefect::VerifyColumn, "verify-column"),
         (GateDefect::StageColumn, "stage-column"),
         (GateDefect::KvQ8Coarse, "kv-q8-coarse"),
+        (GateDefect::PlainSingle, "plain-single"),
     ];
 
     pub fn as_str(self) -> &'static str {

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::backend::{Backend, open_backend};
-use crate::doors::Doors;
+use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::error::EngineError;
 use crate::gguf::GgufFile;
 use crate::model::{LlamaModel, LoadError};
@@ -76,9 +76,11 @@ impl Engine {
             })
     }
 
-    /// Generates up to `max_tokens` tokens after `prompt` on the single-sequence path,
-    /// calling `emit` with the tokenizer and each token as it is chosen; stops early at the end-of-sequence
-    /// token (which is not emitted). Returns the generated ids.
+    /// Generates up to `max_tokens` tokens after `prompt`: the prompt primed, then one
+    /// [`plain_step_sampled`] per token (the batched body at B=1 under the default doors, the
+    /// composition [`Engine::generate_spec`]'s verify runs), calling `emit` with the
+    /// tokenizer and each token as it is chosen; stops early at the end-of-sequence token
+    /// (which is not emitted). Returns the generated ids.
     pub fn generate(
         &mut self,
         prompt: &[u32],
@@ -119,9 +121,17 @@ impl Engine {
             if out.len() == max_tokens || prompt.len() + out.len() >= capacity {
                 break;
             }
-            token = self.backend.decode_step_h_sampled(SEQ, token, params)?;
+            token = plain_step_sampled(&mut *self.backend, &self.doors, SEQ, token, params)?;
         }
         Ok(out)
+    }
+
+    /// Why `--spec` cannot be offered under these doors, if it cannot: with
+    /// `MEMRA_SERVE_B1FAST=1` plain generation's steps take the single-sequence path, and
+    /// under the fused norm tier that is a composition no verify runs, so speculative
+    /// output could part from plain output. `None` when the two share one composition.
+    pub fn spec_refusal(&self) -> Option<String> {
+        spec_refusal(&self.backend.doors_report())
     }
 
     /// Refuses a prompt generation cannot start from (empty, or leaving no room in the
@@ -145,9 +155,10 @@ impl Engine {
     /// [`Engine::generate`] greedily with speculative decoding: the prompt-lookup drafter
     /// proposes up to `k` tokens a round, one verify forward scores them, the longest
     /// agreeing prefix is kept and the cache rewound past the rest ([`crate::spec`]). The
-    /// stream is the batched path's greedy stream (the verify runs its composition), which
-    /// under the default pins may part from [`Engine::generate`]'s single-sequence path at a
-    /// near-tie, as the two paths do without speculation. Returns the ids and the counters.
+    /// verify runs the batched body's composition, the one [`Engine::generate`]'s steps run,
+    /// so the stream is plain greedy generation's, byte for byte. Refused
+    /// ([`Engine::spec_refusal`]) where the doors send plain steps to another composition.
+    /// Returns the ids and the counters.
     pub fn generate_spec(
         &mut self,
         prompt: &[u32],
@@ -155,6 +166,9 @@ impl Engine {
         k: usize,
         mut emit: impl FnMut(&Tokenizer, u32),
     ) -> Result<(Vec<u32>, crate::spec::SpecStats), EngineError> {
+        if let Some(why) = self.spec_refusal() {
+            return Err(EngineError::Unavailable(why));
+        }
         let n_ctx = self.check_prompt(prompt)?;
         let max_tokens = max_tokens.min(n_ctx - prompt.len());
         if max_tokens == 0 {
@@ -227,6 +241,53 @@ impl Engine {
         self.backend.close_sequence(SEQ)?;
         result
     }
+}
+
+/// The logits plain generation chooses its next token from after appending `token` to
+/// `seq`: one step of the batched body at B=1, the composition every verify forward runs
+/// (`MEMRA_SERVE_B1FAST=1` reroutes it to the single-sequence path, an opt-in door). The
+/// planted `plain-single` defect takes the single-sequence path here whatever the doors say.
+pub fn plain_step_logits(
+    be: &mut dyn Backend,
+    doors: &Doors,
+    seq: SeqId,
+    token: u32,
+) -> Result<Vec<f32>, EngineError> {
+    if doors.gate_defect == Some(GateDefect::PlainSingle) {
+        return be.decode_step_h(seq, token);
+    }
+    be.decode_step_batch(&[seq], &[token])
+}
+
+/// One step of plain generation: the token [`plain_step_logits`]'s logits give under
+/// `params`, drawn by the backend's sampler (on CUDA, on the device).
+pub fn plain_step_sampled(
+    be: &mut dyn Backend,
+    doors: &Doors,
+    seq: SeqId,
+    token: u32,
+    params: &SamplingParams,
+) -> Result<u32, EngineError> {
+    if doors.gate_defect == Some(GateDefect::PlainSingle) {
+        return be.decode_step_h_sampled(seq, token, params);
+    }
+    let picked = be.decode_step_batch_sampled(&[seq], &[token], params)?;
+    Ok(picked[0])
+}
+
+/// Why speculative decoding would change what plain generation gives under the doors a
+/// backend reports, if it would: `MEMRA_SERVE_B1FAST=1` sends plain B=1 steps to the
+/// single-sequence path, which under the fused norm tier runs a composition no verify runs.
+/// Under the separate tier the single-sequence path is the verify's composition, so both
+/// paths agree and nothing is refused.
+pub fn spec_refusal(report: &DoorsReport) -> Option<String> {
+    (report.b1fast && report.norm == "fused").then(|| {
+        "MEMRA_SERVE_B1FAST=1 sends plain generation's steps to the fused single-sequence \
+         tier, a composition no speculative verify runs, so --spec could change the output; \
+         unset MEMRA_SERVE_B1FAST, or set MEMRA_NO_FUSE_NORMQ=1 so both paths run one \
+         composition"
+            .to_string()
+    })
 }
 
 /// Turns a stream of token bytes into text without splitting a UTF-8 character: bytes of an

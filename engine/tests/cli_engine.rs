@@ -301,3 +301,121 @@ fn real_model_generates_a_coherent_deterministic_continuation() {
     assert!(text.contains("Paris"), "continuation: {text:?}");
     assert_eq!(text, stdout(&run(&args)));
 }
+
+/// `generate` with `env` and `extra` flags on `model`; the bytes it streamed.
+fn generate_bytes(
+    model: &str,
+    prompt: &str,
+    tokens: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> String {
+    let mut args = vec![
+        "generate",
+        model,
+        "--prompt",
+        prompt,
+        "--max-tokens",
+        tokens,
+    ];
+    args.extend_from_slice(extra);
+    let o = bin()
+        .args(&args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    stdout(&o)
+}
+
+/// The first byte at which two outputs part, if they do.
+fn parts_at(a: &str, b: &str) -> Option<usize> {
+    a.bytes()
+        .zip(b.bytes())
+        .position(|(x, y)| x != y)
+        .or((a.len() != b.len()).then(|| a.len().min(b.len())))
+}
+
+/// Speculative decoding does not change what the user gets: under the default pins
+/// `generate --spec K` streams plain `generate`'s bytes, for every K, on a stream long enough
+/// to cross the attention windows at 64 and 128. Plain generation's steps on the fused
+/// single-sequence tier (`plain-single`, what `generate` ran before the batched body became
+/// its B=1 contract) part from them on this prompt, so the comparison has teeth.
+#[test]
+fn generate_with_spec_equals_plain_generate_on_the_tiny_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth_tiny(dir.path());
+    let m = model.to_str().unwrap();
+    let (prompt, n) = (TINY_PROMPT, "160");
+    let plain = generate_bytes(m, prompt, n, &["--temp", "0"], &[]);
+    for k in ["1", "4", "8"] {
+        let spec = generate_bytes(m, prompt, n, &["--spec", k], &[]);
+        assert_eq!(parts_at(&plain, &spec), None, "--spec {k}");
+    }
+    let fused = generate_bytes(
+        m,
+        prompt,
+        n,
+        &["--temp", "0"],
+        &[("MEMRA_GATE_DEFECT", "plain-single")],
+    );
+    assert!(
+        parts_at(&plain, &fused).is_some(),
+        "the fused tier never parted: the prompt tests nothing"
+    );
+
+    // The shortcut that sends plain steps to the fused tier refuses --spec (exit 2, both
+    // fixes named); under the equalized pins it is one composition and --spec runs.
+    let o = bin()
+        .args(["generate", m, "--prompt", prompt, "--spec", "4"])
+        .env("MEMRA_SERVE_B1FAST", "1")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("MEMRA_NO_FUSE_NORMQ=1"),
+        "{}",
+        stderr(&o)
+    );
+    let eq = [
+        ("MEMRA_SERVE_B1FAST", "1"),
+        ("MEMRA_MMVQ", "0"),
+        ("MEMRA_NO_FUSE_NORMQ", "1"),
+    ];
+    assert_eq!(
+        generate_bytes(m, prompt, "40", &["--spec", "4"], &eq),
+        generate_bytes(m, prompt, "40", &["--temp", "0"], &eq)
+    );
+}
+
+/// The prompt of the tiny model's test: its plain greedy stream meets a near-tie where the
+/// fused tier chooses another token.
+const TINY_PROMPT: &str = "once upon a time";
+
+/// [`generate_with_spec_equals_plain_generate_on_the_tiny_model`] on the real SmolLM2.
+#[test]
+fn generate_with_spec_equals_plain_generate_on_the_real_model() {
+    let Some(model) = common::real_model() else {
+        return;
+    };
+    let m = model.to_str().unwrap();
+    let (prompt, n) = (REAL_PROMPT, "140");
+    let plain = generate_bytes(m, prompt, n, &["--temp", "0"], &[]);
+    let spec = generate_bytes(m, prompt, n, &["--spec", "4"], &[]);
+    assert_eq!(parts_at(&plain, &spec), None);
+    let fused = generate_bytes(
+        m,
+        prompt,
+        n,
+        &["--temp", "0"],
+        &[("MEMRA_GATE_DEFECT", "plain-single")],
+    );
+    assert!(
+        parts_at(&plain, &fused).is_some(),
+        "the fused tier never parted: the prompt tests nothing"
+    );
+}
+
+/// The real model's prompt: its plain greedy stream meets a near-tie where the fused tier
+/// chooses another token.
+const REAL_PROMPT: &str = "Once upon a time";

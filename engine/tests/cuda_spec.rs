@@ -180,7 +180,12 @@ fn streams(
     k: Option<usize>,
 ) -> (Vec<Vec<u32>>, SpecStats) {
     match k {
-        None => (plain(be, prompts, n_new).unwrap(), SpecStats::default()),
+        None => (
+            plain(be, &Doors::default(), prompts, n_new)
+                .unwrap()
+                .streams,
+            SpecStats::default(),
+        ),
         Some(k) => {
             let (streams, stats, _) =
                 speculative(be, prompts, n_new, k, Drafting::Lookup, false).unwrap();

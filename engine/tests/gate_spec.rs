@@ -80,6 +80,14 @@ fn spec_gate_is_green_and_each_defect_fails_its_row() {
     assert_eq!(code, 1, "{out}");
     assert_eq!(status(&rows, "spec.column"), "fail");
     assert_eq!(status(&rows, "spec.rewind"), "pass");
+    // Plain generation's steps on the single-sequence path (the fused tier here): the
+    // verify columns the streams were chosen from part from plain generate's logits, and
+    // only spec.plain holds those.
+    let (code, out, rows) = spec(&["--k", "4"], &[("MEMRA_GATE_DEFECT", "plain-single")]);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(status(&rows, "spec.plain"), "fail", "{out}");
+    assert_eq!(status(&rows, "spec.column"), "pass", "{out}");
+    assert_eq!(status(&rows, "spec.rewind"), "pass", "{out}");
     // The defects of other gates do not reach spec-gate, which holds the engine to itself.
     for defect in [
         "batch-reduction",
@@ -107,6 +115,47 @@ fn spec_gate_on_a_split_model_and_under_the_equalized_pins() {
         msg.contains("single-sequence path (both run the separate"),
         "{msg}"
     );
+}
+
+/// Under the B=1 serving shortcut with the fused tier, plain generate runs a composition
+/// no verify runs: generate refuses --spec there, and spec-gate, with no plain stream to
+/// hold --spec to, cannot run (exit 2), naming both fixes. With the shortcut on under the
+/// equalized pins both routes are one composition and the gate holds.
+#[test]
+fn spec_gate_refuses_the_shortcut_that_parts_plain_from_speculative_output() {
+    let (code, out, _) = spec(&["--k", "4"], &[("MEMRA_SERVE_B1FAST", "1")]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("MEMRA_SERVE_B1FAST") && out.contains("MEMRA_NO_FUSE_NORMQ=1"),
+        "{out}"
+    );
+    let (code, out, rows) = spec(
+        &["--k", "4"],
+        &[
+            ("MEMRA_SERVE_B1FAST", "1"),
+            ("MEMRA_MMVQ", "0"),
+            ("MEMRA_NO_FUSE_NORMQ", "1"),
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(status(&rows, "spec.plain"), "pass", "{out}");
+}
+
+/// Prompts of 120 tokens: every verify runs past position 120 and the streams cross the
+/// split-K attention window at 128, in spec-gate and in ppspec's split verify.
+#[test]
+fn spec_and_ppspec_hold_across_the_attention_window_at_128() {
+    let (code, out, rows) = spec(&["--k", "1,4", "--plen", "120"], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        row(&rows, "spec.plain")["metrics"]["accepted"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{out}"
+    );
+    let (code, out, _) = ppspec(&["--reps", "1", "--plen", "120"], &[]);
+    assert_eq!(code, 0, "{out}");
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! `spec-gate`: speculative decoding is exact. `spec.plain` holds the speculative greedy
-//! stream to plain greedy decoding byte for byte, for every draft length K, single and
-//! batched; `spec.column` holds every verify column to the same position decoded alone at
+//! stream to plain greedy generation — the steps `memra-engine generate` itself takes
+//! ([`crate::engine::plain_step_logits`]) — token for token and every emitted token's verify
+//! column to the logits plain generation chose it from, bit for bit, for every draft length
+//! K, single and batched; `spec.column` holds every verify column to the same position decoded alone at
 //! B=1; `spec.rewind` holds the steps after a rewind to a cache that never saw the rejected
 //! tokens.
 //!
@@ -21,6 +23,7 @@ use super::protocol::{GateError, GateExit, Reporter};
 use super::workload::prompts;
 use crate::backend::{Backend, EngineError, SeqId, open_backend};
 use crate::doors::Doors;
+use crate::engine::{plain_step_logits, spec_refusal};
 use crate::spec::{Drafting, Round, SpecSeq, SpecStats, speculate};
 
 /// Flags of `spec-gate`. Exit status: 0 pass, 1 a check failed, 2 bad flags, pins or model.
@@ -116,21 +119,17 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
             s.plen, s.steps, model.config.n_ctx
         )));
     }
-    // The plain reference is the path plain decoding of one sequence takes: the batched
-    // path, which MEMRA_SERVE_B1FAST=1 would reroute at B=1 to the single-sequence path (a
-    // composition the verify does not run). Everything else, planted defects included, is
-    // the candidate's, so only a speculative difference can show.
-    let ref_doors = Doors {
-        serve_b1fast: false,
-        ..doors.clone()
-    };
-    let open = |m, d: &Doors| open_backend(m, d).map_err(|e| GateError::new(e.to_string()));
-    let mut be = open(model.clone(), &doors)?;
-    let mut reference = if doors.serve_b1fast {
-        Some(open(model, &ref_doors)?)
-    } else {
-        None
-    };
+    // The plain reference is what `memra-engine generate` runs under these doors, on the
+    // same backend, planted defects included, so only a speculative difference can show.
+    // Where the doors send plain steps to a composition no verify runs, `generate` refuses
+    // --spec, and there is no law to hold.
+    let mut be = open_backend(model, &doors).map_err(|e| GateError::new(e.to_string()))?;
+    if let Some(why) = spec_refusal(&be.doors_report()) {
+        return Err(GateError::new(format!(
+            "{why}; memra-engine generate refuses --spec under these doors, so spec-gate has \
+             no plain stream to hold it to"
+        )));
+    }
     let mut rep = Reporter::from_env("spec-gate");
     let extra = vec![
         ("spec_k", json!(join(&s.ks))),
@@ -152,38 +151,16 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
             prompts(n_vocab, s.batch, s.plen, doors.gate_seed, 0),
         ),
     ];
-    // One backend serves both sides unless the reference needs its own doors.
-    let checks = {
-        let mut pair = Pair {
-            be: &mut *be,
-            reference: reference.as_deref_mut(),
-        };
-        vec![
-            plain_arm(&mut pair, &s, &sets).unwrap_or_else(|e| fail("spec.plain", e)),
-            column_arm(&mut pair, &s, &sets, separate_single)
-                .unwrap_or_else(|e| fail("spec.column", e)),
-            rewind_arm(&mut pair, &s, &sets).unwrap_or_else(|e| fail("spec.rewind", e)),
-        ]
-    };
+    let be = &mut *be;
+    let checks = vec![
+        plain_arm(be, &doors, &s, &sets).unwrap_or_else(|e| fail("spec.plain", e)),
+        column_arm(be, &s, &sets, separate_single).unwrap_or_else(|e| fail("spec.column", e)),
+        rewind_arm(be, &s, &sets).unwrap_or_else(|e| fail("spec.rewind", e)),
+    ];
     for c in &checks {
         rep.check(c)?;
     }
     Ok(rep.finish())
-}
-
-/// The candidate and the reference (`None`: the candidate serves as its own reference).
-struct Pair<'a> {
-    be: &'a mut dyn Backend,
-    reference: Option<&'a mut (dyn Backend + 'static)>,
-}
-
-impl Pair<'_> {
-    fn reference(&mut self) -> &mut dyn Backend {
-        match self.reference.as_deref_mut() {
-            Some(r) => r,
-            None => &mut *self.be,
-        }
-    }
 }
 
 /// An engine error in the middle of an arm is a failed check, not a crash: the arm names it.
@@ -209,31 +186,65 @@ fn ids(base: u32, n: usize) -> Vec<SeqId> {
     (0..n as u32).map(|b| SeqId(base + b)).collect()
 }
 
-/// Plain greedy decoding of each of `prompts` alone on the batched path at B=1 (batch
-/// invariance is decode-batch-gate's to hold, so no batch-size defect reaches this side):
-/// primed, then `steps - 1` steps. Returns the streams.
+/// Plain greedy generation of each prompt alone, as `memra-engine generate` runs it: the
+/// prompt primed, then `steps - 1` of its steps ([`plain_step_logits`]; batch invariance is
+/// decode-batch-gate's to hold, so no batch-size defect reaches this side).
+pub struct PlainRun {
+    /// Each prompt's stream of `steps` tokens.
+    pub streams: Vec<Vec<u32>>,
+    /// Each prompt's `[steps - 1, n_vocab]` logits: row `i` chose the stream's token `i + 1`.
+    pub logits: Vec<Vec<f32>>,
+}
+
+/// [`PlainRun`] of `prompts` under `doors` (which choose plain generation's path).
 pub fn plain(
     be: &mut dyn Backend,
+    doors: &Doors,
     prompts: &[Vec<u32>],
     steps: usize,
-) -> Result<Vec<Vec<u32>>, EngineError> {
+) -> Result<PlainRun, EngineError> {
     let seq = SeqId(500);
-    prompts
-        .iter()
-        .map(|p| {
-            be.open_sequence(seq, p.len() + steps)?;
-            let result = (|| {
-                let mut stream = vec![twin::argmax(&be.prime(seq, p)?)];
-                for _ in 1..steps {
-                    let t = *stream.last().expect("seeded");
-                    stream.push(twin::argmax(&be.decode_step_batch(&[seq], &[t])?));
-                }
-                Ok(stream)
-            })();
-            close(be, &[seq]);
-            result
-        })
-        .collect()
+    let mut run = PlainRun {
+        streams: Vec::new(),
+        logits: Vec::new(),
+    };
+    for p in prompts {
+        be.open_sequence(seq, p.len() + steps)?;
+        let result = (|| {
+            let mut stream = vec![twin::argmax(&be.prime(seq, p)?)];
+            let mut logits = Vec::new();
+            for _ in 1..steps {
+                let t = *stream.last().expect("seeded");
+                let row = plain_step_logits(be, doors, seq, t)?;
+                stream.push(twin::argmax(&row));
+                logits.extend(row);
+            }
+            Ok((stream, logits))
+        })();
+        close(be, &[seq]);
+        let (stream, logits) = result?;
+        run.streams.push(stream);
+        run.logits.push(logits);
+    }
+    Ok(run)
+}
+
+/// The verify column each emitted token after a stream's first was chosen from, per row of
+/// a speculative run (sequence ids `600 + row`): `[tokens - 1, n_vocab]` per row, in stream
+/// order, cut at `steps - 1` like the streams.
+fn emitted_columns(rounds: &[Round], rows: usize, steps: usize, n_vocab: usize) -> Vec<Vec<f32>> {
+    let mut out = vec![Vec::new(); rows];
+    for round in rounds {
+        let mut col = 0;
+        for (j, seq) in round.seqs.iter().enumerate() {
+            let row = &mut out[(seq.0 - 600) as usize];
+            let room = (steps - 1).saturating_sub(row.len() / n_vocab);
+            let take = (round.accepted[j] + 1).min(room);
+            row.extend_from_slice(&round.logits[col * n_vocab..(col + take) * n_vocab]);
+            col += round.inputs[j].len();
+        }
+    }
+    out
 }
 
 /// Closes whichever of `seqs` are open.
@@ -294,27 +305,37 @@ pub fn speculative(
     result
 }
 
-/// spec.plain: the speculative stream against plain greedy decoding, for every K, at B=1
-/// and at B=`batch`, on both prompt sets.
+/// spec.plain: the speculative stream against plain greedy generation, for every K, at B=1
+/// and at B=`batch`, on both prompt sets: token for token, and each emitted token's verify
+/// column against the logits plain generation chose it from, bit for bit.
 fn plain_arm(
-    pair: &mut Pair,
+    be: &mut dyn Backend,
+    doors: &Doors,
     s: &Settings,
     sets: &[(&str, Vec<Vec<u32>>)],
 ) -> Result<Check, EngineError> {
+    let n_vocab = be.config().n_vocab;
     let mut ledger = Ledger::default();
+    let mut columns = Ledger::default();
+    let mut step = 0usize;
     let mut stats = SpecStats::default();
     let mut first_diff: Option<String> = None;
     let mut runs = 0usize;
     for (set, ps) in sets {
         let batches: &[usize] = if s.batch > 1 { &[1, s.batch] } else { &[1] };
         for &b in batches {
-            let want = plain(pair.reference(), &ps[..b], s.steps)?;
+            let want = plain(be, doors, &ps[..b], s.steps)?;
             for &k in &s.ks {
-                let (got, st, _) =
-                    speculative(&mut *pair.be, &ps[..b], s.steps, k, Drafting::Lookup, false)?;
+                let (got, st, rounds) =
+                    speculative(be, &ps[..b], s.steps, k, Drafting::Lookup, false)?;
                 runs += 1;
                 add(&mut stats, &st);
-                for (row, (w, g)) in want.iter().zip(&got).enumerate() {
+                let chosen_from = emitted_columns(&rounds, b, s.steps, n_vocab);
+                for (w, g) in want.logits.iter().zip(&chosen_from) {
+                    columns.logits(Some(step), w, g, n_vocab);
+                    step += 1;
+                }
+                for (row, (w, g)) in want.streams.iter().zip(&got).enumerate() {
                     ledger.tokens(Some(row), w, g);
                     if w != g && first_diff.is_none() {
                         let at = w.iter().zip(g).position(|(a, b)| a != b).unwrap_or(w.len());
@@ -329,8 +350,9 @@ fn plain_arm(
     }
     let what = format!(
         "speculative greedy streams ({} tokens, K={}, B=1 and B={}, repetitive and random \
-         prompts: {runs} runs) vs plain greedy decoding of each sequence alone on the batched \
-         path, token for token; \
+         prompts: {runs} runs) vs plain greedy generation of each sequence alone (the steps \
+         memra-engine generate takes), token for token, and each emitted token's verify \
+         column vs the logits plain generation chose it from, bit for bit; \
          {} of {} drafted tokens accepted, {:.2} tokens per verify{}",
         s.steps,
         join(&s.ks),
@@ -340,6 +362,7 @@ fn plain_arm(
         stats.tokens_per_verify(),
         first_diff.unwrap_or_default()
     );
+    ledger.absorb(&columns);
     let mut c = ledger.check("spec.plain", &what);
     c = c
         .metric("drafted", stats.drafted)
@@ -381,12 +404,12 @@ pub(crate) fn join(v: &[usize]) -> String {
 /// bit, and the single-sequence path bit for bit when it runs the same (separate)
 /// composition, by argmax otherwise.
 fn column_arm(
-    pair: &mut Pair,
+    be: &mut dyn Backend,
     s: &Settings,
     sets: &[(&str, Vec<Vec<u32>>)],
     separate_single: bool,
 ) -> Result<Check, EngineError> {
-    let n_vocab = pair.be.config().n_vocab;
+    let n_vocab = be.config().n_vocab;
     let mut ledger = Ledger::default();
     let mut single = Ledger::default();
     let (mut agree, mut columns) = (0usize, 0usize);
@@ -394,8 +417,7 @@ fn column_arm(
     let mut step = 0usize;
     for (_, ps) in sets {
         let b = s.batch.min(ps.len());
-        let (_, _, rounds) =
-            speculative(&mut *pair.be, &ps[..b], s.steps, k, Drafting::Fixed, false)?;
+        let (_, _, rounds) = speculative(be, &ps[..b], s.steps, k, Drafting::Fixed, false)?;
         // What each sequence's cache held before each round: its prompt and its stream
         // up to the pending token.
         let mut held: Vec<Vec<u32>> = ps[..b].to_vec();
@@ -406,9 +428,9 @@ fn column_arm(
                 let input = &round.inputs[j];
                 let got = &round.logits[col * n_vocab..(col + input.len()) * n_vocab];
                 col += input.len();
-                let want = replay(pair.reference(), &held[row], input, false)?;
+                let want = replay(be, &held[row], input, false)?;
                 ledger.logits(Some(step), &want, got, n_vocab);
-                let alone = replay(pair.reference(), &held[row], input, true)?;
+                let alone = replay(be, &held[row], input, true)?;
                 for (a, g) in alone.chunks_exact(n_vocab).zip(got.chunks_exact(n_vocab)) {
                     columns += 1;
                     agree += usize::from(twin::argmax(a) == twin::argmax(g));
@@ -475,11 +497,11 @@ fn replay(
 /// last column) and then [`AFTER_REWIND`] decode steps,
 /// against a cache of the same backend that was only ever fed the kept tokens.
 fn rewind_arm(
-    pair: &mut Pair,
+    be: &mut dyn Backend,
     s: &Settings,
     sets: &[(&str, Vec<Vec<u32>>)],
 ) -> Result<Check, EngineError> {
-    let n_vocab = pair.be.config().n_vocab;
+    let n_vocab = be.config().n_vocab;
     let mut ledger = Ledger::default();
     let mut cases = 0usize;
     let mut step = 0usize;
@@ -495,12 +517,12 @@ fn rewind_arm(
                     let next: Vec<u32> = (0..AFTER_REWIND)
                         .map(|i| ((p[0] as usize + 101 * (i + 1)) % n_vocab) as u32)
                         .collect();
-                    let got = after_rewind(&mut *pair.be, p, &draft, m, &next)?;
+                    let got = after_rewind(be, p, &draft, m, &next)?;
                     let mut kept = p.clone();
                     kept.extend_from_slice(&draft[..=m]);
                     // The same backend on both sides: the steps after the rewind take the
                     // candidate's own B=1 route, so the fresh cache must too.
-                    let want = replay(&mut *pair.be, &kept, &next, false)?;
+                    let want = replay(be, &kept, &next, false)?;
                     ledger.logits(Some(step), &want, &got, n_vocab);
                     cases += 1;
                     step += 1;

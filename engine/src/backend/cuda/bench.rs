@@ -23,7 +23,10 @@ const PROMPT: usize = 8;
 const WARM: usize = 2;
 
 /// The distinct door settings of the decode step: under MEMRA_MMVQ=0 the fused tier is
-/// refused, so MEMRA_NO_FUSE_NORMQ changes nothing there and is listed once.
+/// refused, so MEMRA_NO_FUSE_NORMQ changes nothing there and is listed once. B=1 runs plain
+/// generation's step (the batched body at B=1), so the fused single-sequence tier is
+/// measured through its opt-in door, `MEMRA_SERVE_B1FAST=1`, in a last setting (`b1fast=1`),
+/// at B=1 only (it changes nothing at larger batches).
 pub fn door_settings(base: &Doors) -> Vec<(String, Doors)> {
     let mut out = Vec::new();
     for (mmvq, no_fuse) in [(true, false), (true, true), (false, true)] {
@@ -50,6 +53,16 @@ pub fn door_settings(base: &Doors) -> Vec<(String, Doors)> {
             ));
         }
     }
+    out.push((
+        "mmvq=1 nofuse=0 fa3=1 b1fast=1".to_string(),
+        Doors {
+            mmvq: true,
+            no_fuse_normq: false,
+            fa3: true,
+            serve_b1fast: true,
+            ..base.clone()
+        },
+    ));
     out
 }
 
@@ -116,8 +129,10 @@ impl Cell {
     }
 }
 
-/// Best time per decode step of `b` sequences over `steps` steps (best of `reps`): B=1 on
-/// the single-sequence path, larger batches on the batched path, greedy lean ticks.
+/// Best time per decode step of `b` sequences over `steps` steps (best of `reps`): B=1 as
+/// plain generation steps (`engine::plain_step_sampled`: the batched body, or the
+/// single-sequence path under `MEMRA_SERVE_B1FAST=1`), larger batches on the batched path,
+/// greedy lean ticks.
 pub fn time_decode(
     dm: &Arc<DevModel>,
     doors: &Doors,
@@ -146,7 +161,7 @@ pub fn time_decode(
             }
             let feed: Vec<u32> = seqs.iter().map(|s| token(1000 + i, s.0 as usize)).collect();
             if b == 1 {
-                be.decode_step_h_sampled(seqs[0], feed[0], &greedy)?;
+                crate::engine::plain_step_sampled(&mut be, doors, seqs[0], feed[0], &greedy)?;
             } else {
                 be.decode_step_batch_sampled(&seqs, &feed, &greedy)?;
             }
@@ -177,6 +192,9 @@ pub fn door_matrix(
     let settings = door_settings_matching(base, only);
     for (label, doors) in &settings {
         for &b in batches {
+            if doors.serve_b1fast && b > 1 {
+                continue;
+            }
             let step_s = time_decode(dm, doors, true, b, steps, reps)?;
             cells.push(Cell {
                 doors: label.clone(),
