@@ -248,9 +248,14 @@ fn the_smoke_battery_runs_every_node_as_expected() {
     assert_eq!(canary["expect"], "fail");
     assert_eq!(canary["attempts"][0]["outcome"], "fail");
     assert_eq!(canary["doors"]["canary"], true);
-    // The canary reaches gate1 too: every draw diverges early.
+    // The canary reaches gate1 too: its one wrong token turns most draws early (5 of 6 on
+    // this model: one draw's greedy stream does not move within 4 steps), past the 4-of-6
+    // rule.
     assert_eq!(check(&canary, "gate1")["status"], "fail");
-    assert_eq!(check(&canary, "gate1")["metrics"]["early_divergences"], 6);
+    let early = check(&canary, "gate1")["metrics"]["early_divergences"]
+        .as_u64()
+        .unwrap();
+    assert!(early >= 4, "{early}");
     // The exact-model gate holds every synthesized arm to its banked bounds, and its
     // canary (one perturbed weight block) fails it.
     let exact = tree.receipt("exact");
@@ -312,9 +317,10 @@ fn the_smoke_battery_runs_every_node_as_expected() {
     // and on and under the equalized pins, drafts accepted, the spec settings in the doors
     // row; each spec defect fails the row it is planted against and spares the others.
     for id in [
-        "spec[MEMRA_SERVE_B1FAST=0]",
-        "spec[MEMRA_SERVE_B1FAST=1]",
-        "spec-equalized",
+        "spec[plen=8]",
+        "spec[plen=120]",
+        "spec-equalized[MEMRA_SERVE_B1FAST=0]",
+        "spec-equalized[MEMRA_SERVE_B1FAST=1]",
     ] {
         let r = tree.receipt(id);
         for row in ["spec.plain", "spec.column", "spec.rewind"] {
@@ -338,6 +344,18 @@ fn the_smoke_battery_runs_every_node_as_expected() {
         "{column:#}"
     );
     assert_eq!(check(&column, "spec.rewind")["status"], "pass");
+    // Plain generation on the fused single tier fails spec.plain and nothing else.
+    let plain = tree.receipt("spec-defect-plain-single");
+    assert_eq!(plain["attempts"][0]["outcome"], "fail", "{plain:#}");
+    assert_eq!(check(&plain, "spec.plain")["status"], "fail");
+    assert_eq!(check(&plain, "spec.column")["status"], "pass");
+    assert_eq!(check(&plain, "spec.rewind")["status"], "pass");
+    // The long programs cross the attention windows and hold.
+    let long = tree.receipt("decode-ppspec-long");
+    assert_eq!(long["doors"]["plen"], 120, "{long:#}");
+    assert_eq!(check(&long, "ppspec.split")["status"], "pass", "{long:#}");
+    let long = tree.receipt("reference-long");
+    assert_eq!(long["attempts"][0]["outcome"], "pass", "{long:#}");
     let ppspec = tree.receipt("decode-ppspec");
     assert_eq!(
         check(&ppspec, "ppspec.split")["status"],
