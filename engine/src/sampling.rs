@@ -85,7 +85,7 @@ pub fn nucleus(doors: &Doors) -> Nucleus {
 /// [`sample_token_with`] for many draws from one row: the row's preparation (softmax, cuts
 /// and kept sums) done once, each [`PreparedRow::draw`] the token [`sample_token_with`]
 /// gives for the same row, parameters, sequence and step (it is the same routine split in
-/// two: `twin::sample_with` is `Prepared::new` then `pick`).
+/// two: `twin::sample_with` is `Prepared::from_row` then `pick`).
 pub struct PreparedRow {
     prepared: twin::Prepared,
     seed: u64,
@@ -103,7 +103,7 @@ impl PreparedRow {
             return Err(EngineError::Empty { what: "logits row" });
         }
         Ok(PreparedRow {
-            prepared: twin::Prepared::new(
+            prepared: twin::Prepared::from_row(
                 logits,
                 params.temperature,
                 params.top_k,

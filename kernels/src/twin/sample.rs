@@ -178,7 +178,7 @@ pub fn sample(
 }
 
 /// [`sample`] with a choice of [`Nucleus`] (the planted `top-p-cut` and `top-k-cut` defects'
-/// hook): [`Prepared::new`] of the row, then [`Prepared::pick`] at the `(seed, seq, step)`
+/// hook): [`Prepared::from_row`] of the row, then [`Prepared::pick`] at the `(seed, seq, step)`
 /// uniform.
 #[allow(clippy::too_many_arguments)]
 pub fn sample_with(
@@ -191,7 +191,7 @@ pub fn sample_with(
     step: u32,
     nucleus: Nucleus,
 ) -> u32 {
-    Prepared::new(logits, temp, top_k, top_p, nucleus).pick(draw_uniform(seed, seq, step))
+    Prepared::from_row(logits, temp, top_k, top_p, nucleus).pick(draw_uniform(seed, seq, step))
 }
 
 /// Steps 1–4 of the composition done once for a row: the unnormalised probabilities, the
@@ -212,7 +212,7 @@ pub struct Prepared {
 impl Prepared {
     /// The row `logits` at temperature `temp`, top-k `top_k` (0 = none), nucleus `top_p`,
     /// keeping `nucleus`.
-    pub fn new(logits: &[f32], temp: f32, top_k: u32, top_p: f32, nucleus: Nucleus) -> Self {
+    pub fn from_row(logits: &[f32], temp: f32, top_k: u32, top_p: f32, nucleus: Nucleus) -> Self {
         let n = logits.len();
         let mut out = Prepared {
             p: None,
