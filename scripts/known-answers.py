@@ -827,6 +827,45 @@ def spec_stats_cases():
     return cases
 
 
+def kv_q8_0_row(row):
+    """The q8_0 KV cache's rounding of one row, block by block of 32, in f32 as the contract
+    writes it: d = amax / 127, id = 1 / d (0 for an all-zero block), q = x * id rounded half
+    away from zero, the stored value f16(d) * q (each operation rounded to f32 once)."""
+    out = []
+    for b in range(0, len(row), 32):
+        block = [np.float32(x) for x in row[b : b + 32]]
+        amax = np.float32(0.0)
+        for x in block:
+            amax = max(amax, np.float32(abs(x)))
+        d = np.float32(amax / np.float32(127.0))
+        inv = np.float32(np.float32(1.0) / d) if d != 0 else np.float32(0.0)
+        dh = np.float32(np.float16(d))
+        for x in block:
+            v = float(np.float32(x * inv))
+            q = np.float32(math.copysign(math.floor(abs(v) + 0.5), v))
+            out.append(float(np.float32(dh * q)))
+    return out
+
+
+def kv_q8_0_cases():
+    """Rows whose rounding a wrong formula changes: a spread block, a block whose values sit
+    near the half-way points of its grid, an all-zero block, one with a lone large value (so
+    most values round to 0 or ±1), and values of both signs."""
+    rng = np.random.default_rng(20261205)
+    spread = [f32(x) for x in rng.normal(0.0, 1.7, 32)]
+    amax = 2.54
+    step = amax / 127.0
+    halves = [f32((k + 0.5) * step * (1 if k % 2 else -1)) for k in range(31)] + [amax]
+    zeros = [0.0] * 32
+    lone = [f32(x) for x in rng.normal(0.0, 0.02, 31)] + [f32(-90.0)]
+    rows = [spread + halves, zeros + lone]
+    cases = []
+    for row in rows:
+        row = [f32(x) for x in row]
+        cases.append({"row": [fl(x) for x in row], "rounded": [fl(x) for x in kv_q8_0_row(row)]})
+    return cases
+
+
 # ---------------------------------------------------------------------------------------
 # Writing: keys sorted, short objects of scalars on one line, lists of scalars filled into
 # lines, everything else one item per line.
@@ -884,6 +923,7 @@ def main():
         "policy_row": policy_cases(),
         "host_argmax": host_argmax_cases(),
         "spec_stats": spec_stats_cases(),
+        "kv_q8_0": kv_q8_0_cases(),
     }
     text = encode(data) + "\n"
     assert json.loads(text) == json.loads(json.dumps(data))

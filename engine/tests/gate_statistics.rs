@@ -2,8 +2,8 @@
 //! agreement, RMS and |Δlogit| at the top five with the bounds a calibration banks from
 //! them; sampling-gate's pooled chi-square statistic, its p-value, the reference
 //! distribution and the distribution test built on them; the ledger's counts, largest
-//! difference and first mismatch; the reference gate's row policy; the host argmax; and the
-//! speculative run's ratios.
+//! difference and first mismatch; the reference gate's row policy; the host argmax; the
+//! speculative run's ratios; and the q8_0 KV cache's rounding.
 //!
 //! The inputs and the answers are `tests/data/known-answers.json`, written by
 //! `scripts/known-answers.py`, which computes every answer in Python from the statistic's
@@ -459,5 +459,22 @@ fn spec_ratios_divide_by_verifies_and_drafted_tokens() {
             stats.acceptance(),
             num(&case["acceptance"]),
         );
+    }
+}
+
+/// The q8_0 KV cache's rounding (`twin::kv_round_q8_0`, which both backends run) gives every
+/// value of known rows exactly: a spread block, one whose values sit near the half-way
+/// points of its grid, an all-zero block and one with a lone large value. exact-gate's bound
+/// on the cache's distance from the f32 cache leaves room a wrong rounding could hide in;
+/// this row leaves none. Bit for bit.
+#[test]
+fn the_q8_0_cache_rounds_known_rows_exactly() {
+    for case in list(&data()["kv_q8_0"]) {
+        let mut row = nums32(&case["row"]);
+        let want = nums32(&case["rounded"]);
+        memra_kernels::twin::kv_round_q8_0(&mut row).unwrap();
+        for (i, (g, w)) in row.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "value {i}: got {g}, want {w}");
+        }
     }
 }

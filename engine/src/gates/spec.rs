@@ -318,6 +318,9 @@ fn plain_arm(
     let mut ledger = Ledger::default();
     let mut columns = Ledger::default();
     let mut step = 0usize;
+    // Verifies whose sequences' drafts differ in length: the column offsets of such a
+    // batch are what the bitwise column comparison holds beyond a uniform batch.
+    let mut mixed = 0usize;
     let mut stats = SpecStats::default();
     let mut first_diff: Option<String> = None;
     let mut runs = 0usize;
@@ -330,6 +333,10 @@ fn plain_arm(
                     speculative(be, &ps[..b], s.steps, k, Drafting::Lookup, false)?;
                 runs += 1;
                 add(&mut stats, &st);
+                mixed += rounds
+                    .iter()
+                    .filter(|r| r.inputs.iter().any(|i| i.len() != r.inputs[0].len()))
+                    .count();
                 let chosen_from = emitted_columns(&rounds, b, s.steps, n_vocab);
                 for (w, g) in want.logits.iter().zip(&chosen_from) {
                     columns.logits(Some(step), w, g, n_vocab);
@@ -368,6 +375,7 @@ fn plain_arm(
         .metric("drafted", stats.drafted)
         .metric("accepted", stats.accepted)
         .metric("rounds", stats.rounds)
+        .metric("mixed_length_verifies", mixed)
         .metric(
             "tokens_per_verify",
             (stats.tokens_per_verify() * 1000.0).round() / 1000.0,
@@ -377,6 +385,13 @@ fn plain_arm(
         c.message = format!(
             "{what}: no draft token was accepted, so nothing speculative was tested; the \
              repetitive prompts must make the drafter right sometimes"
+        );
+    } else if s.batch > 1 && mixed == 0 {
+        c.status = Status::Fail;
+        c.message = format!(
+            "{what}: no verify of B={} held drafts of different lengths, so the column \
+             offsets of a mixed batch were not tested",
+            s.batch
         );
     }
     Ok(c)
