@@ -336,6 +336,23 @@ fn parts_at(a: &str, b: &str) -> Option<usize> {
         .or((a.len() != b.len()).then(|| a.len().min(b.len())))
 }
 
+/// `generate --spec K` for every K of `ks` streams plain `generate`'s bytes, and plain
+/// generation on the fused single tier (`plain-single`) parts from them, so the prompt meets
+/// a near-tie and the comparison has teeth.
+fn spec_equals_plain_where_the_fused_tier_parts(m: &str, prompt: &str, n: &str, ks: &[&str]) {
+    let plain = generate_bytes(m, prompt, n, &["--temp", "0"], &[]);
+    for k in ks {
+        let spec = generate_bytes(m, prompt, n, &["--spec", k], &[]);
+        assert_eq!(parts_at(&plain, &spec), None, "--spec {k}");
+    }
+    let defect = [("MEMRA_GATE_DEFECT", "plain-single")];
+    let fused = generate_bytes(m, prompt, n, &["--temp", "0"], &defect);
+    assert!(
+        parts_at(&plain, &fused).is_some(),
+        "the fused tier never parted: the prompt tests nothing"
+    );
+}
+
 /// Speculative decoding does not change what the user gets: under the default pins
 /// `generate --spec K` streams plain `generate`'s bytes, for every K, on a stream long enough
 /// to cross the attention windows at 64 and 128. Plain generation's steps on the fused
@@ -347,22 +364,7 @@ fn generate_with_spec_equals_plain_generate_on_the_tiny_model() {
     let model = synth_tiny(dir.path());
     let m = model.to_str().unwrap();
     let (prompt, n) = (TINY_PROMPT, "160");
-    let plain = generate_bytes(m, prompt, n, &["--temp", "0"], &[]);
-    for k in ["1", "4", "8"] {
-        let spec = generate_bytes(m, prompt, n, &["--spec", k], &[]);
-        assert_eq!(parts_at(&plain, &spec), None, "--spec {k}");
-    }
-    let fused = generate_bytes(
-        m,
-        prompt,
-        n,
-        &["--temp", "0"],
-        &[("MEMRA_GATE_DEFECT", "plain-single")],
-    );
-    assert!(
-        parts_at(&plain, &fused).is_some(),
-        "the fused tier never parted: the prompt tests nothing"
-    );
+    spec_equals_plain_where_the_fused_tier_parts(m, prompt, n, &["1", "4", "8"]);
 
     // The shortcut that sends plain steps to the fused tier refuses --spec (exit 2, both
     // fixes named); under the equalized pins it is one composition and --spec runs.
@@ -400,20 +402,7 @@ fn generate_with_spec_equals_plain_generate_on_the_real_model() {
     };
     let m = model.to_str().unwrap();
     let (prompt, n) = (REAL_PROMPT, "140");
-    let plain = generate_bytes(m, prompt, n, &["--temp", "0"], &[]);
-    let spec = generate_bytes(m, prompt, n, &["--spec", "4"], &[]);
-    assert_eq!(parts_at(&plain, &spec), None);
-    let fused = generate_bytes(
-        m,
-        prompt,
-        n,
-        &["--temp", "0"],
-        &[("MEMRA_GATE_DEFECT", "plain-single")],
-    );
-    assert!(
-        parts_at(&plain, &fused).is_some(),
-        "the fused tier never parted: the prompt tests nothing"
-    );
+    spec_equals_plain_where_the_fused_tier_parts(m, prompt, n, &["4"]);
 }
 
 /// The real model's prompt: its plain greedy stream meets a near-tie where the fused tier
