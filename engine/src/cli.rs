@@ -35,8 +35,9 @@ pub mod exit {
     after_help = "Exit codes: 0 success, 1 the engine failed while running, 2 bad input \
                   (flags, model path, model file, MEMRA_* doors).\n\
                   Doors (environment): MEMRA_BACKEND, MEMRA_MMVQ, MEMRA_NO_FUSE_NORMQ, \
-                  MEMRA_FA3, MEMRA_SERVE_B1FAST, MEMRA_PP_STAGES, MEMRA_PP_DEVICES, \
-                  MEMRA_PP_SPLITS, MEMRA_GATE_SEED, MEMRA_GATE_CANARY.\n\
+                  MEMRA_FA3, MEMRA_SERVE_B1FAST, MEMRA_KV_Q8, MEMRA_PP_STAGES, MEMRA_PP_DEVICES, \
+                  MEMRA_PP_SPLITS, MEMRA_GATE_SEED; test-only: MEMRA_GATE_CANARY, \
+                  MEMRA_GATE_DEFECT.\n\
                   Performance switches (the same bits either way; named in every doors row): \
                   MEMRA_MMA, MEMRA_PDL, MEMRA_MMA_RESIDENT, MEMRA_SMALL_BATCH, MEMRA_CLAIM_SM, \
                   MEMRA_PROLOGUES."
@@ -272,6 +273,13 @@ fn dispatch(command: Command) -> Result<(), Failure> {
                 return Err(bad(format!("--spec: {why}")));
             }
             let ids = engine.encode(&prompt)?;
+            if let Some(d) = engine.doors.gate_defect {
+                eprintln!(
+                    "memra-engine: MEMRA_GATE_DEFECT={}: a test-only planted defect is in force; \
+                     this output is not the engine's",
+                    d.as_str()
+                );
+            }
             eprintln!(
                 "memra-engine: {} prompt tokens, doors {}",
                 ids.len(),

@@ -90,7 +90,7 @@ impl Engine {
     ) -> Result<Vec<u32>, EngineError> {
         params.validate()?;
         let n_ctx = self.check_prompt(prompt)?;
-        let capacity = (prompt.len() + max_tokens).min(n_ctx);
+        let capacity = prompt.len().saturating_add(max_tokens).min(n_ctx);
         self.backend.open_sequence(SEQ, capacity)?;
         let result = self.generate_open(prompt, max_tokens, capacity, params, &mut emit);
         self.backend.close_sequence(SEQ)?;
@@ -284,8 +284,8 @@ pub fn spec_refusal(report: &DoorsReport) -> Option<String> {
     (report.b1fast && report.norm == "fused").then(|| {
         "MEMRA_SERVE_B1FAST=1 sends plain generation's steps to the fused single-sequence \
          tier, a composition no speculative verify runs, so --spec could change the output; \
-         unset MEMRA_SERVE_B1FAST, or set MEMRA_NO_FUSE_NORMQ=1 so both paths run one \
-         composition"
+         unset MEMRA_SERVE_B1FAST, or set MEMRA_NO_FUSE_NORMQ=1 (or MEMRA_MMVQ=0) so both \
+         paths run one composition"
             .to_string()
     })
 }

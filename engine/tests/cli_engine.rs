@@ -365,6 +365,12 @@ fn generate_with_spec_equals_plain_generate_on_the_tiny_model() {
     let m = model.to_str().unwrap();
     let (prompt, n) = (TINY_PROMPT, "160");
     spec_equals_plain_where_the_fused_tier_parts(m, prompt, n, &["1", "4", "8"]);
+    // A --max-tokens past the context (up to usize::MAX) stops both at the context's end.
+    let max = usize::MAX.to_string();
+    assert_eq!(
+        generate_bytes(m, prompt, &max, &["--temp", "0"], &[]),
+        generate_bytes(m, prompt, &max, &["--spec", "4"], &[])
+    );
 
     // The shortcut that sends plain steps to the fused tier refuses --spec (exit 2, both
     // fixes named); under the equalized pins it is one composition and --spec runs.

@@ -201,6 +201,12 @@ fn the_canary_fails_gate1_on_every_draw_from_the_first_steps() {
     assert_eq!(g1["status"], "fail", "{g1:#}");
     assert_eq!(g1["metrics"]["draws"], 6, "{g1:#}");
     assert_eq!(g1["metrics"]["early_divergences"], 6, "{g1:#}");
+    // gate1 runs at least 3 steps whatever --steps says: one step sees only the first
+    // token, which one wrong token often leaves unchanged (on SmolLM2, 3 of 31 seeds passed
+    // the canary at --steps 1 before).
+    let one = gate(&[&m, "--steps", "1", "--batch", "1"], &canary);
+    assert_eq!(one.status("gate1"), "fail", "{}", one.stdout);
+    assert_eq!(one.check("gate1")["metrics"]["steps"], 3);
     let strict = gate(&[&m, "--steps", "4", "--mode", "strict"], &canary);
     assert_eq!(strict.status("gate1"), "fail");
     assert_eq!(strict.check("gate1")["first_mismatch"]["step"], 0);
@@ -213,6 +219,34 @@ fn the_canary_fails_gate1_on_every_draw_from_the_first_steps() {
     assert_eq!(fast.code, 1, "{}", fast.stdout);
     assert_eq!(fast.status("gate2[B=4]"), "fail");
     assert_eq!(fast.check("gate2[B=4]")["first_mismatch"]["row"], 0);
+    // gate1 itself compares the single path with itself there: a warning, never a pass.
+    assert_eq!(fast.status("gate1"), "warn", "{}", fast.stdout);
+    let alone = gate(
+        &[&m, "--steps", "4", "--batch", "1"],
+        &[canary[0], ("MEMRA_SERVE_B1FAST", "1")],
+    );
+    assert_eq!(alone.status("gate1"), "warn", "{}", alone.stdout);
+    assert!(alone.stdout.contains("holds nothing"), "{}", alone.stdout);
+}
+
+/// The width-changing row needs three phases of at least one step each: with fewer steps it
+/// says it held nothing instead of running more steps than asked.
+#[test]
+fn the_width_changing_row_needs_three_steps() {
+    let m = model_arg();
+    let r = gate(&[&m, "--steps", "2", "--batch", "2"], &[]);
+    assert_eq!(r.code, 0, "{}", r.stdout);
+    assert_eq!(r.status("gate2[B=2,1,2]"), "warn");
+    let r = gate(&[&m, "--steps", "3", "--batch", "2"], &[]);
+    assert_eq!(r.status("gate2[B=2,1,2]"), "pass", "{}", r.stdout);
+    let msg = r.check("gate2[B=2,1,2]")["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        msg.contains("1 step at B=2, 1 step with row 0 alone"),
+        "{msg}"
+    );
 }
 
 #[test]

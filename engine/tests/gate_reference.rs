@@ -256,6 +256,12 @@ fn the_canary_fails_every_arm() {
 /// sequence, so the oracle rows stay green.
 #[test]
 fn a_cache_written_wrong_by_chunks_fails_the_chunked_programs_only() {
+    // The shortest program the gate takes still catches it.
+    let r = gate(
+        &["--program-len", "15"],
+        &[("MEMRA_GATE_DEFECT", "chunk-cache")],
+    );
+    assert_eq!(r.code, 1, "{}", r.stdout);
     let r = gate(&[], &[("MEMRA_GATE_DEFECT", "chunk-cache")]);
     assert_eq!(r.code, 1, "{}", r.stdout);
     let failing: Vec<(&str, &str)> = r
@@ -400,6 +406,10 @@ fn bad_model_and_flags_exit_2() {
     assert!(r.rows.is_empty());
     let r = gate(&["--frobnicate"], &[]);
     assert_eq!(r.code, 2);
+    // Fewer than three prefill chunks leave the chunked rows nothing to hold.
+    let r = gate(&["--program-len", "14"], &[]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("give at least 15"), "{}", r.stderr);
     let r = gate(&[], &[("MEMRA_BACKEND", "tpu")]);
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("MEMRA_BACKEND=\"tpu\""), "{}", r.stderr);

@@ -189,7 +189,14 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
     } else {
         1
     };
-    let need = s.plen + 4 + s.steps * if s.mode == Mode::Ppspec { 2 } else { 1 } + widest;
+    let need = s.plen
+        + 4
+        + match s.mode {
+            Mode::Ppspec => 2 * s.steps,
+            Mode::Config | Mode::Strict => gate1_steps(s.steps),
+            Mode::Pp => s.steps,
+        }
+        + widest;
     if need > model.config.n_ctx {
         return Err(GateError::new(format!(
             "--plen {} and --steps {} need {need} positions but the model's context is {}; \
@@ -286,6 +293,15 @@ fn batch_gates(
         if b >= 2 {
             let name = format!("gate2[B={b},1,{b}]");
             let c = match gate2_widths(be, &ps, s.steps, alone) {
+                Ok(_) if s.steps < 3 => Check::new(
+                    &name,
+                    Status::Warn,
+                    format!(
+                        "--steps {} leaves no room for three phases of batch width (B={b}, \
+                         1, B={b}); nothing held: give --steps 3 or more",
+                        s.steps
+                    ),
+                ),
                 Ok((ledger, phases)) => ledger.check(
                     &name,
                     &format!(
@@ -335,12 +351,13 @@ fn gate1(
 ) -> Result<Check, crate::backend::EngineError> {
     let n_vocab = be.config().n_vocab;
     let draws = prompts(n_vocab, GATE1_DRAWS, s.plen, doors.gate_seed, 1000);
+    let steps = gate1_steps(s.steps);
     let mut ledger = Ledger::default();
     let mut firsts = Vec::new();
     for (d, prompt) in draws.iter().enumerate() {
         let p = std::slice::from_ref(prompt);
-        let single = run(be, p, 100, s.steps, Tick::Single)?;
-        let batched = run(be, p, 100, s.steps, Tick::Full(SamplingParams::greedy()))?;
+        let single = run(be, p, 100, steps, Tick::Single)?;
+        let batched = run(be, p, 100, steps, Tick::Full(SamplingParams::greedy()))?;
         if s.mode == Mode::Strict {
             for (step, (a, b)) in batched.logits.iter().zip(&single.logits).enumerate() {
                 let mut l = Ledger::default();
@@ -364,7 +381,7 @@ fn gate1(
         .collect::<Vec<_>>()
         .join(",");
     let (early, fail) = config_verdict(&firsts);
-    let c = if s.mode == Mode::Strict {
+    let mut c = if s.mode == Mode::Strict {
         ledger
             .check("gate1", "single-sequence vs batched B=1 (strict)")
             .metric("divergence_steps", div)
@@ -382,7 +399,25 @@ fn gate1(
         .metric("early_divergences", early)
         .metric("divergence_steps", div)
     };
-    Ok(c)
+    // Under the B=1 shortcut the batched side at B=1 takes the single path too: gate1 then
+    // compares that path with itself and can see nothing, which a pass would hide.
+    if be.doors_report().b1fast && c.status != Status::Fail {
+        c.status = Status::Warn;
+        c.message = format!(
+            "MEMRA_SERVE_B1FAST=1 sends the batched side at B=1 to the single-sequence path, so \
+             gate1 compares that path with itself and holds nothing (gate2 at B >= 2 holds the \
+             shortcut): {}",
+            c.message
+        );
+    }
+    Ok(c.metric("steps", steps))
+}
+
+/// Steps of every gate1 draw: `--steps`, and at least [`GATE1_EARLY_STEP`] so the early
+/// divergences the config rule counts can happen at all (a one-step draw sees only the
+/// first token, which a single wrong token often leaves unchanged).
+fn gate1_steps(steps: usize) -> usize {
+    steps.max(GATE1_EARLY_STEP)
 }
 
 /// gate1's config rule over the first divergence step of each draw: how many diverge before
@@ -427,12 +462,15 @@ fn gate2_widths(
     alone: Tick,
 ) -> Result<(Ledger, String), crate::backend::EngineError> {
     let b = ps.len();
-    let third = (steps / 3).max(1);
+    if steps < 3 {
+        return Ok((Ledger::default(), String::new()));
+    }
+    let third = steps / 3;
     let all: Vec<usize> = (0..b).collect();
     let phases = [
         (all.clone(), third),
         (vec![0], third),
-        (all, steps.saturating_sub(2 * third).max(1)),
+        (all, steps - 2 * third),
     ];
     let rows = run_phases(be, ps, 0, &phases)?;
     let n_vocab = be.config().n_vocab;
@@ -454,9 +492,12 @@ fn gate2_widths(
             ledger.absorb(&l);
         }
     }
+    let steps_word = |n: usize| format!("{n} step{}", if n == 1 { "" } else { "s" });
     let words = format!(
-        "{} steps at B={b}, {} with row 0 alone at B=1, {} at B={b}",
-        phases[0].1, phases[1].1, phases[2].1
+        "{} at B={b}, {} with row 0 alone at B=1, {} at B={b}",
+        steps_word(phases[0].1),
+        steps_word(phases[1].1),
+        steps_word(phases[2].1)
     );
     Ok((ledger, words))
 }

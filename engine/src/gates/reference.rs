@@ -47,9 +47,9 @@ pub struct Args {
     /// Mint the goldens file from this run instead of checking it.
     #[arg(long)]
     pub write_goldens: bool,
-    /// Tokens of each arm's program (at most the arm's context): the first N - 8 prefilled
-    /// (one-shot, and in chunks of 7), the last 8 decoded. Past 128 the chunked prefill's
-    /// continuing chunks cross the split-K attention windows at 64 and 128.
+    /// Tokens of each arm's program (at least 15, at most the arm's context): the first N - 8
+    /// prefilled (one-shot, and in chunks of 7), the last 8 decoded. Past 128 the chunked
+    /// prefill's continuing chunks cross the split-K attention windows at 64 and 128.
     #[arg(long, default_value_t = PROGRAM_LEN, value_name = "N")]
     pub program_len: usize,
     /// Run the engine with the q8_0 KV cache. Without it the cache is pinned f32 whatever
@@ -65,6 +65,10 @@ pub struct Args {
 const PROGRAM_LEN: usize = 20;
 const DECODE_ROWS: usize = 8;
 const CHUNK: usize = 7;
+/// The shortest program the chunked rows hold anything with: three chunks, so a later chunk
+/// reads what a continuing chunk wrote (with two, nothing reads the second chunk's cache and
+/// a cache written wrong by chunks passes).
+const MIN_PROGRAM: usize = 2 * CHUNK + 1;
 
 /// Seed of the synthesized checkpoints. Fixed (not `MEMRA_GATE_SEED`): the goldens are
 /// digests of exactly these files.
@@ -182,10 +186,11 @@ impl Receipt {
 
 /// The whole gate; errors before the verdict are setup errors (exit 2).
 pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
-    if args.program_len <= DECODE_ROWS {
+    if args.program_len < MIN_PROGRAM {
         return Err(GateError::new(format!(
-            "--program-len {}: give more than {DECODE_ROWS} (the last {DECODE_ROWS} tokens \
-             are decoded after a prefill of the rest), e.g. --program-len 140",
+            "--program-len {}: give at least {MIN_PROGRAM} (three prefill chunks of {CHUNK}, \
+             so a later chunk reads what a continuing one wrote; the last {DECODE_ROWS} tokens \
+             are decoded), e.g. --program-len 140",
             args.program_len
         )));
     }
@@ -221,6 +226,13 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
         arms.push((arm.to_string(), model));
     }
     if let Some(m) = real {
+        if m.config.n_ctx < MIN_PROGRAM {
+            return Err(GateError::new(format!(
+                "--model's context is {} positions; the programs need at least {MIN_PROGRAM} \
+                 (three prefill chunks of {CHUNK}): pass a model with a longer context",
+                m.config.n_ctx
+            )));
+        }
         arms.push(("model".to_string(), m));
     }
 
@@ -269,6 +281,9 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
             )?;
             receipt.text =
                 receipt_header(&be.doors_report().to_json(), &arm_names, args.program_len);
+            if instrument.contains("set aside") {
+                say!("reference-gate: {instrument}");
+            }
         }
         let check = match check_arm(
             &mut *be,
@@ -322,7 +337,8 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
 /// The doors the gate runs under: the environment's, with every lossy door that would make
 /// a same-configuration parity gate fail for a reason that is not a bug set to the
 /// exactness instrument's setting (today the q8_0 KV cache, kept only when `kv_q8` asks
-/// for it). Returns them with the doors row's `instrument` text: what was pinned and why.
+/// for it). Returns them with the doors row's `instrument` text: what was pinned and why
+/// (it says "set aside" when the environment asked for what was pinned away).
 fn pin_instrument(env: Doors, kv_q8: bool) -> (Doors, String) {
     let text = match (env.kv_q8, kv_q8) {
         (_, true) => "kv=q8_0 (asked for with --kv-q8)".to_string(),
@@ -331,9 +347,6 @@ fn pin_instrument(env: Doors, kv_q8: bool) -> (Doors, String) {
             .to_string(),
         (false, false) => "kv pinned f32".to_string(),
     };
-    if env.kv_q8 && !kv_q8 {
-        say!("reference-gate: {text}");
-    }
     (Doors { kv_q8, ..env }, text)
 }
 

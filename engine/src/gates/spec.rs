@@ -88,9 +88,10 @@ fn settings(args: &Args) -> Result<Settings, GateError> {
     if args.batch == 0 {
         return Err(GateError::new("--batch 0: give at least one sequence"));
     }
-    if args.steps < 2 {
+    if args.steps < 3 {
         return Err(GateError::new(
-            "--steps must be >= 2: a stream of one token never verifies",
+            "--steps must be >= 3: a stream of two tokens has no room for a draft, so nothing \
+             speculative would be tested",
         ));
     }
     if args.plen == 0 {
@@ -593,12 +594,11 @@ mod tests {
         assert_eq!(args(&[]).unwrap().ks, [1, 4, 8]);
         assert!(args(&["--k", "0"]).unwrap_err().0.contains("1,4,8"));
         assert!(args(&["--k", "2,x"]).is_err());
-        assert!(
-            args(&["--steps", "1"])
-                .unwrap_err()
-                .0
-                .contains("never verifies")
-        );
+        for steps in ["1", "2"] {
+            let e = args(&["--steps", steps]).unwrap_err().0;
+            assert!(e.contains("no room for a draft"), "{e}");
+        }
+        assert!(args(&["--steps", "3"]).is_ok());
         assert!(args(&["--batch", "0"]).is_err());
         assert_eq!(parse_list("--ts", "2,5,9", 2).unwrap(), [2, 5, 9]);
         assert!(parse_list("--ts", "1", 2).unwrap_err().0.contains("2,5,9"));
