@@ -102,3 +102,55 @@ fn ls_show_and_gc() {
     let zero = repo.orch(&["gc", "--keep", "0"]);
     assert_eq!(zero.status.code(), Some(2));
 }
+
+/// After red nights, `gc --keep 1` keeps the newest run and the last green one (the
+/// baseline a morning diff reads), says why, and deletes the red run between them; once a
+/// newer run is green the old baseline goes.
+#[test]
+fn gc_never_deletes_the_last_green_run() {
+    if !have_git() {
+        eprintln!("skipped: git is not available for the scratch repository");
+        return;
+    }
+    let repo = Repo::new();
+    let mut shas = Vec::new();
+    for (i, status) in ["pass", "fail", "fail"].iter().enumerate() {
+        let m = [
+            HEADER.to_string(),
+            arm("alpha", status, "0.5", &format!("v{i}"), "fast"),
+        ]
+        .concat();
+        shas.push(repo.commit(&[("manifest.toml", &m)], &format!("c{i}")));
+        repo.run("manifest.toml");
+    }
+    let gc = repo.orch(&["gc", "--keep", "1"]);
+    assert_eq!(gc.status.code(), Some(0));
+    let out = stdout(&gc);
+    assert!(out.contains("the last green run of its manifest"), "{out}");
+    assert!(
+        repo.tree(&shas[0], "battery").join("run.json").exists(),
+        "the baseline stays"
+    );
+    assert!(
+        !repo.path().join("receipts").join(&shas[1]).exists(),
+        "{out}"
+    );
+    assert!(repo.tree(&shas[2], "battery").join("run.json").exists());
+
+    // A green night: the old baseline is an ordinary old run again.
+    let m = [
+        HEADER.to_string(),
+        arm("alpha", "pass", "0.5", "v3", "fast"),
+    ]
+    .concat();
+    shas.push(repo.commit(&[("manifest.toml", &m)], "c3"));
+    repo.run("manifest.toml");
+    let gc = repo.orch(&["gc", "--keep", "1"]);
+    assert_eq!(gc.status.code(), Some(0));
+    assert!(
+        !repo.path().join("receipts").join(&shas[0]).exists(),
+        "{}",
+        stdout(&gc)
+    );
+    assert!(repo.tree(&shas[3], "battery").join("run.json").exists());
+}

@@ -1,6 +1,6 @@
 //! `memra-orch gc --keep N`: finds the runs under the receipts folder and deletes all but
-//! the newest N of each manifest and the runs those carry receipts from (or prints what it
-//! would delete).
+//! the newest N of each manifest, its last green run and the runs those carry receipts from
+//! (or prints what it would delete).
 
 use crate::ExitCode;
 use crate::cli::GcArgs;
@@ -31,6 +31,13 @@ pub fn command(args: &GcArgs) -> ExitCode {
             "kept {}: {} carries receipts from it",
             dir.display(),
             by.display()
+        );
+    }
+    for dir in &decided.kept_green {
+        println!(
+            "kept {}: the last green run of its manifest (the baseline a diff against \
+             last-green reads)",
+            dir.display()
         );
     }
     for (dir, start) in &decided.kept_future {

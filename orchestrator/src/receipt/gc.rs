@@ -1,6 +1,7 @@
 //! Deleting old runs (`memra-orch gc --keep N`): which runs go, every one but the N newest
-//! (by start time) of each manifest, except runs whose receipts a kept run carries
-//! ([`plan`]); and deleting one ([`delete`]). A run is deleted under the run lock of its
+//! (by start time) of each manifest, except each manifest's last green run (the baseline a
+//! morning diff and `diff --against last-green` read) and runs whose receipts a kept run
+//! carries ([`plan`]); and deleting one ([`delete`]). A run is deleted under the run lock of its
 //! manifest folder, so a run writing there is never pulled out from under (that run is kept
 //! and named). Only folders holding a `run.json` are ever deleted: anything else under the
 //! receipts folder is not ours. `gc` is the only command that deletes receipts.
@@ -23,6 +24,8 @@ pub struct GcPlan {
     /// Runs of unknown age ([`super::resolve::unknown_age`]: dated in the future, or a
     /// start that does not parse), with their start: neither counted nor deleted.
     pub kept_future: Vec<(PathBuf, String)>,
+    /// Runs past `--keep` that stay because each is its manifest's last green run.
+    pub kept_green: Vec<PathBuf>,
 }
 
 /// Decides which runs go. `runs` is newest first (as `list_runs` gives it).
@@ -31,6 +34,14 @@ pub fn plan(runs: &[FoundRun], keep: usize, manifest: Option<&str>) -> GcPlan {
     let mut doomed = Vec::new();
     let mut kept = Vec::new();
     let mut kept_future = Vec::new();
+    let mut kept_green = Vec::new();
+    // Each manifest's newest run of known age that ended green: the baseline stays.
+    let mut last_green: BTreeMap<&str, &Path> = BTreeMap::new();
+    for r in runs {
+        if !super::resolve::unknown_age(&r.run.start) && super::resolve::green(r) {
+            last_green.entry(r.run.name.as_str()).or_insert(&r.dir);
+        }
+    }
     for r in runs {
         if manifest.is_some_and(|m| r.run.name != m) {
             kept.push(r);
@@ -43,9 +54,12 @@ pub fn plan(runs: &[FoundRun], keep: usize, manifest: Option<&str>) -> GcPlan {
         }
         let seen = per_manifest.entry(r.run.name.as_str()).or_default();
         *seen += 1;
-        if *seen > keep {
+        if *seen > keep && last_green.get(r.run.name.as_str()) != Some(&r.dir.as_path()) {
             doomed.push(r);
         } else {
+            if *seen > keep {
+                kept_green.push(r.dir.clone());
+            }
             kept.push(r);
         }
     }
@@ -64,6 +78,7 @@ pub fn plan(runs: &[FoundRun], keep: usize, manifest: Option<&str>) -> GcPlan {
     }
     let mut out = GcPlan {
         kept_future,
+        kept_green,
         ..GcPlan::default()
     };
     for r in doomed {
@@ -249,12 +264,12 @@ mod tests {
                 "2026-11-03T00:00:00Z",
                 Some(Carried::from_run(Some("20261101T000000.000Z-aaaa"))),
             ),
-            found(
+            red(found(
                 "/r/c/other/20261102T000000.000Z-dddd",
                 "other",
                 "2026-11-02T00:00:00Z",
                 None,
-            ),
+            )),
             found(mid, "smoke", "2026-11-02T00:00:00Z", None),
             found(old, "smoke", "2026-11-01T00:00:00Z", None),
         ];
@@ -270,6 +285,75 @@ mod tests {
             p.delete,
             vec![PathBuf::from("/r/c/other/20261102T000000.000Z-dddd")]
         );
+    }
+
+    /// A red run: one cell failed.
+    fn red(mut r: FoundRun) -> FoundRun {
+        r.run.counts.insert(crate::verdict::Verdict::Fail, 1);
+        r.run.verdict = "fail".into();
+        r
+    }
+
+    #[test]
+    fn the_last_green_run_and_what_it_carries_from_are_never_deleted() {
+        let base = "/r/c/smoke/20261101T000000.000Z-aaaa";
+        let green = "/r/c/smoke/20261102T000000.000Z-bbbb";
+        let older_green = "/r/c/smoke/20261101T120000.000Z-eeee";
+        let runs = vec![
+            red(found(
+                "/r/c/smoke/20261105T000000.000Z-cccc",
+                "smoke",
+                "2026-11-05T00:00:00Z",
+                None,
+            )),
+            red(found(
+                "/r/c/smoke/20261104T000000.000Z-dddd",
+                "smoke",
+                "2026-11-04T00:00:00Z",
+                None,
+            )),
+            found(
+                green,
+                "smoke",
+                "2026-11-02T00:00:00Z",
+                Some(Carried::from_run(Some("20261101T000000.000Z-aaaa"))),
+            ),
+            found(older_green, "smoke", "2026-11-01T12:00:00Z", None),
+            red(found(base, "smoke", "2026-11-01T00:00:00Z", None)),
+        ];
+        let p = plan(&runs, 1, None);
+        assert_eq!(p.kept_green, vec![PathBuf::from(green)]);
+        assert_eq!(
+            p.kept_for_carry,
+            vec![(PathBuf::from(base), PathBuf::from(green))]
+        );
+        assert_eq!(
+            p.delete,
+            vec![
+                PathBuf::from("/r/c/smoke/20261104T000000.000Z-dddd"),
+                PathBuf::from(older_green)
+            ]
+        );
+        // A run still in progress (no end) or of unknown age is no baseline.
+        let mut unfinished = found(
+            "/r/c/smoke/20261103T000000.000Z-ffff",
+            "smoke",
+            "2026-11-03T00:00:00Z",
+            None,
+        );
+        unfinished.run.end = None;
+        let runs = vec![
+            red(found(
+                "/r/c/smoke/20261105T000000.000Z-cccc",
+                "smoke",
+                "2026-11-05T00:00:00Z",
+                None,
+            )),
+            unfinished,
+            found(green, "smoke", "2026-11-02T00:00:00Z", None),
+        ];
+        let p = plan(&runs, 1, None);
+        assert_eq!(p.kept_green, vec![PathBuf::from(green)]);
     }
 
     #[test]
