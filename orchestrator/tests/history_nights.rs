@@ -380,11 +380,17 @@ fn ten_nights_of_history_aliases_and_flaky_cells() {
         "{text}"
     );
 
-    // gc drops deleted runs from the index.
+    // gc drops deleted runs from the index; the last green run, older than the newest 4
+    // here, stays as the baseline.
     let out = repo.orch(&["gc", "--keep", "4"]);
     assert_eq!(out.status.code(), Some(0));
+    assert!(
+        stdout(&out).contains("the last green run of its manifest"),
+        "{}",
+        stdout(&out)
+    );
     let lines = std::fs::read_to_string(&index).unwrap().lines().count();
-    assert_eq!(lines, 4);
+    assert_eq!(lines, 5);
     let h = json(&repo.orch(&["history", "--format", "json"]));
-    assert_eq!(h["runs"].as_array().unwrap().len(), 4);
+    assert_eq!(h["runs"].as_array().unwrap().len(), 5);
 }
