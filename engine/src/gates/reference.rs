@@ -195,6 +195,7 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
         )));
     }
     let env_doors = Doors::from_env().map_err(|e| GateError::new(format!("bad pins: {e}")))?;
+    let env_kv_q8 = env_doors.kv_q8;
     let (doors, instrument) = pin_instrument(env_doors, args.kv_q8);
     let real = args
         .model
@@ -281,7 +282,7 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
             )?;
             receipt.text =
                 receipt_header(&be.doors_report().to_json(), &arm_names, args.program_len);
-            if instrument.contains("set aside") {
+            if env_kv_q8 && !args.kv_q8 {
                 say!("reference-gate: {instrument}");
             }
         }
@@ -337,8 +338,7 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
 /// The doors the gate runs under: the environment's, with every lossy door that would make
 /// a same-configuration parity gate fail for a reason that is not a bug set to the
 /// exactness instrument's setting (today the q8_0 KV cache, kept only when `kv_q8` asks
-/// for it). Returns them with the doors row's `instrument` text: what was pinned and why
-/// (it says "set aside" when the environment asked for what was pinned away).
+/// for it). Returns them with the doors row's `instrument` text: what was pinned and why.
 fn pin_instrument(env: Doors, kv_q8: bool) -> (Doors, String) {
     let text = match (env.kv_q8, kv_q8) {
         (_, true) => "kv=q8_0 (asked for with --kv-q8)".to_string(),
