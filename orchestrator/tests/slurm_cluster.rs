@@ -464,7 +464,14 @@ artifact = "logits.safetensors"
         a.retain(|k| !k.contains(".gpu_health"));
         // The environment differs by what the caller's machine put on the inherit list
         // only in values; checks, attempts and artifacts must have the same structure.
-        assert_eq!(a, b, "{id}: the receipts differ in shape");
+        assert!(
+            a == b,
+            "{id}: the receipts differ in shape; only local: {:?}; only Slurm: {:?}\n\
+             local receipt: {}\nSlurm receipt: {slurm_receipt}",
+            a.difference(&b).collect::<Vec<_>>(),
+            b.difference(&a).collect::<Vec<_>>(),
+            local.receipt(id),
+        );
     }
     let (mut a, mut b) = (BTreeSet::new(), BTreeSet::new());
     keys(&local.run_json(), "", &mut a);
