@@ -13,6 +13,7 @@ use crate::gpus::{GpuSpec, GpusFormat};
 use crate::history::render::HistoryFormat;
 use crate::load::render::PlanFormat;
 use crate::report::json_events::EventFormat;
+use crate::report::morning::SummaryFormat;
 use crate::report::progress::ProgressMode;
 
 #[derive(Debug, Parser)]
@@ -59,6 +60,11 @@ pub enum Command {
     /// links) and a page per run.
     #[command(after_help = EXIT_CODES_HELP)]
     Report(ReportArgs),
+    /// The morning message: one run (default: the newest finished one) against the run
+    /// before it, the last green run or a run named, in at most 15 lines that fit a chat
+    /// message (docs/notify.md). Exit 1 when the night is not green.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Summary(SummaryArgs),
     /// Find the first commit between a good and a bad one at which a cell stopped being as
     /// expected, or (--bits) its artifacts moved: each candidate run in a worktree of its
     /// own, its receipts filed under its commit (docs/bisect.md).
@@ -133,6 +139,10 @@ pub struct RunArgs {
     /// final receipts whose inputs did not change, and runs the rest.
     #[arg(long)]
     pub resume: bool,
+    /// Do not run the manifest's `[notify]` command when the run ends (a run by hand, a
+    /// rehearsal); the run's summary is still in `memra-orch summary`.
+    #[arg(long)]
+    pub no_notify: bool,
     /// Commit id to file the receipts under (default: from git, with `-dirty` when the tree
     /// has uncommitted changes).
     #[arg(long)]
@@ -430,6 +440,38 @@ pub struct LsArgs {
     /// `text` (a table) or `json`.
     #[arg(long, value_enum, default_value_t = ShowFormat::Text)]
     pub format: ShowFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct SummaryArgs {
+    /// The run (folder, run id, commit-ish, `latest`, `last-green`, `@YYYY-MM-DD`, as
+    /// `diff` names runs). Default: the newest finished run of the manifest.
+    pub run: Option<String>,
+    /// What to compare it with: `previous` (the newest finished run before it),
+    /// `last-green` (the newest green run before it) or a run named as RUN.
+    #[arg(
+        long,
+        value_name = "previous|last-green|RUN",
+        default_value = "previous"
+    )]
+    pub since: String,
+    /// The manifest name, when the receipts folder holds runs of several manifests.
+    #[arg(long, value_name = "NAME")]
+    pub manifest: Option<String>,
+    /// Receipts folder (default: `receipts/` at the top of the current git work tree).
+    #[arg(long, value_name = "DIR")]
+    pub receipts: Option<PathBuf>,
+    /// `text`, `markdown` (for a chat that renders it) or `json` (every list whole).
+    #[arg(long, value_enum, default_value_t = SummaryFormat::Text)]
+    pub format: SummaryFormat,
+    /// Where `memra-orch report --html` is published: the summary links to the run's
+    /// page there (`URL/runs/<page>.html`) instead of naming the run's folder.
+    #[arg(long, value_name = "URL")]
+    pub report_url: Option<String>,
+    /// Lost coverage (a cell that passed and is now skipped or gone) is listed but is no
+    /// regression.
+    #[arg(long)]
+    pub allow_lost: bool,
 }
 
 #[derive(Debug, Args)]

@@ -14,6 +14,7 @@ pub mod plan;
 pub mod report;
 pub mod run;
 pub mod show;
+pub mod summary;
 pub mod validate;
 
 use clap::Parser;
@@ -51,6 +52,7 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::History(args) => history::command(&args),
         Command::Gc(args) => gc::command(&args),
         Command::Report(args) => report::command(&args),
+        Command::Summary(args) => summary::command(&args),
         Command::Bisect(args) => bisect::command(&args),
         Command::ExecNode(args) => exec_node::command(&args),
     }

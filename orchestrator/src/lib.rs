@@ -34,6 +34,7 @@ pub mod load;
 pub mod manifest;
 pub mod matrix;
 pub mod name_clash;
+pub mod notify;
 pub mod plan;
 pub mod protocol;
 pub mod receipt;

@@ -52,10 +52,33 @@ pub struct RawManifest {
     pub attest: Vec<Sp<String>>,
     /// `lease_timeout = "2h"`: the longest a cell waits for a GPU another process leases.
     pub lease_timeout: Option<Duration>,
+    /// `[notify]`: the command that receives the morning summary when a run ends.
+    pub notify: Option<RawNotify>,
     /// `[[setup]]`, `[[arm]]` and `[[compare]]` tables in the order kinds are listed in the
     /// plan: setups, then arms, then compares, each in file order.
     pub nodes: Vec<RawNode>,
 }
+
+/// `[notify]` as written.
+#[derive(Debug, Clone, Default)]
+pub struct RawNotify {
+    /// The span of the table, for a problem with the table as a whole.
+    pub span: Range<usize>,
+    pub command: Vec<Sp<String>>,
+    /// `fail`, `change`, `always`; `None` when absent (the default applies).
+    pub on: Option<Vec<Sp<String>>>,
+    /// `previous` or `last-green`.
+    pub since: Option<Sp<String>>,
+    /// `text` or `markdown`: what the command reads on stdin.
+    pub format: Option<Sp<String>>,
+    pub report_url: Option<Sp<String>>,
+    pub timeout: Option<Duration>,
+}
+
+/// Keys of `[notify]`.
+const NOTIFY_KEYS: &[&str] = &["command", "on", "since", "format", "report_url", "timeout"];
+/// Values of `[notify] on`.
+pub const NOTIFY_ON: &[&str] = &["fail", "change", "always"];
 
 /// `[isolation]` as written.
 #[derive(Debug, Default)]
@@ -159,6 +182,7 @@ const TOP_KEYS: &[&str] = &[
     "attest",
     "lease_timeout",
     "max_cells",
+    "notify",
     "setup",
     "arm",
     "compare",
@@ -339,6 +363,15 @@ pub fn parse(src: &SourceText, diags: &mut Vec<Diagnostic>) -> Option<RawManifes
                     m.require = w.require(t);
                 }
             }
+            "notify" => {
+                if let Some(t) = w.expect_table(
+                    key,
+                    value,
+                    "[notify]\ncommand = [\"scripts/post-to-chat\"]",
+                ) {
+                    m.notify = Some(w.notify(key.span(), t));
+                }
+            }
             k @ ("setup" | "arm" | "compare") => {
                 let kind = match k {
                     "setup" => NodeKind::Setup,
@@ -484,6 +517,104 @@ impl Walker<'_, '_> {
             }
         }
         r
+    }
+
+    fn notify(&mut self, span: Range<usize>, t: &DeTable<'_>) -> RawNotify {
+        let mut n = RawNotify {
+            span: span.clone(),
+            ..RawNotify::default()
+        };
+        let mut has_command = false;
+        for (k, val) in entries(t) {
+            match k.get_ref().as_ref() {
+                "command" => {
+                    has_command = true;
+                    match self.strings(k, val) {
+                        Some(argv) if !argv.is_empty() && !argv[0].get_ref().is_empty() => {
+                            n.command = argv
+                        }
+                        Some(_) => self.err(
+                            val.span(),
+                            "`[notify] command` is empty".to_string(),
+                            "write the command as an argv array, e.g. `command = \
+                             [\"scripts/post-to-chat\", \"#nightly\"]`"
+                                .to_string(),
+                        ),
+                        None => {}
+                    }
+                }
+                "on" => {
+                    if let Some(list) = self.strings(k, val) {
+                        for v in &list {
+                            if !NOTIFY_ON.contains(&v.get_ref().as_str()) {
+                                let msg = format!(
+                                    "`[notify] on` holds \"{}\", which is not a condition",
+                                    v.get_ref()
+                                );
+                                self.err(
+                                    v.span(),
+                                    msg,
+                                    "use \"fail\" (the night is not green), \"change\" \
+                                     (anything differs from the baseline) or \"always\""
+                                        .to_string(),
+                                );
+                            }
+                        }
+                        if list.is_empty() {
+                            self.err(
+                                val.span(),
+                                "`[notify] on` is empty, so the command would never run"
+                                    .to_string(),
+                                "write e.g. `on = [\"fail\", \"change\"]`, or remove [notify]"
+                                    .to_string(),
+                            );
+                        }
+                        n.on = Some(list);
+                    }
+                }
+                "since" => {
+                    n.since = self.string(k, val);
+                    if let Some(s) = &n.since
+                        && !matches!(s.get_ref().as_str(), "previous" | "last-green")
+                    {
+                        let msg = format!("`[notify] since` \"{}\" is not a baseline", s.get_ref());
+                        self.err(
+                            s.span(),
+                            msg,
+                            "use \"previous\" (the run before) or \"last-green\"".to_string(),
+                        );
+                    }
+                }
+                "format" => {
+                    n.format = self.string(k, val);
+                    if let Some(f) = &n.format
+                        && !matches!(f.get_ref().as_str(), "text" | "markdown")
+                    {
+                        let msg = format!("`[notify] format` \"{}\" is not a format", f.get_ref());
+                        self.err(
+                            f.span(),
+                            msg,
+                            "use \"text\" or \"markdown\" (the JSON is always in \
+                             MEMRA_SUMMARY_JSON)"
+                                .to_string(),
+                        );
+                    }
+                }
+                "report_url" => n.report_url = self.string(k, val),
+                "timeout" => n.timeout = self.duration(k, val, "timeout", "1m"),
+                other => self.unknown_key(k, other, NOTIFY_KEYS, "[notify]"),
+            }
+        }
+        if !has_command {
+            self.err(
+                span,
+                "`[notify]` has no `command`".to_string(),
+                "add the command that receives the summary on stdin, e.g. `command = \
+                 [\"scripts/post-to-chat\"]`"
+                    .to_string(),
+            );
+        }
+        n
     }
 
     fn node(&mut self, kind: Option<NodeKind>, v: &Spanned<DeValue<'_>>) -> RawNode {

@@ -304,6 +304,38 @@ pub struct Plan {
     pub cells: Vec<Cell>,
     /// The manifest's secrets, redacted from everything the orchestrator writes or prints.
     pub redact: crate::redact::Redactor,
+    /// `[notify]`: who hears of the run when it ends.
+    pub notify: Option<Notify>,
+}
+
+/// `[notify]`: a command that receives the morning summary on stdin when a run ends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Notify {
+    /// argv, `${vars}` substituted; a relative program is found from the manifest's root.
+    pub command: Vec<String>,
+    /// When the command runs (any of them).
+    pub on: Vec<NotifyOn>,
+    /// Compare with the last green run instead of the run before.
+    pub since_last_green: bool,
+    /// Markdown on stdin instead of text.
+    pub markdown: bool,
+    pub report_url: Option<String>,
+    /// The longest the command may take before it is stopped.
+    pub timeout: std::time::Duration,
+}
+
+/// The default `[notify] timeout`.
+pub const NOTIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `[notify] on` entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotifyOn {
+    /// The night is not green.
+    Fail,
+    /// Anything differs from the baseline: a regression, a fix, bits moved, a flaky cell,
+    /// a device fault, a run that never finished (or there is no baseline yet).
+    Change,
+    Always,
 }
 
 /// A `[fingerprints]` entry: a command whose output names something the cells depend on

@@ -812,6 +812,7 @@ mod tests {
             lease_timeout: None,
             cells,
             redact: Default::default(),
+            notify: None,
         }
     }
 

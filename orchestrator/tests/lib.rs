@@ -52,5 +52,6 @@ mod schedule_gpus;
 mod secret_ids;
 mod slurm_cluster;
 mod smoke_manifest;
+mod summary_notify;
 mod supervisor_attacks;
 mod verdict_truth;

@@ -83,6 +83,7 @@ fn hostile_cell_ids_cannot_write_outside_the_tree() {
             .map(|id| cell(id, vec![gate.clone()], &work))
             .collect(),
         redact: Default::default(),
+        notify: None,
     };
     let (tree, _id) = Tree::create(&memra_orch::receipt::tree::manifest_dir(
         &work.join("receipts"),

@@ -261,7 +261,9 @@ fn run_child(
         .arg(&setting.receipts)
         .args(["--commit", &commit.sha])
         .args(["--gpus", &slot.gpus])
-        .args(["--events", "json", "--progress", "quiet"]);
+        .args(["--events", "json", "--progress", "quiet"])
+        // A bisection's probe runs are no nights: nobody is told of them.
+        .arg("--no-notify");
     for (k, v) in &setting.vars {
         cmd.arg("--var").arg(format!("{k}={v}"));
     }

@@ -10,7 +10,7 @@ use std::path::Path;
 use crate::ExitCode;
 use crate::cli::DiffArgs;
 use crate::diff::render::DiffFormat;
-use crate::diff::{Diff, Thresholds, diff, load_for_diff, render};
+use crate::diff::{CompareOptions, Diff, Thresholds, compare_runs, render};
 use crate::receipt::error::FindError;
 use crate::receipt::resolve;
 
@@ -204,23 +204,19 @@ fn one_morning(
 
 /// The diff of two run folders, classified and quantified as the flags ask.
 fn compare(args: &DiffArgs, old_dir: &Path, new_dir: &Path) -> Result<Diff, FindError> {
-    let thresholds = Thresholds {
-        metric_rel: args.metric_rel,
-        metric_abs: args.metric_abs,
-        duration_abs: args.duration_abs.as_secs_f64(),
-        duration_rel: args.duration_rel,
+    let options = CompareOptions {
+        thresholds: Thresholds {
+            metric_rel: args.metric_rel,
+            metric_abs: args.metric_abs,
+            duration_abs: args.duration_abs.as_secs_f64(),
+            duration_rel: args.duration_rel,
+        },
+        allow_lost: args.allow_lost,
+        flaky_fails: args.flaky_fails,
+        flaky_window: usize::try_from(args.flaky_window).unwrap_or(usize::MAX),
+        read: !args.no_read,
     };
-    let (old, new) = rayon::join(|| load_for_diff(old_dir), || load_for_diff(new_dir));
-    let (old, new) = (old?, new?);
-    let mut d = diff(&old, &new, &thresholds);
-    d.allow_lost = args.allow_lost;
-    d.flaky_fails = args.flaky_fails;
-    let window = usize::try_from(args.flaky_window).unwrap_or(usize::MAX);
-    crate::diff::flaky::classify(&mut d, &old, &new, window);
-    if !args.no_read {
-        crate::diff::quantify::read_moved(&mut d, &old, &new);
-    }
-    Ok(d)
+    Ok(compare_runs(old_dir, new_dir, &options)?.0)
 }
 
 fn exit_code(d: &Diff) -> ExitCode {

@@ -362,6 +362,13 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     if let Some(s) = &mut stream {
         s.finish_run(writer.run(), code);
     }
+    if let Some(n) = plan.notify.as_ref().filter(|_| !args.no_notify) {
+        // After the run is filed: the summary reads it like any other. Never the exit code.
+        match crate::notify::after_run(n, &plan.root, &receipts, &tree.dir, &plan.redact) {
+            Ok(line) => eprintln!("memra-orch run: {line}"),
+            Err(line) => eprintln!("memra-orch run: {line}"),
+        }
+    }
     Ok(code)
 }
 

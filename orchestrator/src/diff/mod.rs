@@ -67,6 +67,40 @@ pub fn load_for_diff(
     load::load_as(dir)
 }
 
+/// How [`compare_runs`] classifies and reads.
+#[derive(Debug, Clone, Copy)]
+pub struct CompareOptions {
+    pub thresholds: Thresholds,
+    /// Lost coverage is listed but is no regression.
+    pub allow_lost: bool,
+    /// Flaky and nondeterministic cells count as regressions.
+    pub flaky_fails: bool,
+    /// How many runs, up to NEW, a flaky cell's flips are counted in.
+    pub flaky_window: usize,
+    /// Open the artifacts whose bits moved.
+    pub read: bool,
+}
+
+/// Loads two run folders and compares them as `diff` does: classified (flaky and
+/// nondeterministic cells set apart) and, when asked, the moved artifacts read. Returns the
+/// diff and the newer run as loaded.
+pub fn compare_runs(
+    old_dir: &std::path::Path,
+    new_dir: &std::path::Path,
+    o: &CompareOptions,
+) -> Result<(Diff, DiffRun), crate::receipt::error::ReceiptError> {
+    let (old, new) = rayon::join(|| load_for_diff(old_dir), || load_for_diff(new_dir));
+    let (old, new) = (old?, new?);
+    let mut d = diff(&old, &new, &o.thresholds);
+    d.allow_lost = o.allow_lost;
+    d.flaky_fails = o.flaky_fails;
+    flaky::classify(&mut d, &old, &new, o.flaky_window);
+    if o.read {
+        quantify::read_moved(&mut d, &old, &new);
+    }
+    Ok((d, new))
+}
+
 /// When a change of a number is worth reporting.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Thresholds {

@@ -16,8 +16,8 @@ use crate::graph::{self, Edge};
 use crate::manifest::{Pairs, RawManifest, RawNode, Sp, kind_header};
 use crate::matrix::{self, Combo};
 use crate::plan::{
-    Cell, CellId, CellIndex, DEFAULT_INHERIT, Expect, MANIFEST_SCHEMA, NodeId, NodeKind, Plan,
-    Require, SourceFile, TextVerdict,
+    Cell, CellId, CellIndex, DEFAULT_INHERIT, Expect, MANIFEST_SCHEMA, NodeId, NodeKind, Notify,
+    NotifyOn, Plan, Require, SourceFile, TextVerdict,
 };
 use crate::subst::{self, Scope};
 
@@ -69,6 +69,7 @@ pub fn build(
     let vars = b.vars(&raw.vars, overrides);
     let env_top = raw.env.clone();
     let fingerprints = b.fingerprints(raw, &vars);
+    let notify = b.notify(raw, &vars);
 
     // Node ids first: `needs`, `reference` and `candidates` may name later nodes.
     let mut ids: HashMap<&str, usize> = HashMap::new();
@@ -285,6 +286,7 @@ pub fn build(
         lease_timeout: raw.lease_timeout,
         cells,
         redact,
+        notify,
     })
 }
 
@@ -486,6 +488,48 @@ impl Builder<'_, '_> {
             }
         }
         out
+    }
+
+    /// `[notify]` with `${vars}` substituted in its command and report address.
+    fn notify(&mut self, raw: &RawManifest, vars: &[(String, String)]) -> Option<Notify> {
+        let n = raw.notify.as_ref()?;
+        let root = self.root_str.clone();
+        let scope = Scope {
+            root: &root,
+            node: None,
+            matrix: None,
+            vars,
+            shell: false,
+        };
+        let command: Vec<String> = n
+            .command
+            .iter()
+            .filter_map(|a| self.subst(a, &scope))
+            .collect();
+        let report_url = n.report_url.as_ref().and_then(|u| self.subst(u, &scope));
+        let on = match &n.on {
+            None => vec![NotifyOn::Fail, NotifyOn::Change],
+            Some(list) => list
+                .iter()
+                .filter_map(|o| match o.get_ref().as_str() {
+                    "fail" => Some(NotifyOn::Fail),
+                    "change" => Some(NotifyOn::Change),
+                    "always" => Some(NotifyOn::Always),
+                    _ => None,
+                })
+                .collect(),
+        };
+        Some(Notify {
+            command,
+            on,
+            since_last_green: n
+                .since
+                .as_ref()
+                .is_some_and(|s| s.get_ref() == "last-green"),
+            markdown: n.format.as_ref().is_some_and(|f| f.get_ref() == "markdown"),
+            report_url,
+            timeout: n.timeout.unwrap_or(crate::plan::NOTIFY_TIMEOUT),
+        })
     }
 
     /// `[fingerprints]` with `${vars}` substituted, each with the manifest's `[env]`.

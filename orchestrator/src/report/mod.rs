@@ -19,6 +19,7 @@ pub mod json_events;
 pub mod junit;
 pub mod ls;
 pub mod metrics;
+pub mod morning;
 pub mod progress;
 pub mod show;
 pub mod summary;

@@ -239,7 +239,7 @@ pub fn markdown(run: &RunReceipt) -> String {
 
 /// `s` on one line (line breaks become spaces, other control characters escapes), cut to
 /// `max` characters.
-fn one_line(s: &str, max: usize) -> String {
+pub fn one_line(s: &str, max: usize) -> String {
     let spaced: String = s
         .chars()
         .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })

@@ -33,10 +33,16 @@ pub fn cell_page(id: &str) -> String {
 /// The file name of a run's page. Runs of the layout before run ids have no id, and their
 /// commit tells them apart.
 pub fn run_page(run: &RunView) -> String {
-    if run.id == "-" {
-        format!("{}.html", slug(&format!("{}-tree", run.commit)))
+    run_page_name(&run.id, &run.commit)
+}
+
+/// [`run_page`] from a run's id (`-` for the old layout) and commit folder: the name the
+/// morning summary links to.
+pub fn run_page_name(id: &str, commit: &str) -> String {
+    if id == "-" {
+        format!("{}.html", slug(&format!("{commit}-tree")))
     } else {
-        format!("{}.html", slug(&run.id))
+        format!("{}.html", slug(id))
     }
 }
 
