@@ -389,6 +389,10 @@ impl GpuLocks {
 /// plain lock file.
 const OPEN_FLAGS: i32 = libc::O_NOFOLLOW | libc::O_NONBLOCK;
 
+/// How often [`LockFile::bind_soon`] looks again, and how long it waits between looks.
+const BIND_RETRIES: u32 = 20;
+const BIND_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// Held for reading while a process is spawned (every spawn of a run's worker threads goes
 /// through it), for writing while a lease's socket is closed. A child between fork and exec
 /// holds a copy of every descriptor, so a socket closed then would stay bound (its name
@@ -435,6 +439,23 @@ impl LockFile {
         }
     }
 
+    /// [`LockFile::bind`] with the flock already held: a name still bound then is most
+    /// often this process's own lease given back a moment ago, whose socket a child it
+    /// started just before still holds. The kernel lets the parent of a vfork-style spawn
+    /// go on as soon as the child's exec has replaced its memory, before the exec closes
+    /// the child's close-on-exec descriptors, so [`SPAWN_GUARD`] cannot close that window;
+    /// it lasts microseconds. A few short retries let it pass; a name that stays bound is
+    /// held by another process (one whose lock file was unlinked).
+    fn bind_soon(&self) -> io::Result<bool> {
+        for _ in 0..BIND_RETRIES {
+            if self.bind()? {
+                return Ok(true);
+            }
+            std::thread::sleep(BIND_RETRY_PAUSE);
+        }
+        self.bind()
+    }
+
     fn unbind(&self) {
         let _no_fork = SPAWN_GUARD.write().unwrap_or_else(|p| p.into_inner());
         self.socket.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -469,7 +490,7 @@ impl LockFile {
                 Ok(()) => {
                     // A lock on a file no longer at the path guards nothing, and the
                     // abstract name is what stays held when a lock file is unlinked.
-                    let taken = self.still_at_path() && matches!(self.bind(), Ok(true));
+                    let taken = self.still_at_path() && matches!(self.bind_soon(), Ok(true));
                     if taken {
                         return Ok(());
                     }
@@ -743,6 +764,43 @@ mod tests {
         a.release(&[0, 1]);
         b.try_take(&[0, 1], "both").unwrap();
         assert!(a.try_take(&[0], "zero").is_err());
+    }
+
+    /// A copy of a lease's socket that outlives its release by a moment (a child started
+    /// just before, still inside its exec) does not make the next cell wait as if another
+    /// process held the GPU; a copy that lasts still blocks, as a holder by name.
+    #[test]
+    fn a_lease_given_back_is_taken_again_while_a_fleeting_copy_of_its_socket_closes() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = locks(dir.path(), 1, "a");
+        let copy = |ms: u64| {
+            a.try_take(&[0], "first").unwrap();
+            let dup = a.files[0]
+                .socket
+                .lock()
+                .unwrap()
+                .as_ref()
+                .unwrap()
+                .try_clone()
+                .unwrap();
+            let t = std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                drop(dup);
+            });
+            a.release(&[0]);
+            t
+        };
+        let t = copy(10);
+        a.try_take(&[0], "second").unwrap();
+        t.join().unwrap();
+        a.release(&[0]);
+        let t = copy(500);
+        assert!(matches!(
+            a.try_take(&[0], "third"),
+            Err((0, Blocker::Unknown))
+        ));
+        t.join().unwrap();
+        a.try_take(&[0], "fourth").unwrap();
     }
 
     #[test]
