@@ -455,8 +455,9 @@ pub struct SummaryArgs {
         default_value = "previous"
     )]
     pub since: String,
-    /// The manifest name, when the receipts folder holds runs of several manifests.
-    #[arg(long, value_name = "NAME")]
+    /// The manifest, by name or by its file (whose `name` is read), when the receipts
+    /// folder holds runs of several manifests.
+    #[arg(long, value_name = "NAME|FILE")]
     pub manifest: Option<String>,
     /// Receipts folder (default: `receipts/` at the top of the current git work tree).
     #[arg(long, value_name = "DIR")]

@@ -36,6 +36,8 @@ const JSON_ENV_MAX: usize = 96 * 1024;
 const LIST_CUT: usize = 20;
 /// How much of the command's output `notify.log` keeps (the tail).
 const LOG_MAX: usize = 64 * 1024;
+/// How long the output is waited for once the command ended.
+const OUTPUT_WAIT: Duration = Duration::from_secs(2);
 /// Between SIGTERM and SIGKILL when the command overstays.
 const GRACE: Duration = Duration::from_secs(5);
 
@@ -201,7 +203,8 @@ fn send(
     };
     drop(cmd);
     // The pipe's write ends now live in the child only, so the reader sees its end.
-    let reader = std::thread::spawn(move || {
+    let (done_tx, done) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
         let mut out_r = out_r;
         let mut tail: Vec<u8> = Vec::new();
         let mut buf = vec![0u8; 1 << 14];
@@ -217,7 +220,7 @@ fn send(
         if tail.len() > LOG_MAX {
             tail.drain(..tail.len() - LOG_MAX);
         }
-        String::from_utf8_lossy(&tail).into_owned()
+        let _ = done_tx.send(String::from_utf8_lossy(&tail).into_owned());
     });
     if let Some(mut stdin) = child.stdin.take() {
         // A command that does not read its stdin ends the pipe; that is its business.
@@ -252,7 +255,15 @@ fn send(
     // Whatever the command left running in its group holds the pipe open: stop it.
     // SAFETY: as above; a group that is gone makes it fail harmlessly.
     unsafe { libc::kill(-group, libc::SIGKILL) };
-    let output = reader.join().unwrap_or_default();
+    // A process that left the group (setsid) may hold the output open for as long as it
+    // lives: the run does not wait for it.
+    let output = done.recv_timeout(OUTPUT_WAIT).unwrap_or_else(|_| {
+        format!(
+            "memra-orch: the command left a process holding its output open; what it \
+             printed after {} is not here\n",
+            humantime::format_duration(OUTPUT_WAIT)
+        )
+    });
     let status = match status {
         Ok(s) => s,
         Err(e) => return Err(fail(e, output)),

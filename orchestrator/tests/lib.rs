@@ -12,6 +12,7 @@ mod attest_pins;
 mod bisect_commits;
 mod compare_artifacts;
 mod compare_cells;
+mod contrib_nightly;
 mod declared_inputs;
 mod device_faults;
 mod diff_quantify;

@@ -90,10 +90,7 @@ fn a_red_night_with_32_regressions_fits_15_lines_and_names_the_first_failing_che
     let listed = lines.iter().filter(|l| l.starts_with("REGRESSED")).count();
     let n: usize = more.split(' ').nth(1).unwrap().parse().unwrap();
     assert_eq!(listed + n, 32, "{t}");
-    assert!(
-        lines.contains(&"bits moved: moved (out.bin)"),
-        "{t}"
-    );
+    assert!(lines.contains(&"bits moved: moved (out.bin)"), "{t}");
     assert!(
         lines.last().unwrap().starts_with("more: memra-orch show "),
         "{t}"
@@ -344,6 +341,20 @@ fn a_failing_or_hanging_notify_command_is_said_and_never_changes_the_exit_code()
     assert!(
         err.contains("did not finish within 1s and was stopped"),
         "{err}"
+    );
+
+    // A command that leaves a daemon holding its output (setsid) does not hold the run.
+    let daemon = battery(
+        "[notify]\ncommand = [\"sh\", \"-c\", \"setsid sleep 30 & echo posted\"]\non = [\"always\"]\n",
+    );
+    let t = Instant::now();
+    let out = daemon.run(&[]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("notify: sent the summary to sh"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 
     let missing =

@@ -16,10 +16,12 @@ pub fn command(args: &SummaryArgs) -> ExitCode {
     let brief = (|| -> Result<Brief, String> {
         let receipts =
             resolve::receipts_root(args.receipts.as_deref()).map_err(|e| e.to_string())?;
+        let manifest = args.manifest.as_deref().map(manifest_name).transpose()?;
         let subject = match &args.run {
-            Some(spec) => resolve::resolve(spec, &receipts, args.manifest.as_deref())
-                .map_err(|e| e.to_string())?,
-            None => newest_finished(&receipts, args.manifest.as_deref())?,
+            Some(spec) => {
+                resolve::resolve(spec, &receipts, manifest.as_deref()).map_err(|e| e.to_string())?
+            }
+            None => newest_finished(&receipts, manifest.as_deref())?,
         };
         morning::for_run(
             &receipts,
@@ -47,6 +49,17 @@ pub fn command(args: &SummaryArgs) -> ExitCode {
             ExitCode::Usage
         }
     }
+}
+
+/// `--manifest`: a manifest's name, or the path of a manifest file (whose `name` is read).
+fn manifest_name(arg: &str) -> Result<String, String> {
+    let path = Path::new(arg);
+    if !path.is_file() {
+        return Ok(arg.to_string());
+    }
+    crate::load::load_plan_with_vars(path, &[])
+        .map(|p| p.name)
+        .map_err(|d| format!("--manifest {arg}: {d}"))
 }
 
 /// The newest finished run of `manifest`, or of the only manifest with runs.
