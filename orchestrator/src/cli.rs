@@ -52,7 +52,9 @@ pub enum Command {
     /// inputs changed, bits moved, metrics, duration (docs/diff.md).
     #[command(after_help = EXIT_CODES_HELP)]
     History(HistoryArgs),
-    /// Delete all but the newest N runs of each manifest from the receipts folder.
+    /// Delete old runs from the receipts folder: all but the newest N of each manifest,
+    /// those older than an age, the oldest until the rest fit a size; never a manifest's
+    /// newest or last green run, nor what a kept run carries from (docs/notify.md).
     #[command(after_help = EXIT_CODES_HELP)]
     Gc(GcArgs),
     /// Write a static HTML report of a manifest's history (docs/report.md): a matrix of
@@ -143,6 +145,9 @@ pub struct RunArgs {
     /// rehearsal); the run's summary is still in `memra-orch summary`.
     #[arg(long)]
     pub no_notify: bool,
+    /// Do not apply the manifest's `[retention]` when the run ends (delete nothing).
+    #[arg(long)]
+    pub no_retention: bool,
     /// Commit id to file the receipts under (default: from git, with `-dirty` when the tree
     /// has uncommitted changes).
     #[arg(long)]
@@ -517,7 +522,14 @@ pub struct HistoryArgs {
 pub struct GcArgs {
     /// How many of the newest runs of each manifest to keep (at least 1).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-    pub keep: u64,
+    pub keep: Option<u64>,
+    /// Delete runs that started longer ago than this (`90d`, `12weeks`).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub older_than: Option<std::time::Duration>,
+    /// Delete the oldest runs until the runs in scope take at most this much disk (`50G`,
+    /// `800MiB`; a file several runs link counts once).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_size: Option<u64>,
     /// Only runs of this manifest (others are left alone).
     #[arg(long, value_name = "NAME")]
     pub manifest: Option<String>,
@@ -527,6 +539,13 @@ pub struct GcArgs {
     /// Print what would be deleted, delete nothing.
     #[arg(long)]
     pub dry_run: bool,
+}
+
+/// A size: `50G`, `800MiB`, `1.5T`, or bytes.
+fn parse_size(s: &str) -> Result<u64, String> {
+    crate::manifest::parse_memory(s)
+        .filter(|b| *b > 0)
+        .ok_or_else(|| format!("{s:?}: not a size; write e.g. 50G, 800MiB or 1.5T"))
 }
 
 fn parse_gpu_spec(s: &str) -> Result<GpuSpec, String> {

@@ -152,7 +152,7 @@ impl Event {
 }
 
 /// Redacts a receipt in place: its command, folder, environment, the reasons of the node
-/// and of its attempts, and the messages of its checks.
+/// and of its attempts, and the names and messages of its checks.
 pub fn redact_receipt(r: &Redactor, rec: &mut NodeReceipt) {
     for a in &mut rec.argv {
         *a = r.text(a).into_owned();
@@ -168,6 +168,8 @@ pub fn redact_receipt(r: &Redactor, rec: &mut NodeReceipt) {
         }
     }
     for c in &mut rec.checks {
+        // A gate may build a check's name from what it read (`auth <token>`).
+        c.check = r.text(&c.check).into_owned();
         if let Some(m) = &mut c.message {
             *m = r.text(m).into_owned();
         }

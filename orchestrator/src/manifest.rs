@@ -54,6 +54,8 @@ pub struct RawManifest {
     pub lease_timeout: Option<Duration>,
     /// `[notify]`: the command that receives the morning summary when a run ends.
     pub notify: Option<RawNotify>,
+    /// `[retention]`: what of the manifest's runs a run keeps when it ends.
+    pub retention: Option<crate::plan::Retention>,
     /// `[[setup]]`, `[[arm]]` and `[[compare]]` tables in the order kinds are listed in the
     /// plan: setups, then arms, then compares, each in file order.
     pub nodes: Vec<RawNode>,
@@ -75,6 +77,8 @@ pub struct RawNotify {
     pub timeout: Option<Duration>,
 }
 
+/// Keys of `[retention]`.
+const RETENTION_KEYS: &[&str] = &["keep", "max_age", "max_size"];
 /// Keys of `[notify]`.
 const NOTIFY_KEYS: &[&str] = &["command", "on", "since", "format", "report_url", "timeout"];
 /// Values of `[notify] on`.
@@ -183,6 +187,7 @@ const TOP_KEYS: &[&str] = &[
     "lease_timeout",
     "max_cells",
     "notify",
+    "retention",
     "setup",
     "arm",
     "compare",
@@ -363,6 +368,11 @@ pub fn parse(src: &SourceText, diags: &mut Vec<Diagnostic>) -> Option<RawManifes
                     m.require = w.require(t);
                 }
             }
+            "retention" => {
+                if let Some(t) = w.expect_table(key, value, "[retention]\nkeep = 30") {
+                    m.retention = Some(w.retention(key.span(), t));
+                }
+            }
             "notify" => {
                 if let Some(t) = w.expect_table(
                     key,
@@ -515,6 +525,45 @@ impl Walker<'_, '_> {
                 "gpus" => r.gpus = self.uint(k, val, 0),
                 other => self.unknown_key(k, other, REQUIRE_KEYS, "[require]"),
             }
+        }
+        r
+    }
+
+    fn retention(&mut self, span: Range<usize>, t: &DeTable<'_>) -> crate::plan::Retention {
+        let mut r = crate::plan::Retention::default();
+        for (k, val) in entries(t) {
+            match k.get_ref().as_ref() {
+                "keep" => r.keep = self.uint(k, val, 1).map(|n| *n.get_ref() as usize),
+                "max_age" => r.max_age = self.duration(k, val, "max_age", "90days"),
+                "max_size" => {
+                    if let Some(s) = self.string(k, val) {
+                        match parse_memory(s.get_ref()).filter(|b| *b > 0) {
+                            Some(b) => r.max_size = Some(b),
+                            None => {
+                                let msg = format!(
+                                    "`[retention] max_size` \"{}\" is not a size",
+                                    s.get_ref()
+                                );
+                                self.err(
+                                    s.span(),
+                                    msg,
+                                    "write e.g. `max_size = \"200G\"` or \"800MiB\"".to_string(),
+                                );
+                            }
+                        }
+                    }
+                }
+                other => self.unknown_key(k, other, RETENTION_KEYS, "[retention]"),
+            }
+        }
+        if r.is_empty() && entries(t).is_empty() {
+            self.err(
+                span,
+                "`[retention]` sets no limit".to_string(),
+                "set `keep = N`, `max_age = \"90days\"` and/or `max_size = \"200G\"`, or \
+                 remove the table"
+                    .to_string(),
+            );
         }
         r
     }

@@ -99,7 +99,13 @@ pub fn after_run(
             .collect();
     if !fire {
         return Ok(format!(
-            "notify: not sent: the night is green and nothing changed (on = [{}])",
+            "notify: not sent: the night is {} and {} (on = [{}])",
+            if green { "green" } else { "red" },
+            if changed {
+                "differs from its baseline"
+            } else {
+                "nothing changed since its baseline"
+            },
             when.join(", ")
         ));
     }

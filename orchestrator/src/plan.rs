@@ -306,6 +306,26 @@ pub struct Plan {
     pub redact: crate::redact::Redactor,
     /// `[notify]`: who hears of the run when it ends.
     pub notify: Option<Notify>,
+    /// `[retention]`: what of this manifest's runs `run` keeps when it ends.
+    pub retention: Option<Retention>,
+}
+
+/// What to keep (`[retention]`, `gc`'s flags): each limit deletes what it says, and a run
+/// goes when any limit says so, unless it is protected (`receipt::gc::plan`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Keep the newest N runs of each manifest.
+    pub keep: Option<usize>,
+    /// Delete runs that started longer ago than this.
+    pub max_age: Option<std::time::Duration>,
+    /// Delete the oldest runs until the runs' bytes fit (over every manifest in scope).
+    pub max_size: Option<u64>,
+}
+
+impl Retention {
+    pub fn is_empty(&self) -> bool {
+        self.keep.is_none() && self.max_age.is_none() && self.max_size.is_none()
+    }
 }
 
 /// `[notify]`: a command that receives the morning summary on stdin when a run ends.

@@ -813,6 +813,7 @@ mod tests {
             cells,
             redact: Default::default(),
             notify: None,
+            retention: None,
         }
     }
 

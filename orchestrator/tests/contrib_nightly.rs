@@ -258,8 +258,36 @@ fn a_night_that_cannot_run_is_told_and_never_passes() {
     let bad = n.path().join("bad.env");
     std::fs::write(&bad, "MEMRA_MANIFEST=manifest.toml\n").unwrap();
     let out = n.wrapper(&bad);
-    assert_ne!(out.status.code(), Some(0));
+    assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("set MEMRA_REPO"));
+    let typo = n.config("MEMRA_PULL=yes\n");
+    let out = n.wrapper(&typo);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("MEMRA_PULL=yes: write 1"));
+}
+
+#[test]
+fn a_night_refused_before_it_ran_never_logs_an_old_summary_as_its_own() {
+    let n = Night::new();
+    assert_eq!(n.wrapper(&n.config("")).status.code(), Some(0));
+    // Tonight the machine lacks what the run requires: nothing runs (exit 4).
+    let out = n.wrapper(&n.config("MEMRA_RUN_ARGS=\"--gpus none --require-gpus 1\"\n"));
+    assert_eq!(out.status.code(), Some(4));
+    let log = n
+        .logs()
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .find(|l| l.contains("run ended with exit 4"))
+        .expect("tonight's log");
+    assert!(
+        log.contains("summary: none, no run tonight (exit 4)"),
+        "{log}"
+    );
+    assert!(!log.contains("PASS wrapped run"), "{log}");
+    assert!(
+        n.read("wrapper-told.txt")
+            .contains("memra-orch run exited 4")
+    );
 }
 
 #[test]

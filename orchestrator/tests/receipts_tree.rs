@@ -84,6 +84,7 @@ fn hostile_cell_ids_cannot_write_outside_the_tree() {
             .collect(),
         redact: Default::default(),
         notify: None,
+        retention: None,
     };
     let (tree, _id) = Tree::create(&memra_orch::receipt::tree::manifest_dir(
         &work.join("receipts"),

@@ -415,3 +415,258 @@ fn summary_says_what_to_do_when_there_is_nothing_to_summarise() {
         "{err}"
     );
 }
+
+#[test]
+fn retention_keeps_the_newest_and_the_last_green_run_and_gc_takes_age_and_size_limits() {
+    let f = battery("[retention]\nkeep = 2\n");
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    for _ in 0..3 {
+        f.run(&["--var", "mode=fail"]);
+    }
+    // Nights: green, red, red, red. Kept: the newest two and the green baseline.
+    let runs = f.runs();
+    assert_eq!(runs.len(), 3, "{runs:?}");
+    let out = summary(&f, &["--since", "last-green"]);
+    let t = text(&out);
+    assert!(
+        t.contains("32 regressions") && t.contains("against last-green"),
+        "{t}"
+    );
+    // --no-retention deletes nothing.
+    f.run(&["--var", "mode=fail", "--no-retention"]);
+    assert_eq!(f.runs().len(), 4);
+
+    let gc = |args: &[&str]| {
+        logged(
+            Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+                .arg("gc")
+                .arg("--receipts")
+                .arg(f.path().join("receipts"))
+                .args(args)
+                .output()
+                .unwrap(),
+        )
+    };
+    let none = gc(&[]);
+    assert_eq!(none.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&none.stderr).contains("say what to keep"));
+    // A size nothing but protected runs could meet: the rest would go, and gc says the
+    // limit is not met (exit 1).
+    let tiny = gc(&["--max-size", "1", "--dry-run"]);
+    assert_eq!(tiny.status.code(), Some(1));
+    let said = text(&tiny);
+    assert_eq!(said.matches("would delete").count(), 2, "{said}");
+    assert!(
+        said.contains("(the oldest that could go to fit the size limit)"),
+        "{said}"
+    );
+    assert!(
+        String::from_utf8_lossy(&tiny.stderr).contains("over --max-size 1: every run left"),
+        "{}",
+        String::from_utf8_lossy(&tiny.stderr)
+    );
+    // Every run is older than a second by now; the newest and the baseline stay.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let old = gc(&["--older-than", "1s"]);
+    assert_eq!(old.status.code(), Some(0));
+    assert!(text(&old).contains("(older than 1s)"), "{}", text(&old));
+    assert_eq!(f.runs().len(), 2);
+    let bad = gc(&["--max-size", "lots"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not a size; write e.g. 50G"));
+}
+
+/// Writes an executable script into the fixture's folder.
+fn script(f: &Fixture, name: &str, body: &str) {
+    let path = f.path().join(name);
+    std::fs::write(&path, body).unwrap();
+    let mut p = std::fs::metadata(&path).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut p, 0o755);
+    std::fs::set_permissions(&path, p).unwrap();
+}
+
+#[test]
+fn bits_that_move_on_identical_inputs_are_in_the_headline_never_hidden_as_flaky() {
+    let f = Fixture::new(
+        r#"
+schema = 1
+name = "drift"
+
+[[arm]]
+id = "nd"
+run = ["${root}/gate.sh"]
+gpus = 0
+"#,
+    );
+    // The gate's artifact follows a file no input names: its bits move on identical inputs.
+    script(
+        &f,
+        "gate.sh",
+        "#!/bin/sh\ncat \"$(dirname \"$0\")/drift\" > \"$MEMRA_ORCH_ARTIFACTS/out.bin\"\necho '{\"check\":\"q\",\"status\":\"pass\"}' >> \"$MEMRA_ORCH_CHECKS\"\n",
+    );
+    // In a git work tree (the code named, so identical inputs are evidence), `drift`
+    // ignored: it is no input of the cell.
+    let git = |args: &[&str]| {
+        let ok = Command::new("git")
+            .args(args)
+            .current_dir(f.path())
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@example.com")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@example.com")
+            .output()
+            .unwrap();
+        assert!(
+            ok.status.success(),
+            "{}",
+            String::from_utf8_lossy(&ok.stderr)
+        );
+    };
+    std::fs::write(
+        f.path().join(".gitignore"),
+        "drift\nreceipts/\ngpu-leases/\n",
+    )
+    .unwrap();
+    git(&["init", "-q"]);
+    git(&["add", "-A"]);
+    git(&["commit", "-q", "-m", "gate"]);
+    let night = || {
+        logged(
+            Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+                .arg("run")
+                .arg(f.path().join("manifest.toml"))
+                .current_dir(f.path())
+                .env("MEMRA_GPU_LOCK_DIR", f.path().join("gpu-leases"))
+                .output()
+                .unwrap(),
+        )
+    };
+    std::fs::write(f.path().join("drift"), "0").unwrap();
+    assert_eq!(night().status.code(), Some(0));
+    std::fs::write(f.path().join("drift"), "1").unwrap();
+    assert_eq!(night().status.code(), Some(0));
+    let t = text(&summary(&f, &[]));
+    let head = t.lines().next().unwrap();
+    assert!(
+        head.ends_with("all as expected, bits moved in 1 cell (1 on identical inputs)"),
+        "{t}"
+    );
+    assert!(
+        t.contains("bits moved: nd [nondeterministic] (out.bin)"),
+        "{t}"
+    );
+    assert!(!t.contains("flaky"), "{t}");
+}
+
+#[test]
+fn a_secret_in_a_check_name_never_reaches_the_summary_or_the_receipt() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = recorder(dir.path());
+    let f = Fixture::new(&format!(
+        r#"
+schema = 1
+name = "leaky"
+
+[env]
+HF_TOKEN = "hf_abcdefSECRETVALUE"
+
+[notify]
+command = ["{rec}"]
+on = ["always"]
+
+[[arm]]
+id = "leaky"
+run = ["${{root}}/gate.sh"]
+gpus = 0
+"#
+    ));
+    script(
+        &f,
+        "gate.sh",
+        "#!/bin/sh\necho \"{\\\"check\\\":\\\"auth $HF_TOKEN\\\",\\\"status\\\":\\\"fail\\\",\\\"message\\\":\\\"token $HF_TOKEN refused\\\"}\" >> \"$MEMRA_ORCH_CHECKS\"\nexit 1\n",
+    );
+    assert_eq!(f.run(&[]).status.code(), Some(1));
+    let got = std::fs::read_to_string(dir.path().join("got.txt")).unwrap();
+    assert!(
+        got.contains("FAILING leaky fail: auth <redacted>: token <redacted> refused"),
+        "{got}"
+    );
+    for text in [
+        got,
+        std::fs::read_to_string(dir.path().join("json.txt")).unwrap(),
+        std::fs::read_to_string(f.tree().join("summary.json")).unwrap(),
+        std::fs::read_to_string(f.node_dir("leaky").join("receipt.json")).unwrap(),
+    ] {
+        assert!(!text.contains("SECRETVALUE"), "{text}");
+    }
+}
+
+#[test]
+fn a_newer_run_that_cannot_be_read_or_never_finished_makes_the_morning_red() {
+    let f = battery("");
+    f.run(&[]);
+    f.run(&[]);
+    f.run(&["--var", "mode=fail"]);
+    let runs = f.runs();
+    // The red night's run.json is damaged: the green night before it is no longer the news.
+    std::fs::write(runs[2].join("run.json"), "{\"schema\": 1, \"na").unwrap();
+    let out = summary(&f, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let t = text(&out);
+    assert!(t.contains("(its run.json cannot be read)"), "{t}");
+    // An older run's summary is not blamed for what happened after it.
+    let out = summary(&f, &[runs[0].to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+#[test]
+fn the_summary_of_a_killed_run_lists_what_it_wrote() {
+    let f = Fixture::new(
+        r#"
+schema = 1
+name = "killed"
+
+[[arm]]
+id = "bad"
+run = ["{gates}/fail.sh"]
+gpus = 0
+
+[[arm]]
+id = "long"
+needs = ["bad"]
+run = ["{gates}/pass.sh"]
+gpus = 0
+
+[[arm]]
+id = "hang"
+run = ["{gates}/wait-for.sh", "${root}/never"]
+gpus = 0
+"#,
+    );
+    let mut run = f.spawn(&[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !f.current_tree().is_some_and(|t| {
+        t.join("nodes").is_dir()
+            && crate::run_support::files_under(&t.join("nodes"))
+                .iter()
+                .any(|p| p.ends_with("receipt.json"))
+    }) && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    run.stop();
+    std::fs::write(f.path().join("never"), "").unwrap();
+    let tree = f.runs().pop().unwrap();
+    let out = summary(&f, &[tree.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let t = text(&out);
+    assert!(
+        t.starts_with("FAIL killed run ") && t.contains("the run never finished"),
+        "{t}"
+    );
+    assert!(
+        t.contains("FAILING bad fail: check always failed: row 1 differs"),
+        "{t}"
+    );
+    assert!(!t.contains("lost coverage"), "{t}");
+}

@@ -263,7 +263,9 @@ fn run_child(
         .args(["--gpus", &slot.gpus])
         .args(["--events", "json", "--progress", "quiet"])
         // A bisection's probe runs are no nights: nobody is told of them.
-        .arg("--no-notify");
+        .arg("--no-notify")
+        // Nor do they delete anything: the runs bisect reuses stay.
+        .arg("--no-retention");
     for (k, v) in &setting.vars {
         cmd.arg("--var").arg(format!("{k}={v}"));
     }

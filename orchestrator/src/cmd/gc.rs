@@ -1,10 +1,15 @@
-//! `memra-orch gc --keep N`: finds the runs under the receipts folder and deletes all but
-//! the newest N of each manifest, its last green run and the runs those carry receipts from
-//! (or prints what it would delete).
+//! `memra-orch gc [--keep N] [--older-than AGE] [--max-size SIZE]`: finds the runs under the
+//! receipts folder and deletes what a limit says (all but the newest N of each manifest,
+//! runs older than AGE, the oldest until the rest fit SIZE), never a manifest's newest run,
+//! its last green run or the runs those carry receipts from (or prints what it would
+//! delete, and why).
+
+use std::path::Path;
 
 use crate::ExitCode;
 use crate::cli::GcArgs;
-use crate::receipt::gc::{delete, plan, sweep_leftovers};
+use crate::executor::output::format_size;
+use crate::receipt::gc::{Retention, delete, plan, run_bytes, sweep_leftovers};
 use crate::receipt::resolve::{list_runs, receipts_root};
 
 /// The `gc` subcommand.
@@ -23,9 +28,32 @@ pub fn command(args: &GcArgs) -> ExitCode {
             return ExitCode::Usage;
         }
     };
-    let keep = usize::try_from(args.keep).unwrap_or(usize::MAX);
-    let decided = plan(&runs, keep, args.manifest.as_deref());
+    let retention = Retention {
+        keep: args.keep.map(|k| usize::try_from(k).unwrap_or(usize::MAX)),
+        max_age: args.older_than,
+        max_size: args.max_size,
+    };
+    if retention.is_empty() {
+        eprintln!(
+            "memra-orch gc: say what to keep: --keep N (the newest N runs of each manifest),              --older-than DURATION (e.g. 90d) and/or --max-size SIZE (e.g. 50G)"
+        );
+        return ExitCode::Usage;
+    }
+    let mut seen = std::collections::HashSet::new();
+    let decided = plan(
+        &runs,
+        &retention,
+        args.manifest.as_deref(),
+        std::time::SystemTime::now(),
+        &mut |r| run_bytes(&r.dir, &mut seen),
+    );
     let doomed = &decided.delete;
+    for dir in &decided.kept_newest {
+        println!(
+            "kept {}: the newest run of its manifest (a limit never deletes it)",
+            dir.display()
+        );
+    }
     for (dir, by) in &decided.kept_for_carry {
         println!(
             "kept {}: {} carries receipts from it",
@@ -57,14 +85,15 @@ pub fn command(args: &GcArgs) -> ExitCode {
     let mut failed = false;
     let mut deleted = 0usize;
     for dir in doomed {
+        let why = decided.why.get(dir).map(String::as_str).unwrap_or_default();
         if args.dry_run {
-            println!("would delete {}", dir.display());
+            println!("would delete {} ({why})", dir.display());
             continue;
         }
         match delete(dir) {
             Ok(()) => {
                 deleted += 1;
-                println!("deleted {}", dir.display())
+                println!("deleted {} ({why})", dir.display())
             }
             Err(e) => {
                 match &e.kind {
@@ -131,13 +160,40 @@ pub fn command(args: &GcArgs) -> ExitCode {
             }
         }
     }
+    let mut limits = Vec::new();
+    if let Some(k) = args.keep {
+        limits.push(format!("the newest {k} per manifest"));
+    }
+    if let Some(a) = args.older_than {
+        limits.push(format!(
+            "runs younger than {}",
+            humantime::format_duration(a)
+        ));
+    }
+    if let Some(m) = args.max_size {
+        limits.push(format!(
+            "at most {} ({} before, {} after)",
+            format_size(m),
+            about(decided.bytes_before.unwrap_or(0)),
+            about(decided.bytes_after.unwrap_or(0))
+        ));
+    }
     println!(
-        "{} of {} runs {}deleted; kept the newest {} per manifest",
+        "{} of {} runs {}deleted; kept {}",
         if args.dry_run { doomed.len() } else { deleted },
         runs.len(),
         if args.dry_run { "would be " } else { "" },
-        args.keep
+        limits.join(", ")
     );
+    if decided.over_size {
+        // A limit the protected runs alone pass is not met, and says so.
+        eprintln!(
+            "memra-orch gc: the runs kept still take {}, over --max-size {}: every run left is              its manifest's newest, its last green run, a run a kept run carries from or of              unknown age; raise the limit or free space elsewhere",
+            format_size(decided.bytes_after.unwrap_or(0)),
+            format_size(args.max_size.unwrap_or(0))
+        );
+        failed = true;
+    }
     // A tree kept because a run holds it, or one the file system would not let go, means
     // the request was not fully met; it is not a fault of memra-orch.
     if failed {
@@ -145,6 +201,61 @@ pub fn command(args: &GcArgs) -> ExitCode {
     } else {
         ExitCode::Ok
     }
+}
+
+/// A manifest's `[retention]`, applied by `run` when it ends: the runs of `name` its limits
+/// delete go (never the newest, the last green one or what a kept run carries from), the
+/// history index and the artifact store follow. Returns what to say, a line each.
+pub fn apply_retention(receipts: &Path, name: &str, r: &Retention) -> Vec<String> {
+    let runs = match list_runs(receipts) {
+        Ok(r) => r,
+        Err(e) => return vec![format!("retention: {e}")],
+    };
+    let mut seen = std::collections::HashSet::new();
+    let decided = plan(
+        &runs,
+        r,
+        Some(name),
+        std::time::SystemTime::now(),
+        &mut |run| run_bytes(&run.dir, &mut seen),
+    );
+    let mut said = Vec::new();
+    for dir in &decided.delete {
+        let why = decided.why.get(dir).map(String::as_str).unwrap_or_default();
+        match delete(dir) {
+            Ok(()) => said.push(format!("retention: deleted {} ({why})", dir.display())),
+            Err(e) => said.push(format!("retention: kept {}: {e}", dir.display())),
+        }
+    }
+    if decided.over_size {
+        said.push(format!(
+            "retention: the runs of {name} kept still take {}, over max_size {}: every run \
+             left is protected (the newest, the last green run, one a kept run carries from)",
+            about(decided.bytes_after.unwrap_or(0)),
+            format_size(r.max_size.unwrap_or(0))
+        ));
+    }
+    if !decided.delete.is_empty() {
+        let _ = crate::history::index::prune(receipts, name);
+        let _ = crate::receipt::store::sweep(&crate::receipt::store::store_dir(receipts));
+    }
+    said
+}
+
+/// A byte count to read, not to write back: `416.4KiB`, `2.5GiB`, `12B`.
+fn about(bytes: u64) -> String {
+    let mut v = bytes as f64;
+    for unit in ["B", "KiB", "MiB", "GiB"] {
+        if v < 1024.0 {
+            return if unit == "B" {
+                format!("{bytes}B")
+            } else {
+                format!("{v:.1}{unit}")
+            };
+        }
+        v /= 1024.0;
+    }
+    format!("{v:.1}TiB")
 }
 
 /// [`sweep_leftovers`] in every manifest folder under the receipts folder (dot folders are

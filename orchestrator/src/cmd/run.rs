@@ -121,7 +121,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     let fingerprints = crate::fingerprint::take_all(&plan)
         .map_err(|e| (ExitCode::RequirementUnmet, e.to_string()))?;
     let manifest_dir = tree::manifest_dir(&receipts, &commit.id, &plan.name);
-    let _lock = acquire_lock(&manifest_dir, args.wait_lock)?;
+    let lock = acquire_lock(&manifest_dir, args.wait_lock)?;
     // Two manifest files with one `name` would file their runs in one folder and read each
     // other's receipts as their own earlier runs.
     let earlier = resolve::runs_in_manifest_dir(&manifest_dir);
@@ -362,11 +362,21 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     if let Some(s) = &mut stream {
         s.finish_run(writer.run(), code);
     }
+    // The run is filed: its manifest folder is free for others (and for retention).
+    drop(lock);
+    if plan.notify.is_some() && args.no_notify {
+        eprintln!("memra-orch run: notify: skipped (--no-notify)");
+    }
     if let Some(n) = plan.notify.as_ref().filter(|_| !args.no_notify) {
         // After the run is filed: the summary reads it like any other. Never the exit code.
         match crate::notify::after_run(n, &plan.root, &receipts, &tree.dir, &plan.redact) {
             Ok(line) => eprintln!("memra-orch run: {line}"),
             Err(line) => eprintln!("memra-orch run: {line}"),
+        }
+    }
+    if let Some(r) = plan.retention.as_ref().filter(|_| !args.no_retention) {
+        for line in crate::cmd::gc::apply_retention(&receipts, &plan.name, r) {
+            eprintln!("memra-orch run: {line}");
         }
     }
     Ok(code)

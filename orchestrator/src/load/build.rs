@@ -287,6 +287,7 @@ pub fn build(
         cells,
         redact,
         notify,
+        retention: raw.retention,
     })
 }
 
@@ -506,6 +507,16 @@ impl Builder<'_, '_> {
             .iter()
             .filter_map(|a| self.subst(a, &scope))
             .collect();
+        if command.first().is_some_and(String::is_empty)
+            && let Some(first) = n.command.first()
+        {
+            self.err(
+                first.span(),
+                "`[notify] command` names an empty program once `${vars}` are substituted"
+                    .to_string(),
+                "give the variable a value (`--var NAME=VALUE`) or name the program".to_string(),
+            );
+        }
         let report_url = n.report_url.as_ref().and_then(|u| self.subst(u, &scope));
         let on = match &n.on {
             None => vec![NotifyOn::Fail, NotifyOn::Change],

@@ -6,88 +6,206 @@
 //! and named). Only folders holding a `run.json` are ever deleted: anything else under the
 //! receipts folder is not ours. `gc` is the only command that deletes receipts.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::error::{ReceiptError, ReceiptErrorKind as Kind};
 use super::resolve::FoundRun;
 use super::tree::{RunLock, is_run_id};
+pub use crate::plan::Retention;
 
 /// What `gc` decided.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct GcPlan {
-    /// Runs to delete, newest first within each manifest.
+    /// Runs to delete, newest first within each manifest, each with why.
     pub delete: Vec<PathBuf>,
-    /// Runs past `--keep` that stay because a kept run carries receipts from them, each with
+    /// Why each run of `delete` goes (`past --keep 30`, `older than 90days`, `to fit 50G`).
+    pub why: BTreeMap<PathBuf, String>,
+    /// Runs past a limit that stay because a kept run carries receipts from them, each with
     /// the run that does.
     pub kept_for_carry: Vec<(PathBuf, PathBuf)>,
     /// Runs of unknown age ([`super::resolve::unknown_age`]: dated in the future, or a
     /// start that does not parse), with their start: neither counted nor deleted.
     pub kept_future: Vec<(PathBuf, String)>,
-    /// Runs past `--keep` that stay because each is its manifest's last green run.
+    /// Runs past a limit that stay because each is its manifest's last green run.
     pub kept_green: Vec<PathBuf>,
+    /// Runs past a limit that stay because each is its manifest's newest run.
+    pub kept_newest: Vec<PathBuf>,
+    /// With a size limit: the bytes of the runs in scope before and after, and whether what
+    /// is kept still passes the limit (every run left is protected).
+    pub bytes_before: Option<u64>,
+    pub bytes_after: Option<u64>,
+    pub over_size: bool,
 }
 
-/// Decides which runs go. `runs` is newest first (as `list_runs` gives it).
-pub fn plan(runs: &[FoundRun], keep: usize, manifest: Option<&str>) -> GcPlan {
-    let mut per_manifest: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut doomed = Vec::new();
-    let mut kept = Vec::new();
-    let mut kept_future = Vec::new();
-    let mut kept_green = Vec::new();
+/// Decides which runs go. `runs` is newest first (as `list_runs` gives it); `size_of`
+/// gives a run's bytes (asked only with a size limit, newest first, so a file several runs
+/// link is counted in the newest). Never deleted: runs of other manifests than `manifest`,
+/// runs of unknown age, each manifest's newest run, each manifest's last green run (the
+/// baseline a morning diff and `--against last-green` read), and the runs a kept run
+/// carries receipts from.
+pub fn plan(
+    runs: &[FoundRun],
+    r: &Retention,
+    manifest: Option<&str>,
+    now: std::time::SystemTime,
+    size_of: &mut dyn FnMut(&FoundRun) -> u64,
+) -> GcPlan {
+    let mut out = GcPlan::default();
     // Each manifest's newest run of known age that ended green: the baseline stays.
     let mut last_green: BTreeMap<&str, &Path> = BTreeMap::new();
-    for r in runs {
-        if !super::resolve::unknown_age(&r.run.start) && super::resolve::green(r) {
-            last_green.entry(r.run.name.as_str()).or_insert(&r.dir);
+    for run in runs {
+        if !super::resolve::unknown_age(&run.run.start) && super::resolve::green(run) {
+            last_green.entry(run.run.name.as_str()).or_insert(&run.dir);
         }
     }
-    for r in runs {
-        if manifest.is_some_and(|m| r.run.name != m) {
-            kept.push(r);
+    // In scope, known age, newest first: (run, protected-as, doomed-because).
+    let mut scope: Vec<(&FoundRun, Option<&'static str>, Option<String>)> = Vec::new();
+    let mut others: Vec<&FoundRun> = Vec::new();
+    let mut per_manifest: BTreeMap<&str, usize> = BTreeMap::new();
+    for run in runs {
+        if manifest.is_some_and(|m| run.run.name != m) {
+            others.push(run);
             continue;
         }
-        if super::resolve::unknown_age(&r.run.start) {
-            kept_future.push((r.dir.clone(), r.run.start.clone()));
-            kept.push(r);
+        if super::resolve::unknown_age(&run.run.start) {
+            out.kept_future
+                .push((run.dir.clone(), run.run.start.clone()));
+            others.push(run);
             continue;
         }
-        let seen = per_manifest.entry(r.run.name.as_str()).or_default();
+        let seen = per_manifest.entry(run.run.name.as_str()).or_default();
         *seen += 1;
-        if *seen > keep && last_green.get(r.run.name.as_str()) != Some(&r.dir.as_path()) {
-            doomed.push(r);
+        let protected = if *seen == 1 {
+            Some("newest")
+        } else if last_green.get(run.run.name.as_str()) == Some(&run.dir.as_path()) {
+            Some("green")
         } else {
-            if *seen > keep {
-                kept_green.push(r.dir.clone());
-            }
-            kept.push(r);
+            None
+        };
+        let mut why = None;
+        if let Some(k) = r.keep
+            && *seen > k
+        {
+            why = Some(format!("past --keep {k}"));
         }
+        if let Some(age) = r.max_age
+            && super::resolve::start_time(&run.run.start)
+                .and_then(|t| now.duration_since(t).ok())
+                .is_some_and(|a| a > age)
+        {
+            why.get_or_insert_with(|| {
+                format!(
+                    "older than {}",
+                    humantime::format_duration(std::time::Duration::from_secs(age.as_secs()))
+                )
+            });
+        }
+        scope.push((run, protected, why));
     }
-    // The runs a kept run reads carried receipts from, and who reads them.
-    let mut needed: BTreeMap<PathBuf, PathBuf> = BTreeMap::new();
-    for r in &kept {
-        let sources: BTreeSet<PathBuf> = r
-            .run
-            .nodes
+    // The runs the kept ones read carried receipts from, and who reads them.
+    let needed = |scope: &[(&FoundRun, Option<&'static str>, Option<String>)],
+                  others: &[&FoundRun]|
+     -> BTreeMap<PathBuf, PathBuf> {
+        let mut needed = BTreeMap::new();
+        let kept = scope
             .iter()
-            .filter_map(|e| e.carried.as_ref()?.source_dir(&r.dir))
-            .collect();
-        for s in sources {
-            needed.entry(s).or_insert_with(|| r.dir.clone());
+            .filter(|(_, p, why)| why.is_none() || p.is_some())
+            .map(|(run, _, _)| *run)
+            .chain(others.iter().copied());
+        for run in kept {
+            for s in run
+                .run
+                .nodes
+                .iter()
+                .filter_map(|e| e.carried.as_ref()?.source_dir(&run.dir))
+            {
+                needed.entry(s).or_insert_with(|| run.dir.clone());
+            }
         }
-    }
-    let mut out = GcPlan {
-        kept_future,
-        kept_green,
-        ..GcPlan::default()
+        needed
     };
-    for r in doomed {
-        match needed.get(&r.dir) {
-            Some(by) => out.kept_for_carry.push((r.dir.clone(), by.clone())),
-            None => out.delete.push(r.dir.clone()),
+    let gone = |need: &BTreeMap<PathBuf, PathBuf>,
+                e: &(&FoundRun, Option<&'static str>, Option<String>)| {
+        e.2.is_some() && e.1.is_none() && !need.contains_key(&e.0.dir)
+    };
+    if let Some(limit) = r.max_size {
+        let sizes: Vec<u64> = scope.iter().map(|(run, _, _)| size_of(run)).collect();
+        let before: u64 = sizes.iter().sum();
+        out.bytes_before = Some(before);
+        let mut need = needed(&scope, &others);
+        let mut left: u64 = scope
+            .iter()
+            .zip(&sizes)
+            .filter(|(e, _)| !gone(&need, e))
+            .map(|(_, b)| *b)
+            .sum();
+        // The oldest run that may go, until the rest fits.
+        while left > limit {
+            let pick = scope
+                .iter()
+                .enumerate()
+                .rev()
+                .find(|(_, e)| e.2.is_none() && e.1.is_none() && !need.contains_key(&e.0.dir))
+                .map(|(i, _)| i);
+            let Some(i) = pick else {
+                out.over_size = true;
+                break;
+            };
+            scope[i].2 = Some("the oldest that could go to fit the size limit".to_string());
+            need = needed(&scope, &others);
+            left = scope
+                .iter()
+                .zip(&sizes)
+                .filter(|(e, _)| !gone(&need, e))
+                .map(|(_, b)| *b)
+                .sum();
+        }
+        out.bytes_after = Some(left);
+    }
+    let need = needed(&scope, &others);
+    for e in &scope {
+        let (run, protected, why) = e;
+        if why.is_none() {
+            continue;
+        }
+        match (protected, need.get(&run.dir)) {
+            (Some("newest"), _) => out.kept_newest.push(run.dir.clone()),
+            (Some(_), _) => out.kept_green.push(run.dir.clone()),
+            (None, Some(by)) => out.kept_for_carry.push((run.dir.clone(), by.clone())),
+            (None, None) => {
+                out.delete.push(run.dir.clone());
+                out.why
+                    .insert(run.dir.clone(), why.clone().unwrap_or_default());
+            }
         }
     }
     out
+}
+
+/// The bytes of the files under a run's folder that no newer run counted: a file several
+/// runs (or attempts) link, as every stored artifact is, is counted once, in the newest run
+/// holding it. Links are not followed.
+pub fn run_bytes(dir: &Path, seen: &mut std::collections::HashSet<(u64, u64)>) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0u64;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(m) = e.path().symlink_metadata() else {
+                continue;
+            };
+            if m.is_dir() {
+                stack.push(e.path());
+            } else if m.is_file() && seen.insert((m.dev(), m.ino())) {
+                total += m.len();
+            }
+        }
+    }
+    total
 }
 
 /// The prefix of a run moved aside for deletion (`.gc-<name>-<pid>`), in its manifest
@@ -220,6 +338,15 @@ mod tests {
     use super::*;
     use crate::receipt::{Carried, NodeIndexEntry, RunReceipt};
 
+    /// `plan` with `--keep N` alone.
+    fn keep(runs: &[FoundRun], n: usize, manifest: Option<&str>) -> GcPlan {
+        let r = Retention {
+            keep: Some(n),
+            ..Retention::default()
+        };
+        plan(runs, &r, manifest, std::time::SystemTime::now(), &mut |_| 0)
+    }
+
     fn found(dir: &str, name: &str, start: &str, carried: Option<Carried>) -> FoundRun {
         let mut run: RunReceipt = serde_json::from_value(serde_json::json!({
             "schema": 1, "name": name, "manifest": {"path": "m", "bytes": 0, "sha256": ""},
@@ -271,19 +398,25 @@ mod tests {
                 None,
             )),
             found(mid, "smoke", "2026-11-02T00:00:00Z", None),
+            red(found(
+                "/r/c/other/20261101T000000.000Z-eeee",
+                "other",
+                "2026-11-01T00:00:00Z",
+                None,
+            )),
             found(old, "smoke", "2026-11-01T00:00:00Z", None),
         ];
-        let p = plan(&runs, 1, None);
+        let p = keep(&runs, 1, Some("smoke"));
         assert_eq!(p.delete, vec![PathBuf::from(mid)]);
         assert_eq!(
             p.kept_for_carry,
             vec![(PathBuf::from(old), PathBuf::from(new))]
         );
         // Another manifest's runs are never counted against this one.
-        let p = plan(&runs, 0, Some("other"));
+        let p = keep(&runs, 1, Some("other"));
         assert_eq!(
             p.delete,
-            vec![PathBuf::from("/r/c/other/20261102T000000.000Z-dddd")]
+            vec![PathBuf::from("/r/c/other/20261101T000000.000Z-eeee")]
         );
     }
 
@@ -321,7 +454,7 @@ mod tests {
             found(older_green, "smoke", "2026-11-01T12:00:00Z", None),
             red(found(base, "smoke", "2026-11-01T00:00:00Z", None)),
         ];
-        let p = plan(&runs, 1, None);
+        let p = keep(&runs, 1, None);
         assert_eq!(p.kept_green, vec![PathBuf::from(green)]);
         assert_eq!(
             p.kept_for_carry,
@@ -352,8 +485,76 @@ mod tests {
             unfinished,
             found(green, "smoke", "2026-11-02T00:00:00Z", None),
         ];
-        let p = plan(&runs, 1, None);
+        let p = keep(&runs, 1, None);
         assert_eq!(p.kept_green, vec![PathBuf::from(green)]);
+    }
+
+    #[test]
+    fn age_and_size_limits_delete_the_oldest_and_never_a_protected_run() {
+        let day = |d: u32| format!("2026-11-{d:02}T00:00:00Z");
+        let dir = |d: u32| format!("/r/c/smoke/202611{d:02}T000000.000Z-aaaa");
+        // Nights 1..=6, newest first; night 2 is the last green one, night 6 the newest.
+        let runs: Vec<FoundRun> = (1..=6)
+            .rev()
+            .map(|d| {
+                let r = found(&dir(d), "smoke", &day(d), None);
+                if d == 2 { r } else { red(r) }
+            })
+            .collect();
+        let now = crate::receipt::resolve::start_time("2026-11-07T00:00:00Z").unwrap();
+        let age = |days: u64| Retention {
+            max_age: Some(std::time::Duration::from_secs(days * 86_400)),
+            ..Retention::default()
+        };
+        // Older than 3.5 days: nights 1, 2, 3; night 2 is the baseline and stays.
+        let p = plan(&runs, &age(3), None, now, &mut |_| 0);
+        assert_eq!(p.delete, vec![PathBuf::from(dir(3)), PathBuf::from(dir(1))]);
+        assert_eq!(p.why[&PathBuf::from(dir(3))], "older than 3days");
+        assert_eq!(p.kept_green, vec![PathBuf::from(dir(2))]);
+        // Everything is older than a day, but the newest run always stays.
+        let p = plan(&runs, &age(0), None, now, &mut |_| 0);
+        assert_eq!(p.kept_newest, vec![PathBuf::from(dir(6))]);
+        assert_eq!(p.delete.len(), 4);
+        // 10 bytes a run, 35 allowed: the oldest that may go go until 30 are left.
+        let size = Retention {
+            max_size: Some(35),
+            ..Retention::default()
+        };
+        let p = plan(&runs, &size, None, now, &mut |_| 10);
+        assert_eq!(
+            p.delete,
+            vec![
+                PathBuf::from(dir(4)),
+                PathBuf::from(dir(3)),
+                PathBuf::from(dir(1))
+            ]
+        );
+        assert_eq!((p.bytes_before, p.bytes_after), (Some(60), Some(30)));
+        assert!(!p.over_size);
+        // A limit nothing but protected runs could meet is said, not forced.
+        let tiny = Retention {
+            max_size: Some(5),
+            ..Retention::default()
+        };
+        let p = plan(&runs, &tiny, None, now, &mut |_| 10);
+        assert!(p.over_size);
+        assert_eq!(p.delete.len(), 4);
+        assert_eq!(p.bytes_after, Some(20));
+    }
+
+    #[test]
+    fn run_bytes_counts_a_file_several_runs_link_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+        std::fs::create_dir_all(a.join("nodes")).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        std::fs::write(a.join("nodes/x"), [0u8; 100]).unwrap();
+        std::fs::hard_link(a.join("nodes/x"), b.join("x")).unwrap();
+        std::fs::write(b.join("y"), [0u8; 7]).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", b.join("link")).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        assert_eq!(run_bytes(&b, &mut seen), 107);
+        assert_eq!(run_bytes(&a, &mut seen), 0);
     }
 
     #[test]
@@ -374,7 +575,7 @@ mod tests {
             found("/r/c/smoke/x-new", "smoke", "2026-11-03T00:00:00Z", None),
             found("/r/c/smoke/x-old", "smoke", "2026-11-02T00:00:00Z", None),
         ];
-        let p = plan(&runs, 1, None);
+        let p = keep(&runs, 1, None);
         assert_eq!(p.delete, vec![PathBuf::from("/r/c/smoke/x-old")]);
         assert_eq!(p.kept_future.len(), 2);
     }

@@ -481,6 +481,53 @@ pub fn morning(receipts: &Path, manifest: Option<&str>) -> Result<Vec<Morning>, 
     Ok(out)
 }
 
+/// The run folders of manifest `name` under `receipts` whose `run.json` is missing or cannot
+/// be read (a damaged tree; [`list_runs`] leaves them out), each with the start its id
+/// names.
+pub fn unreadable_runs(
+    receipts: &Path,
+    name: &str,
+) -> Vec<(PathBuf, Option<std::time::SystemTime>)> {
+    let mut out = Vec::new();
+    let Ok(commits) = std::fs::read_dir(receipts) else {
+        return out;
+    };
+    for c in commits.flatten() {
+        if c.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let Ok(entries) = std::fs::read_dir(c.path().join(name)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let id = e.file_name().to_string_lossy().into_owned();
+            if !is_run_id(&id) || !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if read_json::<RunReceipt>(&e.path().join("run.json"))
+                .ok()
+                .flatten()
+                .is_none()
+            {
+                // `YYYYMMDDTHHMMSS.mmmZ-xxxx` names its start.
+                let b = id.as_bytes();
+                let rfc = format!(
+                    "{}-{}-{}T{}:{}:{}Z",
+                    &id[0..4],
+                    &id[4..6],
+                    &id[6..8],
+                    &id[9..11],
+                    &id[11..13],
+                    &id[13..19]
+                );
+                let start = (b.len() >= 20).then(|| start_time(&rfc)).flatten();
+                out.push((e.path(), start));
+            }
+        }
+    }
+    out
+}
+
 /// Whether a run finished with every cell as expected (`pass` or `skipped`).
 pub fn green(r: &FoundRun) -> bool {
     r.complete()

@@ -64,6 +64,9 @@ pub struct Item {
 #[derive(Debug, Clone, Serialize)]
 pub struct Moved {
     pub id: String,
+    /// `changed` (across different inputs), `nondeterministic` (on identical inputs) or
+    /// `gpu-dependent` (on identical inputs, between two GPUs of one model).
+    pub kind: &'static str,
     pub artifacts: Vec<String>,
     /// Elements whose bits differ, over all tensors read.
     pub values_differ: u64,
@@ -97,7 +100,7 @@ pub struct Brief {
     pub still_failing: Vec<Item>,
     pub device_faults: Vec<Item>,
     pub bits_moved: Vec<Moved>,
-    /// Flaky, nondeterministic and GPU-dependent cells (`diff` sets them apart).
+    /// Cells whose verdict flipped on identical inputs (`diff`'s flaky).
     pub flaky: Vec<String>,
     pub fixes: Vec<String>,
     /// Newer runs of the manifest that never finished.
@@ -215,21 +218,32 @@ pub fn build(s: &Subject<'_>, d: Option<(&Diff, Baseline)>, note: Option<String>
             }
             b.still_failing = d.still_failing.iter().map(item).collect();
             b.device_faults = d.device_faults.iter().map(item).collect();
-            b.bits_moved = d.bits_moved.iter().map(moved).collect();
-            b.flaky = d
-                .flaky
+            // Bits that moved on identical inputs moved all the same: never hidden as flaky.
+            b.bits_moved = d
+                .bits_moved
                 .iter()
-                .map(|f| f.change.id.clone())
-                .chain(d.nondeterministic.iter().map(|m| m.id.clone()))
-                .chain(d.gpu_dependent.iter().map(|g| g.moved.id.clone()))
+                .map(|m| moved(m, "changed"))
+                .chain(
+                    d.nondeterministic
+                        .iter()
+                        .map(|m| moved(m, "nondeterministic")),
+                )
+                .chain(
+                    d.gpu_dependent
+                        .iter()
+                        .map(|g| moved(&g.moved, "gpu-dependent")),
+                )
                 .collect();
+            b.flaky = d.flaky.iter().map(|f| f.change.id.clone()).collect();
             b.fixes = d.fixes.iter().map(|f| f.id.clone()).collect();
             b.baseline = Some(base);
         }
         None => {
-            // Nothing to compare with: what is not as expected is listed from the run.
-            b.still_failing = run
-                .nodes
+            // Nothing to compare with: what is not as expected is listed from the run, the
+            // cells that ran before those they blocked.
+            let mut entries: Vec<&crate::receipt::NodeIndexEntry> = run.nodes.iter().collect();
+            entries.sort_by_key(|e| matches!(e.verdict, Verdict::Blocked | Verdict::Cancelled));
+            b.still_failing = entries
                 .iter()
                 .filter(|e| !e.verdict.as_expected() && e.verdict != Verdict::DeviceFault)
                 .map(|e| Item {
@@ -277,9 +291,10 @@ fn run_problem(run: &crate::receipt::RunReceipt) -> Option<String> {
     }
 }
 
-fn moved(m: &BitsMoved) -> Moved {
+fn moved(m: &BitsMoved, kind: &'static str) -> Moved {
     let mut out = Moved {
         id: m.id.clone(),
+        kind,
         artifacts: m.artifacts.iter().map(|a| a.name.clone()).collect(),
         values_differ: 0,
         max_abs: None,
@@ -387,17 +402,45 @@ pub fn for_run(
             }
         }
     };
-    // Runs that never finished since the baseline (killed nights, or one still going).
-    let floor = base.map(|(b, _)| resolve::start_time(&b.run.start));
-    let unfinished: Vec<String> = runs
+    // A killed run is no baseline and has nothing to compare: what it wrote is listed.
+    let (base, note) = if run.end.is_none() {
+        (
+            None,
+            Some("the run never finished: what it wrote is listed, nothing compared".to_string()),
+        )
+    } else {
+        (base, note)
+    };
+    // Runs that never finished, or whose run.json cannot be read, since the baseline (and,
+    // for a run that is not the newest, before it): killed nights, damaged trees, or one
+    // still going.
+    let newest = runs
+        .iter()
+        .find(|r| r.complete())
+        .is_some_and(|r| same(&r.dir, subject));
+    let floor = base.and_then(|(b, _)| resolve::start_time(&b.run.start));
+    let ceiling = resolve::start_time(&run.start).filter(|_| !newest);
+    let window = |start: Option<std::time::SystemTime>| {
+        floor.is_none_or(|f| start.is_some_and(|s| s > f))
+            && ceiling.is_none_or(|c| start.is_none_or(|s| s < c))
+    };
+    let mut unfinished: Vec<String> = runs
         .iter()
         .filter(|r| !r.complete() && !same(&r.dir, subject))
-        .filter(|r| match &floor {
-            Some(f) => resolve::start_time(&r.run.start) > *f,
-            None => true,
-        })
+        .filter(|r| window(resolve::start_time(&r.run.start)))
         .map(|r| r.id_label().to_string())
         .collect();
+    unfinished.extend(
+        resolve::unreadable_runs(receipts, &run.name)
+            .into_iter()
+            .filter(|(_, start)| window(*start))
+            .map(|(dir, _)| {
+                format!(
+                    "{} (its run.json cannot be read)",
+                    dir.file_name().unwrap_or_default().to_string_lossy()
+                )
+            }),
+    );
     let options = CompareOptions {
         thresholds: Thresholds::default(),
         allow_lost,
@@ -432,7 +475,15 @@ pub fn for_run(
             Ok(build(&s, Some((&d, baseline)), note))
         }
         None => {
-            let new = crate::diff::load_for_diff(subject).map_err(|e| e.to_string())?;
+            let mut new = crate::diff::load_for_diff(subject).map_err(|e| e.to_string())?;
+            if new.run.end.is_none() {
+                // Its run.json's index was never written: the receipts its cells wrote.
+                new.run.nodes = crate::receipt::load::written_entries(subject);
+                new.run.counts.clear();
+                for e in &new.run.nodes {
+                    *new.run.counts.entry(e.verdict).or_default() += 1;
+                }
+            }
             let s = Subject {
                 manifest: &manifest,
                 run_id: &run_id,
@@ -457,10 +508,13 @@ pub fn lines(b: &Brief, style: Style) -> Vec<String> {
     let md = style == Style::Markdown;
     let id = |s: &str| -> String {
         let flat = one_line(s, TEXT_WIDTH);
-        if md {
-            format!("`{}`", flat.replace('`', "'"))
-        } else {
+        if !md {
             flat
+        } else if flat.contains('`') {
+            // A code span holding backticks is fenced by two, spaced.
+            format!("`` {flat} ``")
+        } else {
+            format!("`{flat}`")
         }
     };
     let text = |s: &str| -> String {
@@ -509,15 +563,27 @@ pub fn lines(b: &Brief, style: Style) -> Vec<String> {
     if !b.unfinished.is_empty() {
         what.push(plural(b.unfinished.len(), "unfinished run"));
     }
-    // A green night never hides moved bits: they are in the headline.
+    // A green night never hides moved bits: they are in the headline. Cells whose verdict
+    // changed are listed as such, not among moved bits, so "no bits moved" is said only when
+    // no verdict changed either.
     if b.bits_moved.is_empty() {
         if b.baseline.is_some() {
-            what.push("no bits moved".to_string());
+            what.push(if b.regressions.is_empty() && b.fixes.is_empty() {
+                "no bits moved".to_string()
+            } else {
+                "no bits moved in the cells that kept their verdict".to_string()
+            });
         }
     } else {
+        let odd = b.bits_moved.iter().filter(|m| m.kind != "changed").count();
         what.push(format!(
-            "bits moved in {}",
-            plural(b.bits_moved.len(), "cell")
+            "bits moved in {}{}",
+            plural(b.bits_moved.len(), "cell"),
+            if odd > 0 {
+                format!(" ({odd} on identical inputs)")
+            } else {
+                String::new()
+            }
         ));
     }
     if !b.flaky.is_empty() {
@@ -606,6 +672,9 @@ pub fn lines(b: &Brief, style: Style) -> Vec<String> {
             .iter()
             .map(|m| {
                 let mut s = m.id.clone();
+                if m.kind != "changed" {
+                    let _ = write!(s, " [{}]", m.kind);
+                }
                 if let Some(a) = m.max_abs {
                     let _ = write!(
                         s,
@@ -627,7 +696,7 @@ pub fn lines(b: &Brief, style: Style) -> Vec<String> {
     }
     if !b.flaky.is_empty() {
         tail.push(format!(
-            "flaky (same inputs, other result): {}",
+            "flaky (same inputs, other verdict): {}",
             ids(&b.flaky)
         ));
     }
@@ -641,7 +710,12 @@ pub fn lines(b: &Brief, style: Style) -> Vec<String> {
             ids(&b.unfinished)
         ));
     }
-    tail.push(format!("more: {}", text(&b.more)));
+    // Whole, so the command or address can be pasted.
+    let more = one_line(&b.more, usize::MAX);
+    tail.push(format!(
+        "more: {}",
+        if md { md_escape(&more) } else { more }
+    ));
 
     let mut out = vec![head, second];
     let room = MAX_LINES - out.len() - tail.len();
@@ -763,6 +837,7 @@ mod tests {
             device_faults: vec![item("hw")],
             bits_moved: vec![Moved {
                 id: "b".into(),
+                kind: "changed",
                 artifacts: vec!["x".into()],
                 values_differ: 0,
                 max_abs: None,
@@ -824,7 +899,7 @@ mod tests {
         let l = lines(&b, Style::Markdown);
         let r = l.iter().find(|x| x.contains("REGRESSED")).unwrap();
         assert!(r.contains(r"\*bold\* \[link\](x) \`code\` \<b\>"), "{r}");
-        assert!(r.contains("`a'b`"), "{r}");
+        assert!(r.contains("`` a`b ``"), "{r}");
     }
 
     #[test]
