@@ -516,6 +516,11 @@ pub struct HistoryArgs {
     /// `text`, `markdown` or `json` (the whole history model).
     #[arg(long, value_enum, default_value_t = HistoryFormat::Text)]
     pub format: HistoryFormat,
+    /// The regressions feed instead of the timelines: every step the selected cells'
+    /// metrics took to a new level across the runs, newest first (a penalised step fit,
+    /// docs/diff.md).
+    #[arg(long)]
+    pub steps: bool,
 }
 
 #[derive(Debug, Args)]

@@ -32,7 +32,18 @@ fn command_inner(args: &HistoryArgs) -> Result<String, String> {
         index: index::Mode::Use,
     };
     let h = history::load(&receipts, &manifest, &opts).map_err(|e| e.to_string())?;
-    let text = history::render::render(&h, args.format);
+    let text = if args.steps {
+        use crate::history::render::HistoryFormat;
+        let items = history::steps::feed(&h);
+        match args.format {
+            HistoryFormat::Json => {
+                serde_json::to_string_pretty(&items).map_err(|e| e.to_string())? + "\n"
+            }
+            f => history::steps::render(&h, &items, f == HistoryFormat::Markdown),
+        }
+    } else {
+        history::render::render(&h, args.format)
+    };
     // Cell names and messages came from manifests and gates: no control or bidirectional
     // character reaches the terminal raw (JSON escapes its own).
     Ok(match args.format {

@@ -25,6 +25,7 @@
 pub mod build;
 pub mod index;
 pub mod render;
+pub mod steps;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -116,6 +116,7 @@ pub fn view(history: &History) -> Result<ReportView, ReceiptError> {
         receipts: history.receipts.clone(),
         runs,
         cells,
+        feed: crate::history::steps::feed(history),
     })
 }
 

@@ -31,6 +31,36 @@ pub const MARKER: &str = "memra-report.json";
 /// Format version of [`MARKER`].
 pub const MARKER_SCHEMA: u32 = 1;
 
+/// The regressions feed: every step of the cells' metrics across the report's runs
+/// (`history --steps`), as text and as JSON.
+pub const FEED_TEXT: &str = "regressions.txt";
+pub const FEED_JSON: &str = "regressions.json";
+
+fn feed_text(view: &ReportView) -> String {
+    let h = crate::history::History {
+        receipts: view.receipts.clone(),
+        manifest: view.manifest.clone(),
+        runs: Vec::new(),
+        cells: Vec::new(),
+    };
+    let mut text = crate::history::steps::render(&h, &view.feed, false);
+    // The counts line names what the report covers, not the empty history above.
+    if let Some(first) = text.lines().next() {
+        let counts = format!(
+            "{} step{} in the metrics of {} ({} cell{} over {} run{})",
+            view.feed.len(),
+            if view.feed.len() == 1 { "" } else { "s" },
+            view.manifest,
+            view.cells.len(),
+            if view.cells.len() == 1 { "" } else { "s" },
+            view.runs.len(),
+            if view.runs.len() == 1 { "" } else { "s" },
+        );
+        text = text.replacen(first, &counts, 1);
+    }
+    crate::report::escape::control(&text).into_owned()
+}
+
 /// [`MARKER`]'s content.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Marker {
@@ -159,6 +189,12 @@ pub fn write_site(dir: &Path, view: &ReportView) -> Result<Written, SiteError> {
             pages::run(view, i, &dir),
         ));
     }
+    // The regressions feed, for people and for tools.
+    out.push((FEED_TEXT.to_string(), feed_text(view)));
+    out.push((
+        FEED_JSON.to_string(),
+        serde_json::to_string_pretty(&view.feed).unwrap_or_default() + "\n",
+    ));
     let files: BTreeSet<String> = out.iter().map(|(name, _)| name.clone()).collect();
 
     // The marker names the old files and the new ones while the pages are written, so a
@@ -260,7 +296,7 @@ fn previous_files(dir: &Path) -> Result<BTreeSet<String>, SiteError> {
 /// Whether `name` is a path the report writes: `index.html`, or `cells/<name>.html` /
 /// `runs/<name>.html` with a plain file name.
 fn is_report_file(name: &str) -> bool {
-    if name == "index.html" {
+    if name == "index.html" || name == FEED_TEXT || name == FEED_JSON {
         return true;
     }
     match name.split_once('/') {
@@ -302,6 +338,7 @@ mod tests {
                 last_failure: None,
                 doors: None,
             }],
+            feed: Vec::new(),
         }
     }
 

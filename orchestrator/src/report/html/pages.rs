@@ -64,6 +64,29 @@ pub fn index(view: &ReportView) -> String {
         view.cells.len(),
         html(&view.receipts.to_string_lossy())
     );
+    let current = view.feed.iter().filter(|f| f.current).count();
+    let _ = writeln!(
+        b,
+        "<p id=\"feed\" data-steps=\"{}\">{} step{} in the cells' metrics across these runs ({} \
+         still standing), newest first: <a href=\"{}\">text</a>, <a href=\"{}\">JSON</a>{}</p>",
+        view.feed.len(),
+        view.feed.len(),
+        if view.feed.len() == 1 { "" } else { "s" },
+        current,
+        super::FEED_TEXT,
+        super::FEED_JSON,
+        match view.feed.first() {
+            Some(f) => format!(
+                "; the newest: <code>{}</code> <code>{}</code> {} → {} at {}",
+                html(&f.cell),
+                html(&f.metric),
+                f.before,
+                f.after,
+                html(&f.run)
+            ),
+            None => String::new(),
+        }
+    );
     legend(&mut b);
     let _ = writeln!(b, "<table id=\"matrix\">\n<tr><th>cell</th>");
     for (i, run) in view.runs.iter().enumerate() {
@@ -323,13 +346,28 @@ fn plots(b: &mut String, cell: &CellView) {
                 Point::Absent => None,
             })
             .collect();
-        if let Some(svg) = metric_svg(&values) {
+        let steps = crate::history::steps::detect(&values);
+        let at: Vec<usize> = steps.iter().map(|s| s.at).collect();
+        if let Some(svg) = metric_svg(&values, &at) {
+            let said: Vec<String> = steps
+                .iter()
+                .map(|s| format!("run #{}: {} → {}", s.at + 1, s.before, s.after))
+                .collect();
             let _ = writeln!(
                 b,
-                "<figure data-metric=\"{}\"><figcaption><code>{}</code></figcaption>\n{svg}\
-                 </figure>",
+                "<figure data-metric=\"{}\" data-steps=\"{}\"><figcaption><code>{}</code>{}\
+                 </figcaption>\n{svg}</figure>",
                 html(name),
-                html(name)
+                at.iter()
+                    .map(|a| (a + 1).to_string())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                html(name),
+                if said.is_empty() {
+                    String::new()
+                } else {
+                    format!(" — steps at {}", html(&said.join("; ")))
+                }
             );
         }
     }

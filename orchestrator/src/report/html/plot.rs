@@ -7,7 +7,7 @@ use plotters::prelude::*;
 
 /// The SVG of `values` (one per run, `None` where the run has no value), or `None` when no
 /// run has one.
-pub fn metric_svg(values: &[Option<f64>]) -> Option<String> {
+pub fn metric_svg(values: &[Option<f64>], steps: &[usize]) -> Option<String> {
     let finite: Vec<f64> = values
         .iter()
         .flatten()
@@ -26,13 +26,14 @@ pub fn metric_svg(values: &[Option<f64>]) -> Option<String> {
         lo.abs().max(1.0) * 0.1
     };
     let mut svg = String::new();
-    draw(&mut svg, values, (lo - pad, hi + pad)).ok()?;
+    draw(&mut svg, values, steps, (lo - pad, hi + pad)).ok()?;
     Some(svg)
 }
 
 fn draw(
     svg: &mut String,
     values: &[Option<f64>],
+    steps: &[usize],
     (lo, hi): (f64, f64),
 ) -> Result<(), Box<dyn std::error::Error>> {
     let runs = values.len();
@@ -52,6 +53,13 @@ fn draw(
         .x_desc("run")
         .draw()?;
     let blue = RGBColor(31, 94, 168);
+    // A change point: a red line between the last run of the old level and the first of
+    // the new.
+    let red = RGBColor(200, 30, 30);
+    for &at in steps {
+        let x = at as f64 + 0.5;
+        chart.draw_series(LineSeries::new([(x, lo), (x, hi)], red.stroke_width(2)))?;
+    }
     // One line per stretch of consecutive runs that have the metric.
     let mut stretch: Vec<(f64, f64)> = Vec::new();
     let mut points: Vec<(f64, f64)> = Vec::new();
@@ -81,7 +89,7 @@ mod tests {
 
     #[test]
     fn a_metric_becomes_an_svg_with_a_point_per_value() {
-        let svg = metric_svg(&[Some(1.0), None, Some(3.0), Some(2.0)]).unwrap();
+        let svg = metric_svg(&[Some(1.0), None, Some(3.0), Some(2.0)], &[]).unwrap();
         assert!(svg.starts_with("<svg"), "{svg}");
         assert_eq!(svg.matches("<circle").count(), 3, "{svg}");
         // The gap splits the line in two.
@@ -90,7 +98,14 @@ mod tests {
             .filter(|l| l.starts_with("<polyline") && l.contains("#1F5EA8"))
             .count();
         assert_eq!(lines, 2, "{svg}");
-        assert!(metric_svg(&[None, None]).is_none());
-        assert!(metric_svg(&[Some(5.0)]).is_some());
+        assert!(metric_svg(&[None, None], &[]).is_none());
+        assert!(metric_svg(&[Some(5.0)], &[]).is_some());
+        // A step is a red line, one per step.
+        let svg = metric_svg(&[Some(1.0), Some(1.0), Some(2.0)], &[2]).unwrap();
+        let red = svg
+            .lines()
+            .filter(|l| l.starts_with("<polyline") && l.contains("#C81E1E"))
+            .count();
+        assert_eq!(red, 1, "{svg}");
     }
 }

@@ -20,6 +20,9 @@ pub struct ReportView {
     pub runs: Vec<RunView>,
     /// Sorted by id.
     pub cells: Vec<CellView>,
+    /// The steps of the cells' metrics across these runs, newest first (the regressions
+    /// feed, `history --steps`).
+    pub feed: Vec<crate::history::steps::FeedItem>,
 }
 
 /// One run: a column of the matrix and a page of its own.
