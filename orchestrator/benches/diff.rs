@@ -185,6 +185,7 @@ fn write_tree(dir: &Path, generation: usize) {
         env_matrices: vec![],
         commit: format!("commit{generation}"),
         commit_sha: None,
+        commit_subject: None,
         dirty: false,
         code: None,
         fingerprints: Vec::new(),

@@ -132,6 +132,7 @@ fn write_run(receipts: &Path, night: usize) {
         env_matrices: vec![],
         commit: commit.clone(),
         commit_sha: Some(commit),
+        commit_subject: None,
         dirty: false,
         code: None,
         fingerprints: Vec::new(),

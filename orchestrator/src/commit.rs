@@ -29,6 +29,9 @@ pub struct CommitId {
     /// tree, `git:<tree sha>+<sha256 of the uncommitted changes>` for a dirty one, `None`
     /// when git knows no HEAD here (the code cannot be named).
     pub code: Option<String>,
+    /// The commit's subject line, when `sha` names a commit (shown beside the commit in
+    /// the report and the summary).
+    pub subject: Option<String>,
 }
 
 /// Folder name used for runs outside any git repository. It is stable, so `--resume` works
@@ -61,11 +64,14 @@ pub fn resolve(
         validate_override(id)?;
         // An override that is the root's own HEAD (what `bisect` passes for the worktree
         // it made) still records the sha: the folder name is then a commit, not a label.
+        let sha = head.filter(|h| h == id);
+        let subject = sha.as_ref().and_then(|s| subject_of(root, s));
         return Ok(CommitId {
             id: id.to_string(),
-            sha: head.filter(|h| h == id),
+            sha,
             dirty: id.ends_with("-dirty"),
             code,
+            subject,
         });
     }
     let Some(sha) = head else {
@@ -74,6 +80,7 @@ pub fn resolve(
             sha: None,
             dirty: false,
             code: None,
+            subject: None,
         });
     };
     let id = if dirty {
@@ -81,12 +88,21 @@ pub fn resolve(
     } else {
         sha.clone()
     };
+    let subject = subject_of(root, &sha);
     Ok(CommitId {
         id,
         sha: Some(sha),
         dirty,
         code,
+        subject,
     })
+}
+
+/// The subject line of commit `sha`, cut to 200 characters.
+fn subject_of(root: &Path, sha: &str) -> Option<String> {
+    let s = git(root, &["log", "-1", "--format=%s", sha, "--"])?;
+    let s = s.trim();
+    (!s.is_empty()).then(|| s.chars().take(200).collect())
 }
 
 /// The pathspecs that select the whole work tree of `root` but the `own` paths inside it.
@@ -403,6 +419,7 @@ mod tests {
                 sha: None,
                 dirty: false,
                 code: None,
+                subject: None,
             }
         );
     }

@@ -202,6 +202,10 @@ fn two_nights_pull_build_run_and_send_the_morning_summary() {
         got.contains(&sha[..12]),
         "the night names the commit it ran:\n{got}"
     );
+    assert!(
+        lines[1].starts_with("gate: fail · 1 cells: fail 1"),
+        "and its subject:\n{got}"
+    );
     // A third night: the logs kept are the newest two.
     n.wrapper(&config);
     assert_eq!(n.logs().len(), 2);

@@ -235,6 +235,7 @@ fn summary(run: &RunReceipt, commit: &str, rel: &str) -> RunSummary {
         id: run.run_id.clone().unwrap_or_else(|| "-".to_string()),
         commit: commit.to_string(),
         commit_sha: run.commit_sha.clone(),
+        subject: run.commit_subject.clone(),
         start: run.start.clone(),
         end: run.end.clone(),
         verdict: run.verdict.clone(),

@@ -59,6 +59,9 @@ pub struct RunSummary {
     pub commit: String,
     /// The commit sha git gave, when there was one.
     pub commit_sha: Option<String>,
+    /// The commit's subject line, when the run recorded one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
     /// RFC 3339 start time (UTC).
     pub start: String,
     /// `None` while running, or when the run was killed before it could finish.
@@ -538,6 +541,7 @@ mod tests {
                 id: format!("run{n}"),
                 commit: "c".to_string(),
                 commit_sha: None,
+                subject: None,
                 start: format!("2026-12-0{n}T00:00:00Z"),
                 end: Some("e".to_string()),
                 verdict: "pass".to_string(),

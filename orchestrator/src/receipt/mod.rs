@@ -354,6 +354,10 @@ pub struct RunReceipt {
     pub env_matrices: Vec<FileDigest>,
     pub commit: String,
     pub commit_sha: Option<String>,
+    /// The commit's subject line; absent outside git, for a `--commit` label, and in runs
+    /// written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_subject: Option<String>,
     pub dirty: bool,
     /// The code identity every non-hermetic cell's inputs digest holds
     /// ([`crate::commit::CommitId::code`]); absent where git could not name the code.
@@ -440,6 +444,7 @@ impl RunReceipt {
             env_matrices: plan.env_matrices.iter().map(source_digest).collect(),
             commit: commit.id.clone(),
             commit_sha: commit.sha.clone(),
+            commit_subject: commit.subject.clone(),
             dirty: commit.dirty,
             code: commit.code.clone(),
             fingerprints: Vec::new(),

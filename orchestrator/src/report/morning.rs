@@ -82,6 +82,8 @@ pub struct Brief {
     pub run: String,
     pub dir: String,
     pub commit: String,
+    /// The commit's subject line, when the run recorded one.
+    pub subject: Option<String>,
     pub host: String,
     pub start: String,
     pub seconds: Option<f64>,
@@ -173,6 +175,7 @@ pub fn build(s: &Subject<'_>, d: Option<(&Diff, Baseline)>, note: Option<String>
         run: s.run_id.to_string(),
         dir: s.new.dir.to_string_lossy().into_owned(),
         commit: run.commit.clone(),
+        subject: run.commit_subject.clone(),
         host: run.host.clone(),
         start: run.start.clone(),
         seconds: run.seconds,
@@ -595,7 +598,11 @@ pub fn lines(b: &Brief, style: Style) -> Vec<String> {
     let _ = write!(head, ": {}", what.join(", "));
 
     let total: usize = b.counts.values().sum();
-    let mut second = format!("{total} cells: {}", counts_line(&b.counts));
+    let mut second = String::new();
+    if let Some(s) = &b.subject {
+        let _ = write!(second, "{} · ", text(&one_line(s, 60)));
+    }
+    let _ = write!(second, "{total} cells: {}", counts_line(&b.counts));
     if let Some(s) = b.seconds {
         let _ = write!(second, "; {}", duration(s));
     }
@@ -821,6 +828,7 @@ mod tests {
             run: "r".into(),
             dir: "/d".into(),
             commit: "c".into(),
+            subject: None,
             host: "h".into(),
             start: "s".into(),
             seconds: Some(4000.0),

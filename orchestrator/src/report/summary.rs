@@ -292,6 +292,7 @@ mod tests {
             env_matrices: vec![],
             commit: "abc".into(),
             commit_sha: None,
+            commit_subject: None,
             dirty: false,
             code: None,
             fingerprints: Vec::new(),

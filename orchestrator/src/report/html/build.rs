@@ -134,6 +134,12 @@ fn run_view(summary: &crate::history::RunSummary, run: &RunReceipt, dir: PathBuf
             "commit sha".to_string(),
             run.commit_sha.clone().unwrap_or_else(|| "-".to_string()),
         ),
+        (
+            "commit subject".to_string(),
+            run.commit_subject
+                .clone()
+                .unwrap_or_else(|| "-".to_string()),
+        ),
         ("dirty".to_string(), yes_no(run.dirty)),
         (
             "manifest".to_string(),
@@ -188,6 +194,7 @@ fn run_view(summary: &crate::history::RunSummary, run: &RunReceipt, dir: PathBuf
         .unwrap_or_default();
     RunView {
         id: summary.id.clone(),
+        subject: summary.subject.clone(),
         dir,
         commit: summary.commit.clone(),
         start: summary.start.clone(),

@@ -24,6 +24,10 @@ code,pre{font-family:ui-monospace,monospace;font-size:12px}
 pre{white-space:pre-wrap;word-break:break-all}
 .legend span{display:inline-block;padding:1px 6px;margin-right:6px;border:1px solid #ccc}
 nav{margin-bottom:1em}
+.scroll{overflow-x:auto;max-width:100%}
+#matrix th:first-child{position:sticky;left:0;z-index:1;max-width:22em;overflow-wrap:anywhere}
+#matrix th small{display:block;font-weight:normal;white-space:nowrap}
+#matrix .subj{max-width:8em;overflow:hidden;text-overflow:ellipsis}
 ";
 
 /// A whole page: `title` (escaped here) and `body` (markup, already escaped where needed).

@@ -318,6 +318,7 @@ mod tests {
     fn tiny() -> ReportView {
         let run = RunView {
             id: "20261202T000000Z-0001".into(),
+            subject: Some("a <subject>".into()),
             dir: PathBuf::from("/nonexistent/run"),
             commit: "abc".into(),
             start: "2026-12-02T00:00:00Z".into(),

@@ -88,15 +88,32 @@ pub fn index(view: &ReportView) -> String {
         }
     );
     legend(&mut b);
-    let _ = writeln!(b, "<table id=\"matrix\">\n<tr><th>cell</th>");
+    // The matrix scrolls sideways inside its box, the cell names staying in view.
+    let _ = writeln!(
+        b,
+        "<div class=\"scroll\"><table id=\"matrix\">\n<tr><th>cell</th>"
+    );
     for (i, run) in view.runs.iter().enumerate() {
+        // Day and time (UTC) of the start, the commit's subject when the run recorded it;
+        // the whole of each in the tooltip.
+        let when = match (run.start.get(5..10), run.start.get(11..16)) {
+            (Some(day), Some(time)) => format!("{day} {time}"),
+            _ => run.start.clone(),
+        };
+        let subject = run.subject.as_deref().unwrap_or("");
         let _ = writeln!(
             b,
-            "<th data-run=\"{}\"><a href=\"{RUNS}/{}\">{}</a><br><small>{}</small></th>",
+            "<th data-run=\"{}\" title=\"{}\"><a href=\"{RUNS}/{}\">{}</a><br><small>{}</small>\
+             <small class=\"subj\">{}</small></th>",
             html(&run.id),
+            html(&format!(
+                "{} {} {} {subject}",
+                run.id, run.commit, run.start
+            )),
             run_page(run),
             html(&run_label(i, run)),
-            html(run.start.get(..10).unwrap_or(&run.start))
+            html(&when),
+            html(subject)
         );
     }
     let _ = writeln!(b, "</tr>");
@@ -137,7 +154,7 @@ pub fn index(view: &ReportView) -> String {
         }
         let _ = writeln!(b, "</tr>");
     }
-    let _ = writeln!(b, "</table>");
+    let _ = writeln!(b, "</table></div>");
     page(&format!("{} — memra-orch report", view.manifest), &b)
 }
 

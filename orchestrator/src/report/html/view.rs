@@ -30,6 +30,8 @@ pub struct ReportView {
 pub struct RunView {
     /// The run id, or `-` for a tree of the layout before run ids.
     pub id: String,
+    /// The commit's subject line, when the run recorded one.
+    pub subject: Option<String>,
     /// The folder holding its `run.json`.
     pub dir: PathBuf,
     pub commit: String,
