@@ -30,6 +30,7 @@ name = "steps"
 [vars]
 err = "0.25"
 wobble = "1.0"
+logits = "same"
 
 [[arm]]
 id = "quality"
@@ -40,16 +41,25 @@ gpus = 0
 id = "timing"
 run = ["{gates}/nightly.sh", "pass", "${wobble}", "t"]
 gpus = 0
+
+[[arm]]
+id = "logits"
+run = ["{gates}/logits.sh", "${logits}"]
+gpus = 0
 "#,
     );
     let wobble = ["1.0", "1.01", "0.99", "1.0", "1.02", "0.98", "1.0", "1.01"];
     for (night, w) in wobble.iter().enumerate() {
         let err = if night < 6 { "0.25" } else { "0.75" };
+        // The logits move once, at night 6 (index 5).
+        let logits = if night < 5 { "same" } else { "other" };
         let out = f.run(&[
             "--var",
             &format!("err={err}"),
             "--var",
             &format!("wobble={w}"),
+            "--var",
+            &format!("logits={logits}"),
         ]);
         assert_eq!(out.status.code(), Some(0));
     }
@@ -60,7 +70,7 @@ gpus = 0
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
-        text.starts_with("1 step in the metrics of steps (2 cells over 8 runs"),
+        text.starts_with("1 step in the metrics of steps (3 cells over 8 runs"),
         "{text}"
     );
     assert!(
@@ -90,7 +100,7 @@ gpus = 0
     assert_eq!(feed[0]["cell"], "quality");
     let txt = std::fs::read_to_string(site.join("regressions.txt")).unwrap();
     assert!(
-        txt.starts_with("1 step in the metrics of steps (2 cells over 8 runs)"),
+        txt.starts_with("1 step in the metrics of steps (3 cells over 8 runs)"),
         "{txt}"
     );
     let index = std::fs::read_to_string(site.join("index.html")).unwrap();
@@ -113,6 +123,20 @@ gpus = 0
     };
     assert_eq!(marked("7"), 1, "the step is marked on one plot");
     assert_eq!(marked(""), 1, "the wobble is marked nowhere");
+    // The logits cell's page plots how far its bits moved: one value at night 6, by 1.0.
+    let moved = cells
+        .iter()
+        .find(|p| p.contains("data-moved=\"values that differ\""))
+        .unwrap_or_else(|| panic!("no page plots the moved bits: {cells:#?}"));
+    assert!(
+        moved.contains("data-moved=\"max |Δ|\""),
+        "the size of the move is plotted"
+    );
+    assert_eq!(
+        cells.iter().filter(|p| p.contains("data-moved=")).count(),
+        1,
+        "only the cell whose bits moved"
+    );
     // A second report into the same folder replaces the feed files (they are the report's).
     let out = orch(&f, &["report", "--html", site.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0));

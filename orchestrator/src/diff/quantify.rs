@@ -40,6 +40,36 @@ pub enum ArtifactRead {
     NotRead { not_read: String },
 }
 
+impl ArtifactRead {
+    /// Over every tensor read: the elements whose bits differ, the largest |new − old| and
+    /// the largest ulp distance; `None` when nothing was read.
+    pub fn totals(&self) -> Option<(u64, f64, Option<u64>)> {
+        let ArtifactRead::Read(r) = self else {
+            return None;
+        };
+        let mut out: Option<(u64, f64, Option<u64>)> = None;
+        for n in r.tensors.iter().filter_map(|t| t.numbers.as_ref()) {
+            let (d, a, u) = out.get_or_insert((0, 0.0, None));
+            *d += n.differ;
+            *a = a.max(n.max_abs);
+            if let Some(x) = n.max_ulp {
+                *u = Some(u.map_or(x, |m| m.max(x)));
+            }
+        }
+        out
+    }
+}
+
+/// Reads artifact `name` of two attempt folders (`<attempt>/artifacts/<name>`) side by side,
+/// as `diff` reads a moved artifact.
+pub fn read_files(old_attempt: &Path, new_attempt: &Path, name: &str) -> ArtifactRead {
+    let rel = Path::new("artifacts").join(name);
+    read_pair(
+        Ok((old_attempt.to_path_buf(), rel.clone())),
+        Ok((new_attempt.to_path_buf(), rel)),
+    )
+}
+
 /// The tensors of two safetensors files.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TensorsRead {

@@ -303,17 +303,11 @@ fn moved(m: &BitsMoved, kind: &'static str) -> Moved {
         max_abs: None,
         max_ulp: None,
     };
-    for a in &m.artifacts {
-        let Some(crate::diff::quantify::ArtifactRead::Read(r)) = &a.read else {
-            continue;
-        };
-        for t in &r.tensors {
-            let Some(n) = &t.numbers else { continue };
-            out.values_differ += n.differ;
-            out.max_abs = Some(out.max_abs.map_or(n.max_abs, |m: f64| m.max(n.max_abs)));
-            if let Some(u) = n.max_ulp {
-                out.max_ulp = Some(out.max_ulp.map_or(u, |m| m.max(u)));
-            }
+    for (d, a, u) in m.artifacts.iter().filter_map(|a| a.read.as_ref()?.totals()) {
+        out.values_differ += d;
+        out.max_abs = Some(out.max_abs.map_or(a, |m: f64| m.max(a)));
+        if let Some(u) = u {
+            out.max_ulp = Some(out.max_ulp.map_or(u, |m| m.max(u)));
         }
     }
     out

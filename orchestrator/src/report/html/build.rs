@@ -57,6 +57,10 @@ pub fn view(history: &History) -> Result<ReportView, ReceiptError> {
                 last_failure: None,
                 doors: None,
             };
+            // The previous present point's attempt folder and artifact digests, to read how
+            // far the bits moved.
+            let mut prev: Option<(Option<PathBuf>, &std::collections::BTreeMap<String, String>)> =
+                None;
             for (i, (point, tree)) in cell.points.iter().zip(&trees).enumerate() {
                 let Some(facts) = point.facts.as_ref().filter(|_| !point.absent) else {
                     view.points.push(Point::Absent);
@@ -93,6 +97,32 @@ pub fn view(history: &History) -> Result<ReportView, ReceiptError> {
                 if let Some(doors) = detail.and_then(|d| d.doors.clone()) {
                     view.doors = Some(doors);
                 }
+                let moved = match (&prev, &logs) {
+                    (Some((Some(before), old)), Some(now)) if point.bits_moved => {
+                        let reads: Vec<(u64, f64, Option<u64>)> = facts
+                            .artifacts
+                            .iter()
+                            .filter(|(name, sha)| old.get(*name).is_some_and(|o| o != *sha))
+                            .filter_map(|(name, _)| {
+                                crate::diff::quantify::read_files(before, now, name).totals()
+                            })
+                            .collect();
+                        (!reads.is_empty()).then(|| {
+                            reads.iter().fold((0, 0.0f64, None), |(d, a, u), r| {
+                                (
+                                    d + r.0,
+                                    a.max(r.1),
+                                    match (u, r.2) {
+                                        (Some(x), Some(y)) => Some(std::cmp::max(x, y)),
+                                        (x, y) => x.or(y),
+                                    },
+                                )
+                            })
+                        })
+                    }
+                    _ => None,
+                };
+                prev = Some((logs.clone(), &facts.artifacts));
                 view.points.push(Point::Present(Box::new(Sample {
                     verdict: facts.verdict,
                     good: facts.good,
@@ -106,6 +136,7 @@ pub fn view(history: &History) -> Result<ReportView, ReceiptError> {
                     warns: facts.warns,
                     warning: facts.warning.clone(),
                     code_known: facts.code_known,
+                    moved,
                 })));
             }
             view

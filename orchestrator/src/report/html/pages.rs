@@ -13,7 +13,7 @@ use std::path::Path;
 
 use super::markup::{href, page, relative, verdict_class};
 use super::plot::metric_svg;
-use super::view::{CellView, Markers, Point, ReportView, RunView};
+use super::view::{CellView, Markers, Point, ReportView, RunView, Sample};
 use crate::commit::short_commit;
 use crate::receipt::slug;
 use crate::report::escape::html;
@@ -339,8 +339,57 @@ fn history_table(b: &mut String, view: &ReportView, cell: &CellView, here: &Path
     let _ = writeln!(b, "</table>");
 }
 
+/// When the cell's bits moved in the runs shown: how far, night by night (values that
+/// differ, max |Δ|, max ulps against the previous run), 0 where they stayed, a gap where the
+/// cell is absent or the move could not be read.
+fn moved_plots(b: &mut String, cell: &CellView) {
+    let samples: Vec<Option<&Sample>> = cell
+        .points
+        .iter()
+        .map(|p| match p {
+            Point::Present(s) => Some(s.as_ref()),
+            Point::Absent => None,
+        })
+        .collect();
+    if !samples.iter().flatten().any(|s| s.bits_moved) {
+        return;
+    }
+    let series = |f: &dyn Fn((u64, f64, Option<u64>)) -> Option<f64>| -> Vec<Option<f64>> {
+        samples
+            .iter()
+            .map(|s| {
+                let s = (*s)?;
+                if !s.bits_moved {
+                    return Some(0.0);
+                }
+                s.moved.and_then(f)
+            })
+            .collect()
+    };
+    let _ = writeln!(b, "<h2>Bits moved</h2>");
+    let figures: [(&str, Vec<Option<f64>>); 3] = [
+        ("values that differ", series(&|m| Some(m.0 as f64))),
+        ("max |Δ|", series(&|m| Some(m.1))),
+        ("max ulps", series(&|m| m.2.map(|u| u as f64))),
+    ];
+    for (name, values) in figures {
+        if !values.iter().flatten().any(|v| *v != 0.0) {
+            continue;
+        }
+        if let Some(svg) = metric_svg(&values, &[]) {
+            let _ = writeln!(
+                b,
+                "<figure data-moved=\"{}\"><figcaption>bits moved: {}</figcaption>\n{svg}</figure>",
+                html(name),
+                html(name)
+            );
+        }
+    }
+}
+
 /// A figure per metric any run recorded, with the metric's values across every run.
 fn plots(b: &mut String, cell: &CellView) {
+    moved_plots(b, cell);
     let names: BTreeSet<&String> = cell
         .points
         .iter()

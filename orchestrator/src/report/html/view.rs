@@ -91,6 +91,11 @@ pub struct Sample {
     pub warning: Option<String>,
     /// The receipt names the code it tested, so equal inputs mean the same code.
     pub code_known: bool,
+    /// When the bits moved against the previous point shown: how far, read from both
+    /// sides' safetensors artifacts (values that differ, max |Δ|, max ulps); `None` when
+    /// they did not move, or could not be read (the previous point is outside the report,
+    /// or the files are not safetensors).
+    pub moved: Option<(u64, f64, Option<u64>)>,
 }
 
 /// The newest failure of a cell.
@@ -174,6 +179,7 @@ pub(crate) mod tests {
             warns: 0,
             warning: None,
             code_known: true,
+            moved: None,
         }))
     }
 
