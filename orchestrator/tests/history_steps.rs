@@ -2,23 +2,9 @@
 //! `regressions.json`, over nights of a fixture whose metric steps once and whose other
 //! metric only wobbles. The step is found at the night it happened, the wobble never is.
 
-use std::process::Command;
-
 use serde_json::Value;
 
-use crate::run_support::{Fixture, logged};
-
-fn orch(f: &Fixture, args: &[&str]) -> std::process::Output {
-    logged(
-        Command::new(env!("CARGO_BIN_EXE_memra-orch"))
-            .args(args)
-            .arg("--receipts")
-            .arg(f.path().join("receipts"))
-            .current_dir(f.path())
-            .output()
-            .unwrap(),
-    )
-}
+use crate::run_support::{Fixture, orch};
 
 #[test]
 fn a_metric_that_steps_is_in_the_feed_at_the_night_it_stepped_and_a_wobble_is_not() {

@@ -41,16 +41,10 @@ gpus = 0
 }
 
 fn summary(f: &Fixture, args: &[&str]) -> Output {
-    logged(
-        Command::new(env!("CARGO_BIN_EXE_memra-orch"))
-            .arg("summary")
-            .arg("--receipts")
-            .arg(f.path().join("receipts"))
-            .args(args)
-            .current_dir(f.path())
-            .output()
-            .unwrap(),
-    )
+    let all: Vec<&str> = std::iter::once("summary")
+        .chain(args.iter().copied())
+        .collect();
+    crate::run_support::orch(f, &all)
 }
 
 fn text(o: &Output) -> String {
@@ -437,15 +431,8 @@ fn retention_keeps_the_newest_and_the_last_green_run_and_gc_takes_age_and_size_l
     assert_eq!(f.runs().len(), 4);
 
     let gc = |args: &[&str]| {
-        logged(
-            Command::new(env!("CARGO_BIN_EXE_memra-orch"))
-                .arg("gc")
-                .arg("--receipts")
-                .arg(f.path().join("receipts"))
-                .args(args)
-                .output()
-                .unwrap(),
-        )
+        let all: Vec<&str> = std::iter::once("gc").chain(args.iter().copied()).collect();
+        crate::run_support::orch(&f, &all)
     };
     let none = gc(&[]);
     assert_eq!(none.status.code(), Some(2));
@@ -506,22 +493,7 @@ gpus = 0
     );
     // In a git work tree (the code named, so identical inputs are evidence), `drift`
     // ignored: it is no input of the cell.
-    let git = |args: &[&str]| {
-        let ok = Command::new("git")
-            .args(args)
-            .current_dir(f.path())
-            .env("GIT_AUTHOR_NAME", "t")
-            .env("GIT_AUTHOR_EMAIL", "t@example.com")
-            .env("GIT_COMMITTER_NAME", "t")
-            .env("GIT_COMMITTER_EMAIL", "t@example.com")
-            .output()
-            .unwrap();
-        assert!(
-            ok.status.success(),
-            "{}",
-            String::from_utf8_lossy(&ok.stderr)
-        );
-    };
+    let git = |args: &[&str]| crate::run_support::git(f.path(), args);
     std::fs::write(
         f.path().join(".gitignore"),
         "drift\nreceipts/\ngpu-leases/\n",

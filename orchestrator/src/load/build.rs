@@ -291,6 +291,18 @@ pub fn build(
     })
 }
 
+/// The substitution scope of the manifest's top-level tables (`[fingerprints]`,
+/// `[notify]`): the root and `[vars]`, no node or matrix.
+fn top_scope<'s>(root: &'s str, vars: &'s [(String, String)]) -> Scope<'s> {
+    Scope {
+        root,
+        node: None,
+        matrix: None,
+        vars,
+        shell: false,
+    }
+}
+
 struct Builder<'a, 'd> {
     src: &'a SourceText,
     root: &'a Path,
@@ -495,13 +507,7 @@ impl Builder<'_, '_> {
     fn notify(&mut self, raw: &RawManifest, vars: &[(String, String)]) -> Option<Notify> {
         let n = raw.notify.as_ref()?;
         let root = self.root_str.clone();
-        let scope = Scope {
-            root: &root,
-            node: None,
-            matrix: None,
-            vars,
-            shell: false,
-        };
+        let scope = top_scope(&root, vars);
         let command: Vec<String> = n
             .command
             .iter()
@@ -550,13 +556,7 @@ impl Builder<'_, '_> {
         vars: &[(String, String)],
     ) -> Vec<crate::plan::FingerprintCommand> {
         let root = self.root_str.clone();
-        let scope = Scope {
-            root: &root,
-            node: None,
-            matrix: None,
-            vars,
-            shell: false,
-        };
+        let scope = top_scope(&root, vars);
         if raw.fingerprints.is_empty() {
             return Vec::new();
         }

@@ -451,17 +451,10 @@ pub fn for_run(
         .filter(|n| at.is_some_and(|i| runs[i].id.as_deref() == Some(n.as_str())))
         .unwrap_or_else(|| "-".to_string());
     let manifest = run.name.clone();
-    match base {
+    let (compared, new) = match base {
         Some((b, kind)) => {
             let (d, new) =
                 crate::diff::compare_runs(&b.dir, subject, &options).map_err(|e| e.to_string())?;
-            let s = Subject {
-                manifest: &manifest,
-                run_id: &run_id,
-                new: &new,
-                unfinished,
-                report_url,
-            };
             let baseline = Baseline {
                 since: kind.to_string(),
                 run: b.id_label().to_string(),
@@ -469,7 +462,7 @@ pub fn for_run(
                 start: b.run.start.clone(),
                 dir: b.dir.to_string_lossy().into_owned(),
             };
-            Ok(build(&s, Some((&d, baseline)), note))
+            (Some((d, baseline)), new)
         }
         None => {
             let mut new = crate::diff::load_for_diff(subject).map_err(|e| e.to_string())?;
@@ -481,16 +474,21 @@ pub fn for_run(
                     *new.run.counts.entry(e.verdict).or_default() += 1;
                 }
             }
-            let s = Subject {
-                manifest: &manifest,
-                run_id: &run_id,
-                new: &new,
-                unfinished,
-                report_url,
-            };
-            Ok(build(&s, None, note))
+            (None, new)
         }
-    }
+    };
+    let s = Subject {
+        manifest: &manifest,
+        run_id: &run_id,
+        new: &new,
+        unfinished,
+        report_url,
+    };
+    Ok(build(
+        &s,
+        compared.as_ref().map(|(d, b)| (d, b.clone())),
+        note,
+    ))
 }
 
 /// How the lines are dressed.
