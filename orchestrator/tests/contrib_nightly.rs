@@ -8,7 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::run_support::{gates, git};
+use crate::diff_support::git_at as git;
+use crate::run_support::gates;
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -493,7 +493,7 @@ gpus = 0
     );
     // In a git work tree (the code named, so identical inputs are evidence), `drift`
     // ignored: it is no input of the cell.
-    let git = |args: &[&str]| crate::run_support::git(f.path(), args);
+    let git = |args: &[&str]| crate::diff_support::git_at(f.path(), args);
     std::fs::write(
         f.path().join(".gitignore"),
         "drift\nreceipts/\ngpu-leases/\n",
