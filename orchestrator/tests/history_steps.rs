@@ -85,6 +85,12 @@ gpus = 0
             .unwrap();
     assert_eq!(feed[0]["cell"], "quality");
     let txt = std::fs::read_to_string(site.join("regressions.txt")).unwrap();
+    assert_eq!(
+        txt.lines().count(),
+        2,
+        "a line a step after the count: {txt:?}"
+    );
+    assert!(txt.ends_with('\n'));
     assert!(
         txt.starts_with("1 step in the metrics of steps (3 cells over 8 runs)"),
         "{txt}"

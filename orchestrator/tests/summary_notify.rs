@@ -642,3 +642,58 @@ gpus = 0
     );
     assert!(!t.contains("lost coverage"), "{t}");
 }
+
+#[test]
+fn retention_never_deletes_the_run_applying_it_and_gc_names_an_unknown_manifest() {
+    let f = battery("[retention]\nkeep = 1\n");
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    // The first run's clock was a little ahead: it still counts as now, so it sorts as the
+    // newest when tonight's run ends.
+    let first = f.runs()[0].clone();
+    let ahead = humantime::format_rfc3339_millis(
+        std::time::SystemTime::now() + std::time::Duration::from_secs(9 * 60),
+    )
+    .to_string();
+    let path = first.join("run.json");
+    let mut run: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    run["start"] = Value::String(ahead);
+    std::fs::write(&path, run.to_string()).unwrap();
+    let out = f.run(&["--var", "mode=fail"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the run applying it is never deleted by it"),
+        "{err}"
+    );
+    assert_eq!(f.runs().len(), 2, "tonight's run stays");
+
+    let gc = crate::run_support::orch(&f, &["gc", "--keep", "1", "--manifest", "nope"]);
+    assert_eq!(gc.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&gc.stderr).contains("no run of manifest \"nope\""),
+        "{}",
+        String::from_utf8_lossy(&gc.stderr)
+    );
+}
+
+#[test]
+fn a_fifo_where_a_run_json_should_be_hangs_nothing() {
+    let f = battery("");
+    f.run(&[]);
+    let odd = f.manifest_dir().join("20261205T000000.000Z-f1f0");
+    std::fs::create_dir(&odd).unwrap();
+    let fifo = std::ffi::CString::new(odd.join("run.json").to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo reads the NUL-terminated path and creates a FIFO there.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let t = Instant::now();
+    for args in [
+        &["ls"][..],
+        &["summary"],
+        &["gc", "--keep", "5", "--dry-run"],
+    ] {
+        let out = crate::run_support::orch(&f, args);
+        assert!(out.status.code().is_some(), "{args:?}");
+    }
+    assert_eq!(f.run(&[]).status.code(), Some(0));
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+}

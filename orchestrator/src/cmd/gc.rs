@@ -33,6 +33,24 @@ pub fn command(args: &GcArgs) -> ExitCode {
         max_age: args.older_than,
         max_size: args.max_size,
     };
+    if let Some(m) = &args.manifest
+        && !runs.iter().any(|r| &r.run.name == m)
+    {
+        let mut names: Vec<&str> = runs.iter().map(|r| r.run.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        eprintln!(
+            "memra-orch gc: no run of manifest {m:?} under {} (it holds runs of: {}); check \
+             --manifest",
+            receipts.display(),
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(", ")
+            }
+        );
+        return ExitCode::Usage;
+    }
     if retention.is_empty() {
         eprintln!(
             "memra-orch gc: say what to keep: --keep N (the newest N runs of each manifest),              --older-than DURATION (e.g. 90d) and/or --max-size SIZE (e.g. 50G)"
@@ -94,6 +112,15 @@ pub fn command(args: &GcArgs) -> ExitCode {
             Ok(()) => {
                 deleted += 1;
                 println!("deleted {} ({why})", dir.display())
+            }
+            Err(e)
+                if matches!(
+                    e.kind,
+                    crate::receipt::error::ReceiptErrorKind::CarriedBy(_)
+                ) =>
+            {
+                // Not a failure: the rule held, checked again under the lock.
+                println!("kept {}: {}", dir.display(), e.kind);
             }
             Err(e) => {
                 match &e.kind {
@@ -188,8 +215,10 @@ pub fn command(args: &GcArgs) -> ExitCode {
     if decided.over_size {
         // A limit the protected runs alone pass is not met, and says so.
         eprintln!(
-            "memra-orch gc: the runs kept still take {}, over --max-size {}: every run left is              its manifest's newest, its last green run, a run a kept run carries from or of              unknown age; raise the limit or free space elsewhere",
-            format_size(decided.bytes_after.unwrap_or(0)),
+            "memra-orch gc: the runs kept still take {}, over --max-size {}: every run left is \
+             its manifest's newest, its last green run, a run a kept run carries from or of \
+             unknown age; raise the limit or free space elsewhere",
+            about(decided.bytes_after.unwrap_or(0)),
             format_size(args.max_size.unwrap_or(0))
         );
         failed = true;
@@ -206,7 +235,7 @@ pub fn command(args: &GcArgs) -> ExitCode {
 /// A manifest's `[retention]`, applied by `run` when it ends: the runs of `name` its limits
 /// delete go (never the newest, the last green one or what a kept run carries from), the
 /// history index and the artifact store follow. Returns what to say, a line each.
-pub fn apply_retention(receipts: &Path, name: &str, r: &Retention) -> Vec<String> {
+pub fn apply_retention(receipts: &Path, name: &str, r: &Retention, own: &Path) -> Vec<String> {
     let runs = match list_runs(receipts) {
         Ok(r) => r,
         Err(e) => return vec![format!("retention: {e}")],
@@ -220,7 +249,18 @@ pub fn apply_retention(receipts: &Path, name: &str, r: &Retention) -> Vec<String
         &mut |run| run_bytes(&run.dir, &mut seen),
     );
     let mut said = Vec::new();
+    let own = std::fs::canonicalize(own).unwrap_or_else(|_| own.to_path_buf());
     for dir in &decided.delete {
+        // The run applying the limits is never among what they delete (a run at another
+        // commit that finished first, or one dated a little ahead, is not "newer" than the
+        // night that just ended).
+        if std::fs::canonicalize(dir).is_ok_and(|d| d == own) {
+            said.push(format!(
+                "retention: kept {}: the run applying it is never deleted by it",
+                dir.display()
+            ));
+            continue;
+        }
         let why = decided.why.get(dir).map(String::as_str).unwrap_or_default();
         match delete(dir) {
             Ok(()) => said.push(format!("retention: deleted {} ({why})", dir.display())),

@@ -375,7 +375,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         }
     }
     if let Some(r) = plan.retention.as_ref().filter(|_| !args.no_retention) {
-        for line in crate::cmd::gc::apply_retention(&receipts, &plan.name, r) {
+        for line in crate::cmd::gc::apply_retention(&receipts, &plan.name, r, &tree.dir) {
             eprintln!("memra-orch run: {line}");
         }
     }

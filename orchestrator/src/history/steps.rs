@@ -12,8 +12,10 @@
 //! spread of the differences of consecutive points (1.4826 · their median absolute value,
 //! divided by √2 because a difference holds two points' noise), and γ = 3 · σ̂ · ln n. A
 //! series that is exact (the exactness metrics: max |Δ| 0, 0 mismatches) has σ̂ = 0, so any
-//! lasting change is a step; γ never falls below a floor relative to the series' size
-//! (1e-12 · (1 + max |y|)) so rounding alone is never one.
+//! lasting change is a step; γ never falls below 8 · n ulps of the series' size, so the
+//! rounding of the fit's own sums is never one. The values are scaled into [-1, 1] for the
+//! fit, so a series near f64::MAX cannot overflow. Fewer than [`MIN_POINTS`] values say
+//! nothing of the noise: no step is looked for.
 //!
 //! A level between two others must hold at least two points: one night away and back is a
 //! spike (a flake, a loaded machine), not a step. The last level may be a single point, so
@@ -42,12 +44,21 @@ pub fn detect(ys: &[Option<f64>]) -> Vec<Step> {
         .filter_map(|(i, y)| y.filter(|v| v.is_finite()).map(|v| (i, v)))
         .collect();
     let n = points.len();
-    if n < 2 {
+    // Three values say nothing of the noise: a step needs four runs.
+    if n < MIN_POINTS {
         return Vec::new();
     }
     let y: Vec<f64> = points.iter().map(|p| p.1).collect();
-    let gamma = penalty(&y);
-    let (_, from) = fit(&y, gamma, true);
+    // Fitted on values scaled into [-1, 1], so sums near f64::MAX cannot overflow; the
+    // levels reported are the values' own.
+    let scale = y.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let scaled: Vec<f64> = if scale > 1.0 {
+        y.iter().map(|v| v / scale).collect()
+    } else {
+        y.clone()
+    };
+    let gamma = penalty(&scaled);
+    let (_, from) = fit(&scaled, gamma, true);
     // The levels, back from the end.
     let mut bounds = Vec::new();
     let mut i = n;
@@ -161,25 +172,47 @@ pub fn render(h: &super::History, items: &[FeedItem], markdown: bool) -> String 
             None => "from 0".to_string(),
         };
         let undone = if i.current { "" } else { " (undone later)" };
-        let day = i.start.get(..10).unwrap_or(&i.start);
-        let commit = crate::commit::short_commit(&i.commit);
+        // Names came from manifests and gates: one line each, control characters escaped,
+        // so no gate can forge an entry.
+        let flat = |s: &str| crate::report::escape::control(s).into_owned();
+        let day = flat(i.start.get(..10).unwrap_or(&i.start));
+        let commit = flat(&crate::commit::short_commit(&i.commit));
+        let (run, before, after) = (flat(&i.run), number(i.before), number(i.after));
         if markdown {
-            let cell = i.cell.replace('|', "\\|");
-            let metric = i.metric.replace('|', "\\|");
+            let code = |s: &str| {
+                let s = flat(s).replace('|', "\\|");
+                if s.contains('`') {
+                    format!("`` {s} ``")
+                } else {
+                    format!("`{s}`")
+                }
+            };
             let _ = writeln!(
                 out,
-                "| {day} | {} | {commit} | `{cell}` | `{metric}` | {} | {} | {change}{undone} |",
-                i.run, i.before, i.after
+                "| {day} | {run} | {commit} | {} | {} | {before} | {after} | {change}{undone} |",
+                code(&i.cell),
+                code(&i.metric)
             );
         } else {
             let _ = writeln!(
                 out,
-                "{day} {} {commit}  {}  {}: {} -> {} ({change}){undone}",
-                i.run, i.cell, i.metric, i.before, i.after
+                "{day} {run} {commit}  {}  {}: {before} -> {after} ({change}){undone}",
+                flat(&i.cell),
+                flat(&i.metric)
             );
         }
     }
     out
+}
+
+/// A level as the feed shows it: as written when short, else in 6 significant digits.
+fn number(v: f64) -> String {
+    let plain = v.to_string();
+    if plain.len() <= 12 {
+        plain
+    } else {
+        format!("{v:.6e}")
+    }
 }
 
 /// The least penalised cost of `y` and, for each prefix end, where its last level starts.
@@ -227,14 +260,18 @@ fn fit(y: &[f64], gamma: f64, prune: bool) -> (f64, Vec<usize>) {
     (best[n], from)
 }
 
-/// γ for a series: 3 · σ̂ · ln n, at least the floor.
+/// The fewest runs with a value that a step is looked for in.
+pub const MIN_POINTS: usize = 4;
+
+/// γ for a series: 3 · σ̂ · ln n, at least the floor: 8 · n ulps of the series' size, what
+/// the rounding of the fit's sums can reach, so rounding alone is never a step.
 fn penalty(y: &[f64]) -> f64 {
     let n = y.len() as f64;
     let mut d: Vec<f64> = y.windows(2).map(|w| (w[1] - w[0]).abs()).collect();
     d.sort_by(f64::total_cmp);
     let sigma = 1.4826 * median(&d) / std::f64::consts::SQRT_2;
-    let scale = y.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-    (3.0 * sigma * n.ln()).max(1e-12 * (1.0 + scale))
+    let size = y.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    (3.0 * sigma * n.ln()).max(8.0 * n * f64::EPSILON * size.max(f64::MIN_POSITIVE))
 }
 
 /// A float ordered by `total_cmp`, for the heaps.
@@ -287,7 +324,7 @@ impl Level {
 
     fn median(&self) -> f64 {
         match (self.lo.peek(), self.hi.peek()) {
-            (Some(a), Some(b)) if self.lo.len() == self.hi.len() => (a.0 + b.0.0) / 2.0,
+            (Some(a), Some(b)) if self.lo.len() == self.hi.len() => a.0 / 2.0 + b.0.0 / 2.0,
             (Some(a), _) => a.0,
             _ => 0.0,
         }
@@ -304,7 +341,8 @@ fn median(sorted: &[f64]) -> f64 {
     match sorted.len() {
         0 => 0.0,
         k if k % 2 == 1 => sorted[k / 2],
-        k => (sorted[k / 2 - 1] + sorted[k / 2]) / 2.0,
+        // Halved first, so two values near f64::MAX do not overflow.
+        k => sorted[k / 2 - 1] / 2.0 + sorted[k / 2] / 2.0,
     }
 }
 
@@ -406,6 +444,29 @@ mod tests {
                 "case {case}: {pruned} vs {full} on {y:?}"
             );
         }
+    }
+
+    #[test]
+    fn four_runs_are_enough_and_three_say_nothing() {
+        assert!(detect(&s(&[0.0, 0.0, 1.0])).is_empty());
+        let steps = detect(&s(&[0.0, 0.0, 0.0, 1.0]));
+        assert_eq!(steps.len(), 1, "{steps:?}");
+        assert_eq!(steps[0].at, 3);
+    }
+
+    #[test]
+    fn tiny_and_huge_values_step_like_any_other() {
+        let mut y = vec![0.0; 10];
+        y.extend([1e-13; 10]);
+        assert_eq!(detect(&s(&y)).len(), 1, "a tiny lasting change");
+        let mut y = vec![0.0; 10];
+        y.extend([-1e308; 10]);
+        let steps = detect(&s(&y));
+        assert_eq!(steps.len(), 1, "{steps:?}");
+        assert_eq!(steps[0].after, -1e308);
+        let mut y = vec![f64::MAX; 10];
+        y.extend([0.0; 10]);
+        assert_eq!(detect(&s(&y)).len(), 1, "from f64::MAX");
     }
 
     #[test]

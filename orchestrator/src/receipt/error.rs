@@ -97,6 +97,8 @@ pub enum ReceiptErrorKind {
     CreateLock(std::io::Error),
     #[error("cannot move aside for deletion: {0}; check the receipts folder is writable")]
     MoveAside(std::io::Error),
+    #[error("kept: {} carries receipts from it (it ended while gc ran)", .0.display())]
+    CarriedBy(std::path::PathBuf),
     #[error("cannot delete: {0}; remove it by hand")]
     Delete(std::io::Error),
     #[error(

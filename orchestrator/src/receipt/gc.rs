@@ -234,6 +234,23 @@ pub fn delete(dir: &Path) -> Result<(), ReceiptError> {
     let trash = manifest_dir.join(format!("{TRASH_PREFIX}{name}-{}", std::process::id()));
     {
         let _lock = RunLock::acquire_as(manifest_dir, true)?;
+        // Decided before the lock was taken: a run that started and ended meanwhile may
+        // carry receipts from this one (carried receipts come from sibling runs only), and
+        // then it stays.
+        if new_layout
+            && let Some(by) = super::resolve::runs_in_manifest_dir(manifest_dir)
+                .into_iter()
+                .find(|r| {
+                    r.dir != dir
+                        && r.run
+                            .nodes
+                            .iter()
+                            .filter_map(|e| e.carried.as_ref()?.source_dir(&r.dir))
+                            .any(|s| s == dir)
+                })
+        {
+            return Err(ReceiptError::new(dir, Kind::CarriedBy(by.dir)));
+        }
         if new_layout {
             // Renamed aside first so that a reader never sees half a tree as a run. Gone
             // already: another gc took it in the meantime, which is what was asked.
@@ -301,9 +318,12 @@ pub fn sweep_leftovers(manifest_dir: &Path) -> Swept {
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
+        // Only `.gc-<run id>-<pid>`: a folder of that shape is what a gc moved aside, and a
+        // user's own `.gc-notes-1` is not.
         let Some(pid) = name
             .strip_prefix(TRASH_PREFIX)
             .and_then(|rest| rest.rsplit_once('-'))
+            .filter(|(run, _)| is_run_id(run))
             .and_then(|(_, pid)| pid.parse::<i32>().ok())
         else {
             continue;
@@ -555,6 +575,55 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         assert_eq!(run_bytes(&b, &mut seen), 107);
         assert_eq!(run_bytes(&a, &mut seen), 0);
+    }
+
+    /// A run that began carrying from a doomed run after gc decided (it started and ended
+    /// while gc worked) saves it: checked again under the lock.
+    #[test]
+    fn a_run_carried_from_since_gc_decided_is_kept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = tmp.path().join("c/smoke");
+        let old = m.join("20261101T000000.000Z-aaaa");
+        let new = m.join("20261103T000000.000Z-cccc");
+        std::fs::create_dir_all(&old).unwrap();
+        std::fs::create_dir_all(&new).unwrap();
+        let write = |dir: &Path, r: &FoundRun| {
+            std::fs::write(dir.join("run.json"), serde_json::to_string(&r.run).unwrap()).unwrap()
+        };
+        write(
+            &old,
+            &found(old.to_str().unwrap(), "smoke", "2026-11-01T00:00:00Z", None),
+        );
+        write(
+            &new,
+            &found(
+                new.to_str().unwrap(),
+                "smoke",
+                "2026-11-03T00:00:00Z",
+                Some(Carried::from_run(Some("20261101T000000.000Z-aaaa"))),
+            ),
+        );
+        let e = delete(&old).unwrap_err();
+        assert!(
+            matches!(e.kind, Kind::CarriedBy(ref by) if by == &new),
+            "{e}"
+        );
+        assert!(old.join("run.json").exists());
+    }
+
+    #[test]
+    fn only_what_a_gc_moved_aside_is_swept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = tmp.path().join("c/smoke");
+        // A pid no process has (above the kernel's pid limit).
+        let theirs = m.join(".gc-20261103T000000.000Z-cccc-2147483000");
+        let mine = m.join(".gc-notes-2147483000");
+        std::fs::create_dir_all(&theirs).unwrap();
+        std::fs::create_dir_all(&mine).unwrap();
+        std::fs::write(mine.join("notes.txt"), "mine").unwrap();
+        let swept = sweep_leftovers(&m);
+        assert_eq!(swept.removed, 1);
+        assert!(!theirs.exists() && mine.join("notes.txt").exists());
     }
 
     #[test]

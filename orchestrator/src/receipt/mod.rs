@@ -591,13 +591,35 @@ pub fn read_node_receipt(path: &Path) -> Result<Option<NodeReceipt>, ReceiptErro
 
 /// Reads a JSON record; `None` when absent.
 pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, ReceiptError> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| ReceiptError::new(path, Kind::Format(e))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(ReceiptError::new(path, Kind::Read(e))),
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    // Opened without blocking and read only when it is a plain file: a FIFO planted at a
+    // receipt's name must not hang every command that lists runs.
+    let mut file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(ReceiptError::new(path, Kind::Read(e))),
+    };
+    match file.metadata() {
+        Ok(m) if m.is_file() => {}
+        Ok(_) => {
+            return Err(ReceiptError::new(
+                path,
+                Kind::Read(std::io::Error::other("not a plain file")),
+            ));
+        }
+        Err(e) => return Err(ReceiptError::new(path, Kind::Read(e))),
     }
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)
+        .map_err(|e| ReceiptError::new(path, Kind::Read(e)))?;
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| ReceiptError::new(path, Kind::Format(e)))
 }
 
 #[cfg(test)]

@@ -104,6 +104,8 @@ pub struct Brief {
     pub bits_moved: Vec<Moved>,
     /// Cells whose verdict flipped on identical inputs (`diff`'s flaky).
     pub flaky: Vec<String>,
+    /// Cells of the run with check rows at `warn`, each with its first warning.
+    pub warned: Vec<String>,
     pub fixes: Vec<String>,
     /// Newer runs of the manifest that never finished.
     pub unfinished: Vec<String>,
@@ -191,6 +193,15 @@ pub fn build(s: &Subject<'_>, d: Option<(&Diff, Baseline)>, note: Option<String>
         bits_moved: Vec::new(),
         flaky: Vec::new(),
         fixes: Vec::new(),
+        warned: run
+            .nodes
+            .iter()
+            .filter(|e| e.warns > 0)
+            .map(|e| match &e.warning {
+                Some(w) => format!("{} ({w})", e.id),
+                None => e.id.clone(),
+            })
+            .collect(),
         unfinished: s.unfinished.clone(),
         more: match s.report_url {
             Some(url) => format!(
@@ -584,6 +595,9 @@ pub fn lines(b: &Brief, style: Style) -> Vec<String> {
     if !b.flaky.is_empty() {
         what.push(format!("{} flaky", b.flaky.len()));
     }
+    if !b.warned.is_empty() {
+        what.push(format!("{} with warn rows", plural(b.warned.len(), "cell")));
+    }
     if b.green() && b.run_problem.is_none() && b.regressions.is_empty() {
         what.insert(0, "all as expected".to_string());
     }
@@ -701,6 +715,9 @@ pub fn lines(b: &Brief, style: Style) -> Vec<String> {
     }
     if !b.fixes.is_empty() {
         tail.push(format!("fixed: {}", ids(&b.fixes)));
+    }
+    if !b.warned.is_empty() {
+        tail.push(format!("warn: {}", ids(&b.warned)));
     }
     if !b.unfinished.is_empty() {
         tail.push(format!(
@@ -844,6 +861,7 @@ mod tests {
                 max_ulp: None,
             }],
             flaky: ids("f", 5),
+            warned: ids("w", 2),
             fixes: ids("x", 1),
             unfinished: ids("u", 2),
             more: "memra-orch show /d".into(),
@@ -877,6 +895,7 @@ mod tests {
                     "bits moved",
                     "flaky",
                     "fixed",
+                    "warn:",
                     "never finished",
                     "more:",
                 ] {

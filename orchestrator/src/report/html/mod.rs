@@ -58,7 +58,7 @@ fn feed_text(view: &ReportView) -> String {
         );
         text = text.replacen(first, &counts, 1);
     }
-    crate::report::escape::control(&text).into_owned()
+    text
 }
 
 /// [`MARKER`]'s content.

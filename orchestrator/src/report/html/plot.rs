@@ -19,6 +19,11 @@ pub fn metric_svg(values: &[Option<f64>], steps: &[usize]) -> Option<String> {
     }
     let lo = finite.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = finite.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    // A range past f64 (from -1e308 to 1e308) cannot be drawn: no plot rather than a
+    // drawing that never ends.
+    if !(hi - lo).is_finite() || !(hi.abs() * 1.2).is_finite() || !(lo.abs() * 1.2).is_finite() {
+        return None;
+    }
     // A constant metric still gets a visible band around its value.
     let pad = if hi > lo {
         (hi - lo) * 0.1
@@ -99,6 +104,8 @@ mod tests {
             .count();
         assert_eq!(lines, 2, "{svg}");
         assert!(metric_svg(&[None, None], &[]).is_none());
+        assert!(metric_svg(&[Some(-1e308), Some(1e308)], &[]).is_none());
+        assert!(metric_svg(&[Some(0.0), Some(f64::MAX)], &[]).is_none());
         assert!(metric_svg(&[Some(5.0)], &[]).is_some());
         // A step is a red line, one per step.
         let svg = metric_svg(&[Some(1.0), Some(1.0), Some(2.0)], &[2]).unwrap();
