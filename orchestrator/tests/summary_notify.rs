@@ -586,6 +586,14 @@ fn a_newer_run_that_cannot_be_read_or_never_finished_makes_the_morning_red() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let t = text(&out);
     assert!(t.contains("(its run.json cannot be read)"), "{t}");
+    // `ls` cannot list it, and says so.
+    let ls = crate::run_support::orch(&f, &["ls"]);
+    assert_eq!(ls.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&ls.stderr).contains("has no readable run.json"),
+        "{}",
+        String::from_utf8_lossy(&ls.stderr)
+    );
     // An older run's summary is not blamed for what happened after it.
     let out = summary(&f, &[runs[0].to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));

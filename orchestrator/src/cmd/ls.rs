@@ -8,6 +8,29 @@ use crate::receipt::error::FindError;
 use crate::receipt::resolve::{FoundRun, list_runs, receipts_root};
 use crate::report::ls::table;
 
+/// The run folders under `receipts` (of `manifest` when given) whose run.json cannot be read.
+fn unreadable(
+    receipts: &std::path::Path,
+    manifest: Option<&str>,
+) -> Vec<(std::path::PathBuf, Option<std::time::SystemTime>)> {
+    let mut names: Vec<String> = std::fs::read_dir(receipts)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|c| !c.file_name().to_string_lossy().starts_with('.'))
+        .flat_map(|c| std::fs::read_dir(c.path()).into_iter().flatten().flatten())
+        .filter(|m| m.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|m| m.file_name().to_string_lossy().into_owned())
+        .filter(|n| manifest.is_none_or(|m| m == n))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+        .iter()
+        .flat_map(|n| crate::receipt::resolve::unreadable_runs(receipts, n))
+        .collect()
+}
+
 /// The `ls` subcommand.
 pub fn command(args: &LsArgs) -> ExitCode {
     let run = || -> Result<String, FindError> {
@@ -16,6 +39,15 @@ pub fn command(args: &LsArgs) -> ExitCode {
             .into_iter()
             .filter(|r| args.manifest.as_deref().is_none_or(|m| r.run.name == m))
             .collect();
+        // A run folder whose run.json cannot be read is no run to list, but it is said.
+        for (dir, _) in unreadable(&receipts, args.manifest.as_deref()) {
+            eprintln!(
+                "memra-orch ls: {} has no readable run.json (killed as it began, or damaged); \
+                 it is not listed, and `memra-orch summary` counts it as a run that never \
+                 finished",
+                crate::report::escape::control(&dir.display().to_string())
+            );
+        }
         Ok(match args.format {
             ShowFormat::Text => table(&runs),
             ShowFormat::Json => {
