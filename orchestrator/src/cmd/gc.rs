@@ -108,7 +108,7 @@ pub fn command(args: &GcArgs) -> ExitCode {
             println!("would delete {} ({why})", dir.display());
             continue;
         }
-        match delete(dir) {
+        match delete(dir, &runs) {
             Ok(()) => {
                 deleted += 1;
                 println!("deleted {} ({why})", dir.display())
@@ -262,7 +262,7 @@ pub fn apply_retention(receipts: &Path, name: &str, r: &Retention, own: &Path) -
             continue;
         }
         let why = decided.why.get(dir).map(String::as_str).unwrap_or_default();
-        match delete(dir) {
+        match delete(dir, &runs) {
             Ok(()) => said.push(format!("retention: deleted {} ({why})", dir.display())),
             Err(e) => said.push(format!("retention: kept {}: {e}", dir.display())),
         }

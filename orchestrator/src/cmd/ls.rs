@@ -5,42 +5,27 @@ use serde_json::json;
 use crate::ExitCode;
 use crate::cli::{LsArgs, ShowFormat};
 use crate::receipt::error::FindError;
-use crate::receipt::resolve::{FoundRun, list_runs, receipts_root};
+use crate::receipt::resolve::{FoundRun, list_runs_and_unreadable, receipts_root};
 use crate::report::ls::table;
-
-/// The run folders under `receipts` (of `manifest` when given) whose run.json cannot be read.
-fn unreadable(
-    receipts: &std::path::Path,
-    manifest: Option<&str>,
-) -> Vec<(std::path::PathBuf, Option<std::time::SystemTime>)> {
-    let mut names: Vec<String> = std::fs::read_dir(receipts)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|c| !c.file_name().to_string_lossy().starts_with('.'))
-        .flat_map(|c| std::fs::read_dir(c.path()).into_iter().flatten().flatten())
-        .filter(|m| m.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|m| m.file_name().to_string_lossy().into_owned())
-        .filter(|n| manifest.is_none_or(|m| m == n))
-        .collect();
-    names.sort();
-    names.dedup();
-    names
-        .iter()
-        .flat_map(|n| crate::receipt::resolve::unreadable_runs(receipts, n))
-        .collect()
-}
 
 /// The `ls` subcommand.
 pub fn command(args: &LsArgs) -> ExitCode {
     let run = || -> Result<String, FindError> {
         let receipts = receipts_root(args.receipts.as_deref())?;
-        let runs: Vec<FoundRun> = list_runs(&receipts)?
+        let (all, unreadable) = list_runs_and_unreadable(&receipts)?;
+        let runs: Vec<FoundRun> = all
             .into_iter()
             .filter(|r| args.manifest.as_deref().is_none_or(|m| r.run.name == m))
             .collect();
         // A run folder whose run.json cannot be read is no run to list, but it is said.
-        for (dir, _) in unreadable(&receipts, args.manifest.as_deref()) {
+        let of_manifest = |dir: &std::path::Path| {
+            args.manifest.as_deref().is_none_or(|m| {
+                dir.parent()
+                    .and_then(std::path::Path::file_name)
+                    .is_some_and(|n| n.to_string_lossy() == m)
+            })
+        };
+        for dir in unreadable.iter().filter(|d| of_manifest(d)) {
             eprintln!(
                 "memra-orch ls: {} has no readable run.json (killed as it began, or damaged); \
                  it is not listed, and `memra-orch summary` counts it as a run that never \

@@ -47,17 +47,30 @@ impl ArtifactRead {
         let ArtifactRead::Read(r) = self else {
             return None;
         };
-        let mut out: Option<(u64, f64, Option<u64>)> = None;
-        for n in r.tensors.iter().filter_map(|t| t.numbers.as_ref()) {
-            let (d, a, u) = out.get_or_insert((0, 0.0, None));
-            *d += n.differ;
-            *a = a.max(n.max_abs);
-            if let Some(x) = n.max_ulp {
-                *u = Some(u.map_or(x, |m| m.max(x)));
-            }
-        }
-        out
+        sum_totals(
+            r.tensors
+                .iter()
+                .filter_map(|t| t.numbers.as_ref())
+                .map(|n| (n.differ, n.max_abs, n.max_ulp)),
+        )
     }
+}
+
+/// Totals ([`ArtifactRead::totals`]) of several tensors or files together: the counts
+/// added, the largest |Δ| and ulp distance kept; `None` for none.
+pub fn sum_totals(
+    parts: impl IntoIterator<Item = (u64, f64, Option<u64>)>,
+) -> Option<(u64, f64, Option<u64>)> {
+    parts.into_iter().reduce(|(d, a, u), (d2, a2, u2)| {
+        (
+            d + d2,
+            a.max(a2),
+            match (u, u2) {
+                (Some(x), Some(y)) => Some(x.max(y)),
+                (x, y) => x.or(y),
+            },
+        )
+    })
 }
 
 /// Reads artifact `name` of two attempt folders (`<attempt>/artifacts/<name>`) side by side,

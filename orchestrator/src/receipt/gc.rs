@@ -219,7 +219,10 @@ const TRASH_PREFIX: &str = ".gc-";
 /// first, so it stops being a run before anything else is touched). The moved tree is then
 /// removed without the lock, and a manifest folder left with nothing but its lock goes under
 /// the lock again, then its commit folder when that is empty too.
-pub fn delete(dir: &Path) -> Result<(), ReceiptError> {
+///
+/// `known` are the runs the decision saw (their carrying was weighed then); only a run
+/// folder that appeared since is read again under the lock.
+pub fn delete(dir: &Path, known: &[FoundRun]) -> Result<(), ReceiptError> {
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -237,19 +240,8 @@ pub fn delete(dir: &Path) -> Result<(), ReceiptError> {
         // Decided before the lock was taken: a run that started and ended meanwhile may
         // carry receipts from this one (carried receipts come from sibling runs only), and
         // then it stays.
-        if new_layout
-            && let Some(by) = super::resolve::runs_in_manifest_dir(manifest_dir)
-                .into_iter()
-                .find(|r| {
-                    r.dir != dir
-                        && r.run
-                            .nodes
-                            .iter()
-                            .filter_map(|e| e.carried.as_ref()?.source_dir(&r.dir))
-                            .any(|s| s == dir)
-                })
-        {
-            return Err(ReceiptError::new(dir, Kind::CarriedBy(by.dir)));
+        if new_layout && let Some(by) = new_carrier(manifest_dir, dir, known) {
+            return Err(ReceiptError::new(dir, Kind::CarriedBy(by)));
         }
         if new_layout {
             // Renamed aside first so that a reader never sees half a tree as a run. Gone
@@ -276,6 +268,32 @@ pub fn delete(dir: &Path) -> Result<(), ReceiptError> {
     std::fs::remove_dir_all(&trash).map_err(|e| ReceiptError::new(&trash, Kind::Delete(e)))?;
     remove_if_empty(manifest_dir);
     Ok(())
+}
+
+/// A run folder in `manifest_dir` that `known` does not hold and whose receipts carry from
+/// `dir`.
+fn new_carrier(manifest_dir: &Path, dir: &Path, known: &[FoundRun]) -> Option<PathBuf> {
+    let known: std::collections::HashSet<&Path> = known.iter().map(|r| r.dir.as_path()).collect();
+    std::fs::read_dir(manifest_dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p != dir && !known.contains(p.as_path()))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| is_run_id(&n.to_string_lossy()))
+        })
+        .find(|p| {
+            super::read_json::<super::RunReceipt>(&p.join("run.json"))
+                .ok()
+                .flatten()
+                .is_some_and(|r| {
+                    r.nodes
+                        .iter()
+                        .filter_map(|e| e.carried.as_ref()?.source_dir(p))
+                        .any(|s| s == dir)
+                })
+        })
 }
 
 /// Removes a manifest folder that holds nothing but its lock file, and then its commit
@@ -603,7 +621,7 @@ mod tests {
                 Some(Carried::from_run(Some("20261101T000000.000Z-aaaa"))),
             ),
         );
-        let e = delete(&old).unwrap_err();
+        let e = delete(&old, &[]).unwrap_err();
         assert!(
             matches!(e.kind, Kind::CarriedBy(ref by) if by == &new),
             "{e}"
@@ -632,8 +650,8 @@ mod tests {
         let run = tmp.path().join("c/smoke/20261103T000000.000Z-cccc");
         std::fs::create_dir_all(&run).unwrap();
         std::fs::write(run.join("run.json"), "{}").unwrap();
-        delete(&run).unwrap();
-        delete(&run).unwrap();
+        delete(&run, &[]).unwrap();
+        delete(&run, &[]).unwrap();
     }
 
     #[test]
@@ -658,10 +676,10 @@ mod tests {
         std::fs::create_dir_all(&inner).unwrap();
         std::fs::write(m.join("run.json"), "{}").unwrap();
         std::fs::write(inner.join("run.json"), "{}").unwrap();
-        delete(&m).unwrap();
+        delete(&m, &[]).unwrap();
         assert!(!m.join("run.json").exists() && !m.join("nodes").exists());
         assert!(inner.join("run.json").is_file());
-        delete(&inner).unwrap();
+        delete(&inner, &[]).unwrap();
         assert!(!inner.exists());
         // Nothing but the lock was left: the manifest and commit folders went too.
         assert!(!tmp.path().join("c").exists());

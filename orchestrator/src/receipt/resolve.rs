@@ -56,6 +56,15 @@ impl FoundRun {
 /// Every readable run under `receipts`, newest first (by start time, then run id). Folders
 /// without a readable `run.json` are not runs and are left out.
 pub fn list_runs(receipts: &Path) -> Result<Vec<FoundRun>, FindError> {
+    Ok(list_runs_and_unreadable(receipts)?.0)
+}
+
+/// [`list_runs`], and the run folders (named by a run id) whose `run.json` is missing or
+/// cannot be read (a run killed as it began, a damaged tree), found in the same pass.
+pub fn list_runs_and_unreadable(
+    receipts: &Path,
+) -> Result<(Vec<FoundRun>, Vec<PathBuf>), FindError> {
+    let mut unreadable = Vec::new();
     let commits = std::fs::read_dir(receipts).map_err(|error| FindError::ListReceipts {
         receipts: receipts.to_path_buf(),
         error,
@@ -75,12 +84,13 @@ pub fn list_runs(receipts: &Path) -> Result<Vec<FoundRun>, FindError> {
         let commit_name = commit.file_name().to_string_lossy().into_owned();
         for m in manifests.flatten() {
             if m.file_type().is_ok_and(|t| t.is_dir()) {
-                runs.extend(runs_in(&m.path(), &commit_name));
+                runs.extend(runs_in(&m.path(), &commit_name, &mut unreadable));
             }
         }
     }
     sort_newest_first(&mut runs);
-    Ok(runs)
+    unreadable.sort();
+    Ok((runs, unreadable))
 }
 
 /// The runs in one manifest folder (`<receipts>/<commit>/<manifest>`), newest first: the
@@ -91,12 +101,14 @@ pub fn runs_in_manifest_dir(manifest_dir: &Path) -> Vec<FoundRun> {
         .and_then(Path::file_name)
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let mut runs = runs_in(manifest_dir, &commit);
+    let mut runs = runs_in(manifest_dir, &commit, &mut Vec::new());
     sort_newest_first(&mut runs);
     runs
 }
 
-fn runs_in(manifest_dir: &Path, commit: &str) -> Vec<FoundRun> {
+/// The runs in one manifest folder; run folders without a readable `run.json` go to
+/// `unreadable`.
+fn runs_in(manifest_dir: &Path, commit: &str, unreadable: &mut Vec<PathBuf>) -> Vec<FoundRun> {
     let mut runs = Vec::new();
     let found = |dir: PathBuf, id: Option<String>| {
         let run = read_json::<RunReceipt>(&dir.join("run.json"))
@@ -114,7 +126,10 @@ fn runs_in(manifest_dir: &Path, commit: &str) -> Vec<FoundRun> {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if is_run_id(&name) && e.file_type().is_ok_and(|t| t.is_dir()) {
-                runs.extend(found(e.path(), Some(name)));
+                match found(e.path(), Some(name)) {
+                    Some(r) => runs.push(r),
+                    None => unreadable.push(e.path()),
+                }
             }
         }
     }
@@ -189,7 +204,7 @@ pub fn previous_run(receipts: &Path, manifest_name: &str) -> Option<RunReceipt> 
         .filter(|c| c.file_type().is_ok_and(|t| t.is_dir()))
         .flat_map(|c| {
             let commit = c.file_name().to_string_lossy().into_owned();
-            runs_in(&c.path().join(manifest_name), &commit)
+            runs_in(&c.path().join(manifest_name), &commit, &mut Vec::new())
         })
         .collect();
     sort_newest_first(&mut runs);
@@ -481,53 +496,6 @@ pub fn morning(receipts: &Path, manifest: Option<&str>) -> Result<Vec<Morning>, 
     Ok(out)
 }
 
-/// The run folders of manifest `name` under `receipts` whose `run.json` is missing or cannot
-/// be read (a damaged tree; [`list_runs`] leaves them out), each with the start its id
-/// names.
-pub fn unreadable_runs(
-    receipts: &Path,
-    name: &str,
-) -> Vec<(PathBuf, Option<std::time::SystemTime>)> {
-    let mut out = Vec::new();
-    let Ok(commits) = std::fs::read_dir(receipts) else {
-        return out;
-    };
-    for c in commits.flatten() {
-        if c.file_name().to_string_lossy().starts_with('.') {
-            continue;
-        }
-        let Ok(entries) = std::fs::read_dir(c.path().join(name)) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let id = e.file_name().to_string_lossy().into_owned();
-            if !is_run_id(&id) || !e.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            if read_json::<RunReceipt>(&e.path().join("run.json"))
-                .ok()
-                .flatten()
-                .is_none()
-            {
-                // `YYYYMMDDTHHMMSS.mmmZ-xxxx` names its start.
-                let b = id.as_bytes();
-                let rfc = format!(
-                    "{}-{}-{}T{}:{}:{}Z",
-                    &id[0..4],
-                    &id[4..6],
-                    &id[6..8],
-                    &id[9..11],
-                    &id[11..13],
-                    &id[13..19]
-                );
-                let start = (b.len() >= 20).then(|| start_time(&rfc)).flatten();
-                out.push((e.path(), start));
-            }
-        }
-    }
-    out
-}
-
 /// Whether a run finished with every cell as expected (`pass` or `skipped`).
 pub fn green(r: &FoundRun) -> bool {
     r.complete()
@@ -538,6 +506,22 @@ pub fn green(r: &FoundRun) -> bool {
 /// The UTC day of an RFC 3339 time.
 fn day_of(start: &str) -> String {
     start.chars().take(10).collect()
+}
+
+/// The start a run id names (`YYYYMMDDTHHMMSS.mmmZ-xxxx`), as a point in time.
+pub fn run_id_start(id: &str) -> Option<std::time::SystemTime> {
+    if !is_run_id(id) {
+        return None;
+    }
+    start_time(&format!(
+        "{}-{}-{}T{}:{}:{}Z",
+        &id[0..4],
+        &id[4..6],
+        &id[6..8],
+        &id[9..11],
+        &id[11..13],
+        &id[13..19]
+    ))
 }
 
 /// Whether `spec` could be (the start of) a run id: eight digits, then `T`, then the rest of
@@ -570,7 +554,7 @@ fn pick_manifest(
             error,
         })?
         .flatten()
-        .filter(|e| !runs_in(&e.path(), "").is_empty())
+        .filter(|e| !runs_in(&e.path(), "", &mut Vec::new()).is_empty())
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();

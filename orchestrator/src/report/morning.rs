@@ -314,12 +314,12 @@ fn moved(m: &BitsMoved, kind: &'static str) -> Moved {
         max_abs: None,
         max_ulp: None,
     };
-    for (d, a, u) in m.artifacts.iter().filter_map(|a| a.read.as_ref()?.totals()) {
-        out.values_differ += d;
-        out.max_abs = Some(out.max_abs.map_or(a, |m: f64| m.max(a)));
-        if let Some(u) = u {
-            out.max_ulp = Some(out.max_ulp.map_or(u, |m| m.max(u)));
-        }
+    if let Some((d, a, u)) = crate::diff::quantify::sum_totals(
+        m.artifacts.iter().filter_map(|a| a.read.as_ref()?.totals()),
+    ) {
+        out.values_differ = d;
+        out.max_abs = Some(a);
+        out.max_ulp = u;
     }
     out
 }
@@ -362,8 +362,9 @@ pub fn for_run(
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("{} holds no run.json", subject.display()))?;
     // The runs of the manifest, newest first; the subject among them.
-    let runs: Vec<FoundRun> = resolve::list_runs(receipts)
-        .map_err(|e| e.to_string())?
+    let (all, unreadable) =
+        resolve::list_runs_and_unreadable(receipts).map_err(|e| e.to_string())?;
+    let runs: Vec<FoundRun> = all
         .into_iter()
         .filter(|r| r.run.name == run.name && !resolve::unknown_age(&r.run.start))
         .collect();
@@ -439,15 +440,17 @@ pub fn for_run(
         .map(|r| r.id_label().to_string())
         .collect();
     unfinished.extend(
-        resolve::unreadable_runs(receipts, &run.name)
-            .into_iter()
-            .filter(|(_, start)| window(*start))
-            .map(|(dir, _)| {
-                format!(
-                    "{} (its run.json cannot be read)",
-                    dir.file_name().unwrap_or_default().to_string_lossy()
-                )
-            }),
+        unreadable
+            .iter()
+            // The manifest folder is named after the manifest.
+            .filter(|dir| {
+                dir.parent()
+                    .and_then(Path::file_name)
+                    .is_some_and(|m| m.to_string_lossy() == run.name)
+            })
+            .map(|dir| dir.file_name().unwrap_or_default().to_string_lossy())
+            .filter(|id| window(resolve::run_id_start(id)))
+            .map(|id| format!("{id} (its run.json cannot be read)")),
     );
     let options = CompareOptions {
         thresholds: Thresholds::default(),

@@ -99,26 +99,15 @@ pub fn view(history: &History) -> Result<ReportView, ReceiptError> {
                 }
                 let moved = match (&prev, &logs) {
                     (Some((Some(before), old)), Some(now)) if point.bits_moved => {
-                        let reads: Vec<(u64, f64, Option<u64>)> = facts
-                            .artifacts
-                            .iter()
-                            .filter(|(name, sha)| old.get(*name).is_some_and(|o| o != *sha))
-                            .filter_map(|(name, _)| {
-                                crate::diff::quantify::read_files(before, now, name).totals()
-                            })
-                            .collect();
-                        (!reads.is_empty()).then(|| {
-                            reads.iter().fold((0, 0.0f64, None), |(d, a, u), r| {
-                                (
-                                    d + r.0,
-                                    a.max(r.1),
-                                    match (u, r.2) {
-                                        (Some(x), Some(y)) => Some(std::cmp::max(x, y)),
-                                        (x, y) => x.or(y),
-                                    },
-                                )
-                            })
-                        })
+                        crate::diff::quantify::sum_totals(
+                            facts
+                                .artifacts
+                                .iter()
+                                .filter(|(name, sha)| old.get(*name).is_some_and(|o| o != *sha))
+                                .filter_map(|(name, _)| {
+                                    crate::diff::quantify::read_files(before, now, name).totals()
+                                }),
+                        )
                     }
                     _ => None,
                 };
