@@ -28,12 +28,13 @@ fn a_gate_that_stops_its_supervisor_cannot_hang_the_run() {
 
 #[test]
 fn a_gate_that_kills_its_supervisor_leaves_no_worker_beside_the_next_cell() {
-    // `rogue` starts a worker in a session of its own that keeps touching a file, then kills
-    // its supervisor. `next` (after it, one CPU slot) checks that the file stops changing.
+    // `rogue` starts a worker in a session of its own that keeps replacing a file (whole, by
+    // rename, so a kill never leaves it empty), waits for its first beat, then kills its
+    // supervisor. `next` (after it, one CPU slot) checks that the file stops changing.
     let f = Fixture::new(
         "schema = 1\nname = \"kill\"\n\
          [[arm]]\nid = \"rogue\"\nshell = true\n\
-         run = \"setsid sh -c 'while true; do date +%s%N > \\\"$PWD/beat\\\"; sleep 0.05; done' </dev/null >/dev/null 2>&1 & sleep 0.5; kill -KILL $PPID; sleep 60\"\n\
+         run = \"setsid sh -c 'while true; do date +%s%N > \\\"$PWD/beat.new\\\" && mv \\\"$PWD/beat.new\\\" \\\"$PWD/beat\\\"; sleep 0.05; done' </dev/null >/dev/null 2>&1 & until test -s beat; do sleep 0.05; done; kill -KILL $PPID; sleep 60\"\n\
          [[arm]]\nid = \"next\"\nneeds = []\nshell = true\n\
          run = \"sleep 0.5 && test -s beat && a=$(cat beat) && sleep 1 && b=$(cat beat) && test \\\"$a\\\" = \\\"$b\\\"\"\n",
     );
