@@ -179,7 +179,7 @@ fn main() {
         (t.elapsed(), h)
     };
     let (cold, h) = read(index::Mode::Ignore);
-    let file = index::path(&receipts, "nightly");
+    let file = index::path(&receipts);
     assert!(!file.exists());
     let (build, built) = read(index::Mode::Use);
     assert_eq!(built, h, "the index gives what the trees give");

@@ -143,9 +143,17 @@ fn column(points: &Value, key: &str) -> Vec<Value> {
 fn ten_nights_of_history_aliases_and_flaky_cells() {
     let Some(n) = ten_nights() else { return };
     let repo = &n.repo;
-    let index = repo.path().join("receipts/.memra-index/battery.jsonl");
-    let lines = std::fs::read_to_string(&index).unwrap().lines().count();
-    assert_eq!(lines, 10, "every run appended its line");
+    let index = repo.path().join("receipts/.memra-index/index.sqlite");
+    let db = rusqlite::Connection::open(&index).unwrap();
+    let filed: i64 = db
+        .query_row(
+            "SELECT count(*) FROM runs WHERE manifest = 'battery'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(filed, 10, "every run filed its rows");
+    drop(db);
 
     // history, JSON: one point per night for every cell, oldest first.
     let out = repo.orch(&["history", "--format", "json"]);
@@ -206,12 +214,20 @@ fn ten_nights_of_history_aliases_and_flaky_cells() {
     std::fs::remove_file(&index).unwrap();
     let again = json(&repo.orch(&["history", "--format", "json"]));
     assert_eq!(again, h, "rebuilt from the trees");
-    let mut bytes = std::fs::read(&index).unwrap();
-    assert_eq!(bytes.iter().filter(|b| **b == b'\n').count(), 10);
-    bytes.truncate(bytes.len() - 40);
-    std::fs::write(&index, &bytes).unwrap();
-    let again = json(&repo.orch(&["history", "--format", "json"]));
-    assert_eq!(again, h, "a torn last line is read again from its tree");
+    // A database cut short, or overwritten, is rebuilt (and says so on stderr).
+    let _ = std::fs::remove_file(index.with_extension("sqlite-wal"));
+    let bytes = std::fs::read(&index).unwrap();
+    std::fs::write(&index, &bytes[..bytes.len() / 2]).unwrap();
+    let out = repo.orch(&["history", "--format", "json"]);
+    assert_eq!(json(&out), h, "a cut database is rebuilt from the trees");
+    std::fs::write(&index, b"not a database at all").unwrap();
+    let out = repo.orch(&["history", "--format", "json"]);
+    assert_eq!(json(&out), h, "so is one overwritten");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("rebuilding it from the run folders"),
+        "{said}"
+    );
 
     // history, text: a filter, the markers, --last.
     let out = repo.orch(&["history", "regress"]);
@@ -389,8 +405,12 @@ fn ten_nights_of_history_aliases_and_flaky_cells() {
         "{}",
         stdout(&out)
     );
-    let lines = std::fs::read_to_string(&index).unwrap().lines().count();
-    assert_eq!(lines, 5);
+    let db = rusqlite::Connection::open(&index).unwrap();
+    let filed: i64 = db
+        .query_row("SELECT count(*) FROM runs", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(filed, 5, "gc dropped the deleted runs' rows");
+    drop(db);
     let h = json(&repo.orch(&["history", "--format", "json"]));
     assert_eq!(h["runs"].as_array().unwrap().len(), 5);
 }

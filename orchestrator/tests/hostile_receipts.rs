@@ -61,7 +61,7 @@ fn a_link_at_cells_or_runs_is_refused_and_nothing_outside_is_touched() {
 #[test]
 fn a_fifo_for_the_marker_or_the_index_hangs_nothing() {
     let f = battery();
-    let index = f.path().join("receipts/.memra-index/h.jsonl");
+    let index = f.path().join("receipts/.memra-index/index.sqlite");
     let _ = std::fs::remove_file(&index);
     std::fs::create_dir_all(index.parent().unwrap()).unwrap();
     mkfifo(&index);
@@ -81,7 +81,7 @@ fn a_fifo_for_the_marker_or_the_index_hangs_nothing() {
 #[test]
 fn the_index_is_never_written_through_a_link() {
     let f = battery();
-    let index = f.path().join("receipts/.memra-index/h.jsonl");
+    let index = f.path().join("receipts/.memra-index/index.sqlite");
     let _ = std::fs::remove_file(&index);
     let elsewhere = f.path().join("elsewhere.txt");
     std::fs::write(&elsewhere, "untouched\n").unwrap();

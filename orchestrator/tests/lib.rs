@@ -24,6 +24,7 @@ mod history_steps;
 mod hostile_input;
 mod hostile_receipts;
 mod housekeeping_cli;
+mod index_concurrency;
 mod isolation_env;
 mod isolation_timeout;
 mod isolation_tmp;

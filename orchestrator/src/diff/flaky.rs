@@ -194,13 +194,13 @@ fn window_records(new: &DiffRun, window: usize) -> Option<Vec<RunRecord>> {
         dir: new.dir.clone(),
     }
     .receipts();
-    let records =
-        crate::history::index::records(&receipts, &new.run.name, crate::history::index::Mode::Use)
+    let index =
+        crate::history::index::open(&receipts, &new.run.name, crate::history::index::Mode::Use)
             .ok()?;
     let rel = rel_dir(&receipts, &new.dir)?;
-    let end = records.iter().position(|r| r.run.dir == rel)?;
+    let end = index.runs().iter().position(|r| r.dir == rel)?;
     let start = (end + 1).saturating_sub(window);
-    Some(records[start..=end].to_vec())
+    index.records(start..end + 1, None).ok()
 }
 
 /// Fills in the flips and bad runs of a flaky cell.

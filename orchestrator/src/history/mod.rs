@@ -336,17 +336,27 @@ pub fn pick_manifest(receipts: &Path, given: Option<&str>) -> Result<String, His
 
 /// The history of `manifest` under `receipts`: every run (or the newest `last`), and a
 /// timeline for each cell the filters select. Runs are read through the index, which is
-/// checked against the trees on disk and brought up to date first.
+/// checked against the trees on disk and brought up to date first; only the rows of the
+/// cells shown are read (and, for a window, each one's newest row before it).
 pub fn load(receipts: &Path, manifest: &str, opts: &Options) -> Result<History, HistoryError> {
-    let records = index::records(receipts, manifest, opts.index)?;
-    if records.is_empty() {
+    let index = index::open(receipts, manifest, opts.index)?;
+    let n = index.runs().len();
+    if n == 0 {
         return Err(HistoryError::NoRuns {
             receipts: receipts.to_path_buf(),
             manifest: manifest.to_string(),
             held: manifests(receipts)?,
         });
     }
-    assemble(receipts, manifest, &records, opts)
+    let first = opts.last.map_or(0, |k| n.saturating_sub(k.max(1)));
+    let outline = index.outline(first..n)?;
+    let chosen = select(&outline, manifest, &opts.filters)?;
+    let only = (chosen.len() < outline.len()).then_some(&chosen);
+    let records = index.records(first..n, only)?;
+    let before = index.previous(first, &chosen)?;
+    Ok(build_history(
+        receipts, manifest, &records, &chosen, &before,
+    ))
 }
 
 /// Builds the history from records (oldest first): selects the cells, walks each one's
@@ -360,63 +370,97 @@ pub fn assemble(
     let first = opts
         .last
         .map_or(0, |n| records.len().saturating_sub(n.max(1)));
-    let shown = &records[first..];
-    let ids: BTreeSet<&str> = shown
+    let mut outline = BTreeMap::new();
+    for r in &records[first..] {
+        for (id, f) in &r.cells {
+            outline.insert(id.clone(), f.tags.clone());
+        }
+    }
+    let chosen = select(&outline, manifest, &opts.filters)?;
+    let before: BTreeMap<String, CellFacts> = chosen
         .iter()
-        .flat_map(|r| r.cells.keys().map(String::as_str))
+        .filter_map(|id| {
+            records[..first]
+                .iter()
+                .rev()
+                .find_map(|r| r.cells.get(id))
+                .map(|f| (id.clone(), f.clone()))
+        })
         .collect();
-    let selector = Selector::new(&opts.filters)?;
-    let mut chosen: BTreeSet<&str> = if selector.includes.is_empty() {
-        ids.clone()
+    Ok(build_history(
+        receipts,
+        manifest,
+        &records[first..],
+        &chosen,
+        &before,
+    ))
+}
+
+/// The cells the filters select among `outline`'s (cell id → tags).
+fn select(
+    outline: &BTreeMap<String, Vec<String>>,
+    manifest: &str,
+    filters: &[String],
+) -> Result<BTreeSet<String>, HistoryError> {
+    let selector = Selector::new(filters)?;
+    let mut chosen: BTreeSet<String> = if selector.includes.is_empty() {
+        outline.keys().cloned().collect()
     } else {
         BTreeSet::new()
     };
     let tags = |id: &str| -> Vec<&str> {
-        shown
-            .iter()
-            .rev()
-            .find_map(|r| r.cells.get(id))
-            .map(|f| f.tags.iter().map(String::as_str).collect())
+        outline
+            .get(id)
+            .map(|t| t.iter().map(String::as_str).collect())
             .unwrap_or_default()
     };
     for (filter, m) in &selector.includes {
-        let hits: Vec<&str> = ids
-            .iter()
-            .copied()
-            .filter(|id| m.hits(id, &tags(id)))
-            .collect();
+        let hits: Vec<&String> = outline.keys().filter(|id| m.hits(id, &tags(id))).collect();
         if hits.is_empty() {
             return Err(HistoryError::NoMatch {
                 filter: filter.clone(),
                 manifest: manifest.to_string(),
-                near: crate::diagnostics::did_you_mean(filter, ids.iter().copied())
+                near: crate::diagnostics::did_you_mean(filter, outline.keys().map(String::as_str))
                     .map(str::to_string),
             });
         }
-        chosen.extend(hits);
+        chosen.extend(hits.into_iter().cloned());
     }
     for (_, m) in &selector.excludes {
         chosen.retain(|id| !m.hits(id, &tags(id)));
     }
+    Ok(chosen)
+}
+
+/// The history of the runs `shown` (oldest first), for the cells `chosen`; `before` holds
+/// each cell's facts in the newest run before the first shown, what its first point is
+/// compared with.
+fn build_history(
+    receipts: &Path,
+    manifest: &str,
+    shown: &[RunRecord],
+    chosen: &BTreeSet<String>,
+    before: &BTreeMap<String, CellFacts>,
+) -> History {
     let cells = chosen
-        .into_iter()
+        .iter()
         .map(|id| CellHistory {
-            id: id.to_string(),
-            points: timeline(id, records).split_off(first),
+            id: id.clone(),
+            points: timeline(id, shown, before.get(id)),
         })
         .collect();
-    Ok(History {
+    History {
         receipts: receipts.to_path_buf(),
         manifest: manifest.to_string(),
         runs: shown.iter().map(|r| r.run.clone()).collect(),
         cells,
-    })
+    }
 }
 
 /// One point per record for cell `id`, each compared with the previous point where the
-/// cell existed.
-fn timeline(id: &str, records: &[RunRecord]) -> Vec<Point> {
-    let mut last: Option<&CellFacts> = None;
+/// cell existed (`seed` for the first).
+fn timeline(id: &str, records: &[RunRecord], seed: Option<&CellFacts>) -> Vec<Point> {
+    let mut last: Option<&CellFacts> = seed;
     records
         .iter()
         .map(|r| {

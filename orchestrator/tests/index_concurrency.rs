@@ -1,0 +1,97 @@
+//! The history index (one SQLite file under the receipts folder) with real processes at
+//! once: runs filing their rows, `gc` deleting runs and dropping theirs, and readers
+//! (`history`, `ls`, `report`) checking it against the trees and rebuilding what is stale.
+//! Afterwards SQLite's own integrity check passes and the index answers what the trees
+//! answer.
+
+use std::process::Command;
+
+use crate::run_support::{Fixture, orch};
+
+fn manifest() -> String {
+    let mut m = String::from("schema = 1\nname = \"busy\"\n");
+    for i in 0..12 {
+        m.push_str(&format!(
+            "[[arm]]\nid = \"c{i}\"\nrun = [\"{{gates}}/pass.sh\"]\n"
+        ));
+    }
+    m
+}
+
+#[test]
+fn runs_gc_and_readers_at_once_leave_a_sound_index_that_agrees_with_the_trees() {
+    let f = Fixture::new(&manifest());
+    for _ in 0..3 {
+        assert_eq!(f.run(&[]).status.code(), Some(0));
+    }
+    let receipts = f.path().join("receipts");
+    let reader = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_memra-orch"));
+        cmd.args(args)
+            .arg("--receipts")
+            .arg(&receipts)
+            .current_dir(f.path());
+        cmd
+    };
+    let run = |commit: &str| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_memra-orch"));
+        cmd.arg("run")
+            .arg(f.path().join("manifest.toml"))
+            .args(["--receipts", receipts.to_str().unwrap()])
+            .args(["--commit", commit, "--progress", "plain"])
+            .current_dir(f.path())
+            .env("MEMRA_GPU_LOCK_DIR", f.path().join("gpu-leases"));
+        cmd
+    };
+    let site = f.path().join("site");
+    let mut children = Vec::new();
+    for round in 0..3 {
+        // Two runs at once (other commits: one commit's runs of a manifest take turns).
+        children.push(("run", run(&format!("a{round}")).spawn().unwrap()));
+        children.push(("run", run(&format!("b{round}")).spawn().unwrap()));
+        children.push(("gc", reader(&["gc", "--keep", "2"]).spawn().unwrap()));
+        children.push((
+            "history",
+            reader(&["history", "--format", "json"]).spawn().unwrap(),
+        ));
+        children.push(("ls", reader(&["ls"]).spawn().unwrap()));
+        if round == 1 {
+            children.push((
+                "report",
+                reader(&["report", "--html", site.to_str().unwrap()])
+                    .spawn()
+                    .unwrap(),
+            ));
+        }
+    }
+    let mut ran = 0;
+    for (what, mut child) in children {
+        let status = child.wait().unwrap();
+        // A reader may meet a run folder gc is deleting, and gc may keep a run that ended
+        // while it worked (exit 1): none may crash, hang or corrupt anything.
+        assert!(status.code().is_some(), "{what} died of a signal: {status}");
+        assert_ne!(status.code(), Some(3), "{what}: internal error");
+        if what == "run" {
+            assert_eq!(status.code(), Some(0), "every run passes");
+            ran += 1;
+        }
+    }
+    assert_eq!(ran, 6);
+    let db = rusqlite::Connection::open(receipts.join(".memra-index/index.sqlite")).unwrap();
+    let check: String = db
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+    drop(db);
+    let through_index = orch(&f, &["history", "--format", "json"]);
+    assert_eq!(through_index.status.code(), Some(0));
+    for ext in ["sqlite", "sqlite-wal", "sqlite-shm"] {
+        let _ = std::fs::remove_file(receipts.join(format!(".memra-index/index.{ext}")));
+    }
+    let from_trees = orch(&f, &["history", "--format", "json"]);
+    assert_eq!(
+        String::from_utf8_lossy(&through_index.stdout),
+        String::from_utf8_lossy(&from_trees.stdout),
+        "the index kept through it all answers what the trees answer"
+    );
+}
