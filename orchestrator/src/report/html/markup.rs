@@ -14,8 +14,8 @@ body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse;font-size:13px}
 th,td{border:1px solid #ccc;padding:2px 6px;text-align:left;vertical-align:top}
 th{background:#f3f3f3}
-td.cell{text-align:center;min-width:3.2em;white-space:nowrap}
-td.cell a{color:inherit;text-decoration:none;display:block}
+#matrix td{text-align:center;min-width:3.2em;white-space:nowrap}
+#matrix td a{color:inherit;display:block}
 .v-pass{background:#b7e4b0}.v-skipped{background:#e4e4e4}.v-absent{background:#fff;color:#999}
 .v-fail{background:#f4a3a3}.v-crash,.v-timeout,.v-error{background:#e07a7a}
 .v-blocked,.v-cancelled{background:#f2d48f}
