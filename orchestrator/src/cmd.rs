@@ -41,6 +41,24 @@ pub fn main() -> i32 {
 
 /// Runs one parsed subcommand.
 pub fn dispatch(command: Command) -> ExitCode {
+    // A command that only prints ends quietly when its reader goes (`memra-orch history |
+    // head`), as any Unix tool does, instead of panicking on the closed pipe. Commands that
+    // write receipts, a site or deletions keep SIGPIPE ignored and see the error instead.
+    if matches!(
+        command,
+        Command::Plan(_)
+            | Command::Validate(_)
+            | Command::Gpus(_)
+            | Command::Diff(_)
+            | Command::Show(_)
+            | Command::Ls(_)
+            | Command::History(_)
+            | Command::Summary(_)
+    ) {
+        // SAFETY: signal() with SIG_DFL changes only this process's disposition of SIGPIPE;
+        // no handler runs.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     match command {
         Command::Run(args) => run::command(&args),
         Command::Plan(args) => plan::command(&args),

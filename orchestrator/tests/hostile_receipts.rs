@@ -329,3 +329,37 @@ fn runs_of_unknown_age_are_never_latest_or_previous_and_gc_keeps_the_real_ones()
     assert!(out.contains("0 of 3 runs deleted"), "{out}");
     assert_eq!(f.runs().len(), 3);
 }
+
+#[test]
+fn a_reader_whose_pipe_closes_ends_quietly() {
+    use std::io::{BufRead, BufReader};
+    // Enough cells that each command prints more than a pipe holds (64 KiB).
+    let values: Vec<String> = (0..600).map(|i| format!("\"{i:04}\"")).collect();
+    let f = Fixture::new(&format!(
+        "schema = 1\nname = \"wide\"\n[[arm]]\nid = \"a-rather-long-arm-name-for-wide-lines\"\n\
+         run = [\"true\"]\nmatrix = {{ i = [{}] }}\n",
+        values.join(", ")
+    ));
+    for _ in 0..2 {
+        assert_eq!(f.run(&["--jobs", "2"]).status.code(), Some(0));
+    }
+    for args in [&["history"][..], &["ls"], &["show", "latest"]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+            .args(args)
+            .arg("--receipts")
+            .arg(f.path().join("receipts"))
+            .current_dir(f.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        // The reader goes after one line, as `| head -1` does.
+        let out = child.wait_with_output().unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!said.contains("panicked"), "{args:?}: {said}");
+    }
+}

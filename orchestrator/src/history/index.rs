@@ -39,7 +39,7 @@ pub const DB_FILE: &str = "index.sqlite";
 
 /// The schema of the database (SQLite's `user_version`). A file of another version is
 /// rebuilt.
-const DB_VERSION: i64 = 100 + INDEX_SCHEMA as i64;
+const DB_VERSION: i64 = 104;
 
 /// How long a reader or writer waits for another process's write to end.
 const BUSY: Duration = Duration::from_secs(30);
@@ -71,9 +71,14 @@ CREATE TABLE runs(
     start TEXT NOT NULL,
     verdict TEXT NOT NULL,
     summary TEXT NOT NULL,
-    seal TEXT NOT NULL
+    seal TEXT NOT NULL,
+    cellset TEXT NOT NULL
 );
 CREATE INDEX runs_by_manifest ON runs(manifest);
+CREATE TABLE cellsets(
+    digest TEXT PRIMARY KEY,
+    outline TEXT NOT NULL
+);
 CREATE TABLE cells(
     run INTEGER NOT NULL,
     cell TEXT NOT NULL,
@@ -146,11 +151,13 @@ pub struct Index {
 }
 
 enum Source {
-    /// Rows in the database; `keys[i]` is the row id of `runs[i]`, `dirs[i]` its folder.
+    /// Rows in the database; `keys[i]` is the row id of `runs[i]`, `on_disk[i]` its folder.
     Db {
-        conn: Connection,
+        conn: Box<Connection>,
         keys: Vec<i64>,
         on_disk: Vec<RunOnDisk>,
+        /// The digest of each run's cell set (`cellsets`).
+        cellsets: Vec<String>,
         /// Runs whose rows failed their seal: read from their trees instead, by key.
         replaced: RefCell<HashMap<i64, RunRecord>>,
     },
@@ -298,7 +305,8 @@ fn connect(receipts: &Path, file: &Path) -> Result<Connection, DbError> {
         if version != DB_VERSION {
             tx.execute_batch(
                 "DROP TABLE IF EXISTS runs; DROP TABLE IF EXISTS cells;
-                 DROP TABLE IF EXISTS metrics; DROP TABLE IF EXISTS artifacts;",
+                 DROP TABLE IF EXISTS metrics; DROP TABLE IF EXISTS artifacts;
+                 DROP TABLE IF EXISTS cellsets;",
             )?;
             tx.execute_batch(SCHEMA)?;
             tx.pragma_update(None, "user_version", DB_VERSION)?;
@@ -357,10 +365,10 @@ fn open_db(
     // One snapshot for every read that follows: a run filed meanwhile by another process
     // cannot make the runs and their cells disagree.
     conn.execute_batch("BEGIN")?;
-    let mut runs: Vec<(RunSummary, i64, RunOnDisk)> = Vec::with_capacity(on_disk.len());
+    let mut runs: Vec<(RunSummary, i64, RunOnDisk, String)> = Vec::with_capacity(on_disk.len());
     {
         let mut q = conn.prepare_cached(
-            "SELECT id, dir, mtime_ns, size, inode, summary, seal FROM runs WHERE manifest = ?1",
+            "SELECT id, dir, mtime_ns, size, inode, summary, seal, cellset FROM runs WHERE manifest = ?1",
         )?;
         let mut rows = q.query(params![manifest])?;
         while let Some(row) = rows.next()? {
@@ -381,28 +389,31 @@ fn open_db(
                 .then(|| serde_json::from_str::<RunSummary>(&summary).ok())
                 .flatten();
             match parsed {
-                Some(s) if disk.stamp == stamp => runs.push((s, row.get(0)?, (*disk).clone())),
+                Some(s) if disk.stamp == stamp => {
+                    runs.push((s, row.get(0)?, (*disk).clone(), row.get(7)?));
+                }
                 _ => return Err(DbError::Corrupt(rusqlite::Error::InvalidQuery)),
             }
         }
     }
-    sort(&mut runs, |(s, _, _)| (&s.start, &s.id, &s.dir));
-    let (summaries, keys, disk): (Vec<RunSummary>, Vec<i64>, Vec<RunOnDisk>) =
-        runs.into_iter().fold(
-            (vec![], vec![], vec![]),
-            |(mut a, mut b, mut c), (s, k, d)| {
-                a.push(s);
-                b.push(k);
-                c.push(d);
-                (a, b, c)
-            },
-        );
+    sort(&mut runs, |(s, _, _, _)| (&s.start, &s.id, &s.dir));
+    let mut summaries = Vec::with_capacity(runs.len());
+    let mut keys = Vec::with_capacity(runs.len());
+    let mut disk = Vec::with_capacity(runs.len());
+    let mut cellsets = Vec::with_capacity(runs.len());
+    for (summary, key, d, cellset) in runs {
+        summaries.push(summary);
+        keys.push(key);
+        disk.push(d);
+        cellsets.push(cellset);
+    }
     Ok(Ok(Index {
         runs: summaries,
         source: Source::Db {
-            conn,
+            conn: Box::new(conn),
             keys,
             on_disk: disk,
+            cellsets,
             replaced: RefCell::new(HashMap::new()),
         },
         file: file.to_path_buf(),
@@ -445,9 +456,17 @@ fn delete_run(tx: &Connection, dir: &str) -> rusqlite::Result<()> {
 fn insert(tx: &Connection, manifest: &str, r: &RunRecord) -> Result<(), DbError> {
     delete_run(tx, &r.run.dir)?;
     let summary = serde_json::to_string(&r.run).map_err(|e| DbError::Unusable(e.to_string()))?;
+    // The run's cell ids and tags, shared by every run of the same cells: what a window's
+    // outline reads instead of every cell row.
+    let outline: BTreeMap<&String, &Vec<String>> =
+        r.cells.iter().map(|(id, f)| (id, &f.tags)).collect();
+    let outline = serde_json::to_string(&outline).map_err(|e| DbError::Unusable(e.to_string()))?;
+    let cellset = seal(&outline);
+    tx.prepare_cached("INSERT OR IGNORE INTO cellsets(digest, outline) VALUES (?1, ?2)")?
+        .execute(params![cellset, outline])?;
     tx.prepare_cached(
-        "INSERT INTO runs(manifest, dir, mtime_ns, size, inode, run_id, start, verdict, summary, seal)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        "INSERT INTO runs(manifest, dir, mtime_ns, size, inode, run_id, start, verdict, summary, seal, cellset)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
     )?
     .execute(params![
         manifest,
@@ -460,6 +479,7 @@ fn insert(tx: &Connection, manifest: &str, r: &RunRecord) -> Result<(), DbError>
         r.run.verdict,
         summary,
         seal(&summary),
+        cellset,
     ])?;
     let run = tx.last_insert_rowid();
     let mut cell = tx.prepare_cached(
@@ -515,23 +535,46 @@ impl Index {
                     }
                 }
             }
-            Source::Db { conn, keys, .. } => {
-                let mut q =
-                    self.db(conn.prepare_cached("SELECT cell, tags FROM cells WHERE run = ?1"))?;
+            Source::Db { conn, cellsets, .. } => {
+                // Runs of one cell set share its outline: each set is read once, in the
+                // order of the newest run using it, so the newest tags win.
+                let mut newest: HashMap<&str, usize> = HashMap::new();
+                let mut parts: Vec<(usize, Option<&str>)> = Vec::new();
                 for i in range {
-                    if let Some(r) = self.replaced(i) {
-                        for (id, f) in &r.cells {
-                            out.insert(id.clone(), f.tags.clone());
-                        }
-                        continue;
+                    if self.replaced(i).is_some() {
+                        parts.push((i, None));
+                    } else {
+                        newest.insert(&cellsets[i], i);
                     }
-                    let rows = self.db(q.query_map(params![keys[i]], |row| {
-                        Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
-                    }))?;
-                    for row in rows {
-                        let (id, tags) = self.db(row)?;
-                        let tags: Vec<String> = serde_json::from_str(&tags).unwrap_or_default();
-                        out.insert(id, tags);
+                }
+                parts.extend(newest.into_iter().map(|(d, i)| (i, Some(d))));
+                parts.sort();
+                let mut q =
+                    self.db(conn.prepare_cached("SELECT outline FROM cellsets WHERE digest = ?1"))?;
+                for (i, digest) in parts {
+                    let set = match digest {
+                        Some(d) => self
+                            .db(q
+                                .query_row(params![d], |row| row.get::<_, String>(0))
+                                .optional())?
+                            .filter(|text| seal(text) == d)
+                            .and_then(|text| {
+                                serde_json::from_str::<BTreeMap<String, Vec<String>>>(&text).ok()
+                            }),
+                        None => None,
+                    };
+                    match set {
+                        Some(set) => out.extend(set),
+                        None => {
+                            // A run read from its tree, or a set whose row is not what was
+                            // written: the run's own cells.
+                            if self.replaced(i).is_none() {
+                                self.replace(i)?;
+                            }
+                            if let Some(r) = self.replaced(i) {
+                                out.extend(r.cells.into_iter().map(|(id, f)| (id, f.tags)));
+                            }
+                        }
                     }
                 }
             }
@@ -809,6 +852,11 @@ pub fn prune(receipts: &Path, manifest: &str) -> Result<(), String> {
     for dir in held.keys().filter(|d| !on_disk.contains(*d)) {
         delete_run(&tx, dir).map_err(|e| e.to_string())?;
     }
+    tx.execute(
+        "DELETE FROM cellsets WHERE digest NOT IN (SELECT cellset FROM runs)",
+        [],
+    )
+    .map_err(|e| e.to_string())?;
     tx.commit().map_err(|e| e.to_string())
 }
 

@@ -354,9 +354,7 @@ pub fn load(receipts: &Path, manifest: &str, opts: &Options) -> Result<History, 
     let only = (chosen.len() < outline.len()).then_some(&chosen);
     let records = index.records(first..n, only)?;
     let before = index.previous(first, &chosen)?;
-    Ok(build_history(
-        receipts, manifest, &records, &chosen, &before,
-    ))
+    Ok(build_history(receipts, manifest, records, &chosen, &before))
 }
 
 /// Builds the history from records (oldest first): selects the cells, walks each one's
@@ -390,7 +388,7 @@ pub fn assemble(
     Ok(build_history(
         receipts,
         manifest,
-        &records[first..],
+        records[first..].to_vec(),
         &chosen,
         &before,
     ))
@@ -434,55 +432,59 @@ fn select(
 
 /// The history of the runs `shown` (oldest first), for the cells `chosen`; `before` holds
 /// each cell's facts in the newest run before the first shown, what its first point is
-/// compared with.
+/// compared with. The facts move from the records into the points (a window of a thousand
+/// cells is not held twice).
 fn build_history(
     receipts: &Path,
     manifest: &str,
-    shown: &[RunRecord],
+    mut shown: Vec<RunRecord>,
     chosen: &BTreeSet<String>,
     before: &BTreeMap<String, CellFacts>,
 ) -> History {
+    let runs = shown.iter().map(|r| r.run.clone()).collect();
     let cells = chosen
         .iter()
         .map(|id| CellHistory {
             id: id.clone(),
-            points: timeline(id, shown, before.get(id)),
+            points: timeline(id, &mut shown, before.get(id)),
         })
         .collect();
     History {
         receipts: receipts.to_path_buf(),
         manifest: manifest.to_string(),
-        runs: shown.iter().map(|r| r.run.clone()).collect(),
+        runs,
         cells,
     }
 }
 
-/// One point per record for cell `id`, each compared with the previous point where the
-/// cell existed (`seed` for the first).
-fn timeline(id: &str, records: &[RunRecord], seed: Option<&CellFacts>) -> Vec<Point> {
-    let mut last: Option<&CellFacts> = seed;
-    records
-        .iter()
-        .map(|r| {
-            let facts = r.cells.get(id);
-            let (inputs_changed, bits_moved) = match (last, facts) {
-                (Some(a), Some(b)) => (a.inputs != b.inputs, a.artifacts != b.artifacts),
-                _ => (false, false),
-            };
-            if facts.is_some() {
-                last = facts;
-            }
-            Point {
-                run: r.run.id.clone(),
-                commit: r.run.commit.clone(),
-                start: r.run.start.clone(),
-                absent: facts.is_none(),
-                inputs_changed,
-                bits_moved,
-                facts: facts.cloned(),
-            }
-        })
-        .collect()
+/// One point per record for cell `id` (its facts taken out of the records), each compared
+/// with the previous point where the cell existed (`seed` for the first).
+fn timeline(id: &str, records: &mut [RunRecord], seed: Option<&CellFacts>) -> Vec<Point> {
+    let mut points: Vec<Point> = Vec::with_capacity(records.len());
+    let mut last: Option<usize> = None;
+    for r in records.iter_mut() {
+        let facts = r.cells.remove(id);
+        let previous = last
+            .and_then(|i| points[i].facts.as_ref())
+            .or(if last.is_none() { seed } else { None });
+        let (inputs_changed, bits_moved) = match (previous, &facts) {
+            (Some(a), Some(b)) => (a.inputs != b.inputs, a.artifacts != b.artifacts),
+            _ => (false, false),
+        };
+        if facts.is_some() {
+            last = Some(points.len());
+        }
+        points.push(Point {
+            run: r.run.id.clone(),
+            commit: r.run.commit.clone(),
+            start: r.run.start.clone(),
+            absent: facts.is_none(),
+            inputs_changed,
+            bits_moved,
+            facts,
+        });
+    }
+    points
 }
 
 /// One filter compiled: a glob (matched as `run --filter` matches it) or a tag.
