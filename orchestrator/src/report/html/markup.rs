@@ -25,7 +25,7 @@ pre{white-space:pre-wrap;word-break:break-all}
 .legend span{display:inline-block;padding:1px 6px;margin-right:6px;border:1px solid #ccc}
 nav{margin-bottom:1em}
 .scroll{overflow-x:auto;max-width:100%}
-#matrix th:first-child{position:sticky;left:0;z-index:1;max-width:22em;overflow-wrap:anywhere}
+#matrix th:first-child{position:sticky;left:0;z-index:1;min-width:10em;max-width:22em;overflow-wrap:anywhere}
 #matrix th small{display:block;font-weight:normal;white-space:nowrap}
 #matrix .subj{max-width:8em;overflow:hidden;text-overflow:ellipsis}
 ";

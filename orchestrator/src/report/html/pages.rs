@@ -279,8 +279,9 @@ pub fn cell(view: &ReportView, cell: &CellView, site: &Path) -> String {
         }
         let _ = writeln!(b, "</table>");
     }
-    history_table(&mut b, view, cell, &here);
+    // The trends first: a year of nights is a long table.
     plots(&mut b, cell);
+    history_table(&mut b, view, cell, &here);
     page(&format!("{} — {}", cell.id, view.manifest), &b)
 }
 
@@ -380,6 +381,7 @@ fn moved_plots(b: &mut String, cell: &CellView) {
             .collect()
     };
     let _ = writeln!(b, "<h2>Bits moved</h2>");
+    let mut drawn = 0;
     let figures: [(&str, Vec<Option<f64>>); 3] = [
         ("values that differ", series(&|m| Some(m.0 as f64))),
         ("max |Δ|", series(&|m| Some(m.1))),
@@ -396,7 +398,22 @@ fn moved_plots(b: &mut String, cell: &CellView) {
                 html(name),
                 html(name)
             );
+            drawn += 1;
         }
+    }
+    if drawn == 0 {
+        let runs: Vec<String> = samples
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_some_and(|s| s.bits_moved))
+            .map(|(i, _)| format!("#{}", i + 1))
+            .collect();
+        let _ = writeln!(
+            b,
+            "<p id=\"moved-unmeasured\">The artifacts' digests changed at runs {}, but how far \
+             could not be read (the artifacts are not safetensors, or no longer kept).</p>",
+            html(&runs.join(", "))
+        );
     }
 }
 

@@ -25,10 +25,14 @@ pub fn metric_svg(values: &[Option<f64>], steps: &[usize]) -> Option<String> {
         return None;
     }
     // A constant metric still gets a visible band around its value.
+    // A constant metric gets a band of 10 % around its value (0.001 is drawn at 0.001 on
+    // an axis of its own scale, not as a dot on zero), or ±0.1 around zero.
     let pad = if hi > lo {
         (hi - lo) * 0.1
+    } else if lo == 0.0 {
+        0.1
     } else {
-        lo.abs().max(1.0) * 0.1
+        lo.abs().max(1e-300) * 0.1
     };
     let mut svg = String::new();
     draw(&mut svg, values, steps, (lo - pad, hi + pad)).ok()?;
