@@ -30,7 +30,9 @@ fn runs_gc_and_readers_at_once_leave_a_sound_index_that_agrees_with_the_trees() 
         cmd.args(args)
             .arg("--receipts")
             .arg(&receipts)
-            .current_dir(f.path());
+            .current_dir(f.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
         cmd
     };
     let run = |commit: &str| {
@@ -40,7 +42,9 @@ fn runs_gc_and_readers_at_once_leave_a_sound_index_that_agrees_with_the_trees() 
             .args(["--receipts", receipts.to_str().unwrap()])
             .args(["--commit", commit, "--progress", "plain"])
             .current_dir(f.path())
-            .env("MEMRA_GPU_LOCK_DIR", f.path().join("gpu-leases"));
+            .env("MEMRA_GPU_LOCK_DIR", f.path().join("gpu-leases"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
         cmd
     };
     let site = f.path().join("site");
@@ -65,14 +69,19 @@ fn runs_gc_and_readers_at_once_leave_a_sound_index_that_agrees_with_the_trees() 
         }
     }
     let mut ran = 0;
-    for (what, mut child) in children {
-        let status = child.wait().unwrap();
+    for (what, child) in children {
+        let out = child.wait_with_output().unwrap();
+        let status = out.status;
+        let said = String::from_utf8_lossy(&out.stderr);
         // A reader may meet a run folder gc is deleting, and gc may keep a run that ended
         // while it worked (exit 1): none may crash, hang or corrupt anything.
-        assert!(status.code().is_some(), "{what} died of a signal: {status}");
-        assert_ne!(status.code(), Some(3), "{what}: internal error");
+        assert!(
+            status.code().is_some(),
+            "{what} died of a signal: {status}\n{said}"
+        );
+        assert_ne!(status.code(), Some(3), "{what}: internal error\n{said}");
         if what == "run" {
-            assert_eq!(status.code(), Some(0), "every run passes");
+            assert_eq!(status.code(), Some(0), "every run passes\n{said}");
             ran += 1;
         }
     }

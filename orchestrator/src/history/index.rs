@@ -8,20 +8,27 @@
 //!
 //! The index is only a cache; the trees are the truth. Every open checks it against the
 //! runs on disk (the set of run folders and each `run.json`'s mtime, size and inode): a run
-//! whose row is missing or stale is read from its tree again, the rows of a deleted run go,
-//! and both happen in one write transaction. Every row carries the sha256 of its JSON: a row
-//! whose seal does not match is not trusted (its run is read from the tree, and its rows are
-//! dropped for the next open to rewrite). A database that SQLite finds corrupt, or of
-//! another schema, is rebuilt from the trees; one that cannot be opened or written at all (a
-//! read-only mount, a link or a FIFO at its name, a lock held past 30 s) is not used: history
-//! reads the trees, slower but right, and says so on stderr. `run` writes the rows of a run
-//! when it finishes, in one transaction; concurrent runs, `gc` and readers are serialised by
-//! SQLite's locks. Nothing here writes inside a run's tree.
+//! whose rows are missing or stale is read from its tree again and filed, the rows of a
+//! deleted run go (checked again under the write lock), all in one write transaction. The
+//! reads that follow see one snapshot; a run whose rows are not in it as they should be (filed
+//! meanwhile from another `run.json`, dropped by another process, edited) is read from its
+//! tree, so an answer never lacks a run or holds a stale one. Every row carries a seal (the
+//! sha256 of its run folder, cell id and JSON); a row whose seal does not match, or a run whose
+//! cell rows are not the cells its cell set names, is not trusted: its run is read from the
+//! tree and its rows dropped for the next open to file again. A database SQLite finds
+//! corrupt, or of another schema, is rebuilt from the trees — deleted only under an exclusive
+//! lock (`.memra-index/lock`, which every open holds shared), so never under another process
+//! that has it open; one that cannot be opened or written at all (a read-only mount, a link or
+//! a FIFO at its name, a lock held past 30 s) is not used: history reads the trees, slower but
+//! right, and says so on stderr. `run` writes the rows of a run when it finishes, in one
+//! transaction. Nothing here writes inside a run's tree.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::Duration;
 
 use rayon::prelude::*;
@@ -37,9 +44,12 @@ pub const INDEX_DIR: &str = ".memra-index";
 /// The database's file name in [`INDEX_DIR`].
 pub const DB_FILE: &str = "index.sqlite";
 
+/// The lock every open holds shared, and a rebuild exclusive, in [`INDEX_DIR`].
+const LOCK_FILE: &str = "lock";
+
 /// The schema of the database (SQLite's `user_version`). A file of another version is
 /// rebuilt.
-const DB_VERSION: i64 = 104;
+const DB_VERSION: i64 = 105;
 
 /// How long a reader or writer waits for another process's write to end.
 const BUSY: Duration = Duration::from_secs(30);
@@ -71,8 +81,8 @@ CREATE TABLE runs(
     start TEXT NOT NULL,
     verdict TEXT NOT NULL,
     summary TEXT NOT NULL,
-    seal TEXT NOT NULL,
-    cellset TEXT NOT NULL
+    cellset TEXT NOT NULL,
+    seal TEXT NOT NULL
 );
 CREATE INDEX runs_by_manifest ON runs(manifest);
 CREATE TABLE cellsets(
@@ -119,12 +129,17 @@ enum DbError {
 
 impl From<rusqlite::Error> for DbError {
     fn from(e: rusqlite::Error) -> Self {
-        use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
-        match e.sqlite_error_code() {
-            Some(DatabaseCorrupt | NotADatabase) => DbError::Corrupt(e),
-            _ => DbError::Unusable(e.to_string()),
+        if is_corrupt(&e) {
+            DbError::Corrupt(e)
+        } else {
+            DbError::Unusable(e.to_string())
         }
     }
+}
+
+fn is_corrupt(e: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
+    matches!(e.sqlite_error_code(), Some(DatabaseCorrupt | NotADatabase))
 }
 
 impl std::fmt::Display for DbError {
@@ -136,9 +151,79 @@ impl std::fmt::Display for DbError {
     }
 }
 
-/// The seal of a row's JSON: its sha256, in hex.
-fn seal(json: &str) -> String {
-    crate::digest::sha256_hex(json.as_bytes())
+/// The seal of a row: the sha256, in hex, of what names it and its JSON.
+fn seal(parts: &[&str]) -> String {
+    crate::digest::sha256_hex(parts.join("\0").as_bytes())
+}
+
+/// The seal of a cell set's outline: its digest, which is also its key.
+fn set_digest(outline: &str) -> String {
+    crate::digest::sha256_hex(outline.as_bytes())
+}
+
+/// The index folder's lock, held shared by every open connection and exclusive by a rebuild
+/// that deletes the file.
+struct IndexLock {
+    _held: std::fs::File,
+}
+
+impl IndexLock {
+    /// The lock file, made when missing; never through a link, never a FIFO.
+    fn open(receipts: &Path) -> Result<std::fs::File, DbError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = receipts.join(INDEX_DIR).join(LOCK_FILE);
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .read(true)
+            .write(true)
+            .truncate(false)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&file)
+            .map_err(|e| DbError::Unusable(format!("cannot open {}: {e}", file.display())))?;
+        if !f.metadata().is_ok_and(|m| m.is_file()) {
+            return Err(DbError::Unusable(format!(
+                "{} is not a plain file; remove it",
+                file.display()
+            )));
+        }
+        Ok(f)
+    }
+
+    fn shared(receipts: &Path) -> Result<IndexLock, DbError> {
+        let f = Self::open(receipts)?;
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH) } != 0 {
+            return Err(DbError::Unusable(format!(
+                "cannot lock the index: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        Ok(IndexLock { _held: f })
+    }
+
+    /// The exclusive lock, only if no other process holds the index open.
+    fn exclusive_now(receipts: &Path) -> Option<IndexLock> {
+        let f = Self::open(receipts).ok()?;
+        // SAFETY: flock on a descriptor this function owns.
+        let got = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+        got.then_some(IndexLock { _held: f })
+    }
+}
+
+/// Deletes a damaged database so that the next open rebuilds it, when no other process holds
+/// it open (deleting a SQLite file under an open connection corrupts what it writes next).
+/// Says whether it did.
+fn remove_damaged(receipts: &Path) -> bool {
+    let Some(_exclusive) = IndexLock::exclusive_now(receipts) else {
+        return false;
+    };
+    let file = path(receipts);
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut p = file.as_os_str().to_owned();
+        p.push(suffix);
+        let _ = std::fs::remove_file(PathBuf::from(p));
+    }
+    true
 }
 
 /// The history of one manifest as the index holds it, checked against the trees: its runs
@@ -148,18 +233,28 @@ pub struct Index {
     source: Source,
     /// The database file (for messages).
     file: PathBuf,
+    receipts: PathBuf,
 }
 
+// One per command: boxing the database's side would buy nothing.
+#[allow(clippy::large_enum_variant)]
 enum Source {
-    /// Rows in the database; `keys[i]` is the row id of `runs[i]`, `on_disk[i]` its folder.
+    /// Rows in the database; `keys[i]` is the row id of `runs[i]` (`None`: the run was read
+    /// from its tree), `on_disk[i]` its folder, `cellsets[i]` its cell set's digest.
     Db {
         conn: Box<Connection>,
-        keys: Vec<i64>,
+        _lock: IndexLock,
+        keys: Vec<Option<i64>>,
         on_disk: Vec<RunOnDisk>,
-        /// The digest of each run's cell set (`cellsets`).
         cellsets: Vec<String>,
-        /// Runs whose rows failed their seal: read from their trees instead, by key.
-        replaced: RefCell<HashMap<i64, RunRecord>>,
+        /// Runs read from their trees instead of their rows, by position.
+        replaced: RefCell<HashMap<usize, Rc<RunRecord>>>,
+        /// Row ids whose rows were not what was written, dropped when the index closes.
+        untrusted: RefCell<Vec<(i64, String)>>,
+        /// The cell ids of each cell set read so far, by digest.
+        sets: RefCell<HashMap<String, Rc<Outline>>>,
+        /// SQLite met a damaged page while reading: the file is rebuilt when it closes.
+        damaged: Cell<bool>,
     },
     /// Every record in memory (read from the trees).
     Memory(Vec<RunRecord>),
@@ -179,11 +274,18 @@ pub fn open(receipts: &Path, manifest: &str, mode: Mode) -> Result<Index, Histor
             Ok(Ok(index)) => return Ok(index),
             Ok(Err(e)) => return Err(e),
             Err(DbError::Corrupt(e)) if tries == 1 => {
-                eprintln!(
-                    "memra-orch: the history index {} is damaged ({e}); rebuilding it from the run folders",
-                    file.display()
-                );
-                remove_db(&file);
+                if remove_damaged(receipts) {
+                    eprintln!(
+                        "memra-orch: the history index {} is damaged ({e}); rebuilding it from the run folders",
+                        file.display()
+                    );
+                } else {
+                    eprintln!(
+                        "memra-orch: the history index {} is damaged ({e}) and open in another memra-orch; reading the run folders instead (it is rebuilt once no other process has it open)",
+                        file.display()
+                    );
+                    return from_trees(on_disk);
+                }
             }
             Err(e) => {
                 eprintln!(
@@ -209,29 +311,39 @@ pub fn records(
 
 fn from_trees(on_disk: Vec<RunOnDisk>) -> Result<Index, HistoryError> {
     let refs: Vec<&RunOnDisk> = on_disk.iter().collect();
-    let mut records = read_trees(&refs)?;
+    let mut records: Vec<RunRecord> = read_trees(&refs)?
+        .into_iter()
+        .filter_map(|(_, r)| r)
+        .collect();
     sort(&mut records, |r| (&r.run.start, &r.run.id, &r.run.dir));
     Ok(Index {
         runs: records.iter().map(|r| r.run.clone()).collect(),
         source: Source::Memory(records),
         file: PathBuf::new(),
+        receipts: PathBuf::new(),
     })
 }
 
-/// Reads runs from their trees in parallel. A folder whose run.json cannot be read is not a
-/// run (as for `ls`); a receipt that cannot be read is a broken run, and history says so.
-fn read_trees(runs: &[&RunOnDisk]) -> Result<Vec<RunRecord>, HistoryError> {
-    let fresh: Vec<Result<Option<RunRecord>, ReceiptError>> = runs
+/// Reads runs from their trees in parallel, each with `None` for a folder whose run.json
+/// cannot be read (not a run, as for `ls`) or that went or changed while it was read; a
+/// receipt that cannot be read in a run still there is a broken run, and history says so.
+fn read_trees<'a>(
+    runs: &[&'a RunOnDisk],
+) -> Result<Vec<(&'a RunOnDisk, Option<RunRecord>)>, HistoryError> {
+    let fresh: Vec<Result<(&RunOnDisk, Option<RunRecord>), ReceiptError>> = runs
         .par_iter()
         .map(|r| match build::read(r) {
-            Ok(rec) => Ok(Some(rec)),
-            Err(e) if e.path == r.dir.join("run.json") => Ok(None),
+            Ok(rec) => Ok((*r, Some(rec))),
+            Err(e) if e.path == r.dir.join("run.json") => Ok((*r, None)),
+            // A run deleted (by gc) or replaced while it was read is not a broken run: it is
+            // left out as one no longer there, or read again by the next command.
+            Err(_) if build::stamp(&r.dir.join("run.json")) != Some(r.stamp) => Ok((*r, None)),
             Err(e) => Err(e),
         })
         .collect();
     let mut out = Vec::with_capacity(fresh.len());
     for f in fresh {
-        out.extend(f?);
+        out.push(f?);
     }
     Ok(out)
 }
@@ -251,18 +363,11 @@ fn sort<T>(items: &mut [T], key: impl Fn(&T) -> (&String, &String, &String)) {
     });
 }
 
-fn remove_db(file: &Path) {
-    for suffix in ["", "-wal", "-shm", "-journal"] {
-        let mut p = file.as_os_str().to_owned();
-        p.push(suffix);
-        let _ = std::fs::remove_file(PathBuf::from(p));
-    }
-}
-
-/// The database, opened read-write and made when missing. The index folder and the file
-/// must be what they claim: a link or anything but a plain file at either name is refused
-/// (the index would be written wherever it leads, or a FIFO would hang every read).
-fn connect(receipts: &Path, file: &Path) -> Result<Connection, DbError> {
+/// The database, opened read-write and made when missing, with the index's shared lock.
+/// The index folder and the file must be what they claim: a link or anything but a plain
+/// file at either name is refused (the index would be written wherever it leads, or a FIFO
+/// would hang every read).
+fn connect(receipts: &Path, file: &Path) -> Result<(Connection, IndexLock), DbError> {
     let dir = receipts.join(INDEX_DIR);
     match std::fs::symlink_metadata(&dir) {
         Ok(m) if m.file_type().is_dir() => {}
@@ -275,6 +380,7 @@ fn connect(receipts: &Path, file: &Path) -> Result<Connection, DbError> {
         Err(_) => std::fs::create_dir_all(&dir)
             .map_err(|e| DbError::Unusable(format!("cannot create {}: {e}", dir.display())))?,
     }
+    let lock = IndexLock::shared(receipts)?;
     for suffix in ["", "-wal", "-shm"] {
         let mut p = file.as_os_str().to_owned();
         p.push(suffix);
@@ -313,7 +419,7 @@ fn connect(receipts: &Path, file: &Path) -> Result<Connection, DbError> {
         }
         tx.commit()?;
     }
-    Ok(conn)
+    Ok((conn, lock))
 }
 
 /// A write transaction taken at once (`BEGIN IMMEDIATE`): the index's connection is
@@ -337,38 +443,49 @@ fn open_db(
     manifest: &str,
     on_disk: &[RunOnDisk],
 ) -> Result<Result<Index, HistoryError>, DbError> {
-    let conn = connect(receipts, file)?;
+    let (conn, lock) = connect(receipts, file)?;
     let rows = stamps(&conn, manifest)?;
-    let by_dir: HashMap<&str, &RunOnDisk> = on_disk.iter().map(|r| (r.rel.as_str(), r)).collect();
+    let listed: HashMap<&str, &RunOnDisk> = on_disk.iter().map(|r| (r.rel.as_str(), r)).collect();
     let stale: Vec<&RunOnDisk> = on_disk
         .iter()
         .filter(|r| rows.get(&r.rel) != Some(&r.stamp))
         .collect();
     let gone: Vec<&String> = rows
         .keys()
-        .filter(|d| !by_dir.contains_key(d.as_str()))
+        .filter(|d| !listed.contains_key(d.as_str()))
         .collect();
-    if !stale.is_empty() || !gone.is_empty() {
-        let fresh = match read_trees(&stale) {
-            Ok(f) => f,
-            Err(e) => return Ok(Err(e)),
-        };
+    // Read before the write lock is taken, so other processes wait only for the writes.
+    let fresh = match read_trees(&stale) {
+        Ok(f) => f,
+        Err(e) => return Ok(Err(e)),
+    };
+    if !fresh.is_empty() || !gone.is_empty() {
         let tx = conn.unchecked_transaction_immediate()?;
         for dir in gone {
-            delete_run(&tx, dir)?;
+            // A run filed by another process after this one listed the folders is not gone.
+            if build::stamp(&receipts.join(dir).join("run.json")).is_none() {
+                delete_run(&tx, dir)?;
+            }
         }
-        for r in &fresh {
-            insert(&tx, manifest, r)?;
+        for (disk, record) in &fresh {
+            match record {
+                Some(r) => insert(&tx, manifest, r)?,
+                // Not a run (any more): no rows of it either.
+                None => delete_run(&tx, &disk.rel)?,
+            }
         }
         tx.commit()?;
     }
-    // One snapshot for every read that follows: a run filed meanwhile by another process
-    // cannot make the runs and their cells disagree.
+    let fresh: HashMap<&str, RunRecord> = fresh
+        .into_iter()
+        .filter_map(|(d, r)| Some((d.rel.as_str(), r?)))
+        .collect();
+    // One snapshot for every read that follows, so the runs and their cells agree.
     conn.execute_batch("BEGIN")?;
-    let mut runs: Vec<(RunSummary, i64, RunOnDisk, String)> = Vec::with_capacity(on_disk.len());
+    let mut held: HashMap<String, (i64, Stamp, String, String, String)> = HashMap::new();
     {
         let mut q = conn.prepare_cached(
-            "SELECT id, dir, mtime_ns, size, inode, summary, seal, cellset FROM runs WHERE manifest = ?1",
+            "SELECT id, dir, mtime_ns, size, inode, summary, cellset, seal FROM runs WHERE manifest = ?1",
         )?;
         let mut rows = q.query(params![manifest])?;
         while let Some(row) = rows.next()? {
@@ -378,47 +495,95 @@ fn open_db(
                 size: row.get::<_, i64>(3)? as u64,
                 inode: row.get::<_, i64>(4)? as u64,
             };
-            // A run that changed since the check above was filed by another process from
-            // a newer run.json; it is read again from its tree below.
-            let Some(disk) = by_dir.get(dir.as_str()) else {
-                continue;
-            };
-            let summary: String = row.get(5)?;
-            let sealed: String = row.get(6)?;
-            let parsed = (sealed == seal(&summary))
-                .then(|| serde_json::from_str::<RunSummary>(&summary).ok())
-                .flatten();
-            match parsed {
-                Some(s) if disk.stamp == stamp => {
-                    runs.push((s, row.get(0)?, (*disk).clone(), row.get(7)?));
-                }
-                _ => return Err(DbError::Corrupt(rusqlite::Error::InvalidQuery)),
-            }
+            held.insert(
+                dir,
+                (row.get(0)?, stamp, row.get(5)?, row.get(6)?, row.get(7)?),
+            );
         }
     }
-    sort(&mut runs, |(s, _, _, _)| (&s.start, &s.id, &s.dir));
+    // Every run on disk is in the answer: from its rows when they are there, sealed and of
+    // the run.json listed, else from its tree (filed meanwhile from another run.json, or
+    // dropped by another process: the next open files it again).
+    let mut runs: Vec<Listed> = Vec::with_capacity(on_disk.len());
+    let mut untrusted = Vec::new();
+    let mut missing: Vec<&RunOnDisk> = Vec::new();
+    for disk in on_disk {
+        let row = held.remove(&disk.rel);
+        let trusted = row
+            .as_ref()
+            .and_then(|(id, stamp, summary, cellset, sealed)| {
+                if *sealed != seal(&[&disk.rel, summary, cellset]) {
+                    untrusted.push((*id, disk.rel.clone()));
+                    return None;
+                }
+                let s = serde_json::from_str::<RunSummary>(summary).ok()?;
+                (*stamp == disk.stamp && s.dir == disk.rel).then(|| (s, *id, cellset.clone()))
+            });
+        match trusted {
+            Some((s, id, cellset)) => runs.push((s, Some(id), disk.clone(), cellset, None)),
+            None => match fresh.get(disk.rel.as_str()) {
+                Some(r) => runs.push((
+                    r.run.clone(),
+                    None,
+                    disk.clone(),
+                    String::new(),
+                    Some(r.clone()),
+                )),
+                None => missing.push(disk),
+            },
+        }
+    }
+    let late = match read_trees(&missing) {
+        Ok(f) => f,
+        Err(e) => return Ok(Err(e)),
+    };
+    for (disk, record) in late {
+        if let Some(r) = record {
+            runs.push((r.run.clone(), None, disk.clone(), String::new(), Some(r)));
+        }
+    }
+    sort(&mut runs, |(s, ..)| (&s.start, &s.id, &s.dir));
     let mut summaries = Vec::with_capacity(runs.len());
     let mut keys = Vec::with_capacity(runs.len());
     let mut disk = Vec::with_capacity(runs.len());
     let mut cellsets = Vec::with_capacity(runs.len());
-    for (summary, key, d, cellset) in runs {
+    let mut replaced = HashMap::new();
+    for (i, (summary, key, d, cellset, record)) in runs.into_iter().enumerate() {
         summaries.push(summary);
         keys.push(key);
         disk.push(d);
         cellsets.push(cellset);
+        if let Some(r) = record {
+            replaced.insert(i, Rc::new(r));
+        }
     }
     Ok(Ok(Index {
         runs: summaries,
         source: Source::Db {
             conn: Box::new(conn),
+            _lock: lock,
             keys,
             on_disk: disk,
             cellsets,
-            replaced: RefCell::new(HashMap::new()),
+            replaced: RefCell::new(replaced),
+            untrusted: RefCell::new(untrusted),
+            sets: RefCell::new(HashMap::new()),
+            damaged: Cell::new(false),
         },
         file: file.to_path_buf(),
+        receipts: receipts.to_path_buf(),
     }))
 }
+
+/// A run as an open lists it: its summary, row id (`None`: read from its tree), folder, cell
+/// set digest, and its record when read from the tree.
+type Listed = (
+    RunSummary,
+    Option<i64>,
+    RunOnDisk,
+    String,
+    Option<RunRecord>,
+);
 
 /// The stamps of the runs of `manifest` the database holds, by folder.
 fn stamps(conn: &Connection, manifest: &str) -> Result<HashMap<String, Stamp>, DbError> {
@@ -437,35 +602,42 @@ fn stamps(conn: &Connection, manifest: &str) -> Result<HashMap<String, Stamp>, D
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
+fn delete_rows(tx: &Connection, id: i64) -> rusqlite::Result<()> {
+    for table in ["cells", "metrics", "artifacts"] {
+        tx.execute(&format!("DELETE FROM {table} WHERE run = ?1"), params![id])?;
+    }
+    tx.execute("DELETE FROM runs WHERE id = ?1", params![id])?;
+    Ok(())
+}
+
 fn delete_run(tx: &Connection, dir: &str) -> rusqlite::Result<()> {
     let id: Option<i64> = tx
         .query_row("SELECT id FROM runs WHERE dir = ?1", params![dir], |r| {
             r.get(0)
         })
         .optional()?;
-    if let Some(id) = id {
-        for table in ["cells", "metrics", "artifacts"] {
-            tx.execute(&format!("DELETE FROM {table} WHERE run = ?1"), params![id])?;
-        }
-        tx.execute("DELETE FROM runs WHERE id = ?1", params![id])?;
+    match id {
+        Some(id) => delete_rows(tx, id),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Files one run's rows (replacing any it had), inside the caller's transaction.
 fn insert(tx: &Connection, manifest: &str, r: &RunRecord) -> Result<(), DbError> {
     delete_run(tx, &r.run.dir)?;
-    let summary = serde_json::to_string(&r.run).map_err(|e| DbError::Unusable(e.to_string()))?;
+    let json = |v: &dyn erased::Json| v.json().map_err(|e| DbError::Unusable(e.to_string()));
+    let summary = json(&r.run)?;
     // The run's cell ids and tags, shared by every run of the same cells: what a window's
     // outline reads instead of every cell row.
     let outline: BTreeMap<&String, &Vec<String>> =
         r.cells.iter().map(|(id, f)| (id, &f.tags)).collect();
-    let outline = serde_json::to_string(&outline).map_err(|e| DbError::Unusable(e.to_string()))?;
-    let cellset = seal(&outline);
-    tx.prepare_cached("INSERT OR IGNORE INTO cellsets(digest, outline) VALUES (?1, ?2)")?
+    let outline = json(&outline)?;
+    let cellset = set_digest(&outline);
+    // The digest names the content: a row left damaged is replaced.
+    tx.prepare_cached("INSERT OR REPLACE INTO cellsets(digest, outline) VALUES (?1, ?2)")?
         .execute(params![cellset, outline])?;
     tx.prepare_cached(
-        "INSERT INTO runs(manifest, dir, mtime_ns, size, inode, run_id, start, verdict, summary, seal, cellset)
+        "INSERT INTO runs(manifest, dir, mtime_ns, size, inode, run_id, start, verdict, summary, cellset, seal)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
     )?
     .execute(params![
@@ -478,8 +650,8 @@ fn insert(tx: &Connection, manifest: &str, r: &RunRecord) -> Result<(), DbError>
         r.run.start,
         r.run.verdict,
         summary,
-        seal(&summary),
         cellset,
+        seal(&[&r.run.dir, &summary, &cellset]),
     ])?;
     let run = tx.last_insert_rowid();
     let mut cell = tx.prepare_cached(
@@ -491,8 +663,8 @@ fn insert(tx: &Connection, manifest: &str, r: &RunRecord) -> Result<(), DbError>
     let mut artifact = tx
         .prepare_cached("INSERT INTO artifacts(run, cell, name, sha256) VALUES (?1, ?2, ?3, ?4)")?;
     for (id, f) in &r.cells {
-        let facts = serde_json::to_string(f).map_err(|e| DbError::Unusable(e.to_string()))?;
-        let tags = serde_json::to_string(&f.tags).map_err(|e| DbError::Unusable(e.to_string()))?;
+        let facts = json(f)?;
+        let tags = json(&f.tags)?;
         cell.execute(params![
             run,
             id,
@@ -502,7 +674,7 @@ fn insert(tx: &Connection, manifest: &str, r: &RunRecord) -> Result<(), DbError>
             f.seconds,
             tags,
             facts,
-            seal(&facts),
+            seal(&[&r.run.dir, id, &facts]),
         ])?;
         for (name, value) in &f.metrics {
             metric.execute(params![run, id, name, value.is_finite().then_some(*value)])?;
@@ -514,6 +686,21 @@ fn insert(tx: &Connection, manifest: &str, r: &RunRecord) -> Result<(), DbError>
     Ok(())
 }
 
+/// JSON of anything serialisable, behind one object-safe call.
+mod erased {
+    pub trait Json {
+        fn json(&self) -> serde_json::Result<String>;
+    }
+    impl<T: serde::Serialize> Json for T {
+        fn json(&self) -> serde_json::Result<String> {
+            serde_json::to_string(self)
+        }
+    }
+}
+
+/// A set of cell ids with their tags.
+type Outline = BTreeMap<String, Vec<String>>;
+
 impl Index {
     /// The runs, oldest first (by start, then run id; a run of unknown age first).
     pub fn runs(&self) -> &[RunSummary] {
@@ -522,10 +709,7 @@ impl Index {
 
     /// For the runs in `range`: every cell id, with its tags in the newest of them that has
     /// it.
-    pub fn outline(
-        &self,
-        range: Range<usize>,
-    ) -> Result<BTreeMap<String, Vec<String>>, HistoryError> {
+    pub fn outline(&self, range: Range<usize>) -> Result<Outline, HistoryError> {
         let mut out = BTreeMap::new();
         match &self.source {
             Source::Memory(records) => {
@@ -535,45 +719,26 @@ impl Index {
                     }
                 }
             }
-            Source::Db { conn, cellsets, .. } => {
+            Source::Db { cellsets, .. } => {
                 // Runs of one cell set share its outline: each set is read once, in the
                 // order of the newest run using it, so the newest tags win.
                 let mut newest: HashMap<&str, usize> = HashMap::new();
-                let mut parts: Vec<(usize, Option<&str>)> = Vec::new();
+                let mut parts: Vec<(usize, bool)> = Vec::new();
                 for i in range {
                     if self.replaced(i).is_some() {
-                        parts.push((i, None));
+                        parts.push((i, false));
                     } else {
                         newest.insert(&cellsets[i], i);
                     }
                 }
-                parts.extend(newest.into_iter().map(|(d, i)| (i, Some(d))));
+                parts.extend(newest.into_values().map(|i| (i, true)));
                 parts.sort();
-                let mut q =
-                    self.db(conn.prepare_cached("SELECT outline FROM cellsets WHERE digest = ?1"))?;
-                for (i, digest) in parts {
-                    let set = match digest {
-                        Some(d) => self
-                            .db(q
-                                .query_row(params![d], |row| row.get::<_, String>(0))
-                                .optional())?
-                            .filter(|text| seal(text) == d)
-                            .and_then(|text| {
-                                serde_json::from_str::<BTreeMap<String, Vec<String>>>(&text).ok()
-                            }),
-                        None => None,
-                    };
-                    match set {
-                        Some(set) => out.extend(set),
+                for (i, shared) in parts {
+                    match shared.then(|| self.set_of(i)).flatten() {
+                        Some(set) => out.extend(set.iter().map(|(k, v)| (k.clone(), v.clone()))),
                         None => {
-                            // A run read from its tree, or a set whose row is not what was
-                            // written: the run's own cells.
-                            if self.replaced(i).is_none() {
-                                self.replace(i)?;
-                            }
-                            if let Some(r) = self.replaced(i) {
-                                out.extend(r.cells.into_iter().map(|(id, f)| (id, f.tags)));
-                            }
+                            let r = self.tree_record(i)?;
+                            out.extend(r.cells.iter().map(|(id, f)| (id.clone(), f.tags.clone())));
                         }
                     }
                 }
@@ -603,11 +768,11 @@ impl Index {
                         .collect(),
                 })
                 .collect()),
-            Source::Db { .. } => range
+            Source::Db { on_disk, .. } => range
                 .map(|i| {
                     Ok(RunRecord {
                         schema: INDEX_SCHEMA,
-                        stamp: self.stamp(i),
+                        stamp: on_disk[i].stamp,
                         run: self.runs[i].clone(),
                         cells: self.cells(i, only)?,
                     })
@@ -635,31 +800,45 @@ impl Index {
                     }
                 }
             }
-            Source::Db { conn, keys, .. } => {
+            Source::Db {
+                conn,
+                keys,
+                replaced,
+                ..
+            } => {
                 let position: HashMap<i64, usize> = keys[..before]
                     .iter()
                     .enumerate()
-                    .map(|(i, k)| (*k, i))
+                    .filter_map(|(i, k)| Some(((*k)?, i)))
                     .collect();
-                let mut q = self.db(conn.prepare_cached("SELECT run FROM cells WHERE cell = ?1"))?;
                 for id in cells {
-                    let runs = self.db(q.query_map(params![id], |row| row.get::<_, i64>(0)))?;
-                    let mut newest = None;
-                    for run in runs {
-                        if let Some(&i) = position.get(&self.db(run)?) {
-                            newest = newest.max(Some(i));
+                    // The runs holding the cell, newest first: from the index on cell ids,
+                    // plus the runs read from their trees. Without the index (a damaged
+                    // page), every run before the window, newest first.
+                    let listed = conn
+                        .prepare_cached("SELECT run FROM cells WHERE cell = ?1")
+                        .and_then(|mut q| {
+                            q.query_map(params![id], |row| row.get::<_, i64>(0))?
+                                .collect::<rusqlite::Result<Vec<i64>>>()
+                        });
+                    let mut candidates: Vec<usize> = match listed {
+                        Ok(runs) => runs
+                            .iter()
+                            .filter_map(|k| position.get(k).copied())
+                            .collect(),
+                        Err(e) => {
+                            self.note_error(&e);
+                            (0..before).collect()
                         }
-                    }
-                    // A run whose rows were replaced from its tree may hold it too.
-                    for i in self.replaced_before(&position) {
-                        if self.replaced(i).is_some_and(|r| r.cells.contains_key(id)) {
-                            newest = newest.max(Some(i));
-                        }
-                    }
-                    if let Some(i) = newest {
-                        let one = BTreeSet::from([id.clone()]);
+                    };
+                    candidates.extend(replaced.borrow().keys().filter(|i| **i < before));
+                    candidates.sort_unstable_by(|a, b| b.cmp(a));
+                    candidates.dedup();
+                    let one = BTreeSet::from([id.clone()]);
+                    for i in candidates {
                         if let Some(f) = self.cells(i, Some(&one))?.remove(id) {
                             out.insert(id.clone(), f);
+                            break;
                         }
                     }
                 }
@@ -668,154 +847,261 @@ impl Index {
         Ok(out)
     }
 
-    /// The cells of run `i` (all, or those in `only`).
+    /// The cells of run `i` (all, or those in `only`), from its rows when they are what was
+    /// written and name exactly the cells of the run's cell set, else from its tree.
     fn cells(
         &self,
         i: usize,
         only: Option<&BTreeSet<String>>,
     ) -> Result<BTreeMap<String, CellFacts>, HistoryError> {
-        let Source::Db { conn, keys, .. } = &self.source else {
-            unreachable!("cells() reads the database");
+        let pick = |r: &RunRecord| -> BTreeMap<String, CellFacts> {
+            r.cells
+                .iter()
+                .filter(|(id, _)| only.is_none_or(|o| o.contains(*id)))
+                .map(|(id, f)| (id.clone(), f.clone()))
+                .collect()
         };
         if let Some(r) = self.replaced(i) {
-            return Ok(r
-                .cells
-                .into_iter()
-                .filter(|(id, _)| only.is_none_or(|o| o.contains(id)))
-                .collect());
+            return Ok(pick(&r));
+        }
+        match self.cells_from_rows(i, only) {
+            Some(cells) => Ok(cells),
+            None => {
+                let r = self.tree_record(i)?;
+                Ok(pick(&r))
+            }
+        }
+    }
+
+    /// [`Index::cells`] from the rows; `None` when they cannot be trusted (the run is then
+    /// marked for its rows to be dropped).
+    fn cells_from_rows(
+        &self,
+        i: usize,
+        only: Option<&BTreeSet<String>>,
+    ) -> Option<BTreeMap<String, CellFacts>> {
+        let Source::Db {
+            conn,
+            keys,
+            on_disk,
+            ..
+        } = &self.source
+        else {
+            return None;
+        };
+        let key = keys[i]?;
+        let dir = on_disk[i].rel.as_str();
+        let Some(set) = self.set_of(i) else {
+            self.distrust(i);
+            return None;
+        };
+        let expected: BTreeSet<&String> = set
+            .keys()
+            .filter(|id| only.is_none_or(|o| o.contains(*id)))
+            .collect();
+        let mut rows: Vec<(String, String, String)> = Vec::new();
+        let read = match only {
+            // A few cells are looked up; many are read with the run's rows.
+            Some(o) if o.len() <= 16 => conn
+                .prepare_cached("SELECT facts, seal FROM cells WHERE run = ?1 AND cell = ?2")
+                .and_then(|mut q| {
+                    for id in o {
+                        if let Some((facts, sealed)) = q
+                            .query_row(params![key, id], |row| Ok((row.get(0)?, row.get(1)?)))
+                            .optional()?
+                        {
+                            rows.push((id.clone(), facts, sealed));
+                        }
+                    }
+                    Ok(())
+                }),
+            _ => conn
+                .prepare_cached("SELECT cell, facts, seal FROM cells WHERE run = ?1")
+                .and_then(|mut q| {
+                    for row in q.query_map(params![key], |row| {
+                        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                    })? {
+                        let row: (String, String, String) = row?;
+                        if only.is_none_or(|o| o.contains(&row.0)) {
+                            rows.push(row);
+                        }
+                    }
+                    Ok(())
+                }),
+        };
+        if let Err(e) = read {
+            self.note_error(&e);
+            self.distrust(i);
+            return None;
         }
         let mut out = BTreeMap::new();
-        let mut bad = false;
-        let mut take = |id: String, facts: String, sealed: String| match (sealed == seal(&facts))
-            .then(|| serde_json::from_str::<CellFacts>(&facts).ok())
-            .flatten()
-        {
-            Some(f) => {
-                out.insert(id, f);
+        for (id, facts, sealed) in rows {
+            if sealed != seal(&[dir, &id, &facts]) {
+                self.distrust(i);
+                return None;
             }
-            None => bad = true,
+            match serde_json::from_str::<CellFacts>(&facts) {
+                Ok(f) => {
+                    out.insert(id, f);
+                }
+                Err(_) => {
+                    self.distrust(i);
+                    return None;
+                }
+            }
+        }
+        // The rows must be the run's cells, no fewer (a deleted row) and no other.
+        if !out.keys().eq(expected.iter().copied()) {
+            self.distrust(i);
+            return None;
+        }
+        Some(out)
+    }
+
+    /// The cell set of run `i`, when its row is what was written.
+    fn set_of(&self, i: usize) -> Option<Rc<Outline>> {
+        let Source::Db {
+            conn,
+            cellsets,
+            sets,
+            ..
+        } = &self.source
+        else {
+            return None;
         };
-        match only {
-            // A few cells are looked up; many are read with the run's rows.
-            Some(o) if o.len() <= 16 => {
-                let mut q = self.db(conn.prepare_cached(
-                    "SELECT facts, seal FROM cells WHERE run = ?1 AND cell = ?2",
-                ))?;
-                for id in o {
-                    let row = self.db(q
-                        .query_row(params![keys[i], id], |row| {
-                            Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
-                        })
-                        .optional())?;
-                    if let Some((facts, sealed)) = row {
-                        take(id.clone(), facts, sealed);
-                    }
-                }
-            }
-            _ => {
-                let mut q = self
-                    .db(conn.prepare_cached("SELECT cell, facts, seal FROM cells WHERE run = ?1"))?;
-                let rows = self.db(q.query_map(params![keys[i]], |row| {
-                    Ok((
-                        row.get::<_, String>(0)?,
-                        row.get::<_, String>(1)?,
-                        row.get::<_, String>(2)?,
-                    ))
-                }))?;
-                for row in rows {
-                    let (id, facts, sealed) = self.db(row)?;
-                    if only.is_none_or(|o| o.contains(&id)) {
-                        take(id, facts, sealed);
-                    }
-                }
-            }
+        let digest = &cellsets[i];
+        if let Some(s) = sets.borrow().get(digest) {
+            return Some(Rc::clone(s));
         }
-        if bad {
-            // A row that is not what was written: this run is read from its tree, and its
-            // rows are dropped when the index is closed, for the next open to rewrite.
-            self.replace(i)?;
-            return self.cells(i, only);
+        let text = conn
+            .prepare_cached("SELECT outline FROM cellsets WHERE digest = ?1")
+            .and_then(|mut q| {
+                q.query_row(params![digest], |row| row.get::<_, String>(0))
+                    .optional()
+            });
+        let text = match text {
+            Ok(t) => t?,
+            Err(e) => {
+                self.note_error(&e);
+                return None;
+            }
+        };
+        if set_digest(&text) != *digest {
+            return None;
         }
-        Ok(out)
+        let set: Rc<Outline> = Rc::new(serde_json::from_str(&text).ok()?);
+        sets.borrow_mut().insert(digest.clone(), Rc::clone(&set));
+        Some(set)
     }
 
-    fn stamp(&self, i: usize) -> Stamp {
+    fn replaced(&self, i: usize) -> Option<Rc<RunRecord>> {
         match &self.source {
-            Source::Db { on_disk, .. } => on_disk[i].stamp,
-            Source::Memory(records) => records[i].stamp,
-        }
-    }
-
-    fn replaced(&self, i: usize) -> Option<RunRecord> {
-        match &self.source {
-            Source::Db { replaced, keys, .. } => replaced.borrow().get(&keys[i]).cloned(),
+            Source::Db { replaced, .. } => replaced.borrow().get(&i).cloned(),
             Source::Memory(_) => None,
         }
     }
 
-    /// The positions (among `position`'s runs) of the runs read from their trees.
-    fn replaced_before(&self, position: &HashMap<i64, usize>) -> Vec<usize> {
-        match &self.source {
-            Source::Db { replaced, .. } => replaced
-                .borrow()
-                .keys()
-                .filter_map(|k| position.get(k).copied())
-                .collect(),
-            Source::Memory(_) => Vec::new(),
+    /// Run `i` as its tree gives it (read once).
+    fn tree_record(&self, i: usize) -> Result<Rc<RunRecord>, HistoryError> {
+        if let Some(r) = self.replaced(i) {
+            return Ok(r);
+        }
+        let Source::Db {
+            on_disk, replaced, ..
+        } = &self.source
+        else {
+            unreachable!("a record in memory is never read again");
+        };
+        let record = read_trees(&[&on_disk[i]])?
+            .pop()
+            .and_then(|(_, r)| r)
+            .ok_or_else(|| {
+                HistoryError::Receipt(ReceiptError::new(
+                    on_disk[i].dir.join("run.json"),
+                    crate::receipt::error::ReceiptErrorKind::NoRunJson,
+                ))
+            })?;
+        let record = Rc::new(record);
+        replaced.borrow_mut().insert(i, Rc::clone(&record));
+        Ok(record)
+    }
+
+    /// Marks run `i`'s rows as not what was written: they are dropped when the index
+    /// closes, and the next open files the run again.
+    fn distrust(&self, i: usize) {
+        if let Source::Db {
+            keys,
+            on_disk,
+            untrusted,
+            ..
+        } = &self.source
+            && let Some(key) = keys[i]
+        {
+            untrusted.borrow_mut().push((key, on_disk[i].rel.clone()));
         }
     }
 
-    fn replace(&self, i: usize) -> Result<(), HistoryError> {
-        let Source::Db {
-            keys,
-            on_disk,
-            replaced,
-            ..
-        } = &self.source
-        else {
-            return Ok(());
-        };
-        let record = read_trees(&[&on_disk[i]])?.pop().ok_or_else(|| {
-            HistoryError::Receipt(ReceiptError::new(
-                on_disk[i].dir.join("run.json"),
-                crate::receipt::error::ReceiptErrorKind::NoRunJson,
-            ))
-        })?;
-        replaced.borrow_mut().insert(keys[i], record);
-        Ok(())
-    }
-
-    /// A database error met while reading a snapshot that was checked: the file changed
-    /// under it in a way SQLite could not serve. History stops with the error rather than
-    /// showing part of a run.
-    fn db<T>(&self, r: rusqlite::Result<T>) -> Result<T, HistoryError> {
-        r.map_err(|e| {
-            HistoryError::Receipt(ReceiptError::new(
-                &self.file,
-                crate::receipt::error::ReceiptErrorKind::Read(std::io::Error::other(format!(
-                    "{e}; remove the index file and run the command again (it is rebuilt from the run folders)"
-                ))),
-            ))
-        })
+    /// A database error met while reading: a damaged page marks the file for rebuilding.
+    fn note_error(&self, e: &rusqlite::Error) {
+        if let Source::Db { damaged, .. } = &self.source
+            && is_corrupt(e)
+        {
+            damaged.set(true);
+        }
     }
 }
 
 impl Drop for Index {
     fn drop(&mut self) {
-        if let Source::Db { conn, replaced, .. } = &self.source {
-            let _ = conn.execute_batch("COMMIT");
-            let bad: Vec<i64> = replaced.borrow().keys().copied().collect();
-            if !bad.is_empty()
-                && let Ok(tx) = conn.unchecked_transaction_immediate()
-            {
-                for id in bad {
-                    for table in ["cells", "metrics", "artifacts"] {
-                        let _ =
-                            tx.execute(&format!("DELETE FROM {table} WHERE run = ?1"), params![id]);
-                    }
-                    let _ = tx.execute("DELETE FROM runs WHERE id = ?1", params![id]);
+        let source = std::mem::replace(&mut self.source, Source::Memory(Vec::new()));
+        let Source::Db {
+            conn,
+            _lock,
+            untrusted,
+            damaged,
+            ..
+        } = source
+        else {
+            return;
+        };
+        let _ = conn.execute_batch("COMMIT");
+        let bad = untrusted.into_inner();
+        if !bad.is_empty()
+            && !damaged.get()
+            && let Ok(tx) = conn.unchecked_transaction_immediate()
+        {
+            for (id, dir) in bad {
+                // Only the row of that folder: another process may have filed it again.
+                let _ = tx.execute(
+                    "DELETE FROM cells WHERE run = ?1 AND EXISTS (SELECT 1 FROM runs WHERE id = ?1 AND dir = ?2)",
+                    params![id, dir],
+                );
+                for table in ["metrics", "artifacts"] {
+                    let _ = tx.execute(
+                        &format!("DELETE FROM {table} WHERE run = ?1 AND NOT EXISTS (SELECT 1 FROM cells WHERE run = ?1)"),
+                        params![id],
+                    );
                 }
-                let _ = tx.commit();
+                let _ = tx.execute(
+                    "DELETE FROM runs WHERE id = ?1 AND dir = ?2",
+                    params![id, dir],
+                );
+            }
+            let _ = tx.commit();
+        }
+        drop(conn);
+        drop(_lock);
+        if damaged.get() {
+            if remove_damaged(&self.receipts) {
+                eprintln!(
+                    "memra-orch: the history index {} is damaged; it was read around and is rebuilt by the next command",
+                    self.file.display()
+                );
+            } else {
+                eprintln!(
+                    "memra-orch: the history index {} is damaged; it was read around and is rebuilt once no other process has it open",
+                    self.file.display()
+                );
             }
         }
     }
@@ -825,7 +1111,7 @@ impl Drop for Index {
 /// transaction.
 pub fn append(receipts: &Path, manifest: &str, record: &RunRecord) -> Result<(), String> {
     let file = path(receipts);
-    let conn = connect(receipts, &file).map_err(|e| e.to_string())?;
+    let (conn, _lock) = connect(receipts, &file).map_err(|e| e.to_string())?;
     let tx = conn
         .unchecked_transaction_immediate()
         .map_err(|e| e.to_string())?;
@@ -840,17 +1126,16 @@ pub fn prune(receipts: &Path, manifest: &str) -> Result<(), String> {
     if std::fs::symlink_metadata(&file).is_err() {
         return Ok(());
     }
-    let conn = connect(receipts, &file).map_err(|e| e.to_string())?;
-    let on_disk: std::collections::HashSet<String> = build::runs_on_disk(receipts, manifest)
-        .into_iter()
-        .map(|r| r.rel)
-        .collect();
+    let (conn, _lock) = connect(receipts, &file).map_err(|e| e.to_string())?;
     let tx = conn
         .unchecked_transaction_immediate()
         .map_err(|e| e.to_string())?;
     let held = stamps(&tx, manifest).map_err(|e| e.to_string())?;
-    for dir in held.keys().filter(|d| !on_disk.contains(*d)) {
-        delete_run(&tx, dir).map_err(|e| e.to_string())?;
+    for dir in held.keys() {
+        // Checked under the write lock, so a run filed meanwhile keeps its rows.
+        if build::stamp(&receipts.join(dir).join("run.json")).is_none() {
+            delete_run(&tx, dir).map_err(|e| e.to_string())?;
+        }
     }
     tx.execute(
         "DELETE FROM cellsets WHERE digest NOT IN (SELECT cellset FROM runs)",
@@ -991,6 +1276,91 @@ mod tests {
         .unwrap();
         drop(db);
         assert_eq!(records(r, "m", Mode::Use).unwrap(), truth);
+    }
+
+    #[test]
+    fn rows_moved_between_cells_or_runs_dropped_or_repointed_are_not_trusted() {
+        let tmp = tempfile::tempdir().unwrap();
+        let r = tmp.path();
+        let first = run(r, ID1, "2026-12-01T00:00:00Z", "i1");
+        // A second cell in the first run.
+        std::fs::create_dir_all(first.join("nodes/b-1")).unwrap();
+        let text = std::fs::read_to_string(first.join("run.json")).unwrap();
+        let text = text.replace(
+            "\"nodes\":[",
+            "\"nodes\":[{\"id\":\"b\",\"kind\":\"arm\",\"slug\":\"b-1\",\"verdict\":\"pass\",\"seconds\":1.0},",
+        );
+        std::fs::write(first.join("run.json"), text).unwrap();
+        std::fs::write(
+            first.join("nodes/b-1/receipt.json"),
+            r#"{"inputs": "ib", "seconds": 1.0}"#,
+        )
+        .unwrap();
+        run(r, ID2, "2026-12-02T00:00:00Z", "i2");
+        let truth = records(r, "m", Mode::Use).unwrap();
+        assert_eq!(truth[0].cells.len(), 2);
+        let edit = |sql: &str| {
+            let db = Connection::open(path(r)).unwrap();
+            assert!(db.execute(sql, []).unwrap() > 0, "{sql}");
+        };
+        let fresh = |what: &str| {
+            assert_eq!(records(r, "m", Mode::Use).unwrap(), truth, "{what}");
+            // Dropped when the index closed, filed again by the next open.
+            assert_eq!(
+                records(r, "m", Mode::Use).unwrap(),
+                truth,
+                "{what}, refiled"
+            );
+            assert_eq!(rows(r, "SELECT count(*) FROM cells"), 3, "{what}");
+        };
+        // Two cells' ids swapped: each row's seal names its cell.
+        let db = Connection::open(path(r)).unwrap();
+        db.execute_batch(
+            "UPDATE cells SET cell = 'tmp' WHERE cell = 'a' AND run IN (SELECT run FROM cells WHERE cell = 'b');
+             UPDATE cells SET cell = 'a' WHERE cell = 'b';
+             UPDATE cells SET cell = 'b' WHERE cell = 'tmp';",
+        )
+        .unwrap();
+        drop(db);
+        fresh("swapped cell ids");
+        // A row moved to another run.
+        edit("UPDATE cells SET run = (SELECT max(id) FROM runs) WHERE cell = 'b'");
+        fresh("a row moved to another run");
+        // A cell's row gone: the run's cell set still names it.
+        edit("DELETE FROM cells WHERE cell = 'b'");
+        fresh("a deleted row");
+        // A run pointed at another cell set.
+        edit(
+            "UPDATE runs SET cellset = (SELECT cellset FROM runs ORDER BY id DESC LIMIT 1) WHERE id = (SELECT min(id) FROM runs)",
+        );
+        fresh("a repointed cell set");
+        // A cell set's outline edited.
+        edit("UPDATE cellsets SET outline = replace(outline, '\"b\"', '\"c\"')");
+        fresh("an edited cell set");
+    }
+
+    #[test]
+    fn a_damaged_database_is_deleted_only_when_no_other_process_has_it_open() {
+        let tmp = tempfile::tempdir().unwrap();
+        let r = tmp.path();
+        run(r, ID1, "2026-12-01T00:00:00Z", "i1");
+        records(r, "m", Mode::Use).unwrap();
+        let held = IndexLock::shared(r).unwrap();
+        assert!(!remove_damaged(r), "another holder keeps it");
+        assert!(path(r).exists());
+        drop(held);
+        assert!(remove_damaged(r));
+        assert!(!path(r).exists());
+        // Garbage while another process has the index open: read around, not deleted.
+        records(r, "m", Mode::Use).unwrap();
+        let held = IndexLock::shared(r).unwrap();
+        std::fs::write(path(r), vec![b'x'; 8192]).unwrap();
+        let truth = records(r, "m", Mode::Ignore).unwrap();
+        assert_eq!(records(r, "m", Mode::Use).unwrap(), truth);
+        assert_eq!(std::fs::read(path(r)).unwrap(), vec![b'x'; 8192]);
+        drop(held);
+        assert_eq!(records(r, "m", Mode::Use).unwrap(), truth);
+        assert_eq!(rows(r, "SELECT count(*) FROM runs"), 1, "rebuilt");
     }
 
     #[test]

@@ -14,8 +14,8 @@
 //!   cell).
 //! - [`manifests`]`(receipts)`: the manifest names that have runs, to pick or list one.
 //! - [`RunRecord`] / [`CellFacts`]: what is known of one run and of one cell in one run;
-//!   [`build`] reads them from a receipt tree, [`index`] caches them in
-//!   `<receipts>/.memra-index/<manifest>.jsonl` so a year of nightlies is not re-parsed.
+//!   [`build`] reads them from a receipt tree, [`index`] caches them in the SQLite database
+//!   `<receipts>/.memra-index/index.sqlite` so a year of nightlies is not re-parsed.
 //! - [`render`]: text, markdown and JSON of a [`History`].
 //!
 //! This module owns the history model and the selection of cells; it reads receipts only

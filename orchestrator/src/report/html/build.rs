@@ -41,12 +41,39 @@ struct AttemptN {
 pub fn view(history: &History) -> Result<ReportView, ReceiptError> {
     let mut trees: Vec<LoadedRun<Detail>> = Vec::with_capacity(history.runs.len());
     let mut runs = Vec::with_capacity(history.runs.len());
-    for summary in &history.runs {
+    let mut gone: Vec<usize> = Vec::new();
+    for (i, summary) in history.runs.iter().enumerate() {
         let dir = history.receipts.join(&summary.dir);
-        let tree: LoadedRun<Detail> = load_as(&dir)?;
+        let tree: LoadedRun<Detail> = match load_as(&dir) {
+            Ok(t) => t,
+            // Deleted (by gc) since the history was read: not a run to report any more.
+            Err(_) if !dir.join("run.json").exists() => {
+                eprintln!(
+                    "memra-orch report: run {} was deleted while the report was written; it is left out",
+                    summary.dir
+                );
+                gone.push(i);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         runs.push(run_view(summary, &tree.run, dir));
         trees.push(tree);
     }
+    let kept;
+    let history = if gone.is_empty() {
+        history
+    } else {
+        let mut h = history.clone();
+        for i in gone.iter().rev() {
+            h.runs.remove(*i);
+            for c in &mut h.cells {
+                c.points.remove(*i);
+            }
+        }
+        kept = h;
+        &kept
+    };
     let cells = history
         .cells
         .iter()
