@@ -217,13 +217,19 @@ fn remove_damaged(receipts: &Path) -> bool {
     let Some(_exclusive) = IndexLock::exclusive_now(receipts) else {
         return false;
     };
-    let file = path(receipts);
-    for suffix in ["", "-wal", "-shm", "-journal"] {
-        let mut p = file.as_os_str().to_owned();
-        p.push(suffix);
-        let _ = std::fs::remove_file(PathBuf::from(p));
+    for f in db_files(&path(receipts)) {
+        let _ = std::fs::remove_file(f);
     }
     true
+}
+
+/// The database and the files SQLite keeps beside it.
+fn db_files(file: &Path) -> [PathBuf; 4] {
+    ["", "-wal", "-shm", "-journal"].map(|suffix| {
+        let mut p = file.as_os_str().to_owned();
+        p.push(suffix);
+        PathBuf::from(p)
+    })
 }
 
 /// The history of one manifest as the index holds it, checked against the trees: its runs
@@ -381,15 +387,13 @@ fn connect(receipts: &Path, file: &Path) -> Result<(Connection, IndexLock), DbEr
             .map_err(|e| DbError::Unusable(format!("cannot create {}: {e}", dir.display())))?,
     }
     let lock = IndexLock::shared(receipts)?;
-    for suffix in ["", "-wal", "-shm"] {
-        let mut p = file.as_os_str().to_owned();
-        p.push(suffix);
-        if let Ok(m) = std::fs::symlink_metadata(PathBuf::from(&p))
+    for p in db_files(file) {
+        if let Ok(m) = std::fs::symlink_metadata(&p)
             && !m.file_type().is_file()
         {
             return Err(DbError::Unusable(format!(
                 "{} is not a plain file; remove it",
-                PathBuf::from(p).display()
+                p.display()
             )));
         }
     }
@@ -1071,21 +1075,18 @@ impl Drop for Index {
             && let Ok(tx) = conn.unchecked_transaction_immediate()
         {
             for (id, dir) in bad {
-                // Only the row of that folder: another process may have filed it again.
-                let _ = tx.execute(
-                    "DELETE FROM cells WHERE run = ?1 AND EXISTS (SELECT 1 FROM runs WHERE id = ?1 AND dir = ?2)",
-                    params![id, dir],
-                );
-                for table in ["metrics", "artifacts"] {
-                    let _ = tx.execute(
-                        &format!("DELETE FROM {table} WHERE run = ?1 AND NOT EXISTS (SELECT 1 FROM cells WHERE run = ?1)"),
-                        params![id],
-                    );
+                // Only the rows of that folder: another process may have filed it again
+                // under another id (or this one, for another folder).
+                let same: rusqlite::Result<Option<i64>> = tx
+                    .query_row(
+                        "SELECT id FROM runs WHERE id = ?1 AND dir = ?2",
+                        params![id, dir],
+                        |r| r.get(0),
+                    )
+                    .optional();
+                if let Ok(Some(id)) = same {
+                    let _ = delete_rows(&tx, id);
                 }
-                let _ = tx.execute(
-                    "DELETE FROM runs WHERE id = ?1 AND dir = ?2",
-                    params![id, dir],
-                );
             }
             let _ = tx.commit();
         }
