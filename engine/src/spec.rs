@@ -57,6 +57,11 @@ pub enum Drafting {
     /// [`propose`] filled up to exactly `k` tokens with the pending token, so every round
     /// verifies `k + 1` columns (the ppspec gate's fixed T).
     Fixed,
+    /// [`Drafting::Lookup`] with sequence `i`'s draft capped at `k - i % k` tokens, so a
+    /// batch of two or more sequences verifies drafts of different lengths in one forward
+    /// whenever the drafter fills them (for `k` of 2 or more): the column offsets of a mixed
+    /// batch are exercised by construction, not left to what the prompts happen to repeat.
+    Staggered,
 }
 
 /// Counters of a speculative run.
@@ -154,9 +159,11 @@ pub fn speculate(
             let stream = &streams[i];
             let pending = *stream.last().expect("a stream starts with its first token");
             let history: Vec<u32> = seqs[i].prompt.iter().chain(stream).copied().collect();
+            let left = n_new - stream.len() - 1;
             let room = match drafting {
-                Drafting::Lookup => k.min(n_new - stream.len() - 1),
+                Drafting::Lookup => k.min(left),
                 Drafting::Fixed => k,
+                Drafting::Staggered => (k - i % k.max(1)).min(left),
             };
             let mut draft = propose(&history, room);
             if drafting == Drafting::Fixed {

@@ -179,6 +179,45 @@ fn speculative_greedy_equals_plain_greedy_for_every_k_single_and_batched() {
     }
 }
 
+/// Staggered drafting caps sequence `i`'s draft at `k - i % k`: where prompts repeat so well
+/// that every lookup fills its room (so plain lookup drafting verifies only uniform batches),
+/// a batch still verifies drafts of different lengths, and the stream is still plain greedy.
+#[test]
+fn staggered_drafts_mix_lengths_in_one_verify_and_stay_plain_greedy() {
+    let model = synth("tiny-untied", "q4_1");
+    let n_vocab = model.config.n_vocab;
+    // The same prompt three times: every row drafts the same and fills the same room.
+    let prompts: Vec<Vec<u32>> = (0..3).map(|_| repetitive(n_vocab, 20, 0)).collect();
+    let n_new = 24;
+    let mut be = cpu(&model, None);
+    let reference = plain(&mut be, &prompts, n_new);
+    let mixed = |rounds: &[memra_engine::spec::Round]| {
+        rounds
+            .iter()
+            .filter(|r| r.inputs.iter().any(|i| i.len() != r.inputs[0].len()))
+            .count()
+    };
+    let (lookup, _, rounds) =
+        speculative(&mut be, &prompts, n_new, 4, Drafting::Lookup, false).unwrap();
+    assert_eq!(lookup, reference);
+    assert_eq!(mixed(&rounds), 0, "identical rows draft alike under lookup");
+    let (staggered, stats, rounds) =
+        speculative(&mut be, &prompts, n_new, 4, Drafting::Staggered, false).unwrap();
+    assert_eq!(staggered, reference);
+    assert!(stats.accepted > 0, "{stats:?}");
+    assert!(mixed(&rounds) > 0, "staggered caps must mix lengths");
+    for r in rounds.iter().filter(|r| r.inputs.len() == 3) {
+        for (i, input) in r.inputs.iter().enumerate() {
+            assert!(input.len() <= 1 + 4 - i % 4, "row {i}: {}", input.len());
+        }
+    }
+    // The verify column defect moves a mixed batch's stream.
+    let mut bad = cpu(&model, Some(GateDefect::VerifyColumn));
+    let (streams, _, _) =
+        speculative(&mut bad, &prompts, n_new, 4, Drafting::Staggered, false).unwrap();
+    assert_ne!(streams, reference);
+}
+
 #[test]
 fn a_split_verify_is_the_unsplit_verify_and_stage_column_breaks_only_verify() {
     let model = synth("tiny-untied", "q4_1");

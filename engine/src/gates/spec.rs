@@ -329,9 +329,16 @@ fn plain_arm(
         let batches: &[usize] = if s.batch > 1 { &[1, s.batch] } else { &[1] };
         for &b in batches {
             let want = plain(be, doors, &ps[..b], s.steps)?;
+            // A batch drafts staggered (row r at most K - r % K tokens), so its verifies hold
+            // drafts of different lengths however well the prompts repeat; alone, the
+            // drafting is generate --spec's own.
+            let drafting = if b > 1 {
+                Drafting::Staggered
+            } else {
+                Drafting::Lookup
+            };
             for &k in &s.ks {
-                let (got, st, rounds) =
-                    speculative(be, &ps[..b], s.steps, k, Drafting::Lookup, false)?;
+                let (got, st, rounds) = speculative(be, &ps[..b], s.steps, k, drafting, false)?;
                 runs += 1;
                 add(&mut stats, &st);
                 mixed += rounds
@@ -358,7 +365,8 @@ fn plain_arm(
     }
     let what = format!(
         "speculative greedy streams ({} tokens, K={}, B=1 and B={}, repetitive and random \
-         prompts: {runs} runs) vs plain greedy generation of each sequence alone (the steps \
+         prompts, the batch's drafts staggered to K - row % K tokens so one verify holds \
+         drafts of different lengths: {runs} runs) vs plain greedy generation of each sequence alone (the steps \
          memra-engine generate takes), token for token, and each emitted token's verify \
          column vs the logits plain generation chose it from, bit for bit; \
          {} of {} drafted tokens accepted, {:.2} tokens per verify{}",
