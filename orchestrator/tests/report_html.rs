@@ -163,9 +163,10 @@ fn td<'a>(dom: &'a str, cell: &str, run: &str) -> &'a str {
     &row[at..end]
 }
 
-/// Whether a matrix cell shows `verdict`.
+/// Whether a matrix cell shows `verdict` (a plain pass is a bare `<td>`, which the style
+/// sheet colours as a pass).
 fn shows(td: &str, verdict: &str) -> bool {
-    td.contains(&format!("class=\"v-{verdict}\""))
+    td.contains(&format!("class=\"v-{verdict}\"")) || (verdict == "pass" && td == "<td")
 }
 
 /// Three runs of the battery: run 2 moves `moved`'s bits and flips `flip` with its
@@ -412,4 +413,103 @@ fn what_a_gate_wrote_renders_as_text_never_as_markup() {
         cell.contains("&lt;b&gt;bold&lt;/b&gt; &amp; 'single'"),
         "{cell}"
     );
+}
+
+/// A rerun carries the passing cells: their points' log links lead to the attempt of the
+/// run that measured them, which exists; the failing cell's page names its first failing
+/// check. What the page shows of a run comes from the history index and `run.json`: with
+/// every receipt of the first run made unreadable after it was indexed, the pages are the
+/// same bytes (the report reads a cell's receipt only for its newest doors row).
+#[test]
+fn carried_points_link_the_measuring_run_and_pages_come_from_the_index() {
+    let fx = Fixture::new(MANIFEST);
+    let state = fx.path().join("flip-state");
+    std::fs::write(&state, "pass").unwrap();
+    let out = fx.run(&[
+        "--gpus",
+        "none",
+        "--var",
+        "regress=fail",
+        "--var",
+        "err=0.75",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let out = fx.run(&[
+        "--gpus",
+        "none",
+        "--rerun-failed",
+        "--var",
+        "regress=fail",
+        "--var",
+        "err=0.75",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let ids = run_ids(&fx);
+    assert_eq!(ids.len(), 2);
+    let site = fx.path().join("site");
+    let out = report(&fx, &["--html", site.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let page = |id: &str| std::fs::read_to_string(site.join("cells").join(cell_page(id))).unwrap();
+    let steady = page("steady");
+    let logs: Vec<&str> = steady
+        .split("href=\"")
+        .skip(1)
+        .filter_map(|s| s.split('"').next())
+        .filter(|h| h.ends_with("stdout.log"))
+        .collect();
+    assert_eq!(logs.len(), 2, "{steady}");
+    // Both points are the first run's measurement: the same attempt folder, which exists.
+    assert_eq!(logs[0], logs[1], "{steady}");
+    assert!(logs[0].contains(&ids[0]), "{}", logs[0]);
+    assert!(site.join("cells").join(logs[0]).is_file(), "{}", logs[0]);
+    let regress = page("regress");
+    assert!(
+        regress.contains("err 0.75 is above the bound 0.5"),
+        "{regress}"
+    );
+
+    let before = walk(&site);
+    // The first run's receipts of the cells the rerun measured again made unreadable (its
+    // run.json kept, so the index stays valid): their first points come from the index.
+    let first = fx.runs()[0].clone();
+    let mut spoiled = 0;
+    for node in std::fs::read_dir(first.join("nodes")).unwrap().flatten() {
+        let name = node.file_name().to_string_lossy().into_owned();
+        let receipt = node.path().join("receipt.json");
+        if (name.starts_with("regress") || name.starts_with("hostile")) && receipt.exists() {
+            std::fs::write(&receipt, "not json").unwrap();
+            spoiled += 1;
+        }
+    }
+    assert_eq!(spoiled, 2);
+    let out = report(&fx, &["--html", site.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("left as the last report wrote them"),
+        "{out:?}"
+    );
+    let after = walk(&site);
+    let differ: Vec<&PathBuf> = before
+        .iter()
+        .zip(&after)
+        .filter(|(b, a)| b != a)
+        .map(|(b, _)| &b.0)
+        .collect();
+    assert_eq!(before.len(), after.len());
+    assert!(differ.is_empty(), "pages changed: {differ:?}");
+}
+
+/// Every file under `dir` with its bytes, sorted by path.
+fn walk(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push((p.clone(), std::fs::read(&p).unwrap()));
+        }
+    }
+    out.sort();
+    out
 }

@@ -23,7 +23,7 @@ pub fn command(args: &ReportArgs) -> ExitCode {
             HistoryError::Receipt(e) => (ExitCode::Internal, e.to_string()),
             e => usage(&e),
         })?;
-        let view = build::view(&history).map_err(|e| (ExitCode::Internal, e.to_string()))?;
+        let view = build::view(history).map_err(|e| (ExitCode::Internal, e.to_string()))?;
         let written = write_site(&args.html, &view).map_err(|e| match e {
             SiteError::Io { .. } => (ExitCode::Internal, e.to_string()),
             SiteError::DiskFull { .. } => (ExitCode::DiskFull, e.to_string()),
@@ -33,12 +33,20 @@ pub fn command(args: &ReportArgs) -> ExitCode {
         // only means it counts as a change.
         let _ = crate::receipt::own_outputs::record(&receipts, &args.html);
         Ok(format!(
-            "wrote {} pages of {} ({} runs, {} cells) to {}{}\n",
-            written.files.len(),
+            "wrote {} pages of {} ({} runs, {} cells) to {}{}{}\n",
+            written.files.len() - written.unchanged,
             view.manifest,
             view.runs.len(),
             view.cells.len(),
             written.dir.join("index.html").display(),
+            if written.unchanged > 0 {
+                format!(
+                    "; {} pages left as the last report wrote them",
+                    written.unchanged
+                )
+            } else {
+                String::new()
+            },
             if written.removed > 0 {
                 format!("; removed {} pages of the earlier report", written.removed)
             } else {

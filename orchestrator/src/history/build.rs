@@ -59,6 +59,9 @@ fn pass() -> crate::protocol::CheckStatus {
 /// What history reads of an attempt: how it ended and what it wrote.
 #[derive(Debug, Clone, Deserialize)]
 pub struct HistAttempt {
+    /// The attempt's number (its folder is `attempt-<n>`).
+    #[serde(default)]
+    pub n: u32,
     pub outcome: crate::verdict::Verdict,
     #[serde(default)]
     pub artifacts: Vec<crate::receipt::Artifact>,
@@ -88,6 +91,7 @@ impl HistReceipt {
                 .attempts
                 .iter()
                 .map(|a| HistAttempt {
+                    n: a.n,
                     outcome: a.outcome,
                     artifacts: a.artifacts.clone(),
                 })
@@ -270,6 +274,13 @@ fn facts(n: &LoadedNode<HistReceipt>) -> CellFacts {
             .unwrap_or_default(),
         metrics: r.map(|r| metrics(&r.checks)).unwrap_or_default(),
         seconds: r.map_or(e.seconds, |r| r.seconds),
+        logs: logs(e, r),
+        failed_check: r.and_then(|r| {
+            r.checks
+                .iter()
+                .find(|c| c.status == crate::protocol::CheckStatus::Fail)
+                .map(|c| (c.check.clone(), c.message.clone()))
+        }),
         carried_from: e
             .carried
             .as_ref()
@@ -323,6 +334,30 @@ fn facts(n: &LoadedNode<HistReceipt>) -> CellFacts {
                 .collect();
             crate::receipt::warning_line(&rows.iter().collect::<Vec<_>>())
         }),
+    }
+}
+
+/// The last attempt's folder relative to the folder of the run whose index row `e` is:
+/// `nodes/<slug>/attempt-<n>`, or `../<run id>/nodes/<slug>/attempt-<n>` for a receipt
+/// carried from a sibling run (`..`-only paths for the layout before run ids); `None`
+/// without a receipt, an attempt, or a carried reference that names no sibling run.
+fn logs(e: &NodeIndexEntry, r: Option<&HistReceipt>) -> Option<String> {
+    let slug = e.slug.as_deref()?;
+    let last = r?.attempts.last()?.n;
+    let node = format!("nodes/{slug}/{}", crate::receipt::attempt_dir_name(last));
+    match &e.carried {
+        None => Some(node),
+        Some(c) => {
+            // `source_dir` checks the reference names a sibling (never a path out of the
+            // manifest's folder); from a run folder `r` its answer is `<sibling>` or ``.
+            let source = c.source_dir(Path::new("r"))?;
+            let source = source.to_string_lossy();
+            Some(if source.is_empty() {
+                format!("../{node}")
+            } else {
+                format!("../{source}/{node}")
+            })
+        }
     }
 }
 

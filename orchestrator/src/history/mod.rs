@@ -120,6 +120,14 @@ pub struct CellFacts {
     pub metrics: BTreeMap<String, f64>,
     /// Wall seconds of the cell's attempts.
     pub seconds: f64,
+    /// The last attempt's folder (its logs) relative to the run's folder:
+    /// `nodes/<slug>/attempt-<n>`, or `../<run id>/nodes/…` for a carried receipt; absent
+    /// without a receipt or an attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs: Option<String>,
+    /// The first check row at `fail`: its name and message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_check: Option<(String, Option<String>)>,
     /// The run that measured a carried receipt (`-` for a tree of the old layout); absent
     /// when this run measured it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -564,6 +572,8 @@ mod tests {
             artifacts: BTreeMap::from([("out.bin".to_string(), bits.to_string())]),
             metrics: BTreeMap::new(),
             seconds: 1.0,
+            logs: None,
+            failed_check: None,
             carried_from: None,
             tags: vec!["t".to_string()],
             gpus: Vec::new(),

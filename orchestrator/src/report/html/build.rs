@@ -1,53 +1,60 @@
 //! The report's [`ReportView`] from a [`History`]: the timeline of every cell comes from the
-//! history model as it is; what history does not keep and a page shows is read here from
-//! the runs' own files — each shown run's `run.json` (duration, environment, GPUs) and a
-//! lean view of its receipts (the last attempt's folder for the log links, the check rows
-//! for the first failing check, the doors row).
+//! history model as it is (the index's rows: verdicts, metrics, artifact digests, the last
+//! attempt's folder, the first failing check); what the index does not keep and a page
+//! shows is read here from the runs' own files — each shown run's `run.json` (duration,
+//! environment, GPUs), each cell's newest receipt for its doors row, and the safetensors
+//! artifacts of a point whose bits moved (how far). No other receipt is read, so the cost
+//! follows the runs and cells shown, not the trees' size.
 //!
 //! It reads; it decides nothing about verdicts or changes (history's markers are used as
 //! they are) and writes nothing.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::view::{CellView, Failure, Point, ReportView, RunView, Sample};
 use crate::history::History;
-use crate::protocol::{CheckRow, CheckStatus};
 use crate::receipt::error::ReceiptError;
-use crate::receipt::load::{LoadedRun, load_as};
-use crate::receipt::tree::Tree;
-use crate::receipt::{RunReceipt, attempt_dir_name};
+use crate::receipt::{RunReceipt, read_json};
 
-/// What the report reads of a node receipt beyond history.
-#[derive(Debug, Clone, Deserialize)]
-struct Detail {
-    #[serde(default)]
-    attempts: Vec<AttemptN>,
-    #[serde(default)]
-    checks: Vec<CheckRow>,
+/// What the report reads of a node receipt beyond the index: its doors row.
+#[derive(Debug, Deserialize)]
+struct Doors {
     #[serde(default)]
     doors: Option<BTreeMap<String, Value>>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
-struct AttemptN {
-    n: u32,
+/// A folder under a run's folder, `rel` as the index keeps it (`nodes/…`, or `../<run>/…`
+/// for a carried receipt), with the `..` resolved against the run's parent.
+fn under(run_dir: &Path, rel: &str) -> PathBuf {
+    match rel.strip_prefix("../") {
+        Some(rest) => run_dir.parent().unwrap_or(run_dir).join(rest),
+        None => run_dir.join(rel),
+    }
 }
 
-/// The view of `history`, with the details of its runs read from their trees.
-pub fn view(history: &History) -> Result<ReportView, ReceiptError> {
-    let mut trees: Vec<LoadedRun<Detail>> = Vec::with_capacity(history.runs.len());
+/// The view of `history`, with what the index does not keep read from the runs' files.
+/// `history` is consumed: each point's facts move into the view.
+pub fn view(mut history: History) -> Result<ReportView, ReceiptError> {
+    let feed = crate::history::steps::feed(&history);
+    // Resolved once, so every folder below it is absolute and free of links above the
+    // receipts folder: the pages link to logs relative to the (resolved) site folder
+    // without resolving each path again.
+    if let Ok(resolved) = std::fs::canonicalize(&history.receipts) {
+        history.receipts = resolved;
+    }
     let mut runs = Vec::with_capacity(history.runs.len());
+    let mut dirs = Vec::with_capacity(history.runs.len());
     let mut gone: Vec<usize> = Vec::new();
     for (i, summary) in history.runs.iter().enumerate() {
         let dir = history.receipts.join(&summary.dir);
-        let tree: LoadedRun<Detail> = match load_as(&dir) {
-            Ok(t) => t,
+        let run: RunReceipt = match read_json(&dir.join("run.json")) {
+            Ok(Some(r)) => r,
             // Deleted (by gc) since the history was read: not a run to report any more.
-            Err(_) if !dir.join("run.json").exists() => {
+            Ok(None) => {
                 eprintln!(
                     "memra-orch report: run {} was deleted while the report was written; it is left out",
                     summary.dir
@@ -57,73 +64,48 @@ pub fn view(history: &History) -> Result<ReportView, ReceiptError> {
             }
             Err(e) => return Err(e),
         };
-        runs.push(run_view(summary, &tree.run, dir));
-        trees.push(tree);
+        runs.push(run_view(summary, &run, dir.clone()));
+        dirs.push(dir);
     }
-    let kept;
-    let history = if gone.is_empty() {
-        history
-    } else {
-        let mut h = history.clone();
-        for i in gone.iter().rev() {
-            h.runs.remove(*i);
-            for c in &mut h.cells {
-                c.points.remove(*i);
-            }
+    for &i in gone.iter().rev() {
+        history.runs.remove(i);
+        for c in &mut history.cells {
+            c.points.remove(i);
         }
-        kept = h;
-        &kept
-    };
+    }
     let cells = history
         .cells
-        .iter()
+        .into_iter()
         .map(|cell| {
             let mut view = CellView {
-                id: cell.id.clone(),
+                id: cell.id,
                 points: Vec::with_capacity(cell.points.len()),
                 last_failure: None,
                 doors: None,
             };
             // The previous present point's attempt folder and artifact digests, to read how
             // far the bits moved.
-            let mut prev: Option<(Option<PathBuf>, &std::collections::BTreeMap<String, String>)> =
-                None;
-            for (i, (point, tree)) in cell.points.iter().zip(&trees).enumerate() {
-                let Some(facts) = point.facts.as_ref().filter(|_| !point.absent) else {
+            let mut prev: Option<(Option<PathBuf>, BTreeMap<String, String>)> = None;
+            // The newest present point's receipt, for the doors row.
+            let mut newest_receipt: Option<PathBuf> = None;
+            for (i, (point, dir)) in cell.points.into_iter().zip(&dirs).enumerate() {
+                let Some(facts) = point.facts.filter(|_| !point.absent) else {
                     view.points.push(Point::Absent);
                     continue;
                 };
-                let node = tree.nodes.get(&cell.id);
-                let detail = node.and_then(|n| n.receipt.as_ref());
-                // A carried receipt's logs are in the tree of the run that measured it.
-                let logs = node.and_then(|n| {
-                    let slug = n.entry.slug.as_deref()?;
-                    let last = detail?.attempts.last()?.n;
-                    let t = Tree {
-                        dir: tree.dir.clone(),
-                    };
-                    let node_dir = match &n.entry.carried {
-                        Some(c) => t.carried_node_dir(c, slug)?,
-                        None => t.node_dir(slug),
-                    };
-                    Some(node_dir.join(attempt_dir_name(last)))
-                });
+                let logs = facts.logs.as_deref().map(|rel| under(dir, rel));
                 if !facts.good {
                     view.last_failure = Some(Failure {
                         run: i,
                         verdict: facts.verdict,
                         reason: facts.reason.clone(),
-                        check: detail.and_then(|d| {
-                            d.checks
-                                .iter()
-                                .find(|c| c.status == CheckStatus::Fail)
-                                .map(|c| (c.check.clone(), c.message.clone()))
-                        }),
+                        check: facts.failed_check.clone(),
                     });
                 }
-                if let Some(doors) = detail.and_then(|d| d.doors.clone()) {
-                    view.doors = Some(doors);
-                }
+                newest_receipt = logs
+                    .as_ref()
+                    .and_then(|l| l.parent())
+                    .map(|n| n.join("receipt.json"));
                 let moved = match (&prev, &logs) {
                     (Some((Some(before), old)), Some(now)) if point.bits_moved => {
                         crate::diff::quantify::sum_totals(
@@ -138,32 +120,37 @@ pub fn view(history: &History) -> Result<ReportView, ReceiptError> {
                     }
                     _ => None,
                 };
-                prev = Some((logs.clone(), &facts.artifacts));
                 view.points.push(Point::Present(Box::new(Sample {
                     verdict: facts.verdict,
                     good: facts.good,
-                    reason: facts.reason.clone(),
+                    reason: facts.reason,
                     inputs_changed: point.inputs_changed,
                     bits_moved: point.bits_moved,
-                    metrics: facts.metrics.clone(),
+                    metrics: facts.metrics,
                     seconds: facts.seconds,
                     carried: facts.carried_from.is_some(),
-                    logs,
+                    logs: logs.clone(),
                     warns: facts.warns,
-                    warning: facts.warning.clone(),
+                    warning: facts.warning,
                     code_known: facts.code_known,
                     moved,
                 })));
+                prev = Some((logs, facts.artifacts));
             }
+            // The doors row of the cell's newest receipt (a display detail: a receipt
+            // that cannot be read shows none).
+            view.doors = newest_receipt
+                .and_then(|p| read_json::<Doors>(&p).ok().flatten())
+                .and_then(|d| d.doors);
             view
         })
         .collect();
     Ok(ReportView {
-        manifest: history.manifest.clone(),
-        receipts: history.receipts.clone(),
+        manifest: history.manifest,
+        receipts: history.receipts,
         runs,
         cells,
-        feed: crate::history::steps::feed(history),
+        feed,
     })
 }
 

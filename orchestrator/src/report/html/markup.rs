@@ -16,10 +16,11 @@ th,td{border:1px solid #ccc;padding:2px 6px;text-align:left;vertical-align:top}
 th{background:#f3f3f3}
 #matrix td{text-align:center;min-width:3.2em;white-space:nowrap}
 #matrix td a{color:inherit;display:block}
+#matrix td:not([class]){background:#b7e4b0}
+#matrix td[data-markers]{font-weight:bold}
 .v-pass{background:#b7e4b0}.v-skipped{background:#e4e4e4}.v-absent{background:#fff;color:#999}
 .v-fail{background:#f4a3a3}.v-crash,.v-timeout,.v-error{background:#e07a7a}
 .v-blocked,.v-cancelled{background:#f2d48f}
-.m{font-weight:bold;margin-left:2px}
 code,pre{font-family:ui-monospace,monospace;font-size:12px}
 pre{white-space:pre-wrap;word-break:break-all}
 .legend span{display:inline-block;padding:1px 6px;margin-right:6px;border:1px solid #ccc}

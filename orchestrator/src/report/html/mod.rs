@@ -154,6 +154,9 @@ pub struct Written {
     pub files: BTreeSet<String>,
     /// Files of an earlier report that this one no longer has, deleted.
     pub removed: usize,
+    /// Files of [`Written::files`] the earlier report had written with the same bytes,
+    /// left as they were.
+    pub unchanged: usize,
 }
 
 /// Writes the site of `view` into `dir`: creates it when missing, refuses a folder that holds
@@ -176,33 +179,48 @@ pub fn write_site(dir: &Path, view: &ReportView) -> Result<Written, SiteError> {
     }
     let dir = std::fs::canonicalize(dir).map_err(io(dir))?;
 
-    let mut out: Vec<(String, String)> = vec![("index.html".to_string(), pages::index(view))];
-    for cell in &view.cells {
-        out.push((
+    // Every page by name first, each rendered only as it is written, so the site is never
+    // held in memory whole (a thousand cell pages).
+    let mut jobs: Vec<(String, Page)> = (1..=pages::matrix_pages(view.runs.len()))
+        .map(|p| (pages::matrix_page_name(p), Page::Matrix(p)))
+        .collect();
+    for (i, cell) in view.cells.iter().enumerate() {
+        jobs.push((
             format!("{}/{}", pages::CELLS, pages::cell_page(&cell.id)),
-            pages::cell(view, cell, &dir),
+            Page::Cell(i),
         ));
     }
     for (i, run) in view.runs.iter().enumerate() {
-        out.push((
+        jobs.push((
             format!("{}/{}", pages::RUNS, pages::run_page(run)),
-            pages::run(view, i, &dir),
+            Page::Run(i),
         ));
     }
     // The regressions feed, for people and for tools.
-    out.push((FEED_TEXT.to_string(), feed_text(view)));
-    out.push((
-        FEED_JSON.to_string(),
-        serde_json::to_string_pretty(&view.feed).unwrap_or_default() + "\n",
-    ));
-    let files: BTreeSet<String> = out.iter().map(|(name, _)| name.clone()).collect();
+    jobs.push((FEED_TEXT.to_string(), Page::FeedText));
+    jobs.push((FEED_JSON.to_string(), Page::FeedJson));
+    let files: BTreeSet<String> = jobs.iter().map(|(name, _)| name.clone()).collect();
 
     // The marker names the old files and the new ones while the pages are written, so a
     // report killed half-way leaves a folder the next report still recognises as its own.
     let both: BTreeSet<String> = previous.union(&files).cloned().collect();
     write_marker(&dir, &both)?;
-    for (name, text) in &out {
+    let mut unchanged = 0;
+    for (name, job) in &jobs {
+        let text = match *job {
+            Page::Matrix(p) => pages::matrix(view, p),
+            Page::Cell(i) => pages::cell(view, &view.cells[i], &dir),
+            Page::Run(i) => pages::run(view, i, &dir),
+            Page::FeedText => feed_text(view),
+            Page::FeedJson => serde_json::to_string_pretty(&view.feed).unwrap_or_default() + "\n",
+        };
         let path = dir.join(name);
+        // A page the earlier report wrote with the same bytes (a finished run's page, an
+        // older page of the matrix) is left as it is: a night rewrites only what moved.
+        if previous.contains(name) && same_bytes(&path, text.as_bytes()) {
+            unchanged += 1;
+            continue;
+        }
         write_atomic(&path, text.as_bytes()).map_err(|e| written(path, e))?;
     }
     let mut removed = 0;
@@ -219,7 +237,40 @@ pub fn write_site(dir: &Path, view: &ReportView) -> Result<Written, SiteError> {
         dir,
         files,
         removed,
+        unchanged,
     })
+}
+
+/// A page of the site, rendered when it is written.
+#[derive(Debug, Clone, Copy)]
+enum Page {
+    /// The matrix's page `n` (1 is `index.html`).
+    Matrix(usize),
+    /// The page of [`ReportView::cells`]`[i]`.
+    Cell(usize),
+    /// The page of [`ReportView::runs`]`[i]`.
+    Run(usize),
+    FeedText,
+    FeedJson,
+}
+
+/// Whether `path` is a plain file (not a link, not a FIFO) holding exactly `bytes`.
+fn same_bytes(path: &Path, bytes: &[u8]) -> bool {
+    use std::io::Read as _;
+    let Ok(file) = crate::attempt_file::open_path(path) else {
+        return false;
+    };
+    if !file
+        .metadata()
+        .is_ok_and(|m| m.is_file() && m.len() == bytes.len() as u64)
+    {
+        return false;
+    }
+    let mut held = Vec::with_capacity(bytes.len());
+    file.take(bytes.len() as u64 + 1)
+        .read_to_end(&mut held)
+        .is_ok()
+        && held == bytes
 }
 
 fn write_marker(dir: &Path, files: &BTreeSet<String>) -> Result<(), SiteError> {
@@ -298,6 +349,13 @@ fn previous_files(dir: &Path) -> Result<BTreeSet<String>, SiteError> {
 fn is_report_file(name: &str) -> bool {
     if name == "index.html" || name == FEED_TEXT || name == FEED_JSON {
         return true;
+    }
+    // `matrix-<n>.html`, the older pages of the matrix.
+    if let Some(n) = name
+        .strip_prefix("matrix-")
+        .and_then(|r| r.strip_suffix(".html"))
+    {
+        return !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit());
     }
     match name.split_once('/') {
         Some((folder, file)) => {
@@ -386,5 +444,110 @@ mod tests {
         let err = write_site(dir.path(), &tiny()).unwrap_err();
         assert!(matches!(err, SiteError::BadMarker { .. }), "{err}");
         assert!(dir.path().join("precious").exists());
+    }
+
+    /// `tiny` with `n` runs, the cell passing in each.
+    fn runs(n: usize) -> ReportView {
+        let mut v = tiny();
+        let one = v.runs[0].clone();
+        v.runs = (0..n)
+            .map(|i| RunView {
+                id: format!("20261202T{:06}Z-0001", i),
+                ..one.clone()
+            })
+            .collect();
+        v.cells[0].points = (0..n)
+            .map(|_| view::tests::sample(Verdict::Pass, false, false))
+            .collect();
+        v
+    }
+
+    /// The run ids whose column heads a matrix page shows.
+    fn columns(page: &str) -> Vec<String> {
+        page.split("data-run=\"")
+            .skip(1)
+            .map(|s| s[..s.find('"').unwrap()].to_string())
+            .collect()
+    }
+
+    #[test]
+    fn the_matrix_shows_the_newest_window_and_pages_to_older_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let site = dir.path().join("site");
+        let n = 2 * pages::MATRIX_WINDOW + 5;
+        let view = runs(n);
+        let written = write_site(&site, &view).unwrap();
+        let id = |i: usize| view.runs[i].id.clone();
+        let page = |name: &str| std::fs::read_to_string(site.join(name)).unwrap();
+        // Page 1 (index.html) holds the newest window, page 2 the one before, page 3 the
+        // oldest five; together every run once, oldest first within a page.
+        let first = columns(&page("index.html"));
+        assert_eq!(first.len(), pages::MATRIX_WINDOW);
+        assert_eq!(first.first(), Some(&id(n - pages::MATRIX_WINDOW)));
+        assert_eq!(first.last(), Some(&id(n - 1)));
+        let second = columns(&page("matrix-2.html"));
+        assert_eq!(second.len(), pages::MATRIX_WINDOW);
+        assert_eq!(second.last(), Some(&id(n - pages::MATRIX_WINDOW - 1)));
+        let third = columns(&page("matrix-3.html"));
+        assert_eq!(third, (0..5).map(id).collect::<Vec<_>>());
+        assert!(!site.join("matrix-4.html").exists());
+        // Each page links the others and marks itself.
+        let index = page("index.html");
+        assert!(index.contains("data-pages=\"3\""), "{index}");
+        assert!(index.contains("href=\"matrix-2.html\""));
+        assert!(index.contains("href=\"matrix-3.html\""));
+        assert!(page("matrix-3.html").contains("href=\"index.html\""));
+        assert!(written.files.contains("matrix-3.html"));
+        // The same view again rewrites nothing; one more run shifts the windows, and a
+        // smaller history deletes the pages it no longer has.
+        let again = write_site(&site, &view).unwrap();
+        assert_eq!(again.unchanged, again.files.len());
+        let fewer = write_site(&site, &runs(pages::MATRIX_WINDOW)).unwrap();
+        assert!(!site.join("matrix-2.html").exists());
+        assert!(!site.join("matrix-3.html").exists());
+        assert!(fewer.removed >= 2, "{fewer:?}");
+        assert_eq!(columns(&page("index.html")).len(), pages::MATRIX_WINDOW);
+    }
+
+    #[test]
+    fn only_numbered_matrix_pages_are_report_files() {
+        assert!(is_report_file("matrix-2.html"));
+        assert!(is_report_file("matrix-10.html"));
+        for odd in [
+            "matrix-.html",
+            "matrix-a.html",
+            "matrix-2.htm",
+            "matrix-../x.html",
+        ] {
+            assert!(!is_report_file(odd), "{odd}");
+        }
+    }
+
+    #[test]
+    fn a_page_with_other_bytes_or_a_link_in_its_place_is_written_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let site = dir.path().join("site");
+        write_site(&site, &tiny()).unwrap();
+        std::fs::write(site.join("index.html"), "edited").unwrap();
+        let outside = dir.path().join("outside.html");
+        std::fs::write(&outside, "keep").unwrap();
+        let cell = site.join(format!("cells/{}", pages::cell_page("a/<b>")));
+        let held = std::fs::read(&cell).unwrap();
+        std::fs::remove_file(&cell).unwrap();
+        std::os::unix::fs::symlink(&outside, &cell).unwrap();
+        let again = write_site(&site, &tiny()).unwrap();
+        assert_eq!(again.unchanged, again.files.len() - 2);
+        assert_ne!(
+            std::fs::read_to_string(site.join("index.html")).unwrap(),
+            "edited"
+        );
+        assert!(
+            !std::fs::symlink_metadata(&cell)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(std::fs::read(&cell).unwrap(), held);
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep");
     }
 }

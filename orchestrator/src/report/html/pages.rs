@@ -52,8 +52,36 @@ fn run_label(i: usize, run: &RunView) -> String {
     format!("#{} {}", i + 1, short_commit(&run.commit))
 }
 
-/// `index.html`: the matrix of cells × runs, oldest run first.
-pub fn index(view: &ReportView) -> String {
+/// How many runs one page of the matrix shows: `index.html` the newest, each older page
+/// (`matrix-2.html`, `matrix-3.html`, …) the ones before, so no page grows with the year.
+pub const MATRIX_WINDOW: usize = 30;
+
+/// How many pages the matrix of `runs` runs takes (one at least, for a report of none).
+pub fn matrix_pages(runs: usize) -> usize {
+    runs.div_ceil(MATRIX_WINDOW).max(1)
+}
+
+/// The file name of the matrix's page `page` (1 is the newest, `index.html`).
+pub fn matrix_page_name(page: usize) -> String {
+    if page <= 1 {
+        "index.html".to_string()
+    } else {
+        format!("matrix-{page}.html")
+    }
+}
+
+/// The runs (indices into [`ReportView::runs`], oldest first) page `page` of the matrix shows.
+fn matrix_range(runs: usize, page: usize) -> std::ops::Range<usize> {
+    let end = runs.saturating_sub(MATRIX_WINDOW * (page - 1));
+    end.saturating_sub(MATRIX_WINDOW)..end
+}
+
+/// `index.html` (page 1) or `matrix-<page>.html`: the matrix of cells × runs over the page's
+/// window of runs ([`MATRIX_WINDOW`], page 1 the newest), oldest run first, with links to
+/// the other pages.
+pub fn matrix(view: &ReportView, page: usize) -> String {
+    let pages = matrix_pages(view.runs.len());
+    let range = matrix_range(view.runs.len(), page);
     let mut b = String::new();
     let _ = writeln!(b, "<h1>{}</h1>", html(&view.manifest));
     let _ = writeln!(
@@ -64,6 +92,30 @@ pub fn index(view: &ReportView) -> String {
         view.cells.len(),
         html(&view.receipts.to_string_lossy())
     );
+    // The pages of the matrix, newest first; this one is not a link.
+    let _ = write!(
+        b,
+        "<p id=\"pages\" data-page=\"{page}\" data-pages=\"{pages}\">runs {}–{} of {}",
+        range.start + 1,
+        range.end,
+        view.runs.len()
+    );
+    if pages > 1 {
+        let _ = write!(b, "; pages, newest first:");
+        for p in 1..=pages {
+            let r = matrix_range(view.runs.len(), p);
+            let label = format!("#{}–#{}", r.start + 1, r.end);
+            if p == page {
+                let _ = write!(b, " <b>{label}</b>");
+            } else {
+                let _ = write!(b, " <a href=\"{}\">{label}</a>", matrix_page_name(p));
+            }
+        }
+    }
+    let _ = writeln!(b, "</p>");
+    if page > 1 {
+        return matrix_table(b, view, range);
+    }
     let current = view.feed.iter().filter(|f| f.current).count();
     let _ = writeln!(
         b,
@@ -87,13 +139,24 @@ pub fn index(view: &ReportView) -> String {
             None => String::new(),
         }
     );
+    matrix_table(b, view, range)
+}
+
+/// The legend and the table of a matrix page over the runs `range`, closing the page.
+fn matrix_table(mut b: String, view: &ReportView, range: std::ops::Range<usize>) -> String {
     legend(&mut b);
     // The matrix scrolls sideways inside its box, the cell names staying in view.
     let _ = writeln!(
         b,
         "<div class=\"scroll\"><table id=\"matrix\">\n<tr><th>cell</th>"
     );
-    for (i, run) in view.runs.iter().enumerate() {
+    for (i, run) in view
+        .runs
+        .iter()
+        .enumerate()
+        .skip(range.start)
+        .take(range.len())
+    {
         // Day and time (UTC) of the start, the commit's subject when the run recorded it;
         // the whole of each in the tooltip.
         let when = match (run.start.get(5..10), run.start.get(11..16)) {
@@ -125,7 +188,11 @@ pub fn index(view: &ReportView) -> String {
             html(&cell.id),
             html(&cell.id)
         );
-        for (point, m) in cell.points.iter().zip(cell.markers()) {
+        let markers = cell.markers();
+        for (point, &m) in cell.points[range.clone()]
+            .iter()
+            .zip(&markers[range.clone()])
+        {
             let (class, verdict, title) = match point {
                 Point::Absent => ("v-absent".to_string(), "absent", "absent".to_string()),
                 Point::Present(s) => (
@@ -140,12 +207,13 @@ pub fn index(view: &ReportView) -> String {
                 ),
             };
             // The matrix is the page's weight (a thousand cells × 30 runs): a plain pass is
-            // its class and word only; a cell worth a look (not a pass, or marked) also has
+            // a bare `<td>pass</td>`; a cell worth a look (not a pass, or marked) also has
             // its markers, its reason as the tooltip and a link to the cell's page. The
             // run of a column is its head's `data-run`, the cell of a row its `data-cell-id`.
             let markers = marker_names(m);
             if markers.is_empty() && class == "v-pass" && title == verdict {
-                let _ = write!(b, "<td class=\"{class}\">{verdict}</td>");
+                // Unclassed: the style sheet colours a bare matrix cell as a pass.
+                let _ = write!(b, "<td>{verdict}</td>");
             } else {
                 let _ = write!(
                     b,
@@ -213,7 +281,7 @@ fn marker_glyphs(m: Markers) -> String {
         (m.warn, "!"),
     ] {
         if on {
-            let _ = write!(out, "<span class=\"m\">{glyph}</span>");
+            out.push_str(glyph);
         }
     }
     out
@@ -292,6 +360,9 @@ fn history_table(b: &mut String, view: &ReportView, cell: &CellView, here: &Path
          <th>verdict</th><th>inputs</th><th>bits</th><th>markers</th><th>seconds</th>\
          <th>reason</th><th>logs</th></tr>"
     );
+    // The way from this page to the receipts folder, once: a log folder below it is that
+    // and its own relative path.
+    let to_receipts = href(&relative(here, &view.receipts));
     for (i, ((point, m), run)) in cell
         .points
         .iter()
@@ -321,15 +392,15 @@ fn history_table(b: &mut String, view: &ReportView, cell: &CellView, here: &Path
                     .logs
                     .as_deref()
                     .map(|dir| {
-                        let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-                        ["stdout.log", "stderr.log"]
-                            .map(|f| {
-                                format!(
-                                    "<a href=\"{}\">{f}</a>",
-                                    href(&relative(here, &dir.join(f)))
-                                )
-                            })
-                            .join(" ")
+                        // Absolute below the resolved receipts folder (see build::view).
+                        let link = match dir.strip_prefix(&view.receipts) {
+                            Ok(rel) => format!("{to_receipts}/{}", href(rel)),
+                            Err(_) => href(&relative(here, dir)),
+                        };
+                        format!(
+                            "<a href=\"{link}/stdout.log\">stdout.log</a> \
+                             <a href=\"{link}/stderr.log\">stderr.log</a>"
+                        )
                     })
                     .unwrap_or_default();
                 let _ = write!(
