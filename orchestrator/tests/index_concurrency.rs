@@ -104,3 +104,76 @@ fn runs_gc_and_readers_at_once_leave_a_sound_index_that_agrees_with_the_trees() 
         "the index kept through it all answers what the trees answer"
     );
 }
+
+/// `ls` and the run names of `show`, `diff` and `summary` come from the index's run heads:
+/// they equal what parsing every `run.json` gives — across manifests, with a rerun that
+/// carries cells, a run folder whose `run.json` is damaged and one killed before it wrote
+/// one (both unreadable, in both listings), a run whose `run.json` changed after it was
+/// indexed, and a run deleted behind the index's back.
+#[test]
+fn run_heads_from_the_index_are_the_trees_run_heads() {
+    use memra_orch::history::heads::heads_and_unreadable;
+    use memra_orch::receipt::resolve::{RunHead, list_runs_and_unreadable};
+
+    let f = Fixture::new(&manifest().replace(
+        "c3\"\nrun = [\"{gates}/pass.sh\"]",
+        "c3\"\nrun = [\"{gates}/fail.sh\"]",
+    ));
+    assert_eq!(f.run(&[]).status.code(), Some(1));
+    assert_eq!(f.run(&["--rerun-failed"]).status.code(), Some(1));
+    assert_eq!(f.run(&[]).status.code(), Some(1));
+    // A second manifest in the same receipts folder.
+    std::fs::write(
+        f.path().join("other.toml"),
+        "schema = 1\nname = \"other\"\n[[arm]]\nid = \"x\"\nrun = [\"true\"]\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_memra-orch"))
+        .args([
+            "run",
+            "other.toml",
+            "--commit",
+            "c2",
+            "--progress",
+            "plain",
+            "--receipts",
+        ])
+        .arg(f.path().join("receipts"))
+        .current_dir(f.path())
+        .env("MEMRA_GPU_LOCK_DIR", f.path().join("gpu-leases"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let receipts = f.path().join("receipts");
+    let trees = || {
+        let (runs, unreadable) = list_runs_and_unreadable(&receipts).unwrap();
+        (runs.iter().map(RunHead::of).collect::<Vec<_>>(), unreadable)
+    };
+    let index = || heads_and_unreadable(&receipts).unwrap();
+    let (first, _) = index();
+    assert_eq!(first.len(), 4);
+    assert_eq!(
+        first.iter().map(|r| r.carried).sum::<usize>(),
+        11,
+        "{first:?}"
+    );
+    assert_eq!(index(), trees());
+
+    let runs = f.runs();
+    // Damaged, killed before run.json, changed after indexing, deleted.
+    std::fs::write(runs[0].join("run.json"), "{ cut").unwrap();
+    let killed = runs[0].parent().unwrap().join("20261201T000000.000Z-dead");
+    std::fs::create_dir(&killed).unwrap();
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(runs[1].join("run.json")).unwrap()).unwrap();
+    json["host"] = serde_json::json!("elsewhere");
+    std::fs::write(runs[1].join("run.json"), json.to_string()).unwrap();
+    std::fs::remove_dir_all(&runs[2]).unwrap();
+    let (heads, unreadable) = index();
+    assert_eq!((heads.clone(), unreadable.clone()), trees());
+    let mut expected = vec![runs[0].clone(), killed];
+    expected.sort();
+    assert_eq!(unreadable, expected);
+    assert!(heads.iter().any(|r| r.host == "elsewhere"), "{heads:?}");
+    assert_eq!(heads.len(), 2);
+}

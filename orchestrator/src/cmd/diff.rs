@@ -31,8 +31,10 @@ fn command_inner(args: &DiffArgs) -> Result<ExitCode, FindError> {
     let (Some(old), Some(new)) = (&args.old, &args.new) else {
         return morning(args, &receipts);
     };
-    let old_dir = resolve::resolve(old, &receipts, manifest)?;
-    let new_dir = resolve::resolve(new, &receipts, manifest)?;
+    // The runs are named from the history index, listed once for both names.
+    let heads = crate::history::heads::remembered();
+    let old_dir = resolve::resolve_with(old, &receipts, manifest, &heads)?;
+    let new_dir = resolve::resolve_with(new, &receipts, manifest, &heads)?;
     if same_run(&old_dir, &new_dir) {
         // Comparing a run with itself would print "no differences" and hide what changed
         // since the run before (a green night named by both `last-green` and `latest`).

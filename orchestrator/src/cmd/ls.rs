@@ -4,18 +4,19 @@ use serde_json::json;
 
 use crate::ExitCode;
 use crate::cli::{LsArgs, ShowFormat};
+use crate::history::heads::heads_and_unreadable;
 use crate::receipt::error::FindError;
-use crate::receipt::resolve::{FoundRun, list_runs_and_unreadable, receipts_root};
+use crate::receipt::resolve::{RunHead, receipts_root};
 use crate::report::ls::table;
 
 /// The `ls` subcommand.
 pub fn command(args: &LsArgs) -> ExitCode {
     let run = || -> Result<String, FindError> {
         let receipts = receipts_root(args.receipts.as_deref())?;
-        let (all, unreadable) = list_runs_and_unreadable(&receipts)?;
-        let runs: Vec<FoundRun> = all
+        let (all, unreadable) = heads_and_unreadable(&receipts)?;
+        let runs: Vec<RunHead> = all
             .into_iter()
-            .filter(|r| args.manifest.as_deref().is_none_or(|m| r.run.name == m))
+            .filter(|r| args.manifest.as_deref().is_none_or(|m| r.name == m))
             .collect();
         // A run folder whose run.json cannot be read is no run to list, but it is said.
         let of_manifest = |dir: &std::path::Path| {
@@ -40,11 +41,11 @@ pub fn command(args: &LsArgs) -> ExitCode {
                     .iter()
                     .map(|r| {
                         json!({
-                            "dir": r.dir, "id": r.id, "commit": r.commit, "manifest": r.run.name,
-                            "start": r.run.start, "end": r.run.end, "seconds": r.run.seconds,
-                            "host": r.run.host, "verdict": r.run.verdict, "counts": r.run.counts,
-                            "carried": crate::report::ls::carried_count(r),
-                            "carried_from": r.run.carried_from,
+                            "dir": r.dir, "id": r.id, "commit": r.commit, "manifest": r.name,
+                            "start": r.start, "end": r.end, "seconds": r.seconds,
+                            "host": r.host, "verdict": r.verdict, "counts": r.counts,
+                            "carried": r.carried,
+                            "carried_from": r.carried_from,
                         })
                     })
                     .collect();

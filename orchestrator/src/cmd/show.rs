@@ -6,14 +6,19 @@ use crate::ExitCode;
 use crate::cli::{ShowArgs, ShowFormat};
 use crate::receipt::error::FindError;
 use crate::receipt::load::{find, load};
-use crate::receipt::resolve::{receipts_root, resolve};
+use crate::receipt::resolve::{receipts_root, resolve_with};
 use crate::report::show::{node_text, run_text};
 
 /// The `show` subcommand.
 pub fn command(args: &ShowArgs) -> ExitCode {
     let run = || -> Result<(String, ExitCode), FindError> {
         let receipts = receipts_root(args.receipts.as_deref())?;
-        let dir = resolve(&args.run, &receipts, args.manifest.as_deref())?;
+        let dir = resolve_with(
+            &args.run,
+            &receipts,
+            args.manifest.as_deref(),
+            &crate::history::heads::heads,
+        )?;
         let run = load(&dir)?;
         let Some(query) = &args.node else {
             let code = if run.run.verdict == "pass" {

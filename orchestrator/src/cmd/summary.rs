@@ -18,9 +18,13 @@ pub fn command(args: &SummaryArgs) -> ExitCode {
             resolve::receipts_root(args.receipts.as_deref()).map_err(|e| e.to_string())?;
         let manifest = args.manifest.as_deref().map(manifest_name).transpose()?;
         let subject = match &args.run {
-            Some(spec) => {
-                resolve::resolve(spec, &receipts, manifest.as_deref()).map_err(|e| e.to_string())?
-            }
+            Some(spec) => resolve::resolve_with(
+                spec,
+                &receipts,
+                manifest.as_deref(),
+                &crate::history::heads::heads,
+            )
+            .map_err(|e| e.to_string())?,
             None => newest_finished(&receipts, manifest.as_deref())?,
         };
         morning::for_run(

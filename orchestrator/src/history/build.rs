@@ -252,6 +252,10 @@ fn summary(run: &RunReceipt, commit: &str, rel: &str) -> RunSummary {
             .get("driver_version")
             .and_then(Value::as_str)
             .map(str::to_string),
+        name: run.name.clone(),
+        seconds: run.seconds,
+        carried: run.nodes.iter().filter(|n| n.carried.is_some()).count(),
+        carried_from: run.carried_from.clone(),
     }
 }
 

@@ -49,7 +49,7 @@ const LOCK_FILE: &str = "lock";
 
 /// The schema of the database (SQLite's `user_version`). A file of another version is
 /// rebuilt.
-const DB_VERSION: i64 = 106;
+const DB_VERSION: i64 = 107;
 
 /// How long a reader or writer waits for another process's write to end.
 const BUSY: Duration = Duration::from_secs(30);

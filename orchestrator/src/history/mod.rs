@@ -23,6 +23,7 @@
 //! commit folders). Deciding verdicts and comparing two runs are not its job.
 
 pub mod build;
+pub mod heads;
 pub mod index;
 pub mod render;
 pub mod steps;
@@ -78,6 +79,22 @@ pub struct RunSummary {
     /// The NVIDIA driver version of the inventory, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<String>,
+    /// The manifest's `name` as the run recorded it.
+    #[serde(default)]
+    pub name: String,
+    /// Wall seconds of the run, when it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
+    /// How many of its cells were carried from an earlier run.
+    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    pub carried: usize,
+    /// The run `--rerun-failed` or `--exclude` carried from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carried_from: Option<String>,
+}
+
+fn is_zero_usize(n: &usize) -> bool {
+    *n == 0
 }
 
 impl RunSummary {
@@ -606,6 +623,10 @@ mod tests {
                 dir: format!("c/m/run{n}"),
                 gpus: Vec::new(),
                 driver: None,
+                name: "m".to_string(),
+                seconds: None,
+                carried: 0,
+                carried_from: None,
             },
             cells: cells
                 .iter()

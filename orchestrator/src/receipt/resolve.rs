@@ -53,6 +53,86 @@ impl FoundRun {
     }
 }
 
+/// What naming or listing a run needs of it: its `run.json` without the node index (the
+/// count of carried receipts kept). The history index holds it for every run, so `ls`,
+/// `show` and `diff` name runs without parsing every `run.json` ([`resolve_with`]); the
+/// trees give it too ([`tree_heads`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunHead {
+    /// The folder holding its `run.json`.
+    pub dir: PathBuf,
+    /// The commit folder name.
+    pub commit: String,
+    /// The run id; `None` for the old layout.
+    pub id: Option<String>,
+    /// The manifest's `name`.
+    pub name: String,
+    pub start: String,
+    pub end: Option<String>,
+    pub seconds: Option<f64>,
+    pub host: String,
+    pub verdict: String,
+    pub counts: std::collections::BTreeMap<crate::verdict::Verdict, usize>,
+    /// How many of its cells were carried from an earlier run.
+    pub carried: usize,
+    /// The run `--rerun-failed` or `--exclude` carried from.
+    pub carried_from: Option<String>,
+}
+
+impl RunHead {
+    /// The head of a run read from its tree.
+    pub fn of(r: &FoundRun) -> RunHead {
+        RunHead {
+            dir: r.dir.clone(),
+            commit: r.commit.clone(),
+            id: r.id.clone(),
+            name: r.run.name.clone(),
+            start: r.run.start.clone(),
+            end: r.run.end.clone(),
+            seconds: r.run.seconds,
+            host: r.run.host.clone(),
+            verdict: r.run.verdict.clone(),
+            counts: r.run.counts.clone(),
+            carried: r.run.nodes.iter().filter(|n| n.carried.is_some()).count(),
+            carried_from: r.run.carried_from.clone(),
+        }
+    }
+
+    /// The run id, or `-` for a tree of the old layout.
+    pub fn id_label(&self) -> &str {
+        self.id.as_deref().unwrap_or("-")
+    }
+
+    /// Whether the run finished with every cell as expected (`pass` or `skipped`).
+    pub fn green(&self) -> bool {
+        self.end.is_some()
+            && self.verdict != "running"
+            && self.counts.iter().all(|(v, n)| *n == 0 || v.as_expected())
+    }
+}
+
+/// Where [`resolve_with`] gets the runs: every readable run under a receipts folder, newest
+/// first (as [`list_runs`] orders them).
+pub type Heads<'a> = &'a dyn Fn(&Path) -> Result<Vec<RunHead>, FindError>;
+
+/// [`list_runs`] as heads: every `run.json` parsed.
+pub fn tree_heads(receipts: &Path) -> Result<Vec<RunHead>, FindError> {
+    Ok(list_runs(receipts)?.iter().map(RunHead::of).collect())
+}
+
+/// Orders heads newest first, as [`list_runs`] orders runs.
+pub fn sort_heads_newest_first(runs: &mut [RunHead]) {
+    let now = std::time::SystemTime::now();
+    runs.sort_by_cached_key(|r| {
+        (
+            unknown_age_at(&r.start, now),
+            std::cmp::Reverse(start_time(&r.start)),
+            std::cmp::Reverse(r.id.clone()),
+            r.dir.clone(),
+        )
+    });
+}
+
 /// Every readable run under `receipts`, newest first (by start time, then run id). Folders
 /// without a readable `run.json` are not runs and are left out.
 pub fn list_runs(receipts: &Path) -> Result<Vec<FoundRun>, FindError> {
@@ -234,6 +314,16 @@ pub fn durations(run: &RunReceipt) -> HashMap<String, f64> {
 /// 5. a commit-ish git resolves in the current folder (`HEAD~1`, a short sha, a tag), with an
 ///    optional `-dirty` suffix: `<sha>` is used when it exists, else `<sha>-dirty`.
 pub fn resolve(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<PathBuf, FindError> {
+    resolve_with(spec, receipts, manifest, &tree_heads)
+}
+
+/// [`resolve`] with the runs from `heads` (the history index's, for the commands).
+pub fn resolve_with(
+    spec: &str,
+    receipts: &Path,
+    manifest: Option<&str>,
+    heads: Heads,
+) -> Result<PathBuf, FindError> {
     let as_path = Path::new(spec);
     if as_path.is_dir() {
         if as_path.join("run.json").is_file()
@@ -250,9 +340,9 @@ pub fn resolve(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<Pa
     }
     if spec == "latest" || spec == "previous" {
         // A run of unknown age is never the latest or the one before it.
-        let runs: Vec<FoundRun> = list_runs(receipts)?
+        let runs: Vec<RunHead> = heads(receipts)?
             .into_iter()
-            .filter(|r| manifest.is_none_or(|m| r.run.name == m) && !unknown_age(&r.run.start))
+            .filter(|r| manifest.is_none_or(|m| r.name == m) && !unknown_age(&r.start))
             .collect();
         let latest = runs.first().ok_or_else(|| FindError::NoRun {
             spec: spec.to_string(),
@@ -265,21 +355,21 @@ pub fn resolve(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<Pa
         return runs
             .iter()
             .skip(1)
-            .find(|r| r.run.name == latest.run.name)
+            .find(|r| r.name == latest.name)
             .map(|r| r.dir.clone())
             .ok_or_else(|| FindError::OnlyOneRun {
-                manifest: latest.run.name.clone(),
+                manifest: latest.name.clone(),
                 receipts: receipts.to_path_buf(),
             });
     }
     if spec == "last-green" || spec.starts_with("last-green:") || spec.starts_with('@') {
-        return alias(spec, receipts, manifest);
+        return alias(spec, receipts, manifest, heads);
     }
     if looks_like_run_id(spec) {
-        let hits: Vec<FoundRun> = list_runs(receipts)?
+        let hits: Vec<RunHead> = heads(receipts)?
             .into_iter()
             .filter(|r| r.id.as_deref().is_some_and(|id| id.starts_with(spec)))
-            .filter(|r| manifest.is_none_or(|m| r.run.name == m))
+            .filter(|r| manifest.is_none_or(|m| r.name == m))
             .collect();
         match hits.as_slice() {
             [one] => return Ok(one.dir.clone()),
@@ -335,20 +425,29 @@ pub fn resolve(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<Pa
 /// - `last-green`: the newest complete run whose every cell was as expected;
 /// - `last-green:CELL`: the newest run in which cell CELL (an exact cell id) was as expected;
 /// - `@YYYY-MM-DD`: the last run that started on that UTC day.
-fn alias(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<PathBuf, FindError> {
-    let all = list_runs(receipts)?;
+fn alias(
+    spec: &str,
+    receipts: &Path,
+    manifest: Option<&str>,
+    heads: Heads,
+) -> Result<PathBuf, FindError> {
+    // `last-green:CELL` reads every run's node index: the trees'.
+    if spec.starts_with("last-green:") {
+        return last_green_cell(spec, receipts, manifest);
+    }
+    let all = heads(receipts)?;
     let name = match manifest {
         Some(m) => m.to_string(),
         None => all
             .first()
-            .map(|r| r.run.name.clone())
+            .map(|r| r.name.clone())
             .ok_or_else(|| FindError::NoRun {
                 spec: spec.to_string(),
                 manifest: None,
                 receipts: receipts.to_path_buf(),
             })?,
     };
-    let runs: Vec<&FoundRun> = all.iter().filter(|r| r.run.name == name).collect();
+    let runs: Vec<&RunHead> = all.iter().filter(|r| r.name == name).collect();
     let Some(newest) = runs.first() else {
         return Err(FindError::NoRun {
             spec: spec.to_string(),
@@ -372,63 +471,87 @@ fn alias(spec: &str, receipts: &Path, manifest: Option<&str>) -> Result<PathBuf,
         let prefix = format!("{day}T");
         return runs
             .iter()
-            .find(|r| r.run.start.starts_with(&prefix))
+            .find(|r| r.start.starts_with(&prefix))
             .map(|r| r.dir.clone())
             .ok_or_else(|| FindError::NoRunOnDay {
                 spec: spec.to_string(),
                 manifest: name.clone(),
                 runs: runs.len(),
-                first: runs
-                    .last()
-                    .map(|r| day_of(&r.run.start))
-                    .unwrap_or_default(),
-                last: day_of(&newest.run.start),
+                first: runs.last().map(|r| day_of(&r.start)).unwrap_or_default(),
+                last: day_of(&newest.start),
             });
-    }
-    if let Some(cell) = spec.strip_prefix("last-green:") {
-        let verdicts: Vec<Option<crate::verdict::Verdict>> = runs
-            .iter()
-            .map(|r| r.run.nodes.iter().find(|n| n.id == cell).map(|n| n.verdict))
-            .collect();
-        if let Some(i) = verdicts
-            .iter()
-            .position(|v| v.is_some_and(|v| v.as_expected()))
-        {
-            return Ok(runs[i].dir.clone());
-        }
-        if verdicts.iter().all(Option::is_none) {
-            let ids: std::collections::BTreeSet<&str> = runs
-                .iter()
-                .flat_map(|r| r.run.nodes.iter().map(|n| n.id.as_str()))
-                .collect();
-            return Err(FindError::NoSuchCell {
-                cell: cell.to_string(),
-                manifest: name.clone(),
-                runs: runs.len(),
-                near: crate::diagnostics::did_you_mean(cell, ids).map(str::to_string),
-            });
-        }
-        return Err(FindError::NoGreenCell {
-            cell: cell.to_string(),
-            manifest: name.clone(),
-            runs: runs.len(),
-            newest: verdicts.iter().flatten().next().copied(),
-        });
     }
     runs.iter()
-        .find(|r| green(r))
+        .find(|r| r.green())
         .map(|r| r.dir.clone())
         .ok_or_else(|| FindError::NoGreen {
             manifest: name.clone(),
             runs: runs.len(),
             newest_bad: newest
-                .run
                 .counts
                 .iter()
                 .filter(|(v, _)| !v.as_expected())
                 .map(|(_, n)| n)
                 .sum(),
         })
+}
+
+/// `last-green:CELL`: the newest run of the manifest (named, or the newest run's) in which
+/// cell CELL (an exact cell id) was as expected, read from the runs' node indexes.
+fn last_green_cell(
+    spec: &str,
+    receipts: &Path,
+    manifest: Option<&str>,
+) -> Result<PathBuf, FindError> {
+    let all = list_runs(receipts)?;
+    let name = match manifest {
+        Some(m) => m.to_string(),
+        None => all
+            .first()
+            .map(|r| r.run.name.clone())
+            .ok_or_else(|| FindError::NoRun {
+                spec: spec.to_string(),
+                manifest: None,
+                receipts: receipts.to_path_buf(),
+            })?,
+    };
+    let runs: Vec<&FoundRun> = all.iter().filter(|r| r.run.name == name).collect();
+    if runs.is_empty() {
+        return Err(FindError::NoRun {
+            spec: spec.to_string(),
+            manifest: Some(name),
+            receipts: receipts.to_path_buf(),
+        });
+    }
+    let cell = spec.strip_prefix("last-green:").unwrap_or_default();
+    let verdicts: Vec<Option<crate::verdict::Verdict>> = runs
+        .iter()
+        .map(|r| r.run.nodes.iter().find(|n| n.id == cell).map(|n| n.verdict))
+        .collect();
+    if let Some(i) = verdicts
+        .iter()
+        .position(|v| v.is_some_and(|v| v.as_expected()))
+    {
+        return Ok(runs[i].dir.clone());
+    }
+    if verdicts.iter().all(Option::is_none) {
+        let ids: std::collections::BTreeSet<&str> = runs
+            .iter()
+            .flat_map(|r| r.run.nodes.iter().map(|n| n.id.as_str()))
+            .collect();
+        return Err(FindError::NoSuchCell {
+            cell: cell.to_string(),
+            manifest: name.clone(),
+            runs: runs.len(),
+            near: crate::diagnostics::did_you_mean(cell, ids).map(str::to_string),
+        });
+    }
+    Err(FindError::NoGreenCell {
+        cell: cell.to_string(),
+        manifest: name.clone(),
+        runs: runs.len(),
+        newest: verdicts.iter().flatten().next().copied(),
+    })
 }
 
 /// What `diff` without names compares for one manifest: its newest finished run, the

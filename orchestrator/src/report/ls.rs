@@ -5,11 +5,11 @@
 use std::fmt::Write;
 
 use crate::commit::short_commit;
-use crate::receipt::resolve::FoundRun;
+use crate::receipt::resolve::RunHead;
 use crate::report::summary::counts_line;
 
 /// Renders the run list as a table.
-pub fn table(runs: &[FoundRun]) -> String {
+pub fn table(runs: &[RunHead]) -> String {
     let mut out = String::new();
     if runs.is_empty() {
         out.push_str("no runs\n");
@@ -23,13 +23,13 @@ pub fn table(runs: &[FoundRun]) -> String {
         .max(6);
     let mw = runs
         .iter()
-        .map(|r| r.run.name.chars().count())
+        .map(|r| r.name.chars().count())
         .max()
         .unwrap_or(8)
         .max(8);
     let hw = runs
         .iter()
-        .map(|r| r.run.host.chars().count())
+        .map(|r| r.host.chars().count())
         .max()
         .unwrap_or(4)
         .max(4);
@@ -39,24 +39,24 @@ pub fn table(runs: &[FoundRun]) -> String {
         "start", "run", "commit", "manifest", "verdict", "seconds", "host"
     );
     for r in runs {
-        let carried = carried_count(r);
+        let carried = r.carried;
         let line = format!(
             "{:<24}  {:<25}  {:<cw$}  {:<mw$}  {:<8}  {:>8}  {:<hw$}  {}{}",
-            r.run.start,
+            r.start,
             r.id_label(),
             short_commit(&r.commit),
-            r.run.name,
-            r.run.verdict,
-            r.run.seconds.map_or("-".to_string(), |s| format!("{s:.1}")),
-            r.run.host,
-            counts_line(&r.run.counts),
+            r.name,
+            r.verdict,
+            r.seconds.map_or("-".to_string(), |s| format!("{s:.1}")),
+            r.host,
+            counts_line(&r.counts),
             if carried > 0 {
                 format!(" ({carried} carried)")
             } else {
                 String::new()
             }
         );
-        let line = if crate::receipt::resolve::unknown_age(&r.run.start) {
+        let line = if crate::receipt::resolve::unknown_age(&r.start) {
             format!("{line} (of unknown age: dated in the future or unparsable; listed last)")
         } else {
             line
@@ -64,9 +64,4 @@ pub fn table(runs: &[FoundRun]) -> String {
         let _ = writeln!(out, "{}", line.trim_end());
     }
     out
-}
-
-/// How many of a run's cells were carried from an earlier run.
-pub fn carried_count(r: &FoundRun) -> usize {
-    r.run.nodes.iter().filter(|n| n.carried.is_some()).count()
 }

@@ -389,8 +389,13 @@ pub fn for_run(
             ),
         },
         Since::Named(spec) => {
-            let dir =
-                resolve::resolve(spec, receipts, Some(&run.name)).map_err(|e| e.to_string())?;
+            let dir = resolve::resolve_with(
+                spec,
+                receipts,
+                Some(&run.name),
+                &crate::history::heads::heads,
+            )
+            .map_err(|e| e.to_string())?;
             if same(&dir, subject) {
                 return Err(format!(
                     "--since {spec} names the run summarised ({}); name an earlier run, or \
