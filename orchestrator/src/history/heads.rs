@@ -99,10 +99,10 @@ fn unreadable(receipts: &Path, listed: &HashSet<&Path>) -> Vec<PathBuf> {
 pub fn remembered() -> impl Fn(&Path) -> Result<Vec<RunHead>, FindError> {
     let held: std::cell::RefCell<Option<(PathBuf, Vec<RunHead>)>> = std::cell::RefCell::new(None);
     move |receipts: &Path| {
-        if let Some((at, runs)) = &*held.borrow() {
-            if at == receipts {
-                return Ok(runs.clone());
-            }
+        if let Some((at, runs)) = &*held.borrow()
+            && at == receipts
+        {
+            return Ok(runs.clone());
         }
         let runs = heads(receipts)?;
         *held.borrow_mut() = Some((receipts.to_path_buf(), runs.clone()));
