@@ -176,4 +176,18 @@ fn run_heads_from_the_index_are_the_trees_run_heads() {
     assert_eq!(unreadable, expected);
     assert!(heads.iter().any(|r| r.host == "elsewhere"), "{heads:?}");
     assert_eq!(heads.len(), 2);
+
+    // Without the damaged run (whose run.json sends the listing to the trees), the index
+    // serves: a manifest folder that is a link is followed by neither listing.
+    std::fs::remove_dir_all(&runs[0]).unwrap();
+    let linked = receipts.join("linked");
+    std::fs::create_dir(&linked).unwrap();
+    std::os::unix::fs::symlink(runs[1].parent().unwrap(), linked.join("busy")).unwrap();
+    let (heads, unreadable) = index();
+    assert_eq!((heads.clone(), unreadable.clone()), trees());
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    assert!(
+        heads.iter().all(|r| !r.dir.starts_with(&linked)),
+        "{heads:?}"
+    );
 }

@@ -34,7 +34,7 @@ pub fn command(args: &ReportArgs) -> ExitCode {
         let _ = crate::receipt::own_outputs::record(&receipts, &args.html);
         Ok(format!(
             "wrote {} pages of {} ({} runs, {} cells) to {}{}{}\n",
-            written.files.len() - written.unchanged,
+            written.files.len().saturating_sub(written.unchanged),
             view.manifest,
             view.runs.len(),
             view.cells.len(),

@@ -140,7 +140,13 @@ pub fn runs_on_disk(receipts: &Path, manifest: &str) -> Vec<RunOnDisk> {
         .filter(|c| c.file_type().is_ok_and(|t| t.is_dir()))
         .flat_map(|c| {
             let commit = c.file_name().to_string_lossy().into_owned();
-            runs_on_disk_in(&c.path().join(manifest), &commit, manifest)
+            let dir = c.path().join(manifest);
+            // A manifest folder that is a link (to somewhere outside the receipts folder) is
+            // not followed, as `ls` never followed one.
+            if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+                return Vec::new();
+            }
+            runs_on_disk_in(&dir, &commit, manifest)
         })
         .collect()
 }
@@ -346,7 +352,12 @@ fn facts(n: &LoadedNode<HistReceipt>) -> CellFacts {
 /// carried from a sibling run (`..`-only paths for the layout before run ids); `None`
 /// without a receipt, an attempt, or a carried reference that names no sibling run.
 fn logs(e: &NodeIndexEntry, r: Option<&HistReceipt>) -> Option<String> {
-    let slug = e.slug.as_deref()?;
+    // A slug is a plain file name; anything else (an edited run.json a rerun carried from)
+    // names no folder of the run.
+    let slug = e
+        .slug
+        .as_deref()
+        .filter(|s| crate::receipt::load::is_plain_name(s))?;
     let last = r?.attempts.last()?.n;
     let node = format!("nodes/{slug}/{}", crate::receipt::attempt_dir_name(last));
     match &e.carried {
@@ -431,5 +442,43 @@ mod tests {
                 ("acc #2/max_abs".to_string(), 2.0)
             ])
         );
+    }
+
+    #[test]
+    fn the_logs_folder_is_the_last_attempt_of_a_plain_slug_in_the_measuring_run() {
+        let entry = |slug: &str, carried: Option<crate::receipt::Carried>| {
+            serde_json::from_value::<NodeIndexEntry>(serde_json::json!({
+                "id": "a", "kind": "arm", "slug": slug, "verdict": "pass", "seconds": 1.0,
+                "carried": carried,
+            }))
+            .unwrap()
+        };
+        let receipt = serde_json::from_value::<HistReceipt>(serde_json::json!({
+            "attempts": [{"n": 1, "outcome": "fail"}, {"n": 2, "outcome": "pass"}]
+        }))
+        .unwrap();
+        let r = Some(&receipt);
+        assert_eq!(
+            logs(&entry("a-1", None), r).as_deref(),
+            Some("nodes/a-1/attempt-2")
+        );
+        let from = crate::receipt::Carried::from_run(Some("20261201T000000.000Z-abcd"));
+        assert_eq!(
+            logs(&entry("a-1", Some(from)), r).as_deref(),
+            Some("../20261201T000000.000Z-abcd/nodes/a-1/attempt-2")
+        );
+        let old = crate::receipt::Carried::from_run(None);
+        assert_eq!(
+            logs(&entry("a-1", Some(old)), r).as_deref(),
+            Some("../nodes/a-1/attempt-2")
+        );
+        // An edited run.json: a slug or a carried reference that leads elsewhere names none.
+        assert_eq!(logs(&entry("../../x", None), r), None);
+        let out = crate::receipt::Carried {
+            run: Some("x".to_string()),
+            from: "../../x".to_string(),
+        };
+        assert_eq!(logs(&entry("a-1", Some(out)), r), None);
+        assert_eq!(logs(&entry("a-1", None), None), None);
     }
 }

@@ -30,23 +30,24 @@ pub fn heads(receipts: &Path) -> Result<Vec<RunHead>, FindError> {
     Ok(heads_and_unreadable(receipts)?.0)
 }
 
-/// The heads from the index of every manifest; `None` where the trees must be read.
+/// The heads from the index of every manifest; `None` where the trees must be read (an
+/// index that cannot serve, or a run folder whose `run.json` is there but not in the index:
+/// one the history cannot read, which the trees list as a run all the same).
 fn from_index(receipts: &Path) -> Option<(Vec<RunHead>, Vec<PathBuf>)> {
     let names = manifests(receipts).ok()?;
     let mut runs = Vec::new();
     for m in &names {
-        let index = index::open(receipts, m, index::Mode::Use).ok()?;
+        let index = index::open_rows(receipts, m)?;
         runs.extend(index.runs().iter().map(|s| RunHead {
             dir: receipts.join(&s.dir),
             commit: s.commit.clone(),
-            // `<commit>/<manifest>/<run id>`; a tree of the layout before run ids is its
-            // manifest folder.
-            id: (s.dir.split('/').count() == 3).then(|| s.id.clone()),
-            name: if s.name.is_empty() {
-                m.clone()
-            } else {
-                s.name.clone()
+            // `<commit>/<manifest>/<run id>`: the id is the folder's name, as the trees
+            // say; a tree of the layout before run ids is its manifest folder.
+            id: match s.dir.split('/').collect::<Vec<_>>().as_slice() {
+                [_, _, id] => Some((*id).to_string()),
+                _ => None,
             },
+            name: s.name.clone(),
             start: s.start.clone(),
             end: s.end.clone(),
             seconds: s.seconds,
@@ -59,6 +60,12 @@ fn from_index(receipts: &Path) -> Option<(Vec<RunHead>, Vec<PathBuf>)> {
     }
     let listed: HashSet<&Path> = runs.iter().map(|r| r.dir.as_path()).collect();
     let unreadable = unreadable(receipts, &listed);
+    if unreadable
+        .iter()
+        .any(|d| std::fs::symlink_metadata(d.join("run.json")).is_ok())
+    {
+        return None;
+    }
     sort_heads_newest_first(&mut runs);
     Some((runs, unreadable))
 }

@@ -304,6 +304,28 @@ pub fn open(receipts: &Path, manifest: &str, mode: Mode) -> Result<Index, Histor
     }
 }
 
+/// [`open`] for a reader that has a cheaper way than every receipt of every run (the run
+/// heads: each `run.json` alone): `None`, without a word on stderr, where the database
+/// cannot serve (it cannot be opened or written, is damaged and open in another process,
+/// or a run's receipts cannot be read), so the caller reads what it needs itself.
+pub fn open_rows(receipts: &Path, manifest: &str) -> Option<Index> {
+    let on_disk = build::runs_on_disk(receipts, manifest);
+    let file = path(receipts);
+    for tries in 1..=2 {
+        match open_db(receipts, &file, manifest, &on_disk) {
+            Ok(Ok(index)) => return Some(index),
+            Err(DbError::Corrupt(e)) if tries == 1 && remove_damaged(receipts) => {
+                eprintln!(
+                    "memra-orch: the history index {} is damaged ({e}); rebuilding it from the run folders",
+                    file.display()
+                );
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
 /// Every run of `manifest` under `receipts`, oldest first (by start, then run id), with
 /// every cell: [`open`] and [`Index::records`] of all runs.
 pub fn records(

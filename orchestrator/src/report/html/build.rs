@@ -28,18 +28,21 @@ struct Doors {
 }
 
 /// A folder under a run's folder, `rel` as the index keeps it (`nodes/…`, or `../<run>/…`
-/// for a carried receipt), with the `..` resolved against the run's parent.
-fn under(run_dir: &Path, rel: &str) -> PathBuf {
-    match rel.strip_prefix("../") {
-        Some(rest) => run_dir.parent().unwrap_or(run_dir).join(rest),
-        None => run_dir.join(rel),
-    }
+/// for a carried receipt), with the `..` resolved against the run's parent; `None` for
+/// anything else (no part may lead elsewhere, whatever a row says).
+fn under(run_dir: &Path, rel: &str) -> Option<PathBuf> {
+    let (base, rest) = match rel.strip_prefix("../") {
+        Some(rest) => (run_dir.parent()?, rest),
+        None => (run_dir, rel),
+    };
+    rest.split('/')
+        .all(crate::receipt::load::is_plain_name)
+        .then(|| base.join(rest))
 }
 
 /// The view of `history`, with what the index does not keep read from the runs' files.
 /// `history` is consumed: each point's facts move into the view.
 pub fn view(mut history: History) -> Result<ReportView, ReceiptError> {
-    let feed = crate::history::steps::feed(&history);
     // Resolved once, so every folder below it is absolute and free of links above the
     // receipts folder: the pages link to logs relative to the (resolved) site folder
     // without resolving each path again.
@@ -73,6 +76,8 @@ pub fn view(mut history: History) -> Result<ReportView, ReceiptError> {
             c.points.remove(i);
         }
     }
+    // The steps of the runs shown (a run gc deleted meanwhile is not one).
+    let feed = crate::history::steps::feed(&history);
     let cells = history
         .cells
         .into_iter()
@@ -93,7 +98,7 @@ pub fn view(mut history: History) -> Result<ReportView, ReceiptError> {
                     view.points.push(Point::Absent);
                     continue;
                 };
-                let logs = facts.logs.as_deref().map(|rel| under(dir, rel));
+                let logs = facts.logs.as_deref().and_then(|rel| under(dir, rel));
                 if !facts.good {
                     view.last_failure = Some(Failure {
                         run: i,
@@ -238,5 +243,37 @@ fn run_view(summary: &crate::history::RunSummary, run: &RunReceipt, dir: PathBuf
         host: summary.host.clone(),
         environment,
         gpus,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_folder_stays_below_the_run_or_its_siblings() {
+        let run = Path::new("/r/c/m/run1");
+        assert_eq!(
+            under(run, "nodes/a-1/attempt-2"),
+            Some(PathBuf::from("/r/c/m/run1/nodes/a-1/attempt-2"))
+        );
+        assert_eq!(
+            under(run, "../run0/nodes/a-1/attempt-1"),
+            Some(PathBuf::from("/r/c/m/run0/nodes/a-1/attempt-1"))
+        );
+        assert_eq!(
+            under(run, "../nodes/a-1/attempt-1"),
+            Some(PathBuf::from("/r/c/m/nodes/a-1/attempt-1"))
+        );
+        for hostile in [
+            "../../etc",
+            "nodes/../../x",
+            "../run0/../../x",
+            "/etc/passwd",
+            "nodes//x",
+            "",
+        ] {
+            assert_eq!(under(run, hostile), None, "{hostile}");
+        }
     }
 }

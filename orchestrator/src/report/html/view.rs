@@ -56,7 +56,7 @@ pub struct CellView {
     pub points: Vec<Point>,
     /// The newest point whose verdict was not good, with its first failing check.
     pub last_failure: Option<Failure>,
-    /// The doors row of the newest receipt that has one.
+    /// The doors row of the newest receipt (none when that receipt has none).
     pub doors: Option<BTreeMap<String, Value>>,
 }
 
