@@ -101,9 +101,7 @@ impl RunSummary {
     /// Whether the run finished with every cell as expected (`pass` or `skipped`): a green
     /// night, what `last-green` names.
     pub fn green(&self) -> bool {
-        self.end.is_some()
-            && self.verdict != "running"
-            && self.counts.iter().all(|(v, n)| *n == 0 || v.as_expected())
+        crate::receipt::resolve::is_green(self.end.is_some(), &self.verdict, &self.counts)
     }
 
     /// How many cells were not as expected.

@@ -105,10 +105,42 @@ impl RunHead {
 
     /// Whether the run finished with every cell as expected (`pass` or `skipped`).
     pub fn green(&self) -> bool {
-        self.end.is_some()
-            && self.verdict != "running"
-            && self.counts.iter().all(|(v, n)| *n == 0 || v.as_expected())
+        is_green(self.end.is_some(), &self.verdict, &self.counts)
     }
+}
+
+/// Whether a run that `ended` (or not) with `verdict` and `counts` is green: finished with
+/// every cell as expected (`pass` or `skipped`). What `last-green` names, one rule for the
+/// trees, the run heads and the history index's summaries.
+pub fn is_green(
+    ended: bool,
+    verdict: &str,
+    counts: &std::collections::BTreeMap<crate::verdict::Verdict, usize>,
+) -> bool {
+    ended && verdict != "running" && counts.iter().all(|(v, n)| *n == 0 || v.as_expected())
+}
+
+/// The order of [`list_runs`], newest first, as a sort key: a run of unknown age last, then
+/// by start time and run id, newest first, then by folder.
+type NewestFirst = (
+    bool,
+    std::cmp::Reverse<Option<std::time::SystemTime>>,
+    std::cmp::Reverse<Option<String>>,
+    PathBuf,
+);
+
+fn newest_first(
+    start: &str,
+    id: &Option<String>,
+    dir: &Path,
+    now: std::time::SystemTime,
+) -> NewestFirst {
+    (
+        unknown_age_at(start, now),
+        std::cmp::Reverse(start_time(start)),
+        std::cmp::Reverse(id.clone()),
+        dir.to_path_buf(),
+    )
 }
 
 /// Where [`resolve_with`] gets the runs: every readable run under a receipts folder, newest
@@ -123,14 +155,7 @@ pub fn tree_heads(receipts: &Path) -> Result<Vec<RunHead>, FindError> {
 /// Orders heads newest first, as [`list_runs`] orders runs.
 pub fn sort_heads_newest_first(runs: &mut [RunHead]) {
     let now = std::time::SystemTime::now();
-    runs.sort_by_cached_key(|r| {
-        (
-            unknown_age_at(&r.start, now),
-            std::cmp::Reverse(start_time(&r.start)),
-            std::cmp::Reverse(r.id.clone()),
-            r.dir.clone(),
-        )
-    });
+    runs.sort_by_cached_key(|r| newest_first(&r.start, &r.id, &r.dir, now));
 }
 
 /// Every readable run under `receipts`, newest first (by start time, then run id). Folders
@@ -221,14 +246,7 @@ fn runs_in(manifest_dir: &Path, commit: &str, unreadable: &mut Vec<PathBuf>) -> 
 /// `latest` once the clock is right again.
 fn sort_newest_first(runs: &mut [FoundRun]) {
     let now = std::time::SystemTime::now();
-    runs.sort_by_cached_key(|r| {
-        (
-            unknown_age_at(&r.run.start, now),
-            std::cmp::Reverse(start_time(&r.run.start)),
-            std::cmp::Reverse(r.id.clone()),
-            r.dir.clone(),
-        )
-    });
+    runs.sort_by_cached_key(|r| newest_first(&r.run.start, &r.id, &r.dir, now));
 }
 
 /// How far ahead of this machine's clock a start time may be and still count as now
@@ -621,9 +639,7 @@ pub fn morning(receipts: &Path, manifest: Option<&str>) -> Result<Vec<Morning>, 
 
 /// Whether a run finished with every cell as expected (`pass` or `skipped`).
 pub fn green(r: &FoundRun) -> bool {
-    r.complete()
-        && r.run.verdict != "running"
-        && r.run.counts.iter().all(|(v, n)| *n == 0 || v.as_expected())
+    is_green(r.complete(), &r.run.verdict, &r.run.counts)
 }
 
 /// The UTC day of an RFC 3339 time.
