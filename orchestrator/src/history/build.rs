@@ -260,7 +260,7 @@ fn summary(run: &RunReceipt, commit: &str, rel: &str) -> RunSummary {
             .map(str::to_string),
         name: run.name.clone(),
         seconds: run.seconds,
-        carried: run.nodes.iter().filter(|n| n.carried.is_some()).count(),
+        carried: run.carried_count(),
         carried_from: run.carried_from.clone(),
     }
 }

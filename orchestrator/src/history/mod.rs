@@ -86,15 +86,11 @@ pub struct RunSummary {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seconds: Option<f64>,
     /// How many of its cells were carried from an earlier run.
-    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    #[serde(default, skip_serializing_if = "crate::receipt::is_zero")]
     pub carried: usize,
     /// The run `--rerun-failed` or `--exclude` carried from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub carried_from: Option<String>,
-}
-
-fn is_zero_usize(n: &usize) -> bool {
-    *n == 0
 }
 
 impl RunSummary {
@@ -165,15 +161,11 @@ pub struct CellFacts {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub moved_within: bool,
     /// How many check rows were at `warn`.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::receipt::is_zero")]
     pub warns: u32,
     /// The first warn row, as one line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
 }
 
 /// One run and all its cells: a line of the index.

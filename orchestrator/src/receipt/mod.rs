@@ -291,8 +291,9 @@ pub struct NodeIndexEntry {
     pub warning: Option<String>,
 }
 
-fn is_zero(n: &u32) -> bool {
-    *n == 0
+/// For `skip_serializing_if`: a count that is zero is left out.
+pub(crate) fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
 }
 
 /// Where a carried receipt lives: the run that measured it. Runs of one manifest and commit
@@ -407,6 +408,11 @@ pub struct RunReceipt {
 }
 
 impl RunReceipt {
+    /// How many of the run's cells were carried from an earlier run.
+    pub fn carried_count(&self) -> usize {
+        self.nodes.iter().filter(|n| n.carried.is_some()).count()
+    }
+
     /// The models of the run's GPUs, in inventory order (`?` for an entry without a name).
     pub fn gpu_names(&self) -> Vec<String> {
         self.inventory

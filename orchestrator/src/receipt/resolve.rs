@@ -93,7 +93,7 @@ impl RunHead {
             host: r.run.host.clone(),
             verdict: r.run.verdict.clone(),
             counts: r.run.counts.clone(),
-            carried: r.run.nodes.iter().filter(|n| n.carried.is_some()).count(),
+            carried: r.run.carried_count(),
             carried_from: r.run.carried_from.clone(),
         }
     }

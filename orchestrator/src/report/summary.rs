@@ -168,7 +168,7 @@ pub fn markdown(run: &RunReceipt) -> String {
     if let Some(id) = &run.run_id {
         let _ = writeln!(out, "Run `{id}`.\n");
     }
-    let carried = run.nodes.iter().filter(|n| n.carried.is_some()).count();
+    let carried = run.carried_count();
     if carried > 0 {
         let _ = writeln!(
             out,
