@@ -43,7 +43,7 @@ fn bare_loop() -> Duration {
 }
 
 /// One `memra-orch run` of the 1,000-arm manifest, receipts into a fresh folder.
-fn orchestrated(manifest: &Path, receipts: &Path) -> Duration {
+fn orchestrated(manifest: &Path, receipts: &Path, extra: &[&str]) -> Duration {
     let t = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_memra-orch"))
         .arg("run")
@@ -51,6 +51,7 @@ fn orchestrated(manifest: &Path, receipts: &Path) -> Duration {
         .arg("--receipts")
         .arg(receipts)
         .args(["--commit", "bench", "--jobs", "2", "--progress", "quiet"])
+        .args(extra)
         .output()
         .unwrap();
     let elapsed = t.elapsed();
@@ -73,17 +74,48 @@ fn main() {
     let manifest = manifest(dir.path());
     let mut bare = Vec::new();
     let mut orch = Vec::new();
+    let mut unpacked = Vec::new();
     for round in 0..ROUNDS {
         bare.push(bare_loop());
         orch.push(orchestrated(
             &manifest,
             &dir.path().join(format!("receipts-{round}")),
+            &[],
+        ));
+        unpacked.push(orchestrated(
+            &manifest,
+            &dir.path().join(format!("unpacked-{round}")),
+            &["--no-pack"],
         ));
     }
-    let tree = dir.path().join("receipts-0/bench/bench/nodes");
-    let receipts = std::fs::read_dir(&tree).map(|d| d.count()).unwrap_or(0);
-    assert_eq!(receipts, ARMS, "every arm has its receipt folder");
-    let (b, o) = (median(bare), median(orch));
+    // Every arm has its receipt: in the packed run's archive, in the other run's tree.
+    let run_dir = |receipts: &str| {
+        std::fs::read_dir(dir.path().join(receipts).join("bench/bench"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.join("run.json").is_file())
+            .unwrap()
+    };
+    let packed = run_dir("receipts-0").join("nodes.zip");
+    let receipts = memra_orch::packed::files_below(&packed.with_file_name("nodes"))
+        .unwrap()
+        .unwrap_or_default()
+        .iter()
+        .filter(|p| p.ends_with("receipt.json"))
+        .count();
+    assert_eq!(
+        receipts,
+        ARMS,
+        "every arm has its receipt in {}",
+        packed.display()
+    );
+    let tree = run_dir("unpacked-0").join("nodes");
+    assert_eq!(
+        std::fs::read_dir(&tree).map(|d| d.count()).unwrap_or(0),
+        ARMS
+    );
+    let (b, o, u) = (median(bare), median(orch), median(unpacked));
     let per = |d: Duration| d.as_secs_f64() * 1e3 / ARMS as f64;
     println!("{ARMS} trivial arms (`true`), 2 parallel, median of {ROUNDS} rounds");
     println!("| what                                       | wall s | ms per arm |");
@@ -94,12 +126,22 @@ fn main() {
         per(b)
     );
     println!(
-        "| memra-orch run --jobs 2 (receipt tree)     | {:>6.3} | {:>10.3} |",
+        "| memra-orch run --jobs 2 --no-pack (a tree) | {:>6.3} | {:>10.3} |",
+        u.as_secs_f64(),
+        per(u)
+    );
+    println!(
+        "| memra-orch run --jobs 2 (packed, default)  | {:>6.3} | {:>10.3} |",
         o.as_secs_f64(),
         per(o)
     );
     println!(
-        "| orchestration overhead                     | {:>6.3} | {:>10.3} |",
+        "| orchestration overhead, --no-pack          | {:>6.3} | {:>10.3} |",
+        (u.saturating_sub(b)).as_secs_f64(),
+        per(u.saturating_sub(b))
+    );
+    println!(
+        "| orchestration overhead, packed             | {:>6.3} | {:>10.3} |",
         (o.saturating_sub(b)).as_secs_f64(),
         per(o.saturating_sub(b))
     );

@@ -19,6 +19,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use memra_orch::plan::NodeKind;
@@ -233,8 +234,20 @@ fn write_run(receipts: &Path, shape: &Shape, night: usize, rerun_of: Option<&str
         nodes: entries,
     };
     write_json(&tree.run_json(), &run).unwrap();
+    // Filed as `run` files it: measured as a tree first (what a night cost before packing),
+    // then packed unless MEMRA_BENCH_UNPACKED is set.
+    let (bytes, files, dirs) = du(&tree.dir);
+    AS_TREES[0].fetch_add(bytes, Ordering::Relaxed);
+    AS_TREES[1].fetch_add(files, Ordering::Relaxed);
+    AS_TREES[2].fetch_add(dirs + 1, Ordering::Relaxed);
+    if std::env::var_os("MEMRA_BENCH_UNPACKED").is_none() {
+        memra_orch::receipt::pack::pack(&tree.dir).unwrap();
+    }
     id
 }
+
+/// Bytes, files and folders of the runs generated, measured as trees before packing.
+static AS_TREES: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
 
 /// Generates the year of `shape` under `receipts` unless a finished one is there.
 fn generate(receipts: &Path, shape: &Shape) {
@@ -256,7 +269,16 @@ fn generate(receipts: &Path, shape: &Shape) {
             reruns += 1;
         }
     }
-    std::fs::write(&done, "").unwrap();
+    std::fs::write(
+        &done,
+        format!(
+            "{} {} {}",
+            AS_TREES[0].load(Ordering::Relaxed),
+            AS_TREES[1].load(Ordering::Relaxed),
+            AS_TREES[2].load(Ordering::Relaxed)
+        ),
+    )
+    .unwrap();
     println!(
         "generated {} runs ({} reruns) of {} cells in {:.0} s",
         shape.nights + reruns,
@@ -320,6 +342,12 @@ fn bench(shape: &Shape, base: &Path, bin: &Path) {
     let receipts = dir.join("receipts");
     generate(&receipts, shape);
     let (bytes, files, dirs) = du(&receipts);
+    // What the runs took as trees, as the generator measured them before packing.
+    let trees: Vec<u64> = std::fs::read_to_string(receipts.join(".bench-year-done"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
     let site = dir.join("site");
     let site_30 = dir.join("site-30");
     let r = receipts.to_string_lossy().to_string();
@@ -382,6 +410,19 @@ fn bench(shape: &Shape, base: &Path, bin: &Path) {
         files,
         dirs
     );
+    if let [tb, tf, td] = trees[..] {
+        let runs = (shape.nights + shape.reruns) as f64;
+        println!(
+            "as trees (before packing): {:.2} GB, {tf} files + {td} folders; per night {:.2} MB \
+             and {:.0} entries as trees, {:.2} MB and {:.0} entries as filed ({:.2}×)\n",
+            tb as f64 / 1e9,
+            tb as f64 / runs / 1e6,
+            (tf + td) as f64 / runs,
+            bytes as f64 / runs / 1e6,
+            (files + dirs) as f64 / runs,
+            bytes as f64 / tb.max(1) as f64
+        );
+    }
     println!("| command | warm s (median of {WARM}) | cold s | peak MiB | target |");
     println!("|---|---:|---:|---:|---|");
     for (label, args, target) in &commands {

@@ -81,6 +81,47 @@ impl OpenError {
 /// Opens `rel`, a relative path below the attempt folder `attempt`, for reading: no link
 /// followed at any level below `attempt`, never blocking, a regular file only.
 pub fn open(attempt: &Path, rel: &Path) -> Result<File, OpenError> {
+    match open_here(attempt, rel) {
+        Err(OpenError::NotFound { path }) => {
+            from_pack(attempt, rel).unwrap_or(Err(OpenError::NotFound { path }))
+        }
+        other => other,
+    }
+}
+
+/// `rel` below `attempt` from the archive of a packed run (`receipt::pack`): a stored
+/// artifact opens as the store's object, any other member as an unnamed temporary file
+/// holding its bytes. `None` when `attempt` is not in a packed run or its archive has no
+/// such member.
+fn from_pack(attempt: &Path, rel: &Path) -> Option<Result<File, OpenError>> {
+    use crate::packed::{self as pack, Member};
+    let full = attempt.join(rel);
+    if normal_components(rel).is_err() {
+        return Some(Err(OpenError::Outside { path: full }));
+    }
+    let io = |error| OpenError::Io {
+        path: full.clone(),
+        error,
+    };
+    match pack::read(&full, pack::MAX_MEMBER) {
+        Ok(None) => None,
+        Ok(Some(Member::Folder)) => Some(Err(OpenError::NotRegular {
+            path: full.clone(),
+            what: "folder",
+        })),
+        Ok(Some(Member::Object(object))) => Some(open_path(&object)),
+        Ok(Some(Member::Bytes(bytes))) => Some((|| {
+            use std::io::{Seek as _, Write as _};
+            let mut file = tempfile::tempfile().map_err(io)?;
+            file.write_all(&bytes).map_err(io)?;
+            file.rewind().map_err(io)?;
+            Ok(file)
+        })()),
+        Err(error) => Some(Err(io(error))),
+    }
+}
+
+fn open_here(attempt: &Path, rel: &Path) -> Result<File, OpenError> {
     let (dir, last) = open_parent(attempt, rel)?;
     let full = attempt.join(rel);
     let fd = openat(
@@ -149,7 +190,12 @@ pub fn check_dir(attempt: &Path, rel: &Path) -> Result<bool, OpenError> {
 /// is an error naming it. A missing folder has no files.
 pub fn files_below(attempt: &Path, rel: &Path) -> Result<Vec<PathBuf>, OpenError> {
     if !check_dir(attempt, rel)? {
-        return Ok(Vec::new());
+        // A packed run's folder is in its archive.
+        let full = attempt.join(rel);
+        return match crate::packed::files_below(&full) {
+            Ok(found) => Ok(found.unwrap_or_default()),
+            Err(error) => Err(OpenError::Io { path: full, error }),
+        };
     }
     let root = attempt.join(rel);
     let mut out = Vec::new();

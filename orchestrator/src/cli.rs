@@ -148,6 +148,10 @@ pub struct RunArgs {
     /// Do not apply the manifest's `[retention]` when the run ends (delete nothing).
     #[arg(long)]
     pub no_retention: bool,
+    /// Leave the finished run's cell folders as a tree (`nodes/`) instead of packing them
+    /// into `nodes.zip` (receipts.md, "Packed runs").
+    #[arg(long)]
+    pub no_pack: bool,
     /// Commit id to file the receipts under (default: from git, with `-dirty` when the tree
     /// has uncommitted changes).
     #[arg(long)]
@@ -424,6 +428,33 @@ pub struct ShowArgs {
     /// `text`, or `json` (run.json or the node's receipt.json as stored).
     #[arg(long, value_enum, default_value_t = ShowFormat::Text)]
     pub format: ShowFormat,
+    /// Print one file of the node's last attempt as stored, from its folder or from a
+    /// packed run's archive: `stdout`, `stderr` or `checks` (checks.jsonl).
+    #[arg(long, value_enum, value_name = "FILE", requires = "node")]
+    pub log: Option<ShowLog>,
+    /// With `--log`: the attempt to read (its number, as `show RUN NODE` lists them)
+    /// instead of the last.
+    #[arg(long, value_name = "N", requires = "log")]
+    pub attempt: Option<u32>,
+}
+
+/// The files of an attempt `show --log` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ShowLog {
+    Stdout,
+    Stderr,
+    Checks,
+}
+
+impl ShowLog {
+    /// The file's name in the attempt folder.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            ShowLog::Stdout => "stdout.log",
+            ShowLog::Stderr => "stderr.log",
+            ShowLog::Checks => "checks.jsonl",
+        }
+    }
 }
 
 /// `show` and `ls` print text or the stored JSON; only the command layer chooses between
@@ -544,6 +575,11 @@ pub struct GcArgs {
     /// Print what would be deleted, delete nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Also pack every kept finished run that is still a tree of cell folders (runs filed
+    /// with `run --no-pack`, interrupted ones, those of older versions) into its
+    /// `nodes.zip`; alone, it packs and deletes nothing.
+    #[arg(long)]
+    pub pack: bool,
 }
 
 /// A size: `50G`, `800MiB`, `1.5T`, or bytes.

@@ -35,6 +35,7 @@ pub mod manifest;
 pub mod matrix;
 pub mod name_clash;
 pub mod notify;
+pub mod packed;
 pub mod plan;
 pub mod protocol;
 pub mod receipt;

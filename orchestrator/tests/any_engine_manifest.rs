@@ -42,7 +42,7 @@ fn include_vars_set_the_environment_without_renaming_the_cell() {
         ["eng[LLAMA_FLASH_ATTN=0]", "eng[LLAMA_FLASH_ATTN=1]"]
     );
     let seen = |f: &Fixture, id: &str| {
-        std::fs::read_to_string(f.attempt_dir(id, 1).join("artifacts/seen")).unwrap()
+        crate::run_support::read_text(&f.attempt_dir(id, 1).join("artifacts/seen")).unwrap()
     };
     assert_eq!(seen(&f, "eng[LLAMA_FLASH_ATTN=0]"), "0/\n");
     assert_eq!(seen(&f, "eng[LLAMA_FLASH_ATTN=1]"), "1/512\n");
@@ -160,7 +160,7 @@ fn cells_of_several_cpus_never_share_the_slots_they_hold() {
     );
     assert_eq!(f.run(&["--jobs", "3"]).status.code(), Some(0));
     let span = |id: &str| -> (f64, f64) {
-        let t = std::fs::read_to_string(f.attempt_dir(id, 1).join("artifacts/t")).unwrap();
+        let t = crate::run_support::read_text(&f.attempt_dir(id, 1).join("artifacts/t")).unwrap();
         let v: Vec<f64> = t.lines().map(|l| l.parse().unwrap()).collect();
         (v[0], v[1])
     };

@@ -7,7 +7,7 @@ use crate::diff_support::{HEADER, Repo, have_git};
 use serde_json::Value;
 
 fn read_json(path: &std::path::Path) -> Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    serde_json::from_slice(&crate::run_support::read_bytes(path).unwrap()).unwrap()
 }
 
 /// The receipt of the node `n` of run.json's node list (where the run carried it from,

@@ -88,8 +88,8 @@ fn xid_79_during_a_failing_attempt_is_a_device_fault_retried_on_the_twin() {
     assert_eq!(attempts[1]["n"], 2);
     assert_eq!(attempts[1]["gpu_health"][0]["gpu"], 1);
     assert!(
-        f.node_dir("decode").join("attempt-1").is_dir()
-            && f.node_dir("decode").join("attempt-2").is_dir(),
+        crate::run_support::is_dir_in_tree(&f.node_dir("decode").join("attempt-1"))
+            && crate::run_support::is_dir_in_tree(&f.node_dir("decode").join("attempt-2")),
         "the faulty attempt's folder is kept"
     );
     // The faulty GPU took no further cell.

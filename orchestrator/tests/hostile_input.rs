@@ -176,9 +176,9 @@ fn secrets_reach_the_gate_and_nothing_the_orchestrator_writes_or_prints() {
     assert_eq!(f.verdict("env"), "pass");
 
     // The child gets the real values.
-    let say = std::fs::read_to_string(f.attempt_dir("say", 1).join("stdout.log")).unwrap();
+    let say = crate::run_support::read_text(&f.attempt_dir("say", 1).join("stdout.log")).unwrap();
     assert_eq!(say, "--token\nargv-secret-tok\nid=marked-var-value\n");
-    let env = std::fs::read_to_string(f.attempt_dir("env", 1).join("stdout.log")).unwrap();
+    let env = crate::run_support::read_text(&f.attempt_dir("env", 1).join("stdout.log")).unwrap();
     assert_eq!(
         env,
         "seen: db-pass-hunter2 https://bob:url-pass-hunter3@example.com/pkg marked-var-value\n"
@@ -191,7 +191,8 @@ fn secrets_reach_the_gate_and_nothing_the_orchestrator_writes_or_prints() {
         if name == "stdout.log" || name == "stderr.log" {
             continue;
         }
-        let text = String::from_utf8_lossy(&std::fs::read(&file).unwrap()).into_owned();
+        let text =
+            String::from_utf8_lossy(&crate::run_support::read_bytes(&file).unwrap()).into_owned();
         for secret in CLEAR {
             assert!(
                 !text.contains(secret),
@@ -275,7 +276,8 @@ gpus = 0
     let mut seen = Vec::new();
     for c in &cells {
         let id = c["id"].as_str().unwrap();
-        let stdout = std::fs::read_to_string(f.attempt_dir(id, 1).join("stdout.log")).unwrap();
+        let stdout =
+            crate::run_support::read_text(&f.attempt_dir(id, 1).join("stdout.log")).unwrap();
         seen.push(stdout);
     }
     assert_eq!(

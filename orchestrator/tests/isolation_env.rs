@@ -39,7 +39,7 @@ fn caller_secrets_and_pins_never_reach_the_gate_or_the_receipts() {
         String::from_utf8_lossy(&out.stderr)
     );
     let artifacts = f.attempt_dir("dump", 1).join("artifacts");
-    let env = std::fs::read_to_string(artifacts.join("env.txt")).unwrap();
+    let env = crate::run_support::read_text(&artifacts.join("env.txt")).unwrap();
     // Manifest pins arrive, the caller's do not — not even MEMRA_MMVQ although it is listed
     // on the inherit list.
     assert!(env.lines().any(|l| l == "MEMRA_FA3=0"), "{env}");
@@ -64,7 +64,8 @@ fn caller_secrets_and_pins_never_reach_the_gate_or_the_receipts() {
     // Nothing of the caller's secret anywhere in the tree; the pinned secret is redacted in
     // the receipt (it is only in the artifact the gate itself wrote).
     for file in files_under(&f.tree()) {
-        let text = String::from_utf8_lossy(&std::fs::read(&file).unwrap()).into_owned();
+        let text =
+            String::from_utf8_lossy(&crate::run_support::read_bytes(&file).unwrap()).into_owned();
         assert!(
             !text.contains("hunter2"),
             "{} holds the caller's secret",
@@ -88,18 +89,20 @@ fn caller_secrets_and_pins_never_reach_the_gate_or_the_receipts() {
     assert_eq!(receipt["env"]["MEMRA_FA3"], "0");
     assert!(receipt["env"].get("SOME_CALLER_VAR").is_none());
 
-    let stdin = std::fs::read_to_string(artifacts.join("stdin.txt")).unwrap();
+    let stdin = crate::run_support::read_text(&artifacts.join("stdin.txt")).unwrap();
     assert_eq!(stdin.trim(), "stdin empty");
-    let pid = std::fs::read_to_string(artifacts.join("pid.txt")).unwrap();
-    let pgid = std::fs::read_to_string(artifacts.join("pgid.txt")).unwrap();
+    let pid = crate::run_support::read_text(&artifacts.join("pid.txt")).unwrap();
+    let pgid = crate::run_support::read_text(&artifacts.join("pgid.txt")).unwrap();
     assert_eq!(
         pid.trim(),
         pgid.trim(),
         "the gate must lead its own process group"
     );
-    let tmpdir = std::fs::read_to_string(artifacts.join("tmpdir.txt")).unwrap();
+    let tmpdir = crate::run_support::read_text(&artifacts.join("tmpdir.txt")).unwrap();
     let tmpdir = tmpdir.trim();
-    assert!(artifacts.join("tmpdir-writable.txt").exists());
+    assert!(crate::run_support::is_file_in_tree(
+        &artifacts.join("tmpdir-writable.txt")
+    ));
     assert!(
         !tmpdir.is_empty() && !std::path::Path::new(tmpdir).exists(),
         "TMPDIR {tmpdir} was not removed"

@@ -44,7 +44,7 @@ timeout = "{limit}s"
     assert_eq!(r["attempts"][0]["signal"], 15, "{r:#}");
     let pid_file = f.attempt_dir("hang", 1).join("artifacts/grandchild.pid");
     // Absent, or empty when the timeout struck between opening the file and writing it.
-    let pid = std::fs::read_to_string(&pid_file)
+    let pid = crate::run_support::read_text(&pid_file)
         .ok()
         .and_then(|p| p.trim().parse().ok());
     (f, pid)
@@ -86,11 +86,12 @@ gpus = 0
 "#,
     );
     assert_eq!(f.run(&[]).status.code(), Some(0));
-    let pid: i32 = std::fs::read_to_string(f.attempt_dir("orphan", 1).join("artifacts/orphan.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid: i32 =
+        crate::run_support::read_text(&f.attempt_dir("orphan", 1).join("artifacts/orphan.pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
     assert!(
         eventually(DEATH, || !alive(pid)),
         "the gate's background process {pid} survived: {}",

@@ -33,7 +33,7 @@ struct Seen {
 fn seen(f: &Fixture, attempt: u32) -> Seen {
     let dir = f.attempt_dir("tmp", attempt).join("artifacts");
     let read = |name: &str| {
-        std::fs::read_to_string(dir.join(name))
+        crate::run_support::read_text(&dir.join(name))
             .unwrap_or_else(|e| panic!("{name}: {e}"))
             .trim()
             .to_string()

@@ -35,6 +35,7 @@ mod manifest_matrix;
 mod manifests_gpu;
 mod output_cap;
 mod output_memory;
+mod packed_runs;
 mod plan_output;
 mod process_lifetime;
 mod python_gates;

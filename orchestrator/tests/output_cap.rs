@@ -54,7 +54,7 @@ run = ["{gates}/pass.sh"]
             1,
             "{receipt:#}"
         );
-        let bytes = std::fs::read(f.attempt_dir(id, 1).join(log)).unwrap();
+        let bytes = crate::run_support::read_bytes(&f.attempt_dir(id, 1).join(log)).unwrap();
         let marker =
             format!("\n[memra-orch: {log} cut at max_output = \"{text}\"; the gate was stopped]\n");
         assert_eq!(bytes.len() as u64, cap + marker.len() as u64);

@@ -248,7 +248,10 @@ fn without_attest_a_gate_reporting_reads_is_still_held_to_what_its_pairs_vary() 
 fn inode(tree: &Path, cell: &str, name: &str) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let node = crate::run_support::node_dir_in(tree, cell);
-    std::fs::metadata(node.join("attempt-1/artifacts").join(name))
+    // From the folder, or the store's object a packed run's archive links to.
+    memra_orch::attempt_file::open_path(&node.join("attempt-1/artifacts").join(name))
+        .unwrap()
+        .metadata()
         .unwrap()
         .ino()
 }
@@ -278,6 +281,8 @@ fn identical_artifacts_are_stored_once_across_cells_and_nights_and_gc_sweeps_the
         std::fs::read_dir(store)
             .map(|d| {
                 d.flatten()
+                    // The shards; `.lock` beside them is the store's lock.
+                    .filter(|s| s.file_type().is_ok_and(|t| t.is_dir()))
                     .map(|s| std::fs::read_dir(s.path()).unwrap().count())
                     .sum()
             })

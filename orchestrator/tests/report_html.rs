@@ -282,13 +282,14 @@ fn the_report_renders_in_chromium_with_cells_verdicts_markers_and_plots() {
         cell.contains("<td data-door=\"backend\">cpu</td>"),
         "{cell}"
     );
-    // The log links lead into the receipts tree, to files that exist.
+    // The log links lead into the receipts tree, to each packed run's archive, which
+    // exists.
     let here = site.join("cells");
     let logs: Vec<&str> = cell
         .split("href=\"")
         .skip(1)
         .filter_map(|s| s.split('"').next())
-        .filter(|h| h.ends_with("stderr.log"))
+        .filter(|h| h.ends_with("nodes.zip"))
         .collect();
     assert_eq!(logs.len(), 3, "one per run: {cell}");
     for l in logs {
@@ -419,13 +420,15 @@ fn what_a_gate_wrote_renders_as_text_never_as_markup() {
 /// run that measured them, which exists; the failing cell's page names its first failing
 /// check. What the page shows of a run comes from the history index and `run.json`: with
 /// every receipt of the first run made unreadable after it was indexed, the pages are the
-/// same bytes (the report reads a cell's receipt only for its newest doors row).
+/// same bytes (the report reads a cell's receipt only for its newest doors row). The runs
+/// are filed as trees (`--no-pack`) so that single receipts can be spoiled.
 #[test]
 fn carried_points_link_the_measuring_run_and_pages_come_from_the_index() {
     let fx = Fixture::new(MANIFEST);
     let state = fx.path().join("flip-state");
     std::fs::write(&state, "pass").unwrap();
     let out = fx.run(&[
+        "--no-pack",
         "--gpus",
         "none",
         "--var",
@@ -435,6 +438,7 @@ fn carried_points_link_the_measuring_run_and_pages_come_from_the_index() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     let out = fx.run(&[
+        "--no-pack",
         "--gpus",
         "none",
         "--rerun-failed",

@@ -98,7 +98,7 @@ fn a_run_that_fills_the_disk_ends_disk_full_with_a_final_run_json() {
     let before: Vec<(PathBuf, Vec<u8>)> = files_under(&earlier)
         .into_iter()
         .map(|p| {
-            let b = std::fs::read(&p).unwrap();
+            let b = crate::run_support::read_bytes(&p).unwrap();
             (p, b)
         })
         .collect();
@@ -151,7 +151,12 @@ fn a_run_that_fills_the_disk_ends_disk_full_with_a_final_run_json() {
         );
     }
     for (p, b) in &before {
-        assert_eq!(&std::fs::read(p).unwrap(), b, "{} changed", p.display());
+        assert_eq!(
+            &crate::run_support::read_bytes(p).unwrap(),
+            b,
+            "{} changed",
+            p.display()
+        );
     }
 }
 

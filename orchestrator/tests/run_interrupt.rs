@@ -83,7 +83,7 @@ run = ["{gates}/pass.sh"]
     let interrupted_files: Vec<(PathBuf, Vec<u8>)> = files_under(&interrupted)
         .into_iter()
         .map(|p| {
-            let bytes = std::fs::read(&p).unwrap();
+            let bytes = crate::run_support::read_bytes(&p).unwrap();
             (p, bytes)
         })
         .collect();
@@ -117,7 +117,7 @@ run = ["{gates}/pass.sh"]
     assert_eq!(f.receipt("quick")["attempts"][0]["start"], quick_start);
     for (path, bytes) in &interrupted_files {
         assert_eq!(
-            &std::fs::read(path).unwrap(),
+            &crate::run_support::read_bytes(path).unwrap(),
             bytes,
             "{} changed",
             path.display()

@@ -202,12 +202,49 @@ pub fn logged(out: Output) -> Output {
     out
 }
 
+/// A file of a receipt tree, from its folder or, once the run is packed, from its
+/// `nodes.zip` (as every memra-orch reader finds it).
+pub fn read_bytes(path: &Path) -> std::io::Result<Vec<u8>> {
+    match std::fs::read(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut file = memra_orch::attempt_file::open_path(path)
+                .map_err(|o| std::io::Error::new(std::io::ErrorKind::NotFound, o.to_string()))?;
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut file, &mut bytes)?;
+            Ok(bytes)
+        }
+        other => other,
+    }
+}
+
+/// Whether `path` is a file of a receipt tree, in its folder or in its packed run's archive.
+pub fn is_file_in_tree(path: &Path) -> bool {
+    path.is_file()
+        || matches!(
+            memra_orch::packed::read(path, 0),
+            Ok(Some(memra_orch::packed::Member::Object(_)))
+        )
+        || memra_orch::attempt_file::open_path(path).is_ok()
+}
+
+/// Whether `path` is a folder of a receipt tree, in its folder or in its packed run's
+/// archive.
+pub fn is_dir_in_tree(path: &Path) -> bool {
+    path.is_dir() || memra_orch::packed::has_folder(path)
+}
+
+/// [`read_bytes`] as text.
+pub fn read_text(path: &Path) -> std::io::Result<String> {
+    read_bytes(path).map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
 pub fn read_json(path: &Path) -> Value {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = read_text(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// Every file under a folder.
+/// Every file under a folder, and every file a packed run's `nodes.zip` there holds (by
+/// its path in the tree it was, `<run>/nodes/…`; read them with [`read_bytes`]).
 pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -219,6 +256,13 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
             if kind.is_dir() {
                 stack.push(e.path())
             } else if !kind.is_symlink() {
+                if e.file_name() == "nodes.zip" {
+                    let nodes = d.join("nodes");
+                    let members = memra_orch::packed::files_below(&nodes)
+                        .unwrap_or_else(|e| panic!("{}: {e}", e))
+                        .unwrap_or_default();
+                    out.extend(members.into_iter().map(|m| nodes.join(m)));
+                }
                 out.push(e.path())
             }
         }

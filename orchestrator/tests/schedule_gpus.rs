@@ -49,10 +49,11 @@ fn arms_get_exclusive_devices_and_impossible_requests_are_skipped() {
             r["verdict"],
             "pass",
             "{r:#}\nstderr: {}",
-            std::fs::read_to_string(f.attempt_dir(id, 1).join("stderr.log")).unwrap_or_default()
+            crate::run_support::read_text(&f.attempt_dir(id, 1).join("stderr.log"))
+                .unwrap_or_default()
         );
-        let d =
-            std::fs::read_to_string(f.attempt_dir(id, 1).join("artifacts/devices.txt")).unwrap();
+        let d = crate::run_support::read_text(&f.attempt_dir(id, 1).join("artifacts/devices.txt"))
+            .unwrap();
         devices.insert(d.trim().to_string());
         assert_eq!(r["gpus"].as_array().unwrap().len(), 1);
         let a = &r["attempts"][0];
@@ -76,8 +77,8 @@ fn arms_get_exclusive_devices_and_impossible_requests_are_skipped() {
         "arms did not run concurrently: starts {starts:?}, ends {ends:?}"
     );
 
-    let two =
-        std::fs::read_to_string(f.attempt_dir("two", 1).join("artifacts/devices.txt")).unwrap();
+    let two = crate::run_support::read_text(&f.attempt_dir("two", 1).join("artifacts/devices.txt"))
+        .unwrap();
     let two: Vec<&str> = two.trim().split(',').collect();
     assert_eq!(two.len(), 2, "{two:?}");
     assert_ne!(two[0], two[1]);
@@ -113,6 +114,7 @@ gpus = 0
 "#,
     );
     assert_eq!(f.run(&["--gpus", "fake:2"]).status.code(), Some(0));
-    let d = std::fs::read_to_string(f.attempt_dir("cpu", 1).join("artifacts/devices.txt")).unwrap();
+    let d = crate::run_support::read_text(&f.attempt_dir("cpu", 1).join("artifacts/devices.txt"))
+        .unwrap();
     assert_eq!(d.trim(), "");
 }

@@ -229,7 +229,7 @@ fn spool(f: &Fixture) -> PathBuf {
 }
 
 fn devices(f: &Fixture, id: &str) -> String {
-    std::fs::read_to_string(f.attempt_dir(id, 1).join("artifacts/devices.txt"))
+    crate::run_support::read_text(&f.attempt_dir(id, 1).join("artifacts/devices.txt"))
         .unwrap()
         .trim()
         .to_string()

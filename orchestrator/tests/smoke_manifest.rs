@@ -173,9 +173,15 @@ fn the_smoke_battery_runs_every_node_as_expected() {
                 .join(n["slug"].as_str().unwrap())
                 .join(format!("attempt-{}", a["n"]));
             for f in ["stdout.log", "stderr.log", "checks.jsonl"] {
-                assert!(attempt.join(f).is_file(), "{} lacks {f}", attempt.display());
+                assert!(
+                    crate::run_support::is_file_in_tree(&attempt.join(f)),
+                    "{} lacks {f}",
+                    attempt.display()
+                );
             }
-            assert!(attempt.join("artifacts").is_dir());
+            assert!(crate::run_support::is_dir_in_tree(
+                &attempt.join("artifacts")
+            ));
         }
     }
 

@@ -567,7 +567,7 @@ gpus = 0
         got,
         std::fs::read_to_string(dir.path().join("json.txt")).unwrap(),
         std::fs::read_to_string(f.tree().join("summary.json")).unwrap(),
-        std::fs::read_to_string(f.node_dir("leaky").join("receipt.json")).unwrap(),
+        crate::run_support::read_text(&f.node_dir("leaky").join("receipt.json")).unwrap(),
     ] {
         assert!(!text.contains("SECRETVALUE"), "{text}");
     }

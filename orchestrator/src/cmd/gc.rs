@@ -51,13 +51,22 @@ pub fn command(args: &GcArgs) -> ExitCode {
         );
         return ExitCode::Usage;
     }
-    if retention.is_empty() {
+    if retention.is_empty() && !args.pack {
         eprintln!(
             "memra-orch gc: say what to keep: --keep N (the newest N runs of each manifest),              --older-than DURATION (e.g. 90d) and/or --max-size SIZE (e.g. 50G)"
         );
         return ExitCode::Usage;
     }
     let mut seen = std::collections::HashSet::new();
+    if retention.is_empty() {
+        // `gc --pack` alone: pack, delete nothing.
+        let failed = pack_kept(&runs, &[], args);
+        return if args.dry_run {
+            ExitCode::Ok
+        } else {
+            finish_store(&receipts, failed)
+        };
+    }
     let decided = plan(
         &runs,
         &retention,
@@ -168,24 +177,8 @@ pub fn command(args: &GcArgs) -> ExitCode {
         for name in names {
             let _ = crate::history::index::prune(&receipts, name);
         }
-        // Artifacts no run links any more leave the store.
-        let store = crate::receipt::store::store_dir(&receipts);
-        match crate::receipt::store::sweep(&store) {
-            Ok(s) if s.objects > 0 => println!(
-                "removed {} stored artifact{} ({} bytes) that no kept run holds",
-                s.objects,
-                if s.objects == 1 { "" } else { "s" },
-                s.bytes
-            ),
-            Ok(_) => {}
-            Err(e) => {
-                eprintln!(
-                    "memra-orch gc: {}: cannot sweep the artifact store: {e}",
-                    store.display()
-                );
-                failed = true;
-            }
-        }
+        failed |= pack_kept(&runs, doomed, args);
+        failed |= sweep_store(&receipts);
     }
     let mut limits = Vec::new();
     if let Some(k) = args.keep {
@@ -226,6 +219,104 @@ pub fn command(args: &GcArgs) -> ExitCode {
     // A tree kept because a run holds it, or one the file system would not let go, means
     // the request was not fully met; it is not a fault of memra-orch.
     if failed {
+        ExitCode::NotAsExpected
+    } else {
+        ExitCode::Ok
+    }
+}
+
+/// Packs the kept runs (`runs` less `doomed`, of `--manifest` when given) that hold a tree
+/// of cell folders: with `--pack` every finished one, and always the ones a packer stopped
+/// while removing their tree (their archive is complete). A run in progress holds its
+/// manifest folder's lock and is left alone. Whether anything failed.
+fn pack_kept(
+    runs: &[crate::receipt::resolve::FoundRun],
+    doomed: &[std::path::PathBuf],
+    args: &GcArgs,
+) -> bool {
+    use crate::receipt::pack;
+    let mut failed = false;
+    let (mut packed, mut files) = (0usize, 0u64);
+    for run in runs {
+        if run.id.is_none()
+            || doomed.contains(&run.dir)
+            || args.manifest.as_ref().is_some_and(|m| &run.run.name != m)
+            || !run.dir.join("nodes").is_dir()
+        {
+            continue;
+        }
+        let leftover = run.dir.join(pack::PACK).exists();
+        if !leftover && (!args.pack || run.run.verdict == "running") {
+            continue;
+        }
+        if args.dry_run {
+            println!("would pack {}", run.dir.display());
+            continue;
+        }
+        let Some(manifest_dir) = run.dir.parent() else {
+            continue;
+        };
+        // Held only while this run is packed, as `delete` does.
+        let lock = match crate::receipt::tree::RunLock::acquire_as(manifest_dir, true) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("memra-orch gc: not packed {}: {e}", run.dir.display());
+                failed = true;
+                continue;
+            }
+        };
+        match pack::pack(&run.dir) {
+            Ok(Some(p)) => {
+                packed += 1;
+                files += p.files + p.linked;
+                if let Some(left) = p.left {
+                    eprintln!("memra-orch gc: packed {}, but {left}", run.dir.display());
+                    failed = true;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("memra-orch gc: not packed {}: {e}", run.dir.display());
+                failed = true;
+            }
+        }
+        drop(lock);
+    }
+    if packed > 0 {
+        println!(
+            "packed {packed} run{} ({files} files) into their nodes.zip",
+            if packed == 1 { "" } else { "s" }
+        );
+    }
+    failed
+}
+
+/// Artifacts no kept run links any more leave the store. Whether that failed.
+fn sweep_store(receipts: &Path) -> bool {
+    let store = crate::receipt::store::store_dir(receipts);
+    match crate::receipt::store::sweep(&store) {
+        Ok(s) if s.objects > 0 => {
+            println!(
+                "removed {} stored artifact{} ({} bytes) that no kept run holds",
+                s.objects,
+                if s.objects == 1 { "" } else { "s" },
+                s.bytes
+            );
+            false
+        }
+        Ok(_) => false,
+        Err(e) => {
+            eprintln!(
+                "memra-orch gc: {}: cannot sweep the artifact store: {e}",
+                store.display()
+            );
+            true
+        }
+    }
+}
+
+fn finish_store(receipts: &Path, failed: bool) -> ExitCode {
+    if failed | sweep_store(receipts) {
         ExitCode::NotAsExpected
     } else {
         ExitCode::Ok

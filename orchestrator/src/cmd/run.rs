@@ -362,6 +362,21 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     if let Some(s) = &mut stream {
         s.finish_run(writer.run(), code);
     }
+    // Packed while the run lock is held: nothing else writes the tree. A run that was
+    // interrupted or could not file its receipts stays a tree, as does one packing refuses.
+    if !args.no_pack && written.is_ok() && outcome.disk_full.is_none() && !outcome.interrupted {
+        match crate::receipt::pack::pack(&tree.dir) {
+            Ok(Some(p)) if p.left.is_some() => {
+                eprintln!(
+                    "memra-orch run: packed into {}, but {}",
+                    tree.dir.join(crate::receipt::pack::PACK).display(),
+                    p.left.unwrap_or_default()
+                );
+            }
+            Ok(_) => {}
+            Err(e) => eprintln!("memra-orch run: not packed: {e}"),
+        }
+    }
     // The run is filed: its manifest folder is free for others (and for retention).
     drop(lock);
     if plan.notify.is_some() && args.no_notify {

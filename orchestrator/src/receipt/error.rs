@@ -208,6 +208,9 @@ pub enum FindError {
         if matches.len() > 5 { ", …" } else { "" }
     )]
     ManyNodes { query: String, matches: Vec<String> },
+    /// `show --log`: the file asked for could not be read (why, with the node).
+    #[error("{0}")]
+    NoLog(String),
     #[error(
         "{spec:?} is the start of {} run ids ({}{}); give more of the id",
         matches.len(),

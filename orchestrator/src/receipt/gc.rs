@@ -202,10 +202,31 @@ pub fn run_bytes(dir: &Path, seen: &mut std::collections::HashSet<(u64, u64)>) -
                 stack.push(e.path());
             } else if m.is_file() && seen.insert((m.dev(), m.ino())) {
                 total += m.len();
+                // A packed run's stored artifacts are the store's objects its archive
+                // links to.
+                if d == dir && e.file_name() == super::pack::PACK {
+                    total += linked_bytes(&e.path(), seen);
+                }
             }
         }
     }
     total
+}
+
+/// The bytes of the store's objects the archive `pack` links to that were not counted yet.
+fn linked_bytes(pack: &Path, seen: &mut std::collections::HashSet<(u64, u64)>) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Some(receipts) = pack.ancestors().nth(4) else {
+        return 0;
+    };
+    let store = super::store::store_dir(receipts);
+    super::pack::links(pack)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|sha| std::fs::symlink_metadata(store.join(&sha[..2]).join(sha)).ok())
+        .filter(|m| m.is_file() && seen.insert((m.dev(), m.ino())))
+        .map(|m| m.len())
+        .sum()
 }
 
 /// The prefix of a run moved aside for deletion (`.gc-<name>-<pid>`), in its manifest

@@ -10,6 +10,7 @@ pub mod error;
 pub mod gc;
 pub mod load;
 pub mod own_outputs;
+pub mod pack;
 pub mod resolve;
 pub mod store;
 pub mod tree;
@@ -607,7 +608,20 @@ pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>,
         .open(path)
     {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        // A packed run keeps its cells' files in its archive.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return match crate::packed::read(path, crate::packed::MAX_MEMBER) {
+                Ok(Some(crate::packed::Member::Bytes(bytes))) => serde_json::from_slice(&bytes)
+                    .map(Some)
+                    .map_err(|e| ReceiptError::new(path, Kind::Format(e))),
+                Ok(Some(_)) => Err(ReceiptError::new(
+                    path,
+                    Kind::Read(std::io::Error::other("not a plain file")),
+                )),
+                Ok(None) => Ok(None),
+                Err(e) => Err(ReceiptError::new(path, Kind::Read(e))),
+            };
+        }
         Err(e) => return Err(ReceiptError::new(path, Kind::Read(e))),
     };
     match file.metadata() {

@@ -27,7 +27,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// The store's folder name under the receipts folder.
-pub const STORE_DIR: &str = ".memra-store";
+pub use crate::packed::STORE_DIR;
 
 /// The store of the receipts folder `receipts`.
 pub fn store_dir(receipts: &Path) -> PathBuf {
@@ -178,6 +178,41 @@ fn read_full(f: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
+/// Takes the store's lock (`<store>/.lock`, an OS lock that dies with its holder), creating
+/// the store when it is missing. Packing a run holds it from checking that the objects its
+/// archive links to are stored until the archive is in place, and [`sweep`] holds it
+/// throughout, so an object an archive links to is never swept.
+pub fn lock(store: &Path) -> std::io::Result<File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(store)?;
+    let path = store.join(".lock");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a plain file",
+            path.display()
+        )));
+    }
+    loop {
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(file);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// What [`sweep`] removed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Swept {
@@ -186,11 +221,25 @@ pub struct Swept {
 }
 
 /// Removes every object no attempt folder links any more (its link count is 1: the store's
-/// own name), and temporaries an interrupted intern left more than an hour ago. Only plain files named by a sha256 inside two-hex-digit folders are touched;
-/// anything else under the store is left alone. Runs under way add links as they go, so an
-/// object added this instant has two links already.
+/// own name) and no packed run's archive links to, and temporaries an interrupted intern
+/// left more than an hour ago. Only plain files named by a sha256 inside two-hex-digit
+/// folders are touched; anything else under the store is left alone. Runs under way add
+/// links as they go, so an object added this instant has two links already; the archives
+/// are read under the store's lock ([`lock`]), which a packer holds until its archive is in
+/// place. An archive that cannot be read stops the sweep: what it links to is unknown.
 pub fn sweep(store: &Path) -> std::io::Result<Swept> {
     let mut swept = Swept::default();
+    if std::fs::symlink_metadata(store).is_err() {
+        return Ok(swept);
+    }
+    let _lock = lock(store)?;
+    let receipts = store.parent().unwrap_or(Path::new("."));
+    let mut linked = std::collections::HashSet::new();
+    for pack in packs(receipts) {
+        let names = crate::packed::links(&pack)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", pack.display())))?;
+        linked.extend(names);
+    }
     let shards = match std::fs::read_dir(store) {
         Ok(s) => s,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(swept),
@@ -218,7 +267,11 @@ pub fn sweep(store: &Path) -> std::io::Result<Swept> {
                     .ok()
                     .and_then(|m| m.elapsed().ok())
                     .is_some_and(|age| age > std::time::Duration::from_secs(3600));
-            if is_object && meta.file_type().is_file() && meta.nlink() == 1 {
+            if is_object
+                && meta.file_type().is_file()
+                && meta.nlink() == 1
+                && !linked.contains(&oname)
+            {
                 // One object that cannot go (another user's) does not stop the sweep.
                 if std::fs::remove_file(object.path()).is_ok() {
                     swept.objects += 1;
@@ -233,6 +286,36 @@ pub fn sweep(store: &Path) -> std::io::Result<Swept> {
         let _ = std::fs::remove_dir(shard.path());
     }
     Ok(swept)
+}
+
+/// The archives of every packed run under `receipts` (`<commit>/<manifest>/<run id>/`
+/// `nodes.zip`, plain files only).
+fn packs(receipts: &Path) -> Vec<PathBuf> {
+    let dirs = |p: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(p)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .map(|e| e.path())
+            .collect()
+    };
+    let mut out = Vec::new();
+    for commit in dirs(receipts) {
+        for manifest in dirs(&commit) {
+            for run in dirs(&manifest) {
+                let pack = run.join(crate::packed::PACK);
+                let is_run = run
+                    .file_name()
+                    .is_some_and(|n| super::tree::is_run_id(&n.to_string_lossy()));
+                if is_run && std::fs::symlink_metadata(&pack).is_ok_and(|m| m.is_file()) {
+                    out.push(pack);
+                }
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -133,7 +133,16 @@ pub fn node_text(run: &LoadedRun, r: &NodeReceipt) -> String {
             reason.replace('\n', "\n             ")
         );
     }
-    let _ = writeln!(out, "  folder:    {}", tree.node_dir(&r.slug).display());
+    // A packed run keeps the folder in its archive (`receipt::pack`).
+    let packed = crate::receipt::pack::locate(&tree.node_dir(&r.slug)).map(|(p, _)| p);
+    match &packed {
+        Some(pack) => {
+            let _ = writeln!(out, "  folder:    nodes/{} in {}", r.slug, pack.display());
+        }
+        None => {
+            let _ = writeln!(out, "  folder:    {}", tree.node_dir(&r.slug).display());
+        }
+    }
     if !r.argv.is_empty() {
         let _ = writeln!(out, "  command:   {}", r.argv.join(" "));
         let _ = writeln!(out, "  cwd:       {}", r.cwd);
@@ -201,11 +210,23 @@ pub fn node_text(run: &LoadedRun, r: &NodeReceipt) -> String {
             }
         }
         if let Some(last) = r.last_attempt_dir() {
-            let _ = writeln!(
-                out,
-                "  logs of the last attempt: {}",
-                tree.node_dir(&r.slug).join(last).display()
-            );
+            match &packed {
+                Some(_) => {
+                    let _ = writeln!(
+                        out,
+                        "  logs of the last attempt: nodes/{}/{last} in the archive; print one \
+                         with `show RUN NODE --log stdout` (or stderr, checks)",
+                        r.slug
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "  logs of the last attempt: {}",
+                        tree.node_dir(&r.slug).join(last).display()
+                    );
+                }
+            }
         }
     }
     if !r.checks.is_empty() {

@@ -78,6 +78,9 @@ pub fn view(mut history: History) -> Result<ReportView, ReceiptError> {
     }
     // The steps of the runs shown (a run gc deleted meanwhile is not one).
     let feed = crate::history::steps::feed(&history);
+    // Whether each run folder a point's logs are in is packed (one look per run).
+    let mut packed_runs: std::collections::HashMap<PathBuf, bool> =
+        std::collections::HashMap::new();
     let cells = history
         .cells
         .into_iter()
@@ -99,6 +102,14 @@ pub fn view(mut history: History) -> Result<ReportView, ReceiptError> {
                     continue;
                 };
                 let logs = facts.logs.as_deref().and_then(|rel| under(dir, rel));
+                let packed = logs.as_ref().and_then(|l| {
+                    let run = l.ancestors().nth(3)?;
+                    let is_packed = *packed_runs.entry(run.to_path_buf()).or_insert_with(|| {
+                        std::fs::symlink_metadata(run.join(crate::receipt::pack::PACK))
+                            .is_ok_and(|m| m.is_file())
+                    });
+                    is_packed.then(|| crate::receipt::pack::locate(l)).flatten()
+                });
                 if !facts.good {
                     view.last_failure = Some(Failure {
                         run: i,
@@ -135,6 +146,7 @@ pub fn view(mut history: History) -> Result<ReportView, ReceiptError> {
                     seconds: facts.seconds,
                     carried: facts.carried_from.is_some(),
                     logs: logs.clone(),
+                    packed,
                     warns: facts.warns,
                     warning: facts.warning,
                     code_known: facts.code_known,

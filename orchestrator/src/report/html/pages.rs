@@ -388,19 +388,29 @@ fn history_table(b: &mut String, view: &ReportView, cell: &CellView, here: &Path
                 );
             }
             Point::Present(s) => {
-                let logs = s
-                    .logs
-                    .as_deref()
-                    .map(|dir| {
-                        // Absolute below the resolved receipts folder (see build::view).
-                        let link = match dir.strip_prefix(&view.receipts) {
-                            Ok(rel) => format!("{to_receipts}/{}", href(rel)),
-                            Err(_) => href(&relative(here, dir)),
-                        };
-                        format!(
-                            "<a href=\"{link}/stdout.log\">stdout.log</a> \
+                let in_pack = s.packed.as_ref().map(|(pack, member)| {
+                    let link = match pack.strip_prefix(&view.receipts) {
+                        Ok(rel) => format!("{to_receipts}/{}", href(rel)),
+                        Err(_) => href(&relative(here, pack)),
+                    };
+                    format!(
+                        "<a href=\"{link}\" title=\"{}\">logs in nodes.zip</a>",
+                        html(member)
+                    )
+                });
+                let logs = in_pack
+                    .or_else(|| {
+                        s.logs.as_deref().map(|dir| {
+                            // Absolute below the resolved receipts folder (see build::view).
+                            let link = match dir.strip_prefix(&view.receipts) {
+                                Ok(rel) => format!("{to_receipts}/{}", href(rel)),
+                                Err(_) => href(&relative(here, dir)),
+                            };
+                            format!(
+                                "<a href=\"{link}/stdout.log\">stdout.log</a> \
                              <a href=\"{link}/stderr.log\">stderr.log</a>"
-                        )
+                            )
+                        })
                     })
                     .unwrap_or_default();
                 let _ = write!(

@@ -86,6 +86,8 @@ pub struct Sample {
     pub carried: bool,
     /// The folder of its last attempt (logs), when the receipt has attempts.
     pub logs: Option<PathBuf>,
+    /// When the run is packed: its archive and the folder's name in it (`nodes/…`).
+    pub packed: Option<(PathBuf, String)>,
     /// Check rows at `warn`, and the first of them as one line.
     pub warns: u32,
     pub warning: Option<String>,
@@ -176,6 +178,7 @@ pub(crate) mod tests {
             seconds: 1.0,
             carried: false,
             logs: None,
+            packed: None,
             warns: 0,
             warning: None,
             code_known: true,
