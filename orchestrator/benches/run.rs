@@ -1,32 +1,32 @@
-//! Overhead of `memra-orch run` per arm: 1,000 trivial arms (`true`) at `--jobs 2`, next to
-//! the same 1,000 processes spawned by a bare loop on two threads, in the same process.
-//! Prints a table; `cargo bench -p memra-orch --bench run`.
+//! Overhead of `memra-orch run` per arm: 224 (the shipped nightly's cell count) and 1,000
+//! trivial arms (`true`) at `--jobs 2`, packed (the default) and `--no-pack`, next to the
+//! same processes spawned by a bare loop on two threads, in the same process. Prints a table
+//! per count; `cargo bench -p memra-orch --bench run`.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const ARMS: usize = 1000;
 const ROUNDS: usize = 3;
 
-fn manifest(dir: &Path) -> std::path::PathBuf {
-    let values: Vec<String> = (0..ARMS).map(|i| format!("\"{i}\"")).collect();
+fn manifest(dir: &Path, arms: usize) -> std::path::PathBuf {
+    let values: Vec<String> = (0..arms).map(|i| format!("\"{i}\"")).collect();
     let text = format!(
         "schema = 1\nname = \"bench\"\n\n[[arm]]\nid = \"t\"\nrun = [\"true\"]\ngpus = 0\nmatrix = {{ i = [{}] }}\n",
         values.join(", ")
     );
-    let path = dir.join("bench.toml");
+    let path = dir.join(format!("bench-{arms}.toml"));
     std::fs::write(&path, text).unwrap();
     path
 }
 
-/// 1,000 `true` processes, two threads spawning and waiting in turn.
-fn bare_loop() -> Duration {
+/// `arms` `true` processes, two threads spawning and waiting in turn.
+fn bare_loop(arms: usize) -> Duration {
     let t = Instant::now();
     std::thread::scope(|s| {
         for _ in 0..2 {
             s.spawn(|| {
-                for _ in 0..ARMS / 2 {
+                for _ in 0..arms / 2 {
                     let ok = Command::new("true")
                         .stdin(Stdio::null())
                         .stdout(Stdio::null())
@@ -70,13 +70,19 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 fn main() {
+    for arms in [224, 1000] {
+        table(arms);
+    }
+}
+
+fn table(arms: usize) {
     let dir = tempfile::tempdir().unwrap();
-    let manifest = manifest(dir.path());
+    let manifest = manifest(dir.path(), arms);
     let mut bare = Vec::new();
     let mut orch = Vec::new();
     let mut unpacked = Vec::new();
     for round in 0..ROUNDS {
-        bare.push(bare_loop());
+        bare.push(bare_loop(arms));
         orch.push(orchestrated(
             &manifest,
             &dir.path().join(format!("receipts-{round}")),
@@ -106,18 +112,18 @@ fn main() {
         .count();
     assert_eq!(
         receipts,
-        ARMS,
+        arms,
         "every arm has its receipt in {}",
         packed.display()
     );
     let tree = run_dir("unpacked-0").join("nodes");
     assert_eq!(
         std::fs::read_dir(&tree).map(|d| d.count()).unwrap_or(0),
-        ARMS
+        arms
     );
     let (b, o, u) = (median(bare), median(orch), median(unpacked));
-    let per = |d: Duration| d.as_secs_f64() * 1e3 / ARMS as f64;
-    println!("{ARMS} trivial arms (`true`), 2 parallel, median of {ROUNDS} rounds");
+    let per = |d: Duration| d.as_secs_f64() * 1e3 / arms as f64;
+    println!("\n{arms} trivial arms (`true`), 2 parallel, median of {ROUNDS} rounds");
     println!("| what                                       | wall s | ms per arm |");
     println!("|--------------------------------------------|-------:|-----------:|");
     println!(

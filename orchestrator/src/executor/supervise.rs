@@ -247,12 +247,12 @@ fn sweep_all(me: libc::pid_t) {
 /// reaps them, until it has no child left. Since orphans re-parent to a subreaper, having
 /// no child means having no descendant, so a process forked while the sweep runs is found
 /// by a later pass.
+///
+/// What has ended is reaped first: when that leaves no child at all (the common case, a
+/// gate that started nothing that outlived it), there is no descendant and /proc is not
+/// read, which on a busy host is one file per process of every user.
 pub fn sweep(root: libc::pid_t) {
     loop {
-        for pid in descendants(root) {
-            // SAFETY: kill takes plain integers; `pid` is a descendant of ours (> 1).
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
         loop {
             // SAFETY: waitpid with a null status pointer only reaps a child of ours.
             let r = unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) };
@@ -265,7 +265,12 @@ pub fn sweep(root: libc::pid_t) {
             if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
+            // ECHILD: no child, so nothing below.
             return;
+        }
+        for pid in descendants(root) {
+            // SAFETY: kill takes plain integers; `pid` is a descendant of ours (> 1).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
         }
         std::thread::sleep(Duration::from_millis(1));
     }
