@@ -94,7 +94,7 @@ pub fn open(attempt: &Path, rel: &Path) -> Result<File, OpenError> {
 /// holding its bytes. `None` when `attempt` is not in a packed run or its archive has no
 /// such member.
 fn from_pack(attempt: &Path, rel: &Path) -> Option<Result<File, OpenError>> {
-    use crate::packed::{self as pack, Member};
+    use crate::packed::{self as pack, Opened};
     let full = attempt.join(rel);
     if normal_components(rel).is_err() {
         return Some(Err(OpenError::Outside { path: full }));
@@ -103,20 +103,14 @@ fn from_pack(attempt: &Path, rel: &Path) -> Option<Result<File, OpenError>> {
         path: full.clone(),
         error,
     };
-    match pack::read(&full, pack::MAX_MEMBER) {
+    match pack::open(&full) {
         Ok(None) => None,
-        Ok(Some(Member::Folder)) => Some(Err(OpenError::NotRegular {
+        Ok(Some(Opened::Folder)) => Some(Err(OpenError::NotRegular {
             path: full.clone(),
             what: "folder",
         })),
-        Ok(Some(Member::Object(object))) => Some(open_path(&object)),
-        Ok(Some(Member::Bytes(bytes))) => Some((|| {
-            use std::io::{Seek as _, Write as _};
-            let mut file = tempfile::tempfile().map_err(io)?;
-            file.write_all(&bytes).map_err(io)?;
-            file.rewind().map_err(io)?;
-            Ok(file)
-        })()),
+        Ok(Some(Opened::Object(object))) => Some(open_path(&object)),
+        Ok(Some(Opened::File(file))) => Some(Ok(file)),
         Err(error) => Some(Err(io(error))),
     }
 }

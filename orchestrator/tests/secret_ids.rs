@@ -10,15 +10,21 @@ use crate::run_support::{Fixture, logged};
 
 const SECRETS: [&str; 4] = ["tok-aaaa1111", "tok-bbbb2222", "hunter2pw", "sekrit-value"];
 
-/// Every file name and every file's bytes under `dir`, checked for the secrets.
+/// Every file name and every file's bytes under `dir`, a packed run's archive members
+/// (decompressed) included, checked for the secrets.
 fn assert_clean(dir: &Path) {
-    for entry in walk(dir) {
+    let files = crate::run_support::files_under(dir);
+    assert!(
+        files.iter().any(|f| f.ends_with("receipt.json")) || !dir.ends_with("receipts"),
+        "no receipt was checked: {files:?}"
+    );
+    for entry in walk(dir).into_iter().chain(files) {
         let name = entry.to_string_lossy();
         for s in SECRETS {
             assert!(!name.contains(s), "a path holds {s}: {name}");
         }
-        if entry.is_file() {
-            let bytes = std::fs::read(&entry).unwrap();
+        if !entry.is_dir() && crate::run_support::is_file_in_tree(&entry) {
+            let bytes = crate::run_support::read_bytes(&entry).unwrap();
             let text = String::from_utf8_lossy(&bytes);
             for s in SECRETS {
                 assert!(!text.contains(s), "{} holds {s}", entry.display());

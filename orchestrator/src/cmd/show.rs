@@ -55,11 +55,26 @@ pub fn command(args: &ShowArgs) -> ExitCode {
     };
     match run() {
         Ok((text, code)) => {
-            use std::io::Write as _;
+            use std::io::{IsTerminal as _, Write as _};
             let mut out = std::io::stdout().lock();
-            // A closed pipe (`| head`) is not an error of the command.
-            let _ = out.write_all(&text).and_then(|()| out.flush());
-            code
+            // A gate's log reaches a terminal with its control characters escaped; into a
+            // file or a pipe it goes as stored.
+            let text = if args.log.is_some() && out.is_terminal() {
+                crate::report::escape::terminal(&String::from_utf8_lossy(&text), false)
+                    .into_owned()
+                    .into_bytes()
+            } else {
+                text
+            };
+            match out.write_all(&text).and_then(|()| out.flush()) {
+                Ok(()) => code,
+                // A closed pipe (`| head`) is not an error of the command.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => code,
+                Err(e) => {
+                    eprintln!("memra-orch show: cannot write the output: {e}");
+                    ExitCode::Internal
+                }
+            }
         }
         Err(e) => {
             eprintln!("memra-orch show: {e}");

@@ -24,7 +24,7 @@
 //! archive's central directory without decompressing the rest, and the zip crate checks each
 //! entry's CRC-32 as it is read, so a damaged archive is an error, never wrong bytes.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -98,7 +98,9 @@ struct ListedAttempt {
 
 /// Packs the `nodes/` of the finished run at `run_dir` into `nodes.zip` and removes the
 /// folder. `Ok(None)` when there is nothing to pack (no `nodes/`, or packed already and
-/// nothing left over). Any error leaves the tree as it was.
+/// nothing left over). Any error leaves the tree as it was. The caller holds the run lock
+/// of the run's manifest folder (`run` while filing, `gc --pack`), so no other packer works
+/// on the run and a temporary archive found there is a killed packer's.
 pub fn pack(run_dir: &Path) -> Result<Option<Packed>, PackError> {
     let is_run = run_dir
         .file_name()
@@ -121,6 +123,7 @@ pub fn pack(run_dir: &Path) -> Result<Option<Packed>, PackError> {
         Err(e) => return Err(io_at(&nodes)(e)),
     }
     let target = run_dir.join(PACK);
+    remove_stale_temps(run_dir);
     if std::fs::symlink_metadata(&target).is_ok() {
         // A packer was stopped while removing `nodes/`: what is left is in the archive.
         return finish_removal(run_dir).map(|left| {
@@ -205,7 +208,9 @@ pub fn pack(run_dir: &Path) -> Result<Option<Packed>, PackError> {
         out.flush().map_err(io_at(&temp))?;
         out.sync_all().map_err(io_at(&temp))?;
         packed.bytes = out.metadata().map_err(io_at(&temp))?.len();
-        std::fs::rename(&temp, &target).map_err(io_at(&target))?;
+        // A link, not a rename: it fails rather than replace an archive that appeared.
+        std::fs::hard_link(&temp, &target).map_err(io_at(&target))?;
+        let _ = std::fs::remove_file(&temp);
         if let Ok(dir) = File::open(run_dir) {
             let _ = dir.sync_all();
         }
@@ -218,39 +223,72 @@ pub fn pack(run_dir: &Path) -> Result<Option<Packed>, PackError> {
             return Err(e);
         }
     };
-    packed.left = finish_removal(run_dir)?;
+    // The archive is in place: what goes wrong from here is a leftover, not a failure.
+    packed.left = finish_removal(run_dir).unwrap_or_else(|e| Some(e.to_string()));
     Ok(Some(packed))
 }
 
-/// Removes the `nodes/` of a packed run after checking that the archive opens and holds a
-/// member for every file there. `Ok(Some(why))` when it could not be removed.
+/// Removes the temporary archives a killed packer left in `run_dir`.
+fn remove_stale_temps(run_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(run_dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&format!(".{PACK}.")) && name.ends_with(".tmp") {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Removes the `nodes/` of a packed run: each file the archive holds with the same size
+/// (a link to the store: by name), then the folders left empty. `Ok(Some(why))` when
+/// anything stays (a file the archive lacks or holds otherwise, one written meanwhile).
 fn finish_removal(run_dir: &Path) -> Result<Option<String>, PackError> {
     let nodes = run_dir.join("nodes");
     let pack = run_dir.join(PACK);
     let archive = open_archive(&pack).map_err(io_at(&pack))?;
-    let names: HashSet<String> = archive
-        .file_names()
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| io_at(&pack)(zip_io(e)))?
-        .into_iter()
-        .map(std::borrow::Cow::into_owned)
-        .collect();
-    for (name, what) in walk(&nodes)? {
-        let key = match what {
-            Found::Folder => format!("{name}/"),
-            Found::File { .. } => name.clone(),
-        };
-        if !names.contains(&key) {
-            return Ok(Some(format!(
-                "{} holds {name}, which {} does not: left as it is",
-                nodes.display(),
-                pack.display()
-            )));
+    let mut held: std::collections::HashMap<String, Option<u64>> = std::collections::HashMap::new();
+    for i in 0..archive.len() {
+        let entry = archive
+            .by_index_data(i)
+            .map_err(|e| io_at(&pack)(zip_io(e)))?;
+        let name = entry
+            .name()
+            .map_err(|e| io_at(&pack)(zip_io(e)))?
+            .into_owned();
+        let size = (!entry.is_symlink()).then(|| entry.size());
+        held.insert(name, size);
+    }
+    let found = walk(&nodes)?;
+    let mut kept = None;
+    for (name, what) in found.iter().rev() {
+        let path = run_dir.join(name);
+        match what {
+            Found::File { len, .. } => match held.get(name) {
+                Some(size) if size.is_none_or(|s| s == *len) => {
+                    if let Err(e) = std::fs::remove_file(&path) {
+                        kept.get_or_insert(format!("cannot remove {}: {e}", path.display()));
+                    }
+                }
+                _ => {
+                    kept.get_or_insert(format!(
+                        "{} holds {name}, which {} does not hold as it is: left as it is",
+                        nodes.display(),
+                        pack.display()
+                    ));
+                }
+            },
+            // Deepest first (the walk is sorted), so a folder's files are gone before it.
+            Found::Folder => {
+                let _ = std::fs::remove_dir(&path);
+            }
         }
     }
-    Ok(std::fs::remove_dir_all(&nodes)
-        .err()
-        .map(|e| format!("cannot remove {}: {e}", nodes.display())))
+    if let Err(e) = std::fs::remove_dir(&nodes) {
+        kept.get_or_insert(format!("cannot remove {}: {e}", nodes.display()));
+    }
+    Ok(kept)
 }
 
 /// Every folder and plain file below `nodes` (named from the run folder, `nodes/…`),
@@ -578,5 +616,44 @@ mod tests {
         std::fs::write(damaged.join(PACK), &bytes).unwrap();
         let got = read(&damaged.join("nodes/a-1/attempt-1/stdout.log"), MAX_MEMBER);
         assert!(got.is_err(), "{got:?}");
+    }
+    #[test]
+    fn only_the_run_folders_archive_is_read_and_a_relative_path_finds_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let (receipts, run, sha) = run_tree(dir.path());
+        // A gate's own `nodes.zip` in a run that stays a tree is never taken for one.
+        let planted = run.join("nodes/a-1/attempt-1/artifacts/sub");
+        std::fs::copy(run.join("run.json"), planted.join("nodes.zip")).unwrap();
+        assert_eq!(read(&planted.join("nodes/x"), MAX_MEMBER).unwrap(), None);
+        std::fs::remove_file(planted.join("nodes.zip")).unwrap();
+        pack(&run).unwrap().unwrap();
+        // Through `..`, the store is the receipts folder's all the same.
+        let roundabout = run
+            .join("..")
+            .join(RUN)
+            .join("nodes/a-1/attempt-1/artifacts/sub/l.bin");
+        let object = std::fs::canonicalize(&receipts)
+            .unwrap()
+            .join(STORE_DIR)
+            .join(&sha[..2])
+            .join(&sha);
+        assert_eq!(read_member(&roundabout), Member::Object(object));
+    }
+
+    #[test]
+    fn an_artifact_whose_object_was_swept_meanwhile_is_packed_as_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (receipts, run, sha) = run_tree(dir.path());
+        // A gc swept the object between the intern and the packing (the attempt's file
+        // still holds the bytes).
+        let object = receipts.join(STORE_DIR).join(&sha[..2]).join(&sha);
+        std::fs::remove_file(&object).unwrap();
+        let p = pack(&run).unwrap().unwrap();
+        assert_eq!((p.files, p.linked), (5, 0));
+        assert!(links(&run.join(PACK)).unwrap().is_empty());
+        assert_eq!(
+            read_member(&run.join("nodes/a-1/attempt-1/artifacts/sub/l.bin")),
+            Member::Bytes(b"logits bytes".to_vec())
+        );
     }
 }

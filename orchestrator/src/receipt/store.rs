@@ -235,7 +235,7 @@ pub fn sweep(store: &Path) -> std::io::Result<Swept> {
     let _lock = lock(store)?;
     let receipts = store.parent().unwrap_or(Path::new("."));
     let mut linked = std::collections::HashSet::new();
-    for pack in packs(receipts) {
+    for pack in packs(receipts)? {
         let names = crate::packed::links(&pack)
             .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", pack.display())))?;
         linked.extend(names);
@@ -289,33 +289,52 @@ pub fn sweep(store: &Path) -> std::io::Result<Swept> {
 }
 
 /// The archives of every packed run under `receipts` (`<commit>/<manifest>/<run id>/`
-/// `nodes.zip`, plain files only).
-fn packs(receipts: &Path) -> Vec<PathBuf> {
-    let dirs = |p: &Path| -> Vec<PathBuf> {
-        std::fs::read_dir(p)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
-            .map(|e| e.path())
-            .collect()
+/// `nodes.zip`), folders behind links included. Any error but a folder vanishing (a gc
+/// deleting it) fails: an archive not seen would leave its objects unprotected.
+fn packs(receipts: &Path) -> std::io::Result<Vec<PathBuf>> {
+    fn at(p: &Path) -> impl Fn(std::io::Error) -> std::io::Error + '_ {
+        move |e| std::io::Error::new(e.kind(), format!("{}: {e}", p.display()))
+    }
+    let dirs = |p: &Path| -> std::io::Result<Vec<PathBuf>> {
+        let entries = match std::fs::read_dir(p) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(at(p)(e)),
+        };
+        let mut out = Vec::new();
+        for e in entries {
+            let e = e.map_err(at(p))?;
+            if e.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            let path = e.path();
+            match std::fs::metadata(&path) {
+                Ok(m) if m.is_dir() => out.push(path),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(at(&path)(e)),
+            }
+        }
+        Ok(out)
     };
     let mut out = Vec::new();
-    for commit in dirs(receipts) {
-        for manifest in dirs(&commit) {
-            for run in dirs(&manifest) {
-                let pack = run.join(crate::packed::PACK);
+    for commit in dirs(receipts)? {
+        for manifest in dirs(&commit)? {
+            for run in dirs(&manifest)? {
                 let is_run = run
                     .file_name()
                     .is_some_and(|n| super::tree::is_run_id(&n.to_string_lossy()));
-                if is_run && std::fs::symlink_metadata(&pack).is_ok_and(|m| m.is_file()) {
-                    out.push(pack);
+                let pack = run.join(crate::packed::PACK);
+                match std::fs::symlink_metadata(&pack) {
+                    Ok(m) if is_run && m.is_file() => out.push(pack),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(at(&pack)(e)),
                 }
             }
         }
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -117,20 +117,9 @@ pub fn run_id(now: SystemTime, salt: u32) -> String {
     format!("{stamp}-{suffix}")
 }
 
-/// Whether a folder name is a run id (so a manifest folder's `nodes/` of the old layout and
-/// anything else in it is not taken for a run).
-pub fn is_run_id(name: &str) -> bool {
-    let b = name.as_bytes();
-    b.len() == 25
-        && b[..8].iter().all(u8::is_ascii_digit)
-        && b[8] == b'T'
-        && b[9..15].iter().all(u8::is_ascii_digit)
-        && b[15] == b'.'
-        && b[16..19].iter().all(u8::is_ascii_digit)
-        && b[19] == b'Z'
-        && b[20] == b'-'
-        && b[21..].iter().all(u8::is_ascii_hexdigit)
-}
+/// Whether a folder name is a run id (named with the packed runs' reader, the lowest layer
+/// that needs it).
+pub use crate::packed::is_run_id;
 
 /// Held while a run of one manifest at one commit runs; released when dropped or when the
 /// process dies, however it dies. It is an OS lock (`flock`) on `<manifest folder>/.lock`, so
