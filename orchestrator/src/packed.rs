@@ -167,8 +167,10 @@ fn find(path: &Path) -> std::io::Result<Option<Found>> {
     };
     let archive = open_archive(&pack)?;
     let index = archive
-        .index_for_name(&name)
-        .or_else(|| archive.index_for_name(&format!("{name}/")));
+        // By the raw (UTF-8) name, a hash lookup: `index_for_name` scans every member
+        // decoding its name whenever a name is missing.
+        .index_for_name_raw(name.as_bytes())
+        .or_else(|| archive.index_for_name_raw(format!("{name}/").as_bytes()));
     Ok(index.map(|i| (pack, name, archive, i)))
 }
 
@@ -256,7 +258,7 @@ pub fn links(pack: &Path) -> std::io::Result<Vec<String>> {
     // Read afresh, never from the cache: the sweep's safety rests on what is there now.
     let mut archive = open_fresh(pack)?;
     const MAX_LIST: u64 = 256 << 20;
-    if let Some(i) = archive.index_for_name(LINKS) {
+    if let Some(i) = archive.index_for_name_raw(LINKS.as_bytes()) {
         let mut entry = archive.by_index(i).map_err(zip_io)?;
         if entry.size() > MAX_LIST {
             return Err(std::io::Error::other(format!(
