@@ -367,7 +367,8 @@ fn cstring(p: &Path) -> Result<CString, OpenError> {
 }
 
 /// What kind of file a type is, in words.
-fn kind_of(ft: &std::fs::FileType) -> &'static str {
+/// What a file type is, in words (`symbolic link`, `FIFO`, `folder`, …).
+pub(crate) fn kind_of(ft: &std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
     if ft.is_file() {
         "regular file"

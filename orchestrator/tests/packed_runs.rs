@@ -4,25 +4,12 @@
 //! reads; `gc` keeps the store's objects a kept archive links to; `gc --pack` packs a run
 //! filed with `--no-pack`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
 
 use crate::run_support::{Fixture, logged, orch};
-
-fn python() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = Command::new(root.join("scripts/python-venv"))
-        .output()
-        .expect("scripts/python-venv runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
 
 /// One Python arm writing BF16 logits perturbed as `perturb` says, and one that fails when
 /// `fail` is set.
@@ -61,7 +48,7 @@ fn values_of<'a>(v: &'a Value, key: &str, out: &mut Vec<&'a Value>) {
 
 #[test]
 fn a_python_gates_packed_nights_read_as_their_trees_did() {
-    let py = python();
+    let py = crate::python_gates::python().to_path_buf();
     let f = Fixture::new(&manifest(&py, "none", false));
     assert_eq!(logged(f.run(&[])).status.code(), Some(0));
     let first = f.tree();

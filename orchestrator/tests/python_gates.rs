@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use crate::run_support::{Fixture, logged};
 
 /// The virtual environment's python, made once per test binary.
-fn python() -> &'static Path {
+pub fn python() -> &'static Path {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
     PYTHON.get_or_init(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

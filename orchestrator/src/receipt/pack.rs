@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use zip::write::SimpleFileOptions;
 
+use crate::attempt_file::kind_of;
 pub use crate::packed::{MAX_MEMBER, Member, PACK, files_below, has_folder, links, locate, read};
 use crate::packed::{is_sha256, link_target, open_archive, zip_io};
 
@@ -392,23 +393,6 @@ fn open_plain(path: &Path) -> Result<File, PackError> {
         });
     }
     Ok(file)
-}
-
-fn kind_of(ft: &std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if ft.is_symlink() {
-        "symbolic link"
-    } else if ft.is_fifo() {
-        "FIFO"
-    } else if ft.is_socket() {
-        "socket"
-    } else if ft.is_block_device() || ft.is_char_device() {
-        "device"
-    } else if ft.is_dir() {
-        "folder"
-    } else {
-        "file"
-    }
 }
 
 #[cfg(test)]
