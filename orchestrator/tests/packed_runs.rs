@@ -114,6 +114,18 @@ fn a_python_gates_packed_nights_read_as_their_trees_did() {
         String::from_utf8_lossy(&orch(&f, &["diff", "previous", "latest"]).stdout).into_owned();
     assert!(text.contains("other"), "{text}");
 
+    // The report reads how far they moved out of the archives too, and plots it.
+    let site = f.path().join("site");
+    let r = orch(&f, &["report", "--html", site.to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(0), "{r:?}");
+    let plotted = std::fs::read_dir(site.join("cells"))
+        .unwrap()
+        .flatten()
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .filter(|page| page.contains("data-moved=\"values that differ\""))
+        .count();
+    assert_eq!(plotted, 1, "the llama cell's page plots its moved values");
+
     // `show` names the folder inside the archive and prints its logs.
     let show = orch(&f, &["show", "latest", "other"]);
     let text = String::from_utf8_lossy(&show.stdout);

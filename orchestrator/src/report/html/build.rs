@@ -81,10 +81,14 @@ pub fn view(mut history: History) -> Result<ReportView, ReceiptError> {
     // Whether each run folder a point's logs are in is packed (one look per run).
     let mut packed_runs: std::collections::HashMap<PathBuf, bool> =
         std::collections::HashMap::new();
-    let cells = history
+    // How far the bits moved is read after every cell's points are known, run by run (see
+    // `Moved`), not cell by cell: each read may open a packed run's archive.
+    let mut moved_jobs: Vec<Moved> = Vec::new();
+    let mut cells: Vec<CellView> = history
         .cells
         .into_iter()
-        .map(|cell| {
+        .enumerate()
+        .map(|(c, cell)| {
             let mut view = CellView {
                 id: cell.id,
                 points: Vec::with_capacity(cell.points.len()),
@@ -122,20 +126,22 @@ pub fn view(mut history: History) -> Result<ReportView, ReceiptError> {
                     .as_ref()
                     .and_then(|l| l.parent())
                     .map(|n| n.join("receipt.json"));
-                let moved = match (&prev, &logs) {
-                    (Some((Some(before), old)), Some(now)) if point.bits_moved => {
-                        crate::diff::quantify::sum_totals(
-                            facts
-                                .artifacts
-                                .iter()
-                                .filter(|(name, sha)| old.get(*name).is_some_and(|o| o != *sha))
-                                .filter_map(|(name, _)| {
-                                    crate::diff::quantify::read_files(before, now, name).totals()
-                                }),
-                        )
-                    }
-                    _ => None,
-                };
+                if let (Some((Some(before), old)), Some(now)) = (&prev, &logs)
+                    && point.bits_moved
+                {
+                    moved_jobs.push(Moved {
+                        cell: c,
+                        point: view.points.len(),
+                        before: before.clone(),
+                        now: now.clone(),
+                        names: facts
+                            .artifacts
+                            .iter()
+                            .filter(|(name, sha)| old.get(*name).is_some_and(|o| o != *sha))
+                            .map(|(name, _)| name.clone())
+                            .collect(),
+                    });
+                }
                 view.points.push(Point::Present(Box::new(Sample {
                     verdict: facts.verdict,
                     good: facts.good,
@@ -150,7 +156,7 @@ pub fn view(mut history: History) -> Result<ReportView, ReceiptError> {
                     warns: facts.warns,
                     warning: facts.warning,
                     code_known: facts.code_known,
-                    moved,
+                    moved: None,
                 })));
                 prev = Some((logs, facts.artifacts));
             }
@@ -162,6 +168,20 @@ pub fn view(mut history: History) -> Result<ReportView, ReceiptError> {
             view
         })
         .collect();
+    // Grouped by the pair of attempt folders' runs, so the archives of two runs are read
+    // together instead of by turns with every other run's.
+    moved_jobs.sort_by(|a, b| {
+        (a.now.ancestors().nth(3), a.before.ancestors().nth(3))
+            .cmp(&(b.now.ancestors().nth(3), b.before.ancestors().nth(3)))
+    });
+    for job in moved_jobs {
+        let moved = crate::diff::quantify::sum_totals(job.names.iter().filter_map(|name| {
+            crate::diff::quantify::read_files(&job.before, &job.now, name).totals()
+        }));
+        if let Some(Point::Present(sample)) = cells[job.cell].points.get_mut(job.point) {
+            sample.moved = moved;
+        }
+    }
     Ok(ReportView {
         manifest: history.manifest,
         receipts: history.receipts,
@@ -169,6 +189,16 @@ pub fn view(mut history: History) -> Result<ReportView, ReceiptError> {
         cells,
         feed,
     })
+}
+
+/// A point whose bits moved: its cell and place, the previous present point's attempt
+/// folder and its own, and the artifacts whose digests differ.
+struct Moved {
+    cell: usize,
+    point: usize,
+    before: PathBuf,
+    now: PathBuf,
+    names: Vec<String>,
 }
 
 fn run_view(summary: &crate::history::RunSummary, run: &RunReceipt, dir: PathBuf) -> RunView {
