@@ -219,12 +219,7 @@ pub fn read_bytes(path: &Path) -> std::io::Result<Vec<u8>> {
 
 /// Whether `path` is a file of a receipt tree, in its folder or in its packed run's archive.
 pub fn is_file_in_tree(path: &Path) -> bool {
-    path.is_file()
-        || matches!(
-            memra_orch::packed::read(path, 0),
-            Ok(Some(memra_orch::packed::Member::Object(_)))
-        )
-        || memra_orch::attempt_file::open_path(path).is_ok()
+    path.is_file() || memra_orch::attempt_file::open_path(path).is_ok()
 }
 
 /// Whether `path` is a folder of a receipt tree, in its folder or in its packed run's

@@ -245,7 +245,7 @@ fn pack_kept(
         {
             continue;
         }
-        let leftover = run.dir.join(pack::PACK).exists();
+        let leftover = run.dir.join(crate::packed::PACK).exists();
         if !leftover && (!args.pack || run.run.verdict == "running") {
             continue;
         }

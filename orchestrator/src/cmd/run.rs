@@ -369,7 +369,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
             Ok(Some(p)) if p.left.is_some() => {
                 eprintln!(
                     "memra-orch run: packed into {}, but {}",
-                    tree.dir.join(crate::receipt::pack::PACK).display(),
+                    tree.dir.join(crate::packed::PACK).display(),
                     p.left.unwrap_or_default()
                 );
             }

@@ -204,7 +204,7 @@ pub fn run_bytes(dir: &Path, seen: &mut std::collections::HashSet<(u64, u64)>) -
                 total += m.len();
                 // A packed run's stored artifacts are the store's objects its archive
                 // links to.
-                if d == dir && e.file_name() == super::pack::PACK {
+                if d == dir && e.file_name() == crate::packed::PACK {
                     total += linked_bytes(&e.path(), seen);
                 }
             }
@@ -220,7 +220,7 @@ fn linked_bytes(pack: &Path, seen: &mut std::collections::HashSet<(u64, u64)>) -
         return 0;
     };
     let store = super::store::store_dir(receipts);
-    super::pack::links(pack)
+    crate::packed::links(pack)
         .unwrap_or_default()
         .iter()
         .filter_map(|sha| std::fs::symlink_metadata(store.join(&sha[..2]).join(sha)).ok())

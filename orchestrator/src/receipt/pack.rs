@@ -34,8 +34,7 @@ use serde::Deserialize;
 use zip::write::SimpleFileOptions;
 
 use crate::attempt_file::kind_of;
-pub use crate::packed::{MAX_MEMBER, Member, PACK, files_below, has_folder, links, locate, read};
-use crate::packed::{is_sha256, link_target, open_archive, zip_io};
+use crate::packed::{PACK, is_sha256, link_target, open_archive, zip_io};
 
 /// What [`pack`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -398,6 +397,7 @@ fn open_plain(path: &Path) -> Result<File, PackError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::packed::{MAX_MEMBER, Member, has_folder, links, read};
     use crate::receipt::store::{self, STORE_DIR};
     use std::io::Read;
 

@@ -134,7 +134,7 @@ pub fn node_text(run: &LoadedRun, r: &NodeReceipt) -> String {
         );
     }
     // A packed run keeps the folder in its archive (`receipt::pack`).
-    let packed = crate::receipt::pack::locate(&tree.node_dir(&r.slug)).map(|(p, _)| p);
+    let packed = crate::packed::locate(&tree.node_dir(&r.slug)).map(|(p, _)| p);
     match &packed {
         Some(pack) => {
             let _ = writeln!(out, "  folder:    nodes/{} in {}", r.slug, pack.display());

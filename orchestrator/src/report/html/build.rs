@@ -107,12 +107,15 @@ pub fn view(mut history: History) -> Result<ReportView, ReceiptError> {
                 };
                 let logs = facts.logs.as_deref().and_then(|rel| under(dir, rel));
                 let packed = logs.as_ref().and_then(|l| {
+                    // `<run>/nodes/<slug>/attempt-<n>`: the run's archive holds it as
+                    // `nodes/<slug>/attempt-<n>`.
                     let run = l.ancestors().nth(3)?;
+                    let pack = run.join(crate::packed::PACK);
                     let is_packed = *packed_runs.entry(run.to_path_buf()).or_insert_with(|| {
-                        std::fs::symlink_metadata(run.join(crate::receipt::pack::PACK))
-                            .is_ok_and(|m| m.is_file())
+                        std::fs::symlink_metadata(&pack).is_ok_and(|m| m.is_file())
                     });
-                    is_packed.then(|| crate::receipt::pack::locate(l)).flatten()
+                    let member = l.strip_prefix(run).ok()?.to_str()?.to_string();
+                    is_packed.then_some((pack, member))
                 });
                 if !facts.good {
                     view.last_failure = Some(Failure {
