@@ -92,7 +92,7 @@ gpus = 0
     );
     assert!(txt.ends_with('\n'));
     assert!(
-        txt.starts_with("1 step in the metrics of steps (3 cells over 8 runs)"),
+        txt.starts_with("1 step in the metrics of steps (3 cells over 8 runs; docs/diff.md"),
         "{txt}"
     );
     let index = std::fs::read_to_string(site.join("index.html")).unwrap();

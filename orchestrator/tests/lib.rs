@@ -20,6 +20,7 @@ mod diff_trees;
 mod gpu_leases;
 mod gpus_cli;
 mod history_nights;
+mod history_parts;
 mod history_steps;
 mod hostile_input;
 mod hostile_receipts;

@@ -156,6 +156,39 @@ fn seal(parts: &[&str]) -> String {
     crate::digest::sha256_hex(parts.join("\0").as_bytes())
 }
 
+/// Whether `sealed` is [`seal`] of `parts` (computed without joining them).
+fn is_sealed(sealed: &str, parts: &[&str]) -> bool {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    for (k, p) in parts.iter().enumerate() {
+        if k > 0 {
+            h.update(b"\0");
+        }
+        h.update(p.as_bytes());
+    }
+    let digest = h.finalize();
+    sealed.len() == 64
+        && sealed
+            .as_bytes()
+            .chunks(2)
+            .zip(digest.iter())
+            .all(|(pair, b)| pair == hex_pair(*b).as_slice())
+}
+
+/// A byte as two lower-case hex digits.
+fn hex_pair(b: u8) -> [u8; 2] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 15)]]
+}
+
+/// Column `k` of `row` as text borrowed from SQLite (a value of another type is an error,
+/// as a row that is not what was written).
+fn borrowed<'r>(row: &'r rusqlite::Row, k: usize) -> rusqlite::Result<&'r str> {
+    row.get_ref(k)?.as_str().map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(k, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
 /// The seal of a cell set's outline: its digest, which is also its key.
 fn set_digest(outline: &str) -> String {
     crate::digest::sha256_hex(outline.as_bytes())
@@ -724,6 +757,10 @@ mod erased {
     }
 }
 
+/// How many runs before a window [`Index::previous`] reads for the cells it misses, before
+/// looking the rest up cell by cell.
+const SCAN_BACK: usize = 3;
+
 /// A set of cell ids with their tags.
 type Outline = BTreeMap<String, Vec<String>>;
 
@@ -832,15 +869,29 @@ impl Index {
                 replaced,
                 ..
             } => {
-                let position: HashMap<i64, usize> = keys[..before]
+                // The run just before the window holds nearly every cell: the few runs
+                // before it are read for the cells still missing, newest first, before any
+                // cell is looked up on its own.
+                let mut missing = cells.clone();
+                let scanned = before.saturating_sub(SCAN_BACK);
+                for i in (scanned..before).rev() {
+                    if missing.is_empty() {
+                        return Ok(out);
+                    }
+                    for (id, f) in self.cells(i, Some(&missing))? {
+                        missing.remove(&id);
+                        out.insert(id, f);
+                    }
+                }
+                let position: HashMap<i64, usize> = keys[..scanned]
                     .iter()
                     .enumerate()
                     .filter_map(|(i, k)| Some(((*k)?, i)))
                     .collect();
-                for id in cells {
+                for id in &missing {
                     // The runs holding the cell, newest first: from the index on cell ids,
                     // plus the runs read from their trees. Without the index (a damaged
-                    // page), every run before the window, newest first.
+                    // page), every run before those scanned, newest first.
                     let listed = conn
                         .prepare_cached("SELECT run FROM cells WHERE cell = ?1")
                         .and_then(|mut q| {
@@ -854,10 +905,10 @@ impl Index {
                             .collect(),
                         Err(e) => {
                             self.note_error(&e);
-                            (0..before).collect()
+                            (0..scanned).collect()
                         }
                     };
-                    candidates.extend(replaced.borrow().keys().filter(|i| **i < before));
+                    candidates.extend(replaced.borrow().keys().filter(|i| **i < scanned));
                     candidates.sort_unstable_by(|a, b| b.cmp(a));
                     candidates.dedup();
                     let one = BTreeSet::from([id.clone()]);
@@ -921,60 +972,85 @@ impl Index {
             self.distrust(i);
             return None;
         };
-        let expected: BTreeSet<&String> = set
-            .keys()
-            .filter(|id| only.is_none_or(|o| o.contains(*id)))
-            .collect();
-        let mut rows: Vec<(String, String, String)> = Vec::new();
-        let read = match only {
-            // A few cells are looked up; many are read with the run's rows.
-            Some(o) if o.len() <= 16 => conn
-                .prepare_cached("SELECT facts, seal FROM cells WHERE run = ?1 AND cell = ?2")
-                .and_then(|mut q| {
-                    for id in o {
-                        if let Some((facts, sealed)) = q
-                            .query_row(params![key, id], |row| Ok((row.get(0)?, row.get(1)?)))
-                            .optional()?
-                        {
-                            rows.push((id.clone(), facts, sealed));
-                        }
-                    }
-                    Ok(())
-                }),
-            _ => conn
-                .prepare_cached("SELECT cell, facts, seal FROM cells WHERE run = ?1")
-                .and_then(|mut q| {
-                    for row in q.query_map(params![key], |row| {
-                        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-                    })? {
-                        let row: (String, String, String) = row?;
-                        if only.is_none_or(|o| o.contains(&row.0)) {
-                            rows.push(row);
-                        }
-                    }
-                    Ok(())
-                }),
+        // The cells asked for that the run has, in order (the smaller set is walked).
+        let expected: Vec<&String> = match only {
+            Some(o) => o.iter().filter(|id| set.contains_key(*id)).collect(),
+            None => set.keys().collect(),
         };
+        // Each row is checked against its seal and parsed as it is read; the first that is
+        // not what was written stops the reading.
+        let mut out = BTreeMap::new();
+        let mut trusted = true;
+        let mut take = |id: &str, facts: &str, sealed: &str| -> bool {
+            let parsed = is_sealed(sealed, &[dir, id, facts])
+                .then(|| serde_json::from_str::<CellFacts>(facts).ok())
+                .flatten();
+            match parsed {
+                Some(f) => {
+                    out.insert(id.to_string(), f);
+                    true
+                }
+                None => {
+                    trusted = false;
+                    false
+                }
+            }
+        };
+        let read: rusqlite::Result<()> = (|| {
+            match only {
+                // A few cells are looked up one by one.
+                Some(o) if o.len() <= 16 => {
+                    let mut q = conn.prepare_cached(
+                        "SELECT facts, seal FROM cells WHERE run = ?1 AND cell = ?2",
+                    )?;
+                    for id in o {
+                        let mut rows = q.query(params![key, id])?;
+                        if let Some(row) = rows.next()? {
+                            let (facts, sealed) = (borrowed(row, 0)?, borrowed(row, 1)?);
+                            if !take(id, facts, sealed) {
+                                return Ok(());
+                            }
+                        }
+                    }
+                }
+                // A part of the cells: the rows between its first and last (in the order
+                // SQLite keeps them, bytewise, as Rust orders strings).
+                Some(o) => {
+                    let (Some(low), Some(high)) = (o.first(), o.last()) else {
+                        return Ok(());
+                    };
+                    let mut q = conn.prepare_cached(
+                        "SELECT cell, facts, seal FROM cells WHERE run = ?1 AND cell BETWEEN ?2 AND ?3",
+                    )?;
+                    let mut rows = q.query(params![key, low, high])?;
+                    while let Some(row) = rows.next()? {
+                        let id = borrowed(row, 0)?;
+                        if o.contains(id) && !take(id, borrowed(row, 1)?, borrowed(row, 2)?) {
+                            return Ok(());
+                        }
+                    }
+                }
+                None => {
+                    let mut q =
+                        conn.prepare_cached("SELECT cell, facts, seal FROM cells WHERE run = ?1")?;
+                    let mut rows = q.query(params![key])?;
+                    while let Some(row) = rows.next()? {
+                        if !take(borrowed(row, 0)?, borrowed(row, 1)?, borrowed(row, 2)?) {
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })();
         if let Err(e) = read {
             self.note_error(&e);
             self.distrust(i);
             return None;
         }
-        let mut out = BTreeMap::new();
-        for (id, facts, sealed) in rows {
-            if sealed != seal(&[dir, &id, &facts]) {
-                self.distrust(i);
-                return None;
-            }
-            match serde_json::from_str::<CellFacts>(&facts) {
-                Ok(f) => {
-                    out.insert(id, f);
-                }
-                Err(_) => {
-                    self.distrust(i);
-                    return None;
-                }
-            }
+        if !trusted {
+            self.distrust(i);
+            return None;
         }
         // The rows must be the run's cells, no fewer (a deleted row) and no other.
         if !out.keys().eq(expected.iter().copied()) {
@@ -1174,22 +1250,39 @@ mod tests {
 
     /// A run of manifest `m` at commit `c` with one cell `a` whose receipt has `inputs`.
     fn run(receipts: &Path, id: &str, start: &str, inputs: &str) -> PathBuf {
+        run_of(receipts, id, start, &[("a", inputs)])
+    }
+
+    /// A run of manifest `m` at commit `c` with the cells given, each `(id, inputs)`.
+    fn run_of(receipts: &Path, id: &str, start: &str, cells: &[(&str, &str)]) -> PathBuf {
         let dir = receipts.join("c/m").join(id);
-        std::fs::create_dir_all(dir.join("nodes/a-1")).unwrap();
+        let nodes: Vec<serde_json::Value> = cells
+            .iter()
+            .enumerate()
+            .map(|(k, (cell, inputs))| {
+                let slug = format!("{cell}-{}", k + 1);
+                std::fs::create_dir_all(dir.join("nodes").join(&slug)).unwrap();
+                let receipt = serde_json::json!({"inputs": inputs, "seconds": 2.0,
+                    "checks": [{"check": "acc", "status": "pass", "metrics": {"max_abs": 0.5}}],
+                    "artifacts": [{"name": "out.bin", "bytes": 1, "sha256": "ab"}]});
+                std::fs::write(
+                    dir.join("nodes").join(&slug).join("receipt.json"),
+                    receipt.to_string(),
+                )
+                .unwrap();
+                serde_json::json!({"id": cell, "kind": "arm", "slug": slug, "verdict": "pass", "seconds": 2.0})
+            })
+            .collect();
         let run = serde_json::json!({
             "schema": 1, "run_id": id, "name": "m",
             "manifest": {"path": "m", "bytes": 0, "sha256": ""},
             "env_matrices": [], "commit": "c", "commit_sha": null, "dirty": false, "host": "h",
             "orchestrator_version": "0", "inventory": null, "cpu_slots": 1, "filters": [],
             "resumed": false, "start": start, "end": start, "seconds": 1.0,
-            "interrupted": false, "counts": {"pass": 1}, "verdict": "pass",
-            "nodes": [{"id": "a", "kind": "arm", "slug": "a-1", "verdict": "pass", "seconds": 2.0}]
+            "interrupted": false, "counts": {"pass": cells.len()}, "verdict": "pass",
+            "nodes": nodes
         });
         std::fs::write(dir.join("run.json"), run.to_string()).unwrap();
-        let receipt = serde_json::json!({"inputs": inputs, "seconds": 2.0,
-            "checks": [{"check": "acc", "status": "pass", "metrics": {"max_abs": 0.5}}],
-            "artifacts": [{"name": "out.bin", "bytes": 1, "sha256": "ab"}]});
-        std::fs::write(dir.join("nodes/a-1/receipt.json"), receipt.to_string()).unwrap();
         dir
     }
 
@@ -1251,6 +1344,27 @@ mod tests {
         std::fs::remove_file(path(r)).unwrap();
         append(r, "m", &only[0]).unwrap();
         assert_eq!(records(r, "m", Mode::Use).unwrap(), only);
+    }
+
+    #[test]
+    fn a_seal_is_checked_without_joining_its_parts() {
+        let parts = ["commit/nightly/run-1", "arm[x=1]", "{\"verdict\":\"pass\"}"];
+        let sealed = seal(&parts);
+        assert!(is_sealed(&sealed, &parts));
+        // Another part, a changed digit, a digest in capitals or cut short: none is the seal.
+        assert!(!is_sealed(
+            &sealed,
+            &["commit/nightly/run-1", "arm[x=1]", "{}"]
+        ));
+        assert!(!is_sealed(
+            &sealed,
+            &["commit/nightly/run-2", parts[1], parts[2]]
+        ));
+        let mut edited = sealed.clone().into_bytes();
+        edited[63] = if edited[63] == b'0' { b'1' } else { b'0' };
+        assert!(!is_sealed(&String::from_utf8(edited).unwrap(), &parts));
+        assert!(!is_sealed(&sealed.to_uppercase(), &parts));
+        assert!(!is_sealed(&sealed[..62], &parts));
     }
 
     #[test]
@@ -1455,5 +1569,67 @@ mod tests {
         assert_eq!(shown[0].cells["a"].inputs, "i2");
         let outline = index.outline(0..3).unwrap();
         assert_eq!(outline.keys().collect::<Vec<_>>(), ["a"]);
+    }
+
+    #[test]
+    fn the_row_before_a_window_is_found_however_far_back_it_is() {
+        let tmp = tempfile::tempdir().unwrap();
+        let r = tmp.path();
+        // 24 cells in every run: a part of them is more than a few, read as a range.
+        let many: Vec<String> = (0..24).map(|k| format!("m{k:02}")).collect();
+        let night = |day: usize, extra: &[(&str, &str)]| {
+            let inputs = format!("d{day}");
+            let mut cells: Vec<(&str, &str)> =
+                many.iter().map(|c| (c.as_str(), inputs.as_str())).collect();
+            cells.extend_from_slice(extra);
+            run_of(
+                r,
+                &format!("202611{day:02}T000000.000Z-{day:04}"),
+                &format!("2026-11-{day:02}T00:00:00Z"),
+                &cells,
+            );
+        };
+        // `old` was last seen on day 1, far before the window; `near` on day 6, just
+        // before it; `new` only inside it.
+        night(1, &[("old", "o1"), ("near", "n1")]);
+        for day in 2..=5 {
+            night(day, &[("near", "n")]);
+        }
+        night(6, &[("near", "n6")]);
+        for day in 7..=9 {
+            night(day, &[("old", "o9"), ("near", "n9"), ("new", "w9")]);
+        }
+        let index = open(r, "m", Mode::Use).unwrap();
+        assert_eq!(index.runs().len(), 9);
+        let mut asked: BTreeSet<String> = many.iter().cloned().collect();
+        asked.extend(["old", "near", "new"].map(String::from));
+        let before = index.previous(6, &asked).unwrap();
+        assert_eq!(before["old"].inputs, "o1", "found past the runs read whole");
+        assert_eq!(before["near"].inputs, "n6");
+        assert!(
+            !before.contains_key("new"),
+            "no run before the window has it"
+        );
+        assert!(many.iter().all(|c| before[c].inputs == "d6"));
+        assert_eq!(before.len(), 26);
+        // A part of the cells is read from the rows between its first and last, and holds
+        // only its own: m16 … m23 sort between m15 and `near` and are left out, as is `old`.
+        let mut part: BTreeSet<String> = many[..16].iter().cloned().collect();
+        part.extend(["near", "new"].map(String::from));
+        let shown = index.records(6..9, Some(&part)).unwrap();
+        assert!(shown.iter().all(|r| r.cells.keys().eq(part.iter())));
+        let some: BTreeSet<String> = ["m03", "near", "new", "old"].map(String::from).into();
+        let shown = index.records(8..9, Some(&some)).unwrap();
+        assert_eq!(
+            shown[0].cells.keys().collect::<Vec<_>>(),
+            ["m03", "near", "new", "old"]
+        );
+        assert_eq!(shown[0].cells["new"].inputs, "w9");
+        // Every row read was trusted: none is dropped when the index closes.
+        drop(index);
+        assert_eq!(
+            rows(r, "SELECT COUNT(*) FROM cells"),
+            26 + 4 * 25 + 25 + 3 * 27
+        );
     }
 }

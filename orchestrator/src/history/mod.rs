@@ -354,6 +354,28 @@ pub fn pick_manifest(receipts: &Path, given: Option<&str>) -> Result<String, His
 /// checked against the trees on disk and brought up to date first; only the rows of the
 /// cells shown are read (and, for a window, each one's newest row before it).
 pub fn load(receipts: &Path, manifest: &str, opts: &Options) -> Result<History, HistoryError> {
+    let window = open(receipts, manifest, opts)?;
+    window.part(window.cells())
+}
+
+/// The runs [`load`] would show and the cells it would select, opened on the index, to be
+/// read a part of the cells at a time ([`Window::part`]): what prints a thousand cells'
+/// timelines without holding them all.
+pub struct Window {
+    index: index::Index,
+    receipts: PathBuf,
+    manifest: String,
+    /// The first run shown.
+    first: usize,
+    /// The selected cells, in order.
+    chosen: Vec<String>,
+    /// Whether every cell of the runs shown is selected.
+    every: bool,
+}
+
+/// Opens the window `opts` selects: the newest `last` runs (all without it) and the cells
+/// the filters select among theirs.
+pub fn open(receipts: &Path, manifest: &str, opts: &Options) -> Result<Window, HistoryError> {
     let index = index::open(receipts, manifest, opts.index)?;
     let n = index.runs().len();
     if n == 0 {
@@ -366,10 +388,53 @@ pub fn load(receipts: &Path, manifest: &str, opts: &Options) -> Result<History, 
     let first = opts.last.map_or(0, |k| n.saturating_sub(k.max(1)));
     let outline = index.outline(first..n)?;
     let chosen = select(&outline, manifest, &opts.filters)?;
-    let only = (chosen.len() < outline.len()).then_some(&chosen);
-    let records = index.records(first..n, only)?;
-    let before = index.previous(first, &chosen)?;
-    Ok(build_history(receipts, manifest, records, &chosen, &before))
+    Ok(Window {
+        every: chosen.len() == outline.len(),
+        index,
+        receipts: receipts.to_path_buf(),
+        manifest: manifest.to_string(),
+        first,
+        chosen: chosen.into_iter().collect(),
+    })
+}
+
+impl Window {
+    /// The runs shown, oldest first.
+    pub fn runs(&self) -> &[RunSummary] {
+        &self.index.runs()[self.first..]
+    }
+
+    /// The selected cells, in order.
+    pub fn cells(&self) -> &[String] {
+        &self.chosen
+    }
+
+    pub fn manifest(&self) -> &str {
+        &self.manifest
+    }
+
+    pub fn receipts(&self) -> &Path {
+        &self.receipts
+    }
+
+    /// The history of the runs shown for `cells` (a run of [`Window::cells`], in order):
+    /// their rows, and each one's newest row before the window, read from the index.
+    pub fn part(&self, cells: &[String]) -> Result<History, HistoryError> {
+        let n = self.index.runs().len();
+        let part: BTreeSet<String> = cells.iter().cloned().collect();
+        let whole = self.every && part.len() == self.chosen.len();
+        let records = self
+            .index
+            .records(self.first..n, (!whole).then_some(&part))?;
+        let before = self.index.previous(self.first, &part)?;
+        Ok(build_history(
+            &self.receipts,
+            &self.manifest,
+            records,
+            &part,
+            &before,
+        ))
+    }
 }
 
 /// Builds the history from records (oldest first): selects the cells, walks each one's

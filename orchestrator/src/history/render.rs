@@ -6,7 +6,7 @@
 
 use std::fmt::Write;
 
-use super::{CellHistory, History, Point};
+use super::{CellHistory, History, Point, RunSummary};
 use crate::commit::short_commit;
 
 /// The output formats of `history`.
@@ -31,18 +31,21 @@ pub fn render(h: &History, format: HistoryFormat) -> String {
 }
 
 fn headline(h: &History) -> String {
-    let span = match (h.runs.first(), h.runs.last()) {
-        (Some(a), Some(b)) if h.runs.len() > 1 => format!(", {} → {}", a.start, b.start),
+    headline_of(&h.manifest, &h.runs, h.cells.len())
+}
+
+/// The first line: the manifest, how many runs over which span, how many cells.
+pub fn headline_of(manifest: &str, runs: &[RunSummary], cells: usize) -> String {
+    let span = match (runs.first(), runs.last()) {
+        (Some(a), Some(b)) if runs.len() > 1 => format!(", {} → {}", a.start, b.start),
         (Some(a), _) => format!(", {}", a.start),
         _ => String::new(),
     };
     format!(
-        "history of {}: {} run{}{span}, {} cell{}",
-        h.manifest,
-        h.runs.len(),
-        if h.runs.len() == 1 { "" } else { "s" },
-        h.cells.len(),
-        if h.cells.len() == 1 { "" } else { "s" },
+        "history of {manifest}: {} run{}{span}, {cells} cell{}",
+        runs.len(),
+        if runs.len() == 1 { "" } else { "s" },
+        if cells == 1 { "" } else { "s" },
     )
 }
 
@@ -104,49 +107,87 @@ fn one_line(s: &str) -> String {
 pub fn text(h: &History) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{}", headline(h));
-    for c in &h.cells {
-        cell_text(&mut out, c);
-    }
+    text_cells(&mut out, &h.cells);
     out
+}
+
+/// The terminal rendering of `cells`, after the headline.
+pub fn text_cells(out: &mut String, cells: &[CellHistory]) {
+    for c in cells {
+        cell_text(out, c);
+    }
 }
 
 fn cell_text(out: &mut String, c: &CellHistory) {
     let _ = writeln!(out, "\n{}  ({})", one_line(&c.id), flips(c));
-    let rows: Vec<[String; 7]> = c
-        .points
-        .iter()
-        .map(|p| {
-            [
-                p.run.clone(),
-                short_commit(&p.commit),
-                verdict(p),
-                marker(p.inputs_changed, "inputs changed").to_string(),
-                marker(p.bits_moved, "bits moved").to_string(),
-                seconds(p),
-                one_line(&metrics(p)),
-            ]
-        })
-        .collect();
+    // Every column of every point is written once into `texts`, its place kept, so the
+    // widths are known before the first line is written.
+    let mut texts = String::new();
+    let mut places: Vec<[std::ops::Range<usize>; 7]> = Vec::with_capacity(c.points.len());
     let mut width = [0usize; 7];
-    for r in &rows {
-        for (w, col) in width.iter_mut().zip(r) {
-            *w = (*w).max(col.chars().count());
+    for p in &c.points {
+        let mut place: [std::ops::Range<usize>; 7] = Default::default();
+        for (k, slot) in place.iter_mut().enumerate() {
+            let start = texts.len();
+            match k {
+                0 => texts.push_str(&p.run),
+                1 => texts.push_str(&short_commit(&p.commit)),
+                2 => texts.push_str(&verdict(p)),
+                3 => texts.push_str(marker(p.inputs_changed, "inputs changed")),
+                4 => texts.push_str(marker(p.bits_moved, "bits moved")),
+                5 => {
+                    if let Some(f) = &p.facts {
+                        let _ = write!(texts, "{:.1}s", f.seconds);
+                    }
+                }
+                _ => {
+                    for (i, (name, v)) in p.facts.iter().flat_map(|f| &f.metrics).enumerate() {
+                        let _ = write!(texts, "{}{name}={v}", if i > 0 { " " } else { "" });
+                    }
+                    if texts[start..].chars().any(char::is_control) {
+                        let flat = one_line(&texts[start..]);
+                        texts.truncate(start);
+                        texts.push_str(&flat);
+                    }
+                }
+            }
+            *slot = start..texts.len();
+            width[k] = width[k].max(texts[slot.clone()].chars().count());
         }
+        places.push(place);
     }
-    for r in &rows {
-        let mut line = String::from(" ");
-        for (i, col) in r.iter().enumerate() {
-            let _ = write!(line, " {col:<w$}", w = width[i]);
+    for place in &places {
+        let start = out.len();
+        out.push(' ');
+        for (k, range) in place.iter().enumerate() {
+            let text = &texts[range.clone()];
+            out.push(' ');
+            out.push_str(text);
+            let pad = width[k] - text.chars().count();
+            out.extend(std::iter::repeat_n(' ', pad));
         }
-        let _ = writeln!(out, "{}", line.trim_end());
+        let kept = out[start..].trim_end().len();
+        out.truncate(start + kept);
+        out.push('\n');
     }
 }
 
 /// The markdown rendering: a heading, then one table per cell.
 pub fn markdown(h: &History) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "## {}", headline(h));
-    for c in &h.cells {
+    let _ = writeln!(out, "{}", markdown_head(&headline(h)));
+    markdown_cells(&mut out, &h.cells);
+    out
+}
+
+/// The markdown heading of a [`headline_of`].
+pub fn markdown_head(headline: &str) -> String {
+    format!("## {headline}")
+}
+
+/// The markdown rendering of `cells`, after the heading.
+pub fn markdown_cells(out: &mut String, cells: &[CellHistory]) {
+    for c in cells {
         let _ = writeln!(
             out,
             "\n### `{}` ({})\n\n| run | commit | verdict | inputs | bits | seconds | metrics |\n|---|---|---|---|---|---|---|",
@@ -167,5 +208,4 @@ pub fn markdown(h: &History) -> String {
             );
         }
     }
-    out
 }

@@ -107,8 +107,15 @@ pub struct FeedItem {
 
 /// Every step of every metric of `h`'s cells, newest first (then by cell and metric).
 pub fn feed(h: &super::History) -> Vec<FeedItem> {
+    let mut out = steps_of(&h.cells);
+    sort(&mut out);
+    out
+}
+
+/// The steps of `cells`' metrics, in no order ([`sort`] orders a feed).
+pub fn steps_of(cells: &[super::CellHistory]) -> Vec<FeedItem> {
     let mut out = Vec::new();
-    for cell in &h.cells {
+    for cell in cells {
         let mut names: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
         for p in &cell.points {
             if let Some(f) = &p.facts {
@@ -139,17 +146,28 @@ pub fn feed(h: &super::History) -> Vec<FeedItem> {
             }
         }
     }
-    out.sort_by(|a, b| {
+    out
+}
+
+/// Orders a feed newest first, then by cell and metric.
+pub fn sort(items: &mut [FeedItem]) {
+    items.sort_by(|a, b| {
         b.start
             .cmp(&a.start)
             .then_with(|| a.cell.cmp(&b.cell))
             .then_with(|| a.metric.cmp(&b.metric))
     });
-    out
+}
+
+/// What the feed's first line counts: the manifest, its cells and its runs.
+pub struct Scope<'a> {
+    pub manifest: &'a str,
+    pub cells: usize,
+    pub runs: usize,
 }
 
 /// The feed as text (a line a step) or markdown (a table).
-pub fn render(h: &super::History, items: &[FeedItem], markdown: bool) -> String {
+pub fn render(scope: &Scope, items: &[FeedItem], markdown: bool) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let _ = writeln!(
@@ -157,11 +175,11 @@ pub fn render(h: &super::History, items: &[FeedItem], markdown: bool) -> String 
         "{} step{} in the metrics of {} ({} cell{} over {} run{}; docs/diff.md, \"Steps\")",
         items.len(),
         if items.len() == 1 { "" } else { "s" },
-        h.manifest,
-        h.cells.len(),
-        if h.cells.len() == 1 { "" } else { "s" },
-        h.runs.len(),
-        if h.runs.len() == 1 { "" } else { "s" },
+        scope.manifest,
+        scope.cells,
+        if scope.cells == 1 { "" } else { "s" },
+        scope.runs,
+        if scope.runs == 1 { "" } else { "s" },
     );
     if markdown && !items.is_empty() {
         out.push_str("\n| since | run | commit | cell | metric | before | after | change |\n|---|---|---|---|---|---|---|---|\n");

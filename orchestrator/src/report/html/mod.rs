@@ -37,28 +37,12 @@ pub const FEED_TEXT: &str = "regressions.txt";
 pub const FEED_JSON: &str = "regressions.json";
 
 fn feed_text(view: &ReportView) -> String {
-    let h = crate::history::History {
-        receipts: view.receipts.clone(),
-        manifest: view.manifest.clone(),
-        runs: Vec::new(),
-        cells: Vec::new(),
+    let scope = crate::history::steps::Scope {
+        manifest: &view.manifest,
+        cells: view.cells.len(),
+        runs: view.runs.len(),
     };
-    let mut text = crate::history::steps::render(&h, &view.feed, false);
-    // The counts line names what the report covers, not the empty history above.
-    if let Some(first) = text.lines().next() {
-        let counts = format!(
-            "{} step{} in the metrics of {} ({} cell{} over {} run{})",
-            view.feed.len(),
-            if view.feed.len() == 1 { "" } else { "s" },
-            view.manifest,
-            view.cells.len(),
-            if view.cells.len() == 1 { "" } else { "s" },
-            view.runs.len(),
-            if view.runs.len() == 1 { "" } else { "s" },
-        );
-        text = text.replacen(first, &counts, 1);
-    }
-    text
+    crate::history::steps::render(&scope, &view.feed, false)
 }
 
 /// [`MARKER`]'s content.
