@@ -41,9 +41,10 @@ pub fn main() -> i32 {
 
 /// Runs one parsed subcommand.
 pub fn dispatch(command: Command) -> ExitCode {
-    // A command that only prints ends quietly when its reader goes (`memra-orch history |
+    // A command that only prints ends quietly when its reader goes (`memra-orch show |
     // head`), as any Unix tool does, instead of panicking on the closed pipe. Commands that
-    // write receipts, a site or deletions keep SIGPIPE ignored and see the error instead.
+    // write receipts, a site or deletions keep SIGPIPE ignored and see the error instead, as
+    // does `history`, which ends on the closed pipe itself so that its index closes cleanly.
     if matches!(
         command,
         Command::Plan(_)
@@ -52,7 +53,6 @@ pub fn dispatch(command: Command) -> ExitCode {
             | Command::Diff(_)
             | Command::Show(_)
             | Command::Ls(_)
-            | Command::History(_)
             | Command::Summary(_)
     ) {
         // SAFETY: signal() with SIG_DFL changes only this process's disposition of SIGPIPE;

@@ -3,7 +3,7 @@
 //! and prints it. Exit 0; 2 when the receipts, the manifest or a matching cell cannot be
 //! found, or a run's receipts cannot be read part-way (what was printed before stands, the
 //! error follows on stderr); 3 when the output cannot be written. A closed pipe ends it
-//! quietly (SIGPIPE, as any tool that only prints).
+//! quietly with 0 (`| head`), the index closed as after any read.
 //!
 //! The cells are read from the index [`PART`] at a time by a thread of their own, while
 //! this one formats and writes the part before; each part is freed once written (back on

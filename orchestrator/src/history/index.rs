@@ -863,12 +863,7 @@ impl Index {
                     }
                 }
             }
-            Source::Db {
-                conn,
-                keys,
-                replaced,
-                ..
-            } => {
+            Source::Db { .. } => {
                 // The run just before the window holds nearly every cell: the few runs
                 // before it are read for the cells still missing, newest first, before any
                 // cell is looked up on its own.
@@ -883,37 +878,18 @@ impl Index {
                         out.insert(id, f);
                     }
                 }
-                let position: HashMap<i64, usize> = keys[..scanned]
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, k)| Some(((*k)?, i)))
-                    .collect();
                 for id in &missing {
-                    // The runs holding the cell, newest first: from the index on cell ids,
-                    // plus the runs read from their trees. Without the index (a damaged
-                    // page), every run before those scanned, newest first.
-                    let listed = conn
-                        .prepare_cached("SELECT run FROM cells WHERE cell = ?1")
-                        .and_then(|mut q| {
-                            q.query_map(params![id], |row| row.get::<_, i64>(0))?
-                                .collect::<rusqlite::Result<Vec<i64>>>()
-                        });
-                    let mut candidates: Vec<usize> = match listed {
-                        Ok(runs) => runs
-                            .iter()
-                            .filter_map(|k| position.get(k).copied())
-                            .collect(),
-                        Err(e) => {
-                            self.note_error(&e);
-                            (0..scanned).collect()
-                        }
-                    };
-                    candidates.extend(replaced.borrow().keys().filter(|i| **i < scanned));
-                    candidates.sort_unstable_by(|a, b| b.cmp(a));
-                    candidates.dedup();
+                    // The newest run before those scanned whose cell set has the cell (a run
+                    // whose set cannot be trusted may have it): its row is read, checked
+                    // against that set, so a deleted row sends the run to its tree rather
+                    // than the search to an older run.
                     let one = BTreeSet::from([id.clone()]);
-                    for i in candidates {
-                        if let Some(f) = self.cells(i, Some(&one))?.remove(id) {
+                    for i in (0..scanned).rev() {
+                        let has = match self.replaced(i) {
+                            Some(r) => r.cells.contains_key(id),
+                            None => self.set_of(i).is_none_or(|set| set.contains_key(id)),
+                        };
+                        if has && let Some(f) = self.cells(i, Some(&one))?.remove(id) {
                             out.insert(id.clone(), f);
                             break;
                         }
@@ -1630,6 +1606,43 @@ mod tests {
         assert_eq!(
             rows(r, "SELECT COUNT(*) FROM cells"),
             26 + 4 * 25 + 25 + 3 * 27
+        );
+    }
+
+    #[test]
+    fn a_deleted_row_far_before_a_window_sends_its_run_to_the_tree_not_the_search_further() {
+        let tmp = tempfile::tempdir().unwrap();
+        let r = tmp.path();
+        let day = |d: usize, cells: &[(&str, &str)]| {
+            run_of(
+                r,
+                &format!("202611{d:02}T000000.000Z-{d:04}"),
+                &format!("2026-11-{d:02}T00:00:00Z"),
+                cells,
+            );
+        };
+        day(1, &[("a", "a1"), ("x", "x1")]);
+        day(2, &[("a", "a2"), ("x", "x2")]);
+        for d in 3..=7 {
+            day(d, &[("a", "a")]);
+        }
+        drop(open(r, "m", Mode::Use).unwrap());
+        // Night 2's row of `x` goes; its run row, stamp and cell set stay.
+        let db = Connection::open(path(r)).unwrap();
+        let gone = db
+            .execute(
+                "DELETE FROM cells WHERE cell = 'x' AND run = (SELECT id FROM runs WHERE run_id LIKE '%0002')",
+                [],
+            )
+            .unwrap();
+        assert_eq!(gone, 1);
+        drop(db);
+        let index = open(r, "m", Mode::Use).unwrap();
+        let x = BTreeSet::from(["x".to_string()]);
+        let before = index.previous(6, &x).unwrap();
+        assert_eq!(
+            before["x"].inputs, "x2",
+            "night 2 read from its tree, not night 1"
         );
     }
 }
