@@ -1,7 +1,10 @@
 //! Overhead of `memra-orch run` per arm: 224 (the shipped nightly's cell count) and 1,000
 //! trivial arms (`true`) at `--jobs 2`, packed (the default) and `--no-pack`, next to the
 //! same processes spawned by a bare loop on two threads, in the same process. Prints a table
-//! per count; `cargo bench -p memra-orch --bench run`.
+//! per count; `cargo bench -p memra-orch --bench run`. The receipts and the attempts' TMPDIRs
+//! go to the temporary folder (`TMPDIR`, default /tmp), whose file system the table names:
+//! creating and removing files is most of the overhead, so `TMPDIR=/path/on/the/nightly/disk`
+//! measures the disk the nightly writes to.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -123,7 +126,11 @@ fn table(arms: usize) {
     );
     let (b, o, u) = (median(bare), median(orch), median(unpacked));
     let per = |d: Duration| d.as_secs_f64() * 1e3 / arms as f64;
-    println!("\n{arms} trivial arms (`true`), 2 parallel, median of {ROUNDS} rounds");
+    println!(
+        "\n{arms} trivial arms (`true`), 2 parallel, median of {ROUNDS} rounds, receipts in {} ({})",
+        dir.path().display(),
+        file_system(dir.path())
+    );
     println!("| what                                       | wall s | ms per arm |");
     println!("|--------------------------------------------|-------:|-----------:|");
     println!(
@@ -151,4 +158,25 @@ fn table(arms: usize) {
         (o.saturating_sub(b)).as_secs_f64(),
         per(o.saturating_sub(b))
     );
+}
+
+/// The file system `dir` is on, by its statfs magic number.
+fn file_system(dir: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return "unknown".into();
+    };
+    // SAFETY: statfs writes only into the zeroed struct it is given; `c` is a valid C string.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return "unknown".into();
+    }
+    match st.f_type as i64 {
+        0xEF53 => "ext4".into(),
+        0x0102_1994 => "tmpfs".into(),
+        0x5846_5342 => "xfs".into(),
+        0x9123_683E => "btrfs".into(),
+        0x794C_7630 => "overlayfs".into(),
+        other => format!("file system 0x{other:x}"),
+    }
 }

@@ -1,10 +1,11 @@
 //! A gate that turns on its supervisor, with real processes: one that stops it
 //! (`kill -STOP $PPID`) cannot hang the run past its timeout, and one that kills it leaves
-//! no worker running beside the next cell.
+//! no worker running beside the next cell. The supervisor is a binary of its own, and
+//! memra-orch copied alone supervises with itself.
 
 use std::time::{Duration, Instant};
 
-use crate::run_support::{Fixture, logged};
+use crate::run_support::{Fixture, logged, read_text};
 
 #[test]
 fn a_gate_that_stops_its_supervisor_cannot_hang_the_run() {
@@ -42,4 +43,53 @@ fn a_gate_that_kills_its_supervisor_leaves_no_worker_beside_the_next_cell() {
     assert_eq!(f.verdict("rogue"), "error", "{:#}", f.receipt("rogue"));
     assert_eq!(f.verdict("next"), "pass", "the worker outlived its attempt");
     assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn the_supervisor_is_its_own_small_binary_and_memra_orch_alone_supervises_itself() {
+    let manifest = "schema = 1\nname = \"sup\"\n\
+         [[arm]]\nid = \"parent\"\ngpus = 0\nshell = true\nrun = \"cat /proc/$PPID/comm\"\n";
+    // Built beside memra-orch, memra-supervise is the gate's parent.
+    let f = Fixture::new(manifest);
+    assert_eq!(logged(f.run(&[])).status.code(), Some(0));
+    let said = read_text(&f.attempt_dir("parent", 1).join("stdout.log")).unwrap();
+    assert_eq!(said.trim(), "memra-supervise");
+
+    // memra-orch copied alone: it re-executes itself as the supervisor, and the run is the
+    // same.
+    let alone = tempfile::tempdir().unwrap();
+    let orch = alone.path().join("memra-orch");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_memra-orch"), &orch).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_memra-orch"), &orch).unwrap();
+    }
+    let g = Fixture::new(manifest);
+    let out = logged(
+        std::process::Command::new(&orch)
+            .arg("run")
+            .arg(g.path().join("manifest.toml"))
+            .arg("--receipts")
+            .arg(g.path().join("receipts"))
+            .args(["--commit", "test-commit", "--progress", "plain"])
+            .current_dir(g.path())
+            .env("MEMRA_GPU_LOCK_DIR", g.path().join("gpu-leases"))
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let said = read_text(&g.attempt_dir("parent", 1).join("stdout.log")).unwrap();
+    assert_eq!(said.trim(), "memra-orch");
+
+    // Started by hand, it says what it is for and runs nothing.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memra-supervise"))
+        .args(["touch", "ran"])
+        .current_dir(g.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("started by memra-orch only"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!g.path().join("ran").exists());
 }

@@ -1,7 +1,10 @@
-//! The attempt supervisor: the memra-orch binary re-executed as
-//! `memra-orch __memra-supervise <program> <args…>` between the orchestrator and one gate, so
-//! that nothing an attempt starts outlives it, not even a `setsid` grandchild and not even
-//! when memra-orch itself is killed with SIGKILL.
+//! The attempt supervisor, between the orchestrator and one gate, so that nothing an attempt
+//! starts outlives it, not even a `setsid` grandchild and not even when memra-orch itself is
+//! killed with SIGKILL. It runs as `memra-supervise __memra-supervise <program> <args…>`, a
+//! binary of its own built beside memra-orch: it links only this module, so the exec at
+//! every attempt loads a small program instead of the whole orchestrator. Where it is not
+//! beside memra-orch (the binary copied alone), memra-orch re-executes itself with the same
+//! arguments instead ([`main_if_asked`]).
 //!
 //! The supervisor makes itself a child subreaper (`PR_SET_CHILD_SUBREAPER`), so every
 //! descendant whose parent dies is re-parented to it rather than to init: whatever the gate
@@ -46,10 +49,34 @@ pub fn main_if_asked() -> Option<i32> {
     Some(supervise(&args.collect::<Vec<_>>()))
 }
 
-/// The memra-orch binary to re-execute as a supervisor: this executable when it is
-/// memra-orch, else (a test or bench binary of the workspace using the library) the
+/// The supervisor binary's name, built beside memra-orch.
+pub const SUPERVISOR_BIN: &str = "memra-supervise";
+
+/// The `main` of `memra-supervise`: the supervisor, when its first argument is
+/// [`SUPERVISE_ARG`]; else a usage error (exit 2), so a supervisor of another protocol is
+/// never mistaken for this one's.
+pub fn main_standalone() -> i32 {
+    main_if_asked().unwrap_or_else(|| {
+        eprintln!(
+            "{SUPERVISOR_BIN}: started by memra-orch only, as `{SUPERVISOR_BIN} {SUPERVISE_ARG} PROGRAM [ARG…]` with its socket as stdin"
+        );
+        2
+    })
+}
+
+/// The program to run as a supervisor: `memra-supervise` beside the memra-orch binary when
+/// it is there, else memra-orch itself. The memra-orch binary is this executable when it
+/// is memra-orch, else (a test or bench binary of the workspace using the library) the
 /// `memra-orch` that cargo builds next to it.
 pub fn default_program() -> PathBuf {
+    let orch = orchestrator_binary();
+    match orch.parent().map(|d| d.join(SUPERVISOR_BIN)) {
+        Some(s) if s.is_file() => s,
+        _ => orch,
+    }
+}
+
+fn orchestrator_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("memra-orch"));
     if exe.file_stem() == Some(OsStr::new("memra-orch")) {
         return exe;

@@ -1,0 +1,7 @@
+//! `memra-supervise`: the attempt supervisor memra-orch starts between itself and each gate
+//! (`executor/supervise.rs`). Not a command for people: memra-orch passes it a socket as
+//! stdin and reads its reports there.
+
+fn main() {
+    std::process::exit(memra_orch::executor::supervise::main_standalone());
+}
