@@ -25,6 +25,9 @@ pub struct BenchPlan {
     pub batches: Vec<usize>,
     /// Repetitions; the best (fastest) is reported, as the least disturbed by other load.
     pub reps: usize,
+    /// Tokens primed before the decode measurements (`None`: a short prompt), so decode
+    /// can be timed at a long context.
+    pub decode_context: Option<usize>,
 }
 
 impl Default for BenchPlan {
@@ -34,6 +37,7 @@ impl Default for BenchPlan {
             decode_steps: 32,
             batches: vec![1, 8],
             reps: 3,
+            decode_context: None,
         }
     }
 }
@@ -122,13 +126,14 @@ pub fn run(
         cpu_seconds: best.1,
     });
 
+    let context = plan.decode_context.unwrap_or(DECODE_PROMPT);
     for &b in &plan.batches {
         let seqs: Vec<SeqId> = (0..b as u32).map(SeqId).collect();
         let mut best = (f64::INFINITY, f64::NAN);
         for _ in 0..reps {
             for &s in &seqs {
-                backend.open_sequence(s, DECODE_PROMPT + plan.decode_steps)?;
-                backend.prime(s, &ids(DECODE_PROMPT, n_vocab, s.0 as usize + 1))?;
+                backend.open_sequence(s, context + plan.decode_steps)?;
+                backend.prime(s, &ids(context, n_vocab, s.0 as usize + 1))?;
             }
             let feeds: Vec<Vec<u32>> = (0..plan.decode_steps)
                 .map(|i| ids(b, n_vocab, 1000 + i))
@@ -157,7 +162,13 @@ pub fn run(
             _ => "decode_step_batch",
         };
         rows.push(BenchRow {
-            what: format!("decode B={b} ({path}, {} steps)", plan.decode_steps),
+            what: match plan.decode_context {
+                Some(c) => format!(
+                    "decode B={b} ({path}, {} steps at context {c})",
+                    plan.decode_steps
+                ),
+                None => format!("decode B={b} ({path}, {} steps)", plan.decode_steps),
+            },
             tokens: b * plan.decode_steps,
             seconds: best.0,
             cpu_seconds: best.1,

@@ -122,6 +122,10 @@ enum Command {
         /// Decode batch sizes, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "1,8")]
         batch: Vec<usize>,
+        /// Prime each decoding sequence with N tokens first, to time decode at a long
+        /// context (default: a prompt of 8 tokens).
+        #[arg(long, value_name = "N")]
+        context: Option<usize>,
         /// GPU table instead: decode tokens/s at every --batch size under each door
         /// setting, weight GB/s and the device's copy bandwidth (needs a CUDA device).
         #[arg(long)]
@@ -394,6 +398,7 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             steps,
             reps,
             batch,
+            context,
             door_matrix,
             only,
             spec,
@@ -404,10 +409,15 @@ fn dispatch(command: Command) -> Result<(), Failure> {
                 decode_steps: steps,
                 batches: batch,
                 reps,
+                decode_context: context,
             };
-            if plan.batches.contains(&0) || plan.prompt_len == 0 || plan.decode_steps == 0 {
+            if plan.batches.contains(&0)
+                || plan.prompt_len == 0
+                || plan.decode_steps == 0
+                || plan.decode_context == Some(0)
+            {
                 return Err(bad(
-                    "--batch sizes, --prompt-len and --steps must all be at least 1",
+                    "--batch sizes, --prompt-len, --steps and --context must all be at least 1",
                 ));
             }
             let (model, title, _tmp) = bench_model(model)?;
@@ -476,6 +486,7 @@ fn cuda_door_matrix(
         plan.decode_steps,
         plan.reps,
         only,
+        plan.decode_context,
     )
     .map_err(engine_failure)?;
     println!("{table}");

@@ -192,6 +192,31 @@ fn subcommands_run_on_a_synthesized_model() {
     ] {
         assert!(table.contains(line), "{table}");
     }
+    // Decode timed after a longer prompt says the context it ran at; a context of 0 is
+    // refused.
+    let o = run(&[
+        "bench",
+        m,
+        "--prompt-len",
+        "8",
+        "--steps",
+        "2",
+        "--reps",
+        "1",
+        "--batch",
+        "1",
+        "--context",
+        "24",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("2 steps at context 24)"),
+        "{}",
+        stdout(&o)
+    );
+    let o = run(&["bench", m, "--context", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--context"), "{}", stderr(&o));
 }
 
 #[test]

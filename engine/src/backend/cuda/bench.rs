@@ -140,6 +140,7 @@ pub fn time_decode(
     b: usize,
     steps: usize,
     reps: usize,
+    context: usize,
 ) -> Result<f64, EngineError> {
     let mut be = CudaBackend::with_model(dm.clone(), doors.clone())?;
     be.set_graphs(graphs);
@@ -150,8 +151,8 @@ pub fn time_decode(
     let mut best = f64::INFINITY;
     for _ in 0..reps.max(1) {
         for &s in &seqs {
-            be.open_sequence(s, PROMPT + WARM + steps)?;
-            let prompt: Vec<u32> = (0..PROMPT).map(|i| token(i, s.0 as usize)).collect();
+            be.open_sequence(s, context + WARM + steps)?;
+            let prompt: Vec<u32> = (0..context).map(|i| token(i, s.0 as usize)).collect();
             be.prime(s, &prompt)?;
         }
         let mut t0 = Instant::now();
@@ -185,7 +186,9 @@ pub fn door_matrix(
     steps: usize,
     reps: usize,
     only: Option<&str>,
+    context: Option<usize>,
 ) -> Result<String, EngineError> {
+    let context = context.unwrap_or(PROMPT);
     let copy = copy_bandwidth(dm, 1 << 30, 10)?;
     let wbytes = dm.step_weight_bytes() as f64;
     let mut cells = Vec::new();
@@ -195,7 +198,7 @@ pub fn door_matrix(
             if doors.serve_b1fast && b > 1 {
                 continue;
             }
-            let step_s = time_decode(dm, doors, true, b, steps, reps)?;
+            let step_s = time_decode(dm, doors, true, b, steps, reps, context)?;
             cells.push(Cell {
                 doors: label.clone(),
                 graphs: true,
@@ -205,7 +208,7 @@ pub fn door_matrix(
         }
     }
     if let Some((label, doors)) = settings.first() {
-        let step_s = time_decode(dm, doors, false, 1, steps, reps)?;
+        let step_s = time_decode(dm, doors, false, 1, steps, reps, context)?;
         cells.push(Cell {
             doors: label.clone(),
             graphs: false,
@@ -216,7 +219,8 @@ pub fn door_matrix(
     let mut out = format!(
         "memra-engine bench --door-matrix: {title} on {}\n\
          weights read per step: {:.1} MB; device-to-device copy of 1 GiB (read + written), \
-         best of 10: {:.0} GB/s; {steps} timed steps after {WARM} warm-up steps, best of {reps}\n",
+         best of 10: {:.0} GB/s; {steps} timed steps after a {context}-token prompt and {WARM} \
+         warm-up steps, best of {reps}\n",
         dm.device_names(),
         wbytes / 1e6,
         copy / 1e9
