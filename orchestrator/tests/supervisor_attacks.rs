@@ -56,28 +56,57 @@ fn the_supervisor_is_its_own_small_binary_and_memra_orch_alone_supervises_itself
     assert_eq!(said.trim(), "memra-supervise");
 
     // memra-orch copied alone: it re-executes itself as the supervisor, and the run is the
-    // same.
+    // same. So it does beside a `memra-supervise` of another build (a stale one, or a file
+    // that is not a supervisor at all), and beside one that cannot run; beside this build's
+    // own, that one supervises.
     let alone = tempfile::tempdir().unwrap();
+    let place = |from: &str, to: &std::path::Path| {
+        let _ = std::fs::remove_file(to);
+        if std::fs::hard_link(from, to).is_err() {
+            std::fs::copy(from, to).unwrap();
+        }
+    };
     let orch = alone.path().join("memra-orch");
-    if std::fs::hard_link(env!("CARGO_BIN_EXE_memra-orch"), &orch).is_err() {
-        std::fs::copy(env!("CARGO_BIN_EXE_memra-orch"), &orch).unwrap();
-    }
-    let g = Fixture::new(manifest);
-    let out = logged(
-        std::process::Command::new(&orch)
-            .arg("run")
-            .arg(g.path().join("manifest.toml"))
-            .arg("--receipts")
-            .arg(g.path().join("receipts"))
-            .args(["--commit", "test-commit", "--progress", "plain"])
-            .current_dir(g.path())
-            .env("MEMRA_GPU_LOCK_DIR", g.path().join("gpu-leases"))
-            .output()
-            .unwrap(),
+    place(env!("CARGO_BIN_EXE_memra-orch"), &orch);
+    let sibling = alone.path().join("memra-supervise");
+    let parent_in_a_run = |prepare: &dyn Fn()| -> String {
+        prepare();
+        let g = Fixture::new(manifest);
+        let out = logged(
+            std::process::Command::new(&orch)
+                .arg("run")
+                .arg(g.path().join("manifest.toml"))
+                .arg("--receipts")
+                .arg(g.path().join("receipts"))
+                .args(["--commit", "test-commit", "--progress", "plain"])
+                .current_dir(g.path())
+                .env("MEMRA_GPU_LOCK_DIR", g.path().join("gpu-leases"))
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(out.status.code(), Some(0));
+        read_text(&g.attempt_dir("parent", 1).join("stdout.log"))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    assert_eq!(parent_in_a_run(&|| ()), "memra-orch");
+    let write = |text: &str, mode: u32| {
+        use std::os::unix::fs::PermissionsExt as _;
+        let _ = std::fs::remove_file(&sibling);
+        std::fs::write(&sibling, text).unwrap();
+        std::fs::set_permissions(&sibling, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    let stale = "#!/bin/sh\necho memra-supervise 0.0.0 0000000000000000\n";
+    assert_eq!(parent_in_a_run(&|| write(stale, 0o755)), "memra-orch");
+    let liar = "#!/bin/sh\nexec sleep 0\n";
+    assert_eq!(parent_in_a_run(&|| write(liar, 0o755)), "memra-orch");
+    assert_eq!(parent_in_a_run(&|| write(stale, 0o644)), "memra-orch");
+    assert_eq!(
+        parent_in_a_run(&|| place(env!("CARGO_BIN_EXE_memra-supervise"), &sibling)),
+        "memra-supervise"
     );
-    assert_eq!(out.status.code(), Some(0));
-    let said = read_text(&g.attempt_dir("parent", 1).join("stdout.log")).unwrap();
-    assert_eq!(said.trim(), "memra-orch");
+    let g = Fixture::new(manifest);
 
     // Started by hand, it says what it is for and runs nothing.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_memra-supervise"))

@@ -43,7 +43,8 @@ pub struct LocalExecutor {
     watchdog: Watchdog,
     /// The attempts' TMPDIRs.
     tmp: TmpDirs,
-    /// The memra-orch binary, re-executed as each attempt's supervisor.
+    /// Each attempt's supervisor: `memra-supervise`, or memra-orch re-executed
+    /// ([`supervise::default_program`]).
     supervisor: PathBuf,
     /// Reads the attempt's GPUs before and after it ([`crate::health`]); `None`: no
     /// readings (a run without GPUs).
@@ -68,7 +69,8 @@ impl LocalExecutor {
         self
     }
 
-    /// The same executor with another supervisor binary (memra-orch, by path).
+    /// The same executor with another supervisor binary (memra-supervise or memra-orch, by
+    /// path).
     pub fn with_supervisor(mut self, program: PathBuf) -> LocalExecutor {
         self.supervisor = program;
         self
@@ -505,7 +507,7 @@ impl LocalExecutor {
         let mut supervised = Supervised::spawn(cmd).map_err(|error| {
             if error.kind() == std::io::ErrorKind::NotFound && !self.supervisor.is_file() {
                 ExecError::Supervisor(format!(
-                    "the attempt supervisor {} does not exist (it is the memra-orch binary)",
+                    "the attempt supervisor {} does not exist (memra-supervise beside memra-orch, or memra-orch itself)",
                     self.supervisor.display()
                 ))
             } else {

@@ -52,10 +52,32 @@ pub fn main_if_asked() -> Option<i32> {
 /// The supervisor binary's name, built beside memra-orch.
 pub const SUPERVISOR_BIN: &str = "memra-supervise";
 
+/// The argument that makes `memra-supervise` print [`identity`] and exit.
+pub const IDENTIFY_ARG: &str = "__memra-identify";
+
+/// What this build's supervisor is: a digest of this file, the supervisor's whole code and
+/// protocol. A `memra-supervise` that prints another one (left from an older build, or
+/// from a build of other sources) is not used.
+pub fn identity() -> String {
+    // FNV-1a over the source: no dependency, and the same in both binaries of one build.
+    let digest = include_bytes!("supervise.rs")
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    format!(
+        "{SUPERVISOR_BIN} {} {digest:016x}",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
 /// The `main` of `memra-supervise`: the supervisor, when its first argument is
-/// [`SUPERVISE_ARG`]; else a usage error (exit 2), so a supervisor of another protocol is
-/// never mistaken for this one's.
+/// [`SUPERVISE_ARG`]; its [`identity`] for [`IDENTIFY_ARG`]; else a usage error (exit 2).
 pub fn main_standalone() -> i32 {
+    if std::env::args_os().nth(1).as_deref() == Some(OsStr::new(IDENTIFY_ARG)) {
+        println!("{}", identity());
+        return 0;
+    }
     main_if_asked().unwrap_or_else(|| {
         eprintln!(
             "{SUPERVISOR_BIN}: started by memra-orch only, as `{SUPERVISOR_BIN} {SUPERVISE_ARG} PROGRAM [ARG…]` with its socket as stdin"
@@ -65,15 +87,29 @@ pub fn main_standalone() -> i32 {
 }
 
 /// The program to run as a supervisor: `memra-supervise` beside the memra-orch binary when
-/// it is there, else memra-orch itself. The memra-orch binary is this executable when it
-/// is memra-orch, else (a test or bench binary of the workspace using the library) the
-/// `memra-orch` that cargo builds next to it.
+/// it is there and of this build (it answers [`IDENTIFY_ARG`] with this build's
+/// [`identity`]: a stale, foreign or unrunnable file is passed over), else memra-orch
+/// itself. The memra-orch binary is this executable when it is memra-orch, else (a test or
+/// bench binary of the workspace using the library) the `memra-orch` that cargo builds next
+/// to it.
 pub fn default_program() -> PathBuf {
     let orch = orchestrator_binary();
     match orch.parent().map(|d| d.join(SUPERVISOR_BIN)) {
-        Some(s) if s.is_file() => s,
+        Some(s) if s.is_file() && same_build(&s) => s,
         _ => orch,
     }
+}
+
+/// Whether `program` prints this build's [`identity`] for [`IDENTIFY_ARG`].
+fn same_build(program: &Path) -> bool {
+    Command::new(program)
+        .arg(IDENTIFY_ARG)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .is_ok_and(|o| {
+            o.status.success() && String::from_utf8_lossy(&o.stdout).trim_end() == identity()
+        })
 }
 
 fn orchestrator_binary() -> PathBuf {
