@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parent.parent / "bench-vs-llamacpp-cuda"
 
 
@@ -154,9 +156,13 @@ def test_one_table_memra_beside_llama_cpp_with_the_ratio(tmp_path):
     assert bench(src, engine, env, tmp_path).returncode == 0
     configured = list((tmp_path / "cache/memra/llama.cpp-cuda").glob("*/configured"))
     assert [c.read_text() for c in configured] == ["x"]
-    # Another architecture is configured again.
+    # Another architecture is built apart; in a build folder given, it is configured again.
     assert bench(src, engine, env, tmp_path, "--arch", "100").returncode == 0
     assert len(list((tmp_path / "cache/memra/llama.cpp-cuda").glob("*/configured"))) == 2
+    for arch in ("90", "90", "100"):
+        assert bench(src, engine, env, tmp_path, "--arch", arch, "--build",
+                     str(tmp_path / "b")).returncode == 0
+    assert (tmp_path / "b/configured").read_text() == "xx"
 
 
 def test_a_missing_row_fails_naming_its_log_and_bad_input_is_refused(tmp_path):
@@ -168,3 +174,72 @@ def test_a_missing_row_fails_naming_its_log_and_bad_input_is_refused(tmp_path):
     assert out.returncode == 2 and "not a llama.cpp source folder" in out.stderr
     out = bench(src, tmp_path / "nope", env, tmp_path, "--engine", str(tmp_path / "nope"))
     assert out.returncode == 2 and "no memra-engine" in out.stderr
+
+
+# ---------------------------------------------------------------- the CPU script
+
+CPU_SCRIPT = SCRIPT.with_name("bench-vs-llamacpp")
+
+# Each call counts itself, so the rounds differ: the table must keep each engine's best.
+CPU_ENGINE = r'''
+import os, sys
+from pathlib import Path
+a = sys.argv
+if a[1] == "synth":
+    Path(a[a.index("--out") + 1]).write_bytes(b"GGUF")
+    sys.exit(0)
+if os.environ.get("MEMRA_BACKEND") != "cpu" or "MEMRA_FA3" in os.environ:
+    sys.exit("the CPU bench must run with MEMRA_BACKEND=cpu and no other MEMRA_ setting")
+t = int(os.environ["RAYON_NUM_THREADS"])
+if len(os.sched_getaffinity(0)) != t:
+    sys.exit(f"pinned to {os.sched_getaffinity(0)} for {t} threads")
+count = Path(os.environ["FAKE_COUNT"])
+n = int(count.read_text()) if count.exists() else 0
+count.write_text(str(n + 1))
+bump = 10.0 if n == 2 else 0.0
+p = int(a[a.index("--prompt-len") + 1])
+print("| measurement | tokens | best s | tokens/s | cpu s | tokens/cpu-s |")
+print(f"| prefill (prime, {p} tokens) | {p} | 1.0 | {100.0 * t + bump:.1f} | 1.0 | 1.0 |")
+print(f"| decode B=1 (plain generate's step: decode_step_batch at B=1, 32 steps) | 32 | 1.0 | {40.0 * t + bump:.1f} | 1.0 | 1.0 |")
+print(f"| decode B=8 (decode_step_batch, 32 steps) | 256 | 1.0 | {90.0 * t:.1f} | 1.0 | 1.0 |")
+'''
+
+CPU_LLAMA_BENCH = r'''
+import json, os, sys
+a = sys.argv
+t = int(a[a.index("-t") + 1])
+assert len(os.sched_getaffinity(0)) == t
+p, n = int(a[a.index("-p") + 1]), int(a[a.index("-n") + 1])
+print(json.dumps([{"n_prompt": p, "n_gen": 0, "avg_ts": 200.0 * t, "samples_ts": [200.0 * t]},
+                  {"n_prompt": 0, "n_gen": n, "avg_ts": 50.0 * t, "samples_ts": [50.0 * t]}]))
+'''
+
+
+def test_cpu_engines_alternate_on_the_same_pinned_cores_and_the_best_round_is_kept(tmp_path):
+    src, _, env = setup(tmp_path)
+    engine = executable(tmp_path / "memra-engine-cpu", CPU_ENGINE)
+    env = dict(env, FAKE_LLAMA_BENCH=str(executable(tmp_path / "clb", CPU_LLAMA_BENCH)),
+               FAKE_COUNT=str(tmp_path / "count"))
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("pinning 2 threads needs 2 CPUs")
+    cmd = [sys.executable, str(CPU_SCRIPT), str(src), "--engine", str(engine), "--logs",
+           str(tmp_path / "logs")]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]):
+            [c.strip() for c in line.split("|")[3:6]]
+            for line in out.stdout.splitlines() if line.startswith("| ") and "|---" not in line}
+    # Three rounds of (2 threads, 1 thread): memra's third call (round 2, 2 threads) was
+    # the best of its 2-thread rounds.
+    assert rows[("2", "prefill 128")] == ["210.0", "400.0", "0.53×"]
+    assert rows[("2", "decode B=1")] == ["90.0", "100.0", "0.90×"]
+    assert rows[("2", "decode B=8")] == ["180.0", "—", "—"]
+    assert rows[("1", "decode B=1")] == ["40.0", "50.0", "0.80×"]
+    assert int((tmp_path / "count").read_text()) == 6
+    # Once built, the source may be left out: the cached build's is used.
+    out = subprocess.run(cmd[:2] + cmd[3:] + ["--rounds", "1"], env=env, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stderr
+    # Bad input is named.
+    out = subprocess.run(cmd + ["--threads", "0"], env=env, capture_output=True, text=True)
+    assert out.returncode == 2 and "--threads 0" in out.stderr
