@@ -170,18 +170,13 @@ fn subcommands_run_on_a_synthesized_model() {
     assert_eq!(rows[0]["doors"]["pdl"], false, "{text}");
     assert_eq!(rows[0]["doors"]["prologues"], true, "{text}");
 
-    let o = run(&[
-        "bench",
-        m,
-        "--prompt-len",
-        "8",
-        "--steps",
-        "2",
-        "--reps",
-        "1",
-        "--batch",
-        "1,2",
-    ]);
+    // A tiny bench: an 8-token prefill, two decode steps, one repetition.
+    let tiny = |extra: &[&str]| {
+        let mut args = vec!["bench", m, "--prompt-len", "8", "--steps", "2", "--reps", "1"];
+        args.extend_from_slice(extra);
+        run(&args)
+    };
+    let o = tiny(&["--batch", "1,2"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let table = stdout(&o);
     for line in [
@@ -194,20 +189,7 @@ fn subcommands_run_on_a_synthesized_model() {
     }
     // Decode timed after a longer prompt says the context it ran at; a context of 0 is
     // refused.
-    let o = run(&[
-        "bench",
-        m,
-        "--prompt-len",
-        "8",
-        "--steps",
-        "2",
-        "--reps",
-        "1",
-        "--batch",
-        "1",
-        "--context",
-        "24",
-    ]);
+    let o = tiny(&["--batch", "1", "--context", "24"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
         stdout(&o).contains("2 steps at context 24)"),
