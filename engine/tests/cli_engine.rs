@@ -172,7 +172,16 @@ fn subcommands_run_on_a_synthesized_model() {
 
     // A tiny bench: an 8-token prefill, two decode steps, one repetition.
     let tiny = |extra: &[&str]| {
-        let mut args = vec!["bench", m, "--prompt-len", "8", "--steps", "2", "--reps", "1"];
+        let mut args = vec![
+            "bench",
+            m,
+            "--prompt-len",
+            "8",
+            "--steps",
+            "2",
+            "--reps",
+            "1",
+        ];
         args.extend_from_slice(extra);
         run(&args)
     };

@@ -62,6 +62,9 @@ pub(super) trait FastBlock: Copy {
     const X_ZERO: Self::XPair;
     /// Writes activation block `x` as block `half` (0 or 1) of the pair `xp`.
     fn put_x(xp: &mut Self::XPair, half: usize, x: &BlockQ8_1);
+    /// Runs `f` with this thread's reusable buffer of activation pairs (a matvec call
+    /// allocates nothing once its thread has run one of the same size).
+    fn with_pairs<R>(f: impl FnOnce(&mut Vec<Self::XPair>) -> R) -> R;
     /// An all-zero pair, for the absent pairs of a ragged group.
     unsafe fn zero_pair() -> Self::Pair;
     unsafe fn unpack_pair(a: &Self, b: &Self) -> Self::Pair;
@@ -125,6 +128,9 @@ unsafe fn q4_pair_sums(u: &[__m256i; 2], xp: &Q4X) -> __m256i {
 }
 
 impl FastBlock for BlockQ4_1 {
+    fn with_pairs<R>(f: impl FnOnce(&mut Vec<Q4X>) -> R) -> R {
+        Q4X_PAIRS.with_borrow_mut(f)
+    }
     type Pair = [__m256i; 2];
     type XPair = Q4X;
     const X_ZERO: Q4X = Q4X {
@@ -180,6 +186,9 @@ impl FastBlock for BlockQ4_1 {
 }
 
 impl FastBlock for BlockQ4_0 {
+    fn with_pairs<R>(f: impl FnOnce(&mut Vec<Q4X>) -> R) -> R {
+        Q4X_PAIRS.with_borrow_mut(f)
+    }
     type Pair = [__m256i; 2];
     type XPair = Q4X;
     const X_ZERO: Q4X = Q4X {
@@ -244,6 +253,9 @@ unsafe fn q8_unpack(w: &[i8; QK]) -> [__m256i; 2] {
 }
 
 impl FastBlock for BlockQ8_0 {
+    fn with_pairs<R>(f: impl FnOnce(&mut Vec<Q8X>) -> R) -> R {
+        Q8X_PAIRS.with_borrow_mut(f)
+    }
     type Pair = [[__m256i; 2]; 2];
     type XPair = Q8X;
     const X_ZERO: Q8X = Q8X {
@@ -351,6 +363,22 @@ unsafe fn first_lanes(n: usize) -> __m256 {
     _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), idx))
 }
 
+thread_local! {
+    /// Each thread's activation pairs of the Q4 types, reused from call to call.
+    static Q4X_PAIRS: std::cell::RefCell<Vec<Q4X>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each thread's activation pairs of Q8_0, reused from call to call.
+    static Q8X_PAIRS: std::cell::RefCell<Vec<Q8X>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each thread's widened activation scales (d, s) and lane accumulators, reused.
+    static F32_SCRATCH: std::cell::RefCell<[Vec<f32>; 3]> =
+        const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
+}
+
+/// `v` holding `n` copies of `zero`, its allocation kept when it is large enough.
+fn refill<T: Copy>(v: &mut Vec<T>, n: usize, zero: T) {
+    v.clear();
+    v.resize(n, zero);
+}
+
 /// `y[b * rows.len() + (r - rows.start)] = row(r) · x[b]` for every batch row `b`, with the
 /// weight blocks of each group of 8 unpacked once for all batch rows. `xs` holds `batch` rows
 /// of `nb` blocks; `y` holds `batch * rows.len()` values.
@@ -368,14 +396,42 @@ pub(super) unsafe fn quant_rows<B: FastBlock>(
     rows: Range<usize>,
     y: &mut [f32],
 ) {
-    let n = rows.len();
-    let batch = xs.len() / nb;
-    let dp4a = family == MatvecFamily::Dp4a;
     // The activation scales widen once per call, padded to whole groups of 8 with zeros (the
     // padding lanes are blended away).
     let groups = nb.div_ceil(8);
-    let mut dxs = vec![0.0f32; batch * groups * 8];
-    let mut sxs = vec![0.0f32; batch * groups * 8];
+    F32_SCRATCH.with_borrow_mut(|[dxs, sxs, acc]| {
+        B::with_pairs(|xps| {
+            // SAFETY: the caller's guarantee (AVX2 and F16C) is this function's.
+            unsafe { quant_rows_in(family, w, nb, xs, rows, y, groups, dxs, sxs, acc, xps) }
+        })
+    })
+}
+
+/// [`quant_rows`] with its scratch buffers given.
+///
+/// # Safety
+///
+/// As [`quant_rows`].
+#[target_feature(enable = "avx2,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn quant_rows_in<B: FastBlock>(
+    family: MatvecFamily,
+    w: &[B],
+    nb: usize,
+    xs: &[BlockQ8_1],
+    rows: Range<usize>,
+    y: &mut [f32],
+    groups: usize,
+    dxs: &mut Vec<f32>,
+    sxs: &mut Vec<f32>,
+    acc: &mut Vec<f32>,
+    xps: &mut Vec<B::XPair>,
+) {
+    let n = rows.len();
+    let batch = xs.len() / nb;
+    let dp4a = family == MatvecFamily::Dp4a;
+    refill(dxs, batch * groups * 8, 0.0);
+    refill(sxs, batch * groups * 8, 0.0);
     for b in 0..batch {
         for (k, xb) in xs[b * nb..(b + 1) * nb].iter().enumerate() {
             dxs[b * groups * 8 + k] = xb.d.to_f32();
@@ -384,23 +440,23 @@ pub(super) unsafe fn quant_rows<B: FastBlock>(
     }
     // The activation quants rearranged by pairs of blocks for the Q4 product (4 pairs per
     // group, zero padded), also once per call.
-    let mut xps = vec![B::X_ZERO; batch * groups * 4];
+    refill(xps, batch * groups * 4, B::X_ZERO);
     for b in 0..batch {
         for (k, xb) in xs[b * nb..(b + 1) * nb].iter().enumerate() {
             B::put_x(&mut xps[b * groups * 4 + k / 2], k % 2, xb);
         }
     }
     let lanes = if dp4a { DP4A_THREADS } else { 32 };
-    let mut acc = vec![0.0f32; batch * lanes];
+    refill(acc, batch * lanes, 0.0);
     for (i, r) in rows.enumerate() {
         let wr = &w[r * nb..(r + 1) * nb];
         acc.fill(0.0);
         let ctx = Group {
             xs,
             nb,
-            dxs: &dxs,
-            sxs: &sxs,
-            xps: &xps,
+            dxs,
+            sxs,
+            xps,
             stride: groups * 8,
             lanes,
         };
@@ -410,9 +466,9 @@ pub(super) unsafe fn quant_rows<B: FastBlock>(
             // SAFETY: AVX2 and F16C are enabled for this function, as `group` needs.
             unsafe {
                 if dp4a {
-                    group::<B, true, true>(&ctx, &wr[g0..g0 + 8], g0, &mut acc);
+                    group::<B, true, true>(&ctx, &wr[g0..g0 + 8], g0, acc);
                 } else {
-                    group::<B, true, false>(&ctx, &wr[g0..g0 + 8], g0, &mut acc);
+                    group::<B, true, false>(&ctx, &wr[g0..g0 + 8], g0, acc);
                 }
             }
         }
@@ -421,9 +477,9 @@ pub(super) unsafe fn quant_rows<B: FastBlock>(
             // SAFETY: as above.
             unsafe {
                 if dp4a {
-                    group::<B, false, true>(&ctx, &wr[g0..], g0, &mut acc);
+                    group::<B, false, true>(&ctx, &wr[g0..], g0, acc);
                 } else {
-                    group::<B, false, false>(&ctx, &wr[g0..], g0, &mut acc);
+                    group::<B, false, false>(&ctx, &wr[g0..], g0, acc);
                 }
             }
         }
