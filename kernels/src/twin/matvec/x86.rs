@@ -21,7 +21,9 @@
 //! blocks' lanes blended away, so no lane ever adds a value the portable code does not add.
 
 use std::arch::x86_64::*;
+use std::cell::RefCell;
 use std::ops::Range;
+use std::thread::LocalKey;
 
 use super::{DP4A_THREADS, MatvecFamily};
 use crate::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1, QK};
@@ -57,14 +59,13 @@ pub(super) trait FastBlock: Copy {
     /// and reused for every batch row.
     type Pair: Copy;
     /// Two consecutive activation blocks as the product step wants them.
-    type XPair: Copy;
+    type XPair: Copy + 'static;
     /// An all-zero activation pair, for padding.
     const X_ZERO: Self::XPair;
     /// Writes activation block `x` as block `half` (0 or 1) of the pair `xp`.
     fn put_x(xp: &mut Self::XPair, half: usize, x: &BlockQ8_1);
-    /// Runs `f` with this thread's reusable buffer of activation pairs (a matvec call
-    /// allocates nothing once its thread has run one of the same size).
-    fn with_pairs<R>(f: impl FnOnce(&mut Vec<Self::XPair>) -> R) -> R;
+    /// This thread's buffer of activation pairs, reused from call to call.
+    fn pairs() -> &'static LocalKey<RefCell<Vec<Self::XPair>>>;
     /// An all-zero pair, for the absent pairs of a ragged group.
     unsafe fn zero_pair() -> Self::Pair;
     unsafe fn unpack_pair(a: &Self, b: &Self) -> Self::Pair;
@@ -128,8 +129,8 @@ unsafe fn q4_pair_sums(u: &[__m256i; 2], xp: &Q4X) -> __m256i {
 }
 
 impl FastBlock for BlockQ4_1 {
-    fn with_pairs<R>(f: impl FnOnce(&mut Vec<Q4X>) -> R) -> R {
-        Q4X_PAIRS.with_borrow_mut(f)
+    fn pairs() -> &'static LocalKey<RefCell<Vec<Q4X>>> {
+        &Q4X_PAIRS
     }
     type Pair = [__m256i; 2];
     type XPair = Q4X;
@@ -186,8 +187,8 @@ impl FastBlock for BlockQ4_1 {
 }
 
 impl FastBlock for BlockQ4_0 {
-    fn with_pairs<R>(f: impl FnOnce(&mut Vec<Q4X>) -> R) -> R {
-        Q4X_PAIRS.with_borrow_mut(f)
+    fn pairs() -> &'static LocalKey<RefCell<Vec<Q4X>>> {
+        &Q4X_PAIRS
     }
     type Pair = [__m256i; 2];
     type XPair = Q4X;
@@ -253,8 +254,8 @@ unsafe fn q8_unpack(w: &[i8; QK]) -> [__m256i; 2] {
 }
 
 impl FastBlock for BlockQ8_0 {
-    fn with_pairs<R>(f: impl FnOnce(&mut Vec<Q8X>) -> R) -> R {
-        Q8X_PAIRS.with_borrow_mut(f)
+    fn pairs() -> &'static LocalKey<RefCell<Vec<Q8X>>> {
+        &Q8X_PAIRS
     }
     type Pair = [[__m256i; 2]; 2];
     type XPair = Q8X;
@@ -365,12 +366,12 @@ unsafe fn first_lanes(n: usize) -> __m256 {
 
 thread_local! {
     /// Each thread's activation pairs of the Q4 types, reused from call to call.
-    static Q4X_PAIRS: std::cell::RefCell<Vec<Q4X>> = const { std::cell::RefCell::new(Vec::new()) };
+    static Q4X_PAIRS: RefCell<Vec<Q4X>> = const { RefCell::new(Vec::new()) };
     /// Each thread's activation pairs of Q8_0, reused from call to call.
-    static Q8X_PAIRS: std::cell::RefCell<Vec<Q8X>> = const { std::cell::RefCell::new(Vec::new()) };
+    static Q8X_PAIRS: RefCell<Vec<Q8X>> = const { RefCell::new(Vec::new()) };
     /// Each thread's widened activation scales (d, s) and lane accumulators, reused.
-    static F32_SCRATCH: std::cell::RefCell<[Vec<f32>; 3]> =
-        const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
+    static F32_SCRATCH: RefCell<[Vec<f32>; 3]> =
+        const { RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
 }
 
 /// `v` holding `n` copies of `zero`, its allocation kept when it is large enough.
@@ -396,42 +397,19 @@ pub(super) unsafe fn quant_rows<B: FastBlock>(
     rows: Range<usize>,
     y: &mut [f32],
 ) {
-    // The activation scales widen once per call, padded to whole groups of 8 with zeros (the
-    // padding lanes are blended away).
-    let groups = nb.div_ceil(8);
-    F32_SCRATCH.with_borrow_mut(|[dxs, sxs, acc]| {
-        B::with_pairs(|xps| {
-            // SAFETY: the caller's guarantee (AVX2 and F16C) is this function's.
-            unsafe { quant_rows_in(family, w, nb, xs, rows, y, groups, dxs, sxs, acc, xps) }
-        })
-    })
-}
-
-/// [`quant_rows`] with its scratch buffers given.
-///
-/// # Safety
-///
-/// As [`quant_rows`].
-#[target_feature(enable = "avx2,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn quant_rows_in<B: FastBlock>(
-    family: MatvecFamily,
-    w: &[B],
-    nb: usize,
-    xs: &[BlockQ8_1],
-    rows: Range<usize>,
-    y: &mut [f32],
-    groups: usize,
-    dxs: &mut Vec<f32>,
-    sxs: &mut Vec<f32>,
-    acc: &mut Vec<f32>,
-    xps: &mut Vec<B::XPair>,
-) {
     let n = rows.len();
     let batch = xs.len() / nb;
     let dp4a = family == MatvecFamily::Dp4a;
-    refill(dxs, batch * groups * 8, 0.0);
-    refill(sxs, batch * groups * 8, 0.0);
+    // The activation scales widen once per call, padded to whole groups of 8 with zeros (the
+    // padding lanes are blended away).
+    let groups = nb.div_ceil(8);
+    // The scratch is this thread's, taken for the call and given back after it (a call that
+    // panics leaves it to be allocated again): no allocation once the thread has run a call
+    // of the same size.
+    let [mut dxs, mut sxs, mut acc] = F32_SCRATCH.take();
+    let mut xps = B::pairs().take();
+    refill(&mut dxs, batch * groups * 8, 0.0);
+    refill(&mut sxs, batch * groups * 8, 0.0);
     for b in 0..batch {
         for (k, xb) in xs[b * nb..(b + 1) * nb].iter().enumerate() {
             dxs[b * groups * 8 + k] = xb.d.to_f32();
@@ -440,23 +418,23 @@ unsafe fn quant_rows_in<B: FastBlock>(
     }
     // The activation quants rearranged by pairs of blocks for the Q4 product (4 pairs per
     // group, zero padded), also once per call.
-    refill(xps, batch * groups * 4, B::X_ZERO);
+    refill(&mut xps, batch * groups * 4, B::X_ZERO);
     for b in 0..batch {
         for (k, xb) in xs[b * nb..(b + 1) * nb].iter().enumerate() {
             B::put_x(&mut xps[b * groups * 4 + k / 2], k % 2, xb);
         }
     }
     let lanes = if dp4a { DP4A_THREADS } else { 32 };
-    refill(acc, batch * lanes, 0.0);
+    refill(&mut acc, batch * lanes, 0.0);
     for (i, r) in rows.enumerate() {
         let wr = &w[r * nb..(r + 1) * nb];
         acc.fill(0.0);
         let ctx = Group {
             xs,
             nb,
-            dxs,
-            sxs,
-            xps,
+            dxs: &dxs,
+            sxs: &sxs,
+            xps: &xps,
             stride: groups * 8,
             lanes,
         };
@@ -466,9 +444,9 @@ unsafe fn quant_rows_in<B: FastBlock>(
             // SAFETY: AVX2 and F16C are enabled for this function, as `group` needs.
             unsafe {
                 if dp4a {
-                    group::<B, true, true>(&ctx, &wr[g0..g0 + 8], g0, acc);
+                    group::<B, true, true>(&ctx, &wr[g0..g0 + 8], g0, &mut acc);
                 } else {
-                    group::<B, true, false>(&ctx, &wr[g0..g0 + 8], g0, acc);
+                    group::<B, true, false>(&ctx, &wr[g0..g0 + 8], g0, &mut acc);
                 }
             }
         }
@@ -477,9 +455,9 @@ unsafe fn quant_rows_in<B: FastBlock>(
             // SAFETY: as above.
             unsafe {
                 if dp4a {
-                    group::<B, false, true>(&ctx, &wr[g0..], g0, acc);
+                    group::<B, false, true>(&ctx, &wr[g0..], g0, &mut acc);
                 } else {
-                    group::<B, false, false>(&ctx, &wr[g0..], g0, acc);
+                    group::<B, false, false>(&ctx, &wr[g0..], g0, &mut acc);
                 }
             }
         }
@@ -496,6 +474,8 @@ unsafe fn quant_rows_in<B: FastBlock>(
             };
         }
     }
+    F32_SCRATCH.set([dxs, sxs, acc]);
+    B::pairs().set(xps);
 }
 
 /// What every group of a call shares: the activation rows and their widened scales.
