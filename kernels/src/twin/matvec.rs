@@ -376,8 +376,9 @@ trait AnyBlock: QBlock {}
 impl<B: QBlock> AnyBlock for B {}
 
 /// Picks the widest instruction set the host has. The AVX2 + F16C form (`matvec/x86.rs`)
-/// computes each lane's float contribution in vector registers; the AVX2-only form only the
-/// integer sums; both keep the portable float composition bit for bit (see the tests).
+/// computes each lane's float contribution in vector registers, its integer sums through
+/// AVX-VNNI where the host has it; the AVX2-only form only the integer sums; all keep the
+/// portable float composition bit for bit (see the tests).
 fn quant_rows_dispatch<B: AnyBlock>(
     family: MatvecFamily,
     w: &[B],
@@ -386,6 +387,13 @@ fn quant_rows_dispatch<B: AnyBlock>(
     rows: Range<usize>,
     y: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if x86::vnni_available() {
+        // SAFETY: the host supports AVX2, F16C and AVX-VNNI (checked just above), all
+        // `x86::quant_rows_vnni` requires.
+        unsafe { x86::quant_rows_vnni(family, w, nb, xs, rows, y) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if x86::available() {
         // SAFETY: the host supports AVX2 and F16C (checked just above), all `x86::quant_rows`
@@ -1077,6 +1085,14 @@ mod tests {
                     assert_eq!(bits(&fast), bits(&want), "avx2+f16c vs literal, {what}");
                 } else {
                     eprintln!("avx2+f16c form skipped: the host lacks AVX2 or F16C");
+                }
+                if x86::vnni_available() {
+                    let mut fast = vec![0.0; batch * n];
+                    // SAFETY: AVX2, F16C and AVX-VNNI were detected just above.
+                    unsafe { x86::quant_rows_vnni(fam, w, nb, xs, rows.clone(), &mut fast) };
+                    assert_eq!(bits(&fast), bits(&want), "avx-vnni vs literal, {what}");
+                } else {
+                    eprintln!("avx-vnni form skipped: the host lacks AVX-VNNI");
                 }
                 if std::arch::is_x86_feature_detected!("avx2") {
                     let mut a = vec![0.0; batch * n];

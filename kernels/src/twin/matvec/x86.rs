@@ -33,6 +33,12 @@ pub(super) fn available() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
 }
 
+/// Whether this host can also run [`quant_rows_vnni`]: AVX-VNNI's `vpdpbusd` / `vpdpwssd`
+/// form the same integer sums in fewer instructions.
+pub(super) fn vnni_available() -> bool {
+    available() && is_x86_feature_detected!("avxvnni")
+}
+
 /// Two consecutive activation blocks' quants arranged for the Q4 product: `lo` is
 /// `[a[0..16] | b[0..16]]` and `hi` is `[a[16..32] | b[16..32]]`, the elements the low and the
 /// high nibbles of a Q4 pair multiply. Built once per call for every activation row.
@@ -71,6 +77,8 @@ pub(super) trait FastBlock: Copy {
     unsafe fn unpack_pair(a: &Self, b: &Self) -> Self::Pair;
     /// The quarter sums `[S0..S3 of a | S0..S3 of b]` of the pair against the activation pair.
     unsafe fn pair_sums(u: &Self::Pair, xp: &Self::XPair) -> __m256i;
+    /// The same integers through AVX-VNNI (the host must have it).
+    unsafe fn pair_sums_vnni(u: &Self::Pair, xp: &Self::XPair) -> __m256i;
     fn d_bits(&self) -> u16;
     /// The `m` field's bits, or 0 for types without one (then unused).
     fn m_bits(&self) -> u16;
@@ -114,18 +122,39 @@ unsafe fn q4_unpack_pair(a: &[u8; 16], b: &[u8; 16]) -> [__m256i; 2] {
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn q4_pair_sums(u: &[__m256i; 2], xp: &Q4X) -> __m256i {
-    // SAFETY: each load reads exactly the 32 bytes of its array (unaligned loads).
-    let (xl, xh) = unsafe {
-        (
-            _mm256_loadu_si256(xp.lo.as_ptr().cast()),
-            _mm256_loadu_si256(xp.hi.as_ptr().cast()),
-        )
-    };
+    let (xl, xh) = unsafe { q4_x(xp) };
     let s16 = _mm256_add_epi16(
         _mm256_maddubs_epi16(u[0], xl),
         _mm256_maddubs_epi16(u[1], xh),
     );
     _mm256_madd_epi16(s16, _mm256_set1_epi16(1))
+}
+
+/// [`q4_pair_sums`] through AVX-VNNI: `vpdpbusd` adds the four products `w[4i..4i+4] *
+/// x[4i..4i+4]` of each 32-bit lane to it, so two of them (low nibbles, then high) leave lane
+/// `i` of each half with elements `4i..4i+4` and `16+4i..16+4i+4`: the same integers.
+#[target_feature(enable = "avx2,avxvnni")]
+#[inline]
+unsafe fn q4_pair_sums_vnni(u: &[__m256i; 2], xp: &Q4X) -> __m256i {
+    let (xl, xh) = unsafe { q4_x(xp) };
+    _mm256_dpbusd_avx_epi32(
+        _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u[0], xl),
+        u[1],
+        xh,
+    )
+}
+
+/// The activation pair's two halves as loaded registers.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn q4_x(xp: &Q4X) -> (__m256i, __m256i) {
+    // SAFETY: each load reads exactly the 32 bytes of its array (unaligned loads).
+    unsafe {
+        (
+            _mm256_loadu_si256(xp.lo.as_ptr().cast()),
+            _mm256_loadu_si256(xp.hi.as_ptr().cast()),
+        )
+    }
 }
 
 impl FastBlock for BlockQ4_1 {
@@ -158,6 +187,12 @@ impl FastBlock for BlockQ4_1 {
     unsafe fn pair_sums(u: &[__m256i; 2], xp: &Q4X) -> __m256i {
         // SAFETY: AVX2 is enabled here, as `q4_pair_sums` needs.
         unsafe { q4_pair_sums(u, xp) }
+    }
+    #[target_feature(enable = "avx2,avxvnni")]
+    #[inline]
+    unsafe fn pair_sums_vnni(u: &[__m256i; 2], xp: &Q4X) -> __m256i {
+        // SAFETY: AVX2 and AVX-VNNI are enabled here, as `q4_pair_sums_vnni` needs.
+        unsafe { q4_pair_sums_vnni(u, xp) }
     }
     #[inline(always)]
     fn d_bits(&self) -> u16 {
@@ -216,6 +251,12 @@ impl FastBlock for BlockQ4_0 {
     unsafe fn pair_sums(u: &[__m256i; 2], xp: &Q4X) -> __m256i {
         // SAFETY: AVX2 is enabled here, as `q4_pair_sums` needs.
         unsafe { q4_pair_sums(u, xp) }
+    }
+    #[target_feature(enable = "avx2,avxvnni")]
+    #[inline]
+    unsafe fn pair_sums_vnni(u: &[__m256i; 2], xp: &Q4X) -> __m256i {
+        // SAFETY: AVX2 and AVX-VNNI are enabled here, as `q4_pair_sums_vnni` needs.
+        unsafe { q4_pair_sums_vnni(u, xp) }
     }
     #[inline(always)]
     fn d_bits(&self) -> u16 {
@@ -296,6 +337,28 @@ impl FastBlock for BlockQ8_0 {
                 _mm256_add_epi32(
                     _mm256_madd_epi16(u[1][0], _mm256_loadu_si256(xp.b.as_ptr().cast())),
                     _mm256_madd_epi16(u[1][1], _mm256_loadu_si256(xp.b.as_ptr().add(16).cast())),
+                ),
+            )
+        };
+        _mm256_permute4x64_epi64(_mm256_hadd_epi32(a, b), 0b11_01_10_00)
+    }
+    /// [`Self::pair_sums`] with each block's second `madd` and the add as one `vpdpwssd`
+    /// (the same i32 sums).
+    #[target_feature(enable = "avx2,avxvnni")]
+    #[inline]
+    unsafe fn pair_sums_vnni(u: &[[__m256i; 2]; 2], xp: &Q8X) -> __m256i {
+        // SAFETY: each load reads 16 i16 inside a 32-element array (unaligned loads).
+        let (a, b) = unsafe {
+            (
+                _mm256_dpwssd_avx_epi32(
+                    _mm256_madd_epi16(u[0][0], _mm256_loadu_si256(xp.a.as_ptr().cast())),
+                    u[0][1],
+                    _mm256_loadu_si256(xp.a.as_ptr().add(16).cast()),
+                ),
+                _mm256_dpwssd_avx_epi32(
+                    _mm256_madd_epi16(u[1][0], _mm256_loadu_si256(xp.b.as_ptr().cast())),
+                    u[1][1],
+                    _mm256_loadu_si256(xp.b.as_ptr().add(16).cast()),
                 ),
             )
         };
@@ -397,6 +460,44 @@ pub(super) unsafe fn quant_rows<B: FastBlock>(
     rows: Range<usize>,
     y: &mut [f32],
 ) {
+    // SAFETY: AVX2 and F16C are enabled here, all the body needs without VNNI.
+    unsafe { quant_rows_in::<B, false>(family, w, nb, xs, rows, y) }
+}
+
+/// [`quant_rows`] with the integer sums through AVX-VNNI (the same bits).
+///
+/// # Safety
+///
+/// The host must support AVX2, F16C and AVX-VNNI ([`vnni_available`]); lengths as
+/// [`quant_rows`].
+#[target_feature(enable = "avx2,f16c,avxvnni")]
+pub(super) unsafe fn quant_rows_vnni<B: FastBlock>(
+    family: MatvecFamily,
+    w: &[B],
+    nb: usize,
+    xs: &[BlockQ8_1],
+    rows: Range<usize>,
+    y: &mut [f32],
+) {
+    // SAFETY: AVX2, F16C and AVX-VNNI are enabled here.
+    unsafe { quant_rows_in::<B, true>(family, w, nb, xs, rows, y) }
+}
+
+/// The body of both entries, inlined into each (`inline(always)`, so it and the intrinsics
+/// it calls compile with the entry's instruction sets).
+///
+/// # Safety
+///
+/// The caller's instruction sets: AVX2 and F16C, and AVX-VNNI when `VNNI`.
+#[inline(always)]
+unsafe fn quant_rows_in<B: FastBlock, const VNNI: bool>(
+    family: MatvecFamily,
+    w: &[B],
+    nb: usize,
+    xs: &[BlockQ8_1],
+    rows: Range<usize>,
+    y: &mut [f32],
+) {
     let n = rows.len();
     let batch = xs.len() / nb;
     let dp4a = family == MatvecFamily::Dp4a;
@@ -444,9 +545,9 @@ pub(super) unsafe fn quant_rows<B: FastBlock>(
             // SAFETY: AVX2 and F16C are enabled for this function, as `group` needs.
             unsafe {
                 if dp4a {
-                    group::<B, true, true>(&ctx, &wr[g0..g0 + 8], g0, &mut acc);
+                    group::<B, true, true, VNNI>(&ctx, &wr[g0..g0 + 8], g0, &mut acc);
                 } else {
-                    group::<B, true, false>(&ctx, &wr[g0..g0 + 8], g0, &mut acc);
+                    group::<B, true, false, VNNI>(&ctx, &wr[g0..g0 + 8], g0, &mut acc);
                 }
             }
         }
@@ -455,9 +556,9 @@ pub(super) unsafe fn quant_rows<B: FastBlock>(
             // SAFETY: as above.
             unsafe {
                 if dp4a {
-                    group::<B, false, true>(&ctx, &wr[g0..], g0, &mut acc);
+                    group::<B, false, true, VNNI>(&ctx, &wr[g0..], g0, &mut acc);
                 } else {
-                    group::<B, false, false>(&ctx, &wr[g0..], g0, &mut acc);
+                    group::<B, false, false, VNNI>(&ctx, &wr[g0..], g0, &mut acc);
                 }
             }
         }
@@ -498,10 +599,10 @@ struct Group<'a, X> {
 ///
 /// # Safety
 ///
-/// The host must support AVX2 and F16C.
-#[target_feature(enable = "avx2,f16c")]
-#[inline]
-unsafe fn group<B: FastBlock, const FULL: bool, const DP4A: bool>(
+/// The caller's instruction sets: AVX2 and F16C, and AVX-VNNI when `VNNI` (it is inlined
+/// into [`quant_rows_in`], so into the entry that has them).
+#[inline(always)]
+unsafe fn group<B: FastBlock, const FULL: bool, const DP4A: bool, const VNNI: bool>(
     ctx: &Group<B::XPair>,
     wg: &[B],
     g0: usize,
@@ -541,27 +642,35 @@ unsafe fn group<B: FastBlock, const FULL: bool, const DP4A: bool>(
         let sx = unsafe { _mm256_loadu_ps(ctx.sxs[sc..sc + 8].as_ptr()) };
         let f = unsafe { B::factors(dw, mw, dx, sx, DP4A) };
         let xpg = &ctx.xps[(b * ctx.stride + g0) / 2..][..4];
-        let mut p = [_mm256_setzero_si256(); 4];
+        let mut p = [unsafe { _mm256_setzero_si256() }; 4];
         for pi in 0..npairs {
-            p[pi] = unsafe { B::pair_sums(&un[pi], &xpg[pi]) };
+            p[pi] = unsafe {
+                if VNNI {
+                    B::pair_sums_vnni(&un[pi], &xpg[pi])
+                } else {
+                    B::pair_sums(&un[pi], &xpg[pi])
+                }
+            };
         }
         let accb = &mut acc[b * ctx.lanes..(b + 1) * ctx.lanes];
         if DP4A {
             // Pair `pi` of the group spreads its two blocks' factors over 4 threads each:
             // block `g0 + 2pi` feeds threads `4(g0 + 2pi) mod 128 ..`, 8 in a row for the
             // pair; `g0` is a multiple of 8, so the 8 never wrap.
-            let pair_idx = [
-                _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
-                _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
-                _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5),
-                _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7),
-            ];
+            let pair_idx = unsafe {
+                [
+                    _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+                    _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+                    _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5),
+                    _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7),
+                ]
+            };
             for (pi, idx) in pair_idx.iter().enumerate() {
                 if pi >= npairs {
                     break;
                 }
-                let s = _mm256_cvtepi32_ps(p[pi]);
-                let fp = f.map(|v| _mm256_permutevar8x32_ps(v, *idx));
+                let s = unsafe { _mm256_cvtepi32_ps(p[pi]) };
+                let fp = f.map(|v| unsafe { _mm256_permutevar8x32_ps(v, *idx) });
                 let c = unsafe { B::contrib(&fp, s) };
                 let lane = (4 * (g0 + 2 * pi)) % DP4A_THREADS;
                 if FULL {
@@ -572,7 +681,7 @@ unsafe fn group<B: FastBlock, const FULL: bool, const DP4A: bool>(
                 }
             }
         } else {
-            let s = _mm256_cvtepi32_ps(unsafe { totals(&p) });
+            let s = unsafe { _mm256_cvtepi32_ps(totals(&p)) };
             let c = unsafe { B::contrib(&f, s) };
             if FULL {
                 unsafe { add_all(accb, g0 % 32, c) };
