@@ -1078,21 +1078,21 @@ mod tests {
             assert_eq!(bits(&public), bits(&want), "dispatched vs literal, {what}");
             #[cfg(target_arch = "x86_64")]
             {
-                if x86::available() {
+                type Form<B> =
+                    unsafe fn(MatvecFamily, &[B], usize, &[BlockQ8_1], Range<usize>, &mut [f32]);
+                let forms: [(&str, bool, Form<B>); 2] = [
+                    ("avx2+f16c", x86::available(), x86::quant_rows::<B>),
+                    ("avx-vnni", x86::vnni_available(), x86::quant_rows_vnni::<B>),
+                ];
+                for (name, here, form) in forms {
+                    if !here {
+                        eprintln!("{name} form skipped: the host lacks its instruction sets");
+                        continue;
+                    }
                     let mut fast = vec![0.0; batch * n];
-                    // SAFETY: AVX2 and F16C were detected just above.
-                    unsafe { x86::quant_rows(fam, w, nb, xs, rows.clone(), &mut fast) };
-                    assert_eq!(bits(&fast), bits(&want), "avx2+f16c vs literal, {what}");
-                } else {
-                    eprintln!("avx2+f16c form skipped: the host lacks AVX2 or F16C");
-                }
-                if x86::vnni_available() {
-                    let mut fast = vec![0.0; batch * n];
-                    // SAFETY: AVX2, F16C and AVX-VNNI were detected just above.
-                    unsafe { x86::quant_rows_vnni(fam, w, nb, xs, rows.clone(), &mut fast) };
-                    assert_eq!(bits(&fast), bits(&want), "avx-vnni vs literal, {what}");
-                } else {
-                    eprintln!("avx-vnni form skipped: the host lacks AVX-VNNI");
+                    // SAFETY: the form's instruction sets were detected just above.
+                    unsafe { form(fam, w, nb, xs, rows.clone(), &mut fast) };
+                    assert_eq!(bits(&fast), bits(&want), "{name} vs literal, {what}");
                 }
                 if std::arch::is_x86_feature_detected!("avx2") {
                     let mut a = vec![0.0; batch * n];
