@@ -1,6 +1,6 @@
 //! The AVX2 + F16C form of the quantized matvec twins: the same float composition as the
 //! portable code in `matvec.rs`, reorganised so eight lanes' float operations run in one AVX
-//! register. It owns only speed; the composition (and its prose) belongs to `matvec.rs`, whose
+//! register; with AVX-VNNI (`quant_rows_vnni`) its integer sums take `vpdpbusd` / `vpdpwssd`. It owns only speed; the composition (and its prose) belongs to `matvec.rs`, whose
 //! tests prove this form gives the same bits as the portable one and the literal thread layout.
 //!
 //! Why the bits cannot change:
@@ -122,6 +122,7 @@ unsafe fn q4_unpack_pair(a: &[u8; 16], b: &[u8; 16]) -> [__m256i; 2] {
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn q4_pair_sums(u: &[__m256i; 2], xp: &Q4X) -> __m256i {
+    // SAFETY: AVX2 is enabled here, as `q4_x` needs.
     let (xl, xh) = unsafe { q4_x(xp) };
     let s16 = _mm256_add_epi16(
         _mm256_maddubs_epi16(u[0], xl),
@@ -136,6 +137,7 @@ unsafe fn q4_pair_sums(u: &[__m256i; 2], xp: &Q4X) -> __m256i {
 #[target_feature(enable = "avx2,avxvnni")]
 #[inline]
 unsafe fn q4_pair_sums_vnni(u: &[__m256i; 2], xp: &Q4X) -> __m256i {
+    // SAFETY: AVX2 is enabled here, as `q4_x` needs.
     let (xl, xh) = unsafe { q4_x(xp) };
     _mm256_dpbusd_avx_epi32(
         _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u[0], xl),
