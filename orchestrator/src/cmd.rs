@@ -19,11 +19,14 @@ pub mod validate;
 
 use clap::Parser;
 
-use crate::ExitCode;
 use crate::cli::{Cli, Command};
+use crate::exit::ExitCode;
 
 /// Parses the command line and runs the subcommand; returns the exit code.
 pub fn main() -> i32 {
+    if let Some(code) = crate::executor::supervise::main_if_asked() {
+        return code;
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

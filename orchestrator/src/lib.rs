@@ -35,6 +35,7 @@ pub mod manifest;
 pub mod matrix;
 pub mod name_clash;
 pub mod notify;
+pub mod outcome;
 pub mod packed;
 pub mod plan;
 pub mod protocol;
@@ -47,13 +48,3 @@ pub mod schedule;
 pub mod subst;
 pub mod tensors;
 pub mod verdict;
-
-pub use exit::ExitCode;
-
-/// Entry point of the `memra-orch` binary; returns the process exit code.
-pub fn main() -> i32 {
-    if let Some(code) = executor::supervise::main_if_asked() {
-        return code;
-    }
-    cmd::main()
-}

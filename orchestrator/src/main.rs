@@ -1,3 +1,3 @@
 fn main() {
-    std::process::exit(memra_orch::main());
+    std::process::exit(memra_orch::cmd::main());
 }

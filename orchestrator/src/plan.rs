@@ -7,6 +7,19 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The default `max_output`: 1 GiB per log.
+pub const DEFAULT_MAX_OUTPUT: u64 = 1 << 30;
+
+/// Names the orchestrator sets itself for every attempt, besides the `MEMRA_ORCH_` family
+/// ([`is_reserved`]); a manifest may not pin them.
+pub const RESERVED: &[&str] = &["CUDA_VISIBLE_DEVICES", "TMPDIR"];
+
+/// Whether `name` is one the orchestrator sets for every attempt, so that a pin of it would
+/// be overridden.
+pub fn is_reserved(name: &str) -> bool {
+    RESERVED.contains(&name) || name.starts_with("MEMRA_ORCH_")
+}
+
 /// Schema version of manifests this build understands.
 pub const MANIFEST_SCHEMA: u32 = 1;
 

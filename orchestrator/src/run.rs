@@ -17,7 +17,6 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::ExitCode;
 use crate::attempt_file;
 use crate::compare::ArtifactPath;
 use crate::diskfull::DiskFull;
@@ -26,6 +25,7 @@ use crate::executor::inputs::{DigestCache, inputs_digest};
 use crate::executor::{CellJob, CellNote, Executor, compare};
 use crate::gpus::Inventory;
 use crate::lease::GpuLocks;
+use crate::outcome::RunOutcome;
 use crate::plan::{Cell, CellIndex, NodeKind, Plan};
 use crate::receipt::tree::Tree;
 use crate::receipt::{
@@ -79,71 +79,6 @@ pub const HERMETIC: &str = "hermetic";
 /// The heartbeat interval when nothing else is asked for: often enough that a cron log
 /// shows a slow cell is alive, rarely enough that it does not drown the other lines.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(60);
-
-/// What a run ended with.
-#[derive(Debug, Clone)]
-pub struct RunOutcome {
-    pub verdicts: Vec<Verdict>,
-    pub counts: BTreeMap<Verdict, usize>,
-    pub interrupted: bool,
-    pub elapsed: Duration,
-    /// Cells skipped because the machine could not hold them (or a dependency so skipped).
-    pub lacked_resources: usize,
-    /// The requirement in force ([`RunOptions::require_gpus`]).
-    pub require_gpus: Option<u32>,
-    /// Where the run found the disk full, if it did.
-    pub disk_full: Option<PathBuf>,
-    /// The GPUs quarantined after a device fault, by `Gpu::index`.
-    pub quarantined: Vec<u32>,
-}
-
-impl RunOutcome {
-    pub fn all_as_expected(&self) -> bool {
-        self.verdicts.iter().all(|v| v.as_expected()) && self.lacked_resources_note().is_none()
-    }
-
-    /// Why a run whose cells all ended as expected still fails: cells were skipped for lack
-    /// of resources while a requirement was in force. `None` when that is not the case.
-    pub fn lacked_resources_note(&self) -> Option<String> {
-        let required = self.require_gpus.filter(|&n| n > 0)?;
-        let n = self.lacked_resources;
-        (n > 0).then(|| {
-            format!(
-                "{n} cell{} skipped for lack of resources while the run requires {required} \
-                 GPU{}: not as expected (pass --require-gpus 0 to accept skips)",
-                if n == 1 { " was" } else { "s were" },
-                if required == 1 { "" } else { "s" }
-            )
-        })
-    }
-
-    /// The exit code of a run with this outcome.
-    pub fn exit_code(&self) -> ExitCode {
-        if self.disk_full.is_some() {
-            ExitCode::DiskFull
-        } else if self.interrupted {
-            ExitCode::Interrupted
-        } else if self.all_as_expected() && self.quarantined.is_empty() {
-            ExitCode::Ok
-        } else if self.only_the_hardware() {
-            ExitCode::DeviceFault
-        } else {
-            ExitCode::NotAsExpected
-        }
-    }
-
-    /// Whether a GPU faulted and nothing but the hardware went wrong: every cell ended as
-    /// expected or `device-fault`. A real failure beside a fault is exit 1: a fault never
-    /// hides one.
-    pub fn only_the_hardware(&self) -> bool {
-        !self.quarantined.is_empty()
-            && self.lacked_resources_note().is_none()
-            && self
-                .verdicts
-                .iter()
-                .all(|v| v.as_expected() || *v == Verdict::DeviceFault)
-    }
-}
 
 /// The earlier run a new run carries receipts from: its tree and its node index by cell id.
 #[derive(Debug, Clone)]

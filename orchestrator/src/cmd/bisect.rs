@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use crate::ExitCode;
 use crate::bisect::probe::{self, Setting, Slot};
 use crate::bisect::report::{Outcome, Report};
 use crate::bisect::state::{self, Saved};
 use crate::bisect::{Request, Stop, git};
 use crate::cli::{BisectArgs, BisectFormat};
+use crate::exit::ExitCode;
 use crate::gpus::{GpuSpec, Inventory};
 use crate::receipt::resolve;
 

@@ -7,10 +7,10 @@
 
 use std::path::Path;
 
-use crate::ExitCode;
 use crate::cli::DiffArgs;
 use crate::diff::render::DiffFormat;
 use crate::diff::{CompareOptions, Diff, Thresholds, compare_runs, render};
+use crate::exit::ExitCode;
 use crate::receipt::error::FindError;
 use crate::receipt::resolve;
 

@@ -1,9 +1,9 @@
 //! The hidden `memra-orch exec-node <job.json>`: the compute-node half of a cluster
 //! executor, which runs one cell and writes its receipt ([`crate::executor::exec_node`]).
 
-use crate::ExitCode;
 use crate::cli::ExecNodeArgs;
 use crate::executor::exec_node::{ExecNodeOptions, exec_node};
+use crate::exit::ExitCode;
 
 /// The `exec-node` subcommand.
 pub fn command(args: &ExecNodeArgs) -> ExitCode {

@@ -6,9 +6,9 @@
 
 use std::path::Path;
 
-use crate::ExitCode;
 use crate::cli::GcArgs;
 use crate::executor::output::format_size;
+use crate::exit::ExitCode;
 use crate::receipt::gc::{Retention, delete, plan, run_bytes, sweep_leftovers};
 use crate::receipt::resolve::{list_runs, receipts_root};
 

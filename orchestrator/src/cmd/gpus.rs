@@ -2,8 +2,8 @@
 //! record. The table is followed by each GPU's machine-wide lease (free, or who holds it);
 //! the JSON stays the inventory alone, in the shape `run.json` records.
 
-use crate::ExitCode;
 use crate::cli::GpusArgs;
+use crate::exit::ExitCode;
 use crate::gpus::{GpusFormat, detect, render_text};
 use crate::lease::{LockDir, render_leases};
 

@@ -13,8 +13,8 @@
 
 use std::io::Write as _;
 
-use crate::ExitCode;
 use crate::cli::HistoryArgs;
+use crate::exit::ExitCode;
 use crate::history::render::{self, HistoryFormat};
 use std::sync::mpsc::Receiver;
 

@@ -2,8 +2,8 @@
 
 use serde_json::json;
 
-use crate::ExitCode;
 use crate::cli::{LsArgs, ShowFormat};
+use crate::exit::ExitCode;
 use crate::history::heads::heads_and_unreadable;
 use crate::receipt::error::FindError;
 use crate::receipt::resolve::{RunHead, receipts_root};

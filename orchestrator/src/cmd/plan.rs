@@ -1,8 +1,8 @@
 //! `memra-orch plan`: loads the manifest with its `--var` overrides, selects the cells of
 //! `--filter` and prints the plan in the chosen format.
 
-use crate::ExitCode;
 use crate::cli::PlanArgs;
+use crate::exit::ExitCode;
 use crate::load::{load_plan_with_vars, render};
 
 /// The `plan` subcommand.

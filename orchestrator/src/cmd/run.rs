@@ -15,12 +15,12 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use crate::ExitCode;
 use crate::cli::{ExecutorKind, RunArgs};
 use crate::events::Listener;
 use crate::executor::local::{DEFAULT_GRACE, LocalExecutor};
 use crate::executor::slurm::{Resources, SlurmExecutor, SlurmOptions};
 use crate::executor::{Executor, SlurmError};
+use crate::exit::ExitCode;
 use crate::gpus::Inventory;
 use crate::lease::{self, GpuLocks, LockDir};
 use crate::plan::Plan;

@@ -2,8 +2,8 @@
 //! node's view, as text or as the stored JSON. Exit 1 when what is shown did not end as
 //! expected.
 
-use crate::ExitCode;
 use crate::cli::{ShowArgs, ShowFormat, ShowLog};
+use crate::exit::ExitCode;
 use crate::receipt::error::FindError;
 use crate::receipt::load::{find, load};
 use crate::receipt::resolve::{receipts_root, resolve_with};

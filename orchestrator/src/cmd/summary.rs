@@ -6,8 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::ExitCode;
 use crate::cli::SummaryArgs;
+use crate::exit::ExitCode;
 use crate::receipt::resolve;
 use crate::report::morning::{self, Brief, Since};
 

@@ -1,8 +1,8 @@
 //! `memra-orch validate`: loads every manifest named and prints each one's problems, or a
 //! line saying how many nodes and cells it has.
 
-use crate::ExitCode;
 use crate::cli::ValidateArgs;
+use crate::exit::ExitCode;
 use crate::load::load_plan;
 
 /// The `validate` subcommand: every manifest is checked, every problem printed.

@@ -9,16 +9,6 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::Path;
 
-/// Names the orchestrator sets itself for every attempt, besides the `MEMRA_ORCH_` family
-/// ([`is_reserved`]); a manifest may not pin them.
-pub const RESERVED: &[&str] = &["CUDA_VISIBLE_DEVICES", "TMPDIR"];
-
-/// Whether `name` is one the orchestrator sets for every attempt, so that a pin of it would
-/// be overridden.
-pub fn is_reserved(name: &str) -> bool {
-    RESERVED.contains(&name) || name.starts_with("MEMRA_ORCH_")
-}
-
 /// The orchestrator's own variables for one attempt.
 #[derive(Debug, Clone)]
 pub struct OrchVars<'a> {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::local::{DEFAULT_GRACE, LocalExecutor};
 use super::{CellJob, Executor};
-use crate::ExitCode;
+use crate::exit::ExitCode;
 use crate::gpus::GpuSpec;
 use crate::receipt::GpuRef;
 

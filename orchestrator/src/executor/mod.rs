@@ -111,7 +111,7 @@ fn yes() -> bool {
 
 /// The serde default of [`CellJob::max_output`].
 fn default_max_output() -> u64 {
-    output::DEFAULT_MAX_OUTPUT
+    crate::plan::DEFAULT_MAX_OUTPUT
 }
 
 /// What an executor reports of a cell while it runs, before it returns the receipt.

@@ -8,9 +8,6 @@
 use std::fs::File;
 use std::io::{Read, Write};
 
-/// The default `max_output`: 1 GiB per log.
-pub const DEFAULT_MAX_OUTPUT: u64 = 1 << 30;
-
 /// What a capture left.
 #[derive(Debug, Default)]
 pub struct Captured {

@@ -894,9 +894,7 @@ impl Builder<'_, '_> {
                 cpus: n.cpus,
                 memory: n.memory,
                 timeout: n.timeout.unwrap_or(DEFAULT_TIMEOUT),
-                max_output: n
-                    .max_output
-                    .unwrap_or(crate::executor::output::DEFAULT_MAX_OUTPUT),
+                max_output: n.max_output.unwrap_or(crate::plan::DEFAULT_MAX_OUTPUT),
                 reps: n.reps.unwrap_or(1),
                 deterministic: n.deterministic.unwrap_or(true),
                 retries: n.retries.unwrap_or(0),

@@ -56,7 +56,7 @@ pub(super) struct Walker<'a, 'd> {
 
 /// Why `name` cannot be pinned, as (message, help), when memra-orch sets it itself.
 pub(crate) fn reserved_pin(name: &str) -> Option<(String, String)> {
-    crate::executor::env::is_reserved(name).then(|| {
+    crate::plan::is_reserved(name).then(|| {
         (
             format!("`{name}` is set by memra-orch for every attempt and cannot be pinned"),
             "remove this pin; the orchestrator exports CUDA_VISIBLE_DEVICES (the leased GPUs), \

@@ -5,9 +5,9 @@
 use std::fmt::Write;
 
 use super::escape;
+use crate::outcome::RunOutcome;
 use crate::receipt::tree::Tree;
 use crate::receipt::{NodeIndexEntry, NodeReceipt, RunReceipt};
-use crate::run::RunOutcome;
 use crate::verdict::Verdict;
 
 /// Runs with at most this many nodes list every node in the terminal table.

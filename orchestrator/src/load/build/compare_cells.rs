@@ -150,7 +150,7 @@ impl Builder<'_, '_> {
                     cpus: None,
                     memory: None,
                     timeout: n.timeout.unwrap_or(DEFAULT_TIMEOUT),
-                    max_output: crate::executor::output::DEFAULT_MAX_OUTPUT,
+                    max_output: crate::plan::DEFAULT_MAX_OUTPUT,
                     reps: 1,
                     deterministic: true,
                     retries: 0,
