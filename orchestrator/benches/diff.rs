@@ -20,14 +20,14 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use memra_orch::diff::{Thresholds, diff, load_for_diff, quantify, render};
+use memra_orch::gate::checks::{CheckRow, CheckStatus};
 use memra_orch::plan::NodeKind;
-use memra_orch::protocol::{CheckRow, CheckStatus};
 use memra_orch::receipt::tree::Tree;
 use memra_orch::receipt::{
     Artifact, AttemptRecord, FileDigest, NodeIndexEntry, NodeReceipt, RunReceipt, sha256_hex, slug,
     write_json,
 };
-use memra_orch::verdict::{Verdict, count};
+use memra_orch::words::verdict::{Verdict, count};
 use serde_json::json;
 
 const NODES: usize = 10_000;

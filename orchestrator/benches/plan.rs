@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use memra_orch::compare::compare_files;
+use memra_orch::gate::judge::compare_files;
 use memra_orch::load::load_plan;
 use memra_orch::plan::Policy;
 use safetensors::Dtype;

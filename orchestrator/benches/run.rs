@@ -107,7 +107,7 @@ fn table(arms: usize) {
             .unwrap()
     };
     let packed = run_dir("receipts-0").join("nodes.zip");
-    let receipts = memra_orch::packed::files_below(&packed.with_file_name("nodes"))
+    let receipts = memra_orch::gate::packed::files_below(&packed.with_file_name("nodes"))
         .unwrap()
         .unwrap_or_default()
         .iter()

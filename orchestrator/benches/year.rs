@@ -23,14 +23,14 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
+use memra_orch::gate::checks::{CheckRow, CheckStatus};
 use memra_orch::plan::NodeKind;
-use memra_orch::protocol::{CheckRow, CheckStatus};
 use memra_orch::receipt::tree::{Tree, run_id};
 use memra_orch::receipt::{
     Artifact, AttemptRecord, Carried, FileDigest, NodeIndexEntry, NodeReceipt, RunReceipt,
     sha256_hex, slug, write_json,
 };
-use memra_orch::verdict::{Verdict, count};
+use memra_orch::words::verdict::{Verdict, count};
 use serde_json::json;
 
 const NAME: &str = "nightly";

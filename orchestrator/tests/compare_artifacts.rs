@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use memra_orch::compare::{MismatchKind, compare_files};
+use memra_orch::gate::judge::{MismatchKind, compare_files};
 use memra_orch::plan::Policy;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, serialize};
@@ -312,7 +312,7 @@ fn within(
     limit: std::time::Duration,
     a: PathBuf,
     b: PathBuf,
-) -> memra_orch::compare::CompareReport {
+) -> memra_orch::gate::judge::CompareReport {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(compare_files(&a, &b, &Policy::Bitwise));

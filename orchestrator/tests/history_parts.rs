@@ -71,7 +71,7 @@ fn many_cells_print_in_parts_exactly_as_the_whole_history_renders() {
         };
         history::load(&receipts, "parts", &opts).unwrap()
     };
-    let escaped = |s: String| memra_orch::report::escape::terminal(&s, false).into_owned();
+    let escaped = |s: String| memra_orch::words::escape::terminal(&s, false).into_owned();
 
     let h = whole(&[], None);
     assert_eq!(h.cells.len(), 93);

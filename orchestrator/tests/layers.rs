@@ -1,6 +1,6 @@
 //! The workspace's layering holds: no crate has an import circle (`scripts/import-cycles`
 //! reads the `use` lines of every module and prints the circles it finds), and below the
-//! orchestrator's command layer nothing names the command line (`crate::cli` appears only
+//! orchestrator's command layer nothing names the command line (`crate::cmd::cli` appears only
 //! in `cli.rs`, `cmd.rs` and `cmd/`). Also the README's validate output, which must be
 //! what the shipped manifests validate to.
 
@@ -43,6 +43,43 @@ fn no_crate_of_the_workspace_has_an_import_circle() {
     }
 }
 
+/// The stages in the order `lib.rs`'s first lines list them (`[`words`]`, `[`machine`]`, …):
+/// each may use only itself and the stages before it, and every folder of `src/` is one.
+#[test]
+fn the_orchestrators_stages_use_only_the_stages_below_them() {
+    let root = workspace();
+    let lib = std::fs::read_to_string(root.join("orchestrator/src/lib.rs")).unwrap();
+    let mut order: Vec<String> = Vec::new();
+    for line in lib.lines().take_while(|l| l.starts_with("//!")) {
+        for part in line.split("[`").skip(1) {
+            let name = part.split('`').next().unwrap_or_default().to_string();
+            if !name.is_empty() && !order.contains(&name) {
+                order.push(name);
+            }
+        }
+    }
+    assert!(order.len() >= 10, "lib.rs lists its stages: {order:?}");
+    let out = match Command::new("python3")
+        .arg(root.join("scripts/import-cycles"))
+        .arg(root.join("orchestrator/src"))
+        .arg("--order")
+        .arg(order.join(","))
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("skipped: cannot run python3: {e}");
+            return;
+        }
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains(" 0 arrows back up"),
+        "stages {order:?}:\n{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn only_the_command_layer_names_the_command_line() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -67,7 +104,7 @@ fn only_the_command_layer_names_the_command_line() {
             if !allowed
                 && std::fs::read_to_string(&path)
                     .unwrap()
-                    .contains("crate::cli")
+                    .contains("crate::cmd::cli")
             {
                 offenders.push(rel);
             }
@@ -75,7 +112,7 @@ fn only_the_command_layer_names_the_command_line() {
     }
     assert!(
         offenders.is_empty(),
-        "these modules below the command layer name crate::cli: {offenders:?}"
+        "these modules below the command layer name crate::cmd::cli: {offenders:?}"
     );
 }
 

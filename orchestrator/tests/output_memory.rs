@@ -12,9 +12,9 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::process::Command;
 
+use memra_orch::gate::checks::{MAX_ROWS, judge_text_file, read_checks};
 use memra_orch::plan::TextVerdict;
-use memra_orch::protocol::{MAX_ROWS, judge_text_file, read_checks};
-use memra_orch::verdict::Verdict;
+use memra_orch::words::verdict::Verdict;
 use regex::Regex;
 
 /// The peak resident size the whole-file readers would far exceed.

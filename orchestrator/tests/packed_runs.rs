@@ -187,7 +187,7 @@ fn a_python_gates_packed_nights_read_as_their_trees_did() {
     );
     let store = f.path().join("receipts/.memra-store");
     for run in [&second, &rerun] {
-        for sha in memra_orch::packed::links(&run.join("nodes.zip")).unwrap() {
+        for sha in memra_orch::gate::packed::links(&run.join("nodes.zip")).unwrap() {
             assert!(store.join(&sha[..2]).join(&sha).is_file(), "{sha}");
         }
     }

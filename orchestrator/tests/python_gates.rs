@@ -249,7 +249,7 @@ fn inode(tree: &Path, cell: &str, name: &str) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let node = crate::run_support::node_dir_in(tree, cell);
     // From the folder, or the store's object a packed run's archive links to.
-    memra_orch::attempt_file::open_path(&node.join("attempt-1/artifacts").join(name))
+    memra_orch::gate::attempt_file::open_path(&node.join("attempt-1/artifacts").join(name))
         .unwrap()
         .metadata()
         .unwrap()

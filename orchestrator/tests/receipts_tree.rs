@@ -9,13 +9,13 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::run_support::{Fixture, epoch, files_under, gates, read_json};
-use memra_orch::events::Listener;
-use memra_orch::executor::local::LocalExecutor;
-use memra_orch::gpus::Inventory;
+use memra_orch::machine::gpus::Inventory;
 use memra_orch::plan::{Cell, CellId, Expect, NodeId, NodeKind, Plan, SourceFile};
 use memra_orch::receipt::tree::Tree;
 use memra_orch::receipt::{RUN_SCHEMA, RunReceipt};
 use memra_orch::report::writer::ReceiptWriter;
+use memra_orch::run::events::Listener;
+use memra_orch::run::executor::local::LocalExecutor;
 use memra_orch::run::{RunOptions, execute};
 
 fn cell(id: &str, argv: Vec<String>, root: &Path) -> Cell {

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::run_support::{gates, read_json};
-use memra_orch::executor::CellJob;
 use memra_orch::plan::{Expect, NodeKind};
+use memra_orch::run::executor::CellJob;
 
 fn job(node_dir: &std::path::Path, gate: &str) -> CellJob {
     CellJob {

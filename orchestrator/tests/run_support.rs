@@ -207,7 +207,7 @@ pub fn logged(out: Output) -> Output {
 pub fn read_bytes(path: &Path) -> std::io::Result<Vec<u8>> {
     match std::fs::read(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let mut file = memra_orch::attempt_file::open_path(path)
+            let mut file = memra_orch::gate::attempt_file::open_path(path)
                 .map_err(|o| std::io::Error::new(std::io::ErrorKind::NotFound, o.to_string()))?;
             let mut bytes = Vec::new();
             std::io::Read::read_to_end(&mut file, &mut bytes)?;
@@ -219,13 +219,13 @@ pub fn read_bytes(path: &Path) -> std::io::Result<Vec<u8>> {
 
 /// Whether `path` is a file of a receipt tree, in its folder or in its packed run's archive.
 pub fn is_file_in_tree(path: &Path) -> bool {
-    path.is_file() || memra_orch::attempt_file::open_path(path).is_ok()
+    path.is_file() || memra_orch::gate::attempt_file::open_path(path).is_ok()
 }
 
 /// Whether `path` is a folder of a receipt tree, in its folder or in its packed run's
 /// archive.
 pub fn is_dir_in_tree(path: &Path) -> bool {
-    path.is_dir() || memra_orch::packed::has_folder(path)
+    path.is_dir() || memra_orch::gate::packed::has_folder(path)
 }
 
 /// [`read_bytes`] as text.
@@ -253,7 +253,7 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
             } else if !kind.is_symlink() {
                 if e.file_name() == "nodes.zip" {
                     let nodes = d.join("nodes");
-                    let members = memra_orch::packed::files_below(&nodes)
+                    let members = memra_orch::gate::packed::files_below(&nodes)
                         .unwrap_or_else(|e| panic!("{}: {e}", e))
                         .unwrap_or_default();
                     out.extend(members.into_iter().map(|m| nodes.join(m)));

@@ -3,5 +3,5 @@
 //! stdin and reads its reports there.
 
 fn main() {
-    std::process::exit(memra_orch::executor::supervise::main_standalone());
+    std::process::exit(memra_orch::run::executor::supervise::main_standalone());
 }

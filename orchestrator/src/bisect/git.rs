@@ -127,8 +127,7 @@ fn parse_info(line: &str) -> CommitInfo {
     let mut parts = line.splitn(3, '\x1f');
     // Subjects and authors are anyone's text (a hostile commit): every display of them,
     // text or markdown, gets their control and bidirectional characters escaped.
-    let shown =
-        |s: Option<&str>| crate::report::escape::control(s.unwrap_or_default()).into_owned();
+    let shown = |s: Option<&str>| crate::words::escape::control(s.unwrap_or_default()).into_owned();
     CommitInfo {
         sha: parts.next().unwrap_or_default().to_string(),
         subject: shown(parts.next()),

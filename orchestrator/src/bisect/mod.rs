@@ -25,7 +25,7 @@ use probe::{Measured, NotMeasured, Setting, Slot};
 use report::{Outcome, Report, Tested};
 use search::{Conclusion, Search, Status};
 
-use crate::verdict::Verdict;
+use crate::words::verdict::Verdict;
 
 /// What a bisection was asked.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -308,7 +308,7 @@ mod tests {
     use super::{Request, Status, judge};
     use crate::bisect::git::CommitInfo;
     use crate::bisect::probe::Measured;
-    use crate::verdict::Verdict;
+    use crate::words::verdict::Verdict;
 
     fn request(bits: bool) -> Request {
         Request {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use super::git::{self, CommitInfo};
 use crate::receipt::resolve::{self, FoundRun};
 use crate::receipt::{Artifact, tree};
-use crate::verdict::Verdict;
+use crate::words::verdict::Verdict;
 
 /// What every candidate shares: where the repository, manifest, receipts and binaries are.
 #[derive(Debug, Clone)]

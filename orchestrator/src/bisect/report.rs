@@ -62,7 +62,7 @@ pub struct Tested {
 pub struct RunBrief {
     pub run: String,
     pub dir: String,
-    pub verdict: crate::verdict::Verdict,
+    pub verdict: crate::words::verdict::Verdict,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     pub reused: bool,
@@ -161,7 +161,7 @@ fn clip(s: &str, n: usize) -> String {
 #[derive(Debug, Clone, Serialize)]
 pub struct AtCommit {
     pub commit: CommitInfo,
-    pub verdict: Option<crate::verdict::Verdict>,
+    pub verdict: Option<crate::words::verdict::Verdict>,
     pub reason: Option<String>,
     /// The run folder whose receipt this is.
     pub run: Option<String>,

@@ -14,10 +14,10 @@ use crate::bisect::probe::{self, Setting, Slot};
 use crate::bisect::report::{Outcome, Report};
 use crate::bisect::state::{self, Saved};
 use crate::bisect::{Request, Stop, git};
-use crate::cli::{BisectArgs, BisectFormat};
-use crate::exit::ExitCode;
-use crate::gpus::{GpuSpec, Inventory};
+use crate::cmd::cli::{BisectArgs, BisectFormat};
+use crate::machine::gpus::{GpuSpec, Inventory};
 use crate::receipt::resolve;
+use crate::words::exit::ExitCode;
 
 /// The `bisect` subcommand.
 pub fn command(args: &BisectArgs) -> ExitCode {
@@ -120,7 +120,7 @@ fn command_inner(args: &BisectArgs) -> Result<ExitCode, Failure> {
         )));
     }
     let spec: GpuSpec = saved.gpus.parse().map_err(usage)?;
-    let inventory = crate::gpus::detect(&spec);
+    let inventory = crate::machine::gpus::detect(&spec);
     let slots = slots(&saved.gpus, &spec, &inventory, request.jobs);
     let exe = std::env::current_exe().map_err(|e| {
         (
@@ -168,7 +168,7 @@ fn command_inner(args: &BisectArgs) -> Result<ExitCode, Failure> {
     };
     state::save(&receipts, &saved).map_err(|e| (ExitCode::Internal, e))?;
     let interrupt = Arc::new(AtomicBool::new(false));
-    for sig in crate::executor::process::cancel_signals() {
+    for sig in crate::run::executor::process::cancel_signals() {
         signal_hook::flag::register(sig, Arc::clone(&interrupt)).map_err(|e| {
             (
                 ExitCode::Internal,

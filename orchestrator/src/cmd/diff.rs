@@ -7,12 +7,12 @@
 
 use std::path::Path;
 
-use crate::cli::DiffArgs;
+use crate::cmd::cli::DiffArgs;
 use crate::diff::render::DiffFormat;
 use crate::diff::{CompareOptions, Diff, Thresholds, compare_runs, render};
-use crate::exit::ExitCode;
 use crate::receipt::error::FindError;
 use crate::receipt::resolve;
+use crate::words::exit::ExitCode;
 
 /// The `diff` subcommand.
 pub fn command(args: &DiffArgs) -> ExitCode {
@@ -242,7 +242,7 @@ fn same_run(a: &Path, b: &Path) -> bool {
 fn shown(text: String, args: &DiffArgs) -> String {
     match args.format {
         DiffFormat::Json => text,
-        _ => crate::report::escape::terminal(&text, crate::diff::render::use_color(args.color))
+        _ => crate::words::escape::terminal(&text, crate::diff::render::use_color(args.color))
             .into_owned(),
     }
 }

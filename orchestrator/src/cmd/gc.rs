@@ -6,11 +6,11 @@
 
 use std::path::Path;
 
-use crate::cli::GcArgs;
-use crate::executor::output::format_size;
-use crate::exit::ExitCode;
+use crate::cmd::cli::GcArgs;
 use crate::receipt::gc::{Retention, delete, plan, run_bytes, sweep_leftovers};
 use crate::receipt::resolve::{list_runs, receipts_root};
+use crate::run::executor::output::format_size;
+use crate::words::exit::ExitCode;
 
 /// The `gc` subcommand.
 pub fn command(args: &GcArgs) -> ExitCode {
@@ -106,7 +106,7 @@ pub fn command(args: &GcArgs) -> ExitCode {
         println!(
             "kept {}: {why}, so its age is unknown and it is neither counted nor deleted; \
              remove it by hand when it is not wanted",
-            crate::report::escape::control(&dir.display().to_string())
+            crate::words::escape::control(&dir.display().to_string())
         );
     }
     let mut failed = false;
@@ -158,7 +158,7 @@ pub fn command(args: &GcArgs) -> ExitCode {
             eprintln!(
                 "memra-orch gc: cannot remove {}, left by a gc that was killed: {why}; remove it \
                  by hand",
-                crate::report::escape::control(&dir.display().to_string())
+                crate::words::escape::control(&dir.display().to_string())
             );
             failed = true;
         }
@@ -245,7 +245,7 @@ fn pack_kept(
         {
             continue;
         }
-        let leftover = run.dir.join(crate::packed::PACK).exists();
+        let leftover = run.dir.join(crate::gate::packed::PACK).exists();
         if !leftover && (!args.pack || run.run.verdict == "running") {
             continue;
         }

@@ -2,10 +2,10 @@
 //! record. The table is followed by each GPU's machine-wide lease (free, or who holds it);
 //! the JSON stays the inventory alone, in the shape `run.json` records.
 
-use crate::cli::GpusArgs;
-use crate::exit::ExitCode;
-use crate::gpus::{GpusFormat, detect, render_text};
-use crate::lease::{LockDir, render_leases};
+use crate::cmd::cli::GpusArgs;
+use crate::machine::gpus::{GpusFormat, detect, render_text};
+use crate::machine::lease::{LockDir, render_leases};
+use crate::words::exit::ExitCode;
 
 /// The `gpus` subcommand.
 pub fn command(args: &GpusArgs) -> ExitCode {
@@ -29,19 +29,23 @@ pub fn command(args: &GpusArgs) -> ExitCode {
         GpusFormat::Json => {}
     }
     if args.health {
-        let monitor = match crate::health::Monitor::new() {
-            Ok(m) if inv.source == crate::gpus::InventorySource::Nvml => m.with_nvml(),
+        let monitor = match crate::machine::health::Monitor::new() {
+            Ok(m) if inv.source == crate::machine::gpus::InventorySource::Nvml => m.with_nvml(),
             Ok(m) => m,
             Err(e) => {
                 eprintln!("memra-orch gpus: {e}");
                 return ExitCode::Usage;
             }
         };
-        let readings: Vec<(crate::health::GpuRef, String, crate::health::Reading)> = inv
+        let readings: Vec<(
+            crate::machine::health::GpuRef,
+            String,
+            crate::machine::health::Reading,
+        )> = inv
             .gpus
             .iter()
             .map(|g| {
-                let r = crate::health::GpuRef {
+                let r = crate::machine::health::GpuRef {
                     index: g.index,
                     uuid: g.uuid.clone(),
                 };
@@ -50,7 +54,7 @@ pub fn command(args: &GpusArgs) -> ExitCode {
             })
             .collect();
         match args.format {
-            GpusFormat::Text => print!("{}", crate::health::render(&readings)),
+            GpusFormat::Text => print!("{}", crate::machine::health::render(&readings)),
             GpusFormat::Json => {
                 let rows: Vec<serde_json::Value> = readings
                     .iter()

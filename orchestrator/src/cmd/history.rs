@@ -13,9 +13,9 @@
 
 use std::io::Write as _;
 
-use crate::cli::HistoryArgs;
-use crate::exit::ExitCode;
+use crate::cmd::cli::HistoryArgs;
 use crate::history::render::{self, HistoryFormat};
+use crate::words::exit::ExitCode;
 use std::sync::mpsc::Receiver;
 
 use crate::history::{self, HistoryError, Options, index, steps};
@@ -147,7 +147,7 @@ fn write(
     let mut put = |text: &str| {
         let text = match args.format {
             HistoryFormat::Json => std::borrow::Cow::Borrowed(text),
-            _ => crate::report::escape::terminal(text, false),
+            _ => crate::words::escape::terminal(text, false),
         };
         out.write_all(text.as_bytes()).map_err(Failure::Write)
     };

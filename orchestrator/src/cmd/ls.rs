@@ -2,12 +2,12 @@
 
 use serde_json::json;
 
-use crate::cli::{LsArgs, ShowFormat};
-use crate::exit::ExitCode;
+use crate::cmd::cli::{LsArgs, ShowFormat};
 use crate::history::heads::heads_and_unreadable;
 use crate::receipt::error::FindError;
 use crate::receipt::resolve::{RunHead, receipts_root};
 use crate::report::ls::table;
+use crate::words::exit::ExitCode;
 
 /// The `ls` subcommand.
 pub fn command(args: &LsArgs) -> ExitCode {
@@ -31,7 +31,7 @@ pub fn command(args: &LsArgs) -> ExitCode {
                 "memra-orch ls: {} has no readable run.json (killed as it began, or damaged); \
                  it is not listed, and `memra-orch summary` counts it as a run that never \
                  finished",
-                crate::report::escape::control(&dir.display().to_string())
+                crate::words::escape::control(&dir.display().to_string())
             );
         }
         Ok(match args.format {

@@ -1,9 +1,9 @@
 //! `memra-orch plan`: loads the manifest with its `--var` overrides, selects the cells of
 //! `--filter` and prints the plan in the chosen format.
 
-use crate::cli::PlanArgs;
-use crate::exit::ExitCode;
+use crate::cmd::cli::PlanArgs;
 use crate::load::{load_plan_with_vars, render};
+use crate::words::exit::ExitCode;
 
 /// The `plan` subcommand.
 pub fn command(args: &PlanArgs) -> ExitCode {

@@ -2,11 +2,11 @@
 //! runs), makes the report's view of it and writes the static site. Exit 0 when the site
 //! was written, whatever the runs' verdicts: the report shows failures, it does not judge.
 
-use crate::cli::ReportArgs;
-use crate::exit::ExitCode;
+use crate::cmd::cli::ReportArgs;
 use crate::history::{self, HistoryError};
 use crate::receipt::resolve::receipts_root;
 use crate::report::html::{SiteError, build, write_site};
+use crate::words::exit::ExitCode;
 
 /// The `report` subcommand.
 pub fn command(args: &ReportArgs) -> ExitCode {

@@ -15,14 +15,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use crate::cli::{ExecutorKind, RunArgs};
-use crate::events::Listener;
-use crate::executor::local::{DEFAULT_GRACE, LocalExecutor};
-use crate::executor::slurm::{Resources, SlurmExecutor, SlurmOptions};
-use crate::executor::{Executor, SlurmError};
-use crate::exit::ExitCode;
-use crate::gpus::Inventory;
-use crate::lease::{self, GpuLocks, LockDir};
+use crate::cmd::cli::{ExecutorKind, RunArgs};
+use crate::machine::gpus::Inventory;
+use crate::machine::lease::{self, GpuLocks, LockDir};
 use crate::plan::Plan;
 use crate::receipt::error::ReceiptErrorKind;
 use crate::receipt::resolve::{self, FoundRun};
@@ -32,7 +27,12 @@ use crate::report::json_events::{EventFormat, JsonEvents};
 use crate::report::metrics::MetricsFile;
 use crate::report::progress::{Progress, ProgressMode};
 use crate::report::writer::ReceiptWriter;
+use crate::run::events::Listener;
+use crate::run::executor::local::{DEFAULT_GRACE, LocalExecutor};
+use crate::run::executor::slurm::{Resources, SlurmExecutor, SlurmOptions};
+use crate::run::executor::{Executor, SlurmError};
 use crate::run::{CarrySource, RunOptions, execute};
+use crate::words::exit::ExitCode;
 
 /// The `run` subcommand.
 pub fn command(args: &RunArgs) -> ExitCode {
@@ -77,18 +77,21 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         }
     }
     let mut inventory = match args.executor {
-        ExecutorKind::Local => crate::gpus::detect(&args.gpus),
+        ExecutorKind::Local => crate::machine::gpus::detect(&args.gpus),
         ExecutorKind::Slurm => slurm_slots(args).map_err(|e| usage(e.to_string()))?,
     };
-    let excluded = crate::gpus::exclude(&mut inventory, &args.exclude_gpu).map_err(usage)?;
+    let excluded =
+        crate::machine::gpus::exclude(&mut inventory, &args.exclude_gpu).map_err(usage)?;
     let fake: Vec<u32> = match inventory.source {
-        crate::gpus::InventorySource::Fake => inventory.gpus.iter().map(|g| g.index).collect(),
+        crate::machine::gpus::InventorySource::Fake => {
+            inventory.gpus.iter().map(|g| g.index).collect()
+        }
         _ => Vec::new(),
     };
     if let Some(note) = &inventory.note {
         eprintln!("memra-orch: {note}");
     }
-    let require = crate::require::GpuRequirement::effective(&plan, args.require_gpus);
+    let require = crate::plan::require::GpuRequirement::effective(&plan, args.require_gpus);
     if let Some(r) = &require {
         r.check(&inventory)
             .map_err(|e| (ExitCode::RequirementUnmet, e.to_string()))?;
@@ -109,23 +112,23 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
             .map(PathBuf::as_path)
             .collect::<Vec<_>>(),
     );
-    let commit = crate::commit::resolve(&plan.root, args.commit.as_deref(), &own)
+    let commit = crate::receipt::commit::resolve(&plan.root, args.commit.as_deref(), &own)
         .map_err(|e| usage(e.to_string()))?;
     if commit.dirty && args.commit.is_none() {
         eprintln!("memra-orch: {}", dirty_note(&plan.root, &commit.id, &own));
     }
     let heartbeat = heartbeat_interval().map_err(usage)?;
-    let monitor = crate::health::Monitor::new().map_err(usage)?;
+    let monitor = crate::machine::health::Monitor::new().map_err(usage)?;
     monitor.check_planted(&fake).map_err(usage)?;
     // Taken before anything runs: a run that cannot tell which engine it tests refuses.
-    let fingerprints = crate::fingerprint::take_all(&plan)
+    let fingerprints = crate::plan::fingerprint::take_all(&plan)
         .map_err(|e| (ExitCode::RequirementUnmet, e.to_string()))?;
     let manifest_dir = tree::manifest_dir(&receipts, &commit.id, &plan.name);
     let lock = acquire_lock(&manifest_dir, args.wait_lock)?;
     // Two manifest files with one `name` would file their runs in one folder and read each
     // other's receipts as their own earlier runs.
     let earlier = resolve::runs_in_manifest_dir(&manifest_dir);
-    crate::name_clash::check_against(earlier.first(), &plan.name, &plan.manifest.path)
+    crate::load::name_clash::check_against(earlier.first(), &plan.name, &plan.manifest.path)
         .map_err(|e| usage(e.to_string()))?;
     let previous = resolve::previous_run(&receipts, &plan.name)
         .map(|r| resolve::durations(&r))
@@ -189,7 +192,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         })
     });
     let interrupt = Arc::new(AtomicBool::new(false));
-    for sig in crate::executor::process::cancel_signals() {
+    for sig in crate::run::executor::process::cancel_signals() {
         signal_hook::flag::register(sig, Arc::clone(&interrupt))
             .map_err(|e| internal(format!("cannot install the signal handler: {e}")))?;
     }
@@ -208,7 +211,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         };
         (code, e.to_string())
     })?;
-    let disk_full = crate::diskfull::DiskFull::new();
+    let disk_full = crate::words::diskfull::DiskFull::new();
     let gpu_locks = match args.executor {
         ExecutorKind::Local if !inventory.gpus.is_empty() => {
             let locks = GpuLocks::open(
@@ -263,10 +266,10 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     let executor: Arc<dyn Executor> = match args.executor {
         ExecutorKind::Local => {
             let local = LocalExecutor::new(grace, std::env::temp_dir());
-            // Every attempt on a GPU is read before and after (crate::health).
+            // Every attempt on a GPU is read before and after (crate::machine::health).
             Arc::new(match inventory.source {
                 _ if inventory.gpus.is_empty() => local,
-                crate::gpus::InventorySource::Nvml => {
+                crate::machine::gpus::InventorySource::Nvml => {
                     local.with_health(Arc::new(monitor.with_nvml()))
                 }
                 _ => local.with_health(Arc::new(monitor)),
@@ -300,7 +303,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         .with_pairs(pairs)
         .with_attest(plan.attest.clone())
         .with_disk_full(disk_full.clone());
-    crate::executor::supervise::adopt_orphans();
+    crate::run::executor::supervise::adopt_orphans();
     let mut outcome = {
         let mut listeners: Vec<&mut dyn Listener> = vec![&mut writer, &mut display];
         if let Some(m) = &mut metrics {
@@ -311,7 +314,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
         }
         execute(&plan, &inventory, executor, &opts, &mut listeners)
     };
-    crate::executor::supervise::reap_orphans();
+    crate::run::executor::supervise::reap_orphans();
     let written = writer.finish();
     // The writer may have found the disk full after the loop ended (the last files).
     if outcome.disk_full.is_none() {
@@ -369,7 +372,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
             Ok(Some(p)) if p.left.is_some() => {
                 eprintln!(
                     "memra-orch run: packed into {}, but {}",
-                    tree.dir.join(crate::packed::PACK).display(),
+                    tree.dir.join(crate::gate::packed::PACK).display(),
                     p.left.unwrap_or_default()
                 );
             }
@@ -384,7 +387,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
     }
     if let Some(n) = plan.notify.as_ref().filter(|_| !args.no_notify) {
         // After the run is filed: the summary reads it like any other. Never the exit code.
-        match crate::notify::after_run(n, &plan.root, &receipts, &tree.dir, &plan.redact) {
+        match crate::report::notify::after_run(n, &plan.root, &receipts, &tree.dir, &plan.redact) {
             Ok(line) => eprintln!("memra-orch run: {line}"),
             Err(line) => eprintln!("memra-orch run: {line}"),
         }
@@ -444,7 +447,7 @@ const DIRTY_PATHS_SHOWN: usize = 10;
 /// Why the run is filed under `<sha>-dirty`: the paths `git status --porcelain` lists, so a
 /// nightly that forgot a scratch file says which one instead of only changing folder name.
 fn dirty_note(root: &Path, id: &str, own: &[PathBuf]) -> String {
-    let paths = crate::commit::dirty_paths(root, own);
+    let paths = crate::receipt::commit::dirty_paths(root, own);
     let mut note =
         format!("the work tree has uncommitted changes, so the run is filed under {id}:");
     for p in paths.iter().take(DIRTY_PATHS_SHOWN) {
@@ -536,9 +539,9 @@ fn acquire_lock(
 /// slots only bound how many jobs wait in its queue and rule out cells no node could hold.
 fn slurm_slots(args: &RunArgs) -> Result<Inventory, SlurmError> {
     let n = match args.gpus {
-        crate::gpus::GpuSpec::Fake(n) => n,
-        crate::gpus::GpuSpec::None => 0,
-        _ => crate::executor::slurm::cluster_gpus(args.partition.as_deref())?,
+        crate::machine::gpus::GpuSpec::Fake(n) => n,
+        crate::machine::gpus::GpuSpec::None => 0,
+        _ => crate::run::executor::slurm::cluster_gpus(args.partition.as_deref())?,
     };
     Ok(Inventory::slurm_slots(n))
 }

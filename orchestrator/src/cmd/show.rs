@@ -2,12 +2,12 @@
 //! node's view, as text or as the stored JSON. Exit 1 when what is shown did not end as
 //! expected.
 
-use crate::cli::{ShowArgs, ShowFormat, ShowLog};
-use crate::exit::ExitCode;
+use crate::cmd::cli::{ShowArgs, ShowFormat, ShowLog};
 use crate::receipt::error::FindError;
 use crate::receipt::load::{find, load};
 use crate::receipt::resolve::{receipts_root, resolve_with};
 use crate::report::show::{node_text, run_text};
+use crate::words::exit::ExitCode;
 
 /// The `show` subcommand.
 pub fn command(args: &ShowArgs) -> ExitCode {
@@ -60,7 +60,7 @@ pub fn command(args: &ShowArgs) -> ExitCode {
             // A gate's log reaches a terminal with its control characters escaped; into a
             // file or a pipe it goes as stored.
             let text = if args.log.is_some() && out.is_terminal() {
-                crate::report::escape::terminal(&String::from_utf8_lossy(&text), false)
+                crate::words::escape::terminal(&String::from_utf8_lossy(&text), false)
                     .into_owned()
                     .into_bytes()
             } else {
@@ -123,7 +123,7 @@ fn log_file(
         .unwrap_or_else(|| run.dir.clone());
     let attempt_dir = crate::receipt::tree::Tree { dir: source }.attempt_dir(&r.slug, n);
     let name = which.file_name();
-    let mut file = crate::attempt_file::open(&attempt_dir, std::path::Path::new(name))
+    let mut file = crate::gate::attempt_file::open(&attempt_dir, std::path::Path::new(name))
         .map_err(|e| none(e.to_string()))?;
     let mut bytes = Vec::new();
     std::io::Read::read_to_end(&mut file, &mut bytes)

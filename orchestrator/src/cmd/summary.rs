@@ -6,10 +6,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::cli::SummaryArgs;
-use crate::exit::ExitCode;
+use crate::cmd::cli::SummaryArgs;
 use crate::receipt::resolve;
 use crate::report::morning::{self, Brief, Since};
+use crate::words::exit::ExitCode;
 
 /// The `summary` subcommand.
 pub fn command(args: &SummaryArgs) -> ExitCode {
@@ -40,7 +40,7 @@ pub fn command(args: &SummaryArgs) -> ExitCode {
             let text = morning::render(&b, args.format);
             match args.format {
                 morning::SummaryFormat::Json => print!("{text}"),
-                _ => print!("{}", crate::report::escape::terminal(&text, false)),
+                _ => print!("{}", crate::words::escape::terminal(&text, false)),
             }
             if b.green() {
                 ExitCode::Ok

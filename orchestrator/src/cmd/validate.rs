@@ -1,9 +1,9 @@
 //! `memra-orch validate`: loads every manifest named and prints each one's problems, or a
 //! line saying how many nodes and cells it has.
 
-use crate::cli::ValidateArgs;
-use crate::exit::ExitCode;
+use crate::cmd::cli::ValidateArgs;
 use crate::load::load_plan;
+use crate::words::exit::ExitCode;
 
 /// The `validate` subcommand: every manifest is checked, every problem printed.
 pub fn command(args: &ValidateArgs) -> ExitCode {

@@ -28,9 +28,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{BitsMoved, Diff, DiffRun, VerdictChange};
-use crate::commit::short_commit;
 use crate::history::RunRecord;
 use crate::receipt::GpuRef;
+use crate::receipt::commit::short_commit;
 use crate::receipt::load::LoadedNode;
 use crate::receipt::tree::Tree;
 

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::receipt::load::{self, LoadedNode, LoadedRun};
-use crate::verdict::Verdict;
+use crate::words::verdict::Verdict;
 
 /// What `diff` reads of a node receipt; everything else (environment, argv, attempts) is
 /// skipped while parsing.
@@ -50,7 +50,7 @@ pub struct DiffReceipt {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct DiffCheck {
     pub check: String,
-    pub status: crate::protocol::CheckStatus,
+    pub status: crate::gate::checks::CheckStatus,
     #[serde(default)]
     pub metrics: BTreeMap<String, Value>,
     #[serde(default)]
@@ -206,7 +206,7 @@ pub struct WarnChange {
     pub id: String,
     pub check: String,
     /// OLD's status of the row; `None` when OLD had no such row.
-    pub old: Option<crate::protocol::CheckStatus>,
+    pub old: Option<crate::gate::checks::CheckStatus>,
     pub message: Option<String>,
 }
 
@@ -636,7 +636,7 @@ fn checks(
             (Some(a), Some(b)) => (a, b),
             (a, b) => {
                 if let (None, Some(b)) = (a, b)
-                    && b.status == crate::protocol::CheckStatus::Warn
+                    && b.status == crate::gate::checks::CheckStatus::Warn
                 {
                     d.warns.push(WarnChange {
                         id: id.to_string(),
@@ -658,8 +658,8 @@ fn checks(
             d.metric_drift
                 .push(drift("status", status(a), status(b), None));
         }
-        if b.status == crate::protocol::CheckStatus::Warn
-            && a.status != crate::protocol::CheckStatus::Warn
+        if b.status == crate::gate::checks::CheckStatus::Warn
+            && a.status != crate::gate::checks::CheckStatus::Warn
         {
             d.warns.push(WarnChange {
                 id: id.to_string(),
@@ -672,7 +672,7 @@ fn checks(
         for m in names {
             let (x, y) = (a.metrics.get(m), b.metrics.get(m));
             if let Some(relative) = metric_moved(m, x, y, t) {
-                let list = if crate::canary::matches_any(info, m) {
+                let list = if crate::gate::canary::matches_any(info, m) {
                     &mut d.info_changed
                 } else {
                     &mut d.metric_drift

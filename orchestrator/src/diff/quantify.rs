@@ -7,7 +7,7 @@
 //! [`read_moved`] is the only part of `diff` that opens artifact files; it runs after
 //! [`super::diff`] has found what moved, reading the files of the runs that measured them
 //! (a carried receipt's files are in its source run) in parallel. The arithmetic on
-//! elements lives in [`crate::tensors`]; the tables' layout is here, so that `render` only
+//! elements lives in [`crate::gate::tensors`]; the tables' layout is here, so that `render` only
 //! calls it. It decides no verdict and fails no diff.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{ArtifactMove, Diff, DiffRun, MetricDrift, Thresholds, metric_moved};
+use crate::gate::tensors::{self, Element, ElementFn};
 use crate::receipt::tree::Tree;
-use crate::tensors::{self, Element, ElementFn};
 
 /// What `diff` reads of an attempt: its number, which names its folder (`attempt-<n>`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -203,7 +203,7 @@ type Located = Result<(PathBuf, PathBuf), String>;
 /// Opens and maps one side's file; the error is a sentence naming the file.
 fn open_map(at: Located) -> Result<memmap2::Mmap, String> {
     let (attempt, rel) = at?;
-    let file = crate::attempt_file::open(&attempt, &rel).map_err(|e| e.to_string())?;
+    let file = crate::gate::attempt_file::open(&attempt, &rel).map_err(|e| e.to_string())?;
     tensors::map(&file).map_err(|e| format!("cannot map {}: {e}", attempt.join(&rel).display()))
 }
 

@@ -9,7 +9,7 @@ use std::fmt::Write;
 use serde_json::Value;
 
 use super::{ArtifactMove, Diff, LostCoverage, VerdictChange};
-use crate::commit::short_commit;
+use crate::receipt::commit::short_commit;
 
 /// The output formats of `diff`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

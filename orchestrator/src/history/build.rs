@@ -47,13 +47,13 @@ pub struct HistCheck {
     #[serde(default)]
     pub metrics: BTreeMap<String, Value>,
     #[serde(default = "pass")]
-    pub status: crate::protocol::CheckStatus,
+    pub status: crate::gate::checks::CheckStatus,
     #[serde(default)]
     pub message: Option<String>,
 }
 
-fn pass() -> crate::protocol::CheckStatus {
-    crate::protocol::CheckStatus::Pass
+fn pass() -> crate::gate::checks::CheckStatus {
+    crate::gate::checks::CheckStatus::Pass
 }
 
 /// What history reads of an attempt: how it ended and what it wrote.
@@ -62,7 +62,7 @@ pub struct HistAttempt {
     /// The attempt's number (its folder is `attempt-<n>`).
     #[serde(default)]
     pub n: u32,
-    pub outcome: crate::verdict::Verdict,
+    pub outcome: crate::words::verdict::Verdict,
     #[serde(default)]
     pub artifacts: Vec<crate::receipt::Artifact>,
 }
@@ -288,7 +288,7 @@ fn facts(n: &LoadedNode<HistReceipt>) -> CellFacts {
         failed_check: r.and_then(|r| {
             r.checks
                 .iter()
-                .find(|c| c.status == crate::protocol::CheckStatus::Fail)
+                .find(|c| c.status == crate::gate::checks::CheckStatus::Fail)
                 .map(|c| (c.check.clone(), c.message.clone()))
         }),
         carried_from: e
@@ -301,7 +301,7 @@ fn facts(n: &LoadedNode<HistReceipt>) -> CellFacts {
             .unwrap_or_default(),
         code_known: r.is_some_and(|r| code_known(&r.code)),
         flipped_within: r.is_some_and(|r| {
-            let ended: Vec<crate::verdict::Verdict> = r
+            let ended: Vec<crate::words::verdict::Verdict> = r
                 .attempts
                 .iter()
                 .map(|a| a.outcome)
@@ -310,7 +310,8 @@ fn facts(n: &LoadedNode<HistReceipt>) -> CellFacts {
                 .filter(|o| {
                     !matches!(
                         o,
-                        crate::verdict::Verdict::Cancelled | crate::verdict::Verdict::DeviceFault
+                        crate::words::verdict::Verdict::Cancelled
+                            | crate::words::verdict::Verdict::DeviceFault
                     )
                 })
                 .collect();
@@ -322,18 +323,18 @@ fn facts(n: &LoadedNode<HistReceipt>) -> CellFacts {
             (0, Some(r)) => u32::try_from(
                 r.checks
                     .iter()
-                    .filter(|c| c.status == crate::protocol::CheckStatus::Warn)
+                    .filter(|c| c.status == crate::gate::checks::CheckStatus::Warn)
                     .count(),
             )
             .unwrap_or(u32::MAX),
             (n, _) => n,
         },
         warning: e.warning.clone().or_else(|| {
-            let rows: Vec<crate::protocol::CheckRow> = r?
+            let rows: Vec<crate::gate::checks::CheckRow> = r?
                 .checks
                 .iter()
-                .filter(|c| c.status == crate::protocol::CheckStatus::Warn)
-                .map(|c| crate::protocol::CheckRow {
+                .filter(|c| c.status == crate::gate::checks::CheckStatus::Warn)
+                .map(|c| crate::gate::checks::CheckRow {
                     check: c.check.clone(),
                     status: c.status,
                     metrics: BTreeMap::new(),
@@ -381,7 +382,9 @@ fn logs(e: &NodeIndexEntry, r: Option<&HistReceipt>) -> Option<String> {
 pub fn artifact_sets(attempts: &[HistAttempt]) -> Vec<Vec<(&str, &str)>> {
     attempts
         .iter()
-        .filter(|a| !a.artifacts.is_empty() && a.outcome != crate::verdict::Verdict::DeviceFault)
+        .filter(|a| {
+            !a.artifacts.is_empty() && a.outcome != crate::words::verdict::Verdict::DeviceFault
+        })
         .map(|a| {
             a.artifacts
                 .iter()
@@ -431,7 +434,7 @@ mod tests {
                 ("max_abs".to_string(), serde_json::json!(m)),
                 ("dtype".to_string(), serde_json::json!("f16")),
             ]),
-            status: crate::protocol::CheckStatus::Pass,
+            status: crate::gate::checks::CheckStatus::Pass,
             message: None,
         };
         let m = metrics(&[row(1.0), row(2.0)]);

@@ -153,7 +153,7 @@ impl std::fmt::Display for DbError {
 
 /// The seal of a row: the sha256, in hex, of what names it and its JSON.
 fn seal(parts: &[&str]) -> String {
-    crate::digest::sha256_hex(parts.join("\0").as_bytes())
+    crate::words::digest::sha256_hex(parts.join("\0").as_bytes())
 }
 
 /// Whether `sealed` is [`seal`] of `parts` (computed without joining them).
@@ -191,7 +191,7 @@ fn borrowed<'r>(row: &'r rusqlite::Row, k: usize) -> rusqlite::Result<&'r str> {
 
 /// The seal of a cell set's outline: its digest, which is also its key.
 fn set_digest(outline: &str) -> String {
-    crate::digest::sha256_hex(outline.as_bytes())
+    crate::words::digest::sha256_hex(outline.as_bytes())
 }
 
 /// The index folder's lock, held shared by every open connection and exclusive by a rebuild

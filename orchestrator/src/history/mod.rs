@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::receipt::error::ReceiptError;
-use crate::verdict::Verdict;
+use crate::words::verdict::Verdict;
 
 /// Format version of an index line ([`RunRecord`], sealed since 3). A line of another version is not
 /// trusted: its run is read from the tree again.
@@ -498,8 +498,11 @@ fn select(
             return Err(HistoryError::NoMatch {
                 filter: filter.clone(),
                 manifest: manifest.to_string(),
-                near: crate::diagnostics::did_you_mean(filter, outline.keys().map(String::as_str))
-                    .map(str::to_string),
+                near: crate::words::diagnostics::did_you_mean(
+                    filter,
+                    outline.keys().map(String::as_str),
+                )
+                .map(str::to_string),
             });
         }
         chosen.extend(hits.into_iter().cloned());

@@ -7,7 +7,7 @@
 use std::fmt::Write;
 
 use super::{CellHistory, History, Point, RunSummary};
-use crate::commit::short_commit;
+use crate::receipt::commit::short_commit;
 
 /// The output formats of `history`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -54,7 +54,7 @@ fn verdict(p: &Point) -> String {
     match &p.facts {
         None => "absent".to_string(),
         Some(f) => {
-            let shown = if f.verdict == crate::verdict::Verdict::Pass && f.warns > 0 {
+            let shown = if f.verdict == crate::words::verdict::Verdict::Pass && f.warns > 0 {
                 format!("pass+warn {}", f.warns)
             } else {
                 f.verdict.to_string()

@@ -192,9 +192,9 @@ pub fn render(scope: &Scope, items: &[FeedItem], markdown: bool) -> String {
         let undone = if i.current { "" } else { " (undone later)" };
         // Names came from manifests and gates: one line each, control characters escaped,
         // so no gate can forge an entry.
-        let flat = |s: &str| crate::report::escape::control(s).into_owned();
+        let flat = |s: &str| crate::words::escape::control(s).into_owned();
         let day = flat(i.start.get(..10).unwrap_or(&i.start));
-        let commit = flat(&crate::commit::short_commit(&i.commit));
+        let commit = flat(&crate::receipt::commit::short_commit(&i.commit));
         let (run, before, after) = (flat(&i.run), number(i.before), number(i.after));
         if markdown {
             let code = |s: &str| {

@@ -11,15 +11,15 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::diagnostics::{Diagnostic, SourceText};
-use crate::graph::{self, Edge};
-use crate::manifest::{Pairs, RawManifest, RawNode, Sp, kind_header};
-use crate::matrix::{self, Combo};
+use crate::load::graph::{self, Edge};
+use crate::load::manifest::{Pairs, RawManifest, RawNode, Sp, kind_header};
+use crate::load::matrix::{self, Combo};
+use crate::load::subst::{self, Scope};
 use crate::plan::{
     Cell, CellId, CellIndex, DEFAULT_INHERIT, Expect, MANIFEST_SCHEMA, NodeId, NodeKind, Notify,
     NotifyOn, Plan, Require, SourceFile, TextVerdict,
 };
-use crate::subst::{self, Scope};
+use crate::words::diagnostics::{Diagnostic, SourceText};
 
 mod compare_cells;
 mod env_files;
@@ -267,7 +267,7 @@ pub fn build(
             .iter()
             .flat_map(|c| c.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
     );
-    let redact = crate::redact::Redactor::new(marked, named);
+    let redact = crate::words::redact::Redactor::new(marked, named);
     Some(Plan {
         name,
         description: raw.description.clone(),
@@ -385,7 +385,7 @@ impl Builder<'_, '_> {
         combo
             .iter()
             .map(|(k, v)| {
-                if crate::redact::secret_name(k) || self.secret.iter().any(|s| s == k) {
+                if crate::words::redact::secret_name(k) || self.secret.iter().any(|s| s == k) {
                     let values = seen.entry(k.clone()).or_default();
                     let n = match values.iter().position(|x| x == v) {
                         Some(i) => i + 1,
@@ -396,7 +396,10 @@ impl Builder<'_, '_> {
                     };
                     (k.clone(), format!("<secret-{n}>"))
                 } else {
-                    (k.clone(), crate::redact::url_passwords(v).into_owned())
+                    (
+                        k.clone(),
+                        crate::words::redact::url_passwords(v).into_owned(),
+                    )
                 }
             })
             .collect()
@@ -467,11 +470,12 @@ impl Builder<'_, '_> {
         for (name, _) in overrides {
             if !raw.iter().any(|(k, _)| k.get_ref() == name) {
                 let defined: Vec<&str> = raw.iter().map(|(k, _)| k.get_ref().as_str()).collect();
-                let help = match crate::diagnostics::did_you_mean(name, defined.iter().copied()) {
-                    Some(s) => format!("did you mean `{s}`?"),
-                    None if defined.is_empty() => "this manifest has no [vars]".into(),
-                    None => format!("defined here: {}", defined.join(", ")),
-                };
+                let help =
+                    match crate::words::diagnostics::did_you_mean(name, defined.iter().copied()) {
+                        Some(s) => format!("did you mean `{s}`?"),
+                        None if defined.is_empty() => "this manifest has no [vars]".into(),
+                        None => format!("defined here: {}", defined.join(", ")),
+                    };
                 self.diags.push(Diagnostic::whole_file(
                     &self.src.path,
                     format!("--var {name}=…: no `{name}` in [vars] to override"),
@@ -624,7 +628,7 @@ impl Builder<'_, '_> {
     /// so a bad default is reported once rather than once per node that inherits it.
     fn input_globs(&mut self, n: &RawNode) {
         for g in n.inputs.iter().flatten() {
-            if let Err(e) = crate::declared_inputs::parse(g.get_ref(), self.root) {
+            if let Err(e) = crate::plan::declared_inputs::parse(g.get_ref(), self.root) {
                 let msg = format!("`inputs` entry \"{}\" {e}", g.get_ref());
                 self.err(g.span(), msg, e.help().to_string());
             }
@@ -849,7 +853,7 @@ impl Builder<'_, '_> {
             let mut info = Vec::new();
             for g in n.info.iter().flatten() {
                 if let Some(text) = self.subst(g, &scope) {
-                    if let Err(e) = crate::canary::check_glob(&text) {
+                    if let Err(e) = crate::gate::canary::check_glob(&text) {
                         let msg = format!("`info` entry \"{text}\" is not a valid glob: {e}");
                         self.err(
                             g.span(),
@@ -863,7 +867,7 @@ impl Builder<'_, '_> {
             let mut expect_fail = Vec::new();
             for g in n.expect_fail.iter().flatten() {
                 if let Some(text) = self.subst(g, &scope) {
-                    if let Err(e) = crate::canary::check_glob(&text) {
+                    if let Err(e) = crate::gate::canary::check_glob(&text) {
                         let msg =
                             format!("`expect_fail` entry \"{text}\" is not a valid glob: {e}");
                         self.err(

@@ -1,12 +1,12 @@
 //! Printing a plan for `memra-orch plan`: a text listing in topological order, JSON
 //! (machine-readable, serde) and Graphviz DOT. This module only formats; selection and
-//! ordering come from [`crate::plan::select`] and [`crate::graph::topological_order`].
+//! ordering come from [`crate::plan::select`] and [`crate::load::graph::topological_order`].
 
 use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::graph::topological_order;
+use crate::load::graph::topological_order;
 use crate::plan::{Cell, Plan, Policy};
 
 /// Format version of the JSON plan.
@@ -31,7 +31,7 @@ pub fn render(plan: &Plan, selected: &[bool], format: PlanFormat) -> String {
 }
 
 /// A copy of `plan` fit for printing: every cell's argv, cwd and pins redacted by the
-/// manifest's secrets ([`crate::redact`]).
+/// manifest's secrets ([`crate::words::redact`]).
 fn redacted(plan: &Plan) -> Plan {
     let r = &plan.redact;
     let mut p = plan.clone();

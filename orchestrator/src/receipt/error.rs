@@ -24,7 +24,8 @@ impl ReceiptError {
 
     /// Whether the operation failed because the file system is full (or the quota used up).
     pub fn is_disk_full(&self) -> bool {
-        self.io_error().is_some_and(crate::diskfull::is_disk_full)
+        self.io_error()
+            .is_some_and(crate::words::diskfull::is_disk_full)
     }
 
     /// The system's error behind a failed write, when that is what failed.
@@ -237,7 +238,7 @@ pub enum FindError {
         cell: String,
         manifest: String,
         runs: usize,
-        newest: Option<crate::verdict::Verdict>,
+        newest: Option<crate::words::verdict::Verdict>,
     },
     #[error(
         "last-green:{cell}: no cell {cell:?} in {runs} run{} of {manifest}{}; give a whole cell id as `memra-orch show latest` lists it",

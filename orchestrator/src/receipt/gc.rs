@@ -204,7 +204,7 @@ pub fn run_bytes(dir: &Path, seen: &mut std::collections::HashSet<(u64, u64)>) -
                 total += m.len();
                 // A packed run's stored artifacts are the store's objects its archive
                 // links to.
-                if d == dir && e.file_name() == crate::packed::PACK {
+                if d == dir && e.file_name() == crate::gate::packed::PACK {
                     total += linked_bytes(&e.path(), seen);
                 }
             }
@@ -220,7 +220,7 @@ fn linked_bytes(pack: &Path, seen: &mut std::collections::HashSet<(u64, u64)>) -
         return 0;
     };
     let store = super::store::store_dir(receipts);
-    crate::packed::links(pack)
+    crate::gate::packed::links(pack)
         .unwrap_or_default()
         .iter()
         .filter_map(|sha| std::fs::symlink_metadata(store.join(&sha[..2]).join(sha)).ok())
@@ -420,7 +420,7 @@ mod tests {
                 id: "a".into(),
                 kind: crate::plan::NodeKind::Arm,
                 slug: Some("a-1".into()),
-                verdict: crate::verdict::Verdict::Pass,
+                verdict: crate::words::verdict::Verdict::Pass,
                 seconds: 1.0,
                 reason: None,
                 carried: Some(c),
@@ -481,7 +481,7 @@ mod tests {
 
     /// A red run: one cell failed.
     fn red(mut r: FoundRun) -> FoundRun {
-        r.run.counts.insert(crate::verdict::Verdict::Fail, 1);
+        r.run.counts.insert(crate::words::verdict::Verdict::Fail, 1);
         r.run.verdict = "fail".into();
         r
     }

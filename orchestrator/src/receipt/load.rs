@@ -168,8 +168,10 @@ pub fn find<'a>(run: &'a LoadedRun, query: &str) -> Result<&'a LoadedNode, FindE
     match hits.as_slice() {
         [one] => Ok(one),
         [] => {
-            let near =
-                crate::diagnostics::did_you_mean(query, run.nodes.keys().map(String::as_str));
+            let near = crate::words::diagnostics::did_you_mean(
+                query,
+                run.nodes.keys().map(String::as_str),
+            );
             Err(FindError::NoNode {
                 dir: run.dir.clone(),
                 query: query.to_string(),

@@ -6,6 +6,7 @@
 //! not decide verdicts; the listener that writes receipts as a run goes, the human summary
 //! and the JUnit file are `report`'s, and only stored here.
 
+pub mod commit;
 pub mod error;
 pub mod gc;
 pub mod load;
@@ -23,9 +24,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::gate::checks::CheckRow;
 use crate::plan::{Expect, NodeKind};
-use crate::protocol::CheckRow;
-use crate::verdict::Verdict;
+use crate::words::verdict::Verdict;
 use error::{ReceiptError, ReceiptErrorKind as Kind};
 
 /// Format version of `receipt.json`.
@@ -112,9 +113,9 @@ pub struct AttemptRecord {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub artifacts: Vec<Artifact>,
     /// Each of the attempt's GPUs read before and after it, with the Xids it raised
-    /// ([`crate::health`]). Absent for attempts without GPUs.
+    /// ([`crate::machine::health`]). Absent for attempts without GPUs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub gpu_health: Vec<crate::health::AttemptHealth>,
+    pub gpu_health: Vec<crate::machine::health::AttemptHealth>,
 }
 
 /// `nodes/<slug>/receipt.json`.
@@ -159,7 +160,7 @@ pub struct NodeReceipt {
     pub code: String,
     /// The run's fingerprints that went into `inputs`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub fingerprints: Vec<crate::fingerprint::Fingerprint>,
+    pub fingerprints: Vec<crate::plan::fingerprint::Fingerprint>,
     pub gpus: Vec<GpuRef>,
     pub attempts: Vec<AttemptRecord>,
     pub verdict: Verdict,
@@ -231,7 +232,7 @@ impl NodeReceipt {
     pub fn warnings(&self) -> Vec<&CheckRow> {
         self.checks
             .iter()
-            .filter(|c| c.status == crate::protocol::CheckStatus::Warn)
+            .filter(|c| c.status == crate::gate::checks::CheckStatus::Warn)
             .collect()
     }
 
@@ -362,12 +363,12 @@ pub struct RunReceipt {
     pub commit_subject: Option<String>,
     pub dirty: bool,
     /// The code identity every non-hermetic cell's inputs digest holds
-    /// ([`crate::commit::CommitId::code`]); absent where git could not name the code.
+    /// ([`crate::receipt::commit::CommitId::code`]); absent where git could not name the code.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<String>,
     /// The `[fingerprints]` taken before the run started.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub fingerprints: Vec<crate::fingerprint::Fingerprint>,
+    pub fingerprints: Vec<crate::plan::fingerprint::Fingerprint>,
     pub host: String,
     pub orchestrator_version: String,
     /// The GPU inventory of the run (NVML or fake), driver and CUDA versions included.
@@ -399,7 +400,7 @@ pub struct RunReceipt {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub excluded_gpus: Vec<String>,
     /// GPUs that faulted during a cell's attempt and took no new cells for the rest of the
-    /// run ([`crate::health`]). Absent when none did.
+    /// run ([`crate::machine::health`]). Absent when none did.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quarantined_gpus: Vec<Quarantined>,
     /// `pass` when every node ended as expected (skipped included) and no requirement went
@@ -436,8 +437,8 @@ impl RunReceipt {
     /// with nothing finished yet (`verdict` is `running`).
     pub fn begin(
         plan: &crate::plan::Plan,
-        commit: &crate::commit::CommitId,
-        inventory: &crate::gpus::Inventory,
+        commit: &crate::receipt::commit::CommitId,
+        inventory: &crate::machine::gpus::Inventory,
         cpu_slots: usize,
         filters: &[String],
         resumed: bool,
@@ -500,7 +501,7 @@ fn hostname() -> String {
 
 /// Lower-case hex and sha256 helpers live one layer down, shared with `commit` and
 /// `fingerprint`; receipts name them here as they always have.
-pub use crate::digest::{hex, sha256_hex};
+pub use crate::words::digest::{hex, sha256_hex};
 
 /// sha256 and size of a file, streamed.
 ///
@@ -610,10 +611,12 @@ pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>,
         Ok(f) => f,
         // A packed run keeps its cells' files in its archive.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return match crate::packed::read(path, crate::packed::MAX_MEMBER) {
-                Ok(Some(crate::packed::Member::Bytes(bytes))) => serde_json::from_slice(&bytes)
-                    .map(Some)
-                    .map_err(|e| ReceiptError::new(path, Kind::Format(e))),
+            return match crate::gate::packed::read(path, crate::gate::packed::MAX_MEMBER) {
+                Ok(Some(crate::gate::packed::Member::Bytes(bytes))) => {
+                    serde_json::from_slice(&bytes)
+                        .map(Some)
+                        .map_err(|e| ReceiptError::new(path, Kind::Format(e)))
+                }
                 Ok(Some(_)) => Err(ReceiptError::new(
                     path,
                     Kind::Read(std::io::Error::other("not a plain file")),

@@ -33,8 +33,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use zip::write::SimpleFileOptions;
 
-use crate::attempt_file::kind_of;
-use crate::packed::{PACK, is_sha256, link_target, open_archive, zip_io};
+use crate::gate::attempt_file::kind_of;
+use crate::gate::packed::{PACK, is_sha256, link_target, open_archive, zip_io};
 
 /// What [`pack`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -195,7 +195,7 @@ pub fn pack(run_dir: &Path) -> Result<Option<Packed>, PackError> {
         }
         let list: String = linked.iter().map(|s| format!("{s}\n")).collect();
         zip.start_file(
-            crate::packed::LINKS,
+            crate::gate::packed::LINKS,
             SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated),
         )
         .and_then(|()| zip.write_all(list.as_bytes()).map_err(Into::into))
@@ -397,7 +397,7 @@ fn open_plain(path: &Path) -> Result<File, PackError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::packed::{MAX_MEMBER, Member, has_folder, links, read};
+    use crate::gate::packed::{MAX_MEMBER, Member, has_folder, links, read};
     use crate::receipt::store::{self, STORE_DIR};
     use std::io::Read;
 
@@ -415,7 +415,7 @@ mod tests {
         std::fs::write(attempt.join("stdout.log"), "hello\n").unwrap();
         std::fs::write(attempt.join("checks.jsonl"), "{\"check\":\"x\"}\n").unwrap();
         let bytes = b"logits bytes";
-        let sha = crate::digest::sha256_hex(bytes);
+        let sha = crate::words::digest::sha256_hex(bytes);
         let art = attempt.join("artifacts/sub/l.bin");
         std::fs::write(&art, bytes).unwrap();
         assert_eq!(
@@ -450,7 +450,7 @@ mod tests {
         let attempt = run.join("nodes/a-1/attempt-1");
         let read = |rel: &str| {
             let mut s = Vec::new();
-            crate::attempt_file::open(&attempt, Path::new(rel))
+            crate::gate::attempt_file::open(&attempt, Path::new(rel))
                 .unwrap()
                 .read_to_end(&mut s)
                 .unwrap();
@@ -466,13 +466,13 @@ mod tests {
             Member::Object(object.clone())
         );
         assert_eq!(
-            crate::attempt_file::files_below(&attempt, Path::new("artifacts")).unwrap(),
+            crate::gate::attempt_file::files_below(&attempt, Path::new("artifacts")).unwrap(),
             vec![PathBuf::from("kept.bin"), PathBuf::from("sub/l.bin")]
         );
         assert!(has_folder(&attempt.join("empty")));
         assert!(matches!(
-            crate::attempt_file::open(&attempt, Path::new("nothing")),
-            Err(crate::attempt_file::OpenError::NotFound { .. })
+            crate::gate::attempt_file::open(&attempt, Path::new("nothing")),
+            Err(crate::gate::attempt_file::OpenError::NotFound { .. })
         ));
         assert_eq!(links(&run.join(PACK)).unwrap(), vec![sha.clone()]);
         // The archive alone holds the object now (link count 1), and the sweep keeps it.

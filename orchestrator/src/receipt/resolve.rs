@@ -72,7 +72,7 @@ pub struct RunHead {
     pub seconds: Option<f64>,
     pub host: String,
     pub verdict: String,
-    pub counts: std::collections::BTreeMap<crate::verdict::Verdict, usize>,
+    pub counts: std::collections::BTreeMap<crate::words::verdict::Verdict, usize>,
     /// How many of its cells were carried from an earlier run.
     pub carried: usize,
     /// The run `--rerun-failed` or `--exclude` carried from.
@@ -115,7 +115,7 @@ impl RunHead {
 pub fn is_green(
     ended: bool,
     verdict: &str,
-    counts: &std::collections::BTreeMap<crate::verdict::Verdict, usize>,
+    counts: &std::collections::BTreeMap<crate::words::verdict::Verdict, usize>,
 ) -> bool {
     ended && verdict != "running" && counts.iter().all(|(v, n)| *n == 0 || v.as_expected())
 }
@@ -314,7 +314,9 @@ pub fn durations(run: &RunReceipt) -> HashMap<String, f64> {
     run.nodes
         .iter()
         .filter(|n| {
-            n.verdict != crate::verdict::Verdict::Skipped && n.seconds > 0.0 && n.carried.is_none()
+            n.verdict != crate::words::verdict::Verdict::Skipped
+                && n.seconds > 0.0
+                && n.carried.is_none()
         })
         .map(|n| (n.id.clone(), n.seconds))
         .collect()
@@ -542,7 +544,7 @@ fn last_green_cell(
         });
     }
     let cell = spec.strip_prefix("last-green:").unwrap_or_default();
-    let verdicts: Vec<Option<crate::verdict::Verdict>> = runs
+    let verdicts: Vec<Option<crate::words::verdict::Verdict>> = runs
         .iter()
         .map(|r| r.run.nodes.iter().find(|n| n.id == cell).map(|n| n.verdict))
         .collect();
@@ -561,7 +563,7 @@ fn last_green_cell(
             cell: cell.to_string(),
             manifest: name.clone(),
             runs: runs.len(),
-            near: crate::diagnostics::did_you_mean(cell, ids).map(str::to_string),
+            near: crate::words::diagnostics::did_you_mean(cell, ids).map(str::to_string),
         });
     }
     Err(FindError::NoGreenCell {
@@ -732,7 +734,7 @@ fn pick_manifest(
 
 /// Runs git in `dir`; its trimmed stdout when it succeeded and printed something.
 fn git(dir: &Path, args: &[&str]) -> Option<String> {
-    crate::commit::git(dir, args).filter(|s| !s.is_empty())
+    crate::receipt::commit::git(dir, args).filter(|s| !s.is_empty())
 }
 
 #[cfg(test)]

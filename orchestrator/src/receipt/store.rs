@@ -27,7 +27,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// The store's folder name under the receipts folder.
-pub use crate::packed::STORE_DIR;
+pub use crate::gate::packed::STORE_DIR;
 
 /// The store of the receipts folder `receipts`.
 pub fn store_dir(receipts: &Path) -> PathBuf {
@@ -148,7 +148,7 @@ fn copy_hashed(from: &Path, to: &Path) -> std::io::Result<String> {
         dst.write_all(&buf[..n])?;
     }
     dst.sync_all()?;
-    Ok(crate::digest::hex(&hasher.finalize()))
+    Ok(crate::words::digest::hex(&hasher.finalize()))
 }
 
 /// Whether two files hold the same bytes (read in blocks, stopping at the first difference).
@@ -236,7 +236,7 @@ pub fn sweep(store: &Path) -> std::io::Result<Swept> {
     let receipts = store.parent().unwrap_or(Path::new("."));
     let mut linked = std::collections::HashSet::new();
     for pack in packs(receipts)? {
-        let names = crate::packed::links(&pack)
+        let names = crate::gate::packed::links(&pack)
             .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", pack.display())))?;
         linked.extend(names);
     }
@@ -324,7 +324,7 @@ fn packs(receipts: &Path) -> std::io::Result<Vec<PathBuf>> {
                 let is_run = run
                     .file_name()
                     .is_some_and(|n| super::tree::is_run_id(&n.to_string_lossy()));
-                let pack = run.join(crate::packed::PACK);
+                let pack = run.join(crate::gate::packed::PACK);
                 match std::fs::symlink_metadata(&pack) {
                     Ok(m) if is_run && m.is_file() => out.push(pack),
                     Ok(_) => {}
@@ -342,7 +342,7 @@ mod tests {
     use super::*;
 
     fn sha(b: &[u8]) -> String {
-        crate::digest::sha256_hex(b)
+        crate::words::digest::sha256_hex(b)
     }
 
     #[test]

@@ -119,7 +119,7 @@ pub fn run_id(now: SystemTime, salt: u32) -> String {
 
 /// Whether a folder name is a run id (named with the packed runs' reader, the lowest layer
 /// that needs it).
-pub use crate::packed::is_run_id;
+pub use crate::gate::packed::is_run_id;
 
 /// Held while a run of one manifest at one commit runs; released when dropped or when the
 /// process dies, however it dies. It is an OS lock (`flock`) on `<manifest folder>/.lock`, so

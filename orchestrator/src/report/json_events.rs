@@ -14,12 +14,12 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use crate::events::{Event, Listener, Placement};
-use crate::exit::ExitCode;
 use crate::plan::NodeKind;
 use crate::receipt::RunReceipt;
 use crate::receipt::tree::Tree;
-use crate::verdict::Verdict;
+use crate::run::events::{Event, Listener, Placement};
+use crate::words::exit::ExitCode;
+use crate::words::verdict::Verdict;
 
 /// The version of the line format. A change that removes or renames a field, or changes
 /// its meaning, bumps it; new fields and new `type`s may appear within a version, so a

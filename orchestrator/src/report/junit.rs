@@ -7,9 +7,9 @@ use quick_junit::{
 };
 use std::time::Duration;
 
-use super::escape;
 use crate::receipt::{AttemptRecord, NodeReceipt, RunReceipt};
-use crate::verdict::Verdict;
+use crate::words::escape;
+use crate::words::verdict::Verdict;
 
 /// The JUnit report could not be rendered (quick-junit refused the XML it was given).
 #[derive(Debug, thiserror::Error)]

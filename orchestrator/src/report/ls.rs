@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use crate::commit::short_commit;
+use crate::receipt::commit::short_commit;
 use crate::receipt::resolve::RunHead;
 use crate::report::summary::counts_line;
 

@@ -13,10 +13,10 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::events::{Event, Listener};
-use crate::exit::ExitCode;
 use crate::receipt::RunReceipt;
-use crate::verdict::Verdict;
+use crate::run::events::{Event, Listener};
+use crate::words::exit::ExitCode;
+use crate::words::verdict::Verdict;
 
 /// Why `--metrics-file PATH` cannot be used; found before anything runs.
 #[derive(Debug, thiserror::Error)]
@@ -72,7 +72,7 @@ pub fn check_path(path: &Path) -> Result<(), MetricsPathError> {
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         let ours = meta.is_file()
             && (meta.len() == 0
-                || crate::attempt_file::open_path(path).is_ok_and(|f| {
+                || crate::gate::attempt_file::open_path(path).is_ok_and(|f| {
                     use std::io::Read as _;
                     let mut head = Vec::new();
                     f.take(FIRST_LINE.len() as u64)

@@ -6,20 +6,21 @@
 //! views of stored runs that `show` ([`show`]) and `ls` ([`ls`]) print; and the static HTML
 //! site of a manifest's history ([`html`]).
 //!
-//! Text that came from a manifest or a gate passes through [`escape::control`] on its way to
-//! a terminal, `summary.md` or `junit.xml`, and through [`escape::html`] into a page.
+//! Text that came from a manifest or a gate passes through [`crate::words::escape::control`] on its way to
+//! a terminal, `summary.md` or `junit.xml`, and through [`crate::words::escape::html`] into a page.
 //!
 //! Only the writer writes into receipt trees, and only through `receipt`'s formats and
 //! paths; the metrics file is written at the path the user gave and the HTML site into a
 //! folder of its own; the rest renders. The runner's events and the receipts are the input.
 
-pub mod escape;
+pub mod attest;
 pub mod html;
 pub mod json_events;
 pub mod junit;
 pub mod ls;
 pub mod metrics;
 pub mod morning;
+pub mod notify;
 pub mod progress;
 pub mod show;
 pub mod summary;

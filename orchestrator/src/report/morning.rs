@@ -19,11 +19,11 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::commit::short_commit;
 use crate::diff::{BitsMoved, CompareOptions, Diff, DiffRun, Thresholds, VerdictChange};
+use crate::receipt::commit::short_commit;
 use crate::receipt::resolve::{self, FoundRun};
 use crate::report::summary::{counts_line, one_line};
-use crate::verdict::Verdict;
+use crate::words::verdict::Verdict;
 
 /// The most lines a summary has, whatever the night.
 pub const MAX_LINES: usize = 15;
@@ -153,7 +153,7 @@ pub fn build(s: &Subject<'_>, d: Option<(&Diff, Baseline)>, note: Option<String>
         let c = r
             .checks
             .iter()
-            .find(|c| c.status == crate::protocol::CheckStatus::Fail)?;
+            .find(|c| c.status == crate::gate::checks::CheckStatus::Fail)?;
         Some(match &c.message {
             Some(m) => format!("{}: {m}", c.check),
             None => c.check.clone(),

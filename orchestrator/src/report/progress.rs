@@ -7,19 +7,19 @@
 //! (`waiting for gpu 0: held by memra-orch pid …`). Quiet: nothing (the caller still prints
 //! the final counts).
 //! Cell ids and reasons are printed with their control characters escaped
-//! ([`super::escape::control`]): they come from manifests and gates.
+//! ([`crate::words::escape::control`]): they come from manifests and gates.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::escape::control;
-use crate::events::{Event, JobNote, Listener, Placement};
-use crate::gpus::{Inventory, InventorySource};
+use crate::machine::gpus::{Inventory, InventorySource};
 use crate::plan::{CellId, CellIndex, Plan};
-use crate::schedule::DEFAULT_ESTIMATE;
-use crate::verdict::Verdict;
+use crate::run::events::{Event, JobNote, Listener, Placement};
+use crate::run::schedule::DEFAULT_ESTIMATE;
+use crate::words::escape::control;
+use crate::words::verdict::Verdict;
 
 /// How the run is shown while it goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

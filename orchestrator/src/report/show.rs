@@ -6,14 +6,14 @@
 
 use std::fmt::Write;
 
-use crate::commit::short_commit;
-use crate::compare::CompareReport;
+use crate::gate::judge::CompareReport;
 use crate::plan::Policy;
 use crate::receipt::NodeReceipt;
+use crate::receipt::commit::short_commit;
 use crate::receipt::load::{LoadedNode, LoadedRun};
 use crate::receipt::tree::Tree;
 use crate::report::summary::counts_line;
-use crate::verdict::Verdict;
+use crate::words::verdict::Verdict;
 
 /// The run view: header, then every node, problems first.
 pub fn run_text(run: &LoadedRun) -> String {
@@ -84,7 +84,11 @@ pub fn run_text(run: &LoadedRun) -> String {
         "verdict", "seconds", "node"
     );
     for n in nodes {
-        let mut warn = if n.receipt.as_ref().is_some_and(crate::attest::has_warning) {
+        let mut warn = if n
+            .receipt
+            .as_ref()
+            .is_some_and(crate::report::attest::has_warning)
+        {
             " [warning: pin had no effect]".to_string()
         } else {
             String::new()
@@ -134,7 +138,7 @@ pub fn node_text(run: &LoadedRun, r: &NodeReceipt) -> String {
         );
     }
     // A packed run keeps the folder in its archive (`receipt::pack`).
-    let packed = crate::packed::locate(&tree.node_dir(&r.slug)).map(|(p, _)| p);
+    let packed = crate::gate::packed::locate(&tree.node_dir(&r.slug)).map(|(p, _)| p);
     match &packed {
         Some(pack) => {
             let _ = writeln!(out, "  folder:    nodes/{} in {}", r.slug, pack.display());
@@ -206,7 +210,7 @@ pub fn node_text(run: &LoadedRun, r: &NodeReceipt) -> String {
             );
             let _ = writeln!(out, "{}", line.trim_end());
             for h in &a.gpu_health {
-                let _ = writeln!(out, "      {}", crate::health::changes(h));
+                let _ = writeln!(out, "      {}", crate::machine::health::changes(h));
             }
         }
         if let Some(last) = r.last_attempt_dir() {
@@ -444,7 +448,7 @@ fn policy_text(p: &Policy) -> String {
 /// `text` with every control character but the newline written as an escape (`\x1b`,
 /// `\x00`, `\u{9b}`), so what a gate wrote into its rows cannot reach the terminal raw.
 pub fn escape_controls(text: &str) -> String {
-    crate::report::escape::terminal(text, false).into_owned()
+    crate::words::escape::terminal(text, false).into_owned()
 }
 
 #[cfg(test)]

@@ -4,11 +4,11 @@
 
 use std::fmt::Write;
 
-use super::escape;
-use crate::outcome::RunOutcome;
 use crate::receipt::tree::Tree;
 use crate::receipt::{NodeIndexEntry, NodeReceipt, RunReceipt};
-use crate::verdict::Verdict;
+use crate::words::escape;
+use crate::words::outcome::RunOutcome;
+use crate::words::verdict::Verdict;
 
 /// Runs with at most this many nodes list every node in the terminal table.
 const LIST_ALL_UP_TO: usize = 30;
@@ -67,20 +67,20 @@ pub fn table(receipts: &[Option<Box<NodeReceipt>>], outcome: &RunOutcome, tree: 
             .filter(|r| r.checks.iter().any(|c| c.check == check))
             .count()
     };
-    let attested = count(crate::attest::CHECK);
+    let attested = count(crate::report::attest::CHECK);
     if attested > 0 {
         let _ = writeln!(
             out,
             "warning: {attested} cells report \"{}\" (their doors rows match a cell with another value of the pin); see summary.md",
-            crate::attest::CHECK
+            crate::report::attest::CHECK
         );
     }
-    let unread = count(crate::attest::UNREAD);
+    let unread = count(crate::report::attest::UNREAD);
     if unread > 0 {
         let _ = writeln!(
             out,
             "warning: {unread} cells report \"{}\" (a pin their gate did not report reading); see summary.md",
-            crate::attest::UNREAD
+            crate::report::attest::UNREAD
         );
     }
     if warned > 0 {
@@ -263,7 +263,7 @@ mod tests {
     use super::*;
     use crate::plan::NodeKind;
     use crate::receipt::NodeReceipt;
-    use crate::verdict::count;
+    use crate::words::verdict::count;
 
     #[test]
     fn markdown_lists_problems_first_and_escapes_pipes() {

@@ -8,11 +8,11 @@
 //! `run.json` with where they are, never copied or rewritten.
 
 use super::junit::RenderError;
-use crate::diskfull::{DiskFull, Reserve};
-use crate::events::{Event, FinishError, Listener};
 use crate::receipt::error::{ReceiptError, ReceiptErrorKind as Kind};
 use crate::receipt::tree::Tree;
 use crate::receipt::{NodeIndexEntry, NodeReceipt, RunReceipt, write_atomic, write_json};
+use crate::run::events::{Event, FinishError, Listener};
+use crate::words::diskfull::{DiskFull, Reserve};
 
 /// Writes the receipt tree of one run.
 #[derive(Debug)]
@@ -167,7 +167,7 @@ impl Listener for ReceiptWriter {
                                 self.tree.dir.display(),
                                 e.verdict
                             ));
-                            e.verdict = crate::verdict::Verdict::Error;
+                            e.verdict = crate::words::verdict::Verdict::Error;
                             e.slug = None;
                         }
                     }
@@ -192,7 +192,7 @@ impl Listener for ReceiptWriter {
                 if full.is_some() {
                     // Cells whose receipts were lost changed verdict here.
                     self.run.counts =
-                        crate::verdict::count(self.run.nodes.iter().map(|n| n.verdict));
+                        crate::words::verdict::count(self.run.nodes.iter().map(|n| n.verdict));
                 }
                 self.run.disk_full = full.clone();
                 self.run.end = Some(
@@ -206,7 +206,9 @@ impl Listener for ReceiptWriter {
                 // Only the hardware went wrong: every cell as expected or a device fault.
                 let hardware = !self.run.quarantined_gpus.is_empty()
                     && counts.iter().all(|(v, n)| {
-                        *n == 0 || v.as_expected() || *v == crate::verdict::Verdict::DeviceFault
+                        *n == 0
+                            || v.as_expected()
+                            || *v == crate::words::verdict::Verdict::DeviceFault
                     });
                 self.run.verdict = if ok && !interrupted && unmet.is_none() && !hardware {
                     "pass"
@@ -220,7 +222,7 @@ impl Listener for ReceiptWriter {
                 // it only adds warning checks, so receipts filed earlier stay valid until
                 // they are rewritten here.
                 let (findings, unread, changed) =
-                    crate::attest::attest(&mut self.receipts, &self.pairs, &self.attest);
+                    crate::report::attest::attest(&mut self.receipts, &self.pairs, &self.attest);
                 for i in changed {
                     // Another run's tree is never written: a carried receipt keeps what its
                     // own run attested, and this run's summary lists the findings.
@@ -238,7 +240,7 @@ impl Listener for ReceiptWriter {
                 let r = write_json(&self.tree.run_json(), &self.run);
                 self.record(r);
                 let mut md = super::summary::markdown(&self.run);
-                md.push_str(&crate::attest::markdown(&findings, &unread));
+                md.push_str(&crate::report::attest::markdown(&findings, &unread));
                 let r = write_atomic(&self.tree.summary_md(), md.as_bytes());
                 self.record(r);
                 match super::junit::render(&self.run, &self.receipts) {

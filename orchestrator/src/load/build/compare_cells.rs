@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{Builder, DEFAULT_TIMEOUT, with_defaults, written_inputs};
-use crate::manifest::RawNode;
-use crate::matrix;
+use crate::load::manifest::RawNode;
+use crate::load::matrix;
 use crate::plan::{Cell, CellId, CellIndex, CompareSpec, Expect, NodeId, NodeKind, Policy};
 
 impl Builder<'_, '_> {

@@ -6,11 +6,11 @@
 use std::path::{Path, PathBuf};
 
 use super::{Builder, sha256_hex};
-use crate::diagnostics::SourceText;
-use crate::manifest::{self, RawMatrix, Sp};
-use crate::matrix::{self, Combo};
+use crate::load::manifest::{self, RawMatrix, Sp};
+use crate::load::matrix::{self, Combo};
+use crate::load::subst::Scope;
 use crate::plan::SourceFile;
-use crate::subst::Scope;
+use crate::words::diagnostics::SourceText;
 
 /// A loaded env-matrix file.
 pub(super) struct EnvMatrix {

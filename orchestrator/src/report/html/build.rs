@@ -110,7 +110,7 @@ pub fn view(mut history: History) -> Result<ReportView, ReceiptError> {
                     // `<run>/nodes/<slug>/attempt-<n>`: the run's archive holds it as
                     // `nodes/<slug>/attempt-<n>`.
                     let run = l.ancestors().nth(3)?;
-                    let pack = run.join(crate::packed::PACK);
+                    let pack = run.join(crate::gate::packed::PACK);
                     let is_packed = *packed_runs.entry(run.to_path_buf()).or_insert_with(|| {
                         std::fs::symlink_metadata(&pack).is_ok_and(|m| m.is_file())
                     });

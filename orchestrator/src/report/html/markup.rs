@@ -1,12 +1,12 @@
 //! The HTML around the report's content: the page skeleton with its inline style sheet (no
 //! external CSS, JS or fonts, so a page works from `file://` and offline), the colour of a
 //! verdict, and links: paths relative to the page, percent-encoded for an `href`. Text is
-//! escaped with [`crate::report::escape::html`] by whoever writes it into a page.
+//! escaped with [`crate::words::escape::html`] by whoever writes it into a page.
 
 use std::path::{Component, Path, PathBuf};
 
-use crate::report::escape::html;
-use crate::verdict::Verdict;
+use crate::words::escape::html;
+use crate::words::verdict::Verdict;
 
 /// The style sheet of every page.
 const STYLE: &str = "\

@@ -93,7 +93,7 @@ pub enum SiteError {
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SiteError + '_ {
     move |error| {
-        if crate::diskfull::is_disk_full(&error) {
+        if crate::words::diskfull::is_disk_full(&error) {
             SiteError::DiskFull {
                 path: path.to_path_buf(),
                 error: error.to_string(),
@@ -109,7 +109,10 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SiteError + '_ {
 
 /// A file the site writes (through the receipts' atomic writer) that could not be written.
 fn written(path: PathBuf, e: crate::receipt::error::ReceiptError) -> SiteError {
-    if let Some(io) = e.io_error().filter(|io| crate::diskfull::is_disk_full(io)) {
+    if let Some(io) = e
+        .io_error()
+        .filter(|io| crate::words::diskfull::is_disk_full(io))
+    {
         SiteError::DiskFull {
             path,
             error: io.to_string(),
@@ -241,7 +244,7 @@ enum Page {
 /// Whether `path` is a plain file (not a link, not a FIFO) holding exactly `bytes`.
 fn same_bytes(path: &Path, bytes: &[u8]) -> bool {
     use std::io::Read as _;
-    let Ok(file) = crate::attempt_file::open_path(path) else {
+    let Ok(file) = crate::gate::attempt_file::open_path(path) else {
         return false;
     };
     if !file
@@ -306,7 +309,7 @@ fn previous_files(dir: &Path) -> Result<BTreeSet<String>, SiteError> {
     // Opened without following a link and without blocking (a FIFO in its place would
     // hang the report), and only a plain file is read.
     let marker_path = dir.join(MARKER);
-    let text = crate::attempt_file::open_path(&marker_path)
+    let text = crate::gate::attempt_file::open_path(&marker_path)
         .map_err(|e| bad(e.to_string()))
         .and_then(|f| {
             use std::io::Read as _;
@@ -354,7 +357,7 @@ fn is_report_file(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verdict::Verdict;
+    use crate::words::verdict::Verdict;
     use view::{CellView, RunView};
 
     fn tiny() -> ReportView {
@@ -366,7 +369,7 @@ mod tests {
             start: "2026-12-02T00:00:00Z".into(),
             verdict: "pass".into(),
             seconds: Some(1.0),
-            counts: crate::verdict::count([Verdict::Pass]),
+            counts: crate::words::verdict::count([Verdict::Pass]),
             host: "h".into(),
             environment: vec![],
             gpus: vec![],

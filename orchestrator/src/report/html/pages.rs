@@ -2,7 +2,7 @@
 //! (`index.html`), a page per cell (`cells/<slug>.html`) and a page per run
 //! (`runs/<slug>.html`). Page names come from [`crate::receipt::slug`], never from raw ids.
 //! Everything that came from a manifest or a gate is escaped with
-//! [`crate::report::escape::html`], in text and in attributes alike.
+//! [`crate::words::escape::html`], in text and in attributes alike.
 //!
 //! Links to logs point into the receipts tree, relative to the page: the report copies no
 //! log, so it stays small and the logs stay where `show` finds them.
@@ -14,11 +14,11 @@ use std::path::Path;
 use super::markup::{href, page, relative, verdict_class};
 use super::plot::metric_svg;
 use super::view::{CellView, Markers, Point, ReportView, RunView, Sample};
-use crate::commit::short_commit;
+use crate::receipt::commit::short_commit;
 use crate::receipt::slug;
-use crate::report::escape::html;
 use crate::report::summary::counts_line;
-use crate::verdict::Verdict;
+use crate::words::escape::html;
+use crate::words::verdict::Verdict;
 
 /// The folder of the cell pages, under the report's folder.
 pub const CELLS: &str = "cells";

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use crate::verdict::Verdict;
+use crate::words::verdict::Verdict;
 
 /// The whole report of one manifest.
 #[derive(Debug, Clone)]
