@@ -17,8 +17,14 @@ use std::time::Duration;
 
 use crate::cmd::cli::{ExecutorKind, RunArgs};
 use crate::machine::gpus::Inventory;
+use crate::machine::gpus::InventorySource;
+use crate::machine::health::Monitor;
 use crate::machine::lease::{self, GpuLocks, LockDir};
 use crate::plan::Plan;
+use crate::plan::fingerprint::Fingerprint;
+use crate::plan::require::GpuRequirement;
+use crate::receipt::NodeIndexEntry;
+use crate::receipt::commit::CommitId;
 use crate::receipt::error::ReceiptErrorKind;
 use crate::receipt::resolve::{self, FoundRun};
 use crate::receipt::tree::{self, RunLock, Tree};
@@ -32,6 +38,7 @@ use crate::run::executor::local::{DEFAULT_GRACE, LocalExecutor};
 use crate::run::executor::slurm::{Resources, SlurmExecutor, SlurmOptions};
 use crate::run::executor::{Executor, SlurmError};
 use crate::run::{CarrySource, RunOptions, execute};
+use crate::words::diskfull::DiskFull;
 use crate::words::exit::ExitCode;
 
 /// The `run` subcommand.
@@ -45,359 +52,551 @@ pub fn command(args: &RunArgs) -> ExitCode {
     }
 }
 
-fn command_inner(args: &RunArgs) -> Result<ExitCode, (ExitCode, String)> {
-    let usage = |m: String| (ExitCode::Usage, m);
-    if let Some(path) = &args.metrics_file {
-        crate::report::metrics::check_path(path).map_err(|e| usage(e.to_string()))?;
-    }
-    // With the event stream on, stdout carries its lines and nothing else.
-    let json_events = args.events == Some(EventFormat::Json);
-    let plan = crate::load::load_plan_with_vars(&args.manifest, &args.vars)
-        .map_err(|d| usage(d.to_string()))?;
-    let filters = crate::plan::with_excludes(&args.filters, &args.excludes);
-    let mut selected = if filters.is_empty() {
-        None
-    } else {
-        Some(crate::plan::select(&plan, &filters).map_err(|e| usage(e.to_string()))?)
+fn command_inner(args: &RunArgs) -> Result<ExitCode, Refusal> {
+    let (session, monitor) = RunSession::prepare(args)?;
+    let lock = acquire_lock(&session.manifest_dir, args.wait_lock)?;
+    let Some(carry) = session.carry_source()? else {
+        return Ok(ExitCode::Ok);
     };
-    if args.executor == ExecutorKind::Local {
-        let given: Vec<&str> = [
-            ("--partition", args.partition.is_some()),
-            ("--account", args.account.is_some()),
-            ("--slurm-arg", !args.slurm_args.is_empty()),
-        ]
-        .into_iter()
-        .filter_map(|(flag, set)| set.then_some(flag))
-        .collect();
-        if !given.is_empty() {
-            return Err(usage(format!(
-                "{} only apply to Slurm jobs; add --executor slurm or leave them out",
-                given.join(", ")
-            )));
-        }
-    }
-    let mut inventory = match args.executor {
-        ExecutorKind::Local => crate::machine::gpus::detect(&args.gpus),
-        ExecutorKind::Slurm => slurm_slots(args).map_err(|e| usage(e.to_string()))?,
-    };
-    let excluded =
-        crate::machine::gpus::exclude(&mut inventory, &args.exclude_gpu).map_err(usage)?;
-    let fake: Vec<u32> = match inventory.source {
-        crate::machine::gpus::InventorySource::Fake => {
-            inventory.gpus.iter().map(|g| g.index).collect()
-        }
-        _ => Vec::new(),
-    };
-    if let Some(note) = &inventory.note {
-        eprintln!("memra-orch: {note}");
-    }
-    let require = crate::plan::require::GpuRequirement::effective(&plan, args.require_gpus);
-    if let Some(r) = &require {
-        r.check(&inventory)
-            .map_err(|e| (ExitCode::RequirementUnmet, e.to_string()))?;
-    }
-    let receipts = match &args.receipts {
-        Some(r) if r.is_absolute() => r.clone(),
-        Some(r) => std::env::current_dir()
-            .map_err(|e| (ExitCode::Internal, e.to_string()))?
-            .join(r),
-        None => plan.root.join("receipts"),
-    };
-    // memra-orch's own output is no change to the code under test.
-    let own = crate::receipt::own_outputs::all(
-        &receipts,
-        &args
-            .metrics_file
-            .iter()
-            .map(PathBuf::as_path)
-            .collect::<Vec<_>>(),
-    );
-    let commit = crate::receipt::commit::resolve(&plan.root, args.commit.as_deref(), &own)
-        .map_err(|e| usage(e.to_string()))?;
-    if commit.dirty && args.commit.is_none() {
-        eprintln!("memra-orch: {}", dirty_note(&plan.root, &commit.id, &own));
-    }
-    let heartbeat = heartbeat_interval().map_err(usage)?;
-    let monitor = crate::machine::health::Monitor::new().map_err(usage)?;
-    monitor.check_planted(&fake).map_err(usage)?;
-    // Taken before anything runs: a run that cannot tell which engine it tests refuses.
-    let fingerprints = crate::plan::fingerprint::take_all(&plan)
-        .map_err(|e| (ExitCode::RequirementUnmet, e.to_string()))?;
-    let manifest_dir = tree::manifest_dir(&receipts, &commit.id, &plan.name);
-    let lock = acquire_lock(&manifest_dir, args.wait_lock)?;
-    // Two manifest files with one `name` would file their runs in one folder and read each
-    // other's receipts as their own earlier runs.
-    let earlier = resolve::runs_in_manifest_dir(&manifest_dir);
-    crate::load::name_clash::check_against(earlier.first(), &plan.name, &plan.manifest.path)
-        .map_err(|e| usage(e.to_string()))?;
-    let previous = resolve::previous_run(&receipts, &plan.name)
-        .map(|r| resolve::durations(&r))
-        .unwrap_or_default();
-    let internal = |m: String| (ExitCode::Internal, m);
-    // The run whose receipts this one may carry: the newest of this manifest at this
-    // commit, complete or not (a killed run is what `--resume` completes).
-    let source = (args.resume || selected.is_some() || args.rerun_failed)
-        .then(|| earlier.into_iter().next())
-        .flatten();
-    if args.rerun_failed {
-        let Some(src) = &source else {
-            return Err(usage(format!(
-                "--rerun-failed: no earlier run of {} at commit {} under {}; run the manifest \
-                 first (or name the cells with --filter)",
-                plan.name,
-                commit.id,
-                receipts.display()
-            )));
-        };
-        match rerun_selection(&plan, src, selected.as_deref()) {
-            Some(s) => selected = Some(s),
-            None => {
-                let note = format!(
-                    "memra-orch run: nothing to rerun: every cell of run {} ({}) was as expected{}",
-                    src.id_label(),
-                    src.dir.display(),
-                    if filters.is_empty() {
-                        ""
-                    } else {
-                        " among the filtered cells"
-                    }
-                );
-                if json_events {
-                    eprintln!("{note}");
-                } else {
-                    println!("{note}");
-                }
-                return Ok(ExitCode::Ok);
-            }
-        }
-    }
-    let carry = source.as_ref().map(|r| {
-        let mut entries: std::collections::HashMap<String, crate::receipt::NodeIndexEntry> = r
-            .run
-            .nodes
-            .iter()
-            .map(|e| (e.id.clone(), e.clone()))
-            .collect();
-        if !r.complete() {
-            // A run killed outright (SIGKILL, a lost machine) never rewrote its run.json:
-            // the receipts its cells wrote as they finished are its index.
-            for e in crate::receipt::load::written_entries(&r.dir) {
-                entries.entry(e.id.clone()).or_insert(e);
-            }
-        }
-        Arc::new(CarrySource {
-            tree: Tree { dir: r.dir.clone() },
-            stamp: Carried::from_run(r.id.as_deref()),
-            entries,
-        })
-    });
-    let interrupt = Arc::new(AtomicBool::new(false));
-    for sig in crate::run::executor::process::cancel_signals() {
-        signal_hook::flag::register(sig, Arc::clone(&interrupt))
-            .map_err(|e| internal(format!("cannot install the signal handler: {e}")))?;
-    }
-    let jobs = args
-        .jobs
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1);
-    let grace = args.grace.unwrap_or(DEFAULT_GRACE);
-    // The run's own folder is made last, once nothing else can refuse the run, so a
-    // refused run leaves no empty folder behind.
-    let (tree, run_id) = Tree::create(&manifest_dir).map_err(|e| {
-        let code = if e.is_disk_full() {
-            ExitCode::DiskFull
-        } else {
-            ExitCode::Internal
-        };
-        (code, e.to_string())
-    })?;
-    let disk_full = crate::words::diskfull::DiskFull::new();
-    let gpu_locks = match args.executor {
-        ExecutorKind::Local if !inventory.gpus.is_empty() => {
-            let locks = GpuLocks::open(
-                &LockDir::from_env(),
-                &inventory.gpus,
-                lease::Run {
-                    manifest: plan.name.clone(),
-                    tree: tree.dir.clone(),
-                },
-            )
-            .map_err(|e| usage(e.to_string()))?;
-            for (i, line) in locks.by_name_only() {
-                eprintln!("memra-orch: gpu {}: {line}", inventory.gpus[i].index);
-            }
-            Some(Arc::new(locks))
-        }
-        // A run without GPUs has nothing to lease.
-        ExecutorKind::Local => None,
-        // Slurm jobs take no local leases: their GPU slots name no device of this host.
-        // Slurm picks the GPUs on whichever node a job lands on and keeps jobs apart by its
-        // own gres accounting, which every other user of the cluster goes through too.
-        ExecutorKind::Slurm => None,
-    };
-    let opts = RunOptions {
-        code: commit
-            .code
-            .clone()
-            .unwrap_or_else(|| format!("unknown:{}", commit.id)),
-        fingerprints: fingerprints.clone(),
-        tree: tree.clone(),
-        jobs,
-        fail_fast: args.fail_fast,
-        selected,
-        resume: args.resume,
-        carry,
-        previous,
-        interrupt,
-        require_gpus: require.map(|r| r.gpus),
-        heartbeat,
-        gpu_locks,
-        disk_full: disk_full.clone(),
-    };
-    let mut header = RunReceipt::begin(&plan, &commit, &inventory, jobs, &filters, args.resume);
-    header.fingerprints = fingerprints;
-    header.run_id = Some(run_id);
-    header.rerun_failed = args.rerun_failed;
-    header.excluded_gpus = excluded;
-    header.vars = args.vars.iter().cloned().collect();
-    header.carried_from = source.as_ref().map(|r| r.id_label().to_string());
-    let mode = args.progress.resolve();
-    let mut display = Progress::new(mode, &plan, &inventory);
-    let executor: Arc<dyn Executor> = match args.executor {
-        ExecutorKind::Local => {
-            let local = LocalExecutor::new(grace, std::env::temp_dir());
-            // Every attempt on a GPU is read before and after (crate::machine::health).
-            Arc::new(match inventory.source {
-                _ if inventory.gpus.is_empty() => local,
-                crate::machine::gpus::InventorySource::Nvml => {
-                    local.with_health(Arc::new(monitor.with_nvml()))
-                }
-                _ => local.with_health(Arc::new(monitor)),
-            })
-        }
-        ExecutorKind::Slurm => Arc::new(SlurmExecutor::new(
-            slurm_options(args, &plan, &receipts, &commit.id, grace)
-                .map_err(|e| internal(e.to_string()))?,
-        )),
-    };
-    let pairs = plan
-        .cells
-        .iter()
-        .filter_map(|c| c.compare.as_ref())
-        .map(|c| (c.reference.0, c.candidate.0))
-        .collect();
-    if let Some(p) = &args.metrics_file {
-        // Remembered so that the next run's dirty check leaves it out; a failure only
-        // means it counts as a change.
-        let _ = crate::receipt::own_outputs::record(&receipts, p);
-    }
-    let mut metrics = args
-        .metrics_file
-        .as_ref()
-        .map(|p| MetricsFile::new(p.clone(), header.clone()));
-    let mut stream = json_events.then(|| {
-        let gpu_index = inventory.gpus.iter().map(|g| g.index).collect();
-        JsonEvents::new(std::io::stdout(), tree.clone(), header.clone(), gpu_index)
-    });
-    let mut writer = ReceiptWriter::new(tree.clone(), header, plan.cells.len())
-        .with_pairs(pairs)
-        .with_attest(plan.attest.clone())
-        .with_disk_full(disk_full.clone());
-    crate::run::executor::supervise::adopt_orphans();
-    let mut outcome = {
-        let mut listeners: Vec<&mut dyn Listener> = vec![&mut writer, &mut display];
-        if let Some(m) = &mut metrics {
-            listeners.push(m);
-        }
-        if let Some(s) = &mut stream {
-            listeners.push(s);
-        }
-        execute(&plan, &inventory, executor, &opts, &mut listeners)
-    };
-    crate::run::executor::supervise::reap_orphans();
-    let written = writer.finish();
-    // The writer may have found the disk full after the loop ended (the last files).
-    if outcome.disk_full.is_none() {
-        outcome.disk_full = disk_full.get().map(Path::to_path_buf);
-    }
-    let summary = if mode == ProgressMode::Quiet {
-        crate::report::summary::footer(&outcome, &tree)
-    } else {
-        crate::report::summary::table(writer.receipts(), &outcome, &tree)
-    };
-    if json_events {
-        eprint!("{summary}");
-    } else {
-        print!("{summary}");
-    }
-    let mut code = outcome.exit_code();
-    if let Some(at) = &outcome.disk_full {
-        // Not a bug of memra-orch and not a gate failure: its own exit code, and what was
-        // lost is in run.json and on stderr.
-        eprintln!(
-            "memra-orch run: the disk is full at {}: the run stopped starting cells and \
-             finalized {}; free space and run again (`memra-orch gc --keep N` deletes old runs)",
-            at.display(),
-            tree.run_json().display()
-        );
-        if let Err(e) = &written {
-            eprintln!("memra-orch run: {e}");
-        }
-    } else if let Err(e) = &written {
-        eprintln!("memra-orch run: {e}");
-        code = ExitCode::Internal;
-    } else {
-        record_history(&tree, &writer);
-        if let Some(note) = outcome.lacked_resources_note() {
-            eprintln!("memra-orch run: {note}");
-        }
-    }
-    // A metrics file asked for and not written is memra-orch's own I/O failure; a run that
-    // already failed keeps its more telling code.
-    if let Some(m) = &metrics
-        && let Err(e) = m.finish_run(writer.run(), code)
-    {
-        eprintln!("memra-orch run: {e}");
-        if code == ExitCode::Ok {
-            code = ExitCode::Internal;
-        }
-    }
-    if let Some(s) = &mut stream {
-        s.finish_run(writer.run(), code);
-    }
-    // Packed while the run lock is held: nothing else writes the tree. A run that was
-    // interrupted or could not file its receipts stays a tree, as does one packing refuses.
-    if !args.no_pack && written.is_ok() && outcome.disk_full.is_none() && !outcome.interrupted {
-        match crate::receipt::pack::pack(&tree.dir) {
-            Ok(Some(p)) if p.left.is_some() => {
-                eprintln!(
-                    "memra-orch run: packed into {}, but {}",
-                    tree.dir.join(crate::gate::packed::PACK).display(),
-                    p.left.unwrap_or_default()
-                );
-            }
-            Ok(_) => {}
-            Err(e) => eprintln!("memra-orch run: not packed: {e}"),
-        }
-    }
+    let started = session.start(carry, monitor)?;
+    let filed = started.run_and_file(&session);
     // The run is filed: its manifest folder is free for others (and for retention).
     drop(lock);
-    if plan.notify.is_some() && args.no_notify {
-        eprintln!("memra-orch run: notify: skipped (--no-notify)");
+    session.after_filed(&filed.tree);
+    Ok(filed.code)
+}
+
+/// Why a run did not start, or what it could not do: the exit code and the message.
+type Refusal = (ExitCode, String);
+
+fn usage(message: String) -> Refusal {
+    (ExitCode::Usage, message)
+}
+
+fn internal(message: String) -> Refusal {
+    (ExitCode::Internal, message)
+}
+
+/// One `memra-orch run`, from its arguments to a filed run, as steps in order:
+/// [`RunSession::prepare`] (everything that can refuse the run before it touches the receipt
+/// tree), the run lock ([`acquire_lock`]), [`RunSession::carry_source`] (the earlier run to
+/// carry receipts from, or nothing to rerun), [`RunSession::start`] (the run's own folder,
+/// options, executor and listeners), [`Started::run_and_file`] (the loop, the summary, the
+/// exit code and the packed tree), then, with the lock released,
+/// [`RunSession::after_filed`] (notify and retention).
+struct RunSession<'a> {
+    args: &'a RunArgs,
+    /// With the event stream on, stdout carries its lines and nothing else.
+    json_events: bool,
+    plan: Plan,
+    filters: Vec<String>,
+    selected: Option<Vec<bool>>,
+    inventory: Inventory,
+    /// The GPUs `--exclude-gpu` took out, for the run's header.
+    excluded: Vec<String>,
+    require: Option<GpuRequirement>,
+    receipts: PathBuf,
+    commit: CommitId,
+    heartbeat: Duration,
+    fingerprints: Vec<Fingerprint>,
+    manifest_dir: PathBuf,
+}
+
+/// What [`RunSession::carry_source`] found: the earlier run's durations, the run to carry
+/// from, and the cells selected once `--rerun-failed` has read it.
+struct Carry {
+    previous: std::collections::HashMap<String, f64>,
+    source: Option<FoundRun>,
+    carry: Option<Arc<CarrySource>>,
+    selected: Option<Vec<bool>>,
+}
+
+/// A run whose folder exists, with everything the loop and the listeners need.
+struct Started {
+    tree: Tree,
+    opts: RunOptions,
+    executor: Arc<dyn Executor>,
+    mode: ProgressMode,
+    display: Progress,
+    writer: ReceiptWriter,
+    metrics: Option<MetricsFile>,
+    stream: Option<JsonEvents<std::io::Stdout>>,
+    disk_full: DiskFull,
+}
+
+/// What a filed run left: its tree and its exit code.
+struct Filed {
+    tree: Tree,
+    code: ExitCode,
+}
+
+impl<'a> RunSession<'a> {
+    /// Loads the plan and checks everything that can refuse the run before anything is
+    /// written: the flags, the machine against `[require]`, the commit, the GPU health
+    /// monitor (returned beside the session, for the executor) and the fingerprints.
+    fn prepare(args: &'a RunArgs) -> Result<(RunSession<'a>, Monitor), Refusal> {
+        if let Some(path) = &args.metrics_file {
+            crate::report::metrics::check_path(path).map_err(|e| usage(e.to_string()))?;
+        }
+        let json_events = args.events == Some(EventFormat::Json);
+        let plan = crate::load::load_plan_with_vars(&args.manifest, &args.vars)
+            .map_err(|d| usage(d.to_string()))?;
+        let filters = crate::plan::with_excludes(&args.filters, &args.excludes);
+        let selected = if filters.is_empty() {
+            None
+        } else {
+            Some(crate::plan::select(&plan, &filters).map_err(|e| usage(e.to_string()))?)
+        };
+        if args.executor == ExecutorKind::Local {
+            let given: Vec<&str> = [
+                ("--partition", args.partition.is_some()),
+                ("--account", args.account.is_some()),
+                ("--slurm-arg", !args.slurm_args.is_empty()),
+            ]
+            .into_iter()
+            .filter_map(|(flag, set)| set.then_some(flag))
+            .collect();
+            if !given.is_empty() {
+                return Err(usage(format!(
+                    "{} only apply to Slurm jobs; add --executor slurm or leave them out",
+                    given.join(", ")
+                )));
+            }
+        }
+        let mut inventory = match args.executor {
+            ExecutorKind::Local => crate::machine::gpus::detect(&args.gpus),
+            ExecutorKind::Slurm => slurm_slots(args).map_err(|e| usage(e.to_string()))?,
+        };
+        let excluded =
+            crate::machine::gpus::exclude(&mut inventory, &args.exclude_gpu).map_err(usage)?;
+        let fake: Vec<u32> = match inventory.source {
+            InventorySource::Fake => inventory.gpus.iter().map(|g| g.index).collect(),
+            _ => Vec::new(),
+        };
+        if let Some(note) = &inventory.note {
+            eprintln!("memra-orch: {note}");
+        }
+        let require = GpuRequirement::effective(&plan, args.require_gpus);
+        if let Some(r) = &require {
+            r.check(&inventory)
+                .map_err(|e| (ExitCode::RequirementUnmet, e.to_string()))?;
+        }
+        let receipts = match &args.receipts {
+            Some(r) if r.is_absolute() => r.clone(),
+            Some(r) => std::env::current_dir()
+                .map_err(|e| internal(e.to_string()))?
+                .join(r),
+            None => plan.root.join("receipts"),
+        };
+        // memra-orch's own output is no change to the code under test.
+        let own = crate::receipt::own_outputs::all(
+            &receipts,
+            &args
+                .metrics_file
+                .iter()
+                .map(PathBuf::as_path)
+                .collect::<Vec<_>>(),
+        );
+        let commit = crate::receipt::commit::resolve(&plan.root, args.commit.as_deref(), &own)
+            .map_err(|e| usage(e.to_string()))?;
+        if commit.dirty && args.commit.is_none() {
+            eprintln!("memra-orch: {}", dirty_note(&plan.root, &commit.id, &own));
+        }
+        let heartbeat = heartbeat_interval().map_err(usage)?;
+        let monitor = Monitor::new().map_err(usage)?;
+        monitor.check_planted(&fake).map_err(usage)?;
+        // Taken before anything runs: a run that cannot tell which engine it tests refuses.
+        let fingerprints = crate::plan::fingerprint::take_all(&plan)
+            .map_err(|e| (ExitCode::RequirementUnmet, e.to_string()))?;
+        let manifest_dir = tree::manifest_dir(&receipts, &commit.id, &plan.name);
+        let session = RunSession {
+            args,
+            json_events,
+            plan,
+            filters,
+            selected,
+            inventory,
+            excluded,
+            require,
+            receipts,
+            commit,
+            heartbeat,
+            fingerprints,
+            manifest_dir,
+        };
+        Ok((session, monitor))
     }
-    if let Some(n) = plan.notify.as_ref().filter(|_| !args.no_notify) {
-        // After the run is filed: the summary reads it like any other. Never the exit code.
-        match crate::report::notify::after_run(n, &plan.root, &receipts, &tree.dir, &plan.redact) {
-            Ok(line) => eprintln!("memra-orch run: {line}"),
-            Err(line) => eprintln!("memra-orch run: {line}"),
+
+    /// With the run lock held: refuses a manifest whose `name` another manifest already
+    /// files runs under, reads the previous run's durations, and picks the run whose
+    /// receipts this one may carry (the newest of this manifest at this commit, complete or
+    /// not: a killed run is what `--resume` completes). `None`: `--rerun-failed` found
+    /// nothing to rerun, which it has said.
+    fn carry_source(&self) -> Result<Option<Carry>, Refusal> {
+        let (args, plan) = (self.args, &self.plan);
+        // Two manifest files with one `name` would file their runs in one folder and read
+        // each other's receipts as their own earlier runs.
+        let earlier = resolve::runs_in_manifest_dir(&self.manifest_dir);
+        crate::load::name_clash::check_against(earlier.first(), &plan.name, &plan.manifest.path)
+            .map_err(|e| usage(e.to_string()))?;
+        let previous = resolve::previous_run(&self.receipts, &plan.name)
+            .map(|r| resolve::durations(&r))
+            .unwrap_or_default();
+        let mut selected = self.selected.clone();
+        let source = (args.resume || selected.is_some() || args.rerun_failed)
+            .then(|| earlier.into_iter().next())
+            .flatten();
+        if args.rerun_failed {
+            let Some(src) = &source else {
+                return Err(usage(format!(
+                    "--rerun-failed: no earlier run of {} at commit {} under {}; run the \
+                     manifest first (or name the cells with --filter)",
+                    plan.name,
+                    self.commit.id,
+                    self.receipts.display()
+                )));
+            };
+            match rerun_selection(plan, src, selected.as_deref()) {
+                Some(s) => selected = Some(s),
+                None => {
+                    let note = format!(
+                        "memra-orch run: nothing to rerun: every cell of run {} ({}) was as \
+                         expected{}",
+                        src.id_label(),
+                        src.dir.display(),
+                        if self.filters.is_empty() {
+                            ""
+                        } else {
+                            " among the filtered cells"
+                        }
+                    );
+                    if self.json_events {
+                        eprintln!("{note}");
+                    } else {
+                        println!("{note}");
+                    }
+                    return Ok(None);
+                }
+            }
+        }
+        let carry = source.as_ref().map(carry_from);
+        Ok(Some(Carry {
+            previous,
+            source,
+            carry,
+            selected,
+        }))
+    }
+
+    /// Installs the signal handlers and makes the run's own folder (last, once nothing
+    /// else can refuse the run, so a refused run leaves no empty folder behind), then
+    /// builds the run's options, the GPU leases, the executor and the listeners.
+    fn start(&self, carry: Carry, monitor: Monitor) -> Result<Started, Refusal> {
+        let (args, plan, inventory) = (self.args, &self.plan, &self.inventory);
+        let interrupt = Arc::new(AtomicBool::new(false));
+        for sig in crate::run::executor::process::cancel_signals() {
+            signal_hook::flag::register(sig, Arc::clone(&interrupt))
+                .map_err(|e| internal(format!("cannot install the signal handler: {e}")))?;
+        }
+        let jobs = args
+            .jobs
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .max(1);
+        let grace = args.grace.unwrap_or(DEFAULT_GRACE);
+        let (tree, run_id) = Tree::create(&self.manifest_dir).map_err(|e| {
+            let code = if e.is_disk_full() {
+                ExitCode::DiskFull
+            } else {
+                ExitCode::Internal
+            };
+            (code, e.to_string())
+        })?;
+        let disk_full = DiskFull::new();
+        let gpu_locks = self.gpu_locks(&tree)?;
+        let opts = RunOptions {
+            code: self
+                .commit
+                .code
+                .clone()
+                .unwrap_or_else(|| format!("unknown:{}", self.commit.id)),
+            fingerprints: self.fingerprints.clone(),
+            tree: tree.clone(),
+            jobs,
+            fail_fast: args.fail_fast,
+            selected: carry.selected,
+            resume: args.resume,
+            carry: carry.carry,
+            previous: carry.previous,
+            interrupt,
+            require_gpus: self.require.as_ref().map(|r| r.gpus),
+            heartbeat: self.heartbeat,
+            gpu_locks,
+            disk_full: disk_full.clone(),
+        };
+        let mut header = RunReceipt::begin(
+            plan,
+            &self.commit,
+            inventory,
+            jobs,
+            &self.filters,
+            args.resume,
+        );
+        header.fingerprints = self.fingerprints.clone();
+        header.run_id = Some(run_id);
+        header.rerun_failed = args.rerun_failed;
+        header.excluded_gpus = self.excluded.clone();
+        header.vars = args.vars.iter().cloned().collect();
+        header.carried_from = carry.source.as_ref().map(|r| r.id_label().to_string());
+        let mode = args.progress.resolve();
+        let display = Progress::new(mode, plan, inventory);
+        let executor = self.executor(grace, monitor)?;
+        let pairs = plan
+            .cells
+            .iter()
+            .filter_map(|c| c.compare.as_ref())
+            .map(|c| (c.reference.0, c.candidate.0))
+            .collect();
+        if let Some(p) = &args.metrics_file {
+            // Remembered so that the next run's dirty check leaves it out; a failure only
+            // means it counts as a change.
+            let _ = crate::receipt::own_outputs::record(&self.receipts, p);
+        }
+        let metrics = args
+            .metrics_file
+            .as_ref()
+            .map(|p| MetricsFile::new(p.clone(), header.clone()));
+        let stream = self.json_events.then(|| {
+            let gpu_index = inventory.gpus.iter().map(|g| g.index).collect();
+            JsonEvents::new(std::io::stdout(), tree.clone(), header.clone(), gpu_index)
+        });
+        let writer = ReceiptWriter::new(tree.clone(), header, plan.cells.len())
+            .with_pairs(pairs)
+            .with_attest(plan.attest.clone())
+            .with_disk_full(disk_full.clone());
+        Ok(Started {
+            tree,
+            opts,
+            executor,
+            mode,
+            display,
+            writer,
+            metrics,
+            stream,
+            disk_full,
+        })
+    }
+
+    /// The machine-wide leases of the inventory's GPUs for a local run; a run without GPUs,
+    /// or one whose jobs Slurm places, takes none.
+    fn gpu_locks(&self, tree: &Tree) -> Result<Option<Arc<GpuLocks>>, Refusal> {
+        let inventory = &self.inventory;
+        match self.args.executor {
+            ExecutorKind::Local if !inventory.gpus.is_empty() => {
+                let locks = GpuLocks::open(
+                    &LockDir::from_env(),
+                    &inventory.gpus,
+                    lease::Run {
+                        manifest: self.plan.name.clone(),
+                        tree: tree.dir.clone(),
+                    },
+                )
+                .map_err(|e| usage(e.to_string()))?;
+                for (i, line) in locks.by_name_only() {
+                    eprintln!("memra-orch: gpu {}: {line}", inventory.gpus[i].index);
+                }
+                Ok(Some(Arc::new(locks)))
+            }
+            // A run without GPUs has nothing to lease.
+            ExecutorKind::Local => Ok(None),
+            // Slurm jobs take no local leases: their GPU slots name no device of this host.
+            // Slurm picks the GPUs on whichever node a job lands on and keeps jobs apart by
+            // its own gres accounting, which every other user of the cluster goes through too.
+            ExecutorKind::Slurm => Ok(None),
         }
     }
-    if let Some(r) = plan.retention.as_ref().filter(|_| !args.no_retention) {
-        for line in crate::cmd::gc::apply_retention(&receipts, &plan.name, r, &tree.dir) {
-            eprintln!("memra-orch run: {line}");
+
+    /// The executor `--executor` names: local (every attempt on a GPU read before and
+    /// after by the health monitor, `crate::machine::health`) or Slurm.
+    fn executor(&self, grace: Duration, monitor: Monitor) -> Result<Arc<dyn Executor>, Refusal> {
+        Ok(match self.args.executor {
+            ExecutorKind::Local => {
+                let local = LocalExecutor::new(grace, std::env::temp_dir());
+                Arc::new(match self.inventory.source {
+                    _ if self.inventory.gpus.is_empty() => local,
+                    InventorySource::Nvml => local.with_health(Arc::new(monitor.with_nvml())),
+                    _ => local.with_health(Arc::new(monitor)),
+                })
+            }
+            ExecutorKind::Slurm => Arc::new(SlurmExecutor::new(
+                slurm_options(
+                    self.args,
+                    &self.plan,
+                    &self.receipts,
+                    &self.commit.id,
+                    grace,
+                )
+                .map_err(|e| internal(e.to_string()))?,
+            )),
+        })
+    }
+
+    /// With the lock released: the notify command (after the run is filed, so its summary
+    /// reads it like any other; never the exit code) and the manifest's retention.
+    fn after_filed(&self, tree: &Tree) {
+        let (args, plan) = (self.args, &self.plan);
+        if plan.notify.is_some() && args.no_notify {
+            eprintln!("memra-orch run: notify: skipped (--no-notify)");
+        }
+        if let Some(n) = plan.notify.as_ref().filter(|_| !args.no_notify) {
+            let said = crate::report::notify::after_run(
+                n,
+                &plan.root,
+                &self.receipts,
+                &tree.dir,
+                &plan.redact,
+            );
+            match said {
+                Ok(line) | Err(line) => eprintln!("memra-orch run: {line}"),
+            }
+        }
+        if let Some(r) = plan.retention.as_ref().filter(|_| !args.no_retention) {
+            for line in crate::cmd::gc::apply_retention(&self.receipts, &plan.name, r, &tree.dir) {
+                eprintln!("memra-orch run: {line}");
+            }
         }
     }
-    Ok(code)
+}
+
+/// The carry source of an earlier run: its index by cell id, completed from the receipts
+/// its cells wrote when the run was killed before it rewrote run.json.
+fn carry_from(r: &FoundRun) -> Arc<CarrySource> {
+    let mut entries: std::collections::HashMap<String, NodeIndexEntry> = r
+        .run
+        .nodes
+        .iter()
+        .map(|e| (e.id.clone(), e.clone()))
+        .collect();
+    if !r.complete() {
+        // A run killed outright (SIGKILL, a lost machine) never rewrote its run.json: the
+        // receipts its cells wrote as they finished are its index.
+        for e in crate::receipt::load::written_entries(&r.dir) {
+            entries.entry(e.id.clone()).or_insert(e);
+        }
+    }
+    Arc::new(CarrySource {
+        tree: Tree { dir: r.dir.clone() },
+        stamp: Carried::from_run(r.id.as_deref()),
+        entries,
+    })
+}
+
+impl Started {
+    /// Runs the loop with the listeners, then files the run: the summary (on stderr when
+    /// stdout carries the event stream), the exit code, the history index, the metrics
+    /// file's and the stream's last word, and the packed tree.
+    fn run_and_file(mut self, session: &RunSession) -> Filed {
+        let Started {
+            tree,
+            opts,
+            executor,
+            mode,
+            display,
+            writer,
+            metrics,
+            stream,
+            disk_full,
+        } = &mut self;
+        crate::run::executor::supervise::adopt_orphans();
+        let mut outcome = {
+            let mut listeners: Vec<&mut dyn Listener> = vec![writer, display];
+            if let Some(m) = metrics {
+                listeners.push(m);
+            }
+            if let Some(s) = stream {
+                listeners.push(s);
+            }
+            execute(
+                &session.plan,
+                &session.inventory,
+                Arc::clone(executor),
+                opts,
+                &mut listeners,
+            )
+        };
+        crate::run::executor::supervise::reap_orphans();
+        let written = writer.finish();
+        // The writer may have found the disk full after the loop ended (the last files).
+        if outcome.disk_full.is_none() {
+            outcome.disk_full = disk_full.get().map(Path::to_path_buf);
+        }
+        let summary = if *mode == ProgressMode::Quiet {
+            crate::report::summary::footer(&outcome, tree)
+        } else {
+            crate::report::summary::table(writer.receipts(), &outcome, tree)
+        };
+        if session.json_events {
+            eprint!("{summary}");
+        } else {
+            print!("{summary}");
+        }
+        let mut code = outcome.exit_code();
+        if let Some(at) = &outcome.disk_full {
+            // Not a bug of memra-orch and not a gate failure: its own exit code, and what
+            // was lost is in run.json and on stderr.
+            eprintln!(
+                "memra-orch run: the disk is full at {}: the run stopped starting cells and \
+                 finalized {}; free space and run again (`memra-orch gc --keep N` deletes old \
+                 runs)",
+                at.display(),
+                tree.run_json().display()
+            );
+            if let Err(e) = &written {
+                eprintln!("memra-orch run: {e}");
+            }
+        } else if let Err(e) = &written {
+            eprintln!("memra-orch run: {e}");
+            code = ExitCode::Internal;
+        } else {
+            record_history(tree, writer);
+            if let Some(note) = outcome.lacked_resources_note() {
+                eprintln!("memra-orch run: {note}");
+            }
+        }
+        // A metrics file asked for and not written is memra-orch's own I/O failure; a run
+        // that already failed keeps its more telling code.
+        if let Some(m) = metrics
+            && let Err(e) = m.finish_run(writer.run(), code)
+        {
+            eprintln!("memra-orch run: {e}");
+            if code == ExitCode::Ok {
+                code = ExitCode::Internal;
+            }
+        }
+        if let Some(s) = stream {
+            s.finish_run(writer.run(), code);
+        }
+        // Packed while the run lock is held: nothing else writes the tree. A run that was
+        // interrupted or could not file its receipts stays a tree, as does one packing
+        // refuses.
+        let args = session.args;
+        if !args.no_pack && written.is_ok() && outcome.disk_full.is_none() && !outcome.interrupted {
+            match crate::receipt::pack::pack(&tree.dir) {
+                Ok(Some(p)) if p.left.is_some() => {
+                    eprintln!(
+                        "memra-orch run: packed into {}, but {}",
+                        tree.dir.join(crate::gate::packed::PACK).display(),
+                        p.left.unwrap_or_default()
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => eprintln!("memra-orch run: not packed: {e}"),
+            }
+        }
+        Filed {
+            tree: tree.clone(),
+            code,
+        }
+    }
 }
 
 /// Files the finished run in its manifest's history index, from what the writer holds in
@@ -485,10 +684,7 @@ const GC_LOCK_WAIT: Duration = Duration::from_secs(60);
 /// `wait`, fails with [`ExitCode::Locked`] so cron can tell "try later" from a broken
 /// manifest. Held by gc, or by a holder not yet named: waits for it (up to [`GC_LOCK_WAIT`],
 /// or `wait` when longer).
-fn acquire_lock(
-    manifest_dir: &Path,
-    wait: Option<Duration>,
-) -> Result<RunLock, (ExitCode, String)> {
+fn acquire_lock(manifest_dir: &Path, wait: Option<Duration>) -> Result<RunLock, Refusal> {
     let start = std::time::Instant::now();
     let mut said = false;
     loop {

@@ -144,7 +144,8 @@ enum Msg {
 /// Per-cell state of the loop.
 #[derive(Debug, Clone, PartialEq)]
 enum State {
-    Waiting(usize),
+    /// Waiting for dependencies (the queue counts them down).
+    Waiting,
     Ready,
     Running,
     Done(Verdict),
@@ -237,7 +238,6 @@ struct Runner<'a, 'b> {
     finished: Vec<Finished>,
     /// Cells skipped because the machine could not hold them, or because a dependency was.
     lacked: Vec<bool>,
-    dependents: Vec<Vec<CellIndex>>,
     priority: Vec<f64>,
     queue: ReadyQueue,
     pool: Pool,
@@ -278,16 +278,11 @@ pub fn execute(
         inventory,
         opts,
         executor,
-        state: plan
-            .cells
-            .iter()
-            .map(|c| State::Waiting(c.needs.len()))
-            .collect(),
+        state: plan.cells.iter().map(|_| State::Waiting).collect(),
         finished: vec![Finished::default(); n],
         lacked: vec![false; n],
-        dependents: plan.dependents(),
         priority: schedule::priorities(plan, &estimates),
-        queue: ReadyQueue::default(),
+        queue: ReadyQueue::for_plan(plan),
         pool,
         digests: Arc::new(DigestCache::new(
             plan.root.clone(),
@@ -397,7 +392,7 @@ impl Runner<'_, '_> {
             }
         }
         for i in 0..self.plan.cells.len() {
-            if self.state[i] == State::Waiting(0) {
+            if self.state[i] == State::Waiting && self.queue.waits_on_nothing(CellIndex(i)) {
                 self.make_ready(CellIndex(i));
             }
         }
@@ -960,7 +955,7 @@ impl Runner<'_, '_> {
     fn done(&mut self, cell: CellIndex, verdict: Verdict, event: Event) {
         self.state[cell.0] = State::Done(verdict);
         self.emit(&event);
-        let dependents = self.dependents[cell.0].clone();
+        let dependents = self.queue.dependents(cell).to_vec();
         let dep_id = &self.plan.cell(cell).id.0;
         for d in dependents {
             if matches!(self.state[d.0], State::Done(_)) {
@@ -1005,10 +1000,9 @@ impl Runner<'_, '_> {
                     why = format!("{why}: {r}");
                 }
                 self.finish_unplaced(d, Verdict::Blocked, why, true);
-            } else if let State::Waiting(k) = self.state[d.0] {
-                self.state[d.0] = State::Waiting(k - 1);
+            } else if self.state[d.0] == State::Waiting && self.queue.count_down(d) {
                 // A cell to carry never runs: the run finishes it when it starts.
-                if k == 1 && self.modes[d.0] != Mode::Carry {
+                if self.modes[d.0] != Mode::Carry {
                     self.make_ready(d);
                 }
             }

@@ -369,10 +369,19 @@ pub fn priorities(plan: &Plan, estimates: &[Option<f64>]) -> Vec<f64> {
 /// Ready cells, highest priority first; ties go to the earlier cell in plan order. CPU
 /// cells and GPU cells wait in separate heaps, so a full set of CPU slots costs one look
 /// however many CPU cells wait, and GPU cells are tried only while a GPU is free.
+///
+/// It also keeps the plan's dependency countdown (cargo's `DependencyQueue` shape): how
+/// many dependencies each cell still waits for ([`ReadyQueue::waits_on_nothing`]), and
+/// [`ReadyQueue::count_down`] when one of them finishes in a way the cell can use. What
+/// a dependency's ending means for its dependents (run, blocked, skipped) is the runner's.
 #[derive(Debug, Default)]
 pub struct ReadyQueue {
     cpu: BinaryHeap<Entry>,
     gpu: BinaryHeap<Entry>,
+    /// Per cell: the dependencies it still waits for.
+    left: Vec<usize>,
+    /// Per cell: the cells that need it.
+    dependents: Vec<Vec<CellIndex>>,
     /// Cells waiting for a lease another process holds: since when, and the GPU and
     /// blocker last said.
     lease_waits: HashMap<CellIndex, (Instant, u32, Blocker)>,
@@ -404,6 +413,37 @@ impl PartialOrd for Entry {
 }
 
 impl ReadyQueue {
+    /// An empty queue whose countdown starts at every cell's number of dependencies.
+    pub fn for_plan(plan: &Plan) -> ReadyQueue {
+        ReadyQueue {
+            left: plan.cells.iter().map(|c| c.needs.len()).collect(),
+            dependents: plan.dependents(),
+            ..ReadyQueue::default()
+        }
+    }
+
+    /// The cells that need `cell`, in plan order.
+    pub fn dependents(&self, cell: CellIndex) -> &[CellIndex] {
+        self.dependents.get(cell.0).map_or(&[], Vec::as_slice)
+    }
+
+    /// Whether `cell` waits for no dependency any more.
+    pub fn waits_on_nothing(&self, cell: CellIndex) -> bool {
+        self.left.get(cell.0).is_none_or(|&k| k == 0)
+    }
+
+    /// One dependency of `cell` finished in a way it can use; returns whether that was the
+    /// last one it waited for (it became ready now, and only now).
+    pub fn count_down(&mut self, cell: CellIndex) -> bool {
+        match self.left.get_mut(cell.0) {
+            Some(k) if *k > 0 => {
+                *k -= 1;
+                *k == 0
+            }
+            _ => false,
+        }
+    }
+
     pub fn push(&mut self, cell: CellIndex, priority: f64, gpus: u32) {
         self.push_on(cell, priority, gpus, None)
     }
@@ -758,6 +798,29 @@ mod tests {
         // Nothing is free now: nothing starts, nothing is lost.
         assert!(q.take_placeable(&mut pool, &p).started.is_empty());
         assert_eq!(q.len(), 2);
+    }
+
+    #[test]
+    fn the_countdown_makes_a_cell_ready_when_its_last_dependency_finishes() {
+        // A diamond: c0 -> c1, c2 -> c3, and c4 alone.
+        let p = plan(&[&[], &[0], &[0], &[1, 2], &[]]);
+        let mut q = ReadyQueue::for_plan(&p);
+        let ready: Vec<usize> = (0..5)
+            .filter(|&i| q.waits_on_nothing(CellIndex(i)))
+            .collect();
+        assert_eq!(ready, [0, 4]);
+        assert_eq!(q.dependents(CellIndex(0)), [CellIndex(1), CellIndex(2)]);
+        assert!(q.dependents(CellIndex(3)).is_empty());
+        assert!(q.count_down(CellIndex(1)));
+        assert!(q.count_down(CellIndex(2)));
+        // c3 needs both: the first to finish leaves it waiting, the second readies it.
+        assert!(!q.count_down(CellIndex(3)));
+        assert!(!q.waits_on_nothing(CellIndex(3)));
+        assert!(q.count_down(CellIndex(3)));
+        assert!(q.waits_on_nothing(CellIndex(3)));
+        // Ready once: a count already at zero never readies a cell again.
+        assert!(!q.count_down(CellIndex(3)));
+        assert!(!q.count_down(CellIndex(9)));
     }
 
     fn plan(needs: &[&[usize]]) -> Plan {
