@@ -226,6 +226,8 @@ fn check_model_path(path: &Path) -> Result<(), Failure> {
     }
 }
 
+// Over 150 lines: one match arm per subcommand, each turning its arguments into one library
+// call.
 fn dispatch(command: Command) -> Result<(), Failure> {
     match command {
         Command::Info { model } => {

@@ -297,6 +297,8 @@ impl Doors {
     /// Reads the doors through `lookup` (a variable name to its value, `None` when unset),
     /// so tests can pass pins without touching the process environment. An empty value
     /// counts as unset.
+    // Over 150 lines: one `MEMRA_*` variable after another, each with its own parse and its own
+    // issue line.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Doors, DoorsError> {
         let mut issues = Vec::new();
         let mut doors = Doors::default();

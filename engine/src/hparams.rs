@@ -81,6 +81,8 @@ fn bad(file: &GgufFile, key: &str, value: impl ToString, problem: impl Into<Stri
 impl LlamaHparams {
     /// Reads the hyper-parameters of a llama GGUF file and checks them against its tensor
     /// table (every llama tensor present with the shape the metadata implies).
+    // Over 150 lines: one metadata key after another, then the tensor table against the shapes
+    // they imply; each error names its key.
     pub fn from_gguf(file: &GgufFile) -> Result<LlamaHparams, GgufError> {
         let arch_key = "general.architecture";
         let arch = file

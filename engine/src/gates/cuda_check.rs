@@ -340,6 +340,8 @@ struct Subject<'a> {
     one_layer: Option<(&'a Arc<DevModel>, &'a LlamaModel, &'a [f32])>,
 }
 
+// Over 150 lines: one pin combination's checks in the order of its receipt rows (device against
+// host, batch against alone, tokens), over one backend.
 fn check_combo(sink: &mut Sink, subject: &Subject, doors: &Doors) {
     let Subject {
         label,

@@ -486,6 +486,8 @@ fn load_arm(name: &str, path: &Path) -> Result<Arm, GateError> {
 }
 
 /// The whole gate; errors before the verdict are setup errors (exit 2).
+// Over 150 lines: the gate's arms and paths in the order of its checks, over models it
+// synthesizes once; each check's reference stays beside it.
 pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
     let doors = Doors::from_env().map_err(|e| GateError::new(format!("bad pins: {e}")))?;
     let mut banked = BoundsFile::read(&args.bounds)?;

@@ -400,6 +400,9 @@ fn program_oracle(
 
 /// One arm: prefill rows, decode-after-prefill rows (single-sequence and batched paths)
 /// against the oracle, and chunked prefill against one-shot prefill.
+// Over 150 lines: the arm's rows in the order its receipt lists them (prefill, decode after
+// prefill on the single and batched paths, chunked against one-shot prefill), all over one
+// backend and one oracle.
 fn check_arm(
     be: &mut dyn Backend,
     input: &ArmInput,

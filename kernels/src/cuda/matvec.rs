@@ -301,6 +301,8 @@ impl Gpu {
     }
 
     #[allow(clippy::too_many_arguments)]
+    // Over 150 lines: the choice among the matvec forms (tensor-core, small-batch warp,
+    // one-row) and the launch of the chosen one; the shared checks stay in front of all three.
     fn matvec_with(
         &self,
         family: MatvecFamily,

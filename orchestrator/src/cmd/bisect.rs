@@ -36,6 +36,9 @@ fn usage(m: impl Into<String>) -> Failure {
     (ExitCode::Usage, m.into())
 }
 
+// Over 150 lines: the subcommand's steps in order (the saved or new request, the repository
+// and manifest, the good and bad commits and the line between them, the cell, the GPU slots,
+// the worktrees' folder, the search, the report), each refusing with its own message.
 fn command_inner(args: &BisectArgs) -> Result<ExitCode, Failure> {
     let receipts =
         resolve::receipts_root(args.receipts.as_deref()).map_err(|e| usage(e.to_string()))?;

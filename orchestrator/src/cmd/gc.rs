@@ -13,6 +13,10 @@ use crate::run::executor::output::format_size;
 use crate::words::exit::ExitCode;
 
 /// The `gc` subcommand.
+// Over 150 lines: the subcommand's steps in order (the receipts folder and its runs, the
+// retention asked for, the plan of what goes and why each kept tree stays, said line by line,
+// then the deletion, what an earlier gc left, the history index and whether the request was
+// met).
 pub fn command(args: &GcArgs) -> ExitCode {
     let receipts = match receipts_root(args.receipts.as_deref()) {
         Ok(r) => r,

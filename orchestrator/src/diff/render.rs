@@ -186,6 +186,8 @@ fn header(d: &Diff) -> String {
 }
 
 /// The terminal rendering.
+// Over 150 lines: a renderer: the diff's sections one after another in the order the terminal
+// shows them.
 pub fn text(d: &Diff, color: bool) -> String {
     let p = Paint(color);
     let mut out = String::new();
@@ -429,6 +431,8 @@ fn md(s: &str) -> String {
 }
 
 /// The markdown rendering (GitHub-flavoured tables).
+// Over 150 lines: a renderer: the diff's sections as markdown tables, one after another in the
+// order the page shows them.
 pub fn markdown(d: &Diff) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "## memra-orch diff: {}\n", md(&header(d)));

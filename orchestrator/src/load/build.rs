@@ -40,6 +40,8 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// Builds the plan; `diags` receives every problem.
+// Over 150 lines: the plan's passes over the raw nodes in order (ids, needs, references,
+// expansion by kind, then the edges), sharing the builder's diagnostics.
 pub fn build(
     raw: &RawManifest,
     src: &SourceText,
@@ -655,6 +657,9 @@ impl Builder<'_, '_> {
         }
     }
 
+    // Over 150 lines: a run node's expansion in the order DESIGN §3 gives it (matrices, their
+    // product with its size checked first, each cell's command, env, resources and
+    // expectations), every diagnostic beside the key it is about.
     fn run_cells(
         &mut self,
         raw: &RawNode,

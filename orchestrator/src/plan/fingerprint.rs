@@ -60,6 +60,9 @@ pub fn take_all(plan: &Plan) -> Result<Vec<Fingerprint>, FingerprintError> {
 }
 
 /// Runs one fingerprint command.
+// Over 150 lines: one command's whole life (its environment from the inherit list, spawn in
+// its own group, wait under the timeout, drain pipes a setsid child may hold open, redact and
+// judge the output), every failure with its own message.
 pub fn take(
     f: &FingerprintCommand,
     inherit: &[String],

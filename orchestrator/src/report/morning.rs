@@ -347,6 +347,8 @@ impl Since {
 
 /// The summary of the run in `subject` against the baseline `since` picks among the runs of
 /// its manifest under `receipts`.
+// Over 150 lines: the summary's inputs in order: the subject run, the baseline `since` picks,
+// the history between them, then the brief.
 pub fn for_run(
     receipts: &Path,
     subject: &Path,
@@ -518,6 +520,8 @@ pub enum Style {
 }
 
 /// The summary's lines, at most [`MAX_LINES`].
+// Over 150 lines: a renderer: the summary's sections one after another in the order the morning
+// reader sees them, each a few lines.
 pub fn lines(b: &Brief, style: Style) -> Vec<String> {
     let md = style == Style::Markdown;
     let id = |s: &str| -> String {

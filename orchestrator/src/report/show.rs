@@ -110,6 +110,8 @@ pub fn run_text(run: &LoadedRun) -> String {
 }
 
 /// The node view.
+// Over 150 lines: a renderer: the node view's sections (attempts, checks, doors, artifacts,
+// compare report) one after another.
 pub fn node_text(run: &LoadedRun, r: &NodeReceipt) -> String {
     let carried = run.nodes.get(&r.id).and_then(|n| n.entry.carried.clone());
     // A carried receipt's logs are in the tree of the run that measured it.

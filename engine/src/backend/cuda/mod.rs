@@ -345,6 +345,9 @@ impl CudaBackend {
     /// stop to copy a site back. `head` are the rows whose logits the caller keeps, the rows
     /// whose head input a trace records (as the CPU backend records the head input of the
     /// rows it computes logits for).
+    // Over 150 lines: one pass's setup in order (inputs to every running device, the block
+    // tables, the rope geometry and whether the attention may store, the planted defects, the
+    // pass context) and then its launch, captured as a graph or not; they share the buffers.
     fn pass(
         &mut self,
         rows: &[RowSpec],

@@ -7,6 +7,8 @@ use crate::cuda::Gpu;
 use crate::twin;
 
 /// Argmax (ties, NaN), Philox (known answers and random counters) and sampling.
+// Over 150 lines: a table of check cases (argmax ties and NaN, Philox known answers and
+// counters, sampling), one block per case.
 pub fn sampling(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
     let mut out = Vec::new();
     let vocab = 49152;

@@ -10,6 +10,8 @@ use crate::load::matrix;
 use crate::plan::{Cell, CellId, CellIndex, CompareSpec, Expect, NodeId, NodeKind, Policy};
 
 impl Builder<'_, '_> {
+    // Over 150 lines: a compare node's expansion (each candidate against the reference, per
+    // matrix cell) with its diagnostics beside the keys they are about.
     pub(super) fn compare_cells(
         &mut self,
         raw: &RawNode,

@@ -613,6 +613,8 @@ impl Walker<'_, '_> {
         }
     }
 
+    // Over 150 lines: every spelling of `policy` (a name, a table of tolerances, its keys by
+    // family) checked in one place, each with its own diagnostic and fix.
     pub(super) fn policy(&mut self, key: &Key<'_>, v: &Spanned<DeValue<'_>>) -> Option<Policy> {
         const HELP: &str = "write `policy = \"bitwise\"`, `policy = \"tokens\"`, `policy = { max_abs = 0.01, max_rel = 0.01, argmax = true }`, `policy = { argmax = true, min_agree = 0.95 }`, `policy = { kl_mean = 1e-4, kl_max = 1e-3 }`, `policy = { topk = 5, min_overlap = 0.8 }`, `policy = { max_ulp = 4 }` or `policy = { tokens = true, min_prefix = 16 }`";
         if let Some(s) = v.get_ref().as_str() {

@@ -42,6 +42,8 @@ fn under(run_dir: &Path, rel: &str) -> Option<PathBuf> {
 
 /// The view of `history`, with what the index does not keep read from the runs' files.
 /// `history` is consumed: each point's facts move into the view.
+// Over 150 lines: each history point's facts read from its run's files in one pass, the folders
+// resolved once at the top.
 pub fn view(mut history: History) -> Result<ReportView, ReceiptError> {
     // Resolved once, so every folder below it is absolute and free of links above the
     // receipts folder: the pages link to logs relative to the (resolved) site folder

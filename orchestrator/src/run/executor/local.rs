@@ -89,6 +89,8 @@ struct AttemptResult {
 }
 
 impl Executor for LocalExecutor {
+    // Over 150 lines: the attempt loop of one cell (retries, reps against rep 1, device-fault
+    // retries, the canary's expected failures) whose state is the loop's locals.
     fn execute(&self, job: &CellJob, on_note: &mut dyn FnMut(CellNote)) -> NodeReceipt {
         let started = Instant::now();
         let mut receipt = job.receipt();
