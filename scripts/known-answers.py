@@ -3,8 +3,8 @@
 
 Each statistic is restated here from its definition (the gate's documentation and the doc
 comment of the Rust function) in Python and numpy, in float64, on fixed inputs, and the
-inputs and the answers are written to engine/tests/data/known-answers.json, which
-engine/tests/gate_statistics.rs holds the Rust functions to. Nothing here calls or ports
+inputs and the answers are written to gates/tests/data/known-answers.json, which
+gates/tests/gate_statistics.rs holds the Rust functions to. Nothing here calls or ports
 memra's code: the chi-square survival function, for one, uses the closed forms of the
 incomplete gamma function at integer and half-integer shape, where the Rust code uses a
 series and a continued fraction. A wrong formula in a gate's statistic (a KL divergence
@@ -26,7 +26,7 @@ reverse KL differs by more than 10 %, top-1 disagrees on some positions, the tie
 decide the tie rule, no pooling decision sits on a rounding, and so on).
 
 Usage: "$(scripts/python-venv)" scripts/known-answers.py
-   (or any Python 3 with numpy); rewrites engine/tests/data/known-answers.json.
+   (or any Python 3 with numpy); rewrites gates/tests/data/known-answers.json.
 """
 
 import decimal
@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "engine" / "tests" / "data" / "known-answers.json"
+OUT = ROOT / "gates" / "tests" / "data" / "known-answers.json"
 FORMAT = 1
 
 

@@ -8,7 +8,7 @@ sampling-gate's `stream` row holds: counter `[step, seq, 0, 0]`, key `[seed_lo, 
 the uniform the top 24 bits of the first word times 2^-24. The seeds are at least 2^32, as
 the gate's are, so the key's high word matters.
 
-Prints the rows of `STREAM_KATS` in engine/src/gates/sampling.rs.
+Prints the rows of `STREAM_KATS` in gates/src/sampling.rs.
 
 Usage: scripts/philox-words.py
 """

@@ -6,7 +6,6 @@ pub mod cli;
 pub mod doors;
 pub mod engine;
 pub mod error;
-pub mod gates;
 pub mod ggml_type;
 pub mod gguf;
 pub mod hparams;

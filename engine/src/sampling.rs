@@ -10,6 +10,10 @@
 use memra_kernels::twin;
 
 pub use memra_kernels::twin::Nucleus;
+/// The arithmetic the engine selects tokens with, for whoever holds it to an independent
+/// reference (the gates): greedy argmax, and the Philox stream and the uniform draw made
+/// from it.
+pub use memra_kernels::twin::{argmax, draw_uniform, philox4x32_10, uniform_from_philox};
 
 use crate::doors::{Doors, GateDefect};
 use crate::error::EngineError;

@@ -1,7 +1,8 @@
 //! The q8_0 KV cache (`MEMRA_KV_Q8=1`) on the CPU backend: it moves bits (the door is
 //! real), batch rows stay bit-identical to the same sequence alone, a pipeline split changes
 //! no bit, speculative decoding stays exact under it, and exact-gate holds its distance from
-//! the f32 cache to the banked bound, failing the planted `kv-q8-coarse` cache.
+//! the f32 cache to the banked bound, failing the planted `kv-q8-coarse` cache (that last one
+//! in `gates/tests/gate_exact.rs`, beside the gate).
 
 mod common;
 
@@ -97,36 +98,4 @@ fn a_split_changes_no_bit_under_the_q8_cache() {
         ..Doors::default()
     }));
     assert_eq!(whole, split);
-}
-
-/// exact-gate's synthesized arms under `MEMRA_KV_Q8=1` with `env` (common::run_gate).
-fn exact_gate(env: &[(&str, &str)]) -> (i32, String) {
-    let env: Vec<(&str, &str)> = std::iter::once(("MEMRA_KV_Q8", "1"))
-        .chain(env.iter().copied())
-        .collect();
-    let r = common::run_gate(env!("CARGO_BIN_EXE_exact-gate"), true, &[], &env);
-    (r.code, format!("{}{}", r.stdout, r.stderr))
-}
-
-#[test]
-fn exact_gate_holds_the_q8_cache_to_the_f32_cache_and_fails_a_coarser_one() {
-    let (code, out) = exact_gate(&[]);
-    assert_eq!(code, 0, "{out}");
-    assert!(
-        out.contains("PASS  exact.q4_1.decode:vs-f32-cache"),
-        "{out}"
-    );
-    assert!(out.contains("kv=q8_0"), "{out}");
-    let (code, out) = exact_gate(&[("MEMRA_GATE_DEFECT", "kv-q8-coarse")]);
-    assert_eq!(code, 1, "{out}");
-    assert!(
-        out.contains("FAIL  exact.q4_1.decode:vs-f32-cache"),
-        "{out}"
-    );
-    let (code, out) = exact_gate(&[("MEMRA_KV_Q8", "yes")]);
-    assert_eq!(code, 2, "{out}");
-    assert!(
-        out.contains("MEMRA_KV_Q8") && out.contains("accepted values are 0, 1"),
-        "{out}"
-    );
 }

@@ -21,6 +21,7 @@ fn no_crate_of_the_workspace_has_an_import_circle() {
     for src in [
         "orchestrator/src",
         "engine/src",
+        "gates/src",
         "kernels/src",
         "protocol/src",
     ] {
@@ -81,6 +82,28 @@ fn the_orchestrators_stages_use_only_the_stages_below_them() {
     );
 }
 
+/// The gates are a crate over the engine's public API and the protocol: no other crate of
+/// the workspace among their dependencies (a gate that reached into the kernels or the
+/// orchestrator would check something users do not run).
+#[test]
+fn the_gates_depend_on_the_engine_and_the_protocol_only() {
+    let root = workspace();
+    let text = std::fs::read_to_string(root.join("gates/Cargo.toml")).unwrap();
+    let manifest: toml::Table = text.parse().unwrap();
+    let deps = manifest["dependencies"].as_table().unwrap();
+    let ours: Vec<&str> = deps
+        .keys()
+        .map(String::as_str)
+        .filter(|k| k.starts_with("memra-"))
+        .collect();
+    assert_eq!(ours, ["memra-engine", "memra-protocol"], "gates/Cargo.toml");
+    let engine_lib = std::fs::read_to_string(root.join("engine/src/lib.rs")).unwrap();
+    assert!(
+        !engine_lib.contains("mod gates"),
+        "the gates live in gates/, not in the engine library"
+    );
+}
+
 /// No function of the workspace's library code runs over 150 lines without a reason
 /// written beside it (`// Over 150 lines: …`, `scripts/long-functions`).
 #[test]
@@ -88,7 +111,12 @@ fn every_long_library_function_says_why() {
     let root = workspace();
     let out = match Command::new("python3")
         .arg(root.join("scripts/long-functions"))
-        .args(["orchestrator/src", "engine/src", "kernels/src", "protocol/src"])
+        .args([
+            "orchestrator/src",
+            "engine/src",
+            "kernels/src",
+            "protocol/src",
+        ])
         .current_dir(&root)
         .output()
     {

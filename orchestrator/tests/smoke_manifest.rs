@@ -41,7 +41,7 @@ fn build_vars() -> Vec<String> {
     vec![
         format!("bin={}", bin.display()),
         format!(
-            "build='{}' build --locked --bins -p memra-engine -p memra-example-gate --profile {profile} \
+            "build='{}' build --locked --bins -p memra-engine -p memra-gates -p memra-example-gate --profile {profile} \
              --target-dir '{}'",
             env!("CARGO"),
             target.display()

@@ -2,18 +2,20 @@
 //! `scripts/fetch-model` once per test process) and synthetic checkpoints written
 //! to a temporary folder.
 //!
-//! Each integration test crate includes this with `mod common;` and uses what it needs.
+//! Each integration test crate includes this with `mod common;` and uses what it needs; the
+//! gates' tests (gates/tests/) include it by path.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// Root of the repository.
+/// Root of the repository (the parent of the crate whose tests include this file: engine/
+/// or gates/).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .expect("engine/ has a parent")
+        .expect("the crate has a parent")
         .to_path_buf()
 }
 
@@ -78,9 +80,7 @@ pub fn synth_model(preset: &str, quant: &str, seed: u64) -> PathBuf {
 pub fn python_check(script: &str, args: &[&Path], stdin: &str) -> Option<String> {
     use std::io::Write;
     use std::process::Stdio;
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/common")
-        .join(script);
+    let path = repo_root().join("engine/tests/common").join(script);
     let mut child = match Command::new("python3")
         .arg(&path)
         .args(args)

@@ -62,6 +62,9 @@ use memra_kernels::twin::{MatvecFamily, SPLIT_K_CHUNK};
 
 pub(crate) use device::device_err;
 pub use device::{open_device, open_devices, upload_for};
+/// The kernel checks' row format and comparisons (`kernel-check`'s), which `cuda-check`
+/// reports the backend in as well.
+pub use memra_kernels::check::report as kernel_check;
 pub use weights::{DevModel, DevWeight, PeerAccess, Placement};
 
 use super::stages::StagePlan;

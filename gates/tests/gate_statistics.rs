@@ -16,13 +16,13 @@
 
 use std::sync::OnceLock;
 
-use memra_engine::gates::chi_square::{chi2_sf, pooled_chi2};
-use memra_engine::gates::exact::{Bound, Measured, PositionStat, measure};
-use memra_engine::gates::ledger::{Ledger, Policy, host_argmax};
-use memra_engine::gates::sampling::distribution_test;
 use memra_engine::reference::sampler;
 use memra_engine::sampling::SamplingParams;
 use memra_engine::spec::SpecStats;
+use memra_gates::chi_square::{chi2_sf, pooled_chi2};
+use memra_gates::exact::{Bound, Measured, PositionStat, measure};
+use memra_gates::ledger::{Ledger, Policy, host_argmax};
+use memra_gates::sampling::distribution_test;
 use serde_json::Value;
 
 /// Relative tolerance where the answer is a sum taken in another order.

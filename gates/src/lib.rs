@@ -9,7 +9,7 @@
 //! the CUDA backend to the oracle, the CPU backend and itself on a GPU.
 //!
 //! This module tree owns the gates' logic; the binaries in `src/bin/` only call `main`. The
-//! rows, the checks-file writer and the exit codes are `memra-protocol`'s; [`protocol`]
+//! rows, the checks-file writer and the exit codes are `memra-protocol`'s; [`output`]
 //! keeps what is the engine's own (the printed report, the doors header, logit dumps). The
 //! engine under test (backends, doors, oracle) lives elsewhere and is used through its public
 //! API, so a gate checks exactly what users run. `docs/gates.md` is the user's guide.
@@ -20,7 +20,7 @@ pub mod decode_batch;
 pub mod exact;
 pub mod goldens;
 pub mod ledger;
-pub mod protocol;
+pub mod output;
 pub mod reference;
 pub mod sampling;
 pub mod spec;

@@ -15,10 +15,10 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use super::protocol::GateError;
-use crate::gguf::GgufFile;
-use crate::hparams::{OUTPUT, OUTPUT_NORM, TOKEN_EMBD, layer_tensor};
-use crate::model::LlamaModel;
+use crate::output::GateError;
+use memra_engine::gguf::GgufFile;
+use memra_engine::hparams::{OUTPUT, OUTPUT_NORM, TOKEN_EMBD, layer_tensor};
+use memra_engine::model::LlamaModel;
 
 /// Format version written in the file's first line.
 pub const FORMAT: &str = "# memra loader goldens v1";
@@ -195,7 +195,7 @@ mod tests {
     fn the_loaded_model_is_digested_by_slot() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.gguf");
-        crate::synth::write_preset("tiny", "q4_1", 7, &path).unwrap();
+        memra_engine::synth::write_preset("tiny", "q4_1", 7, &path).unwrap();
         let model = LlamaModel::open(&path).unwrap();
         let loaded = digest_model("a", &model);
         let file = digest_file("a", &path).unwrap();

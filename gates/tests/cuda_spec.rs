@@ -13,9 +13,9 @@ use memra_engine::backend::cpu::CpuBackend;
 use memra_engine::backend::cuda::{self, CudaBackend};
 use memra_engine::backend::{Backend, SeqId};
 use memra_engine::doors::{BackendChoice, Doors, GateDefect};
-use memra_engine::gates::spec::{plain, speculative};
 use memra_engine::model::LlamaModel;
 use memra_engine::spec::{Drafting, SpecStats};
+use memra_gates::spec::{plain, speculative};
 
 fn synth(preset: &str, quant: &str) -> LlamaModel {
     let dir = tempfile::tempdir().unwrap();

@@ -12,7 +12,7 @@
 //! calibrate it.
 //!
 //! It owns the arms, the programs, the statistics, the bounds file and the verdict; the
-//! exact model is `crate::reference`'s. `docs/gates.md` ("exact-gate") is the user's guide.
+//! exact model is `memra_engine::reference`'s. `docs/gates.md` ("exact-gate") is the user's guide.
 
 use std::fmt::Write as _;
 use std::io::Read as _;
@@ -23,14 +23,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use super::goldens::hex;
-use super::protocol::{GateError, GateExit, Reporter, say};
-use super::workload::prompts;
-use crate::backend::{Backend, EngineError, SeqId, open_backend};
-use crate::doors::{Doors, DoorsReport};
-use crate::gguf::GgufFile;
-use crate::model::LlamaModel;
-use crate::tokenizer::Tokenizer;
+use crate::goldens::hex;
+use crate::output::{GateError, GateExit, Reporter, say};
+use crate::workload::prompts;
+use memra_engine::backend::{Backend, EngineError, SeqId, open_backend};
+use memra_engine::doors::{Doors, DoorsReport};
+use memra_engine::gguf::GgufFile;
+use memra_engine::model::LlamaModel;
+use memra_engine::tokenizer::Tokenizer;
 use memra_protocol::{Check, Status};
 
 /// Flags of `exact-gate`. Exit status: 0 pass, 1 a bound failed or is missing, 2 bad
@@ -115,7 +115,7 @@ pub const BOUNDS_FORMAT: u32 = 1;
 
 /// Runs the gate on the process arguments and environment; returns the exit status.
 pub fn main() -> i32 {
-    super::protocol::gate_main::<Args>("exact-gate", run_gate)
+    crate::output::gate_main::<Args>("exact-gate", run_gate)
 }
 
 /// One checkpoint under test.
@@ -498,7 +498,7 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
     if !args.no_synth {
         for (arm, preset, quant) in SYNTH_ARMS {
             let path = dir.path().join(format!("{arm}.gguf"));
-            crate::synth::write_preset(preset, quant, SYNTH_SEED, &path)
+            memra_engine::synth::write_preset(preset, quant, SYNTH_SEED, &path)
                 .map_err(|e| GateError::new(format!("cannot synthesize the {arm} arm: {e}")))?;
             arms.push(load_arm(arm, &path)?);
         }
@@ -527,7 +527,7 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
         let exact = arm
             .programs
             .iter()
-            .map(|p| crate::reference::forward_exact(&arm.model, p))
+            .map(|p| memra_engine::reference::forward_exact(&arm.model, p))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| {
                 GateError::new(format!("the exact model refused the {} arm: {e}", arm.name))

@@ -5,7 +5,7 @@
 //! failure to the split or to the stage-owned placement.
 //!
 //! It owns the flags, the arms and their verdicts. Programs and ledgers come from
-//! [`super::workload`] and [`super::ledger`], the protocol from [`super::protocol`].
+//! [`crate::workload`] and [`crate::ledger`], the protocol from [`crate::output`].
 //! `docs/gates.md` says what each check proves and how to read a failure.
 
 use std::path::PathBuf;
@@ -13,18 +13,18 @@ use std::path::PathBuf;
 use clap::{Parser, ValueEnum};
 use serde_json::json;
 
-use super::ledger::{Ledger, host_argmax};
+use crate::ledger::{Ledger, host_argmax};
 use memra_protocol::{Check, Status};
 
-use super::protocol::{GateError, GateExit, Reporter};
-use super::workload::{
+use crate::output::{GateError, GateExit, Reporter};
+use crate::workload::{
     Prime, Tick, Trace, prompts, run, run_alone, run_fed, run_phases, run_primed, run_rows,
     run_rows_alone,
 };
-use crate::backend::{Backend, open_backend};
-use crate::doors::{Doors, PpSplits};
-use crate::model::LlamaModel;
-use crate::sampling::SamplingParams;
+use memra_engine::backend::{Backend, open_backend};
+use memra_engine::doors::{Doors, PpSplits};
+use memra_engine::model::LlamaModel;
+use memra_engine::sampling::SamplingParams;
 
 /// What the gate checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -125,7 +125,7 @@ fn mixed_params(rows: usize, seed: u64) -> Vec<SamplingParams> {
 
 /// Runs the gate on the process arguments and environment; returns the exit status.
 pub fn main() -> i32 {
-    super::protocol::gate_main::<Args>("decode-batch-gate", run_gate)
+    crate::output::gate_main::<Args>("decode-batch-gate", run_gate)
 }
 
 fn settings(args: &Args) -> Result<Settings, GateError> {
@@ -161,7 +161,7 @@ fn settings(args: &Args) -> Result<Settings, GateError> {
             "--ts only applies to --mode ppspec (the verify widths T = K+1)",
         ));
     }
-    let ts = super::spec::parse_list("--ts", args.ts.as_deref().unwrap_or("2,5,9"), 2)?;
+    let ts = crate::spec::parse_list("--ts", args.ts.as_deref().unwrap_or("2,5,9"), 2)?;
     if args.stages.is_some_and(|s| s < 2) {
         return Err(GateError::new(
             "--stages must be >= 2: a pipeline split needs at least two stages",
@@ -183,7 +183,7 @@ fn settings(args: &Args) -> Result<Settings, GateError> {
 pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
     let s = settings(args)?;
     let doors = Doors::from_env().map_err(|e| GateError::new(format!("bad pins: {e}")))?;
-    let model = super::protocol::open_model(&args.model)?;
+    let model = crate::output::open_model(&args.model)?;
     let widest = if s.mode == Mode::Ppspec {
         s.ts.iter().copied().max().unwrap_or(1)
     } else {
@@ -351,7 +351,7 @@ fn gate1(
     be: &mut dyn Backend,
     doors: &Doors,
     s: &Settings,
-) -> Result<Check, crate::backend::EngineError> {
+) -> Result<Check, memra_engine::backend::EngineError> {
     let n_vocab = be.config().n_vocab;
     let draws = prompts(n_vocab, GATE1_DRAWS, s.plen, doors.gate_seed, 1000);
     let steps = gate1_steps(s.steps);
@@ -442,7 +442,7 @@ fn gate2(
     ps: &[Vec<u32>],
     steps: usize,
     alone: Tick,
-) -> Result<(Ledger, Trace), crate::backend::EngineError> {
+) -> Result<(Ledger, Trace), memra_engine::backend::EngineError> {
     let greedy = Tick::Full(SamplingParams::greedy());
     let batched = run(be, ps, 0, steps, greedy)?;
     let alone = run_alone(be, ps, 0, steps, alone)?;
@@ -464,7 +464,7 @@ fn gate2_widths(
     ps: &[Vec<u32>],
     steps: usize,
     alone: Tick,
-) -> Result<(Ledger, String), crate::backend::EngineError> {
+) -> Result<(Ledger, String), memra_engine::backend::EngineError> {
     let b = ps.len();
     let third = steps / 3;
     let all: Vec<usize> = (0..b).collect();
@@ -546,7 +546,7 @@ fn gate3(
     ps: &[Vec<u32>],
     steps: usize,
     seed: u64,
-) -> Result<Gate3, crate::backend::EngineError> {
+) -> Result<Gate3, memra_engine::backend::EngineError> {
     let n_vocab = be.config().n_vocab;
     let p = sampled(seed);
     let full = run(be, ps, 0, steps, Tick::Full(p))?;
@@ -587,7 +587,7 @@ fn gate3_mixed(
     ps: &[Vec<u32>],
     steps: usize,
     seed: u64,
-) -> Result<[(&'static str, Ledger); 2], crate::backend::EngineError> {
+) -> Result<[(&'static str, Ledger); 2], memra_engine::backend::EngineError> {
     let n_vocab = be.config().n_vocab;
     let params = mixed_params(ps.len(), seed);
     let together = run_rows(be, ps, 0, steps, &params)?;
@@ -689,7 +689,7 @@ fn pp_gate(
     for (i, &b) in s.batches.iter().enumerate() {
         let ps = prompts(n_vocab, b, s.plen, doors.gate_seed, 0);
         let refs = (|| {
-            Ok::<_, crate::backend::EngineError>((
+            Ok::<_, memra_engine::backend::EngineError>((
                 run(&mut *reference, &ps, 0, s.steps, greedy)?,
                 run(&mut *reference, &ps, 0, s.steps, Tick::Full(p))?,
             ))
@@ -747,7 +747,7 @@ fn pp_gate(
             let fed = |be: &mut dyn Backend, reference: &Trace, tick| {
                 run_fed(be, &ps, 0, &reference.inputs, tick, Prime::Prefill)
             };
-            Ok::<_, crate::backend::EngineError>((
+            Ok::<_, memra_engine::backend::EngineError>((
                 fed(
                     &mut *split,
                     &ref_greedy,
@@ -823,8 +823,8 @@ fn ppspec_gate(
     s: &Settings,
     rep: &mut Reporter,
 ) -> Result<(), GateError> {
-    use super::spec::speculative;
-    use crate::spec::{Drafting, Round};
+    use crate::spec::speculative;
+    use memra_engine::spec::{Drafting, Round};
     let (split_doors, _) = pp_doors(doors, s)?;
     let ref_doors = Doors {
         pp_stages: 1,
@@ -839,7 +839,7 @@ fn ppspec_gate(
     let mut split = open(model, &split_doors)?;
     let mut extra = gate_extra(s);
     extra.push(("reps", json!(s.reps)));
-    extra.push(("spec_ts", json!(super::spec::join(&s.ts))));
+    extra.push(("spec_ts", json!(crate::spec::join(&s.ts))));
     extra.push(("spec_drafter", json!("prompt-lookup, filled to K")));
     extra.push((
         "reference_pp_stages",
@@ -917,7 +917,7 @@ fn ppspec_gate(
         errors[1].is_empty(),
         "the stage split of the verify",
     );
-    let ts = super::spec::join(&s.ts);
+    let ts = crate::spec::join(&s.ts);
     let runs = s.reps * s.batches.len() * s.ts.len();
     let arms = [
         (
@@ -985,7 +985,7 @@ fn compare(l: &mut Ledger, reference: &Trace, got: &Trace, n_vocab: usize, token
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{EngineError, SeqId};
+    use memra_engine::backend::{EngineError, SeqId};
 
     fn args(extra: &[&str]) -> Result<Settings, GateError> {
         let mut argv = vec!["decode-batch-gate", "m.gguf"];
@@ -1016,12 +1016,12 @@ mod tests {
         assert_eq!(config_verdict(&four), (4, true));
     }
 
-    fn tiny_cpu(defect: Option<crate::doors::GateDefect>) -> Box<dyn Backend> {
+    fn tiny_cpu(defect: Option<memra_engine::doors::GateDefect>) -> Box<dyn Backend> {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.gguf");
-        crate::synth::write_preset("tiny", "q4_1", 5, &path).unwrap();
+        memra_engine::synth::write_preset("tiny", "q4_1", 5, &path).unwrap();
         let doors = Doors {
-            backend: crate::doors::BackendChoice::Cpu,
+            backend: memra_engine::doors::BackendChoice::Cpu,
             gate_defect: defect,
             ..Doors::default()
         };
@@ -1033,10 +1033,10 @@ mod tests {
     struct NextRowsParams(Box<dyn Backend>);
 
     impl Backend for NextRowsParams {
-        fn config(&self) -> &crate::model::LlamaConfig {
+        fn config(&self) -> &memra_engine::model::LlamaConfig {
             self.0.config()
         }
-        fn doors_report(&self) -> crate::doors::DoorsReport {
+        fn doors_report(&self) -> memra_engine::doors::DoorsReport {
             self.0.doors_report()
         }
         fn open_sequence(&mut self, seq: SeqId, capacity: usize) -> Result<(), EngineError> {
@@ -1107,7 +1107,7 @@ mod tests {
         assert_eq!(mixed_verdicts(&mut *tiny_cpu(None)), [true, true]);
         let [rows, _] = mixed_verdicts(&mut NextRowsParams(tiny_cpu(None)));
         assert!(!rows, "rows that take the next row's parameters must fail");
-        let counter = Some(crate::doors::GateDefect::SampleCounter);
+        let counter = Some(memra_engine::doors::GateDefect::SampleCounter);
         assert_eq!(
             mixed_verdicts(&mut *tiny_cpu(counter)),
             [false, true],
@@ -1119,7 +1119,7 @@ mod tests {
     fn pp_reference_is_clean_and_unsplit() {
         let doors = Doors {
             gate_canary: true,
-            gate_defect: Some(crate::doors::GateDefect::BoundaryCopy),
+            gate_defect: Some(memra_engine::doors::GateDefect::BoundaryCopy),
             ..Doors::default()
         };
         let s = args(&["--mode", "pp", "--stages", "3"]).unwrap();

@@ -2,10 +2,10 @@
 //! oracle under one tolerance policy, on synthesized checkpoints read back through the full
 //! loader and on a real model when given; plus the loader goldens.
 //!
-//! It owns the arms, the receipt TSV and the verdict. The oracle is `crate::reference` —
+//! It owns the arms, the receipt TSV and the verdict. The oracle is `memra_engine::reference` —
 //! for quantized arms on a backend that records its activation trace, the oracle following
 //! that trace at q8_1 rounding ties, one run per program — the policy and ledgers
-//! `super::ledger`, the goldens file `super::goldens`.
+//! `crate::ledger`, the goldens file `crate::goldens`.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -14,16 +14,16 @@ use clap::Parser;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use super::goldens::{self, Goldens};
-use super::ledger::{Policy, RowVerdict};
+use crate::goldens::{self, Goldens};
+use crate::ledger::{Policy, RowVerdict};
 use memra_protocol::{Check, FirstMismatch, Status};
 
-use super::protocol::{GateError, GateExit, Reporter, say};
-use super::workload::prompts;
-use crate::backend::{Backend, EngineError, SeqId, open_backend};
-use crate::doors::Doors;
-use crate::model::LlamaModel;
-use crate::reference::{self as oracle, Activations, FollowReport};
+use crate::output::{GateError, GateExit, Reporter, say};
+use crate::workload::prompts;
+use memra_engine::backend::{Backend, EngineError, SeqId, open_backend};
+use memra_engine::doors::Doors;
+use memra_engine::model::LlamaModel;
+use memra_engine::reference::{self as oracle, Activations, FollowReport};
 
 /// Flags of `reference-gate`. Exit status: 0 pass, 1 a row or golden failed, 2 bad flags,
 /// pins, model or unwritable receipt.
@@ -109,7 +109,7 @@ const SYNTH_ARMS: [(&str, &str, &str); 9] = [
 
 /// Runs the gate on the process arguments and environment; returns the exit status.
 pub fn main() -> i32 {
-    super::protocol::gate_main::<Args>("reference-gate", run_gate)
+    crate::output::gate_main::<Args>("reference-gate", run_gate)
 }
 
 /// How an arm's rows against the oracle are judged.
@@ -216,7 +216,7 @@ pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
     let mut current = Goldens::new();
     for (arm, preset, quant) in SYNTH_ARMS {
         let path = dir.path().join(format!("{arm}.gguf"));
-        crate::synth::write_preset(preset, quant, SYNTH_SEED, &path)
+        memra_engine::synth::write_preset(preset, quant, SYNTH_SEED, &path)
             .map_err(|e| GateError::new(format!("cannot synthesize the {arm} arm: {e}")))?;
         let model = LlamaModel::open(&path).map_err(|e| {
             GateError::new(format!(

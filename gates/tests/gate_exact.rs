@@ -3,6 +3,7 @@
 //! weight-block defect failing every arm, calibration banking only what it measured, an
 //! uncalibrated door setting failing closed, and the receipt's format.
 
+#[path = "../../engine/tests/common/mod.rs"]
 mod common;
 
 use std::path::Path;
@@ -240,4 +241,36 @@ fn field<'a>(line: &'a str, key: &str) -> &'a str {
     line.split('\t')
         .find_map(|f| f.strip_prefix(&format!("{key}=")))
         .unwrap_or_else(|| panic!("no {key} in {line}"))
+}
+
+/// exact-gate's synthesized arms under `MEMRA_KV_Q8=1` with `env` (common::run_gate).
+fn exact_gate(env: &[(&str, &str)]) -> (i32, String) {
+    let env: Vec<(&str, &str)> = std::iter::once(("MEMRA_KV_Q8", "1"))
+        .chain(env.iter().copied())
+        .collect();
+    let r = common::run_gate(env!("CARGO_BIN_EXE_exact-gate"), true, &[], &env);
+    (r.code, format!("{}{}", r.stdout, r.stderr))
+}
+
+#[test]
+fn exact_gate_holds_the_q8_cache_to_the_f32_cache_and_fails_a_coarser_one() {
+    let (code, out) = exact_gate(&[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("PASS  exact.q4_1.decode:vs-f32-cache"),
+        "{out}"
+    );
+    assert!(out.contains("kv=q8_0"), "{out}");
+    let (code, out) = exact_gate(&[("MEMRA_GATE_DEFECT", "kv-q8-coarse")]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("FAIL  exact.q4_1.decode:vs-f32-cache"),
+        "{out}"
+    );
+    let (code, out) = exact_gate(&[("MEMRA_KV_Q8", "yes")]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("MEMRA_KV_Q8") && out.contains("accepted values are 0, 1"),
+        "{out}"
+    );
 }

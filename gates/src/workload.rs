@@ -5,10 +5,10 @@
 //! It owns how a run drives the [`Backend`] API; what two runs must share (bits, tokens) is
 //! each gate's business, and comparing them is the ledger's.
 
-use crate::backend::{Backend, EngineError, SeqId};
-use crate::sampling::{SamplingParams, sample_token};
+use memra_engine::backend::{Backend, EngineError, SeqId};
+use memra_engine::sampling::{SamplingParams, sample_token};
 
-use super::ledger::host_argmax;
+use crate::ledger::host_argmax;
 
 /// `count` prompts over a vocabulary of `n_vocab`: row `b` has `plen + (3·b mod 5)` tokens,
 /// every token a pure function of (seed, offset + b, position), so rows differ from each
@@ -396,13 +396,13 @@ mod tests {
     fn tiny_backend() -> Box<dyn Backend> {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.gguf");
-        crate::synth::write_preset("tiny", "q8_0", 3, &path).unwrap();
-        let model = crate::model::LlamaModel::open(&path).unwrap();
-        let doors = crate::doors::Doors {
-            backend: crate::doors::BackendChoice::Cpu,
-            ..crate::doors::Doors::default()
+        memra_engine::synth::write_preset("tiny", "q8_0", 3, &path).unwrap();
+        let model = memra_engine::model::LlamaModel::open(&path).unwrap();
+        let doors = memra_engine::doors::Doors {
+            backend: memra_engine::doors::BackendChoice::Cpu,
+            ..memra_engine::doors::Doors::default()
         };
-        crate::backend::open_backend(model, &doors).unwrap()
+        memra_engine::backend::open_backend(model, &doors).unwrap()
     }
 
     #[test]

@@ -1,30 +1,30 @@
 //! `spec-gate`: speculative decoding is exact. `spec.plain` holds the speculative greedy
 //! stream to plain greedy generation — the steps `memra-engine generate` itself takes
-//! ([`crate::engine::plain_step_logits`]) — token for token and every emitted token's verify
+//! ([`memra_engine::engine::plain_step_logits`]) — token for token and every emitted token's verify
 //! column to the logits plain generation chose it from, bit for bit, for every draft length
 //! K, single and batched; `spec.column` holds every verify column to the same position decoded alone at
 //! B=1; `spec.rewind` holds the steps after a rewind to a cache that never saw the rejected
 //! tokens.
 //!
 //! It owns the flags, the arms and their verdicts. The drafter, acceptance and the loop are
-//! [`crate::spec`]'s; programs and ledgers come from [`super::workload`] and
-//! [`super::ledger`], the protocol from [`super::protocol`]. `docs/gates.md` says what each
+//! [`memra_engine::spec`]'s; programs and ledgers come from [`crate::workload`] and
+//! [`crate::ledger`], the protocol from [`crate::output`]. `docs/gates.md` says what each
 //! row proves and how to read a failure.
 
 use std::path::PathBuf;
 
 use clap::Parser;
-use memra_kernels::twin;
+use memra_engine::sampling::argmax;
 use memra_protocol::{Check, Status};
 use serde_json::json;
 
-use super::ledger::Ledger;
-use super::protocol::{GateError, GateExit, Reporter};
-use super::workload::prompts;
-use crate::backend::{Backend, EngineError, SeqId, open_backend};
-use crate::doors::Doors;
-use crate::engine::{plain_step_logits, spec_refusal};
-use crate::spec::{Drafting, Round, SpecSeq, SpecStats, speculate};
+use crate::ledger::Ledger;
+use crate::output::{GateError, GateExit, Reporter};
+use crate::workload::prompts;
+use memra_engine::backend::{Backend, EngineError, SeqId, open_backend};
+use memra_engine::doors::Doors;
+use memra_engine::engine::{plain_step_logits, spec_refusal};
+use memra_engine::spec::{Drafting, Round, SpecSeq, SpecStats, speculate};
 
 /// Flags of `spec-gate`. Exit status: 0 pass, 1 a check failed, 2 bad flags, pins or model.
 #[derive(Debug, Parser)]
@@ -66,7 +66,7 @@ const AFTER_REWIND: usize = 4;
 
 /// Runs the gate on the process arguments and environment; returns the exit status.
 pub fn main() -> i32 {
-    super::protocol::gate_main::<Args>("spec-gate", run_gate)
+    crate::output::gate_main::<Args>("spec-gate", run_gate)
 }
 
 /// Parses a comma-separated list of draft lengths, each ≥ 1.
@@ -110,7 +110,7 @@ fn settings(args: &Args) -> Result<Settings, GateError> {
 pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
     let s = settings(args)?;
     let doors = Doors::from_env().map_err(|e| GateError::new(format!("bad pins: {e}")))?;
-    let model = super::protocol::open_model(&args.model)?;
+    let model = crate::output::open_model(&args.model)?;
     let k_max = s.ks.iter().copied().max().unwrap_or(1);
     let need = s.plen + 4 + 2 * s.steps + k_max + AFTER_REWIND + 1;
     if need > model.config.n_ctx {
@@ -212,12 +212,12 @@ pub fn plain(
     for p in prompts {
         be.open_sequence(seq, p.len() + steps)?;
         let result = (|| {
-            let mut stream = vec![twin::argmax(&be.prime(seq, p)?)];
+            let mut stream = vec![argmax(&be.prime(seq, p)?)];
             let mut logits = Vec::new();
             for _ in 1..steps {
                 let t = *stream.last().expect("seeded");
                 let row = plain_step_logits(be, doors, seq, t)?;
-                stream.push(twin::argmax(&row));
+                stream.push(argmax(&row));
                 logits.extend(row);
             }
             Ok((stream, logits))
@@ -282,7 +282,7 @@ pub fn speculative(
             } else {
                 be.prime(seq, p)?
             };
-            let first = twin::argmax(&last);
+            let first = argmax(&last);
             spec.push(SpecSeq {
                 seq,
                 prompt: p.clone(),
@@ -457,7 +457,7 @@ fn column_arm(
                 let alone = replay(be, &held[row], input, true)?;
                 for (a, g) in alone.chunks_exact(n_vocab).zip(got.chunks_exact(n_vocab)) {
                     columns += 1;
-                    agree += usize::from(twin::argmax(a) == twin::argmax(g));
+                    agree += usize::from(argmax(a) == argmax(g));
                 }
                 if separate_single {
                     single.logits(Some(step), &alone, got, n_vocab);

@@ -3,6 +3,7 @@
 //! failing the row it is planted against (and ppspec localizing stage-column to the split),
 //! a split model under spec-gate, and bad flags refused with the fix named.
 
+#[path = "../../engine/tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};

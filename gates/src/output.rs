@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use memra_protocol::{Check, ChecksWriter, EXIT_FAIL, EXIT_PASS};
 use serde_json::Value;
 
-use crate::doors::{Doors, DoorsReport};
+use memra_engine::doors::{Doors, DoorsReport};
 
 /// Prints one line of the report. A closed stdout (a pager or `head` that quit) must not
 /// turn a verdict into a crash, so write errors are ignored: the exit status and the check
@@ -59,8 +59,8 @@ pub fn gate_main<A: clap::Parser>(
 }
 
 /// The gate's model, or the setup error that names the file and the fix.
-pub fn open_model(path: &std::path::Path) -> Result<crate::model::LlamaModel, GateError> {
-    crate::model::LlamaModel::open(path).map_err(|e| {
+pub fn open_model(path: &std::path::Path) -> Result<memra_engine::model::LlamaModel, GateError> {
+    memra_engine::model::LlamaModel::open(path).map_err(|e| {
         GateError::new(format!(
             "cannot load the model {}: {e}; pass a llama GGUF checkpoint (memra-engine synth \
              writes one)",
@@ -256,7 +256,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let checks = dir.path().join("checks.jsonl");
         let mut r = Reporter::new("t", Some(checks.clone()), Some(dir.path().to_path_buf()));
-        let be = crate::doors::Doors::default();
+        let be = memra_engine::doors::Doors::default();
         let report = DoorsReport {
             backend: "cpu",
             matvec: "mmvq",

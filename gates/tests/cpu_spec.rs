@@ -6,10 +6,10 @@
 
 use memra_engine::backend::{Backend, EngineError, SeqId, cpu::CpuBackend};
 use memra_engine::doors::{Doors, GateDefect, PpSplits};
-use memra_engine::gates::spec::speculative;
 use memra_engine::model::LlamaModel;
+use memra_engine::sampling::argmax;
 use memra_engine::spec::Drafting;
-use memra_kernels::twin;
+use memra_gates::spec::speculative;
 
 fn synth(preset: &str, quant: &str) -> LlamaModel {
     let dir = tempfile::tempdir().unwrap();
@@ -48,14 +48,14 @@ fn plain(be: &mut dyn Backend, prompts: &[Vec<u32>], n_new: usize) -> Vec<Vec<u3
     let mut streams = Vec::new();
     for (&s, p) in seqs.iter().zip(prompts) {
         be.open_sequence(s, p.len() + n_new).unwrap();
-        streams.push(vec![twin::argmax(&be.prime(s, p).unwrap())]);
+        streams.push(vec![argmax(&be.prime(s, p).unwrap())]);
     }
     let n_vocab = be.config().n_vocab;
     for _ in 1..n_new {
         let feed: Vec<u32> = streams.iter().map(|s| *s.last().unwrap()).collect();
         let logits = be.decode_step_batch(&seqs, &feed).unwrap();
         for (s, row) in streams.iter_mut().zip(logits.chunks_exact(n_vocab)) {
-            s.push(twin::argmax(row));
+            s.push(argmax(row));
         }
     }
     for s in seqs {

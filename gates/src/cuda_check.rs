@@ -17,18 +17,18 @@
 
 use std::sync::Arc;
 
-use memra_kernels::check::report::{CheckRow, compare_f32, compare_u32};
-use memra_kernels::twin;
+use memra_engine::backend::cuda::kernel_check::{CheckRow, compare_f32, compare_u32};
+use memra_engine::sampling::argmax;
 use memra_protocol::{AppendError, Check, ChecksWriter, DoorsRow, FirstMismatch, Status};
 
-use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::{CudaBackend, DevModel, open_devices, upload_for};
-use crate::backend::stages::StagePlan;
-use crate::backend::{Backend, EngineError, SeqId};
-use crate::doors::Doors;
-use crate::model::LlamaModel;
-use crate::reference::{self, Activations};
-use crate::sampling::{SamplingParams, sample_token};
+use memra_engine::backend::cpu::CpuBackend;
+use memra_engine::backend::cuda::{CudaBackend, DevModel, open_devices, upload_for};
+use memra_engine::backend::stages::StagePlan;
+use memra_engine::backend::{Backend, EngineError, SeqId};
+use memra_engine::doors::Doors;
+use memra_engine::model::LlamaModel;
+use memra_engine::reference::{self, Activations};
+use memra_engine::sampling::{SamplingParams, sample_token};
 
 /// The acceptance bound against the oracle (f32 weights) and between the CUDA and CPU
 /// backends (any weights: the same compositions up to `exp`).
@@ -115,7 +115,7 @@ fn ids(n_vocab: usize, seed: u64, n: usize) -> Vec<u32> {
 }
 
 fn argmax_rows(v: &[f32], n_vocab: usize) -> Vec<u32> {
-    v.chunks_exact(n_vocab).map(twin::argmax).collect()
+    v.chunks_exact(n_vocab).map(argmax).collect()
 }
 
 /// The policy: max_abs ≤ 1e-2 and the reference's argmax on every row.
@@ -571,16 +571,17 @@ pub fn main() -> i32 {
     for quant in ["f32", "q4_1"] {
         let label = format!("smollm2-135m-{quant}");
         let path = dir.path().join(format!("{label}.gguf"));
-        let model = match crate::synth::write_preset("smollm2-135m", quant, base.gate_seed, &path)
-            .map_err(|e| e.to_string())
-            .and_then(|_| LlamaModel::open(&path).map_err(|e| e.to_string()))
-        {
-            Ok(m) => m,
-            Err(e) => {
-                sink.row(CheckRow::error(format!("cuda-check/{label}/synth"), e));
-                continue;
-            }
-        };
+        let model =
+            match memra_engine::synth::write_preset("smollm2-135m", quant, base.gate_seed, &path)
+                .map_err(|e| e.to_string())
+                .and_then(|_| LlamaModel::open(&path).map_err(|e| e.to_string()))
+            {
+                Ok(m) => m,
+                Err(e) => {
+                    sink.row(CheckRow::error(format!("cuda-check/{label}/synth"), e));
+                    continue;
+                }
+            };
         let program = ids(model.config.n_vocab, 42 + base.gate_seed, 32);
         let want = match oracle(&model, &program) {
             Ok(w) => w,

@@ -2,7 +2,7 @@
 //! over bins with small expected counts pooled, and its survival function (the p-value).
 //!
 //! It owns the statistics only; what is drawn and what the bound is belongs to
-//! `super::sampling`.
+//! `crate::sampling`.
 
 /// Bins with an expected count below this are pooled (the chi-square approximation's rule).
 pub const MIN_EXPECTED: f64 = 5.0;

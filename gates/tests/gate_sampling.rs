@@ -4,6 +4,7 @@
 //! with top-k, `top-k-ties` exactly the tied top-k rows, `--part` selecting one family of
 //! rows, and clean usage errors.
 
+#[path = "../../engine/tests/common/mod.rs"]
 mod common;
 
 use serde_json::Value;

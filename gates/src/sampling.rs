@@ -1,5 +1,5 @@
 //! `sampling-gate`: the engine's sampled tokens held to the independent reference sampler
-//! (`crate::reference::sampler`), so a fault the kernel twin and the CUDA sampler share,
+//! (`memra_engine::reference::sampler`), so a fault the kernel twin and the CUDA sampler share,
 //! which kernel-check cannot see, still fails a gate.
 //!
 //! Two rows hold what both sides would otherwise share:
@@ -31,8 +31,8 @@
 //!   the k-th is kept" would be held by unit tests alone. `--part` runs one family of rows.
 //!
 //! It owns the programs, the comparisons and the verdict; the chi-square arithmetic is
-//! [`super::chi_square`]'s, the engine's sampler `crate::sampling`, the reference
-//! `crate::reference::sampler`. `docs/gates.md`
+//! [`crate::chi_square`]'s, the engine's sampler `memra_engine::sampling`, the reference
+//! `memra_engine::reference::sampler`. `docs/gates.md`
 //! ("sampling-gate") is the user's guide.
 
 use std::path::PathBuf;
@@ -40,15 +40,15 @@ use std::path::PathBuf;
 use clap::Parser;
 use serde_json::json;
 
-use super::chi_square::{chi2_sf, pooled_chi2};
-use super::ledger::host_argmax;
-use super::protocol::{GateError, GateExit, Reporter};
-use super::workload::prompts;
-use crate::backend::{Backend, EngineError, SeqId, open_backend};
-use crate::doors::Doors;
-use crate::reference::sampler;
-use crate::sampling::{self, SamplingParams};
-use memra_kernels::twin;
+use crate::chi_square::{chi2_sf, pooled_chi2};
+use crate::ledger::host_argmax;
+use crate::output::{GateError, GateExit, Reporter};
+use crate::workload::prompts;
+use memra_engine::backend::{Backend, EngineError, SeqId, open_backend};
+use memra_engine::doors::Doors;
+use memra_engine::reference::sampler;
+use memra_engine::sampling::{self, SamplingParams};
+use memra_engine::sampling::{draw_uniform, philox4x32_10};
 use memra_protocol::{Check, FirstMismatch, Status};
 
 /// Flags of `sampling-gate`. Exit status: 0 pass, 1 a check failed, 2 bad flags, pins or
@@ -200,7 +200,7 @@ const TIED_ID: u32 = 950;
 
 /// Runs the gate on the process arguments and environment; returns the exit status.
 pub fn main() -> i32 {
-    super::protocol::gate_main::<Args>("sampling-gate", run_gate)
+    crate::output::gate_main::<Args>("sampling-gate", run_gate)
 }
 
 fn settings(args: &Args) -> Result<Settings, GateError> {
@@ -261,7 +261,7 @@ fn set_label((t, k, p): (f32, u32, f32)) -> String {
 pub fn run_gate(args: &Args) -> Result<GateExit, GateError> {
     let s = settings(args)?;
     let doors = Doors::from_env().map_err(|e| GateError::new(format!("bad pins: {e}")))?;
-    let model = super::protocol::open_model(&args.model)?;
+    let model = crate::output::open_model(&args.model)?;
     let need = s.plen + 4 + s.steps + 1;
     if need > model.config.n_ctx {
         return Err(GateError::new(format!(
@@ -463,8 +463,8 @@ fn stream_check() -> Check {
     stream_check_with(|seed, seq, step| {
         let key = [seed as u32, (seed >> 32) as u32];
         (
-            twin::philox4x32_10([step, seq, 0, 0], key)[0],
-            f64::from(twin::draw_uniform(seed, seq, step)),
+            philox4x32_10([step, seq, 0, 0], key)[0],
+            f64::from(draw_uniform(seed, seq, step)),
         )
     })
 }
@@ -845,6 +845,7 @@ impl DistributionTest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use memra_engine::sampling::uniform_from_philox;
 
     /// A sampler that never draws the cut token fails the test; the engine's host sampler
     /// passes it.
@@ -927,8 +928,8 @@ mod tests {
         assert_eq!(c.status, Status::Pass, "{c:?}");
         assert_eq!(c.metrics["keys"], STREAM_KATS.len());
         let low_key_only = stream_check_with(|seed, seq, step| {
-            let w = twin::philox4x32_10([step, seq, 0, 0], [seed as u32, 0])[0];
-            (w, f64::from(twin::uniform_from_philox(w)))
+            let w = philox4x32_10([step, seq, 0, 0], [seed as u32, 0])[0];
+            (w, f64::from(uniform_from_philox(w)))
         });
         assert_eq!(low_key_only.status, Status::Fail);
         assert_eq!(low_key_only.metrics["mismatches"], STREAM_KATS.len());

@@ -1,5 +1,0 @@
-//! cuda-check: the CUDA backend's acceptance checks; see `memra_engine::gates::cuda_check`.
-
-fn main() {
-    std::process::exit(memra_engine::gates::cuda_check::main());
-}
