@@ -114,6 +114,7 @@ fn every_long_library_function_says_why() {
         .args([
             "orchestrator/src",
             "engine/src",
+            "gates/src",
             "kernels/src",
             "protocol/src",
         ])

@@ -1,5 +1,5 @@
 //! `memra-supervise`: the attempt supervisor memra-orch starts between itself and each gate
-//! (`executor/supervise.rs`). Not a command for people: memra-orch passes it a socket as
+//! (`run/executor/supervise.rs`). Not a command for people: memra-orch passes it a socket as
 //! stdin and reads its reports there.
 
 fn main() {

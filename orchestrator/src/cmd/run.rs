@@ -64,6 +64,7 @@ fn command_inner(args: &RunArgs) -> Result<ExitCode, Refusal> {
     drop(lock);
     session.after_filed(&filed.tree);
     Ok(filed.code)
+    // `filed` (the display, the listeners and the options) drops here, as it always did.
 }
 
 /// Why a run did not start, or what it could not do: the exit code and the message.
@@ -128,6 +129,17 @@ struct Started {
 struct Filed {
     tree: Tree,
     code: ExitCode,
+    /// The run's options (its GPU lease files), the display and the listeners live until the
+    /// command returns, after notify and retention, as the run's own state always has.
+    _held: Held,
+}
+
+struct Held {
+    _opts: RunOptions,
+    _display: Progress,
+    _writer: ReceiptWriter,
+    _metrics: Option<MetricsFile>,
+    _stream: Option<JsonEvents<std::io::Stdout>>,
 }
 
 impl<'a> RunSession<'a> {
@@ -494,32 +506,34 @@ impl Started {
     /// Runs the loop with the listeners, then files the run: the summary (on stderr when
     /// stdout carries the event stream), the exit code, the history index, the metrics
     /// file's and the stream's last word, and the packed tree.
-    fn run_and_file(mut self, session: &RunSession) -> Filed {
+    fn run_and_file(self, session: &RunSession) -> Filed {
         let Started {
             tree,
             opts,
             executor,
             mode,
-            display,
-            writer,
-            metrics,
-            stream,
+            mut display,
+            mut writer,
+            mut metrics,
+            mut stream,
             disk_full,
-        } = &mut self;
+        } = self;
         crate::run::executor::supervise::adopt_orphans();
+        // The executor goes with the loop: when it returns, the executor's watchdog stops and
+        // the attempts' TMPDIR root is removed, before the orphans are reaped.
         let mut outcome = {
-            let mut listeners: Vec<&mut dyn Listener> = vec![writer, display];
-            if let Some(m) = metrics {
+            let mut listeners: Vec<&mut dyn Listener> = vec![&mut writer, &mut display];
+            if let Some(m) = &mut metrics {
                 listeners.push(m);
             }
-            if let Some(s) = stream {
+            if let Some(s) = &mut stream {
                 listeners.push(s);
             }
             execute(
                 &session.plan,
                 &session.inventory,
-                Arc::clone(executor),
-                opts,
+                executor,
+                &opts,
                 &mut listeners,
             )
         };
@@ -529,10 +543,10 @@ impl Started {
         if outcome.disk_full.is_none() {
             outcome.disk_full = disk_full.get().map(Path::to_path_buf);
         }
-        let summary = if *mode == ProgressMode::Quiet {
-            crate::report::summary::footer(&outcome, tree)
+        let summary = if mode == ProgressMode::Quiet {
+            crate::report::summary::footer(&outcome, &tree)
         } else {
-            crate::report::summary::table(writer.receipts(), &outcome, tree)
+            crate::report::summary::table(writer.receipts(), &outcome, &tree)
         };
         if session.json_events {
             eprint!("{summary}");
@@ -557,14 +571,14 @@ impl Started {
             eprintln!("memra-orch run: {e}");
             code = ExitCode::Internal;
         } else {
-            record_history(tree, writer);
+            record_history(&tree, &writer);
             if let Some(note) = outcome.lacked_resources_note() {
                 eprintln!("memra-orch run: {note}");
             }
         }
         // A metrics file asked for and not written is memra-orch's own I/O failure; a run
         // that already failed keeps its more telling code.
-        if let Some(m) = metrics
+        if let Some(m) = &metrics
             && let Err(e) = m.finish_run(writer.run(), code)
         {
             eprintln!("memra-orch run: {e}");
@@ -572,7 +586,7 @@ impl Started {
                 code = ExitCode::Internal;
             }
         }
-        if let Some(s) = stream {
+        if let Some(s) = &mut stream {
             s.finish_run(writer.run(), code);
         }
         // Packed while the run lock is held: nothing else writes the tree. A run that was
@@ -593,8 +607,15 @@ impl Started {
             }
         }
         Filed {
-            tree: tree.clone(),
+            tree,
             code,
+            _held: Held {
+                _opts: opts,
+                _display: display,
+                _writer: writer,
+                _metrics: metrics,
+                _stream: stream,
+            },
         }
     }
 }
