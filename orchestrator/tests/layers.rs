@@ -15,33 +15,47 @@ fn workspace() -> PathBuf {
         .to_path_buf()
 }
 
+/// The crates' sources, as the scripts below take them.
+const SOURCES: [&str; 5] = [
+    "orchestrator/src",
+    "engine/src",
+    "gates/src",
+    "kernels/src",
+    "protocol/src",
+];
+
+/// Runs `python3 scripts/<script> args…` from the workspace root: its exit status and its
+/// stdout and stderr as one text. `None`, after saying so, where python3 cannot run.
+fn script(script: &str, args: &[&str]) -> Option<(bool, String)> {
+    let root = workspace();
+    match Command::new("python3")
+        .arg(root.join("scripts").join(script))
+        .args(args)
+        .current_dir(&root)
+        .output()
+    {
+        Ok(o) => Some((
+            o.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+        )),
+        Err(e) => {
+            eprintln!("skipped: cannot run python3: {e}");
+            None
+        }
+    }
+}
+
 #[test]
 fn no_crate_of_the_workspace_has_an_import_circle() {
-    let root = workspace();
-    for src in [
-        "orchestrator/src",
-        "engine/src",
-        "gates/src",
-        "kernels/src",
-        "protocol/src",
-    ] {
-        let out = match Command::new("python3")
-            .arg(root.join("scripts/import-cycles"))
-            .arg(root.join(src))
-            .output()
-        {
-            Ok(o) => o,
-            Err(e) => {
-                eprintln!("skipped: cannot run python3: {e}");
-                return;
-            }
+    for src in SOURCES {
+        let Some((ok, text)) = script("import-cycles", &[src]) else {
+            return;
         };
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && text.starts_with("no import circle"),
-            "{src}:\n{text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(ok && text.starts_with("no import circle"), "{src}:\n{text}");
     }
 }
 
@@ -61,24 +75,13 @@ fn the_orchestrators_stages_use_only_the_stages_below_them() {
         }
     }
     assert!(order.len() >= 10, "lib.rs lists its stages: {order:?}");
-    let out = match Command::new("python3")
-        .arg(root.join("scripts/import-cycles"))
-        .arg(root.join("orchestrator/src"))
-        .arg("--order")
-        .arg(order.join(","))
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("skipped: cannot run python3: {e}");
-            return;
-        }
+    let order = order.join(",");
+    let Some((ok, text)) = script("import-cycles", &["orchestrator/src", "--order", &order]) else {
+        return;
     };
-    let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success() && text.contains(" 0 arrows back up"),
-        "stages {order:?}:\n{text}{}",
-        String::from_utf8_lossy(&out.stderr)
+        ok && text.contains(" 0 arrows back up"),
+        "stages {order}:\n{text}"
     );
 }
 
@@ -108,31 +111,10 @@ fn the_gates_depend_on_the_engine_and_the_protocol_only() {
 /// written beside it (`// Over 150 lines: …`, `scripts/long-functions`).
 #[test]
 fn every_long_library_function_says_why() {
-    let root = workspace();
-    let out = match Command::new("python3")
-        .arg(root.join("scripts/long-functions"))
-        .args([
-            "orchestrator/src",
-            "engine/src",
-            "gates/src",
-            "kernels/src",
-            "protocol/src",
-        ])
-        .current_dir(&root)
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("skipped: cannot run python3: {e}");
-            return;
-        }
+    let Some((ok, text)) = script("long-functions", &SOURCES) else {
+        return;
     };
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && text.contains(" 0 without a reason"),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(ok && text.contains(" 0 without a reason"), "{text}");
 }
 
 #[test]
