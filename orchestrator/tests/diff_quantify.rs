@@ -329,8 +329,12 @@ fn tensors_that_moved_are_measured_in_text_and_json() {
     assert_eq!(wide["new_shape"], serde_json::json!([3]));
     assert_eq!(wide.get("differ"), None);
 
+    // A text artifact is compared line by line, by line number only.
     let notes = artifact(&v, "notes.txt");
-    assert_eq!(notes["not_read"], "neither side is a safetensors file");
+    assert_eq!(notes["old_lines"], 1);
+    assert_eq!(notes["new_lines"], 1);
+    assert_eq!(notes["lines_differ"], 1);
+    assert_eq!(notes["first_lines"], serde_json::json!([1]));
     assert!(notes["old_sha256"].is_string(), "the digests stay");
 
     let (code, text) = diff(&r.fixture, &r.old, &r.new, &[]);
@@ -385,7 +389,7 @@ fn tensors_that_moved_are_measured_in_text_and_json() {
     for needle in [
         "tensor  dtype",
         "1 other tensor is the same",
-        "not read: neither side is a safetensors file",
+        "text, 1 line: 1 differs (line 1)",
     ] {
         assert!(text.contains(needle), "{needle:?} missing from\n{text}");
     }

@@ -35,6 +35,8 @@ pub struct DiffAttempt {
 pub enum ArtifactRead {
     /// Both are safetensors files, compared tensor by tensor.
     Read(TensorsRead),
+    /// Both are text (UTF-8 without NUL bytes), compared line by line.
+    Text(TextRead),
     /// Why the files were not compared tensor by tensor (one is not a safetensors file, or
     /// cannot be read).
     NotRead { not_read: String },
@@ -81,6 +83,89 @@ pub fn read_files(old_attempt: &Path, new_attempt: &Path, name: &str) -> Artifac
         Ok((old_attempt.to_path_buf(), rel.clone())),
         Ok((new_attempt.to_path_buf(), rel)),
     )
+}
+
+/// Two text files compared line by line, each line with the line of the same number on
+/// the other side (no alignment: a line added early shows every later line as moved). The
+/// lines themselves are never printed, only their numbers: an artifact may hold anything.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TextRead {
+    pub old_lines: u64,
+    pub new_lines: u64,
+    /// Line numbers present on both sides whose text differs, plus the lines one side only
+    /// has.
+    pub lines_differ: u64,
+    /// The first [`TEXT_LINES_LISTED`] of those line numbers, 1-based.
+    pub first_lines: Vec<u64>,
+}
+
+/// How many differing line numbers a text read lists.
+pub const TEXT_LINES_LISTED: usize = 8;
+
+/// Both files as text when both are (UTF-8 without NUL bytes), compared line by line.
+fn text_pair(o: &[u8], n: &[u8]) -> Option<TextRead> {
+    fn text(b: &[u8]) -> Option<&str> {
+        if b.contains(&0) {
+            return None;
+        }
+        std::str::from_utf8(b).ok()
+    }
+    let (o, n) = (text(o)?, text(n)?);
+    let (mut ol, mut nl) = (o.lines(), n.lines());
+    let mut r = TextRead {
+        old_lines: 0,
+        new_lines: 0,
+        lines_differ: 0,
+        first_lines: Vec::new(),
+    };
+    let mut at = 0u64;
+    loop {
+        let (a, b) = (ol.next(), nl.next());
+        if a.is_none() && b.is_none() {
+            break;
+        }
+        at += 1;
+        r.old_lines += u64::from(a.is_some());
+        r.new_lines += u64::from(b.is_some());
+        if a != b {
+            r.lines_differ += 1;
+            if r.first_lines.len() < TEXT_LINES_LISTED {
+                r.first_lines.push(at);
+            }
+        }
+    }
+    Some(r)
+}
+
+/// The one-line account of a text read: `text, 2345 lines: 1 differs (line 1)`; the same
+/// line counts both sides, or `120 → 123 lines`.
+fn text_line(t: &TextRead) -> String {
+    let lines = if t.old_lines == t.new_lines {
+        format!("{} line{}", t.old_lines, plural(t.old_lines))
+    } else {
+        format!("{} → {} lines", t.old_lines, t.new_lines)
+    };
+    if t.lines_differ == 0 {
+        // Same lines, other bytes: line endings, or a final newline.
+        return format!("text, {lines}: every line is the same; line endings differ");
+    }
+    let numbers: Vec<String> = t.first_lines.iter().map(u64::to_string).collect();
+    let more = if t.lines_differ as usize > t.first_lines.len() {
+        ", …"
+    } else {
+        ""
+    };
+    format!(
+        "text, {lines}: {} differ{} (line{} {}{more})",
+        t.lines_differ,
+        if t.lines_differ == 1 { "s" } else { "" },
+        plural(t.lines_differ),
+        numbers.join(", ")
+    )
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
 }
 
 /// The tensors of two safetensors files.
@@ -227,7 +312,10 @@ fn read_pair(old: Located, new: Located) -> ArtifactRead {
     };
     match (tensors::parse(&o), tensors::parse(&n)) {
         (Ok(o), Ok(n)) => ArtifactRead::Read(tensor_deltas(&o, &n)),
-        (Err(_), Err(_)) => not_read("neither side is a safetensors file".to_string()),
+        (Err(_), Err(_)) => match text_pair(&o, &n) {
+            Some(t) => ArtifactRead::Text(t),
+            None => not_read("neither side is a safetensors file or text".to_string()),
+        },
         (Err(e), Ok(_)) => not_read(format!("the old side is not a safetensors file ({e})")),
         (Ok(_), Err(e)) => not_read(format!("the new side is not a safetensors file ({e})")),
     }
@@ -606,6 +694,10 @@ pub(super) fn text(a: &ArtifactMove, indent: &str) -> String {
             let _ = writeln!(out, "{indent}not read: {not_read}");
             return out;
         }
+        Some(ArtifactRead::Text(t)) => {
+            let _ = writeln!(out, "{indent}{}", text_line(t));
+            return out;
+        }
         Some(ArtifactRead::Read(r)) => r,
     };
     if r.tensors.is_empty() {
@@ -677,6 +769,10 @@ pub(super) fn markdown(list: &[super::BitsMoved], md: impl Fn(&str) -> String) -
                     ));
                     continue;
                 }
+                Some(ArtifactRead::Text(t)) => {
+                    rows.push(format!("{lead} | | | | | | | | {} |", md(&text_line(t))));
+                    continue;
+                }
                 Some(ArtifactRead::Read(r)) => r,
             };
             for t in &r.tensors {
@@ -717,6 +813,52 @@ pub(super) fn markdown(list: &[super::BitsMoved], md: impl Fn(&str) -> String) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_artifacts_are_compared_line_by_line_without_their_content() {
+        // A receipt whose only change is its header line (a rebuilt gate binary's digest).
+        let old = "# gate\tbinary_sha256=aa\nrow\t1\nrow\t2\n";
+        let new = "# gate\tbinary_sha256=bb\nrow\t1\nrow\t2\n";
+        let t = text_pair(old.as_bytes(), new.as_bytes()).unwrap();
+        assert_eq!((t.old_lines, t.new_lines, t.lines_differ), (3, 3, 1));
+        assert_eq!(t.first_lines, [1]);
+        let line = text_line(&t);
+        assert_eq!(line, "text, 3 lines: 1 differs (line 1)");
+        assert!(!line.contains("binary_sha256"), "no content is shown");
+        // A line one side only has counts; past the listed numbers, an ellipsis.
+        let many: String = (0..20).map(|i| format!("{i}\n")).collect();
+        let t = text_pair(b"x\n", many.as_bytes()).unwrap();
+        assert_eq!((t.old_lines, t.new_lines, t.lines_differ), (1, 20, 20));
+        assert_eq!(t.first_lines.len(), TEXT_LINES_LISTED);
+        assert_eq!(
+            text_line(&t),
+            "text, 1 → 20 lines: 20 differ (lines 1, 2, 3, 4, 5, 6, 7, 8, …)"
+        );
+        // Only the line endings moved.
+        let t = text_pair(b"a\nb\n", b"a\r\nb\r\n").unwrap();
+        assert_eq!(
+            text_line(&t),
+            "text, 2 lines: every line is the same; line endings differ"
+        );
+        // Bytes that are not text (a NUL, invalid UTF-8) are not read as text.
+        assert_eq!(text_pair(b"a\0b", b"a\0c"), None);
+        assert_eq!(text_pair(b"a", &[0xff, 0xfe]), None);
+    }
+
+    #[test]
+    fn a_binary_artifact_is_neither_tensors_nor_text() {
+        let dir = tempfile::tempdir().unwrap();
+        for (side, bytes) in [("old", &b"\x00\x01"[..]), ("new", &b"\x00\x02"[..])] {
+            std::fs::create_dir_all(dir.path().join(side).join("artifacts")).unwrap();
+            std::fs::write(dir.path().join(side).join("artifacts/out.bin"), bytes).unwrap();
+        }
+        let r = read_files(&dir.path().join("old"), &dir.path().join("new"), "out.bin");
+        assert_eq!(
+            r,
+            not_read("neither side is a safetensors file or text".to_string())
+        );
+        assert_eq!(r.totals(), None);
+    }
 
     fn bytes(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
