@@ -82,7 +82,24 @@ pub fn read_files(old_attempt: &Path, new_attempt: &Path, name: &str) -> Artifac
     read_pair(
         Ok((old_attempt.to_path_buf(), rel.clone())),
         Ok((new_attempt.to_path_buf(), rel)),
+        true,
     )
+}
+
+/// The [`ArtifactRead::totals`] of artifact `name` of two attempt folders: the tensors only,
+/// so a text artifact is not read through (the HTML report's per-point figures).
+pub fn tensor_totals(
+    old_attempt: &Path,
+    new_attempt: &Path,
+    name: &str,
+) -> Option<(u64, f64, Option<u64>)> {
+    let rel = Path::new("artifacts").join(name);
+    read_pair(
+        Ok((old_attempt.to_path_buf(), rel.clone())),
+        Ok((new_attempt.to_path_buf(), rel)),
+        false,
+    )
+    .totals()
 }
 
 /// Two text files compared line by line, each line with the line of the same number on
@@ -97,6 +114,9 @@ pub struct TextRead {
     pub lines_differ: u64,
     /// The first [`TEXT_LINES_LISTED`] of those line numbers, 1-based.
     pub first_lines: Vec<u64>,
+    /// Both files hold the same bytes (their receipts' digests said otherwise).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub identical: bool,
 }
 
 /// How many differing line numbers a text read lists.
@@ -117,6 +137,7 @@ fn text_pair(o: &[u8], n: &[u8]) -> Option<TextRead> {
         new_lines: 0,
         lines_differ: 0,
         first_lines: Vec::new(),
+        identical: o == n,
     };
     let mut at = 0u64;
     loop {
@@ -145,6 +166,9 @@ fn text_line(t: &TextRead) -> String {
     } else {
         format!("{} → {} lines", t.old_lines, t.new_lines)
     };
+    if t.lines_differ == 0 && t.identical {
+        return format!("text, {lines}: the files are identical");
+    }
     if t.lines_differ == 0 {
         // Same lines, other bytes: line endings, or a final newline.
         return format!("text, {lines}: every line is the same; line endings differ");
@@ -246,7 +270,11 @@ fn read_list(list: &mut [super::BitsMoved], old: &DiffRun, new: &DiffRun) {
     let reads: Vec<(usize, usize, ArtifactRead)> = jobs
         .par_iter()
         .map(|&(b, a, id, name)| {
-            let read = read_pair(artifact_path(old, id, name), artifact_path(new, id, name));
+            let read = read_pair(
+                artifact_path(old, id, name),
+                artifact_path(new, id, name),
+                true,
+            );
             (b, a, read)
         })
         .collect();
@@ -296,7 +324,9 @@ fn not_read(why: String) -> ArtifactRead {
     ArtifactRead::NotRead { not_read: why }
 }
 
-fn read_pair(old: Located, new: Located) -> ArtifactRead {
+/// Both sides' files: tensor by tensor when both are safetensors, else line by line when
+/// both are text and `text` is asked for.
+fn read_pair(old: Located, new: Located, text: bool) -> ArtifactRead {
     let (o, n) = match (open_map(old), open_map(new)) {
         (Ok(o), Ok(n)) => (o, n),
         (o, n) => {
@@ -312,6 +342,7 @@ fn read_pair(old: Located, new: Located) -> ArtifactRead {
     };
     match (tensors::parse(&o), tensors::parse(&n)) {
         (Ok(o), Ok(n)) => ArtifactRead::Read(tensor_deltas(&o, &n)),
+        (Err(_), Err(_)) if !text => not_read("neither side is a safetensors file".to_string()),
         (Err(_), Err(_)) => match text_pair(&o, &n) {
             Some(t) => ArtifactRead::Text(t),
             None => not_read("neither side is a safetensors file or text".to_string()),
@@ -840,6 +871,9 @@ mod tests {
             text_line(&t),
             "text, 2 lines: every line is the same; line endings differ"
         );
+        // The same bytes on both sides say so rather than blame the line endings.
+        let t = text_pair(b"a\n", b"a\n").unwrap();
+        assert_eq!(text_line(&t), "text, 1 line: the files are identical");
         // Bytes that are not text (a NUL, invalid UTF-8) are not read as text.
         assert_eq!(text_pair(b"a\0b", b"a\0c"), None);
         assert_eq!(text_pair(b"a", &[0xff, 0xfe]), None);
@@ -858,6 +892,24 @@ mod tests {
             not_read("neither side is a safetensors file or text".to_string())
         );
         assert_eq!(r.totals(), None);
+        // The HTML report's figures read tensors only: text is not read through.
+        for (side, bytes) in [("old", "a\n"), ("new", "b\n")] {
+            std::fs::write(dir.path().join(side).join("artifacts/t.txt"), bytes).unwrap();
+        }
+        let (old, new) = (dir.path().join("old"), dir.path().join("new"));
+        assert!(matches!(
+            read_files(&old, &new, "t.txt"),
+            ArtifactRead::Text(_)
+        ));
+        assert_eq!(
+            read_pair(
+                Ok((old.clone(), "artifacts/t.txt".into())),
+                Ok((new.clone(), "artifacts/t.txt".into())),
+                false
+            ),
+            not_read("neither side is a safetensors file".to_string())
+        );
+        assert_eq!(tensor_totals(&old, &new, "t.txt"), None);
     }
 
     fn bytes(v: &[f32]) -> Vec<u8> {

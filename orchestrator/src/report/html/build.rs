@@ -180,9 +180,10 @@ pub fn view(mut history: History) -> Result<ReportView, ReceiptError> {
             .cmp(&(b.now.ancestors().nth(3), b.before.ancestors().nth(3)))
     });
     for job in moved_jobs {
-        let moved = crate::diff::quantify::sum_totals(job.names.iter().filter_map(|name| {
-            crate::diff::quantify::read_files(&job.before, &job.now, name).totals()
-        }));
+        let moved =
+            crate::diff::quantify::sum_totals(job.names.iter().filter_map(|name| {
+                crate::diff::quantify::tensor_totals(&job.before, &job.now, name)
+            }));
         if let Some(Point::Present(sample)) = cells[job.cell].points.get_mut(job.point) {
             sample.moved = moved;
         }
