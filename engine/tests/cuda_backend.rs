@@ -20,7 +20,7 @@
 
 mod common;
 
-use common::judge_following;
+use common::{gpu_present, judge_following};
 use memra_engine::backend::cpu::CpuBackend;
 use memra_engine::backend::cuda::{self, CudaBackend};
 use memra_engine::backend::stages::StagePlan;
@@ -47,17 +47,6 @@ fn tokens(n_vocab: usize, seed: u32, n: usize) -> Vec<u32> {
             (s >> 8) % n_vocab as u32
         })
         .collect()
-}
-
-/// Whether a usable GPU is here; prints the reason when not.
-fn gpu_present(test: &str) -> bool {
-    match cuda::open_device(&Doors::default()) {
-        Ok(_) => true,
-        Err(why) => {
-            eprintln!("{test}: skipped, no usable GPU: {why}");
-            false
-        }
-    }
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

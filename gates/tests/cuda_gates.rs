@@ -6,19 +6,10 @@
 //! Each test prints why and returns when no usable GPU is present, so CI without a GPU stays
 //! green.
 
-use memra_engine::backend::cuda;
-use memra_engine::doors::Doors;
+#[path = "../../engine/tests/common/mod.rs"]
+mod common;
 
-/// Whether a usable GPU is here; prints the reason when not.
-fn gpu_present(test: &str) -> bool {
-    match cuda::open_device(&Doors::default()) {
-        Ok(_) => true,
-        Err(why) => {
-            eprintln!("{test}: skipped, no usable GPU: {why}");
-            false
-        }
-    }
-}
+use common::gpu_present;
 
 /// The check rows (`MEMRA_ORCH_CHECKS` lines) and exit status of `reference-gate` run from
 /// the repository root on the CUDA backend, with the extra environment `env`.

@@ -9,8 +9,12 @@
 //! GPU tests print why and return when no usable GPU is present, so CI without a GPU stays
 //! green; the `spec` and `ppspec` cells of manifests/h200-single.toml run the gates there.
 
+#[path = "../../engine/tests/common/mod.rs"]
+mod common;
+
+use common::gpu_present;
 use memra_engine::backend::cpu::CpuBackend;
-use memra_engine::backend::cuda::{self, CudaBackend};
+use memra_engine::backend::cuda::CudaBackend;
 use memra_engine::backend::{Backend, SeqId};
 use memra_engine::doors::{BackendChoice, Doors, GateDefect};
 use memra_engine::model::LlamaModel;
@@ -22,16 +26,6 @@ fn synth(preset: &str, quant: &str) -> LlamaModel {
     let path = dir.path().join(format!("{preset}-{quant}.gguf"));
     memra_engine::synth::write_preset(preset, quant, 0, &path).unwrap();
     LlamaModel::open(&path).unwrap()
-}
-
-fn gpu_present(test: &str) -> bool {
-    match cuda::open_device(&Doors::default()) {
-        Ok(_) => true,
-        Err(why) => {
-            eprintln!("{test}: skipped, no usable GPU: {why}");
-            false
-        }
-    }
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

@@ -275,3 +275,16 @@ pub fn run_gate(bin: &str, receipt: bool, args: &[&str], env: &[(&str, &str)]) -
             .collect(),
     }
 }
+
+/// Whether a usable GPU is here; prints why the test `test` is skipped when not, so CI
+/// without a GPU stays green.
+pub fn gpu_present(test: &str) -> bool {
+    let doors = memra_engine::doors::Doors::default();
+    match memra_engine::backend::cuda::open_device(&doors) {
+        Ok(_) => true,
+        Err(why) => {
+            eprintln!("{test}: skipped, no usable GPU: {why}");
+            false
+        }
+    }
+}
