@@ -9,7 +9,7 @@
 
 use memra_kernels::twin;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Walk};
 use crate::error::EngineError;
 use crate::seq::SeqId;
 
@@ -125,7 +125,7 @@ pub struct SpecSeq {
 /// every unfinished sequence in one [`Backend::verify_batch`], accepts greedily and rewinds
 /// each cache to the pending token plus its accepted drafts. `observe` sees every round.
 /// Returns each sequence's stream and the counters. `verify` picks the walk: the backend's
-/// `verify_batch` or its `verify_batch_unsplit`.
+/// `verify_batch` or `verify_batch_walk(Walk::Unsplit, …)`.
 #[allow(clippy::too_many_arguments)]
 pub fn speculate(
     be: &mut dyn Backend,
@@ -181,7 +181,7 @@ pub fn speculate(
             .map(|&s| be.seq_len(s))
             .collect::<Result<_, _>>()?;
         let logits = if unsplit {
-            be.verify_batch_unsplit(&ids, &inputs)?
+            be.verify_batch_walk(Walk::Unsplit, &ids, &inputs)?
         } else {
             be.verify_batch(&ids, &inputs)?
         };

@@ -25,7 +25,7 @@ use memra_engine::backend::cpu::CpuBackend;
 use memra_engine::backend::cuda::{self, CudaBackend};
 use memra_engine::backend::stages::StagePlan;
 use memra_engine::backend::trace::{ActivationTrace, Composition, Site, SiteKey};
-use memra_engine::backend::{Backend, EngineError, SeqId, open_backend};
+use memra_engine::backend::{Backend, EngineError, SeqId, Walk, open_backend};
 use memra_engine::doors::{BackendChoice, Doors, GateDefect};
 use memra_engine::model::LlamaModel;
 use memra_engine::sampling::{SamplingParams, sample_token};
@@ -441,7 +441,7 @@ fn split(base: &Doors, stages: usize, allow_unsplit: bool) -> Doors {
 /// The outputs of one fixed program, as bits: a prefill longer than one pass (0), three
 /// single-sequence steps (1..4), three batched steps through `decode_step_batch` (4..7),
 /// with `unsplit` the same three steps of twin sequences (same prompts, same tokens)
-/// through `decode_step_batch_unsplit` (7..10), then three sampled batched steps of another
+/// through `decode_step_batch_walk(Walk::Unsplit, …)` (7..10), then three sampled batched steps of another
 /// twin set, each followed by its parked logits, and one greedy single-sequence lean tick.
 fn staged_program(be: &mut dyn Backend, unsplit: bool) -> Vec<Vec<u32>> {
     let v = be.config().n_vocab;
@@ -462,7 +462,10 @@ fn staged_program(be: &mut dyn Backend, unsplit: bool) -> Vec<Vec<u32>> {
     if unsplit {
         for step in 0..3 {
             let feed = tokens(v, 60 + step, 3);
-            out.push(bits(&be.decode_step_batch_unsplit(&twins, &feed).unwrap()));
+            out.push(bits(
+                &be.decode_step_batch_walk(Walk::Unsplit, &twins, &feed)
+                    .unwrap(),
+            ));
         }
     }
     let params = SamplingParams {
@@ -556,7 +559,11 @@ fn cuda_stages_over_two_devices_equal_one_device_bit_for_bit() {
                     // the split walk still runs.
                     let seqs = open_fed(&mut be, 90, 2, 16);
                     let err = be
-                        .decode_step_batch_unsplit(&seqs, &tokens(model.config.n_vocab, 1, 2))
+                        .decode_step_batch_walk(
+                            Walk::Unsplit,
+                            &seqs,
+                            &tokens(model.config.n_vocab, 1, 2),
+                        )
                         .unwrap_err()
                         .to_string();
                     let off = format!("peer access from device {a} to device {b} is off");
@@ -637,7 +644,9 @@ fn cuda_split_walk_really_copies_at_the_boundary() {
     let twins = open_fed(&mut be, 10, 3, 16);
     let feed = tokens(v, 3, 3);
     let split_walk = be.decode_step_batch(&seqs, &feed).unwrap();
-    let unsplit_walk = be.decode_step_batch_unsplit(&twins, &feed).unwrap();
+    let unsplit_walk = be
+        .decode_step_batch_walk(Walk::Unsplit, &twins, &feed)
+        .unwrap();
     assert_ne!(bits(&split_walk), bits(&unsplit_walk));
 }
 
@@ -658,7 +667,7 @@ fn cuda_unsplit_walk_on_a_split_model_is_refused_without_the_pin() {
         let seqs = open_fed(&mut be, 0, 3, 16);
         let lens: Vec<usize> = seqs.iter().map(|&s| be.seq_len(s).unwrap()).collect();
         let err = be
-            .decode_step_batch_unsplit(&seqs, &tokens(v, 1, 3))
+            .decode_step_batch_walk(Walk::Unsplit, &seqs, &tokens(v, 1, 3))
             .unwrap_err();
         let want = StagePlan::from_doors(&doors, model.config.n_layer)
             .unwrap()
@@ -674,7 +683,7 @@ fn cuda_unsplit_walk_on_a_split_model_is_refused_without_the_pin() {
         let mut pinned = CudaBackend::new(&model, split(&base, stages, true)).unwrap();
         let seqs = open_fed(&mut pinned, 0, 3, 16);
         pinned
-            .decode_step_batch_unsplit(&seqs, &tokens(v, 1, 3))
+            .decode_step_batch_walk(Walk::Unsplit, &seqs, &tokens(v, 1, 3))
             .unwrap();
         let after: Vec<usize> = seqs.iter().map(|&s| pinned.seq_len(s).unwrap()).collect();
         assert_eq!(after, lens.iter().map(|l| l + 1).collect::<Vec<_>>());

@@ -1057,19 +1057,27 @@ mod tests {
         fn decode_step_h(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, EngineError> {
             self.0.decode_step_h(seq, token)
         }
-        fn decode_step_batch(
+        fn stage_plan(&self) -> &memra_engine::backend::stages::StagePlan {
+            self.0.stage_plan()
+        }
+        fn doors(&self) -> &Doors {
+            self.0.doors()
+        }
+        fn batch_pass(
             &mut self,
+            walk: memra_engine::backend::Walk,
             seqs: &[SeqId],
             tokens: &[u32],
         ) -> Result<Vec<f32>, EngineError> {
-            self.0.decode_step_batch(seqs, tokens)
+            self.0.batch_pass(walk, seqs, tokens)
         }
-        fn verify_batch(
+        fn verify_pass(
             &mut self,
+            walk: memra_engine::backend::Walk,
             seqs: &[SeqId],
             drafts: &[Vec<u32>],
         ) -> Result<Vec<f32>, EngineError> {
-            self.0.verify_batch(seqs, drafts)
+            self.0.verify_pass(walk, seqs, drafts)
         }
         fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
             self.0.rewind(seq, len)

@@ -21,7 +21,7 @@ use serde_json::json;
 use crate::ledger::Ledger;
 use crate::output::{GateError, GateExit, Reporter};
 use crate::workload::prompts;
-use memra_engine::backend::{Backend, EngineError, SeqId, open_backend};
+use memra_engine::backend::{Backend, EngineError, SeqId, Walk, open_backend};
 use memra_engine::doors::Doors;
 use memra_engine::engine::{plain_step_logits, spec_refusal};
 use memra_engine::spec::{Drafting, Round, SpecSeq, SpecStats, speculate};
@@ -277,7 +277,7 @@ pub fn speculative(
             // keeps too much to show as a token difference rather than a full cache.
             be.open_sequence(seq, p.len() + 2 * steps + k + 1)?;
             let last = if unsplit {
-                let l = be.verify_batch_unsplit(&[seq], std::slice::from_ref(p))?;
+                let l = be.verify_batch_walk(Walk::Unsplit, &[seq], std::slice::from_ref(p))?;
                 l[l.len() - be.config().n_vocab..].to_vec()
             } else {
                 be.prime(seq, p)?

@@ -5,7 +5,7 @@
 //! It owns how a run drives the [`Backend`] API; what two runs must share (bits, tokens) is
 //! each gate's business, and comparing them is the ledger's.
 
-use memra_engine::backend::{Backend, EngineError, SeqId};
+use memra_engine::backend::{Backend, EngineError, SeqId, Walk};
 use memra_engine::sampling::{SamplingParams, sample_token};
 
 use crate::ledger::host_argmax;
@@ -43,7 +43,7 @@ pub enum Tick {
     /// `decode_step_batch` (the full tick), next tokens drawn on the host from the returned
     /// logits with these parameters.
     Full(SamplingParams),
-    /// `decode_step_batch_unsplit` (the unsplit body), host argmax.
+    /// `decode_step_batch_walk(Walk::Unsplit, …)` (the unsplit body), host argmax.
     Unsplit,
     /// `decode_step_batch_sampled` (the lean tick): tokens from the backend, logits from
     /// `parked_logits`.
@@ -379,7 +379,7 @@ fn step(
             all
         }
         Tick::Full(_) => be.decode_step_batch(seqs, tokens)?,
-        Tick::Unsplit => be.decode_step_batch_unsplit(seqs, tokens)?,
+        Tick::Unsplit => be.decode_step_batch_walk(Walk::Unsplit, seqs, tokens)?,
     };
     let chosen = seqs
         .iter()

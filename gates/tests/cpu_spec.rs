@@ -4,7 +4,7 @@
 //! and batched, a split verify equals the unsplit one, and each planted spec defect breaks
 //! the property it is planted against and nothing it is not.
 
-use memra_engine::backend::{Backend, EngineError, SeqId, cpu::CpuBackend};
+use memra_engine::backend::{Backend, EngineError, SeqId, Walk, cpu::CpuBackend};
 use memra_engine::doors::{Doors, GateDefect, PpSplits};
 use memra_engine::model::LlamaModel;
 use memra_engine::sampling::argmax;
@@ -239,7 +239,7 @@ fn a_split_verify_is_the_unsplit_verify_and_stage_column_breaks_only_verify() {
             be.prime(s, &prompt).unwrap();
             let drafts = [vec![1, 2, 3, 4, 5]];
             let l = if unsplit {
-                be.verify_batch_unsplit(&[s], &drafts).unwrap()
+                be.verify_batch_walk(Walk::Unsplit, &[s], &drafts).unwrap()
             } else {
                 be.verify_batch(&[s], &drafts).unwrap()
             };

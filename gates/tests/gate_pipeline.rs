@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use memra_engine::backend::{Backend, EngineError, SeqId, cpu::CpuBackend};
+use memra_engine::backend::{Backend, EngineError, SeqId, Walk, cpu::CpuBackend};
 use memra_engine::doors::{Doors, PpSplits};
 use memra_engine::model::LlamaModel;
 use serde_json::Value;
@@ -212,7 +212,9 @@ fn primed(doors: Doors) -> CpuBackend {
 fn the_unsplit_walk_over_a_split_placement_is_refused_exactly_and_touches_nothing() {
     let seqs = [SeqId(0), SeqId(1)];
     let mut be = primed(split_doors(false));
-    let err = be.decode_step_batch_unsplit(&seqs, &[3, 4]).unwrap_err();
+    let err = be
+        .decode_step_batch_walk(Walk::Unsplit, &seqs, &[3, 4])
+        .unwrap_err();
     assert_eq!(
         err,
         EngineError::Unavailable(
@@ -238,7 +240,7 @@ fn with_permission_the_unsplit_walk_equals_the_split_walk() {
     let mut split = primed(split_doors(true));
     for step in 0..3u32 {
         let a = walked
-            .decode_step_batch_unsplit(&seqs, &[step, step + 1])
+            .decode_step_batch_walk(Walk::Unsplit, &seqs, &[step, step + 1])
             .unwrap();
         let b = split.decode_step_batch(&seqs, &[step, step + 1]).unwrap();
         assert_eq!(
@@ -248,7 +250,11 @@ fn with_permission_the_unsplit_walk_equals_the_split_walk() {
     }
     // On an unsplit model no permission is needed.
     let mut unsplit = primed(Doors::default());
-    assert!(unsplit.decode_step_batch_unsplit(&seqs, &[1, 2]).is_ok());
+    assert!(
+        unsplit
+            .decode_step_batch_walk(Walk::Unsplit, &seqs, &[1, 2])
+            .is_ok()
+    );
 }
 
 #[test]

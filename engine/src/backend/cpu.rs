@@ -12,7 +12,7 @@
 //! `[B, n_embd]` input buffer, placed by the backend-independent [`StagePlan`]. The split walk
 //! runs stage by stage with an explicit boundary copy from one stage's buffer into the next,
 //! so `MEMRA_PP_STAGES` splits the model the way a multi-GPU backend does; the unsplit walk
-//! ([`Backend::decode_step_batch_unsplit`]) runs the same stage-owned layers as one body.
+//! ([`Backend::decode_step_batch_walk`] over [`super::Walk::Unsplit`]) runs the same stage-owned layers as one body.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -24,8 +24,8 @@ use rayon::prelude::*;
 use super::stages::{StagePlan, boundary_copy};
 use super::trace::{ActivationTrace, Composition, Site, SiteKey, SiteRecord};
 use super::{
-    Backend, RowSpec, TokenSite, batch_rows, canary_token, check_row_params, check_token, norm_eps,
-    prompt_commit, reserve_positions, rewind_len, verify_column_defect, verify_rows,
+    Backend, RowSpec, TokenSite, Walk, batch_rows, canary_token, check_row_params, check_token,
+    norm_eps, prompt_commit, reserve_positions, rewind_len, verify_column_defect, verify_rows,
 };
 use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::error::EngineError;
@@ -103,15 +103,6 @@ struct PassKind {
     batched: bool,
     /// A verify forward: the `stage-column` defect applies.
     verify: bool,
-}
-
-/// How a forward pass walks the stages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Walk {
-    /// Stage by stage, each on its own buffer, with a boundary copy between stages.
-    Split,
-    /// Every stage-owned layer in order on one buffer, no boundary.
-    Unsplit,
 }
 
 /// The activations of a batch of rows in the two forms the matvecs take: f32 (float
@@ -813,54 +804,44 @@ impl Backend for CpuBackend {
         Ok(logits)
     }
 
-    fn decode_step_batch(
+    fn stage_plan(&self) -> &StagePlan {
+        &self.plan
+    }
+
+    fn doors(&self) -> &Doors {
+        &self.doors
+    }
+
+    fn batch_pass(
         &mut self,
+        walk: Walk,
         seqs: &[SeqId],
         tokens: &[u32],
     ) -> Result<Vec<f32>, EngineError> {
-        if seqs.len() != tokens.len() {
-            return Err(EngineError::BatchShape {
-                seqs: seqs.len(),
-                tokens: tokens.len(),
-            });
+        if walk == Walk::Split {
+            if seqs.len() != tokens.len() {
+                return Err(EngineError::BatchShape {
+                    seqs: seqs.len(),
+                    tokens: tokens.len(),
+                });
+            }
+            if seqs.is_empty() {
+                return Err(EngineError::Empty { what: "batch" });
+            }
+            if seqs.len() == 1 && self.doors.serve_b1fast {
+                return self.decode_step_h(seqs[0], tokens[0]);
+            }
         }
-        if seqs.is_empty() {
-            return Err(EngineError::Empty { what: "batch" });
-        }
-        if seqs.len() == 1 && self.doors.serve_b1fast {
-            return self.decode_step_h(seqs[0], tokens[0]);
-        }
-        self.batch_step(seqs, tokens, Walk::Split)
+        self.batch_step(seqs, tokens, walk)
     }
 
-    fn decode_step_batch_unsplit(
+    fn verify_pass(
         &mut self,
-        seqs: &[SeqId],
-        tokens: &[u32],
-    ) -> Result<Vec<f32>, EngineError> {
-        if self.stages.len() > 1 && !self.doors.pp_allow_unsplit_batch {
-            return Err(EngineError::Unavailable(self.plan().unsplit_refusal()));
-        }
-        self.batch_step(seqs, tokens, Walk::Unsplit)
-    }
-
-    fn verify_batch(
-        &mut self,
+        walk: Walk,
         seqs: &[SeqId],
         drafts: &[Vec<u32>],
     ) -> Result<Vec<f32>, EngineError> {
-        self.verify_walk(seqs, drafts, Walk::Split)
-    }
-
-    fn verify_batch_unsplit(
-        &mut self,
-        seqs: &[SeqId],
-        drafts: &[Vec<u32>],
-    ) -> Result<Vec<f32>, EngineError> {
-        if self.stages.len() > 1 && !self.doors.pp_allow_unsplit_batch {
-            return Err(EngineError::Unavailable(self.plan().unsplit_refusal()));
-        }
-        self.verify_walk(seqs, drafts, Walk::Unsplit)
+        self.verify_walk(seqs, drafts, walk)
     }
 
     fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
@@ -940,11 +921,6 @@ impl Backend for CpuBackend {
 }
 
 impl CpuBackend {
-    /// The load-time stage plan this backend was built with.
-    pub fn plan(&self) -> &StagePlan {
-        &self.plan
-    }
-
     /// One batched decode step over `walk`: validates every row before any cache moves.
     fn batch_step(
         &mut self,

@@ -22,6 +22,16 @@ use crate::doors::{BackendChoice, Doors, DoorsReport, GateDefect};
 use crate::model::{LlamaConfig, LlamaModel};
 use crate::sampling::SamplingParams;
 
+/// How a batched pass walks a pipeline placement (`MEMRA_PP_STAGES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Walk {
+    /// Stage by stage, each stage after the first on its own buffers, filled by a boundary
+    /// copy from the previous stage's.
+    Split,
+    /// Every stage-owned layer in order on one body's buffers, no boundary.
+    Unsplit,
+}
+
 /// The engine API shared by the CPU and CUDA backends.
 ///
 /// Logits come back row-major as `[rows, n_vocab]` f32. Sampled variants return one token per
@@ -55,29 +65,64 @@ pub trait Backend: Send {
     /// returns `[n_vocab]` logits.
     fn decode_step_h(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, EngineError>;
 
+    /// The stage plan the model was placed by (one stage when unsplit).
+    fn stage_plan(&self) -> &stages::StagePlan;
+
+    /// The doors this backend was opened with.
+    fn doors(&self) -> &Doors;
+
+    /// The batched decode pass over `walk`, for [`Backend::decode_step_batch_walk`], which
+    /// has already checked that the walk may run here: backends compute, the refusal of the
+    /// unsplit walk lives once, in the trait.
+    fn batch_pass(
+        &mut self,
+        walk: Walk,
+        seqs: &[SeqId],
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, EngineError>;
+
+    /// The verify pass over `walk`, for [`Backend::verify_batch_walk`] (which checked the
+    /// walk may run here).
+    fn verify_pass(
+        &mut self,
+        walk: Walk,
+        seqs: &[SeqId],
+        drafts: &[Vec<u32>],
+    ) -> Result<Vec<f32>, EngineError>;
+
+    /// Refuses the unsplit walk on a split placement ([`stages::StagePlan::unsplit_refusal`]),
+    /// before any cache is touched, unless `MEMRA_PP_ALLOW_UNSPLIT_BATCH=1`.
+    fn check_walk(&self, walk: Walk) -> Result<(), EngineError> {
+        let plan = self.stage_plan();
+        if walk == Walk::Unsplit && plan.is_split() && !self.doors().pp_allow_unsplit_batch {
+            return Err(EngineError::Unavailable(plan.unsplit_refusal()));
+        }
+        Ok(())
+    }
+
     /// One decode step of B sequences on the batched path: appends `tokens[b]` to `seqs[b]`,
     /// returns `[B, n_vocab]`. Row b is bit-identical to the same sequence run alone at B=1.
     fn decode_step_batch(
         &mut self,
         seqs: &[SeqId],
         tokens: &[u32],
-    ) -> Result<Vec<f32>, EngineError>;
+    ) -> Result<Vec<f32>, EngineError> {
+        self.decode_step_batch_walk(Walk::Split, seqs, tokens)
+    }
 
-    /// One decode step of B sequences through the unsplit batched body: every layer in one
-    /// walk, with no stage boundary. On an unsplit model it equals
-    /// [`Backend::decode_step_batch`] bit for bit. On a split placement it is refused with
-    /// [`stages::StagePlan::unsplit_refusal`], before any cache is touched, unless
-    /// `MEMRA_PP_ALLOW_UNSPLIT_BATCH=1`; then it walks the stage-owned weights and caches as
+    /// [`Backend::decode_step_batch`] over `walk`. [`Walk::Unsplit`] runs every layer in one
+    /// walk, with no stage boundary: on an unsplit model it equals the split walk bit for
+    /// bit; on a split placement it is refused ([`Backend::check_walk`]) unless
+    /// `MEMRA_PP_ALLOW_UNSPLIT_BATCH=1`, and then walks the stage-owned weights and caches as
     /// one body (the pipeline gate's localizer).
-    fn decode_step_batch_unsplit(
+    fn decode_step_batch_walk(
         &mut self,
+        walk: Walk,
         seqs: &[SeqId],
         tokens: &[u32],
     ) -> Result<Vec<f32>, EngineError> {
-        let _ = (seqs, tokens);
-        Err(EngineError::Unavailable(
-            "this backend has no unsplit batched walk (decode_step_batch_unsplit)".into(),
-        ))
+        self.check_walk(walk)?;
+        self.batch_pass(walk, seqs, tokens)
     }
 
     /// The verify forward of speculative decoding: appends `drafts[b]` (T_b ≥ 1 tokens: the
@@ -91,19 +136,20 @@ pub trait Backend: Send {
         &mut self,
         seqs: &[SeqId],
         drafts: &[Vec<u32>],
-    ) -> Result<Vec<f32>, EngineError>;
+    ) -> Result<Vec<f32>, EngineError> {
+        self.verify_batch_walk(Walk::Split, seqs, drafts)
+    }
 
-    /// [`Backend::verify_batch`] through the unsplit body, refused on a split placement like
-    /// [`Backend::decode_step_batch_unsplit`] (the ppspec gate's localizer).
-    fn verify_batch_unsplit(
+    /// [`Backend::verify_batch`] over `walk`, the unsplit walk refused on a split placement
+    /// like [`Backend::decode_step_batch_walk`]'s (the ppspec gate's localizer).
+    fn verify_batch_walk(
         &mut self,
+        walk: Walk,
         seqs: &[SeqId],
         drafts: &[Vec<u32>],
     ) -> Result<Vec<f32>, EngineError> {
-        let _ = (seqs, drafts);
-        Err(EngineError::Unavailable(
-            "this backend has no unsplit verify walk (verify_batch_unsplit)".into(),
-        ))
+        self.check_walk(walk)?;
+        self.verify_pass(walk, seqs, drafts)
     }
 
     /// Cuts `seq` back to its first `len` positions, as if the rest were never appended:

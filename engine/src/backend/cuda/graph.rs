@@ -8,10 +8,11 @@
 use cudarc::driver::{CudaGraph, sys};
 
 use super::device::{Scratch, device_err, kernel_err};
-use super::segments::{Segment, Walk};
+use super::segments::Segment;
 use super::step::encode;
 use super::tap::Tap;
 use super::{PassCtx, Tier};
+use crate::backend::Walk;
 use crate::error::EngineError;
 
 /// A captured decode step.

@@ -32,7 +32,7 @@
 //! one graph on that device's stream. The split walk hands the residual stream from one
 //! stage to the next with an explicit copy into a stage-owned buffer: a device-to-device
 //! copy inside a segment, a peer copy between segments, ordered by events (see
-//! `segments::hand_over`). The unsplit walk ([`Backend::decode_step_batch_unsplit`])
+//! `segments::hand_over`). The unsplit walk ([`Backend::decode_step_batch_walk`] over [`super::Walk::Unsplit`])
 //! runs every stage-owned layer on the primary's buffers, reading the other devices'
 //! weights and caches through peer access; it is refused where peer access is off.
 //!
@@ -67,6 +67,7 @@ pub use device::{open_device, open_devices, upload_for};
 pub use memra_kernels::check::report as kernel_check;
 pub use weights::{DevModel, DevWeight, PeerAccess, Placement};
 
+use super::Walk;
 use super::stages::StagePlan;
 use super::trace::ActivationTrace;
 use super::{
@@ -80,7 +81,7 @@ use crate::sampling::SamplingParams;
 use crate::seq::SeqId;
 use device::{Buffers, Scratch, alloc, kernel_err};
 use graph::{Graph, GraphKey, capture};
-use segments::{Handoff, Segment, Walk, hand_over, segments};
+use segments::{Handoff, Segment, hand_over, segments};
 use step::encode;
 use tap::Tap;
 
@@ -1025,47 +1026,40 @@ impl Backend for CudaBackend {
         Ok(logits)
     }
 
-    fn decode_step_batch(
+    fn stage_plan(&self) -> &StagePlan {
+        &self.plan
+    }
+
+    fn doors(&self) -> &Doors {
+        &self.doors
+    }
+
+    fn batch_pass(
         &mut self,
+        walk: Walk,
         seqs: &[SeqId],
         tokens: &[u32],
     ) -> Result<Vec<f32>, EngineError> {
-        if seqs.len() == 1 && tokens.len() == 1 && self.doors.serve_b1fast {
-            return self.decode_step_h(seqs[0], tokens[0]);
+        match walk {
+            Walk::Split if seqs.len() == 1 && tokens.len() == 1 && self.doors.serve_b1fast => {
+                return self.decode_step_h(seqs[0], tokens[0]);
+            }
+            Walk::Split => {}
+            Walk::Unsplit => self.check_unsplit_reach()?,
         }
-        self.batch_step(seqs, tokens, Walk::Split)
+        self.batch_step(seqs, tokens, walk)
     }
 
-    fn decode_step_batch_unsplit(
+    fn verify_pass(
         &mut self,
-        seqs: &[SeqId],
-        tokens: &[u32],
-    ) -> Result<Vec<f32>, EngineError> {
-        if self.plan.is_split() && !self.doors.pp_allow_unsplit_batch {
-            return Err(EngineError::Unavailable(self.plan.unsplit_refusal()));
-        }
-        self.check_unsplit_reach()?;
-        self.batch_step(seqs, tokens, Walk::Unsplit)
-    }
-
-    fn verify_batch(
-        &mut self,
+        walk: Walk,
         seqs: &[SeqId],
         drafts: &[Vec<u32>],
     ) -> Result<Vec<f32>, EngineError> {
-        self.verify_walk(seqs, drafts, Walk::Split)
-    }
-
-    fn verify_batch_unsplit(
-        &mut self,
-        seqs: &[SeqId],
-        drafts: &[Vec<u32>],
-    ) -> Result<Vec<f32>, EngineError> {
-        if self.plan.is_split() && !self.doors.pp_allow_unsplit_batch {
-            return Err(EngineError::Unavailable(self.plan.unsplit_refusal()));
+        if walk == Walk::Unsplit {
+            self.check_unsplit_reach()?;
         }
-        self.check_unsplit_reach()?;
-        self.verify_walk(seqs, drafts, Walk::Unsplit)
+        self.verify_walk(seqs, drafts, walk)
     }
 
     fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {

@@ -13,16 +13,6 @@ use super::PassCtx;
 use super::device::{Scratch, kernel_err};
 use crate::error::EngineError;
 
-/// How a pass walks the pipeline stages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) enum Walk {
-    /// Stage by stage, each stage after the first on its own buffers, filled by a boundary
-    /// copy from the previous stage's.
-    Split,
-    /// Every stage-owned layer in order on the primary's buffers, no boundary.
-    Unsplit,
-}
-
 /// Consecutive stages on one device: the unit of a captured graph and of a stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Segment {

@@ -15,10 +15,11 @@ use memra_kernels::error::KernelError;
 use memra_kernels::twin::MatvecFamily;
 
 use super::device::Scratch;
-use super::segments::{Segment, Walk};
+use super::segments::Segment;
 use super::tap::Tap;
 use super::weights::{DevLayer, DevWeight};
 use super::{PassCtx, Tier};
+use crate::backend::Walk;
 use crate::backend::trace::Site;
 
 /// `y = W · x` for `n` rows: q8_1 activations for quantized weights, f32 for float ones.
