@@ -40,7 +40,7 @@ pub mod exit {
                   MEMRA_GATE_DEFECT.\n\
                   Performance switches (the same bits either way; named in every doors row): \
                   MEMRA_MMA, MEMRA_PDL, MEMRA_MMA_RESIDENT, MEMRA_SMALL_BATCH, MEMRA_CLAIM_SM, \
-                  MEMRA_PROLOGUES."
+                  MEMRA_PROLOGUES, MEMRA_PROMPT_TILE."
 )]
 struct Cli {
     #[command(subcommand)]

@@ -172,6 +172,12 @@ pub enum GateDefect {
     /// `spec.plain` row, which holds the verify's columns to plain generation's own steps
     /// bit for bit, catches it; no gate that drives the backend directly sees it.
     PlainSingle,
+    /// CUDA only: the tiled prompt attention (`attention_split_k_tile_rows_f32`, a prompt
+    /// pass's rows reading up to several split-K chunks) copies each chunk's last V row from
+    /// its K row (the kernels compile with `MEMRA_DEFECT_PROMPT_TILE`). The one-row kernel,
+    /// decode and every prompt of one chunk are untouched: `prompt-tile-cpu-vs-cuda` catches
+    /// it, and no cell whose prompts fit one chunk of 64 positions can.
+    PromptTile,
 }
 
 impl GateDefect {
@@ -186,7 +192,7 @@ impl GateDefect {
     }
 
     /// Every defect with its `MEMRA_GATE_DEFECT` value.
-    pub const ALL: [(GateDefect, &'static str); 17] = [
+    pub const ALL: [(GateDefect, &'static str); 18] = [
         (GateDefect::BatchReduction, "batch-reduction"),
         (GateDefect::StageRange, "stage-range"),
         (GateDefect::BoundaryCopy, "boundary-copy"),
@@ -204,6 +210,7 @@ impl GateDefect {
         (GateDefect::StageColumn, "stage-column"),
         (GateDefect::KvQ8Coarse, "kv-q8-coarse"),
         (GateDefect::PlainSingle, "plain-single"),
+        (GateDefect::PromptTile, "prompt-tile"),
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -266,7 +273,7 @@ impl std::error::Error for DoorsError {}
 
 /// Names of every variable [`Doors::from_lookup`] reads: the doors in the order of DESIGN §7,
 /// then the performance switches ([`Tuning::VARIABLES`]).
-pub const DOOR_VARIABLES: [&str; 19] = [
+pub const DOOR_VARIABLES: [&str; 20] = [
     "MEMRA_BACKEND",
     "MEMRA_MMVQ",
     "MEMRA_NO_FUSE_NORMQ",
@@ -286,6 +293,7 @@ pub const DOOR_VARIABLES: [&str; 19] = [
     "MEMRA_SMALL_BATCH",
     "MEMRA_CLAIM_SM",
     "MEMRA_PROLOGUES",
+    "MEMRA_PROMPT_TILE",
 ];
 
 impl Doors {

@@ -438,6 +438,63 @@ fn split(base: &Doors, stages: usize, allow_unsplit: bool) -> Doors {
     }
 }
 
+/// A prompt of several passes whose rows read several split-K chunks: the rows of each pass
+/// share one cache, so their attention takes the tiled kernel
+/// (`attention_split_k_tile_rows`). Its logits are the CPU backend's bits, and those of the
+/// one-row kernel (`MEMRA_PROMPT_TILE=0`); the planted `prompt-tile` defect moves the tiled
+/// prompt's logits alone.
+#[test]
+fn a_long_prompt_is_the_cpu_backends_bits_with_and_without_the_prompt_tile() {
+    if !gpu_present("a_long_prompt_is_the_cpu_backends_bits_with_and_without_the_prompt_tile") {
+        return;
+    }
+    for quant in ["q4_1", "q8_0"] {
+        let model = synth("tiny", quant);
+        let v = model.config.n_vocab;
+        let program = tokens(v, 5, 2 * cuda::MAX_ROWS + 37);
+        let untiled = Doors {
+            tuning: memra_kernels::tuning::Tuning {
+                prompt_tile: false,
+                ..Doors::default().tuning
+            },
+            ..Doors::default()
+        };
+        let run = |be: &mut dyn Backend| {
+            be.open_sequence(SeqId(0), program.len()).unwrap();
+            bits(&be.prefill(SeqId(0), &program).unwrap())
+        };
+        let cpu = run(&mut CpuBackend::new(model.clone(), Doors::default()).unwrap());
+        let tiled = run(&mut CudaBackend::new(&model, Doors::default()).unwrap());
+        let one_row = run(&mut CudaBackend::new(&model, untiled.clone()).unwrap());
+        assert_eq!(cpu.len(), program.len() * v);
+        for (name, got) in [("tiled", &tiled), ("one-row", &one_row)] {
+            let differ = cpu.iter().zip(got).filter(|(a, b)| a != b).count();
+            assert_eq!(
+                differ, 0,
+                "{quant} {name}: {differ} logits differ from the CPU backend"
+            );
+        }
+        // The planted prompt-tile defect (one wrong row in each chunk's copy) moves the
+        // tiled prompt's logits, which shows the tiled kernel ran; the one-row kernel has no
+        // copy and keeps the CPU backend's bits under it.
+        let planted = |tuning| Doors {
+            gate_defect: Some(GateDefect::PromptTile),
+            tuning,
+            ..Doors::default()
+        };
+        let defect = run(&mut CudaBackend::new(&model, planted(Doors::default().tuning)).unwrap());
+        assert_ne!(
+            cpu, defect,
+            "{quant}: the prompt-tile defect moved no logit"
+        );
+        let spared = run(&mut CudaBackend::new(&model, planted(untiled.tuning)).unwrap());
+        assert_eq!(
+            cpu, spared,
+            "{quant}: the prompt-tile defect moved the one-row kernel"
+        );
+    }
+}
+
 /// The outputs of one fixed program, as bits: a prefill longer than one pass (0), three
 /// single-sequence steps (1..4), three batched steps through `decode_step_batch` (4..7),
 /// with `unsplit` the same three steps of twin sequences (same prompts, same tokens)

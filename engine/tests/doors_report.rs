@@ -33,7 +33,8 @@ fn defaults_report_the_fused_mmvq_split_k_paths() {
             "backend": "cpu", "matvec": "mmvq", "norm": "fused", "attention": "split-k",
             "b1fast": false, "kv": "f32", "pp_stages": 1, "pp_devices": "cpu", "pp_splits": "0",
             "gate_seed": 0, "canary": false, "mma": true, "pdl": true,
-            "mma_resident": "auto", "small_batch": "auto", "claim_sm": true, "prologues": true
+            "mma_resident": "auto", "small_batch": "auto", "claim_sm": true, "prologues": true,
+            "prompt_tile": true
         }})
     );
 }

@@ -87,8 +87,9 @@ __device__ __forceinline__ KvRows cache_rows(const float* k, const float* v, int
 #define ATTN_GROUP 8
 template <int HD, typename Rows>
 __device__ __forceinline__ void attn_scores_hd(const float* qh, const Rows& kv, float* s,
-                                               int t0, int t1, float scale) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+                                               int t0, int t1, float scale, int warp,
+                                               int nwarps) {
+    const int lane = threadIdx.x & 31;
     constexpr int PER = HD / 32;  // d values per lane (HD = 0: the row's head_dim, any)
     float qr[PER > 0 ? PER : 1];
 #pragma unroll
@@ -127,16 +128,31 @@ __device__ __forceinline__ void attn_scores_hd(const float* qh, const Rows& kv, 
 }
 
 // The head widths the engine meets compile with the lane loop unrolled; others take the
-// general loop (the same additions in the same order).
+// general loop (the same additions in the same order). The block's warps share the groups;
+// attn_scores_warp has the calling warp compute every group alone (the same scores: a
+// score's value does not depend on the warp that computes it).
+template <typename Rows>
+__device__ __forceinline__ void attn_scores_in(const float* qh, const Rows& kv, float* s,
+                                               int t0, int t1, float scale, int warp,
+                                               int nwarps) {
+    if (kv.head_dim == 64)
+        attn_scores_hd<64>(qh, kv, s, t0, t1, scale, warp, nwarps);
+    else if (kv.head_dim == 128)
+        attn_scores_hd<128>(qh, kv, s, t0, t1, scale, warp, nwarps);
+    else
+        attn_scores_hd<0>(qh, kv, s, t0, t1, scale, warp, nwarps);
+}
+
 template <typename Rows>
 __device__ __forceinline__ void attn_scores(const float* qh, const Rows& kv, float* s, int t0,
                                             int t1, float scale) {
-    if (kv.head_dim == 64)
-        attn_scores_hd<64>(qh, kv, s, t0, t1, scale);
-    else if (kv.head_dim == 128)
-        attn_scores_hd<128>(qh, kv, s, t0, t1, scale);
-    else
-        attn_scores_hd<0>(qh, kv, s, t0, t1, scale);
+    attn_scores_in(qh, kv, s, t0, t1, scale, threadIdx.x >> 5, blockDim.x >> 5);
+}
+
+template <typename Rows>
+__device__ __forceinline__ void attn_scores_warp(const float* qh, const Rows& kv, float* s,
+                                                 int t0, int t1, float scale) {
+    attn_scores_in(qh, kv, s, t0, t1, scale, 0, 1);
 }
 
 // Thread d's weighted value sum over [t0, t1) in token order (s indexed from t0), eight
@@ -185,7 +201,8 @@ __device__ __forceinline__ void attn_softmax(float* s, int n, float* sh, float* 
 
 // The rest of a split-K chunk after its scores: softmax over the chunk, then the unnormalised
 // value sums into part_o[pc] and (m, l) into part_ml[pc].
-__device__ __forceinline__ void split_k_tail(float* s, const KvRows& kv, int t0, int t1,
+template <typename Rows>
+__device__ __forceinline__ void split_k_tail(float* s, const Rows& kv, int t0, int t1,
                                              float* sh, float* part_o, float* part_ml,
                                              size_t pc, int head_dim) {
     float m, l;
@@ -196,6 +213,39 @@ __device__ __forceinline__ void split_k_tail(float* s, const KvRows& kv, int t0,
         part_ml[pc * 2] = m;
         part_ml[pc * 2 + 1] = l;
     }
+}
+
+// split_k_tail computed by one warp, for chunks of at most 64 tokens (SPLIT_K_CHUNK), with
+// the same bits. In the block form (128 threads) thread i < n holds score i and every other
+// thread 0, so block_max is the maximum of the n scores and block_sum adds warp 0's butterfly
+// sum S0 (tokens 0-31) and warp 1's S1 (tokens 32-63): its last butterfly over
+// [S0, S1, 0, 0, 0, ...] adds only exact zeros before level 1 forms S0 + S1. Here lane l holds
+// tokens l and l + 32 (0 past n): the same two butterflies, then S0 + S1. The value sums are
+// attn_values for d = lane, lane + 32, ..., as the block's thread d computes them.
+template <typename Rows>
+__device__ __forceinline__ void split_k_tail_warp(float* s, const Rows& kv, int t0, int t1,
+                                                  float* part_o, float* part_ml, size_t pc,
+                                                  int head_dim) {
+    const int lane = threadIdx.x & 31, n = t1 - t0;
+    const float ninf = __int_as_float(0xff800000);
+    __syncwarp();
+    const float a = lane < n ? s[lane] : ninf;
+    const float b = lane + 32 < n ? s[lane + 32] : ninf;
+    const float m = warp_max(fmaxf(ninf, fmaxf(a, b)));
+    const float ea = lane < n ? exp_model(a - m) : 0.0f;
+    const float eb = lane + 32 < n ? exp_model(b - m) : 0.0f;
+    if (lane < n) s[lane] = ea;
+    if (lane + 32 < n) s[lane + 32] = eb;
+    const float l = warp_sum(ea) + warp_sum(eb);
+    __syncwarp();
+    for (int d = lane; d < head_dim; d += 32)
+        part_o[pc * head_dim + d] = attn_values(s, kv, t0, t1, d);
+    if (lane == 0) {
+        part_ml[pc * 2] = m;
+        part_ml[pc * 2 + 1] = l;
+    }
+    // The next row's scores overwrite s, which these value sums read.
+    __syncwarp();
 }
 
 // The rest of a one-block-per-head row after its scores: softmax, value sums over l into
@@ -295,6 +345,87 @@ extern "C" __global__ void attention_split_k_rows_f32(const float* q, int q_stri
     attn_scores(q + (size_t)b * q_stride + (size_t)h * head_dim, kv, s, t0, t1, scale);
     split_k_tail(s, kv, t0, t1, sh, part_o, part_ml,
                  ((size_t)b * n_heads + h) * max_chunks + c, head_dim);
+}
+
+// The rows [t0, t0 + n) of one chunk staged in shared memory, row t at (t - t0) * head_dim:
+// the values of the cache rows they were copied from.
+struct ChunkRows {
+    const float* k;
+    const float* v;
+    int t0;
+    int head_dim;
+    __device__ __forceinline__ const float* krow(int t) const {
+        return k + (size_t)(t - t0) * head_dim;
+    }
+    __device__ __forceinline__ const float* vrow(int t) const {
+        return v + (size_t)(t - t0) * head_dim;
+    }
+};
+
+// attention_split_k_rows_f32 for the rows of a prompt chunk, which read the same cache: grid
+// (n_heads, max_chunks, ceil(B / tile)), blocks of TILE_WARPS warps, dynamic shared memory
+// 2 * SPLIT_K_CHUNK * head_dim floats. Block (h, c, z) copies chunk c's K and V rows of head
+// h's KV head from the cache of row b0 = z * tile into shared memory once, as far as the
+// longest of the tile's rows that reads that cache needs; then warp w computes the chunk of
+// rows b0 + w, b0 + w + TILE_WARPS, ... alone (attn_scores_warp, split_k_tail_warp), reading
+// those K and V rows from the copy: the same values in the same operations, so the same bits
+// as attention_split_k_rows_f32, whose partials and combine it shares. A row of the tile with
+// another cache reads its own cache. The copy replaces tile reads of each K and V row from L2
+// with one, and no block barrier follows it. head_dim is a multiple of 4 (float4 copy).
+#define TILE_WARPS 8
+extern "C" __global__ void attention_split_k_tile_rows_f32(
+    const float* q, int q_stride, const u64* k_cache, const u64* v_cache, const int* pos,
+    float* part_o, float* part_ml, int n_heads, int n_kv_heads, int head_dim, int n_rows,
+    int tile, float scale) {
+    PDL_ENTRY;
+    extern __shared__ float4 stage4[];
+    __shared__ float s_warp[TILE_WARPS][SPLIT_K_CHUNK];
+    const int h = blockIdx.x, c = blockIdx.y, max_chunks = gridDim.y;
+    const int b0 = blockIdx.z * tile, b1 = min(b0 + tile, n_rows);
+    const int t0 = c * SPLIT_K_CHUNK;
+    const u64 k0 = k_cache[b0], v0 = v_cache[b0];
+    int hi = t0;
+    for (int b = b0; b < b1; ++b)
+        if (k_cache[b] == k0 && v_cache[b] == v0) hi = max(hi, min(t0 + SPLIT_K_CHUNK, pos[b] + 1));
+    const int kvh = h / (n_heads / n_kv_heads);
+    float* sk = (float*)stage4;
+    float* sv = sk + SPLIT_K_CHUNK * head_dim;
+    if (hi > t0) {
+        const KvRows src = cache_rows((const float*)k0, (const float*)v0, kvh, n_kv_heads,
+                                      head_dim);
+        const int w = head_dim / 4, n4 = (hi - t0) * w;
+        for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+            const int t = t0 + i / w, j = i % w;
+            ((float4*)sk)[i] = ((const float4*)src.krow(t))[j];
+#ifdef MEMRA_DEFECT_PROMPT_TILE
+            // Test-only planted defect (MEMRA_GATE_DEFECT=prompt-tile): the copy's last V row
+            // holds that position's K row.
+            ((float4*)sv)[i] = ((const float4*)(t == hi - 1 ? src.krow(t) : src.vrow(t)))[j];
+#else
+            ((float4*)sv)[i] = ((const float4*)src.vrow(t))[j];
+#endif
+        }
+    }
+    __syncthreads();
+    const ChunkRows staged = {sk, sv, t0, head_dim};
+    const int warp = threadIdx.x >> 5;
+    float* s = s_warp[warp];
+    for (int b = b0 + warp; b < b1; b += TILE_WARPS) {
+        const int n_tokens = pos[b] + 1;
+        if (t0 >= n_tokens) continue;
+        const int t1 = min(t0 + SPLIT_K_CHUNK, n_tokens);
+        const float* qb = q + (size_t)b * q_stride + (size_t)h * head_dim;
+        const size_t pc = ((size_t)b * n_heads + h) * max_chunks + c;
+        if (k_cache[b] == k0 && v_cache[b] == v0) {
+            attn_scores_warp(qb, staged, s, t0, t1, scale);
+            split_k_tail_warp(s, staged, t0, t1, part_o, part_ml, pc, head_dim);
+        } else {
+            const KvRows kv = cache_rows((const float*)k_cache[b], (const float*)v_cache[b],
+                                         kvh, n_kv_heads, head_dim);
+            attn_scores_warp(qb, kv, s, t0, t1, scale);
+            split_k_tail_warp(s, kv, t0, t1, part_o, part_ml, pc, head_dim);
+        }
+    }
 }
 
 // Grid (n_heads, B); out: [B][n_heads * head_dim].

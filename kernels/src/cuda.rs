@@ -43,7 +43,7 @@ mod rope;
 mod sample;
 
 pub use crate::tuning::{FormSwitch, Tuning};
-pub use attention::{AttnRows, RopeStoreArgs, attention_can_quantize};
+pub use attention::{AttnRows, PROMPT_TILE, RopeStoreArgs, attention_can_quantize};
 pub use matvec::{MmaResident, SmallBatch};
 pub use peer::{Fence, copy_peer};
 pub use sample::argmax_scratch_len;
@@ -152,6 +152,9 @@ pub struct Gpu {
     /// `MEMRA_PROLOGUES` as the device was opened with it; the engine's step encoder reads
     /// it ([`Gpu::tuning`]), no kernel here does.
     prologues: bool,
+    /// `MEMRA_PROMPT_TILE` as the device was opened with it: whether
+    /// [`Gpu::attention_split_k_tile_rows`] takes the tiled kernel.
+    prompt_tile: bool,
 }
 
 /// Whether a latency-bound launch of `blocks` thread blocks (the single-row norm step, the
@@ -194,6 +197,10 @@ pub const EXP_DEFECT: &str = "MEMRA_DEFECT_EXP_ULP";
 
 /// The define of the planted q8_1 block-sum defect (`quantize_lane` in `common.cuh`).
 pub const Q8_BLOCK_SUM_DEFECT: &str = "MEMRA_DEFECT_Q8_BLOCK_SUM";
+
+/// The define of the planted prompt-tile defect (`attention_split_k_tile_rows_f32` in
+/// `attention.cu`).
+pub const PROMPT_TILE_DEFECT: &str = "MEMRA_DEFECT_PROMPT_TILE";
 
 impl Gpu {
     /// Opens device `ordinal` (after [`probe`]) with the performance switches `tuning`;
@@ -255,6 +262,7 @@ impl Gpu {
             occupancy: Mutex::new(HashMap::new()),
             claim_sm: tuning.claim_sm,
             prologues: tuning.prologues,
+            prompt_tile: tuning.prompt_tile,
         })
     }
 
@@ -269,6 +277,7 @@ impl Gpu {
             small_batch: self.small_batch(),
             claim_sm: self.claim_sm,
             prologues: self.prologues,
+            prompt_tile: self.prompt_tile,
         }
     }
 
@@ -380,7 +389,9 @@ impl Gpu {
     /// Test-only, for the planted defects: every family compiles with `define` defined
     /// (besides any planted before): [`EXP_DEFECT`] (`MEMRA_GATE_DEFECT=exp-ulp`: `exp_model`,
     /// in attention and SiLU, returns one ulp above `exp_mirrored`) or
-    /// [`Q8_BLOCK_SUM_DEFECT`] (`q8-block-sum`: every q8_1 block sum one f16 step high).
+    /// [`Q8_BLOCK_SUM_DEFECT`] (`q8-block-sum`: every q8_1 block sum one f16 step high) or
+    /// [`PROMPT_TILE_DEFECT`] (`prompt-tile`: the tiled prompt attention's copy of each
+    /// chunk holds its last position's K row where the V row belongs).
     /// Families loaded already are dropped, so they load again planted.
     pub fn plant_defect(&mut self, define: &'static str) {
         if !self.defects.contains(&define) {

@@ -1,5 +1,6 @@
 //! The kernels' performance switches (`MEMRA_MMA`, `MEMRA_PDL`, `MEMRA_MMA_RESIDENT`,
-//! `MEMRA_SMALL_BATCH`, `MEMRA_CLAIM_SM`, `MEMRA_PROLOGUES`), read once into one [`Tuning`]
+//! `MEMRA_SMALL_BATCH`, `MEMRA_CLAIM_SM`, `MEMRA_PROLOGUES`, `MEMRA_PROMPT_TILE`), read once
+//! into one [`Tuning`]
 //! value that a device is opened with.
 //!
 //! Every switch promises the same bits either way: it picks between kernel forms or launch
@@ -56,6 +57,10 @@ pub struct Tuning {
     /// `MEMRA_PROLOGUES`: single-row matvecs compute their norm step as a prologue, and rows
     /// too wide for that take the norm step split over blocks (the engine applies it).
     pub prologues: bool,
+    /// `MEMRA_PROMPT_TILE`: split-K attention of rows that read one cache (a prompt chunk, a
+    /// verify pass) copies each chunk of K and V rows into shared memory once per tile of
+    /// rows instead of every row reading it from L2.
+    pub prompt_tile: bool,
 }
 
 impl Default for Tuning {
@@ -67,6 +72,7 @@ impl Default for Tuning {
             small_batch: FormSwitch::Auto,
             claim_sm: true,
             prologues: true,
+            prompt_tile: true,
         }
     }
 }
@@ -85,13 +91,14 @@ const FORM: &str = "accepted values are 0, 1, auto";
 
 impl Tuning {
     /// The variables, in the order the doors row lists them.
-    pub const VARIABLES: [&'static str; 6] = [
+    pub const VARIABLES: [&'static str; 7] = [
         "MEMRA_MMA",
         "MEMRA_PDL",
         "MEMRA_MMA_RESIDENT",
         "MEMRA_SMALL_BATCH",
         "MEMRA_CLAIM_SM",
         "MEMRA_PROLOGUES",
+        "MEMRA_PROMPT_TILE",
     ];
 
     /// Reads the switches from the process environment; see [`Tuning::from_lookup`].
@@ -107,11 +114,12 @@ impl Tuning {
         let mut tuning = Tuning::default();
         let mut issues = Vec::new();
         let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
-        let flags: [(&'static str, &mut bool); 4] = [
+        let flags: [(&'static str, &mut bool); 5] = [
             ("MEMRA_MMA", &mut tuning.mma),
             ("MEMRA_PDL", &mut tuning.pdl),
             ("MEMRA_CLAIM_SM", &mut tuning.claim_sm),
             ("MEMRA_PROLOGUES", &mut tuning.prologues),
+            ("MEMRA_PROMPT_TILE", &mut tuning.prompt_tile),
         ];
         for (name, slot) in flags {
             if let Some(v) = get(name) {
@@ -150,7 +158,7 @@ impl Tuning {
     /// The switches as `(doors-row key, value)` pairs, in [`Tuning::VARIABLES`] order: the
     /// key is the variable's name without `MEMRA_`, lower-cased. On/off switches are
     /// booleans; form switches are `"0"`, `"1"` or `"auto"`.
-    pub fn fields(&self) -> [(&'static str, serde_json::Value); 6] {
+    pub fn fields(&self) -> [(&'static str, serde_json::Value); 7] {
         use serde_json::Value;
         [
             ("mma", Value::Bool(self.mma)),
@@ -159,6 +167,7 @@ impl Tuning {
             ("small_batch", Value::from(self.small_batch.as_str())),
             ("claim_sm", Value::Bool(self.claim_sm)),
             ("prologues", Value::Bool(self.prologues)),
+            ("prompt_tile", Value::Bool(self.prompt_tile)),
         ]
     }
 
@@ -204,6 +213,7 @@ mod tests {
             ("MEMRA_SMALL_BATCH", "0"),
             ("MEMRA_CLAIM_SM", "0"),
             ("MEMRA_PROLOGUES", " 0 "),
+            ("MEMRA_PROMPT_TILE", "0"),
         ]);
         assert!(issues.is_empty(), "{issues:?}");
         assert_eq!(
@@ -215,11 +225,12 @@ mod tests {
                 small_batch: FormSwitch::Never,
                 claim_sm: false,
                 prologues: false,
+                prompt_tile: false,
             }
         );
         assert_eq!(
             t.summary(),
-            "mma=0 pdl=0 mma_resident=1 small_batch=0 claim_sm=0 prologues=0"
+            "mma=0 pdl=0 mma_resident=1 small_batch=0 claim_sm=0 prologues=0 prompt_tile=0"
         );
         let keys: Vec<&str> = t.fields().iter().map(|(k, _)| *k).collect();
         let from_vars: Vec<String> = Tuning::VARIABLES

@@ -81,6 +81,7 @@ fn every_kernel_family_compiles_with_nvrtc_and_the_canary_is_rejected() {
     for planted in [
         "elementwise.cu+MEMRA_DEFECT_EXP_ULP",
         "quantize.cu+MEMRA_DEFECT_Q8_BLOCK_SUM",
+        "attention.cu+MEMRA_DEFECT_PROMPT_TILE",
     ] {
         assert!(
             text.contains(&format!("PASS compile/{planted} planted PTX differs")),

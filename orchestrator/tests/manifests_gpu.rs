@@ -182,6 +182,7 @@ fn the_nightly_plans_pp_on_two_gpus_in_both_orders_with_canaries_and_compares() 
         "MEMRA_PROLOGUES",
         "MEMRA_CLAIM_SM",
         "MEMRA_SMALL_BATCH",
+        "MEMRA_PROMPT_TILE",
     ] {
         assert_eq!(plain["env"][var], "0", "{plain:#}");
     }

@@ -138,7 +138,7 @@ pub fn run(env: &CheckEnv) -> i32 {
             let mut rng = cases::Rng::new(env.seed);
             type Case =
                 fn(&Gpu, &mut cases::Rng) -> Result<Vec<CheckRow>, crate::error::KernelError>;
-            let all: [(&str, Case); 12] = [
+            let all: [(&str, Case); 13] = [
                 ("norm-quantize", cases::norm_and_quantize),
                 ("matvec", cases::matvec),
                 ("matvec-float", cases::matvec_float),
@@ -149,6 +149,7 @@ pub fn run(env: &CheckEnv) -> i32 {
                 ("kv-round-q8_0", cases::kv_round_q8_0),
                 ("attention", cases::attention),
                 ("attention-rope-rows", cases::attention_rope_rows),
+                ("attention-prompt-rows", cases::attention_prompt_rows),
                 ("elementwise", cases::elementwise),
                 ("sampling", cases::sampling),
             ];
@@ -204,10 +205,12 @@ const USAGE: &str = "usage: kernel-check [bench | compile [--arch ARCH]]\n\
                  exit 0 pass, 1 fail, 2 no NVRTC";
 
 /// The planted defects' defines with a small family each plants something in: SiLU's
-/// `exp_model` (elementwise.cu) and `quantize_lane` (quantize.cu).
-const PLANTED: [(&str, &str); 2] = [
+/// `exp_model` (elementwise.cu), `quantize_lane` (quantize.cu) and the tiled prompt
+/// attention's copy (attention.cu).
+const PLANTED: [(&str, &str); 3] = [
     ("elementwise.cu", crate::cuda::EXP_DEFECT),
     ("quantize.cu", crate::cuda::Q8_BLOCK_SUM_DEFECT),
+    ("attention.cu", crate::cuda::PROMPT_TILE_DEFECT),
 ];
 
 /// `kernel-check compile`: every family compiled by NVRTC for `arch`, without the disk

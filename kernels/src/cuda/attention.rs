@@ -95,6 +95,21 @@ fn check_outq(
 /// The threads of an attention block (`attention.cu` assumes 128).
 const ATTN_THREADS: u32 = 128;
 
+/// Rows per block of [`Gpu::attention_split_k_tile_rows`]: each chunk of K and V rows is read
+/// from L2 once per this many rows.
+pub const PROMPT_TILE: usize = 16;
+
+const PROMPT_TILE_KERNEL: &str = "attention_split_k_tile_rows_f32";
+
+/// Warps per block of the tiled prompt attention (`TILE_WARPS` in `attention.cu`): each
+/// computes its rows of the tile alone.
+const TILE_WARPS: u32 = 8;
+
+/// The tiled prompt attention's dynamic shared memory: one chunk of K and V rows.
+fn prompt_tile_bytes(head_dim: usize) -> usize {
+    2 * SPLIT_K_CHUNK * head_dim * std::mem::size_of::<f32>()
+}
+
 /// The widest head the fused attention kernels take: one thread per RoPE pair of a
 /// 128-thread block (`ATTN_MAX_HEAD_DIM` in `attention.cu`).
 const FUSED_ATTN_MAX_HEAD_DIM: usize = 256;
@@ -284,7 +299,6 @@ impl Gpu {
         scale: f32,
     ) -> Result<(), KernelError> {
         const K: &str = "attention_split_k_rows_f32";
-        const C: &str = "attention_combine_rows_f32";
         check_rows(K, rows)?;
         if g.n_head_kv == 0 || !g.n_head.is_multiple_of(g.n_head_kv) || max_chunks == 0 {
             return Err(shape(
@@ -303,13 +317,13 @@ impl Gpu {
             bt * g.n_head * max_chunks * g.head_dim,
         )?;
         need(K, "part_ml", part_ml.len(), bt * g.n_head * max_chunks * 2)?;
-        let (qs, h, hkv, d, mc) = (
+        let (qs, h, hkv, d) = (
             int(K, "q_stride", q_stride)?,
             int(K, "n_head", g.n_head)?,
             int(K, "n_head_kv", g.n_head_kv)?,
             int(K, "head_dim", g.head_dim)?,
-            int(K, "max_chunks", max_chunks)?,
         );
+        int(K, "max_chunks", max_chunks)?;
         let cfg = LaunchConfig {
             grid_dim: (g.n_head as u32, max_chunks as u32, bt as u32),
             block_dim: (128, 1, 1),
@@ -337,6 +351,132 @@ impl Gpu {
                 ],
             )
         }?;
+        self.attention_combine_rows(rows, out, outq, part_o, part_ml, g, max_chunks)
+    }
+
+    /// [`Gpu::attention_split_k_rows`] for rows that read one cache, a prompt chunk's or a
+    /// verify pass's: the same arguments, outputs and bits. Each block copies one chunk of
+    /// K and V rows into shared memory for a tile of [`PROMPT_TILE`] rows
+    /// (`attention_split_k_tile_rows_f32`), where the one-row kernel reads those rows from
+    /// L2 once per row. A row with another cache is still right, read from its own cache.
+    /// The copy reads 16-byte words: the caches start 16-byte aligned (as every device
+    /// allocation does) and `head_dim` is a multiple of 4.
+    /// Without the tiled kernel (`MEMRA_PROMPT_TILE=0`, a single row, a head width that is
+    /// not a multiple of 4, or shared memory the device refuses), the one-row kernel runs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_split_k_tile_rows(
+        &self,
+        q: &CudaSlice<f32>,
+        q_stride: usize,
+        rows: &AttnRows,
+        out: &mut CudaSlice<f32>,
+        outq: Option<&mut CudaSlice<BlockQ8_1>>,
+        part_o: &mut CudaSlice<f32>,
+        part_ml: &mut CudaSlice<f32>,
+        g: RopeStoreArgs,
+        max_chunks: usize,
+        scale: f32,
+    ) -> Result<(), KernelError> {
+        const K: &str = PROMPT_TILE_KERNEL;
+        if !self.takes_prompt_tile(rows.batch, g.head_dim)? {
+            return self.attention_split_k_rows(
+                q, q_stride, rows, out, outq, part_o, part_ml, g, max_chunks, scale,
+            );
+        }
+        check_rows(K, rows)?;
+        if g.n_head_kv == 0 || !g.n_head.is_multiple_of(g.n_head_kv) || max_chunks == 0 {
+            return Err(shape(
+                K,
+                format!("{g:?}, max_chunks = {max_chunks}: n_head must be a multiple of n_head_kv"),
+            ));
+        }
+        let bt = rows.batch;
+        need(K, "q", q.len(), (bt - 1) * q_stride + g.q_dim())?;
+        need(K, "out", out.len(), bt * g.q_dim())?;
+        check_outq(K, &outq, bt, g)?;
+        need(
+            K,
+            "part_o",
+            part_o.len(),
+            bt * g.n_head * max_chunks * g.head_dim,
+        )?;
+        need(K, "part_ml", part_ml.len(), bt * g.n_head * max_chunks * 2)?;
+        let (qs, h, hkv, d, nr, tile) = (
+            int(K, "q_stride", q_stride)?,
+            int(K, "n_head", g.n_head)?,
+            int(K, "n_head_kv", g.n_head_kv)?,
+            int(K, "head_dim", g.head_dim)?,
+            int(K, "batch", bt)?,
+            int(K, "tile", PROMPT_TILE)?,
+        );
+        let f = self.func(&sources::ATTENTION, K)?;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                g.n_head as u32,
+                max_chunks as u32,
+                bt.div_ceil(PROMPT_TILE) as u32,
+            ),
+            block_dim: (32 * TILE_WARPS, 1, 1),
+            shared_mem_bytes: prompt_tile_bytes(g.head_dim) as u32,
+        };
+        // SAFETY: as attention_split_k_rows; the grid's last tile stops at the batch, and the
+        // shared memory holds one chunk of K and V rows (2 * 64 * head_dim floats).
+        unsafe {
+            self.launch_func(
+                &f,
+                K,
+                cfg,
+                &[
+                    q,
+                    &qs,
+                    rows.k_cache,
+                    rows.v_cache,
+                    rows.pos,
+                    &*part_o,
+                    &*part_ml,
+                    &h,
+                    &hkv,
+                    &d,
+                    &nr,
+                    &tile,
+                    &scale,
+                ],
+            )
+        }?;
+        self.attention_combine_rows(rows, out, outq, part_o, part_ml, g, max_chunks)
+    }
+
+    /// Whether [`Gpu::attention_split_k_tile_rows`] takes the tiled kernel for `batch` rows
+    /// of heads `head_dim` wide: `MEMRA_PROMPT_TILE` on, two rows or more, a head width that
+    /// is a multiple of 4, and the shared memory for one chunk of K and V rows granted.
+    pub fn takes_prompt_tile(&self, batch: usize, head_dim: usize) -> Result<bool, KernelError> {
+        if !self.prompt_tile || batch < 2 || !head_dim.is_multiple_of(4) {
+            return Ok(false);
+        }
+        let f = self.func(&sources::ATTENTION, PROMPT_TILE_KERNEL)?;
+        Ok(self.allow_dynamic_smem(PROMPT_TILE_KERNEL, &f, prompt_tile_bytes(head_dim)))
+    }
+
+    /// The split-K rows forms' combine: row b's chunks of every head into `out` (and its q8_1
+    /// blocks into `outq`). The caller checked the buffers.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_combine_rows(
+        &self,
+        rows: &AttnRows,
+        out: &mut CudaSlice<f32>,
+        outq: Option<&mut CudaSlice<BlockQ8_1>>,
+        part_o: &CudaSlice<f32>,
+        part_ml: &CudaSlice<f32>,
+        g: RopeStoreArgs,
+        max_chunks: usize,
+    ) -> Result<(), KernelError> {
+        const C: &str = "attention_combine_rows_f32";
+        let bt = rows.batch;
+        let (h, d, mc) = (
+            int(C, "n_head", g.n_head)?,
+            int(C, "head_dim", g.head_dim)?,
+            int(C, "max_chunks", max_chunks)?,
+        );
         let cfg = LaunchConfig {
             grid_dim: (g.n_head as u32, bt as u32, 1),
             block_dim: (128, 1, 1),
@@ -348,7 +488,7 @@ impl Gpu {
                 &sources::ATTENTION,
                 C,
                 cfg,
-                &[&*part_o, &*part_ml, out, &outq, rows.pos, &h, &mc, &d],
+                &[part_o, part_ml, out, &outq, rows.pos, &h, &mc, &d],
             )
         }
     }
@@ -516,7 +656,6 @@ impl Gpu {
         scale: f32,
     ) -> Result<(), KernelError> {
         const K: &str = "attention_rope_split_k_rows_f32";
-        const C: &str = "attention_combine_rows_f32";
         let fa = check_fused(K, qkv, table, post_scale, rows, g)?;
         if max_chunks == 0 {
             return Err(shape(K, "max_chunks = 0".into()));
@@ -531,7 +670,7 @@ impl Gpu {
             bt * g.n_head * max_chunks * g.head_dim,
         )?;
         need(K, "part_ml", part_ml.len(), bt * g.n_head * max_chunks * 2)?;
-        let mc = int(K, "max_chunks", max_chunks)?;
+        int(K, "max_chunks", max_chunks)?;
         let cfg = LaunchConfig {
             grid_dim: (g.n_head as u32, max_chunks as u32, bt as u32),
             block_dim: (ATTN_THREADS, 1, 1),
@@ -561,28 +700,6 @@ impl Gpu {
                 ],
             )
         }?;
-        let cfg = LaunchConfig {
-            grid_dim: (g.n_head as u32, bt as u32, 1),
-            block_dim: (ATTN_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: as above; out holds B * n_head * head_dim floats.
-        unsafe {
-            self.launch(
-                &sources::ATTENTION,
-                C,
-                cfg,
-                &[
-                    &*part_o,
-                    &*part_ml,
-                    out,
-                    &outq,
-                    rows.pos,
-                    &fa.n_head,
-                    &mc,
-                    &fa.head_dim,
-                ],
-            )
-        }
+        self.attention_combine_rows(rows, out, outq, part_o, part_ml, g, max_chunks)
     }
 }

@@ -80,6 +80,7 @@ fn open_ordinal(ordinal: usize, doors: &Doors) -> Result<Gpu, String> {
     match doors.gate_defect {
         Some(GateDefect::ExpUlp) => gpu.plant_defect(memra_kernels::cuda::EXP_DEFECT),
         Some(GateDefect::Q8BlockSum) => gpu.plant_defect(memra_kernels::cuda::Q8_BLOCK_SUM_DEFECT),
+        Some(GateDefect::PromptTile) => gpu.plant_defect(memra_kernels::cuda::PROMPT_TILE_DEFECT),
         _ => {}
     }
     gpu.load_decode()

@@ -433,6 +433,9 @@ impl CudaBackend {
         // The q8_0 KV cache rounds the stored rows in a launch of its own, between the store
         // and the attention that reads them, so its passes keep the separate store.
         let fuse_rope = distinct_sequences(rows) && geometry.rope_fusable() && !self.doors.kv_q8;
+        // A prompt chunk's rows (never a verify pass's few rows, which a tile of 16 would
+        // run one after another in fewer blocks).
+        let one_sequence = kind == PassKind::Prompt && n > 1;
         // The test-only `batch-reduction` defect, as the CPU backend plants it: a batched
         // step of two or more rows (a batch above MAX_ROWS counts per pass) takes the head's
         // rmsnorm with its sum of squares in reverse order.
@@ -469,6 +472,7 @@ impl CudaBackend {
             kptr: &bufs.kptr,
             vptr: &bufs.vptr,
             fuse_rope,
+            one_sequence,
         };
         let cross_device_unsplit = walk == Walk::Unsplit && dm.gpus.len() > 1;
         if cross_device_unsplit {
@@ -919,6 +923,11 @@ struct PassCtx<'a> {
     /// current token's k and v from their own registers, so a row reading a slot another
     /// row of the same launch writes (a prompt pass) would read it unwritten.
     fuse_rope: bool,
+    /// Whether the pass is a prompt chunk of two rows or more, every row reading one
+    /// sequence's caches: its split-K attention copies each chunk of K and V rows into
+    /// shared memory once per tile of rows (`attention_split_k_tile_rows`, the same bits).
+    /// Prompt passes are never captured as graphs.
+    one_sequence: bool,
 }
 
 impl PassCtx<'_> {

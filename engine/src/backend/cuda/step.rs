@@ -383,6 +383,19 @@ impl<'a> Step<'a> {
                 ctx.chunks,
                 scale,
             )?;
+        } else if ctx.split_k && ctx.chunks > 1 && ctx.one_sequence {
+            gpu.attention_split_k_tile_rows(
+                self.qkv,
+                qd + 2 * kvd,
+                &rows,
+                self.att,
+                outq,
+                self.part_o,
+                self.part_ml,
+                geo,
+                ctx.chunks,
+                scale,
+            )?;
         } else if ctx.split_k && ctx.chunks > 1 {
             gpu.attention_split_k_rows(
                 self.qkv,

@@ -342,3 +342,176 @@ pub fn attention_rope_rows(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
     }
     Ok(out)
 }
+
+/// The prompt chunk's split-K attention (`attention_split_k_tile_rows_f32`, rows reading
+/// one cache in tiles of [`crate::cuda::PROMPT_TILE`]): bit for bit against the twin per row
+/// and against the one-row kernel (`attention_split_k_rows_f32`) on the device (output and
+/// its q8_1 blocks). Rows sit at consecutive positions, as a prompt chunk's do, across chunk
+/// and tile boundaries with a ragged last tile; one case interleaves rows of two sequences,
+/// so a tile's rows with another cache than its first row's take the one-row path.
+pub fn attention_prompt_rows(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
+    let mut out = Vec::new();
+    // (heads, KV heads, head width, first position, rows, sequences)
+    let cases: [(usize, usize, usize, usize, usize, usize); 7] = [
+        (4, 2, 32, 30, 50, 1),
+        (8, 2, 256, 50, 20, 1),
+        (9, 3, 64, 0, 70, 1),
+        (9, 3, 64, 1000, 40, 1),
+        (32, 32, 128, 60, 64, 1),
+        (32, 8, 128, 190, 33, 1),
+        (9, 3, 64, 100, 37, 2),
+    ];
+    for (nh, nkv, hd, first, n_rows, n_seqs) in cases {
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let stride = (nh + 2 * nkv) * hd;
+        let len = first + n_rows;
+        let k: Vec<Vec<f32>> = (0..n_seqs).map(|_| rng.vec(len * kvd, 1.0)).collect();
+        let v: Vec<Vec<f32>> = (0..n_seqs).map(|_| rng.vec(len * kvd, 1.0)).collect();
+        let qkv = rng.vec(n_rows * stride, 1.0);
+        let scale = 1.0 / (hd as f32).sqrt();
+        // Row b belongs to sequence b % n_seqs at position first + b.
+        let positions: Vec<usize> = (0..n_rows).map(|b| first + b).collect();
+        let mut want = vec![0.0; n_rows * qd];
+        for (b, &p) in positions.iter().enumerate() {
+            let shape = AttnShape {
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                n_tokens: p + 1,
+            };
+            let n = (p + 1) * kvd;
+            let s = b % n_seqs;
+            twin::attention_split_k(
+                &qkv[b * stride..b * stride + qd],
+                &k[s][..n],
+                &v[s][..n],
+                &shape,
+                scale,
+                &mut want[b * qd..(b + 1) * qd],
+            )
+            .expect("shapes fit");
+        }
+        let g = RopeStoreArgs {
+            n_head: nh,
+            n_head_kv: nkv,
+            head_dim: hd,
+        };
+        let dqkv = up(gpu, &qkv)?;
+        let dk = k.iter().map(|c| up(gpu, c)).collect::<R<Vec<_>>>()?;
+        let dv = v.iter().map(|c| up(gpu, c)).collect::<R<Vec<_>>>()?;
+        let kp: Vec<u64> = (0..n_rows).map(|b| gpu.address(&dk[b % n_seqs])).collect();
+        let vp: Vec<u64> = (0..n_rows).map(|b| gpu.address(&dv[b % n_seqs])).collect();
+        let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+        let (dpos, dkp, dvp) = (up(gpu, &pos)?, up(gpu, &kp)?, up(gpu, &vp)?);
+        let rows = AttnRows {
+            pos: &dpos,
+            k_cache: &dkp,
+            v_cache: &dvp,
+            batch: n_rows,
+        };
+        // One chunk more than the longest row needs: those chunks must write nothing.
+        let chunks = len.div_ceil(twin::SPLIT_K_CHUNK) + 1;
+        let at = format!(
+            "kernel-check/attention_split_k_tile_rows_f32/{nh}/{nkv}x{hd}/pos={first}..{}/seqs={n_seqs}",
+            len - 1
+        );
+        // A tiled row that fell back to the one-row kernel would compare equal to it
+        // without testing anything.
+        if !gpu.tuning().prompt_tile {
+            out.push(CheckRow::skip(
+                at,
+                "MEMRA_PROMPT_TILE=0: the tiled kernel is off",
+            ));
+            continue;
+        }
+        if !gpu.takes_prompt_tile(n_rows, hd)? {
+            out.push(CheckRow::error(
+                at,
+                "the tiled kernel was not taken (its shared memory refused): nothing was checked",
+            ));
+            continue;
+        }
+        // The attention kernels quantize their output only for heads of at most 128.
+        let quantized = crate::cuda::attention_can_quantize(hd);
+        let mut results = Vec::new();
+        for tiled in [true, false] {
+            let mut o = zeros::<f32>(gpu, n_rows * qd)?;
+            let mut oq = zeros::<BlockQ8_1>(gpu, n_rows * qd / QK)?;
+            let mut po = zeros::<f32>(gpu, n_rows * nh * chunks * hd)?;
+            let mut pml = zeros::<f32>(gpu, n_rows * nh * chunks * 2)?;
+            if tiled {
+                gpu.attention_split_k_tile_rows(
+                    &dqkv,
+                    stride,
+                    &rows,
+                    &mut o,
+                    quantized.then_some(&mut oq),
+                    &mut po,
+                    &mut pml,
+                    g,
+                    chunks,
+                    scale,
+                )?;
+            } else {
+                gpu.attention_split_k_rows(
+                    &dqkv,
+                    stride,
+                    &rows,
+                    &mut o,
+                    quantized.then_some(&mut oq),
+                    &mut po,
+                    &mut pml,
+                    g,
+                    chunks,
+                    scale,
+                )?;
+            }
+            results.push((
+                down(gpu, &o)?,
+                down(gpu, &oq)?,
+                down(gpu, &po)?,
+                down(gpu, &pml)?,
+            ));
+        }
+        let (tiled, one_row) = (&results[0], &results[1]);
+        out.push(compare_f32(
+            format!("{at}/vs-twin"),
+            &want,
+            &tiled.0,
+            hd,
+            None,
+        ));
+        out.push(compare_f32(
+            format!("{at}/vs-one-row"),
+            &one_row.0,
+            &tiled.0,
+            hd,
+            None,
+        ));
+        if quantized {
+            out.push(compare_u32(
+                format!("{at}/q8_1-vs-one-row"),
+                &q8_words(&one_row.1),
+                &q8_words(&tiled.1),
+                34,
+            ));
+        }
+        // The partials of both kernels, zero where a chunk lies past a row's length: the
+        // same entries written with the same bits, and nothing past a row.
+        out.push(compare_f32(
+            format!("{at}/partials-vs-one-row"),
+            &one_row.2,
+            &tiled.2,
+            hd,
+            None,
+        ));
+        out.push(compare_f32(
+            format!("{at}/max-and-sum-vs-one-row"),
+            &one_row.3,
+            &tiled.3,
+            2,
+            None,
+        ));
+    }
+    Ok(out)
+}

@@ -14,7 +14,7 @@ mod norm;
 mod rope;
 mod sample;
 
-pub use attention::{attention, attention_rope_rows};
+pub use attention::{attention, attention_prompt_rows, attention_rope_rows};
 pub use elementwise::elementwise;
 pub(super) use matvec::{MATVEC_FORMS, MatvecForm};
 pub use matvec::{head_post_scale, matvec, matvec_float, row_prologues};
