@@ -1065,7 +1065,7 @@ mod tests {
         }
         fn batch_pass(
             &mut self,
-            walk: memra_engine::backend::Walk,
+            walk: memra_engine::backend::ClearedWalk,
             seqs: &[SeqId],
             tokens: &[u32],
         ) -> Result<Vec<f32>, EngineError> {
@@ -1073,7 +1073,7 @@ mod tests {
         }
         fn verify_pass(
             &mut self,
-            walk: memra_engine::backend::Walk,
+            walk: memra_engine::backend::ClearedWalk,
             seqs: &[SeqId],
             drafts: &[Vec<u32>],
         ) -> Result<Vec<f32>, EngineError> {

@@ -24,8 +24,9 @@ use rayon::prelude::*;
 use super::stages::{StagePlan, boundary_copy};
 use super::trace::{ActivationTrace, Composition, Site, SiteKey, SiteRecord};
 use super::{
-    Backend, RowSpec, TokenSite, Walk, batch_rows, canary_token, check_row_params, check_token,
-    norm_eps, prompt_commit, reserve_positions, rewind_len, verify_column_defect, verify_rows,
+    Backend, ClearedWalk, RowSpec, TokenSite, Walk, batch_rows, canary_token, check_row_params,
+    check_token, norm_eps, prompt_commit, reserve_positions, rewind_len, verify_column_defect,
+    verify_rows,
 };
 use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::error::EngineError;
@@ -814,10 +815,11 @@ impl Backend for CpuBackend {
 
     fn batch_pass(
         &mut self,
-        walk: Walk,
+        walk: ClearedWalk,
         seqs: &[SeqId],
         tokens: &[u32],
     ) -> Result<Vec<f32>, EngineError> {
+        let walk = walk.walk();
         if walk == Walk::Split {
             if seqs.len() != tokens.len() {
                 return Err(EngineError::BatchShape {
@@ -837,11 +839,11 @@ impl Backend for CpuBackend {
 
     fn verify_pass(
         &mut self,
-        walk: Walk,
+        walk: ClearedWalk,
         seqs: &[SeqId],
         drafts: &[Vec<u32>],
     ) -> Result<Vec<f32>, EngineError> {
-        self.verify_walk(seqs, drafts, walk)
+        self.verify_walk(seqs, drafts, walk.walk())
     }
 
     fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {

@@ -32,6 +32,20 @@ pub enum Walk {
     Unsplit,
 }
 
+/// A [`Walk`] that [`Backend::check_walk`] let through. Only this module builds one, so
+/// [`Backend::batch_pass`] and [`Backend::verify_pass`], which take it, cannot be handed a
+/// walk the placement refuses: the refusal lives once, above the backends, and no caller
+/// reaches a backend's pass around it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClearedWalk(Walk);
+
+impl ClearedWalk {
+    /// The walk that was cleared.
+    pub fn walk(self) -> Walk {
+        self.0
+    }
+}
+
 /// The engine API shared by the CPU and CUDA backends.
 ///
 /// Logits come back row-major as `[rows, n_vocab]` f32. Sampled variants return one token per
@@ -71,33 +85,33 @@ pub trait Backend: Send {
     /// The doors this backend was opened with.
     fn doors(&self) -> &Doors;
 
-    /// The batched decode pass over `walk`, for [`Backend::decode_step_batch_walk`], which
-    /// has already checked that the walk may run here: backends compute, the refusal of the
-    /// unsplit walk lives once, in the trait.
+    /// The batched decode pass over `walk`, for [`Backend::decode_step_batch_walk`]:
+    /// backends compute, and the refusal of the unsplit walk lives once, in
+    /// [`Backend::check_walk`], the only source of a [`ClearedWalk`].
     fn batch_pass(
         &mut self,
-        walk: Walk,
+        walk: ClearedWalk,
         seqs: &[SeqId],
         tokens: &[u32],
     ) -> Result<Vec<f32>, EngineError>;
 
-    /// The verify pass over `walk`, for [`Backend::verify_batch_walk`] (which checked the
-    /// walk may run here).
+    /// The verify pass over `walk`, for [`Backend::verify_batch_walk`].
     fn verify_pass(
         &mut self,
-        walk: Walk,
+        walk: ClearedWalk,
         seqs: &[SeqId],
         drafts: &[Vec<u32>],
     ) -> Result<Vec<f32>, EngineError>;
 
     /// Refuses the unsplit walk on a split placement ([`stages::StagePlan::unsplit_refusal`]),
-    /// before any cache is touched, unless `MEMRA_PP_ALLOW_UNSPLIT_BATCH=1`.
-    fn check_walk(&self, walk: Walk) -> Result<(), EngineError> {
+    /// before any cache is touched, unless `MEMRA_PP_ALLOW_UNSPLIT_BATCH=1`; a walk that may
+    /// run comes back cleared.
+    fn check_walk(&self, walk: Walk) -> Result<ClearedWalk, EngineError> {
         let plan = self.stage_plan();
         if walk == Walk::Unsplit && plan.is_split() && !self.doors().pp_allow_unsplit_batch {
             return Err(EngineError::Unavailable(plan.unsplit_refusal()));
         }
-        Ok(())
+        Ok(ClearedWalk(walk))
     }
 
     /// One decode step of B sequences on the batched path: appends `tokens[b]` to `seqs[b]`,
@@ -121,7 +135,7 @@ pub trait Backend: Send {
         seqs: &[SeqId],
         tokens: &[u32],
     ) -> Result<Vec<f32>, EngineError> {
-        self.check_walk(walk)?;
+        let walk = self.check_walk(walk)?;
         self.batch_pass(walk, seqs, tokens)
     }
 
@@ -148,7 +162,7 @@ pub trait Backend: Send {
         seqs: &[SeqId],
         drafts: &[Vec<u32>],
     ) -> Result<Vec<f32>, EngineError> {
-        self.check_walk(walk)?;
+        let walk = self.check_walk(walk)?;
         self.verify_pass(walk, seqs, drafts)
     }
 

@@ -67,13 +67,13 @@ pub use device::{open_device, open_devices, upload_for};
 pub use memra_kernels::check::report as kernel_check;
 pub use weights::{DevModel, DevWeight, PeerAccess, Placement};
 
-use super::Walk;
 use super::stages::StagePlan;
 use super::trace::ActivationTrace;
 use super::{
     Backend, RowSpec, TokenSite, batch_rows, canary_token, check_token, norm_eps, prompt_commit,
     reserve_positions,
 };
+use super::{ClearedWalk, Walk};
 use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::error::EngineError;
 use crate::model::{LlamaConfig, LlamaModel};
@@ -1045,10 +1045,11 @@ impl Backend for CudaBackend {
 
     fn batch_pass(
         &mut self,
-        walk: Walk,
+        walk: ClearedWalk,
         seqs: &[SeqId],
         tokens: &[u32],
     ) -> Result<Vec<f32>, EngineError> {
+        let walk = walk.walk();
         match walk {
             Walk::Split if seqs.len() == 1 && tokens.len() == 1 && self.doors.serve_b1fast => {
                 return self.decode_step_h(seqs[0], tokens[0]);
@@ -1061,10 +1062,11 @@ impl Backend for CudaBackend {
 
     fn verify_pass(
         &mut self,
-        walk: Walk,
+        walk: ClearedWalk,
         seqs: &[SeqId],
         drafts: &[Vec<u32>],
     ) -> Result<Vec<f32>, EngineError> {
+        let walk = walk.walk();
         if walk == Walk::Unsplit {
             self.check_unsplit_reach()?;
         }
