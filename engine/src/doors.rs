@@ -71,7 +71,7 @@ pub struct Doors {
     /// every real run.
     pub gate_defect: Option<GateDefect>,
     /// The kernels' performance switches (`MEMRA_MMA`, `MEMRA_PDL`, `MEMRA_MMA_RESIDENT`,
-    /// `MEMRA_SMALL_BATCH`, `MEMRA_CLAIM_SM`, `MEMRA_PROLOGUES`): not doors, since every
+    /// `MEMRA_SMALL_BATCH`, `MEMRA_CLAIM_SM`, `MEMRA_PROLOGUES`, `MEMRA_PROMPT_TILE`): not doors, since every
     /// setting computes the same bits, but read here once with them, handed to every device
     /// the backend opens, and reported in the doors row so a receipt shows them.
     pub tuning: Tuning,

@@ -464,8 +464,13 @@ fn a_long_prompt_is_the_cpu_backends_bits_with_and_without_the_prompt_tile() {
             bits(&be.prefill(SeqId(0), &program).unwrap())
         };
         let cpu = run(&mut CpuBackend::new(model.clone(), Doors::default()).unwrap());
-        let tiled = run(&mut CudaBackend::new(&model, Doors::default()).unwrap());
-        let one_row = run(&mut CudaBackend::new(&model, untiled.clone()).unwrap());
+        let mut tiled_be = CudaBackend::new(&model, Doors::default()).unwrap();
+        let mut one_row_be = CudaBackend::new(&model, untiled.clone()).unwrap();
+        // The doors row tells which attention a prompt took: the tile where it is in force.
+        assert!(tiled_be.doors_report().tuning.prompt_tile);
+        assert!(!one_row_be.doors_report().tuning.prompt_tile);
+        let tiled = run(&mut tiled_be);
+        let one_row = run(&mut one_row_be);
         assert_eq!(cpu.len(), program.len() * v);
         for (name, got) in [("tiled", &tiled), ("one-row", &one_row)] {
             let differ = cpu.iter().zip(got).filter(|(a, b)| a != b).count();

@@ -77,8 +77,15 @@ pub fn probe() -> Result<(i32, i32), KernelError> {
     compile::nvrtc_version()
 }
 
-/// Dynamic shared memory a launch may use without opting in.
+/// Shared memory, static and dynamic together, a block may use without opting in.
 const DEFAULT_DYNAMIC_SMEM: usize = 48 * 1024;
+
+/// The static shared memory kernel `f` declares (0 when the driver does not say).
+fn static_smem(f: &CudaFunction) -> usize {
+    use cudarc::driver::sys::CUfunction_attribute;
+    f.get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+        .map_or(0, |v| v.max(0) as usize)
+}
 
 /// Threads per block of the elementwise kernels.
 const EW_THREADS: u32 = 256;
@@ -326,8 +333,11 @@ impl Gpu {
     /// opt-in is set once per kernel, to that limit, so a graph captured with a larger launch
     /// stays valid whatever is launched later. A refusal is not an error: the caller then
     /// launches the variant without shared memory.
+    ///
+    /// The default limit, like the opt-in one, covers static and dynamic shared memory
+    /// together, so a kernel with static shared memory fits under it only with that counted.
     fn allow_dynamic_smem(&self, name: &'static str, f: &CudaFunction, bytes: usize) -> bool {
-        bytes <= DEFAULT_DYNAMIC_SMEM
+        bytes + static_smem(f) <= DEFAULT_DYNAMIC_SMEM
             || self
                 .dynamic_smem_limit(name, f)
                 .is_some_and(|limit| bytes <= limit)
@@ -343,10 +353,7 @@ impl Gpu {
         if let Some(&limit) = opted.get(name) {
             return Some(limit);
         }
-        let static_smem = f
-            .get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
-            .map_or(0, |v| v.max(0) as usize);
-        let limit = self.smem_optin.saturating_sub(static_smem);
+        let limit = self.smem_optin.saturating_sub(static_smem(f));
         f.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             limit as i32,

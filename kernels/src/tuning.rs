@@ -57,9 +57,9 @@ pub struct Tuning {
     /// `MEMRA_PROLOGUES`: single-row matvecs compute their norm step as a prologue, and rows
     /// too wide for that take the norm step split over blocks (the engine applies it).
     pub prologues: bool,
-    /// `MEMRA_PROMPT_TILE`: split-K attention of rows that read one cache (a prompt chunk, a
-    /// verify pass) copies each chunk of K and V rows into shared memory once per tile of
-    /// rows instead of every row reading it from L2.
+    /// `MEMRA_PROMPT_TILE`: split-K attention of rows that read one cache (a prompt pass's)
+    /// copies each chunk of K and V rows into shared memory once per tile of rows instead of
+    /// every row reading it from L2.
     pub prompt_tile: bool,
 }
 

@@ -354,8 +354,8 @@ impl Gpu {
         self.attention_combine_rows(rows, out, outq, part_o, part_ml, g, max_chunks)
     }
 
-    /// [`Gpu::attention_split_k_rows`] for rows that read one cache, a prompt chunk's or a
-    /// verify pass's: the same arguments, outputs and bits. Each block copies one chunk of
+    /// [`Gpu::attention_split_k_rows`] for rows that read one cache, a prompt pass's (the
+    /// engine takes it for nothing else): the same arguments, outputs and bits. Each block copies one chunk of
     /// K and V rows into shared memory for a tile of [`PROMPT_TILE`] rows
     /// (`attention_split_k_tile_rows_f32`), where the one-row kernel reads those rows from
     /// L2 once per row. A row with another cache is still right, read from its own cache.

@@ -57,7 +57,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use memra_kernels::cuda::{Fence, Gpu, RopeStoreArgs};
+use memra_kernels::cuda::{Fence, Gpu, RopeStoreArgs, Tuning};
 use memra_kernels::twin::{MatvecFamily, SPLIT_K_CHUNK};
 
 pub(crate) use device::device_err;
@@ -965,7 +965,18 @@ impl Backend for CudaBackend {
             pp_splits: self.plan.splits_text(),
             gate_seed: d.gate_seed,
             canary: d.gate_canary,
-            tuning: self.dm.gpus[0].tuning(),
+            tuning: Tuning {
+                // The tiled prompt attention in force for this model, as `mma` is for the
+                // device: asked for, on the split-K attention, and granted its shared memory
+                // for these heads on every device, so a receipt never claims a tile that
+                // fell back to the one-row kernel.
+                prompt_tile: d.fa3
+                    && self.dm.gpus.iter().all(|g| {
+                        g.takes_prompt_tile(2, self.dm.config.head_dim)
+                            .unwrap_or(false)
+                    }),
+                ..self.dm.gpus[0].tuning()
+            },
         }
     }
 

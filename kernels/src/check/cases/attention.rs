@@ -349,11 +349,17 @@ pub fn attention_rope_rows(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
 /// its q8_1 blocks). Rows sit at consecutive positions, as a prompt chunk's do, across chunk
 /// and tile boundaries with a ragged last tile; one case interleaves rows of two sequences,
 /// so a tile's rows with another cache than its first row's take the one-row path.
+// Over 150 lines: a table of cases, each one's reference from the twin row by row, its
+// uploads, both kernels' runs and the four comparisons (output, q8_1 blocks, partials, m and l).
 pub fn attention_prompt_rows(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
     let mut out = Vec::new();
     // (heads, KV heads, head width, first position, rows, sequences)
-    let cases: [(usize, usize, usize, usize, usize, usize); 7] = [
+    // Widths 80 and 96 (Phi-3's) take a chunk of K and V rows past the 48 KiB a block gets
+    // without opting in once the kernel's static shared memory counts.
+    let cases: [(usize, usize, usize, usize, usize, usize); 9] = [
         (4, 2, 32, 30, 50, 1),
+        (8, 2, 80, 10, 40, 1),
+        (8, 4, 96, 40, 30, 1),
         (8, 2, 256, 50, 20, 1),
         (9, 3, 64, 0, 70, 1),
         (9, 3, 64, 1000, 40, 1),
