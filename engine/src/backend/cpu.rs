@@ -115,9 +115,20 @@ struct Acts {
     scale: Option<Vec<f32>>,
 }
 
-/// Rows of one rayon task of a quantized matvec: enough work to amortise scheduling while
-/// leaving several tasks per core for balance.
-const ROWS_PER_TASK: usize = 64;
+/// The fewest rows of one rayon task of a matvec: enough work to amortise scheduling.
+const MIN_ROWS_PER_TASK: usize = 64;
+
+/// Tasks per thread a matvec's rows are cut into: enough for balance, few enough that a
+/// task's setup (the activation blocks rearranged once per call, the task's own output) and
+/// rayon's hand-off stay small beside its rows.
+const TASKS_PER_THREAD: usize = 4;
+
+/// Rows of one rayon task of a matvec of `rows` rows: `rows` cut into about
+/// [`TASKS_PER_THREAD`] tasks per thread, never fewer than [`MIN_ROWS_PER_TASK`] rows.
+fn rows_per_task(rows: usize) -> usize {
+    rows.div_ceil(TASKS_PER_THREAD * rayon::current_num_threads())
+        .max(MIN_ROWS_PER_TASK)
+}
 
 impl CpuBackend {
     /// Builds the backend over `model` with `doors` (read once by the caller).
@@ -216,7 +227,24 @@ impl CpuBackend {
 
     /// [`CpuBackend::forward`] with the walk over the stages and the kind of pass chosen
     /// (where the test-only `batch-reduction` and `stage-column` defects apply).
+    ///
+    /// The pass runs on a thread of rayon's pool (`rayon::scope` called from outside it hands
+    /// the closure to a worker and waits once): its parallel regions, about five a layer, then
+    /// start from inside the pool, where the idle worker steals the other half, instead of
+    /// each being handed in from outside and waited on through a sleeping lock.
     fn forward_walk(
+        &mut self,
+        rows: &[RowSpec],
+        tier: Tier,
+        logits_rows: Range<usize>,
+        walk: Walk,
+        kind: PassKind,
+    ) -> Result<Vec<f32>, EngineError> {
+        rayon::scope(|_| self.forward_in_pool(rows, tier, logits_rows, walk, kind))
+    }
+
+    /// The body of [`CpuBackend::forward_walk`], on a pool thread.
+    fn forward_in_pool(
         &mut self,
         rows: &[RowSpec],
         tier: Tier,
@@ -454,9 +482,10 @@ fn matmul_many(
         .iter()
         .enumerate()
         .flat_map(|(i, w)| {
+            let per = rows_per_task(w.rows);
             (0..w.rows)
-                .step_by(ROWS_PER_TASK)
-                .map(move |s| (i, s..(s + ROWS_PER_TASK).min(w.rows)))
+                .step_by(per)
+                .map(move |s| (i, s..(s + per).min(w.rows)))
         })
         .collect();
     let parts: Vec<Vec<f32>> = tasks
