@@ -849,19 +849,9 @@ impl Backend for CpuBackend {
         tokens: &[u32],
     ) -> Result<Vec<f32>, EngineError> {
         let walk = walk.walk();
-        if walk == Walk::Split {
-            if seqs.len() != tokens.len() {
-                return Err(EngineError::BatchShape {
-                    seqs: seqs.len(),
-                    tokens: tokens.len(),
-                });
-            }
-            if seqs.is_empty() {
-                return Err(EngineError::Empty { what: "batch" });
-            }
-            if seqs.len() == 1 && self.doors.serve_b1fast {
-                return self.decode_step_h(seqs[0], tokens[0]);
-            }
+        // Every other shape reaches batch_rows, which checks it.
+        if walk == Walk::Split && seqs.len() == 1 && tokens.len() == 1 && self.doors.serve_b1fast {
+            return self.decode_step_h(seqs[0], tokens[0]);
         }
         self.batch_step(seqs, tokens, walk)
     }

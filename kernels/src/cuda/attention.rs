@@ -299,24 +299,10 @@ impl Gpu {
         scale: f32,
     ) -> Result<(), KernelError> {
         const K: &str = "attention_split_k_rows_f32";
-        check_rows(K, rows)?;
-        if g.n_head_kv == 0 || !g.n_head.is_multiple_of(g.n_head_kv) || max_chunks == 0 {
-            return Err(shape(
-                K,
-                format!("{g:?}, max_chunks = {max_chunks}: n_head must be a multiple of n_head_kv"),
-            ));
-        }
-        let bt = rows.batch;
-        need(K, "q", q.len(), (bt - 1) * q_stride + g.q_dim())?;
-        need(K, "out", out.len(), bt * g.q_dim())?;
-        check_outq(K, &outq, bt, g)?;
-        need(
-            K,
-            "part_o",
-            part_o.len(),
-            bt * g.n_head * max_chunks * g.head_dim,
+        check_split_k_rows(
+            K, q, q_stride, rows, out, &outq, part_o, part_ml, g, max_chunks,
         )?;
-        need(K, "part_ml", part_ml.len(), bt * g.n_head * max_chunks * 2)?;
+        let bt = rows.batch;
         let (qs, h, hkv, d) = (
             int(K, "q_stride", q_stride)?,
             int(K, "n_head", g.n_head)?,
@@ -383,24 +369,10 @@ impl Gpu {
                 q, q_stride, rows, out, outq, part_o, part_ml, g, max_chunks, scale,
             );
         }
-        check_rows(K, rows)?;
-        if g.n_head_kv == 0 || !g.n_head.is_multiple_of(g.n_head_kv) || max_chunks == 0 {
-            return Err(shape(
-                K,
-                format!("{g:?}, max_chunks = {max_chunks}: n_head must be a multiple of n_head_kv"),
-            ));
-        }
-        let bt = rows.batch;
-        need(K, "q", q.len(), (bt - 1) * q_stride + g.q_dim())?;
-        need(K, "out", out.len(), bt * g.q_dim())?;
-        check_outq(K, &outq, bt, g)?;
-        need(
-            K,
-            "part_o",
-            part_o.len(),
-            bt * g.n_head * max_chunks * g.head_dim,
+        check_split_k_rows(
+            K, q, q_stride, rows, out, &outq, part_o, part_ml, g, max_chunks,
         )?;
-        need(K, "part_ml", part_ml.len(), bt * g.n_head * max_chunks * 2)?;
+        let bt = rows.batch;
         let (qs, h, hkv, d, nr, tile) = (
             int(K, "q_stride", q_stride)?,
             int(K, "n_head", g.n_head)?,
@@ -702,4 +674,39 @@ impl Gpu {
         }?;
         self.attention_combine_rows(rows, out, outq, part_o, part_ml, g, max_chunks)
     }
+}
+
+/// The shape checks the two split-K rows kernels (one-row and tiled) share: the rows, the
+/// head grouping, and every buffer's size for `rows.batch` rows of `max_chunks` chunks.
+#[allow(clippy::too_many_arguments)]
+fn check_split_k_rows(
+    k: &'static str,
+    q: &CudaSlice<f32>,
+    q_stride: usize,
+    rows: &AttnRows,
+    out: &CudaSlice<f32>,
+    outq: &Option<&mut CudaSlice<BlockQ8_1>>,
+    part_o: &CudaSlice<f32>,
+    part_ml: &CudaSlice<f32>,
+    g: RopeStoreArgs,
+    max_chunks: usize,
+) -> Result<(), KernelError> {
+    check_rows(k, rows)?;
+    if g.n_head_kv == 0 || !g.n_head.is_multiple_of(g.n_head_kv) || max_chunks == 0 {
+        return Err(shape(
+            k,
+            format!("{g:?}, max_chunks = {max_chunks}: n_head must be a multiple of n_head_kv"),
+        ));
+    }
+    let bt = rows.batch;
+    need(k, "q", q.len(), (bt - 1) * q_stride + g.q_dim())?;
+    need(k, "out", out.len(), bt * g.q_dim())?;
+    check_outq(k, outq, bt, g)?;
+    need(
+        k,
+        "part_o",
+        part_o.len(),
+        bt * g.n_head * max_chunks * g.head_dim,
+    )?;
+    need(k, "part_ml", part_ml.len(), bt * g.n_head * max_chunks * 2)
 }

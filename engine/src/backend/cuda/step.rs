@@ -383,21 +383,15 @@ impl<'a> Step<'a> {
                 ctx.chunks,
                 scale,
             )?;
-        } else if ctx.split_k && ctx.chunks > 1 && ctx.one_sequence {
-            gpu.attention_split_k_tile_rows(
-                self.qkv,
-                qd + 2 * kvd,
-                &rows,
-                self.att,
-                outq,
-                self.part_o,
-                self.part_ml,
-                geo,
-                ctx.chunks,
-                scale,
-            )?;
         } else if ctx.split_k && ctx.chunks > 1 {
-            gpu.attention_split_k_rows(
+            // A prompt pass's rows read one cache: the tiled form (the same bits).
+            let split_k_rows = if ctx.one_sequence {
+                Gpu::attention_split_k_tile_rows
+            } else {
+                Gpu::attention_split_k_rows
+            };
+            split_k_rows(
+                gpu,
                 self.qkv,
                 qd + 2 * kvd,
                 &rows,

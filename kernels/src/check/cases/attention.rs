@@ -445,33 +445,24 @@ pub fn attention_prompt_rows(gpu: &Gpu, rng: &mut Rng) -> R<Vec<CheckRow>> {
             let mut oq = zeros::<BlockQ8_1>(gpu, n_rows * qd / QK)?;
             let mut po = zeros::<f32>(gpu, n_rows * nh * chunks * hd)?;
             let mut pml = zeros::<f32>(gpu, n_rows * nh * chunks * 2)?;
-            if tiled {
-                gpu.attention_split_k_tile_rows(
-                    &dqkv,
-                    stride,
-                    &rows,
-                    &mut o,
-                    quantized.then_some(&mut oq),
-                    &mut po,
-                    &mut pml,
-                    g,
-                    chunks,
-                    scale,
-                )?;
+            let run = if tiled {
+                Gpu::attention_split_k_tile_rows
             } else {
-                gpu.attention_split_k_rows(
-                    &dqkv,
-                    stride,
-                    &rows,
-                    &mut o,
-                    quantized.then_some(&mut oq),
-                    &mut po,
-                    &mut pml,
-                    g,
-                    chunks,
-                    scale,
-                )?;
-            }
+                Gpu::attention_split_k_rows
+            };
+            run(
+                gpu,
+                &dqkv,
+                stride,
+                &rows,
+                &mut o,
+                quantized.then_some(&mut oq),
+                &mut po,
+                &mut pml,
+                g,
+                chunks,
+                scale,
+            )?;
             results.push((
                 down(gpu, &o)?,
                 down(gpu, &oq)?,
