@@ -81,7 +81,7 @@ pub fn probe() -> Result<(i32, i32), KernelError> {
 const DEFAULT_DYNAMIC_SMEM: usize = 48 * 1024;
 
 /// The static shared memory kernel `f` declares (0 when the driver does not say).
-fn static_smem(f: &CudaFunction) -> usize {
+fn read_static_smem(f: &CudaFunction) -> usize {
     use cudarc::driver::sys::CUfunction_attribute;
     f.get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
         .map_or(0, |v| v.max(0) as usize)
@@ -141,6 +141,8 @@ pub struct Gpu {
     /// The kernels whose dynamic shared memory limit is already raised, with that limit
     /// (`smem_optin` less the kernel's static shared memory).
     opted_in: Mutex<HashMap<&'static str, usize>>,
+    /// Each kernel's static shared memory, asked of the driver once.
+    static_smem: Mutex<HashMap<&'static str, usize>>,
     /// When batched tensor-core matvecs take the resident form ([`MmaResident`], from
     /// `MEMRA_MMA_RESIDENT` when the device is opened), stored as its index.
     mma_resident: std::sync::atomic::AtomicU8,
@@ -263,6 +265,7 @@ impl Gpu {
             pdl: tuning.pdl,
             smem_optin,
             opted_in: Mutex::new(HashMap::new()),
+            static_smem: Mutex::new(HashMap::new()),
             mma_resident: std::sync::atomic::AtomicU8::new(tuning.mma_resident as u8),
             small_batch: std::sync::atomic::AtomicU8::new(tuning.small_batch as u8),
             sm_count,
@@ -337,10 +340,28 @@ impl Gpu {
     /// The default limit, like the opt-in one, covers static and dynamic shared memory
     /// together, so a kernel with static shared memory fits under it only with that counted.
     fn allow_dynamic_smem(&self, name: &'static str, f: &CudaFunction, bytes: usize) -> bool {
-        bytes + static_smem(f) <= DEFAULT_DYNAMIC_SMEM
+        bytes + self.static_smem(name, f) <= DEFAULT_DYNAMIC_SMEM
             || self
                 .dynamic_smem_limit(name, f)
                 .is_some_and(|limit| bytes <= limit)
+    }
+
+    /// Kernel `name`'s (function `f`'s) static shared memory, read once and kept: the
+    /// launches that ask [`Gpu::allow_dynamic_smem`] are many and on the hot path.
+    fn static_smem(&self, name: &'static str, f: &CudaFunction) -> usize {
+        let kept = self
+            .static_smem
+            .lock()
+            .ok()
+            .and_then(|m| m.get(name).copied());
+        if let Some(v) = kept {
+            return v;
+        }
+        let v = read_static_smem(f);
+        if let Ok(mut m) = self.static_smem.lock() {
+            m.insert(name, v);
+        }
+        v
     }
 
     /// The most dynamic shared memory kernel `name` (function `f`) may take: the device's
@@ -353,7 +374,7 @@ impl Gpu {
         if let Some(&limit) = opted.get(name) {
             return Some(limit);
         }
-        let limit = self.smem_optin.saturating_sub(static_smem(f));
+        let limit = self.smem_optin.saturating_sub(read_static_smem(f));
         f.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             limit as i32,
@@ -412,6 +433,9 @@ impl Gpu {
         }
         // What was set or measured on the dropped functions goes with them.
         if let Ok(o) = self.opted_in.get_mut() {
+            o.clear();
+        }
+        if let Ok(o) = self.static_smem.get_mut() {
             o.clear();
         }
         if let Ok(o) = self.occupancy.get_mut() {

@@ -32,10 +32,11 @@ pub enum Walk {
     Unsplit,
 }
 
-/// A [`Walk`] that [`Backend::check_walk`] let through. Only this module builds one, so
-/// [`Backend::batch_pass`] and [`Backend::verify_pass`], which take it, cannot be handed a
-/// walk the placement refuses: the refusal lives once, above the backends, and no caller
-/// reaches a backend's pass around it.
+/// A [`Walk`] that [`Backend::check_walk`] let through. Only the backend module (and the
+/// backends inside it) can build one, so a caller outside reaches [`Backend::batch_pass`] and
+/// [`Backend::verify_pass`], which take it, only with a walk some backend's `check_walk`
+/// cleared: the refusal lives once, above the backends. The token does not name its backend;
+/// hand a pass only the one its own `check_walk` returned, as the trait's provided methods do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClearedWalk(Walk);
 

@@ -721,10 +721,12 @@ unsafe fn add_all(acc: &mut [f32], lane: usize, c: __m256) {
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
 unsafe fn scales8<B: FastBlock>(wg: &[B]) -> (__m256, __m256) {
+    const { assert!(std::mem::size_of::<B>() >= 4) };
     let wg = &wg[..8];
     let first4 = |k: usize| -> i32 {
-        // SAFETY: every block type is at least 18 bytes long, so its first 4 bytes lie in
-        // the block `wg[k]` (checked by the indexing); the read is unaligned.
+        // SAFETY: a block is at least 4 bytes long (asserted above; every block type is 18
+        // or more), so its first 4 bytes lie in the block `wg[k]` (checked by the
+        // indexing); the read is unaligned.
         unsafe { std::ptr::read_unaligned((&wg[k] as *const B).cast::<i32>()) }
     };
     let v = _mm256_setr_epi32(
