@@ -711,9 +711,10 @@ unsafe fn add_all(acc: &mut [f32], lane: usize, c: __m256) {
 /// the other types the second vector is meaningless and unused). Every block type starts with
 /// `d`, and Q4_1 continues with `m`, so one 32-bit read at each block's first byte reads
 /// both; F16C widens them exactly. Eight reads put together rather than `vpgatherdd`, which
-/// is microcoded on hosts with the gather-data-sampling mitigation (this one among them): the
-/// decode's profile moved from the gather to these reads, the first touch of each block's
-/// cache line, and the decode's speed did not move measurably.
+/// is microcoded and slow where the gather-data-sampling mitigation applies: on the
+/// development machine (which reports itself not affected) the decode's profile moved from
+/// the gather to these reads, the first touch of each block's cache line, and the decode's
+/// speed did not move measurably.
 ///
 /// # Safety
 ///
