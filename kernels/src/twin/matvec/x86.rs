@@ -529,8 +529,12 @@ unsafe fn quant_rows_in<B: FastBlock, const VNNI: bool>(
     }
     let lanes = if dp4a { DP4A_THREADS } else { 32 };
     refill(&mut acc, batch * lanes, 0.0);
+    let end = rows.end;
     for (i, r) in rows.enumerate() {
         let wr = &w[r * nb..(r + 1) * nb];
+        if r + PREFETCH_ROWS < end {
+            prefetch_row(&w[(r + PREFETCH_ROWS) * nb..(r + PREFETCH_ROWS + 1) * nb]);
+        }
         acc.fill(0.0);
         let ctx = Group {
             xs,
@@ -579,6 +583,26 @@ unsafe fn quant_rows_in<B: FastBlock, const VNNI: bool>(
     }
     F32_SCRATCH.set([dxs, sxs, acc]);
     B::pairs().set(xps);
+}
+
+/// Rows ahead of the one being computed whose weights are asked into the cache: the weight
+/// stream is the single-row matvec's stall (a decode profile puts its samples on the first
+/// read of each block), and the hardware prefetcher alone leaves it waiting. Measured on the
+/// development machine's decode: four rows ahead gave 1.25-1.4 times the speed of none;
+/// two rows gave less.
+const PREFETCH_ROWS: usize = 4;
+
+/// Asks for every cache line of the weight row `wr` (a hint: no fault, no change to any
+/// value).
+#[inline(always)]
+fn prefetch_row<B>(wr: &[B]) {
+    let p = wr.as_ptr().cast::<i8>();
+    let bytes = std::mem::size_of_val(wr);
+    for o in (0..bytes).step_by(64) {
+        // SAFETY: `o` is inside the row, so the pointer stays inside its allocation; a
+        // prefetch reads nothing the program sees (SSE, which every x86-64 host has).
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(o)) };
+    }
 }
 
 /// What every group of a call shares: the activation rows and their widened scales.
