@@ -1045,17 +1045,11 @@ mod tests {
         fn close_sequence(&mut self, seq: SeqId) -> Result<(), EngineError> {
             self.0.close_sequence(seq)
         }
-        fn seq_len(&self, seq: SeqId) -> Result<usize, EngineError> {
-            self.0.seq_len(seq)
+        fn sequences(&self) -> &memra_engine::backend::Sequences {
+            self.0.sequences()
         }
-        fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
-            self.0.prefill(seq, tokens)
-        }
-        fn prime(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
-            self.0.prime(seq, tokens)
-        }
-        fn decode_step_h(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, EngineError> {
-            self.0.decode_step_h(seq, token)
+        fn sequences_mut(&mut self) -> &mut memra_engine::backend::Sequences {
+            self.0.sequences_mut()
         }
         fn stage_plan(&self) -> &memra_engine::backend::stages::StagePlan {
             self.0.stage_plan()
@@ -1063,24 +1057,14 @@ mod tests {
         fn doors(&self) -> &Doors {
             self.0.doors()
         }
-        fn batch_pass(
+        fn run_rows(
             &mut self,
             walk: memra_engine::backend::ClearedWalk,
-            seqs: &[SeqId],
-            tokens: &[u32],
+            rows: &[memra_engine::backend::RowSpec],
+            pass: memra_engine::backend::Pass,
+            logits: std::ops::Range<usize>,
         ) -> Result<Vec<f32>, EngineError> {
-            self.0.batch_pass(walk, seqs, tokens)
-        }
-        fn verify_pass(
-            &mut self,
-            walk: memra_engine::backend::ClearedWalk,
-            seqs: &[SeqId],
-            drafts: &[Vec<u32>],
-        ) -> Result<Vec<f32>, EngineError> {
-            self.0.verify_pass(walk, seqs, drafts)
-        }
-        fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
-            self.0.rewind(seq, len)
+            self.0.run_rows(walk, rows, pass, logits)
         }
         fn parked_logits(&self) -> Result<Vec<f32>, EngineError> {
             self.0.parked_logits()

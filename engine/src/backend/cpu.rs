@@ -24,24 +24,13 @@ use rayon::prelude::*;
 use super::stages::{StagePlan, boundary_copy};
 use super::trace::{ActivationTrace, Composition, Site, SiteKey, SiteRecord};
 use super::{
-    Backend, ClearedWalk, RowSpec, TokenSite, Walk, batch_rows, canary_token, check_row_params,
-    check_token, norm_eps, prompt_commit, reserve_positions, rewind_len, verify_column_defect,
-    verify_rows,
+    Backend, ClearedWalk, Pass, RowSpec, Sequences, Tier, Walk, check_row_params, norm_eps,
 };
 use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::error::EngineError;
 use crate::model::{LayerWeights, LlamaConfig, LlamaModel, Weight, WeightData};
-use crate::sampling::{SamplingParams, sample_token_with};
+use crate::sampling::SamplingParams;
 use crate::seq::SeqId;
-
-/// Which composition a forward pass runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Tier {
-    /// rmsnorm and q8_1 quantization separate, scales inside the matvec.
-    Separate,
-    /// rmsnorm+quantize fused, the norm factor applied after the matvec.
-    Fused,
-}
 
 /// The KV cache of one sequence in one layer: `capacity` positions of `kv_dim` floats each.
 struct LayerKv {
@@ -65,26 +54,17 @@ pub struct Stage {
     input: Vec<f32>,
 }
 
-struct SeqState {
-    len: usize,
-    capacity: usize,
-    /// The length after the last prefill or prime (the canary's single-path site).
-    prompt_end: usize,
-}
-
 /// The CPU backend. See the module docs.
 pub struct CpuBackend {
     config: LlamaConfig,
     doors: Doors,
     family: MatvecFamily,
-    /// Whether the single-sequence path runs the fused tier (refused under MEMRA_MMVQ=0).
-    fused_single: bool,
     token_embd: Weight,
     output_norm: Vec<f32>,
     output: Option<Weight>,
     stages: Vec<Stage>,
     rope_table: Vec<f32>,
-    seqs: BTreeMap<SeqId, SeqState>,
+    seqs: Sequences,
     quantized: bool,
     /// The `[B, n_vocab]` logits of the last sampled batched step (the lean tick).
     parked: Option<Vec<f32>>,
@@ -93,17 +73,6 @@ pub struct CpuBackend {
     /// The activation trace being recorded, when enabled ([`Backend::start_trace`]); with
     /// `None` no site is copied anywhere.
     trace: Option<ActivationTrace>,
-}
-
-/// What a forward pass is, for the planted defects that belong to one kind of pass.
-#[derive(Debug, Clone, Copy, Default)]
-struct PassKind {
-    /// A batched decode step: the `batch-reduction` defect applies (when the pass has two
-    /// or more rows). A verify forward is not one: its columns are held to the sequence's
-    /// steps at B=1.
-    batched: bool,
-    /// A verify forward: the `stage-column` defect applies.
-    verify: bool,
 }
 
 /// The activations of a batch of rows in the two forms the matvecs take: f32 (float
@@ -162,7 +131,6 @@ impl CpuBackend {
         };
         let rope_table = twin::rope_table(config.head_dim, config.rope_base, config.n_ctx);
         Ok(CpuBackend {
-            fused_single: doors.mmvq && !doors.no_fuse_normq,
             family,
             doors,
             token_embd: model.token_embd,
@@ -170,7 +138,7 @@ impl CpuBackend {
             output: model.output,
             stages,
             rope_table,
-            seqs: BTreeMap::new(),
+            seqs: Sequences::default(),
             quantized,
             parked: None,
             plan,
@@ -204,29 +172,10 @@ impl CpuBackend {
         self.output.as_ref().unwrap_or(&self.token_embd)
     }
 
-    /// Reserves `adding` positions of `seq`, returning the first.
-    fn reserve(&self, seq: SeqId, adding: usize) -> Result<usize, EngineError> {
-        let st = self
-            .seqs
-            .get(&seq)
-            .ok_or(EngineError::UnknownSequence(seq))?;
-        reserve_positions(seq, st.len, st.capacity, adding)
-    }
-
-    /// Runs `rows` through the model with composition `tier`, appending each row's K and V
-    /// to its sequence's caches, and returns the logits of the rows selected by
-    /// `logits_rows` (`[selected, n_vocab]`).
-    fn forward(
-        &mut self,
-        rows: &[RowSpec],
-        tier: Tier,
-        logits_rows: Range<usize>,
-    ) -> Result<Vec<f32>, EngineError> {
-        self.forward_walk(rows, tier, logits_rows, Walk::Split, PassKind::default())
-    }
-
-    /// [`CpuBackend::forward`] with the walk over the stages and the kind of pass chosen
-    /// (where the test-only `batch-reduction` and `stage-column` defects apply).
+    /// Runs `rows` through the model with composition `tier` over `walk`, appending each
+    /// row's K and V to its sequence's caches, and returns the logits of the rows selected by
+    /// `logits_rows` (`[selected, n_vocab]`). `pass` says where the test-only
+    /// `batch-reduction` and `stage-column` defects apply.
     ///
     /// The pass runs on a thread of rayon's pool (`rayon::scope` called from outside it hands
     /// the closure to a worker and waits once): its parallel regions, about five a layer, then
@@ -238,9 +187,9 @@ impl CpuBackend {
         tier: Tier,
         logits_rows: Range<usize>,
         walk: Walk,
-        kind: PassKind,
+        pass: Pass,
     ) -> Result<Vec<f32>, EngineError> {
-        rayon::scope(|_| self.forward_in_pool(rows, tier, logits_rows, walk, kind))
+        rayon::scope(|_| self.forward_in_pool(rows, tier, logits_rows, walk, pass))
     }
 
     /// The body of [`CpuBackend::forward_walk`], on a pool thread.
@@ -250,9 +199,9 @@ impl CpuBackend {
         tier: Tier,
         logits_rows: Range<usize>,
         walk: Walk,
-        kind: PassKind,
+        pass: Pass,
     ) -> Result<Vec<f32>, EngineError> {
-        let batched = kind.batched;
+        let batched = pass == Pass::Batched;
         let c = self.config.clone();
         let n = rows.len();
         let mut x = vec![0.0f32; n * c.n_embd];
@@ -289,7 +238,7 @@ impl CpuBackend {
             Walk::Split => {
                 let skip_copy = self.doors.gate_defect == Some(GateDefect::BoundaryCopy);
                 let drop_column =
-                    kind.verify && self.doors.gate_defect == Some(GateDefect::StageColumn);
+                    pass == Pass::Verify && self.doors.gate_defect == Some(GateDefect::StageColumn);
                 for s in 0..self.stages.len() {
                     if s == 0 {
                         boundary_copy(&x, &mut self.stages[0].input);
@@ -348,20 +297,6 @@ impl CpuBackend {
         let mut logits = matmul(family, self.head(), &acts)?;
         post_scale_rows(&mut logits, c.n_vocab, &acts)?;
         Ok(logits)
-    }
-
-    fn commit_positions(&mut self, seq: SeqId, added: usize) {
-        if let Some(st) = self.seqs.get_mut(&seq) {
-            st.len += added;
-        }
-    }
-
-    /// [`CpuBackend::commit_positions`] of a prompt, which also marks where it ended.
-    fn commit_prompt(&mut self, seq: SeqId, added: usize) {
-        if let Some(st) = self.seqs.get_mut(&seq) {
-            st.len += added;
-            st.prompt_end = st.len;
-        }
     }
 }
 
@@ -726,11 +661,7 @@ impl Backend for CpuBackend {
             } else {
                 "float"
             },
-            norm: if self.fused_single {
-                "fused"
-            } else {
-                "separate"
-            },
+            norm: Tier::single_name(d),
             attention: if d.fa3 { "split-k" } else { "naive" },
             b1fast: d.serve_b1fast,
             kv: if d.kv_q8 { "q8_0" } else { "f32" },
@@ -749,15 +680,7 @@ impl Backend for CpuBackend {
     }
 
     fn open_sequence(&mut self, seq: SeqId, capacity: usize) -> Result<(), EngineError> {
-        if self.seqs.contains_key(&seq) {
-            return Err(EngineError::SequenceExists(seq));
-        }
-        if capacity == 0 || capacity > self.config.n_ctx {
-            return Err(EngineError::BadCapacity {
-                capacity,
-                n_ctx: self.config.n_ctx,
-            });
-        }
+        self.seqs.check_open(seq, capacity, self.config.n_ctx)?;
         let kvd = self.config.kv_dim();
         for stage in &mut self.stages {
             for layer in &mut stage.blocks {
@@ -770,68 +693,18 @@ impl Backend for CpuBackend {
                 );
             }
         }
-        self.seqs.insert(
-            seq,
-            SeqState {
-                len: 0,
-                capacity,
-                prompt_end: 0,
-            },
-        );
+        self.seqs.insert(seq, capacity);
         Ok(())
     }
 
     fn close_sequence(&mut self, seq: SeqId) -> Result<(), EngineError> {
-        self.seqs
-            .remove(&seq)
-            .ok_or(EngineError::UnknownSequence(seq))?;
+        self.seqs.remove(seq)?;
         for stage in &mut self.stages {
             for layer in &mut stage.blocks {
                 layer.kv.remove(&seq);
             }
         }
         Ok(())
-    }
-
-    fn seq_len(&self, seq: SeqId) -> Result<usize, EngineError> {
-        self.seqs
-            .get(&seq)
-            .map(|s| s.len)
-            .ok_or(EngineError::UnknownSequence(seq))
-    }
-
-    fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
-        let rows = self.prompt_rows(seq, tokens)?;
-        let logits = self.forward(&rows, Tier::Separate, 0..rows.len())?;
-        self.commit_prompt(seq, prompt_commit(&self.doors, &rows));
-        Ok(logits)
-    }
-
-    fn prime(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
-        let rows = self.prompt_rows(seq, tokens)?;
-        let logits = self.forward(&rows, Tier::Separate, rows.len() - 1..rows.len())?;
-        self.commit_prompt(seq, prompt_commit(&self.doors, &rows));
-        Ok(logits)
-    }
-
-    fn decode_step_h(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, EngineError> {
-        check_token(token, self.config.n_vocab)?;
-        let pos = self.reserve(seq, 1)?;
-        let prompt_end = self.seqs.get(&seq).map_or(0, |st| st.prompt_end);
-        let token = canary_token(
-            &self.doors,
-            token,
-            self.config.n_vocab,
-            TokenSite::Single { pos, prompt_end },
-        );
-        let tier = if self.fused_single {
-            Tier::Fused
-        } else {
-            Tier::Separate
-        };
-        let logits = self.forward(&[RowSpec { seq, pos, token }], tier, 0..1)?;
-        self.commit_positions(seq, 1);
-        Ok(logits)
     }
 
     fn stage_plan(&self) -> &StagePlan {
@@ -842,36 +715,25 @@ impl Backend for CpuBackend {
         &self.doors
     }
 
-    fn batch_pass(
-        &mut self,
-        walk: ClearedWalk,
-        seqs: &[SeqId],
-        tokens: &[u32],
-    ) -> Result<Vec<f32>, EngineError> {
-        let walk = walk.walk();
-        // Every other shape reaches batch_rows, which checks it.
-        if walk == Walk::Split && seqs.len() == 1 && tokens.len() == 1 && self.doors.serve_b1fast {
-            return self.decode_step_h(seqs[0], tokens[0]);
-        }
-        self.batch_step(seqs, tokens, walk)
+    fn sequences(&self) -> &Sequences {
+        &self.seqs
     }
 
-    fn verify_pass(
-        &mut self,
-        walk: ClearedWalk,
-        seqs: &[SeqId],
-        drafts: &[Vec<u32>],
-    ) -> Result<Vec<f32>, EngineError> {
-        self.verify_walk(seqs, drafts, walk.walk())
+    fn sequences_mut(&mut self) -> &mut Sequences {
+        &mut self.seqs
     }
 
-    fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
-        let st = self
-            .seqs
-            .get_mut(&seq)
-            .ok_or(EngineError::UnknownSequence(seq))?;
-        st.len = rewind_len(&self.doors, seq, st.len, len)?;
-        Ok(())
+    /// The single-sequence pass runs the fused tier where the doors allow it; every other
+    /// pass the separate composition.
+    fn run_rows(
+        &mut self,
+        walk: ClearedWalk,
+        rows: &[RowSpec],
+        pass: Pass,
+        logits: Range<usize>,
+    ) -> Result<Vec<f32>, EngineError> {
+        let tier = Tier::of(pass, &self.doors);
+        self.forward_walk(rows, tier, logits, walk.walk(), pass)
     }
 
     fn start_trace(&mut self) -> bool {
@@ -891,25 +753,6 @@ impl Backend for CpuBackend {
         })
     }
 
-    /// [`Backend::decode_step_h`], then one token from the host sampler under this
-    /// backend's doors (the planted `top-p-cut` defect reaches it too).
-    fn decode_step_h_sampled(
-        &mut self,
-        seq: SeqId,
-        token: u32,
-        params: &SamplingParams,
-    ) -> Result<u32, EngineError> {
-        let logits = self.decode_step_h(seq, token)?;
-        let step = self.seq_len(seq)?;
-        sample_token_with(
-            &logits,
-            params,
-            seq,
-            step,
-            crate::sampling::nucleus(&self.doors),
-        )
-    }
-
     /// The lean tick: one batched step whose logits stay parked in the backend
     /// ([`Backend::parked_logits`]) while only the tokens come back, row `b` chosen under
     /// `params[b]`.
@@ -921,97 +764,8 @@ impl Backend for CpuBackend {
     ) -> Result<Vec<u32>, EngineError> {
         check_row_params(seqs, params)?;
         let logits = self.decode_step_batch(seqs, tokens)?;
-        let n_vocab = self.config.n_vocab;
-        let wrong_counter = self.doors.gate_defect == Some(GateDefect::SampleCounter);
-        let nucleus = crate::sampling::nucleus(&self.doors);
-        let out = seqs
-            .iter()
-            .zip(params)
-            .zip(logits.chunks_exact(n_vocab))
-            .enumerate()
-            .map(|(b, ((&seq, p), row))| {
-                let step = self.seq_len(seq)?;
-                // The planted defect keys the stream by the batch row as well as the step.
-                let counter = if wrong_counter { step + b } else { step };
-                sample_token_with(row, p, seq, counter, nucleus)
-            })
-            .collect::<Result<Vec<u32>, EngineError>>()?;
+        let out = super::host_sample_rows(self, seqs, params, &logits)?;
         self.parked = Some(logits);
         Ok(out)
-    }
-}
-
-impl CpuBackend {
-    /// One batched decode step over `walk`: validates every row before any cache moves.
-    fn batch_step(
-        &mut self,
-        seqs: &[SeqId],
-        tokens: &[u32],
-        walk: Walk,
-    ) -> Result<Vec<f32>, EngineError> {
-        let rows = batch_rows(seqs, tokens, &self.doors, self.config.n_vocab, |seq| {
-            self.reserve(seq, 1)
-        })?;
-        let kind = PassKind {
-            batched: true,
-            verify: false,
-        };
-        let logits = self.forward_walk(&rows, Tier::Separate, 0..rows.len(), walk, kind)?;
-        for &seq in seqs {
-            self.commit_positions(seq, 1);
-        }
-        Ok(logits)
-    }
-}
-
-impl CpuBackend {
-    /// One verify forward over `walk` in the separate composition (the batched path's):
-    /// validates every row before any cache moves.
-    fn verify_walk(
-        &mut self,
-        seqs: &[SeqId],
-        drafts: &[Vec<u32>],
-        walk: Walk,
-    ) -> Result<Vec<f32>, EngineError> {
-        let rows = verify_rows(seqs, drafts, self.config.n_vocab, |seq, n| {
-            self.reserve(seq, n)
-        })?;
-        let kind = PassKind {
-            batched: false,
-            verify: true,
-        };
-        let mut logits = self.forward_walk(&rows, Tier::Separate, 0..rows.len(), walk, kind)?;
-        for (&seq, d) in seqs.iter().zip(drafts) {
-            self.commit_positions(seq, d.len());
-        }
-        let lens: Vec<usize> = drafts.iter().map(Vec::len).collect();
-        verify_column_defect(&self.doors, &lens, &mut logits, self.config.n_vocab);
-        Ok(logits)
-    }
-
-    /// The rows of a prompt appended to `seq`, checked against the vocabulary and the
-    /// sequence's capacity.
-    fn prompt_rows(&self, seq: SeqId, tokens: &[u32]) -> Result<Vec<RowSpec>, EngineError> {
-        if tokens.is_empty() {
-            return Err(EngineError::Empty { what: "prompt" });
-        }
-        for &t in tokens {
-            check_token(t, self.config.n_vocab)?;
-        }
-        let start = self.reserve(seq, tokens.len())?;
-        Ok(tokens
-            .iter()
-            .enumerate()
-            .map(|(i, &token)| RowSpec {
-                seq,
-                pos: start + i,
-                token: canary_token(
-                    &self.doors,
-                    token,
-                    self.config.n_vocab,
-                    TokenSite::Prompt { pos: start + i },
-                ),
-            })
-            .collect())
     }
 }

@@ -4,14 +4,20 @@
 //! parameters per row (`decode_step_batch_sampled_rows`).
 //!
 //! This module owns the contract (the [`Backend`] trait, the row and batch rules, the
-//! canary rule) and backend selection from the doors. The sequence identity and the error
-//! type live below it, in `crate::seq` and `crate::error`, so the sampler can use them
-//! without importing the backends; they are re-exported here as part of the API. *How* a
-//! step is computed belongs to each backend: [`cpu`] builds it from the kernel twins; the
-//! CUDA backend from the kernels.
+//! canary rule) and backend selection from the doors. Every call of the API is walked once,
+//! here, in the trait's provided methods: the walk is cleared ([`Backend::check_walk`]), the
+//! rows are checked against the open sequences ([`Sequences`]) before any cache moves, the
+//! backend computes them ([`Backend::run_rows`], the one thing a backend must do besides
+//! holding caches), and the positions are committed, with the planted bookkeeping defects
+//! applied in one place. The sequence identity and the error type live below it, in
+//! `crate::seq` and `crate::error`, so the sampler can use them without importing the
+//! backends; they are re-exported here as part of the API. *How* rows are computed belongs
+//! to each backend: [`cpu`] builds them from the kernel twins; the CUDA backend from the
+//! kernels.
 
 pub mod cpu;
 pub mod cuda;
+pub mod sequences;
 pub mod stages;
 pub mod trace;
 
@@ -21,6 +27,8 @@ pub use crate::seq::SeqId;
 use crate::doors::{BackendChoice, Doors, DoorsReport, GateDefect};
 use crate::model::{LlamaConfig, LlamaModel};
 use crate::sampling::SamplingParams;
+pub use sequences::Sequences;
+use std::ops::Range;
 
 /// How a batched pass walks a pipeline placement (`MEMRA_PP_STAGES`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -32,11 +40,12 @@ pub enum Walk {
     Unsplit,
 }
 
-/// A [`Walk`] that [`Backend::check_walk`] let through. Only the backend module (and the
-/// backends inside it) can build one, so a caller outside reaches [`Backend::batch_pass`] and
-/// [`Backend::verify_pass`], which take it, only with a walk some backend's `check_walk`
-/// cleared: the refusal lives once, above the backends. The token does not name its backend;
-/// hand a pass only the one its own `check_walk` returned, as the trait's provided methods do.
+/// A [`Walk`] that [`Backend::check_walk`] let through (or the split walk, which is never
+/// refused). Only the backend module (and the backends inside it) can build one, so a caller
+/// outside reaches [`Backend::run_rows`], which takes it, only with a walk some backend's
+/// `check_walk` cleared: the refusal lives once, above the backends. The token does not name
+/// its backend; hand a pass only the one its own `check_walk` returned, as the trait's
+/// provided methods do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClearedWalk(Walk);
 
@@ -45,13 +54,67 @@ impl ClearedWalk {
     pub fn walk(self) -> Walk {
         self.0
     }
+
+    /// The split walk, which every placement runs.
+    const SPLIT: ClearedWalk = ClearedWalk(Walk::Split);
+}
+
+/// What a pass of [`Backend::run_rows`] is: which composition it runs and which planted
+/// defects apply to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pass {
+    /// Prompt rows of one sequence, in the separate composition.
+    Prompt,
+    /// One row of the single-sequence path: the fused tier where the backend runs it.
+    Single,
+    /// A step of the batched path, one row per sequence, in the separate composition (the
+    /// `batch-reduction` defect applies at two rows or more).
+    Batched,
+    /// A verify forward, in the batched path's composition (the `stage-column` defect
+    /// applies).
+    Verify,
+}
+
+/// Which composition a pass runs (DESIGN §7): the *separate* one (rmsnorm, then q8_1, every
+/// scale inside the matvec) of prompts, the batched path and verify forwards, or the *fused*
+/// tier of the single-sequence path (rmsnorm+quantize fused, the norm factor applied after).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Tier {
+    Separate,
+    Fused,
+}
+
+impl Tier {
+    /// The composition of `pass` under `doors`: the fused tier for the single-sequence path
+    /// where the doors allow it (`MEMRA_MMVQ` on, `MEMRA_NOFUSE_NORMQ` off), the separate one
+    /// everywhere else.
+    pub(crate) fn of(pass: Pass, doors: &Doors) -> Tier {
+        if pass == Pass::Single && doors.mmvq && !doors.no_fuse_normq {
+            Tier::Fused
+        } else {
+            Tier::Separate
+        }
+    }
+
+    /// Its name in the doors row (`norm`) for the single-sequence path under `doors`.
+    pub(crate) fn single_name(doors: &Doors) -> &'static str {
+        match Tier::of(Pass::Single, doors) {
+            Tier::Fused => "fused",
+            Tier::Separate => "separate",
+        }
+    }
 }
 
 /// The engine API shared by the CPU and CUDA backends.
 ///
 /// Logits come back row-major as `[rows, n_vocab]` f32. Sampled variants return one token per
-/// row, drawn by [`crate::sampling::sample_token`] keyed by (seed, [`SeqId`], step), where the
-/// step is the position the sampled token will take in its sequence.
+/// row, drawn as [`crate::sampling::sample_token`] draws it, keyed by (seed, [`SeqId`], step),
+/// where the step is the position the sampled token will take in its sequence.
+///
+/// A backend implements the accessors, [`Backend::open_sequence`] and
+/// [`Backend::close_sequence`] (its caches) and [`Backend::run_rows`] (its arithmetic); every
+/// other method is provided, walked once here, and a backend overrides one only to compute
+/// the same thing its own way (the CUDA backend samples on the device).
 pub trait Backend: Send {
     /// The model shape.
     fn config(&self) -> &LlamaConfig;
@@ -65,20 +128,11 @@ pub trait Backend: Send {
     /// Closes a sequence and frees its caches.
     fn close_sequence(&mut self, seq: SeqId) -> Result<(), EngineError>;
 
-    /// Number of positions a sequence holds.
-    fn seq_len(&self, seq: SeqId) -> Result<usize, EngineError>;
+    /// The sequences this backend holds, as the engine API sees them.
+    fn sequences(&self) -> &Sequences;
 
-    /// Appends `tokens` to the sequence and returns the logits after every one of them:
-    /// `[tokens.len(), n_vocab]`.
-    fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError>;
-
-    /// The lean prefill: appends `tokens` and fills the caches, computing logits only after
-    /// the last token (`[n_vocab]`).
-    fn prime(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError>;
-
-    /// One decode step of one sequence on the single-sequence path: appends `token`,
-    /// returns `[n_vocab]` logits.
-    fn decode_step_h(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, EngineError>;
+    /// [`Backend::sequences`], to commit the positions a pass appended.
+    fn sequences_mut(&mut self) -> &mut Sequences;
 
     /// The stage plan the model was placed by (one stage when unsplit).
     fn stage_plan(&self) -> &stages::StagePlan;
@@ -86,23 +140,63 @@ pub trait Backend: Send {
     /// The doors this backend was opened with.
     fn doors(&self) -> &Doors;
 
-    /// The batched decode pass over `walk`, for [`Backend::decode_step_batch_walk`]:
-    /// backends compute, and the refusal of the unsplit walk lives once, in
-    /// [`Backend::check_walk`], the only source of a [`ClearedWalk`].
-    fn batch_pass(
+    /// Computes `rows` (checked by [`Sequences`], every row's position reserved but not yet
+    /// committed) as one `pass` over `walk`, writing each row's K and V at its position, and
+    /// returns the logits of the rows in `logits` (`[logits.len(), n_vocab]`). This is all a
+    /// backend computes: the checks, the commits, the canary rule and the bookkeeping defects
+    /// live above it, in the trait's provided methods and [`Sequences`]. A backend may refuse
+    /// a walk it cannot run on its devices, before anything runs.
+    fn run_rows(
         &mut self,
         walk: ClearedWalk,
-        seqs: &[SeqId],
-        tokens: &[u32],
+        rows: &[RowSpec],
+        pass: Pass,
+        logits: Range<usize>,
     ) -> Result<Vec<f32>, EngineError>;
 
-    /// The verify pass over `walk`, for [`Backend::verify_batch_walk`].
-    fn verify_pass(
-        &mut self,
-        walk: ClearedWalk,
-        seqs: &[SeqId],
-        drafts: &[Vec<u32>],
-    ) -> Result<Vec<f32>, EngineError>;
+    /// Number of positions a sequence holds.
+    fn seq_len(&self, seq: SeqId) -> Result<usize, EngineError> {
+        self.sequences().len(seq)
+    }
+
+    /// Appends `tokens` to the sequence and returns the logits after every one of them:
+    /// `[tokens.len(), n_vocab]`.
+    fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
+        let n_vocab = self.config().n_vocab;
+        let rows = self
+            .sequences()
+            .prompt_rows(self.doors(), n_vocab, seq, tokens)?;
+        let logits = self.run_rows(ClearedWalk::SPLIT, &rows, Pass::Prompt, 0..rows.len())?;
+        let doors = self.doors().clone();
+        self.sequences_mut().commit_prompt(&doors, &rows);
+        Ok(logits)
+    }
+
+    /// The lean prefill: appends `tokens` and fills the caches, computing logits only after
+    /// the last token (`[n_vocab]`).
+    fn prime(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
+        let n_vocab = self.config().n_vocab;
+        let rows = self
+            .sequences()
+            .prompt_rows(self.doors(), n_vocab, seq, tokens)?;
+        let last = rows.len() - 1..rows.len();
+        let logits = self.run_rows(ClearedWalk::SPLIT, &rows, Pass::Prompt, last)?;
+        let doors = self.doors().clone();
+        self.sequences_mut().commit_prompt(&doors, &rows);
+        Ok(logits)
+    }
+
+    /// One decode step of one sequence on the single-sequence path: appends `token`,
+    /// returns `[n_vocab]` logits.
+    fn decode_step_h(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, EngineError> {
+        let n_vocab = self.config().n_vocab;
+        let row = self
+            .sequences()
+            .single_row(self.doors(), n_vocab, seq, token)?;
+        let logits = self.run_rows(ClearedWalk::SPLIT, &[row], Pass::Single, 0..1)?;
+        self.sequences_mut().commit(seq, 1);
+        Ok(logits)
+    }
 
     /// Refuses the unsplit walk on a split placement ([`stages::StagePlan::unsplit_refusal`]),
     /// before any cache is touched, unless `MEMRA_PP_ALLOW_UNSPLIT_BATCH=1`; a walk that may
@@ -129,7 +223,9 @@ pub trait Backend: Send {
     /// walk, with no stage boundary: on an unsplit model it equals the split walk bit for
     /// bit; on a split placement it is refused ([`Backend::check_walk`]) unless
     /// `MEMRA_PP_ALLOW_UNSPLIT_BATCH=1`, and then walks the stage-owned weights and caches as
-    /// one body (the pipeline gate's localizer).
+    /// one body (the pipeline gate's localizer). Under `MEMRA_SERVE_B1FAST=1` a split step of
+    /// one row takes the single-sequence path ([`Backend::decode_step_h`]). Every row is
+    /// checked ([`Sequences::batch_rows`]) before any cache moves.
     fn decode_step_batch_walk(
         &mut self,
         walk: Walk,
@@ -137,7 +233,22 @@ pub trait Backend: Send {
         tokens: &[u32],
     ) -> Result<Vec<f32>, EngineError> {
         let walk = self.check_walk(walk)?;
-        self.batch_pass(walk, seqs, tokens)
+        if walk.walk() == Walk::Split
+            && seqs.len() == 1
+            && tokens.len() == 1
+            && self.doors().serve_b1fast
+        {
+            return self.decode_step_h(seqs[0], tokens[0]);
+        }
+        let n_vocab = self.config().n_vocab;
+        let rows = self
+            .sequences()
+            .batch_rows(self.doors(), n_vocab, seqs, tokens)?;
+        let logits = self.run_rows(walk, &rows, Pass::Batched, 0..rows.len())?;
+        for &seq in seqs {
+            self.sequences_mut().commit(seq, 1);
+        }
+        Ok(logits)
     }
 
     /// The verify forward of speculative decoding: appends `drafts[b]` (T_b ≥ 1 tokens: the
@@ -145,8 +256,8 @@ pub trait Backend: Send {
     /// after every appended position, sequence by sequence: `[ΣT_b, n_vocab]`. It runs the
     /// batched path's composition, so column j of sequence b is bit-identical to the logits
     /// [`Backend::decode_step_batch`] returns for the same token at the same position.
-    /// Every row is checked ([`verify_rows`]) before any cache moves; the positions stay
-    /// appended until [`Backend::rewind`] drops the rejected ones.
+    /// Every row is checked ([`Sequences::verify_rows`]) before any cache moves; the
+    /// positions stay appended until [`Backend::rewind`] drops the rejected ones.
     fn verify_batch(
         &mut self,
         seqs: &[SeqId],
@@ -164,13 +275,24 @@ pub trait Backend: Send {
         drafts: &[Vec<u32>],
     ) -> Result<Vec<f32>, EngineError> {
         let walk = self.check_walk(walk)?;
-        self.verify_pass(walk, seqs, drafts)
+        let n_vocab = self.config().n_vocab;
+        let rows = self.sequences().verify_rows(n_vocab, seqs, drafts)?;
+        let mut logits = self.run_rows(walk, &rows, Pass::Verify, 0..rows.len())?;
+        for (&seq, d) in seqs.iter().zip(drafts) {
+            self.sequences_mut().commit(seq, d.len());
+        }
+        let lens: Vec<usize> = drafts.iter().map(Vec::len).collect();
+        verify_column_defect(self.doors(), &lens, &mut logits, n_vocab);
+        Ok(logits)
     }
 
     /// Cuts `seq` back to its first `len` positions, as if the rest were never appended:
     /// later positions are written over and no attention reads past the length. Refused
     /// ([`EngineError::RewindPast`]) when `len` exceeds what the sequence holds.
-    fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError>;
+    fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
+        let doors = self.doors().clone();
+        self.sequences_mut().rewind(&doors, seq, len)
+    }
 
     /// The `[B, n_vocab]` logits parked by the last [`Backend::decode_step_batch_sampled`]
     /// (the lean tick, which returns only tokens), bit-identical to what
@@ -194,7 +316,8 @@ pub trait Backend: Send {
         None
     }
 
-    /// [`Backend::decode_step_h`], then one sampled token.
+    /// [`Backend::decode_step_h`], then one token from the host sampler under this
+    /// backend's doors (the planted `top-p-cut` defect reaches it too).
     fn decode_step_h_sampled(
         &mut self,
         seq: SeqId,
@@ -203,7 +326,8 @@ pub trait Backend: Send {
     ) -> Result<u32, EngineError> {
         let logits = self.decode_step_h(seq, token)?;
         let step = self.seq_len(seq)?;
-        crate::sampling::sample_token(&logits, params, seq, step)
+        let nucleus = crate::sampling::nucleus(self.doors());
+        crate::sampling::sample_token_with(&logits, params, seq, step, nucleus)
     }
 
     /// [`Backend::decode_step_batch_sampled_rows`] with the same parameters for every row.
@@ -228,16 +352,33 @@ pub trait Backend: Send {
     ) -> Result<Vec<u32>, EngineError> {
         check_row_params(seqs, params)?;
         let logits = self.decode_step_batch(seqs, tokens)?;
-        let n_vocab = self.config().n_vocab;
-        seqs.iter()
-            .zip(params)
-            .zip(logits.chunks_exact(n_vocab))
-            .map(|((&seq, p), row)| {
-                let step = self.seq_len(seq)?;
-                crate::sampling::sample_token(row, p, seq, step)
-            })
-            .collect()
+        host_sample_rows(self, seqs, params, &logits)
     }
+}
+
+/// One token per row of a batched step's `logits` (its positions committed), row `b` drawn
+/// by the host sampler under `params[b]` and `be`'s doors, keyed by the position the token
+/// will take. Under the test-only `sample-counter` defect the stream is keyed by the batch
+/// row as well, and the `top-p-cut` defect reaches the nucleus.
+pub(crate) fn host_sample_rows<B: Backend + ?Sized>(
+    be: &B,
+    seqs: &[SeqId],
+    params: &[SamplingParams],
+    logits: &[f32],
+) -> Result<Vec<u32>, EngineError> {
+    let doors = be.doors();
+    let wrong_counter = doors.gate_defect == Some(GateDefect::SampleCounter);
+    let nucleus = crate::sampling::nucleus(doors);
+    seqs.iter()
+        .zip(params)
+        .zip(logits.chunks_exact(be.config().n_vocab))
+        .enumerate()
+        .map(|(b, ((&seq, p), row))| {
+            let step = be.seq_len(seq)?;
+            let counter = if wrong_counter { step + b } else { step };
+            crate::sampling::sample_token_with(row, p, seq, counter, nucleus)
+        })
+        .collect()
 }
 
 /// Refuses per-row sampling parameters that are not one valid set per sequence of the batch.
@@ -255,153 +396,39 @@ pub(crate) fn check_row_params(
     params.iter().try_for_each(SamplingParams::validate)
 }
 
-/// One row of a forward pass: which sequence, at which position, with which token. Shared by
-/// the backends so both read a batch the same way.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RowSpec {
+/// One row of a forward pass: which sequence, at which position, with which token (after
+/// the canary rule). Built only by [`Sequences`], which checks it against the sequence's
+/// capacity and the vocabulary, so a caller outside the engine can hand
+/// [`Backend::run_rows`] only rows the engine made; every backend reads a pass's rows the same
+/// way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowSpec {
     pub(crate) seq: SeqId,
     pub(crate) pos: usize,
     pub(crate) token: u32,
 }
 
-/// Refuses a token outside the vocabulary.
-pub(crate) fn check_token(token: u32, n_vocab: usize) -> Result<(), EngineError> {
-    if (token as usize) < n_vocab {
-        Ok(())
-    } else {
-        Err(EngineError::BadToken { token, n_vocab })
+impl RowSpec {
+    /// The sequence the row appends to.
+    pub fn seq(&self) -> SeqId {
+        self.seq
     }
-}
 
-/// Room for `adding` more positions in `seq`, which holds `len` of `capacity`: the first new
-/// position, or why there is none. Looking the sequence up is the backend's.
-pub(crate) fn reserve_positions(
-    seq: SeqId,
-    len: usize,
-    capacity: usize,
-    adding: usize,
-) -> Result<usize, EngineError> {
-    if len + adding > capacity {
-        return Err(EngineError::CacheFull {
-            seq,
-            len,
-            capacity,
-            adding,
-        });
+    /// The position the row takes.
+    pub fn pos(&self) -> usize {
+        self.pos
     }
-    Ok(len)
-}
 
-/// The rows of one batched decode step, validated before any cache moves: one token per
-/// sequence, no sequence twice, every token in the vocabulary, and room in every cache
-/// (`reserve(seq)` returns the position the row takes, or why it cannot). The canary rule
-/// ([`canary_token`]) applies to each row as a [`TokenSite::BatchRow`].
-pub(crate) fn batch_rows(
-    seqs: &[SeqId],
-    tokens: &[u32],
-    doors: &Doors,
-    n_vocab: usize,
-    reserve: impl Fn(SeqId) -> Result<usize, EngineError>,
-) -> Result<Vec<RowSpec>, EngineError> {
-    if seqs.len() != tokens.len() {
-        return Err(EngineError::BatchShape {
-            seqs: seqs.len(),
-            tokens: tokens.len(),
-        });
+    /// The token it feeds.
+    pub fn token(&self) -> u32 {
+        self.token
     }
-    if seqs.is_empty() {
-        return Err(EngineError::Empty { what: "batch" });
-    }
-    let mut rows = Vec::with_capacity(seqs.len());
-    for (b, (&seq, &token)) in seqs.iter().zip(tokens).enumerate() {
-        check_token(token, n_vocab)?;
-        if seqs[..b].contains(&seq) {
-            return Err(EngineError::DuplicateInBatch { seq });
-        }
-        let pos = reserve(seq)?;
-        let site = TokenSite::BatchRow {
-            row: b,
-            rows: seqs.len(),
-        };
-        let token = canary_token(doors, token, n_vocab, site);
-        rows.push(RowSpec { seq, pos, token });
-    }
-    Ok(rows)
-}
-
-/// The rows of one verify forward, validated before any cache moves: one draft per
-/// sequence, no sequence twice, no empty draft, every token in the vocabulary, and room in
-/// every cache (`reserve(seq, n)` returns the first of `n` positions, or why there are
-/// none). Rows go sequence by sequence, each draft's positions in order. Verify rows are no
-/// canary site ([`canary_token`]): the plumbing canary belongs to the prompt and decode
-/// paths.
-pub(crate) fn verify_rows(
-    seqs: &[SeqId],
-    drafts: &[Vec<u32>],
-    n_vocab: usize,
-    reserve: impl Fn(SeqId, usize) -> Result<usize, EngineError>,
-) -> Result<Vec<RowSpec>, EngineError> {
-    if seqs.len() != drafts.len() {
-        return Err(EngineError::BatchShape {
-            seqs: seqs.len(),
-            tokens: drafts.len(),
-        });
-    }
-    if seqs.is_empty() {
-        return Err(EngineError::Empty {
-            what: "verify batch",
-        });
-    }
-    let mut rows = Vec::with_capacity(drafts.iter().map(Vec::len).sum());
-    for (b, (&seq, draft)) in seqs.iter().zip(drafts).enumerate() {
-        if seqs[..b].contains(&seq) {
-            return Err(EngineError::DuplicateInBatch { seq });
-        }
-        if draft.is_empty() {
-            return Err(EngineError::Empty {
-                what: "verify draft",
-            });
-        }
-        for &t in draft {
-            check_token(t, n_vocab)?;
-        }
-        let start = reserve(seq, draft.len())?;
-        rows.extend(draft.iter().enumerate().map(|(i, &token)| RowSpec {
-            seq,
-            pos: start + i,
-            token,
-        }));
-    }
-    Ok(rows)
-}
-
-/// The length a rewind of `seq` (holding `len`) to `to` leaves: `to`, or why not. Under
-/// the test-only `rewind-slot` defect a rewind that drops anything keeps one rejected slot.
-/// Shared by every backend so the defect reaches each alike.
-pub(crate) fn rewind_len(
-    doors: &Doors,
-    seq: SeqId,
-    len: usize,
-    to: usize,
-) -> Result<usize, EngineError> {
-    if to > len {
-        return Err(EngineError::RewindPast { seq, len, to });
-    }
-    if to < len && doors.gate_defect == Some(GateDefect::RewindSlot) {
-        return Ok(to + 1);
-    }
-    Ok(to)
 }
 
 /// The test-only `verify-column` defect on a verify forward's logits (`[ΣT_b, n_vocab]`,
 /// drafts of `lens`): every column after a sequence's first takes the column before it.
 /// Shared by every backend so the defect reaches each alike.
-pub(crate) fn verify_column_defect(
-    doors: &Doors,
-    lens: &[usize],
-    logits: &mut [f32],
-    n_vocab: usize,
-) {
+fn verify_column_defect(doors: &Doors, lens: &[usize], logits: &mut [f32], n_vocab: usize) {
     if doors.gate_defect != Some(GateDefect::VerifyColumn) {
         return;
     }
@@ -445,19 +472,6 @@ pub fn open_backend(model: LlamaModel, doors: &Doors) -> Result<Box<dyn Backend>
                 Ok(Box::new(cpu::CpuBackend::new(model, doors.clone())?))
             }
         },
-    }
-}
-
-/// How many of a prompt's `rows` positions a backend commits to the sequence: all of them,
-/// except under `MEMRA_GATE_DEFECT=chunk-cache`, where a prompt that continues the sequence
-/// (its first row is not position 0) commits one too few. Shared by every backend so the
-/// defect reaches each alike.
-pub(crate) fn prompt_commit(doors: &Doors, rows: &[RowSpec]) -> usize {
-    let continues = rows.first().is_some_and(|r| r.pos > 0);
-    if continues && rows.len() > 1 && doors.gate_defect == Some(GateDefect::ChunkCache) {
-        rows.len() - 1
-    } else {
-        rows.len()
     }
 }
 

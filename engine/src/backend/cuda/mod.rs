@@ -69,11 +69,7 @@ pub use weights::{DevModel, DevWeight, PeerAccess, Placement};
 
 use super::stages::StagePlan;
 use super::trace::ActivationTrace;
-use super::{
-    Backend, RowSpec, TokenSite, batch_rows, canary_token, check_token, norm_eps, prompt_commit,
-    reserve_positions,
-};
-use super::{ClearedWalk, Walk};
+use super::{Backend, ClearedWalk, Pass, RowSpec, Sequences, Tier, Walk, norm_eps};
 use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::error::EngineError;
 use crate::model::{LlamaConfig, LlamaModel};
@@ -89,31 +85,9 @@ use tap::Tap;
 /// passes (rows are independent, so the split changes no bit).
 pub const MAX_ROWS: usize = 64;
 
-/// What a pass computes: a prompt chunk (eager launches), a single-sequence decode step, a
-/// step of the batched path or a verify forward (the last three
-/// replayed as CUDA graphs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PassKind {
-    Prompt,
-    Single,
-    Batched,
-    Verify,
-}
-
-/// Which composition a pass runs (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Tier {
-    Separate,
-    Fused,
-}
-
 /// A sequence: its length and its KV caches, one `[capacity, kv_dim]` buffer per layer on
 /// that layer's device.
-struct DevSeq {
-    len: usize,
-    capacity: usize,
-    /// The length after the last prefill or prime (the canary's single-path site).
-    prompt_end: usize,
+struct DevCaches {
     /// Distinguishes a reopened id from the sequence it replaced in the pointer tables.
     generation: u64,
     k: Vec<CudaSlice<f32>>,
@@ -125,8 +99,6 @@ pub struct CudaBackend {
     dm: Arc<DevModel>,
     doors: Doors,
     family: MatvecFamily,
-    /// Whether the single-sequence path runs the fused tier (refused under MEMRA_MMVQ=0).
-    fused_single: bool,
     /// The load-time stage plan.
     plan: StagePlan,
     /// The layers each stage walks (the plan's ranges).
@@ -146,7 +118,8 @@ pub struct CudaBackend {
     /// on the head's device.
     parked: Option<CudaSlice<f32>>,
     parked_rows: Option<usize>,
-    seqs: BTreeMap<SeqId, DevSeq>,
+    seqs: Sequences,
+    caches: BTreeMap<SeqId, DevCaches>,
     generation: u64,
     scratch: Option<Buffers>,
     graphs: HashMap<GraphKey, Vec<Graph>>,
@@ -241,7 +214,6 @@ impl CudaBackend {
             } else {
                 MatvecFamily::Dp4a
             },
-            fused_single: doors.mmvq && !doors.no_fuse_normq,
             plan,
             stages,
             stage_slot,
@@ -253,7 +225,8 @@ impl CudaBackend {
             parked_rows: None,
             doors,
             dm,
-            seqs: BTreeMap::new(),
+            seqs: Sequences::default(),
+            caches: BTreeMap::new(),
             generation: 0,
             scratch: None,
             graphs: HashMap::new(),
@@ -285,14 +258,6 @@ impl CudaBackend {
         self.dm.device_names()
     }
 
-    fn reserve(&self, seq: SeqId, adding: usize) -> Result<usize, EngineError> {
-        let st = self
-            .seqs
-            .get(&seq)
-            .ok_or(EngineError::UnknownSequence(seq))?;
-        reserve_positions(seq, st.len, st.capacity, adding)
-    }
-
     fn stream(&self, slot: usize) -> Arc<CudaStream> {
         self.dm.gpus[slot].stream().clone()
     }
@@ -304,7 +269,7 @@ impl CudaBackend {
 
     /// Makes sure the step buffers cover the longest open sequence.
     fn ensure_scratch(&mut self) -> Result<(), EngineError> {
-        let need = self.seqs.values().map(|s| s.capacity).max().unwrap_or(1);
+        let need = self.seqs.max_capacity().unwrap_or(1);
         if self
             .scratch
             .as_ref()
@@ -344,7 +309,7 @@ impl CudaBackend {
 
     /// Runs one pass of at most [`MAX_ROWS`] rows, leaving `[rows, n_vocab]` logits in the
     /// scratch logits buffer of `self.logits_slot`. A decode step (`kind` other than
-    /// [`PassKind::Prompt`]) replays (or captures) the pass as CUDA graphs, one per segment,
+    /// [`Pass::Prompt`]) replays (or captures) the pass as CUDA graphs, one per segment,
     /// unless a trace is being recorded: then every launch is eager, since a graph cannot
     /// stop to copy a site back. `head` are the rows whose logits the caller keeps, the rows
     /// whose head input a trace records (as the CPU backend records the head input of the
@@ -357,7 +322,7 @@ impl CudaBackend {
         rows: &[RowSpec],
         tier: Tier,
         walk: Walk,
-        kind: PassKind,
+        kind: Pass,
         head: Range<usize>,
     ) -> Result<(), EngineError> {
         debug_assert!(!rows.is_empty() && rows.len() <= MAX_ROWS);
@@ -365,7 +330,7 @@ impl CudaBackend {
         let n = rows.len();
         let ids: Vec<(SeqId, u64)> = rows
             .iter()
-            .map(|r| (r.seq, self.seqs[&r.seq].generation))
+            .map(|r| (r.seq, self.caches[&r.seq].generation))
             .collect();
         let dm = self.dm.clone();
         let bufs = self.scratch.as_mut().expect("ensured above");
@@ -393,11 +358,11 @@ impl CudaBackend {
                 let gpu = &dm.gpus[dm.placement.layer_slot[l]];
                 let kp: Vec<u64> = rows
                     .iter()
-                    .map(|r| gpu.address(&self.seqs[&r.seq].k[l]))
+                    .map(|r| gpu.address(&self.caches[&r.seq].k[l]))
                     .collect();
                 let vp: Vec<u64> = rows
                     .iter()
-                    .map(|r| gpu.address(&self.seqs[&r.seq].v[l]))
+                    .map(|r| gpu.address(&self.caches[&r.seq].v[l]))
                     .collect();
                 gpu.stream()
                     .memcpy_htod(&kp, &mut bufs.kptr[l].slice_mut(..n))
@@ -435,22 +400,21 @@ impl CudaBackend {
         let fuse_rope = distinct_sequences(rows) && geometry.rope_fusable() && !self.doors.kv_q8;
         // A prompt chunk's rows (never a verify pass's few rows, which a tile of 16 would
         // run one after another in fewer blocks).
-        let one_sequence = kind == PassKind::Prompt && n > 1;
+        let one_sequence = kind == Pass::Prompt && n > 1;
         // The test-only `batch-reduction` defect, as the CPU backend plants it: a batched
         // step of two or more rows (a batch above MAX_ROWS counts per pass) takes the head's
         // rmsnorm with its sum of squares in reverse order.
-        let reversed_head_norm = kind == PassKind::Batched
+        let reversed_head_norm = kind == Pass::Batched
             && n >= 2
             && self.doors.gate_defect == Some(GateDefect::BatchReduction);
         // The test-only `stage-column` defect: a verify pass's boundary copies drop the last
         // row, so the next stage reads that row's stale buffer.
-        let boundary_rows = if kind == PassKind::Verify
-            && self.doors.gate_defect == Some(GateDefect::StageColumn)
-        {
-            n - 1
-        } else {
-            n
-        };
+        let boundary_rows =
+            if kind == Pass::Verify && self.doors.gate_defect == Some(GateDefect::StageColumn) {
+                n - 1
+            } else {
+                n
+            };
         let ctx = PassCtx {
             dm: &dm,
             family: self.family,
@@ -492,7 +456,7 @@ impl CudaBackend {
             reversed_head_norm,
             boundary_rows,
         };
-        let replay = kind != PassKind::Prompt && self.use_graphs && self.trace.is_none();
+        let replay = kind != Pass::Prompt && self.use_graphs && self.trace.is_none();
         let mut tap = Tap {
             trace: self.trace.as_mut(),
             rows,
@@ -694,153 +658,6 @@ impl CudaBackend {
         Ok(out)
     }
 
-    fn commit(&mut self, seq: SeqId, added: usize) {
-        if let Some(st) = self.seqs.get_mut(&seq) {
-            st.len += added;
-        }
-    }
-
-    /// [`CudaBackend::commit`] of a prompt, which also marks where it ended.
-    fn commit_prompt(&mut self, seq: SeqId, added: usize) {
-        if let Some(st) = self.seqs.get_mut(&seq) {
-            st.len += added;
-            st.prompt_end = st.len;
-        }
-    }
-
-    /// The rows of a prompt appended to `seq`.
-    fn prompt_rows(&self, seq: SeqId, tokens: &[u32]) -> Result<Vec<RowSpec>, EngineError> {
-        if tokens.is_empty() {
-            return Err(EngineError::Empty { what: "prompt" });
-        }
-        for &t in tokens {
-            check_token(t, self.dm.config.n_vocab)?;
-        }
-        let start = self.reserve(seq, tokens.len())?;
-        let n_vocab = self.dm.config.n_vocab;
-        Ok(tokens
-            .iter()
-            .enumerate()
-            .map(|(i, &token)| RowSpec {
-                seq,
-                pos: start + i,
-                token: canary_token(
-                    &self.doors,
-                    token,
-                    n_vocab,
-                    TokenSite::Prompt { pos: start + i },
-                ),
-            })
-            .collect())
-    }
-
-    /// Prompt rows in passes of [`MAX_ROWS`]; returns the logits of every row, or of the
-    /// last only.
-    fn run_prompt(
-        &mut self,
-        seq: SeqId,
-        tokens: &[u32],
-        all_logits: bool,
-    ) -> Result<Vec<f32>, EngineError> {
-        let rows = self.prompt_rows(seq, tokens)?;
-        let mut out = Vec::new();
-        let chunks: Vec<&[RowSpec]> = rows.chunks(MAX_ROWS).collect();
-        let last = chunks.len() - 1;
-        for (i, chunk) in chunks.iter().enumerate() {
-            // Prefill keeps every row's logits, priming only the prompt's last.
-            let head = if all_logits {
-                0..chunk.len()
-            } else if i == last {
-                chunk.len() - 1..chunk.len()
-            } else {
-                0..0
-            };
-            self.pass(chunk, Tier::Separate, Walk::Split, PassKind::Prompt, head)?;
-            if all_logits {
-                out.extend(self.download_logits(chunk.len())?);
-            } else if i == last {
-                let v = self.dm.config.n_vocab;
-                let l = self.download_logits(chunk.len())?;
-                out.extend_from_slice(&l[(chunk.len() - 1) * v..]);
-            }
-        }
-        self.commit_prompt(seq, prompt_commit(&self.doors, &rows));
-        Ok(out)
-    }
-
-    /// The single-sequence row of `seq` fed `token`.
-    fn single_row(&self, seq: SeqId, token: u32) -> Result<(RowSpec, Tier), EngineError> {
-        check_token(token, self.dm.config.n_vocab)?;
-        let pos = self.reserve(seq, 1)?;
-        let prompt_end = self.seqs.get(&seq).map_or(0, |st| st.prompt_end);
-        let token = canary_token(
-            &self.doors,
-            token,
-            self.dm.config.n_vocab,
-            TokenSite::Single { pos, prompt_end },
-        );
-        let tier = if self.fused_single {
-            Tier::Fused
-        } else {
-            Tier::Separate
-        };
-        Ok((RowSpec { seq, pos, token }, tier))
-    }
-
-    /// One batched decode step over `walk`: validates every row before any cache moves.
-    fn batch_step(
-        &mut self,
-        seqs: &[SeqId],
-        tokens: &[u32],
-        walk: Walk,
-    ) -> Result<Vec<f32>, EngineError> {
-        let rows = self.batch_rows(seqs, tokens)?;
-        let mut out = Vec::with_capacity(rows.len() * self.dm.config.n_vocab);
-        for chunk in rows.chunks(MAX_ROWS) {
-            self.pass(
-                chunk,
-                Tier::Separate,
-                walk,
-                PassKind::Batched,
-                0..chunk.len(),
-            )?;
-            out.extend(self.download_logits(chunk.len())?);
-        }
-        for &seq in seqs {
-            self.commit(seq, 1);
-        }
-        Ok(out)
-    }
-
-    /// One verify forward over `walk` in passes of [`MAX_ROWS`] rows, the separate
-    /// composition (the batched path's): validates every row before any cache moves.
-    fn verify_walk(
-        &mut self,
-        seqs: &[SeqId],
-        drafts: &[Vec<u32>],
-        walk: Walk,
-    ) -> Result<Vec<f32>, EngineError> {
-        let n_vocab = self.dm.config.n_vocab;
-        let rows = super::verify_rows(seqs, drafts, n_vocab, |seq, n| self.reserve(seq, n))?;
-        let mut out = Vec::with_capacity(rows.len() * n_vocab);
-        for chunk in rows.chunks(MAX_ROWS) {
-            self.pass(
-                chunk,
-                Tier::Separate,
-                walk,
-                PassKind::Verify,
-                0..chunk.len(),
-            )?;
-            out.extend(self.download_logits(chunk.len())?);
-        }
-        for (&seq, d) in seqs.iter().zip(drafts) {
-            self.commit(seq, d.len());
-        }
-        let lens: Vec<usize> = drafts.iter().map(Vec::len).collect();
-        super::verify_column_defect(&self.doors, &lens, &mut out, n_vocab);
-        Ok(out)
-    }
-
     /// Refuses the unsplit walk, before anything runs, when the primary cannot access
     /// every other device's memory: the walk runs each layer on the primary and reads the
     /// weights, KV caches and cache tables where they live.
@@ -870,11 +687,9 @@ impl CudaBackend {
         &self.plan
     }
 
-    /// The batched rows of one step, validated like the CPU backend's.
-    fn batch_rows(&self, seqs: &[SeqId], tokens: &[u32]) -> Result<Vec<RowSpec>, EngineError> {
-        batch_rows(seqs, tokens, &self.doors, self.dm.config.n_vocab, |seq| {
-            self.reserve(seq, 1)
-        })
+    /// The composition of `pass` under this backend's doors ([`Tier::of`]).
+    fn tier(&self, pass: Pass) -> Tier {
+        Tier::of(pass, &self.doors)
     }
 }
 
@@ -952,11 +767,7 @@ impl Backend for CudaBackend {
             } else {
                 "float"
             },
-            norm: if self.fused_single {
-                "fused"
-            } else {
-                "separate"
-            },
+            norm: Tier::single_name(d),
             attention: if d.fa3 { "split-k" } else { "naive" },
             b1fast: d.serve_b1fast,
             kv: if d.kv_q8 { "q8_0" } else { "f32" },
@@ -981,16 +792,8 @@ impl Backend for CudaBackend {
     }
 
     fn open_sequence(&mut self, seq: SeqId, capacity: usize) -> Result<(), EngineError> {
-        if self.seqs.contains_key(&seq) {
-            return Err(EngineError::SequenceExists(seq));
-        }
         let c = &self.dm.config;
-        if capacity == 0 || capacity > c.n_ctx {
-            return Err(EngineError::BadCapacity {
-                capacity,
-                n_ctx: c.n_ctx,
-            });
-        }
+        self.seqs.check_open(seq, capacity, c.n_ctx)?;
         let n = capacity * c.kv_dim();
         let what = format!("the KV cache of {seq} ({capacity} positions)");
         let mut k = Vec::with_capacity(c.n_layer);
@@ -1002,48 +805,22 @@ impl Backend for CudaBackend {
             v.push(alloc(&stream, &what, n)?);
         }
         self.generation += 1;
-        self.seqs.insert(
+        self.caches.insert(
             seq,
-            DevSeq {
-                len: 0,
-                capacity,
-                prompt_end: 0,
+            DevCaches {
                 generation: self.generation,
                 k,
                 v,
             },
         );
+        self.seqs.insert(seq, capacity);
         Ok(())
     }
 
     fn close_sequence(&mut self, seq: SeqId) -> Result<(), EngineError> {
-        self.seqs
-            .remove(&seq)
-            .ok_or(EngineError::UnknownSequence(seq))?;
+        self.seqs.remove(seq)?;
+        self.caches.remove(&seq);
         Ok(())
-    }
-
-    fn seq_len(&self, seq: SeqId) -> Result<usize, EngineError> {
-        self.seqs
-            .get(&seq)
-            .map(|s| s.len)
-            .ok_or(EngineError::UnknownSequence(seq))
-    }
-
-    fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
-        self.run_prompt(seq, tokens, true)
-    }
-
-    fn prime(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
-        self.run_prompt(seq, tokens, false)
-    }
-
-    fn decode_step_h(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, EngineError> {
-        let (row, tier) = self.single_row(seq, token)?;
-        self.pass(&[row], tier, Walk::Split, PassKind::Single, 0..1)?;
-        let logits = self.download_logits(1)?;
-        self.commit(seq, 1);
-        Ok(logits)
     }
 
     fn stage_plan(&self) -> &StagePlan {
@@ -1054,43 +831,42 @@ impl Backend for CudaBackend {
         &self.doors
     }
 
-    fn batch_pass(
-        &mut self,
-        walk: ClearedWalk,
-        seqs: &[SeqId],
-        tokens: &[u32],
-    ) -> Result<Vec<f32>, EngineError> {
-        let walk = walk.walk();
-        match walk {
-            Walk::Split if seqs.len() == 1 && tokens.len() == 1 && self.doors.serve_b1fast => {
-                return self.decode_step_h(seqs[0], tokens[0]);
-            }
-            Walk::Split => {}
-            Walk::Unsplit => self.check_unsplit_reach()?,
-        }
-        self.batch_step(seqs, tokens, walk)
+    fn sequences(&self) -> &Sequences {
+        &self.seqs
     }
 
-    fn verify_pass(
+    fn sequences_mut(&mut self) -> &mut Sequences {
+        &mut self.seqs
+    }
+
+    /// The rows in passes of [`MAX_ROWS`], each pass's kept logits copied back after it. The
+    /// unsplit walk is refused first where the primary cannot reach every other device's
+    /// memory ([`CudaBackend::check_unsplit_reach`]).
+    fn run_rows(
         &mut self,
         walk: ClearedWalk,
-        seqs: &[SeqId],
-        drafts: &[Vec<u32>],
+        rows: &[RowSpec],
+        pass: Pass,
+        logits: Range<usize>,
     ) -> Result<Vec<f32>, EngineError> {
         let walk = walk.walk();
         if walk == Walk::Unsplit {
             self.check_unsplit_reach()?;
         }
-        self.verify_walk(seqs, drafts, walk)
-    }
-
-    fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
-        let st = self
-            .seqs
-            .get_mut(&seq)
-            .ok_or(EngineError::UnknownSequence(seq))?;
-        st.len = super::rewind_len(&self.doors, seq, st.len, len)?;
-        Ok(())
+        let tier = self.tier(pass);
+        let v = self.dm.config.n_vocab;
+        let mut out = Vec::with_capacity(logits.len() * v);
+        for (i, chunk) in rows.chunks(MAX_ROWS).enumerate() {
+            // The kept rows of this pass, counted from its first row.
+            let (first, end) = (i * MAX_ROWS, i * MAX_ROWS + chunk.len());
+            let keep = logits.start.clamp(first, end) - first..logits.end.clamp(first, end) - first;
+            self.pass(chunk, tier, walk, pass, keep.clone())?;
+            if !keep.is_empty() {
+                let l = self.download_logits(keep.end)?;
+                out.extend_from_slice(&l[keep.start * v..]);
+            }
+        }
+        Ok(out)
     }
 
     fn start_trace(&mut self) -> bool {
@@ -1126,10 +902,12 @@ impl Backend for CudaBackend {
         params: &SamplingParams,
     ) -> Result<u32, EngineError> {
         params.validate()?;
-        let (row, tier) = self.single_row(seq, token)?;
-        self.pass(&[row], tier, Walk::Split, PassKind::Single, 0..1)?;
+        let n_vocab = self.dm.config.n_vocab;
+        let row = self.seqs.single_row(&self.doors, n_vocab, seq, token)?;
+        let tier = self.tier(Pass::Single);
+        self.pass(&[row], tier, Walk::Split, Pass::Single, 0..1)?;
         let t = self.pick_tokens(&[row], std::slice::from_ref(params), 0)?;
-        self.commit(seq, 1);
+        self.seqs.commit(seq, 1);
         Ok(t[0])
     }
 
@@ -1140,18 +918,22 @@ impl Backend for CudaBackend {
         params: &[SamplingParams],
     ) -> Result<Vec<u32>, EngineError> {
         super::check_row_params(seqs, params)?;
+        let n_vocab = self.dm.config.n_vocab;
         if seqs.len() == 1 && tokens.len() == 1 && self.doors.serve_b1fast {
             // The single-sequence route, parking its one row like the batched route.
-            let (row, tier) = self.single_row(seqs[0], tokens[0])?;
+            let row = self
+                .seqs
+                .single_row(&self.doors, n_vocab, seqs[0], tokens[0])?;
+            let tier = self.tier(Pass::Single);
             self.begin_parking(1)?;
-            self.pass(&[row], tier, Walk::Split, PassKind::Single, 0..1)?;
+            self.pass(&[row], tier, Walk::Split, Pass::Single, 0..1)?;
             self.park_chunk(0, 1)?;
             let t = self.pick_tokens(&[row], params, 0)?;
-            self.commit(seqs[0], 1);
+            self.seqs.commit(seqs[0], 1);
             self.parked_rows = Some(1);
             return Ok(t);
         }
-        let rows = self.batch_rows(seqs, tokens)?;
+        let rows = self.seqs.batch_rows(&self.doors, n_vocab, seqs, tokens)?;
         self.begin_parking(rows.len())?;
         let mut out = Vec::with_capacity(rows.len());
         for (i, (chunk, chunk_params)) in rows
@@ -1163,14 +945,14 @@ impl Backend for CudaBackend {
                 chunk,
                 Tier::Separate,
                 Walk::Split,
-                PassKind::Batched,
+                Pass::Batched,
                 0..chunk.len(),
             )?;
             self.park_chunk(i * MAX_ROWS, chunk.len())?;
             out.extend(self.pick_tokens(chunk, chunk_params, i * MAX_ROWS)?);
         }
         for &seq in seqs {
-            self.commit(seq, 1);
+            self.seqs.commit(seq, 1);
         }
         self.parked_rows = Some(rows.len());
         Ok(out)
