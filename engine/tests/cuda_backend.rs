@@ -1268,3 +1268,99 @@ fn cuda_per_row_parameters_are_one_valid_set_per_row() {
     let after: Vec<usize> = seqs.iter().map(|&s| be.seq_len(s).unwrap()).collect();
     assert_eq!(before, after, "a refused step moves no cache");
 }
+
+/// A wrapper that keeps every row its backend was handed, to hand them over again later.
+struct KeepRows(Box<dyn Backend>, Vec<memra_engine::backend::RowSpec>);
+
+impl Backend for KeepRows {
+    fn config(&self) -> &memra_engine::model::LlamaConfig {
+        self.0.config()
+    }
+    fn doors_report(&self) -> memra_engine::doors::DoorsReport {
+        self.0.doors_report()
+    }
+    fn open_sequence(&mut self, seq: SeqId, capacity: usize) -> Result<(), EngineError> {
+        self.0.open_sequence(seq, capacity)
+    }
+    fn close_sequence(&mut self, seq: SeqId) -> Result<(), EngineError> {
+        self.0.close_sequence(seq)
+    }
+    fn sequences(&self) -> &memra_engine::backend::Sequences {
+        self.0.sequences()
+    }
+    fn sequences_mut(
+        &mut self,
+        key: &memra_engine::backend::SeqsKey,
+    ) -> &mut memra_engine::backend::Sequences {
+        self.0.sequences_mut(key)
+    }
+    fn stage_plan(&self) -> &StagePlan {
+        self.0.stage_plan()
+    }
+    fn doors(&self) -> &Doors {
+        self.0.doors()
+    }
+    fn run_rows(
+        &mut self,
+        walk: memra_engine::backend::ClearedWalk,
+        rows: &[memra_engine::backend::RowSpec],
+        pass: memra_engine::backend::Pass,
+        logits: std::ops::Range<usize>,
+    ) -> Result<Vec<f32>, EngineError> {
+        self.1.extend_from_slice(rows);
+        self.0.run_rows(walk, rows, pass, logits)
+    }
+}
+
+/// Rows kept from a prompt and handed over again after their sequence was reopened smaller
+/// (or closed) are refused before anything is written, on the CPU backend and, where a GPU
+/// is present, on the CUDA backend, whose device would otherwise write past the new caches.
+#[test]
+fn rows_handed_over_again_past_a_smaller_cache_are_refused() {
+    let model = synth("tiny", "q4_1");
+    let mut makers: Vec<(&str, Box<dyn Backend>)> = vec![(
+        "cpu",
+        Box::new(CpuBackend::new(model.clone(), Doors::default()).unwrap()),
+    )];
+    if gpu_present("rows_handed_over_again_past_a_smaller_cache_are_refused") {
+        makers.push((
+            "cuda",
+            Box::new(CudaBackend::new(&model, Doors::default()).unwrap()),
+        ));
+    }
+    for (name, be) in makers {
+        let mut keep = KeepRows(be, Vec::new());
+        let n_vocab = keep.config().n_vocab;
+        keep.open_sequence(SeqId(0), 32).unwrap();
+        keep.prime(SeqId(0), &tokens(n_vocab, 1, 20)).unwrap();
+        let rows = std::mem::take(&mut keep.1);
+        assert_eq!(rows.len(), 20, "{name}");
+        assert_eq!(rows[19].pos(), 19, "{name}");
+        keep.close_sequence(SeqId(0)).unwrap();
+        keep.open_sequence(SeqId(0), 8).unwrap();
+        let walk = keep.check_walk(Walk::Split).unwrap();
+        let got = keep
+            .0
+            .run_rows(walk, &rows, memra_engine::backend::Pass::Prompt, 19..20);
+        assert!(
+            matches!(
+                got,
+                Err(EngineError::CacheFull {
+                    len: 8,
+                    capacity: 8,
+                    ..
+                })
+            ),
+            "{name}: {got:?}"
+        );
+        keep.close_sequence(SeqId(0)).unwrap();
+        let got = keep
+            .0
+            .run_rows(walk, &rows, memra_engine::backend::Pass::Prompt, 19..20);
+        assert!(
+            matches!(got, Err(EngineError::UnknownSequence(SeqId(0)))),
+            "{name}: {got:?}"
+        );
+        assert_eq!(keep.seq_len(SeqId(0)).ok(), None, "{name}");
+    }
+}

@@ -1048,8 +1048,11 @@ mod tests {
         fn sequences(&self) -> &memra_engine::backend::Sequences {
             self.0.sequences()
         }
-        fn sequences_mut(&mut self) -> &mut memra_engine::backend::Sequences {
-            self.0.sequences_mut()
+        fn sequences_mut(
+            &mut self,
+            key: &memra_engine::backend::SeqsKey,
+        ) -> &mut memra_engine::backend::Sequences {
+            self.0.sequences_mut(key)
         }
         fn stage_plan(&self) -> &memra_engine::backend::stages::StagePlan {
             self.0.stage_plan()

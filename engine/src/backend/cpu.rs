@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use super::stages::{StagePlan, boundary_copy};
 use super::trace::{ActivationTrace, Composition, Site, SiteKey, SiteRecord};
 use super::{
-    Backend, ClearedWalk, Pass, RowSpec, Sequences, Tier, Walk, check_row_params, norm_eps,
+    Backend, ClearedWalk, Pass, RowSpec, SeqsKey, Sequences, Tier, Walk, check_row_params, norm_eps,
 };
 use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::error::EngineError;
@@ -719,7 +719,7 @@ impl Backend for CpuBackend {
         &self.seqs
     }
 
-    fn sequences_mut(&mut self) -> &mut Sequences {
+    fn sequences_mut(&mut self, _: &SeqsKey) -> &mut Sequences {
         &mut self.seqs
     }
 
@@ -732,6 +732,26 @@ impl Backend for CpuBackend {
         pass: Pass,
         logits: Range<usize>,
     ) -> Result<Vec<f32>, EngineError> {
+        // A row kept from an earlier call, or rows of a sequences table changed by other
+        // means, are refused here rather than by the twin that would store them.
+        let kvd = self.config.kv_dim();
+        if let Some(layer) = self.stages.iter().find_map(|s| s.blocks.first()) {
+            for r in rows {
+                let cache = layer
+                    .kv
+                    .get(&r.seq)
+                    .ok_or(EngineError::UnknownSequence(r.seq))?;
+                let capacity = cache.k.len() / kvd;
+                if r.pos >= capacity {
+                    return Err(EngineError::CacheFull {
+                        seq: r.seq,
+                        len: r.pos,
+                        capacity,
+                        adding: 1,
+                    });
+                }
+            }
+        }
         let tier = Tier::of(pass, &self.doors);
         self.forward_walk(rows, tier, logits, walk.walk(), pass)
     }

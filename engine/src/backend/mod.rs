@@ -59,6 +59,12 @@ impl ClearedWalk {
     const SPLIT: ClearedWalk = ClearedWalk(Walk::Split);
 }
 
+/// The key to [`Backend::sequences_mut`]: only the backend module can make one, so the
+/// lengths and capacities a backend's sequences hold change only through the engine API.
+/// (Each backend still checks every row against the caches it holds before it writes them,
+/// so not even a sequences table changed by other means can make it write past a cache.)
+pub struct SeqsKey(());
+
 /// What a pass of [`Backend::run_rows`] is: which composition it runs and which planted
 /// defects apply to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -131,8 +137,10 @@ pub trait Backend: Send {
     /// The sequences this backend holds, as the engine API sees them.
     fn sequences(&self) -> &Sequences;
 
-    /// [`Backend::sequences`], to commit the positions a pass appended.
-    fn sequences_mut(&mut self) -> &mut Sequences;
+    /// [`Backend::sequences`], to commit the positions a pass appended. Only the trait's
+    /// provided methods can call it: a [`SeqsKey`] cannot be made outside the backend module
+    /// (a wrapper forwards the one it is given).
+    fn sequences_mut(&mut self, key: &SeqsKey) -> &mut Sequences;
 
     /// The stage plan the model was placed by (one stage when unsplit).
     fn stage_plan(&self) -> &stages::StagePlan;
@@ -141,7 +149,9 @@ pub trait Backend: Send {
     fn doors(&self) -> &Doors;
 
     /// Computes `rows` (checked by [`Sequences`], every row's position reserved but not yet
-    /// committed) as one `pass` over `walk`, writing each row's K and V at its position, and
+    /// committed; the backend checks again that each row's sequence has caches with room for
+    /// its position before anything runs) as one `pass` over `walk`, writing each row's K and
+    /// V at its position, and
     /// returns the logits of the rows in `logits` (`[logits.len(), n_vocab]`). This is all a
     /// backend computes: the checks, the commits, the canary rule and the bookkeeping defects
     /// live above it, in the trait's provided methods and [`Sequences`]. A backend may refuse
@@ -168,7 +178,8 @@ pub trait Backend: Send {
             .prompt_rows(self.doors(), n_vocab, seq, tokens)?;
         let logits = self.run_rows(ClearedWalk::SPLIT, &rows, Pass::Prompt, 0..rows.len())?;
         let doors = self.doors().clone();
-        self.sequences_mut().commit_prompt(&doors, &rows);
+        self.sequences_mut(&SeqsKey(()))
+            .commit_prompt(&doors, &rows);
         Ok(logits)
     }
 
@@ -182,7 +193,8 @@ pub trait Backend: Send {
         let last = rows.len() - 1..rows.len();
         let logits = self.run_rows(ClearedWalk::SPLIT, &rows, Pass::Prompt, last)?;
         let doors = self.doors().clone();
-        self.sequences_mut().commit_prompt(&doors, &rows);
+        self.sequences_mut(&SeqsKey(()))
+            .commit_prompt(&doors, &rows);
         Ok(logits)
     }
 
@@ -194,19 +206,17 @@ pub trait Backend: Send {
             .sequences()
             .single_row(self.doors(), n_vocab, seq, token)?;
         let logits = self.run_rows(ClearedWalk::SPLIT, &[row], Pass::Single, 0..1)?;
-        self.sequences_mut().commit(seq, 1);
+        self.sequences_mut(&SeqsKey(())).commit(seq, 1);
         Ok(logits)
     }
 
     /// Refuses the unsplit walk on a split placement ([`stages::StagePlan::unsplit_refusal`]),
     /// before any cache is touched, unless `MEMRA_PP_ALLOW_UNSPLIT_BATCH=1`; a walk that may
     /// run comes back cleared.
+    /// A backend that cannot run a walk on its devices overrides this to refuse it as well,
+    /// after [`clear_walk`].
     fn check_walk(&self, walk: Walk) -> Result<ClearedWalk, EngineError> {
-        let plan = self.stage_plan();
-        if walk == Walk::Unsplit && plan.is_split() && !self.doors().pp_allow_unsplit_batch {
-            return Err(EngineError::Unavailable(plan.unsplit_refusal()));
-        }
-        Ok(ClearedWalk(walk))
+        clear_walk(self.stage_plan(), self.doors(), walk)
     }
 
     /// One decode step of B sequences on the batched path: appends `tokens[b]` to `seqs[b]`,
@@ -246,7 +256,7 @@ pub trait Backend: Send {
             .batch_rows(self.doors(), n_vocab, seqs, tokens)?;
         let logits = self.run_rows(walk, &rows, Pass::Batched, 0..rows.len())?;
         for &seq in seqs {
-            self.sequences_mut().commit(seq, 1);
+            self.sequences_mut(&SeqsKey(())).commit(seq, 1);
         }
         Ok(logits)
     }
@@ -279,7 +289,7 @@ pub trait Backend: Send {
         let rows = self.sequences().verify_rows(n_vocab, seqs, drafts)?;
         let mut logits = self.run_rows(walk, &rows, Pass::Verify, 0..rows.len())?;
         for (&seq, d) in seqs.iter().zip(drafts) {
-            self.sequences_mut().commit(seq, d.len());
+            self.sequences_mut(&SeqsKey(())).commit(seq, d.len());
         }
         let lens: Vec<usize> = drafts.iter().map(Vec::len).collect();
         verify_column_defect(self.doors(), &lens, &mut logits, n_vocab);
@@ -291,7 +301,7 @@ pub trait Backend: Send {
     /// ([`EngineError::RewindPast`]) when `len` exceeds what the sequence holds.
     fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
         let doors = self.doors().clone();
-        self.sequences_mut().rewind(&doors, seq, len)
+        self.sequences_mut(&SeqsKey(())).rewind(&doors, seq, len)
     }
 
     /// The `[B, n_vocab]` logits parked by the last [`Backend::decode_step_batch_sampled`]
@@ -381,6 +391,19 @@ pub(crate) fn host_sample_rows<B: Backend + ?Sized>(
         .collect()
 }
 
+/// The refusal of [`Backend::check_walk`]: the unsplit walk on a split placement, unless
+/// `MEMRA_PP_ALLOW_UNSPLIT_BATCH=1`.
+pub(crate) fn clear_walk(
+    plan: &stages::StagePlan,
+    doors: &Doors,
+    walk: Walk,
+) -> Result<ClearedWalk, EngineError> {
+    if walk == Walk::Unsplit && plan.is_split() && !doors.pp_allow_unsplit_batch {
+        return Err(EngineError::Unavailable(plan.unsplit_refusal()));
+    }
+    Ok(ClearedWalk(walk))
+}
+
 /// Refuses per-row sampling parameters that are not one valid set per sequence of the batch.
 pub(crate) fn check_row_params(
     seqs: &[SeqId],
@@ -398,9 +421,10 @@ pub(crate) fn check_row_params(
 
 /// One row of a forward pass: which sequence, at which position, with which token (after
 /// the canary rule). Built only by [`Sequences`], which checks it against the sequence's
-/// capacity and the vocabulary, so a caller outside the engine can hand
-/// [`Backend::run_rows`] only rows the engine made; every backend reads a pass's rows the same
-/// way.
+/// capacity and the vocabulary when it is built, so a caller outside the engine can hand
+/// [`Backend::run_rows`] only rows the engine made. A row can be kept and handed over again
+/// later, when its sequence may be gone or smaller: [`Backend::run_rows`] checks every row
+/// against the caches the backend holds before it writes any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RowSpec {
     pub(crate) seq: SeqId,

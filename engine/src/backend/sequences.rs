@@ -75,16 +75,6 @@ impl Sequences {
         self.get(seq).map(|s| s.len)
     }
 
-    /// Whether no sequence is open.
-    pub fn is_empty(&self) -> bool {
-        self.open.is_empty()
-    }
-
-    /// The largest capacity of any open sequence (`None` when none is open).
-    pub fn max_capacity(&self) -> Option<usize> {
-        self.open.values().map(|s| s.capacity).max()
-    }
-
     /// Room for `adding` more positions in `seq`: the first new position, or why there is
     /// none.
     pub(crate) fn reserve(&self, seq: SeqId, adding: usize) -> Result<usize, EngineError> {
@@ -321,7 +311,6 @@ mod tests {
             s.check_open(SeqId(1), 0, 64),
             Err(EngineError::BadCapacity { .. })
         ));
-        assert_eq!(s.max_capacity(), Some(8));
     }
 
     #[test]

@@ -69,7 +69,7 @@ pub use weights::{DevModel, DevWeight, PeerAccess, Placement};
 
 use super::stages::StagePlan;
 use super::trace::ActivationTrace;
-use super::{Backend, ClearedWalk, Pass, RowSpec, Sequences, Tier, Walk, norm_eps};
+use super::{Backend, ClearedWalk, Pass, RowSpec, SeqsKey, Sequences, Tier, Walk, norm_eps};
 use crate::doors::{Doors, DoorsReport, GateDefect};
 use crate::error::EngineError;
 use crate::model::{LlamaConfig, LlamaModel};
@@ -85,9 +85,11 @@ use tap::Tap;
 /// passes (rows are independent, so the split changes no bit).
 pub const MAX_ROWS: usize = 64;
 
-/// A sequence: its length and its KV caches, one `[capacity, kv_dim]` buffer per layer on
-/// that layer's device.
+/// A sequence's KV caches, one `[capacity, kv_dim]` buffer per layer on that layer's device
+/// (its length is the engine API's, in [`Sequences`]).
 struct DevCaches {
+    /// Positions each buffer holds: every row a pass writes is checked against it.
+    capacity: usize,
     /// Distinguishes a reopened id from the sequence it replaced in the pointer tables.
     generation: u64,
     k: Vec<CudaSlice<f32>>,
@@ -269,7 +271,7 @@ impl CudaBackend {
 
     /// Makes sure the step buffers cover the longest open sequence.
     fn ensure_scratch(&mut self) -> Result<(), EngineError> {
-        let need = self.seqs.max_capacity().unwrap_or(1);
+        let need = self.caches.values().map(|c| c.capacity).max().unwrap_or(1);
         if self
             .scratch
             .as_ref()
@@ -808,6 +810,7 @@ impl Backend for CudaBackend {
         self.caches.insert(
             seq,
             DevCaches {
+                capacity,
                 generation: self.generation,
                 k,
                 v,
@@ -835,13 +838,22 @@ impl Backend for CudaBackend {
         &self.seqs
     }
 
-    fn sequences_mut(&mut self) -> &mut Sequences {
+    /// [`super::clear_walk`], then the unsplit walk refused where the primary cannot reach
+    /// every other device's memory ([`CudaBackend::check_unsplit_reach`]), before any row is
+    /// built.
+    fn check_walk(&self, walk: Walk) -> Result<ClearedWalk, EngineError> {
+        let cleared = super::clear_walk(&self.plan, &self.doors, walk)?;
+        if walk == Walk::Unsplit {
+            self.check_unsplit_reach()?;
+        }
+        Ok(cleared)
+    }
+
+    fn sequences_mut(&mut self, _: &SeqsKey) -> &mut Sequences {
         &mut self.seqs
     }
 
-    /// The rows in passes of [`MAX_ROWS`], each pass's kept logits copied back after it. The
-    /// unsplit walk is refused first where the primary cannot reach every other device's
-    /// memory ([`CudaBackend::check_unsplit_reach`]).
+    /// The rows in passes of [`MAX_ROWS`], each pass's kept logits copied back after it.
     fn run_rows(
         &mut self,
         walk: ClearedWalk,
@@ -850,8 +862,22 @@ impl Backend for CudaBackend {
         logits: Range<usize>,
     ) -> Result<Vec<f32>, EngineError> {
         let walk = walk.walk();
-        if walk == Walk::Unsplit {
-            self.check_unsplit_reach()?;
+        // The device writes each row's K and V at its position of the caches this backend
+        // holds: a row kept from an earlier call, or rows of a sequences table changed by
+        // other means, must not write past them.
+        for r in rows {
+            let caches = self
+                .caches
+                .get(&r.seq)
+                .ok_or(EngineError::UnknownSequence(r.seq))?;
+            if r.pos >= caches.capacity {
+                return Err(EngineError::CacheFull {
+                    seq: r.seq,
+                    len: r.pos,
+                    capacity: caches.capacity,
+                    adding: 1,
+                });
+            }
         }
         let tier = self.tier(pass);
         let v = self.dm.config.n_vocab;
