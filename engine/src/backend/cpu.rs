@@ -407,7 +407,9 @@ fn matmul(family: MatvecFamily, w: &Weight, acts: &Acts) -> Result<Vec<f32>, Eng
 /// [`matmul`] for several weights reading the same activations (q, k and v; gate and up),
 /// in one parallel region so the threads meet once instead of once per weight. Rows of each
 /// `W` are split across threads; each output value is one twin call with the arithmetic of
-/// a single-row matvec, so neither the split nor the batch size changes a bit.
+/// a single-row matvec, so neither the split nor the batch size changes a bit. A task writes
+/// its rows straight into the output when there is one activation row (a decode step), where
+/// they are contiguous; with several, into a part of its own copied into place after.
 fn matmul_many(
     family: MatvecFamily,
     ws: &[&Weight],
@@ -423,31 +425,48 @@ fn matmul_many(
                 .map(move |s| (i, s..(s + per).min(w.rows)))
         })
         .collect();
-    let parts: Vec<Vec<f32>> = tasks
-        .par_iter()
-        .map(|(i, r)| {
-            let w = ws[*i];
-            let batch = acts.f.len() / w.cols;
-            let wr = weight_rows(w);
-            let mut part = vec![0.0f32; batch * r.len()];
-            if w.data.is_quantized() {
-                twin::matvec_batch_rows(family, wr, w.cols, &acts.q, batch, r.clone(), &mut part)?;
-            } else {
-                for (yb, xb) in part
-                    .chunks_exact_mut(r.len())
-                    .zip(acts.f.chunks_exact(w.cols))
-                {
-                    twin::matvec_f32_rows(wr, w.cols, xb, r.clone(), yb)?;
-                }
-            }
-            Ok(part)
-        })
-        .collect::<Result<_, twin::TwinError>>()
-        .map_err(twin_err)?;
+    let rows_of = |w: &Weight, r: &Range<usize>, out: &mut [f32]| {
+        let batch = acts.f.len() / w.cols;
+        let wr = weight_rows(w);
+        if w.data.is_quantized() {
+            twin::matvec_batch_rows(family, wr, w.cols, &acts.q, batch, r.clone(), out)
+        } else {
+            out.chunks_exact_mut(r.len())
+                .zip(acts.f.chunks_exact(w.cols))
+                .try_for_each(|(yb, xb)| twin::matvec_f32_rows(wr, w.cols, xb, r.clone(), yb))
+        }
+    };
     let mut ys: Vec<Vec<f32>> = ws
         .iter()
         .map(|w| vec![0.0f32; acts.f.len() / w.cols * w.rows])
         .collect();
+    if ws.iter().all(|w| acts.f.len() == w.cols) {
+        // One activation row: task (i, r) owns ys[i][r], cut off in task order.
+        let mut outs: Vec<&mut [f32]> = Vec::with_capacity(tasks.len());
+        for (y, i) in ys.iter_mut().zip(0..) {
+            let mut rest = y.as_mut_slice();
+            for (_, r) in tasks.iter().filter(|(j, _)| *j == i) {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(r.len());
+                outs.push(head);
+                rest = tail;
+            }
+        }
+        tasks
+            .par_iter()
+            .zip(outs.into_par_iter())
+            .try_for_each(|((i, r), out)| rows_of(ws[*i], r, out))
+            .map_err(twin_err)?;
+        return Ok(ys);
+    }
+    let parts: Vec<Vec<f32>> = tasks
+        .par_iter()
+        .map(|(i, r)| {
+            let w = ws[*i];
+            let mut part = vec![0.0f32; acts.f.len() / w.cols * r.len()];
+            rows_of(w, r, &mut part).map(|()| part)
+        })
+        .collect::<Result<_, twin::TwinError>>()
+        .map_err(twin_err)?;
     for ((i, r), part) in tasks.iter().zip(&parts) {
         let rows = ws[*i].rows;
         for (b, chunk) in part.chunks_exact(r.len()).enumerate() {
