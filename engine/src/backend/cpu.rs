@@ -300,6 +300,34 @@ impl CpuBackend {
     }
 }
 
+/// The fewest rows of a pass whose per-row steps (norms, quantization, RoPE, SwiGLU) are
+/// spread over the threads: a prompt's or a wide batch's, not a single row's, where the
+/// hand-off would cost more than the step. Rows are independent, so no bit moves.
+const PAR_MIN_ROWS: usize = 4;
+
+/// Runs `f` on every pair of a row of `a` (`wa` values) and a row of `b` (`wb` values), over
+/// the threads when there are [`PAR_MIN_ROWS`] rows or more.
+fn each_row<T: Sync, U: Send>(
+    a: &[T],
+    wa: usize,
+    b: &mut [U],
+    wb: usize,
+    f: impl Fn(usize, &[T], &mut [U]) -> Result<(), memra_kernels::twin::ShapeError> + Sync,
+) -> Result<(), EngineError> {
+    if a.len() / wa.max(1) >= PAR_MIN_ROWS {
+        a.par_chunks_exact(wa)
+            .zip(b.par_chunks_exact_mut(wb))
+            .enumerate()
+            .try_for_each(|(i, (ar, br))| f(i, ar, br))
+    } else {
+        a.chunks_exact(wa)
+            .zip(b.chunks_exact_mut(wb))
+            .enumerate()
+            .try_for_each(|(i, (ar, br))| f(i, ar, br))
+    }
+    .map_err(twin_err)
+}
+
 /// `rmsnorm` of every row in the composition of `tier`, as activations for a matvec.
 fn normed_acts(x: &[f32], g: &[f32], eps: f32, tier: Tier) -> Result<Acts, EngineError> {
     let d = g.len();
@@ -308,10 +336,10 @@ fn normed_acts(x: &[f32], g: &[f32], eps: f32, tier: Tier) -> Result<Acts, Engin
     match tier {
         Tier::Separate => {
             let mut f = vec![0.0f32; x.len()];
-            for (xr, fr) in x.chunks_exact(d).zip(f.chunks_exact_mut(d)) {
-                twin::rmsnorm(xr, g, eps, fr).map_err(twin_err)?;
-            }
-            twin::quantize_q8_1(&f, &mut q).map_err(twin_err)?;
+            each_row(x, d, &mut f, d, |_, xr, fr| twin::rmsnorm(xr, g, eps, fr))?;
+            each_row(&f, d, &mut q, d / QK, |_, fr, qr| {
+                twin::quantize_q8_1(fr, qr)
+            })?;
             Ok(Acts { f, q, scale: None })
         }
         Tier::Fused => {
@@ -348,16 +376,18 @@ fn reversed_sum_acts(x: &[f32], g: &[f32], eps: f32) -> Result<Acts, EngineError
         .chunks_exact(d)
         .flat_map(|xr| xr.iter().zip(g).map(|(&a, &b)| a * b))
         .collect();
-    let mut acts = plain_acts(f)?;
+    let mut acts = plain_acts(f, d)?;
     acts.scale = Some(scale);
     Ok(acts)
 }
 
 /// Plain activations (no norm, no post-op): the attention output into `wo`, SwiGLU into
 /// `w_down`.
-fn plain_acts(x: Vec<f32>) -> Result<Acts, EngineError> {
+fn plain_acts(x: Vec<f32>, width: usize) -> Result<Acts, EngineError> {
     let mut q = vec![zero_q8_1(); x.len() / QK];
-    twin::quantize_q8_1(&x, &mut q).map_err(twin_err)?;
+    each_row(&x, width, &mut q, width / QK, |_, xr, qr| {
+        twin::quantize_q8_1(xr, qr)
+    })?;
     Ok(Acts {
         f: x,
         q,
@@ -583,26 +613,15 @@ fn layer_forward(
     let [mut q, mut k, v]: [Vec<f32>; 3] = matmul_many(family, &[&w.wq, &w.wk, &w.wv], &acts)?
         .try_into()
         .expect("three weights give three outputs");
+    let post = |i: usize| acts.scale.as_ref().map(|s| s[i]);
+    each_row(rows, 1, &mut q, qd, |i, r, qr| {
+        twin::rope(qr, r[0].pos, table, c.n_head, hd, post(i))
+    })?;
+    each_row(rows, 1, &mut k, kvd, |i, r, kr| {
+        twin::rope(kr, r[0].pos, table, c.n_head_kv, hd, post(i))
+    })?;
     for (i, row) in rows.iter().enumerate() {
-        let r = acts.scale.as_ref().map(|s| s[i]);
-        twin::rope(
-            &mut q[i * qd..(i + 1) * qd],
-            row.pos,
-            table,
-            c.n_head,
-            hd,
-            r,
-        )
-        .map_err(twin_err)?;
-        twin::rope(
-            &mut k[i * kvd..(i + 1) * kvd],
-            row.pos,
-            table,
-            c.n_head_kv,
-            hd,
-            r,
-        )
-        .map_err(twin_err)?;
+        let r = post(i);
         let cache = layer
             .kv
             .get_mut(&row.seq)
@@ -638,7 +657,7 @@ fn layer_forward(
             }
         })
         .map_err(twin_err)?;
-    let att = ctx.quantized(plain_acts(att)?);
+    let att = ctx.quantized(plain_acts(att, qd)?);
     rec.record(Site::AttnOut, &att);
     let o = matmul(family, &w.wo, &att)?;
     twin::add(x, &o).map_err(twin_err)?;
@@ -650,16 +669,12 @@ fn layer_forward(
         .try_into()
         .expect("two weights give two outputs");
     let mut h = vec![0.0f32; gate.len()];
-    for (i, ((g, u), hr)) in gate
-        .chunks_exact(c.n_ff)
-        .zip(up.chunks_exact(c.n_ff))
-        .zip(h.chunks_exact_mut(c.n_ff))
-        .enumerate()
-    {
+    let ff = c.n_ff;
+    each_row(&gate, ff, &mut h, ff, |i, g, hr| {
         let r = acts.scale.as_ref().map(|s| s[i]);
-        twin::swiglu(g, u, hr, r).map_err(twin_err)?;
-    }
-    let h = ctx.quantized(plain_acts(h)?);
+        twin::swiglu(g, &up[i * ff..(i + 1) * ff], hr, r)
+    })?;
+    let h = ctx.quantized(plain_acts(h, ff)?);
     rec.record(Site::FfnDownIn, &h);
     let down = matmul(family, &w.w_down, &h)?;
     twin::add(x, &down).map_err(twin_err)?;
