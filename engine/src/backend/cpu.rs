@@ -438,8 +438,9 @@ fn matmul(family: MatvecFamily, w: &Weight, acts: &Acts) -> Result<Vec<f32>, Eng
 /// in one parallel region so the threads meet once instead of once per weight. Rows of each
 /// `W` are split across threads; each output value is one twin call with the arithmetic of
 /// a single-row matvec, so neither the split nor the batch size changes a bit. A task writes
-/// its rows straight into the output when there is one activation row (a decode step), where
-/// they are contiguous; with several, into a part of its own copied into place after.
+/// its rows straight into the output when there is one activation row (a decode step, the
+/// head of a prime), where they are contiguous; with several, into a part of its own copied
+/// into place after.
 fn matmul_many(
     family: MatvecFamily,
     ws: &[&Weight],
