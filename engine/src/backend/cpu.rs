@@ -172,10 +172,10 @@ impl CpuBackend {
         self.output.as_ref().unwrap_or(&self.token_embd)
     }
 
-    /// Runs `rows` through the model with composition `tier` over `walk`, appending each
-    /// row's K and V to its sequence's caches, and returns the logits of the rows selected by
-    /// `logits_rows` (`[selected, n_vocab]`). `pass` says where the test-only
-    /// `batch-reduction` and `stage-column` defects apply.
+    /// Runs `rows` through the model as `pass` over `walk`, appending each row's K and V to
+    /// its sequence's caches, and returns the logits of the rows selected by `logits_rows`
+    /// (`[selected, n_vocab]`). `pass` picks the composition ([`Tier::of`]) and says where the
+    /// test-only `batch-reduction` and `stage-column` defects apply.
     ///
     /// The pass runs on a thread of rayon's pool (`rayon::scope` called from outside it hands
     /// the closure to a worker and waits once): its parallel regions, about five a layer, then
@@ -184,23 +184,22 @@ impl CpuBackend {
     fn forward_walk(
         &mut self,
         rows: &[RowSpec],
-        tier: Tier,
         logits_rows: Range<usize>,
         walk: Walk,
         pass: Pass,
     ) -> Result<Vec<f32>, EngineError> {
-        rayon::scope(|_| self.forward_in_pool(rows, tier, logits_rows, walk, pass))
+        rayon::scope(|_| self.forward_in_pool(rows, logits_rows, walk, pass))
     }
 
     /// The body of [`CpuBackend::forward_walk`], on a pool thread.
     fn forward_in_pool(
         &mut self,
         rows: &[RowSpec],
-        tier: Tier,
         logits_rows: Range<usize>,
         walk: Walk,
         pass: Pass,
     ) -> Result<Vec<f32>, EngineError> {
+        let tier = Tier::of(pass, &self.doors);
         let batched = pass == Pass::Batched;
         let c = self.config.clone();
         let n = rows.len();
@@ -787,8 +786,7 @@ impl Backend for CpuBackend {
                 }
             }
         }
-        let tier = Tier::of(pass, &self.doors);
-        self.forward_walk(rows, tier, logits, walk.walk(), pass)
+        self.forward_walk(rows, logits, walk.walk(), pass)
     }
 
     fn start_trace(&mut self) -> bool {
