@@ -20,6 +20,8 @@
 //! rounded value (f64 `exp` rounded once to f32) over every f32 in the domain; the figures are
 //! in docs/numerics.md.
 
+use super::round::round_half_away;
+
 /// `exp(x)` by the composition of the module documentation; `common.cuh`'s `exp_mirrored`
 /// performs exactly these operations.
 pub fn exp_mirrored(x: f32) -> f32 {
@@ -46,7 +48,7 @@ pub fn exp_mirrored(x: f32) -> f32 {
     if x > f(HI) {
         return f32::INFINITY;
     }
-    let k = (x * f(LOG2E)).round();
+    let k = round_half_away(x * f(LOG2E));
     let r = (x - k * f(LN2_HI)) - k * f(LN2_LO);
     // 1/7!, 1/6!, 1/5!, 1/4!, 1/3!, then 1/2, 1, 1.
     let mut p = f(C[0]);

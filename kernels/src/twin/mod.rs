@@ -17,6 +17,7 @@ mod norm;
 mod quantize;
 mod reduce;
 mod rope;
+mod round;
 mod sample;
 
 pub use attention::{

@@ -2,7 +2,7 @@
 
 use half::f16;
 
-use super::{ShapeError, check_len};
+use super::{ShapeError, check_len, round::round_to_i8};
 use crate::blocks::{BlockQ8_1, QK};
 
 /// Quantizes `x` (a multiple of 32 values) into `out` (`x.len() / 32` blocks).
@@ -40,7 +40,7 @@ pub(crate) fn quantize_block(x: &[f32; QK]) -> BlockQ8_1 {
     let mut qs = [0i8; QK];
     if amax != 0.0 {
         for (q, &v) in qs.iter_mut().zip(x) {
-            *q = (v / d).round() as i8;
+            *q = round_to_i8(v / d);
         }
     }
     let qsum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
