@@ -639,10 +639,12 @@ fn layer_forward(
     let scale = 1.0 / (hd as f32).sqrt();
     let mut att = vec![0.0f32; rows.len() * qd];
     let kv = &layer.kv;
-    att.par_chunks_exact_mut(qd)
-        .zip(rows.par_iter())
-        .zip(q.par_chunks_exact(qd))
-        .try_for_each(|((out, row), qr)| {
+    // One task per (row, head): a decode step's single row still spreads its heads over the
+    // threads. Each head is the twin's own per-head call, so no bit moves.
+    att.par_chunks_exact_mut(hd)
+        .enumerate()
+        .try_for_each(|(i, out)| {
+            let (row, h) = (&rows[i / c.n_head], i % c.n_head);
             let cache = &kv[&row.seq];
             let shape = AttnShape {
                 n_heads: c.n_head,
@@ -650,10 +652,11 @@ fn layer_forward(
                 head_dim: hd,
                 n_tokens: row.pos + 1,
             };
+            let qr = &q[i / c.n_head * qd..][..qd];
             if split_k {
-                twin::attention_split_k(qr, &cache.k, &cache.v, &shape, scale, out)
+                twin::attention_split_k_head(h, qr, &cache.k, &cache.v, &shape, scale, out)
             } else {
-                twin::attention_naive(qr, &cache.k, &cache.v, &shape, scale, out)
+                twin::attention_naive_head(h, qr, &cache.k, &cache.v, &shape, scale, out)
             }
         })
         .map_err(twin_err)?;
