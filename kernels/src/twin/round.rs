@@ -12,7 +12,7 @@
 /// infinities and NaN are returned as they are.
 #[inline(always)]
 pub(crate) fn round_half_away(x: f32) -> f32 {
-    if !(x.abs() < 8_388_608.0) {
+    if x.is_nan() || x.abs() >= 8_388_608.0 {
         return x;
     }
     let t = x as i32;
