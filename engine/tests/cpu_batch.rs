@@ -185,6 +185,38 @@ fn equalized_paths_are_bit_identical_and_default_paths_are_not() {
     );
 }
 
+/// The pass's thread count cuts a matvec's rows, a step's heads and a row's hidden units into
+/// other tasks (the tiny shape's weights have 128 to 512 rows: from 2 threads on they split)
+/// and moves no bit: batched rows, B=1 rows and the single-sequence path alike.
+#[test]
+fn the_thread_count_changes_no_bit() {
+    let model = synth("tiny", "q4_1", 25);
+    let (prompts, feeds) = workload(model.config.n_vocab);
+    for doors in [Doors::default(), Doors::equalized()] {
+        let run = |threads: usize| {
+            let mut be = CpuBackend::with_threads(model.clone(), doors.clone(), threads).unwrap();
+            [
+                run_batched(&mut be, &prompts, &feeds),
+                run_alone(&mut be, &prompts, &feeds, false),
+                run_alone(&mut be, &prompts, &feeds, true),
+            ]
+        };
+        let one = run(1);
+        for threads in [2, 3, 7] {
+            let many = run(threads);
+            for (path, (a, b)) in ["batched", "B=1", "single"]
+                .iter()
+                .zip(one.iter().zip(&many))
+            {
+                assert!(
+                    same_bits(a, b),
+                    "{path} logits on {threads} threads differ from 1 thread under {doors:?}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn pipeline_stages_change_no_bit() {
     let model = synth("tiny", "q4_1", 23);

@@ -1,7 +1,7 @@
 //! The CPU backend: the engine API computed with the kernel twins of `memra_kernels::twin`,
 //! so every number is the one the CUDA kernels produce (up to `exp`).
 //!
-//! It owns scheduling on the host (rayon over matvec rows, never changing a row's
+//! It owns scheduling on the host (its [`Pool`] over matvec rows, heads and per-row steps, never changing a row's
 //! arithmetic), the KV caches and the choice between the two decode compositions of
 //! DESIGN §7: the *separate* composition (rmsnorm → q8_1 → matvec with every scale inside)
 //! used by prefill and the batched path, and the *fused* tier of the single-sequence path
@@ -19,8 +19,8 @@ use std::ops::Range;
 
 use memra_kernels::blocks::{BlockQ8_1, QK};
 use memra_kernels::twin::{self, AttnShape, MatvecFamily, WeightRows};
-use rayon::prelude::*;
 
+use super::pool::Pool;
 use super::stages::{StagePlan, boundary_copy};
 use super::trace::{ActivationTrace, Composition, Site, SiteKey, SiteRecord};
 use super::{
@@ -73,6 +73,8 @@ pub struct CpuBackend {
     /// The activation trace being recorded, when enabled ([`Backend::start_trace`]); with
     /// `None` no site is copied anywhere.
     trace: Option<ActivationTrace>,
+    /// The threads of a pass's parallel regions, as many as rayon's (`RAYON_NUM_THREADS`).
+    pool: Pool,
 }
 
 /// The activations of a batch of rows in the two forms the matvecs take: f32 (float
@@ -84,24 +86,36 @@ struct Acts {
     scale: Option<Vec<f32>>,
 }
 
-/// The fewest rows of one rayon task of a matvec: enough work to amortise scheduling.
+/// The fewest rows of one task of a matvec: enough work to amortise scheduling.
 const MIN_ROWS_PER_TASK: usize = 64;
 
 /// Tasks per thread a matvec's rows are cut into: enough for balance, few enough that a
 /// task's setup (the activation blocks rearranged once per call, the task's own output) and
-/// rayon's hand-off stay small beside its rows.
+/// the hand-off stay small beside its rows.
 const TASKS_PER_THREAD: usize = 4;
 
-/// Rows of one rayon task of a matvec of `rows` rows: `rows` cut into about
+/// Rows of one task of a matvec of `rows` rows on `threads` threads: `rows` cut into about
 /// [`TASKS_PER_THREAD`] tasks per thread, never fewer than [`MIN_ROWS_PER_TASK`] rows.
-fn rows_per_task(rows: usize) -> usize {
-    rows.div_ceil(TASKS_PER_THREAD * rayon::current_num_threads())
+fn rows_per_task(rows: usize, threads: usize) -> usize {
+    rows.div_ceil(TASKS_PER_THREAD * threads)
         .max(MIN_ROWS_PER_TASK)
 }
 
 impl CpuBackend {
-    /// Builds the backend over `model` with `doors` (read once by the caller).
+    /// Builds the backend over `model` with `doors` (read once by the caller), its passes on
+    /// as many threads as rayon's pool has (`RAYON_NUM_THREADS`, else one per CPU).
     pub fn new(model: LlamaModel, doors: Doors) -> Result<CpuBackend, EngineError> {
+        CpuBackend::with_threads(model, doors, rayon::current_num_threads())
+    }
+
+    /// [`CpuBackend::new`] with its passes on `threads` threads (the caller's included; 0
+    /// counts as 1). The thread count moves no bit: it only cuts the same per-row and per-head
+    /// work into other tasks.
+    pub fn with_threads(
+        model: LlamaModel,
+        doors: Doors,
+        threads: usize,
+    ) -> Result<CpuBackend, EngineError> {
         model.validate().map_err(EngineError::Model)?;
         let quantized = model.has_quantized();
         let config = model.config.clone();
@@ -144,6 +158,7 @@ impl CpuBackend {
             plan,
             config,
             trace: None,
+            pool: Pool::new(threads),
         })
     }
 
@@ -177,22 +192,9 @@ impl CpuBackend {
     /// (`[selected, n_vocab]`). `pass` picks the composition ([`Tier::of`]) and says where the
     /// test-only `batch-reduction` and `stage-column` defects apply.
     ///
-    /// The pass runs on a thread of rayon's pool (`rayon::scope` called from outside it hands
-    /// the closure to a worker and waits once): its parallel regions, about five a layer, then
-    /// start from inside the pool, where the idle worker steals the other half, instead of
-    /// each being handed in from outside and waited on through a sleeping lock.
+    /// One forward pass over `rows` on the calling thread, its parallel regions (about five
+    /// a layer) on the backend's [`Pool`]; the logits of `logits_rows`.
     fn forward_walk(
-        &mut self,
-        rows: &[RowSpec],
-        logits_rows: Range<usize>,
-        walk: Walk,
-        pass: Pass,
-    ) -> Result<Vec<f32>, EngineError> {
-        rayon::scope(|_| self.forward_in_pool(rows, logits_rows, walk, pass))
-    }
-
-    /// The body of [`CpuBackend::forward_walk`], on a pool thread.
-    fn forward_in_pool(
         &mut self,
         rows: &[RowSpec],
         logits_rows: Range<usize>,
@@ -209,6 +211,7 @@ impl CpuBackend {
         }
         let family = self.family;
         let ctx = PassCtx {
+            pool: &self.pool,
             c: &c,
             family,
             tier,
@@ -278,9 +281,10 @@ impl CpuBackend {
             && rows.len() >= 2
             && self.doors.gate_defect == Some(GateDefect::BatchReduction);
         let acts = ctx.quantized(if reversed {
-            reversed_sum_acts(sel, &self.output_norm, c.rms_eps)?
+            reversed_sum_acts(&self.pool, sel, &self.output_norm, c.rms_eps)?
         } else {
             normed_acts(
+                &self.pool,
                 sel,
                 &self.output_norm,
                 norm_eps(&self.doors, tier == Tier::Fused, c.rms_eps),
@@ -293,7 +297,7 @@ impl CpuBackend {
             rows: &rows[logits_rows],
         };
         rec.record(Site::HeadIn, &acts);
-        let mut logits = matmul(family, self.head(), &acts)?;
+        let mut logits = matmul(&self.pool, family, self.head(), &acts)?;
         post_scale_rows(&mut logits, c.n_vocab, &acts)?;
         Ok(logits)
     }
@@ -305,8 +309,9 @@ impl CpuBackend {
 const PAR_MIN_ROWS: usize = 4;
 
 /// Runs `f` on every pair of a row of `a` (`wa` values) and a row of `b` (`wb` values), over
-/// the threads when there are [`PAR_MIN_ROWS`] rows or more.
+/// the pool's threads when there are [`PAR_MIN_ROWS`] rows or more.
 fn each_row<T: Sync, U: Send>(
+    pool: &Pool,
     a: &[T],
     wa: usize,
     b: &mut [U],
@@ -314,10 +319,8 @@ fn each_row<T: Sync, U: Send>(
     f: impl Fn(usize, &[T], &mut [U]) -> Result<(), memra_kernels::twin::ShapeError> + Sync,
 ) -> Result<(), EngineError> {
     if a.len() / wa.max(1) >= PAR_MIN_ROWS {
-        a.par_chunks_exact(wa)
-            .zip(b.par_chunks_exact_mut(wb))
-            .enumerate()
-            .try_for_each(|(i, (ar, br))| f(i, ar, br))
+        let mut outs: Vec<&mut [U]> = b.chunks_exact_mut(wb).collect();
+        pool.each(&mut outs, |i, br| f(i, &a[i * wa..(i + 1) * wa], br))
     } else {
         a.chunks_exact(wa)
             .zip(b.chunks_exact_mut(wb))
@@ -328,15 +331,23 @@ fn each_row<T: Sync, U: Send>(
 }
 
 /// `rmsnorm` of every row in the composition of `tier`, as activations for a matvec.
-fn normed_acts(x: &[f32], g: &[f32], eps: f32, tier: Tier) -> Result<Acts, EngineError> {
+fn normed_acts(
+    pool: &Pool,
+    x: &[f32],
+    g: &[f32],
+    eps: f32,
+    tier: Tier,
+) -> Result<Acts, EngineError> {
     let d = g.len();
     let n = x.len() / d;
     let mut q = vec![zero_q8_1(); x.len() / QK];
     match tier {
         Tier::Separate => {
             let mut f = vec![0.0f32; x.len()];
-            each_row(x, d, &mut f, d, |_, xr, fr| twin::rmsnorm(xr, g, eps, fr))?;
-            each_row(&f, d, &mut q, d / QK, |_, fr, qr| {
+            each_row(pool, x, d, &mut f, d, |_, xr, fr| {
+                twin::rmsnorm(xr, g, eps, fr)
+            })?;
+            each_row(pool, &f, d, &mut q, d / QK, |_, fr, qr| {
                 twin::quantize_q8_1(fr, qr)
             })?;
             Ok(Acts { f, q, scale: None })
@@ -364,7 +375,7 @@ fn normed_acts(x: &[f32], g: &[f32], eps: f32, tier: Tier) -> Result<Acts, Engin
 /// final rmsnorm sums its squares backwards (another reduction order than the twin's) and
 /// applies the norm factor after the head matvec, where q8_1 rounding cannot absorb the
 /// difference.
-fn reversed_sum_acts(x: &[f32], g: &[f32], eps: f32) -> Result<Acts, EngineError> {
+fn reversed_sum_acts(pool: &Pool, x: &[f32], g: &[f32], eps: f32) -> Result<Acts, EngineError> {
     let d = g.len();
     let mut scale = Vec::with_capacity(x.len() / d);
     for xr in x.chunks_exact(d) {
@@ -375,16 +386,16 @@ fn reversed_sum_acts(x: &[f32], g: &[f32], eps: f32) -> Result<Acts, EngineError
         .chunks_exact(d)
         .flat_map(|xr| xr.iter().zip(g).map(|(&a, &b)| a * b))
         .collect();
-    let mut acts = plain_acts(f, d)?;
+    let mut acts = plain_acts(pool, f, d)?;
     acts.scale = Some(scale);
     Ok(acts)
 }
 
 /// Plain activations (no norm, no post-op): the attention output into `wo`, SwiGLU into
 /// `w_down`.
-fn plain_acts(x: Vec<f32>, width: usize) -> Result<Acts, EngineError> {
+fn plain_acts(pool: &Pool, x: Vec<f32>, width: usize) -> Result<Acts, EngineError> {
     let mut q = vec![zero_q8_1(); x.len() / QK];
-    each_row(&x, width, &mut q, width / QK, |_, xr, qr| {
+    each_row(pool, &x, width, &mut q, width / QK, |_, xr, qr| {
         twin::quantize_q8_1(xr, qr)
     })?;
     Ok(Acts {
@@ -429,8 +440,13 @@ fn weight_rows(w: &Weight) -> WeightRows<'_> {
 }
 
 /// `y[b] = W · x[b]` for every activation row, `[batch, w.rows]`.
-fn matmul(family: MatvecFamily, w: &Weight, acts: &Acts) -> Result<Vec<f32>, EngineError> {
-    Ok(matmul_many(family, &[w], acts)?.remove(0))
+fn matmul(
+    pool: &Pool,
+    family: MatvecFamily,
+    w: &Weight,
+    acts: &Acts,
+) -> Result<Vec<f32>, EngineError> {
+    Ok(matmul_many(pool, family, &[w], acts)?.remove(0))
 }
 
 /// [`matmul`] for several weights reading the same activations (q, k and v; gate and up),
@@ -441,6 +457,7 @@ fn matmul(family: MatvecFamily, w: &Weight, acts: &Acts) -> Result<Vec<f32>, Eng
 /// head of a prime), where they are contiguous; with several, into a part of its own copied
 /// into place after.
 fn matmul_many(
+    pool: &Pool,
     family: MatvecFamily,
     ws: &[&Weight],
     acts: &Acts,
@@ -449,22 +466,14 @@ fn matmul_many(
         .iter()
         .enumerate()
         .flat_map(|(i, w)| {
-            let per = rows_per_task(w.rows);
+            let per = rows_per_task(w.rows, pool.threads());
             (0..w.rows)
                 .step_by(per)
                 .map(move |s| (i, s..(s + per).min(w.rows)))
         })
         .collect();
     let rows_of = |w: &Weight, r: &Range<usize>, out: &mut [f32]| {
-        let batch = acts.f.len() / w.cols;
-        let wr = weight_rows(w);
-        if w.data.is_quantized() {
-            twin::matvec_batch_rows(family, wr, w.cols, &acts.q, batch, r.clone(), out)
-        } else {
-            out.chunks_exact_mut(r.len())
-                .zip(acts.f.chunks_exact(w.cols))
-                .try_for_each(|(yb, xb)| twin::matvec_f32_rows(wr, w.cols, xb, r.clone(), yb))
-        }
+        weight_rows_of(family, w, acts, r.clone(), out)
     };
     let mut ys: Vec<Vec<f32>> = ws
         .iter()
@@ -481,22 +490,21 @@ fn matmul_many(
                 rest = tail;
             }
         }
-        tasks
-            .par_iter()
-            .zip(outs.into_par_iter())
-            .try_for_each(|((i, r), out)| rows_of(ws[*i], r, out))
-            .map_err(twin_err)?;
+        pool.each(&mut outs, |k, out| {
+            let (i, r) = &tasks[k];
+            rows_of(ws[*i], r, out)
+        })
+        .map_err(twin_err)?;
         return Ok(ys);
     }
-    let parts: Vec<Vec<f32>> = tasks
-        .par_iter()
-        .map(|(i, r)| {
-            let w = ws[*i];
-            let mut part = vec![0.0f32; acts.f.len() / w.cols * r.len()];
-            rows_of(w, r, &mut part).map(|()| part)
-        })
-        .collect::<Result<_, twin::TwinError>>()
-        .map_err(twin_err)?;
+    let mut parts: Vec<Vec<f32>> = vec![Vec::new(); tasks.len()];
+    pool.each(&mut parts, |k, part| {
+        let (i, r) = &tasks[k];
+        let w = ws[*i];
+        *part = vec![0.0f32; acts.f.len() / w.cols * r.len()];
+        rows_of(w, r, part)
+    })
+    .map_err(twin_err)?;
     for ((i, r), part) in tasks.iter().zip(&parts) {
         let rows = ws[*i].rows;
         for (b, chunk) in part.chunks_exact(r.len()).enumerate() {
@@ -504,6 +512,68 @@ fn matmul_many(
         }
     }
     Ok(ys)
+}
+
+/// Rows `r` of `W · x[b]` for every activation row `b` into `out` (`[batch, r.len()]`),
+/// each value one twin call with the arithmetic of a single-row matvec.
+fn weight_rows_of(
+    family: MatvecFamily,
+    w: &Weight,
+    acts: &Acts,
+    r: Range<usize>,
+    out: &mut [f32],
+) -> Result<(), twin::TwinError> {
+    let batch = acts.f.len() / w.cols;
+    let wr = weight_rows(w);
+    if w.data.is_quantized() {
+        twin::matvec_batch_rows(family, wr, w.cols, &acts.q, batch, r, out)
+    } else {
+        out.chunks_exact_mut(r.len())
+            .zip(acts.f.chunks_exact(w.cols))
+            .try_for_each(|(yb, xb)| twin::matvec_f32_rows(wr, w.cols, xb, r.clone(), yb))
+    }
+}
+
+/// The feed-forward hidden activations of one row, `swiglu(gate · x, up · x)` quantized to
+/// q8_1, in one region: a task takes a range of hidden units (whole q8_1 blocks), computes
+/// their gate and up rows, their SwiGLU and their blocks, so a decode step's SwiGLU and
+/// quantization run over the threads without a region of their own. Every value is the
+/// twin call the separate steps make ([`matmul_many`], [`twin::swiglu`], [`plain_acts`]) on
+/// a part of the row; the steps are elementwise or per block, so no bit moves.
+fn ffn_hidden_one_row(
+    pool: &Pool,
+    family: MatvecFamily,
+    w_gate: &Weight,
+    w_up: &Weight,
+    acts: &Acts,
+) -> Result<Acts, EngineError> {
+    let ff = w_gate.rows;
+    let per = rows_per_task(ff, pool.threads()).next_multiple_of(QK);
+    let post = acts.scale.as_ref().map(|s| s[0]);
+    let mut h = vec![0.0f32; ff];
+    let mut q = vec![zero_q8_1(); ff / QK];
+    let mut parts: Vec<(usize, &mut [f32], &mut [BlockQ8_1])> = h
+        .chunks_mut(per)
+        .zip(q.chunks_mut(per / QK))
+        .enumerate()
+        .map(|(k, (hp, qp))| (k * per, hp, qp))
+        .collect();
+    pool.each(&mut parts, |_, (start, hp, qp)| {
+        let r = *start..*start + hp.len();
+        let mut gate = vec![0.0f32; r.len()];
+        let mut up = vec![0.0f32; r.len()];
+        weight_rows_of(family, w_gate, acts, r.clone(), &mut gate)?;
+        weight_rows_of(family, w_up, acts, r, &mut up)?;
+        twin::swiglu(&gate, &up, hp, post)?;
+        twin::quantize_q8_1(hp, qp)?;
+        Ok::<(), twin::TwinError>(())
+    })
+    .map_err(twin_err)?;
+    Ok(Acts {
+        f: h,
+        q,
+        scale: None,
+    })
 }
 
 /// Where a layer's quantization sites go when tracing: nowhere (`trace: None`, the
@@ -554,6 +624,7 @@ impl Recorder<'_> {
 
 /// What every layer of one forward pass shares.
 struct PassCtx<'a> {
+    pool: &'a Pool,
     c: &'a LlamaConfig,
     family: MatvecFamily,
     tier: Tier,
@@ -608,16 +679,18 @@ fn layer_forward(
     let w = &layer.w;
 
     // Attention block.
-    let acts = ctx.quantized(normed_acts(x, &w.attn_norm, eps, tier)?);
+    let pool = ctx.pool;
+    let acts = ctx.quantized(normed_acts(pool, x, &w.attn_norm, eps, tier)?);
     rec.record(Site::AttnIn, &acts);
-    let [mut q, mut k, v]: [Vec<f32>; 3] = matmul_many(family, &[&w.wq, &w.wk, &w.wv], &acts)?
-        .try_into()
-        .expect("three weights give three outputs");
+    let [mut q, mut k, v]: [Vec<f32>; 3] =
+        matmul_many(pool, family, &[&w.wq, &w.wk, &w.wv], &acts)?
+            .try_into()
+            .expect("three weights give three outputs");
     let post = |i: usize| acts.scale.as_ref().map(|s| s[i]);
-    each_row(rows, 1, &mut q, qd, |i, r, qr| {
+    each_row(pool, rows, 1, &mut q, qd, |i, r, qr| {
         twin::rope(qr, r[0].pos, table, c.n_head, hd, post(i))
     })?;
-    each_row(rows, 1, &mut k, kvd, |i, r, kr| {
+    each_row(pool, rows, 1, &mut k, kvd, |i, r, kr| {
         twin::rope(kr, r[0].pos, table, c.n_head_kv, hd, post(i))
     })?;
     for (i, row) in rows.iter().enumerate() {
@@ -641,45 +714,50 @@ fn layer_forward(
     let kv = &layer.kv;
     // One task per (row, head): a decode step's single row still spreads its heads over the
     // threads. Each head is the twin's own per-head call, so no bit moves.
-    att.par_chunks_exact_mut(hd)
-        .enumerate()
-        .try_for_each(|(i, out)| {
-            let (row, h) = (&rows[i / c.n_head], i % c.n_head);
-            let cache = &kv[&row.seq];
-            let shape = AttnShape {
-                n_heads: c.n_head,
-                n_kv_heads: c.n_head_kv,
-                head_dim: hd,
-                n_tokens: row.pos + 1,
-            };
-            let qr = &q[i / c.n_head * qd..][..qd];
-            if split_k {
-                twin::attention_split_k_head(h, qr, &cache.k, &cache.v, &shape, scale, out)
-            } else {
-                twin::attention_naive_head(h, qr, &cache.k, &cache.v, &shape, scale, out)
-            }
-        })
-        .map_err(twin_err)?;
-    let att = ctx.quantized(plain_acts(att, qd)?);
+    let mut heads: Vec<&mut [f32]> = att.chunks_exact_mut(hd).collect();
+    pool.each(&mut heads, |i, out| {
+        let (row, h) = (&rows[i / c.n_head], i % c.n_head);
+        let cache = &kv[&row.seq];
+        let shape = AttnShape {
+            n_heads: c.n_head,
+            n_kv_heads: c.n_head_kv,
+            head_dim: hd,
+            n_tokens: row.pos + 1,
+        };
+        let qr = &q[i / c.n_head * qd..][..qd];
+        if split_k {
+            twin::attention_split_k_head(h, qr, &cache.k, &cache.v, &shape, scale, out)
+        } else {
+            twin::attention_naive_head(h, qr, &cache.k, &cache.v, &shape, scale, out)
+        }
+    })
+    .map_err(twin_err)?;
+    drop(heads);
+    let att = ctx.quantized(plain_acts(pool, att, qd)?);
     rec.record(Site::AttnOut, &att);
-    let o = matmul(family, &w.wo, &att)?;
+    let o = matmul(pool, family, &w.wo, &att)?;
     twin::add(x, &o).map_err(twin_err)?;
 
     // Feed-forward block.
-    let acts = ctx.quantized(normed_acts(x, &w.ffn_norm, eps, tier)?);
+    let acts = ctx.quantized(normed_acts(pool, x, &w.ffn_norm, eps, tier)?);
     rec.record(Site::FfnIn, &acts);
-    let [gate, up]: [Vec<f32>; 2] = matmul_many(family, &[&w.w_gate, &w.w_up], &acts)?
-        .try_into()
-        .expect("two weights give two outputs");
-    let mut h = vec![0.0f32; gate.len()];
     let ff = c.n_ff;
-    each_row(&gate, ff, &mut h, ff, |i, g, hr| {
-        let r = acts.scale.as_ref().map(|s| s[i]);
-        twin::swiglu(g, &up[i * ff..(i + 1) * ff], hr, r)
-    })?;
-    let h = ctx.quantized(plain_acts(h, ff)?);
+    let h = if rows.len() == 1 && ff.is_multiple_of(QK) {
+        ffn_hidden_one_row(pool, family, &w.w_gate, &w.w_up, &acts)?
+    } else {
+        let [gate, up]: [Vec<f32>; 2] = matmul_many(pool, family, &[&w.w_gate, &w.w_up], &acts)?
+            .try_into()
+            .expect("two weights give two outputs");
+        let mut h = vec![0.0f32; gate.len()];
+        each_row(pool, &gate, ff, &mut h, ff, |i, g, hr| {
+            let r = acts.scale.as_ref().map(|s| s[i]);
+            twin::swiglu(g, &up[i * ff..(i + 1) * ff], hr, r)
+        })?;
+        plain_acts(pool, h, ff)?
+    };
+    let h = ctx.quantized(h);
     rec.record(Site::FfnDownIn, &h);
-    let down = matmul(family, &w.w_down, &h)?;
+    let down = matmul(pool, family, &w.w_down, &h)?;
     twin::add(x, &down).map_err(twin_err)?;
     Ok(())
 }

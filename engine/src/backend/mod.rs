@@ -17,6 +17,7 @@
 
 pub mod cpu;
 pub mod cuda;
+mod pool;
 pub mod sequences;
 pub mod stages;
 pub mod trace;
