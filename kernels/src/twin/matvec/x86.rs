@@ -421,6 +421,19 @@ unsafe fn add_lanes(acc: &mut [f32], lane: usize, c: __m256, mask: __m256) {
     }
 }
 
+/// Zeroes `acc` (a multiple of 8 floats) 8 lanes at a time, once per weight row.
+/// `fill(0.0)` on a slice of unknown length became a call to the C library's `memset` per
+/// row: 1.5 % of a decode step's samples (two threads, development machine), 0.2 % after.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn zero_lanes(acc: &mut [f32]) {
+    for c in acc.chunks_exact_mut(8) {
+        // SAFETY: `c` holds exactly 8 floats, and `[f32; 8]` has their alignment. A volatile
+        // store stays one store: the compiler may not turn the loop back into a `memset`.
+        unsafe { std::ptr::write_volatile(c.as_mut_ptr().cast::<[f32; 8]>(), [0.0; 8]) };
+    }
+}
+
 /// Lane mask with the first `n` (at most 8) of 8 lanes set.
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -535,7 +548,8 @@ unsafe fn quant_rows_in<B: FastBlock, const VNNI: bool>(
         if r + PREFETCH_ROWS < end {
             prefetch_row(&w[(r + PREFETCH_ROWS) * nb..(r + PREFETCH_ROWS + 1) * nb]);
         }
-        acc.fill(0.0);
+        // SAFETY: AVX2 is enabled for this function, as `zero_lanes` needs.
+        unsafe { zero_lanes(&mut acc) };
         let ctx = Group {
             xs,
             nb,
