@@ -96,6 +96,10 @@ fn run_alone(
 }
 
 fn same_bits(a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]) -> bool {
+    let shape = |x: &[Vec<Vec<f32>>]| -> Vec<Vec<usize>> {
+        x.iter().map(|s| s.iter().map(Vec::len).collect()).collect()
+    };
+    assert_eq!(shape(a), shape(b), "logits of different shapes");
     a.iter()
         .flatten()
         .zip(b.iter().flatten())
@@ -185,9 +189,11 @@ fn equalized_paths_are_bit_identical_and_default_paths_are_not() {
     );
 }
 
-/// The pass's thread count cuts a matvec's rows, a step's heads and a row's hidden units into
-/// other tasks (the tiny shape's weights have 128 to 512 rows: from 2 threads on they split)
-/// and moves no bit: batched rows, B=1 rows and the single-sequence path alike.
+/// The pass's thread count moves no bit: batched rows, B=1 rows and the single-sequence path
+/// alike. On 1 thread every region runs on the caller; from 2 on, a matvec's rows (64-row
+/// tasks: the tiny shape's q and o weights are 2 tasks, gate and up 6 each, the head 8), a
+/// step's heads and a row's hidden units are taken by several threads in whatever order
+/// they come.
 #[test]
 fn the_thread_count_changes_no_bit() {
     let model = synth("tiny", "q4_1", 25);
@@ -202,7 +208,7 @@ fn the_thread_count_changes_no_bit() {
             ]
         };
         let one = run(1);
-        for threads in [2, 3, 7] {
+        for threads in [2, 3] {
             let many = run(threads);
             for (path, (a, b)) in ["batched", "B=1", "single"]
                 .iter()

@@ -1,8 +1,8 @@
 //! The CPU backend: the engine API computed with the kernel twins of `memra_kernels::twin`,
 //! so every number is the one the CUDA kernels produce (up to `exp`).
 //!
-//! It owns scheduling on the host (its [`Pool`] over matvec rows, heads and per-row steps, never changing a row's
-//! arithmetic), the KV caches and the choice between the two decode compositions of
+//! It owns scheduling on the host (its threads, `backend::pool`, over matvec rows, heads and
+//! per-row steps, never changing a row's arithmetic), the KV caches and the choice between the two decode compositions of
 //! DESIGN §7: the *separate* composition (rmsnorm → q8_1 → matvec with every scale inside)
 //! used by prefill and the batched path, and the *fused* tier of the single-sequence path
 //! (rmsnorm+quantize fused, the norm factor applied as a post-op by RoPE, the KV store, SwiGLU
@@ -73,7 +73,7 @@ pub struct CpuBackend {
     /// The activation trace being recorded, when enabled ([`Backend::start_trace`]); with
     /// `None` no site is copied anywhere.
     trace: Option<ActivationTrace>,
-    /// The threads of a pass's parallel regions, as many as rayon's (`RAYON_NUM_THREADS`).
+    /// The threads of a pass's parallel regions ([`CpuBackend::with_threads`]).
     pool: Pool,
 }
 
@@ -109,8 +109,9 @@ impl CpuBackend {
     }
 
     /// [`CpuBackend::new`] with its passes on `threads` threads (the caller's included; 0
-    /// counts as 1). The thread count moves no bit: it only cuts the same per-row and per-head
-    /// work into other tasks.
+    /// counts as 1, at most 1,024). The thread count moves no bit: it only cuts the same
+    /// per-row and per-head work into other tasks. More threads than the CPUs the process
+    /// may run on spin against each other and slow a pass down.
     pub fn with_threads(
         model: LlamaModel,
         doors: Doors,
@@ -190,10 +191,8 @@ impl CpuBackend {
     /// Runs `rows` through the model as `pass` over `walk`, appending each row's K and V to
     /// its sequence's caches, and returns the logits of the rows selected by `logits_rows`
     /// (`[selected, n_vocab]`). `pass` picks the composition ([`Tier::of`]) and says where the
-    /// test-only `batch-reduction` and `stage-column` defects apply.
-    ///
-    /// One forward pass over `rows` on the calling thread, its parallel regions (about five
-    /// a layer) on the backend's [`Pool`]; the logits of `logits_rows`.
+    /// test-only `batch-reduction` and `stage-column` defects apply. The pass runs on the
+    /// calling thread, its parallel regions (about five a layer) on the backend's pool.
     fn forward_walk(
         &mut self,
         rows: &[RowSpec],
@@ -318,6 +317,7 @@ fn each_row<T: Sync, U: Send>(
     wb: usize,
     f: impl Fn(usize, &[T], &mut [U]) -> Result<(), memra_kernels::twin::ShapeError> + Sync,
 ) -> Result<(), EngineError> {
+    debug_assert_eq!(a.len() / wa.max(1), b.len() / wb.max(1), "rows of a and b");
     if a.len() / wa.max(1) >= PAR_MIN_ROWS {
         let mut outs: Vec<&mut [U]> = b.chunks_exact_mut(wb).collect();
         pool.each(&mut outs, |i, br| f(i, &a[i * wa..(i + 1) * wa], br))

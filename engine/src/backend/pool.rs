@@ -5,7 +5,7 @@
 //! projection, gate/up, down) with a few microseconds of one-thread work between them (the
 //! norm, the quantization, SwiGLU). rayon's idle worker yields about 32 rounds and then
 //! sleeps, so at two threads nearly every region began with a futex wake: measured on the
-//! 2-core development machine, 4–8 µs a region against a worker that waits awake, about
+//! 2-core development machine, 2–8 µs a region against a worker that waits awake, about
 //! 150 regions a token. Here a worker that finds no region spins for [`SPIN_FOR`] (longer
 //! than the gaps inside a pass), then yields [`YIELD_ROUNDS`] times, then parks until the
 //! next region: back-to-back regions find it awake, and an idle backend costs nothing.
@@ -18,8 +18,13 @@
 //! for a sleeper, only for tasks already taken. A task that panics is caught on its worker
 //! and raised again on the caller after the region.
 //!
-//! Only one thread may call [`Pool::each`] at a time (the backend's `&mut self` pass), and a
-//! task must not call it: the pool is for leaf work.
+//! One caller at a time runs a region over the threads (the backend's `&mut self` pass): a
+//! region started while another is running (from another thread, or from inside a task) runs
+//! on its own caller's thread, item after item.
+//!
+//! The pool starts as many workers as it is asked for, up to [`MAX_THREADS`] in all, and
+//! stops at the first the system refuses. More threads than the CPUs the process may run on
+//! spin against each other and slow a pass down; the backend's default is one per CPU.
 
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
@@ -32,6 +37,9 @@ use std::time::{Duration, Instant};
 /// one-thread gaps between a pass's regions (tens of microseconds), short enough that a
 /// backend between passes gives its cores back at once.
 const SPIN_FOR: Duration = Duration::from_micros(200);
+
+/// The most threads a pool runs on, the caller included.
+pub(crate) const MAX_THREADS: usize = 1024;
 
 /// `yield_now` calls after the spin, before the worker parks.
 const YIELD_ROUNDS: u32 = 16;
@@ -79,9 +87,10 @@ struct Items<U>(*mut U);
 unsafe impl<U: Send> Sync for Items<U> {}
 
 impl Pool {
-    /// A pool of `threads` threads in all: the caller and `threads - 1` workers (none for one
-    /// thread, when every region runs on the caller). A worker the system refuses to start is
-    /// left out; the regions still run, on fewer threads.
+    /// A pool of `threads` threads in all (1 to [`MAX_THREADS`]; 0 counts as 1): the caller and
+    /// `threads - 1` workers (none for one thread, when every region runs on the caller). When
+    /// the system refuses to start a worker, no more are tried; the regions still run, on the
+    /// threads started.
     pub(crate) fn new(threads: usize) -> Pool {
         let shared = Arc::new(Shared {
             open: AtomicUsize::new(0),
@@ -94,8 +103,8 @@ impl Pool {
             last_id: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
         });
-        let workers: Vec<JoinHandle<()>> = (1..threads.max(1))
-            .filter_map(|i| {
+        let workers: Vec<JoinHandle<()>> = (1..threads.clamp(1, MAX_THREADS))
+            .map_while(|i| {
                 let s = shared.clone();
                 std::thread::Builder::new()
                     .name(format!("memra-cpu-{i}"))
@@ -117,7 +126,8 @@ impl Pool {
 
     /// Runs `f(i, &mut items[i])` for every item, over the caller and the workers, and
     /// returns when every call is done: the error of the lowest-numbered failing item, if any.
-    /// A panic in any call is raised again here, after the region.
+    /// A panic in a call is raised again here once no thread is inside the region any more
+    /// (on the inline path at once, the items after it not run).
     pub(crate) fn each<U: Send, E: Send>(
         &self,
         items: &mut [U],
@@ -155,8 +165,14 @@ impl Pool {
         let region = Region { n, task };
         let id = s.last_id.load(Ordering::Relaxed).wrapping_add(1).max(1);
         s.last_id.store(id, Ordering::Relaxed);
-        // A panic left by a region that unwound on the caller is not this region's.
-        *s.panic.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        // A panic left by a region that unwound on the caller is not this region's. Taken out
+        // under the lock and dropped outside it, where a payload whose drop panics is caught.
+        let stale = s
+            .panic
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        drop_quietly(stale);
         s.next.store(0, Ordering::Relaxed);
         s.region
             .store(&region as *const Region as *mut (), Ordering::Relaxed);
@@ -241,13 +257,26 @@ fn worker(s: &Shared) {
             // before `active` drops back, below.
             let region = unsafe { &*(s.region.load(Ordering::Relaxed) as *const Region) };
             if let Err(p) = catch_unwind(AssertUnwindSafe(|| take_tasks(s, region))) {
-                s.panic
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .get_or_insert(p);
+                let mut slot = s.panic.lock().unwrap_or_else(PoisonError::into_inner);
+                let extra = if slot.is_none() {
+                    *slot = Some(p);
+                    None
+                } else {
+                    Some(p)
+                };
+                drop(slot);
+                drop_quietly(extra);
             }
         }
         s.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Drops a panic payload, catching a panic its own drop raises: a worker must get back to
+/// its `active` count, and a caller to its region's guard.
+fn drop_quietly(p: Option<Box<dyn Any + Send>>) {
+    if let Some(p) = p {
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(p)));
     }
 }
 
@@ -317,13 +346,18 @@ mod tests {
             Ok::<(), ()>(())
         })
         .unwrap();
+        // Long past the spin and the yields: the worker is parked.
         std::thread::sleep(Duration::from_millis(50));
         let seen = Mutex::new(std::collections::HashSet::new());
+        let start = Instant::now();
         pool.each(&mut a, |i, v| {
             *v += i;
             seen.lock().unwrap().insert(std::thread::current().id());
-            // Long enough that the woken worker takes some of them.
-            std::thread::sleep(Duration::from_millis(2));
+            // Each task waits (up to 10 s, for a loaded machine) until both threads have
+            // taken one: the caller alone cannot finish the region early.
+            while seen.lock().unwrap().len() < 2 && start.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             Ok::<(), ()>(())
         })
         .unwrap();
@@ -338,16 +372,55 @@ mod tests {
     #[test]
     fn a_region_started_inside_a_task_runs_on_that_task_s_thread() {
         let pool = Pool::new(3);
-        let mut outer = vec![vec![0u32; 10]; 6];
-        pool.each(&mut outer, |i, inner| {
-            pool.each(inner, |j, v| {
+        let mut outer = vec![vec![(0u32, None); 10]; 6];
+        let mut outer_threads = vec![None; 6];
+        let mut both: Vec<_> = outer.iter_mut().zip(outer_threads.iter_mut()).collect();
+        pool.each(&mut both, |i, (inner, at)| {
+            **at = Some(std::thread::current().id());
+            pool.each(inner, |j, (v, t)| {
                 *v = (i * 10 + j) as u32;
+                *t = Some(std::thread::current().id());
                 Ok::<(), ()>(())
             })
         })
         .unwrap();
-        let flat: Vec<u32> = outer.into_iter().flatten().collect();
+        for (inner, at) in outer.iter().zip(&outer_threads) {
+            assert!(at.is_some() && inner.iter().all(|(_, t)| t == at));
+        }
+        let flat: Vec<u32> = outer.into_iter().flatten().map(|(v, _)| v).collect();
         assert_eq!(flat, (0..60).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn panics_on_the_caller_and_a_worker_in_one_region_leave_the_next_region_clean() {
+        let pool = Pool::new(2);
+        let mut items = vec![0u8; 64];
+        for _ in 0..20 {
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                pool.each(&mut items, |i, _| {
+                    // Slow enough that both threads are inside the region.
+                    std::thread::sleep(Duration::from_micros(200));
+                    assert!(i % 16 != 15, "task {i}");
+                    Ok::<(), ()>(())
+                })
+            }));
+            assert!(r.is_err());
+            let mut n = vec![0u8; 64];
+            pool.each(&mut n, |_, v| {
+                *v = 1;
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+            assert!(n.iter().all(|&v| v == 1));
+        }
+    }
+
+    #[test]
+    fn a_thread_count_past_the_cap_starts_the_cap() {
+        assert_eq!(Pool::new(0).threads(), 1);
+        // At most the cap (a system may refuse threads before it).
+        let threads = Pool::new(MAX_THREADS + 5).threads();
+        assert!((2..=MAX_THREADS).contains(&threads), "{threads} threads");
     }
 
     #[test]

@@ -427,9 +427,11 @@ unsafe fn add_lanes(acc: &mut [f32], lane: usize, c: __m256, mask: __m256) {
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn zero_lanes(acc: &mut [f32]) {
+    debug_assert!(acc.len().is_multiple_of(8), "lanes come in eights");
     for c in acc.chunks_exact_mut(8) {
-        // SAFETY: `c` holds exactly 8 floats, and `[f32; 8]` has their alignment. A volatile
-        // store stays one store: the compiler may not turn the loop back into a `memset`.
+        // SAFETY: `c` holds exactly 8 floats, and `[f32; 8]` has their alignment. The store
+        // is volatile so that the compiler may not turn the loop back into a `memset` call
+        // (`_mm256_storeu_ps` of zeros in a loop may be); it compiles to one 32-byte store.
         unsafe { std::ptr::write_volatile(c.as_mut_ptr().cast::<[f32; 8]>(), [0.0; 8]) };
     }
 }
