@@ -2,11 +2,12 @@
 //! so every number is the one the CUDA kernels produce (up to `exp`).
 //!
 //! It owns scheduling on the host (its threads, `backend::pool`, over matvec rows, heads and
-//! per-row steps, never changing a row's arithmetic), the KV caches and the choice between the two decode compositions of
-//! DESIGN §7: the *separate* composition (rmsnorm → q8_1 → matvec with every scale inside)
-//! used by prefill and the batched path, and the *fused* tier of the single-sequence path
-//! (rmsnorm+quantize fused, the norm factor applied as a post-op by RoPE, the KV store, SwiGLU
-//! and the head's scale). The numeric definition of each step is the twins'.
+//! per-row steps, never changing a row's arithmetic), the KV caches and the choice between
+//! the two decode compositions of DESIGN §7: the *separate* composition (rmsnorm → q8_1 →
+//! matvec with every scale inside) used by prefill and the batched path, and the *fused* tier
+//! of the single-sequence path (rmsnorm+quantize fused, the norm factor applied as a post-op
+//! by RoPE, the KV store, SwiGLU and the head's scale). The numeric definition of each step
+//! is the twins'.
 //!
 //! Layers live in [`Stage`]s, each owning its layers' weights, their KV caches and its own
 //! `[B, n_embd]` input buffer, placed by the backend-independent [`StagePlan`]. The split walk
