@@ -190,10 +190,10 @@ fn equalized_paths_are_bit_identical_and_default_paths_are_not() {
 }
 
 /// The pass's thread count moves no bit: batched rows, B=1 rows and the single-sequence path
-/// alike. On 1 thread every region runs on the caller; from 2 on, a matvec's rows (64-row
-/// tasks: the tiny shape's q and o weights are 2 tasks, gate and up 6 each, the head 8), a
-/// step's heads and a row's hidden units are taken by several threads in whatever order
-/// they come.
+/// alike. On 1 thread every region runs on the caller; from 2 on, a matvec's rows, a step's
+/// heads and a row's hidden units are taken by several threads in whatever order they come,
+/// and the tasks are cut otherwise (tiny shape: gate and up 2 tasks each on 1 thread, 4 on 2,
+/// 6 on 3; the head 2, 4, 6; q and o 2 tasks of 64 rows throughout).
 #[test]
 fn the_thread_count_changes_no_bit() {
     let model = synth("tiny", "q4_1", 25);

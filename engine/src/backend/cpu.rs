@@ -92,8 +92,11 @@ const MIN_ROWS_PER_TASK: usize = 64;
 
 /// Tasks per thread a matvec's rows are cut into: enough for balance, few enough that a
 /// task's setup (the activation blocks rearranged once per call, the task's own output) and
-/// the hand-off stay small beside its rows.
-const TASKS_PER_THREAD: usize = 4;
+/// the hand-off stay small beside its rows. Measured on the 2-core development machine with
+/// the pool's tasks (two threads, SmolLM2 shape, 8 runs alternating, medians): 2 gave
+/// prefill 346 / decode 165 / B=8 293 tokens/s against 318 / 153 / 281 for 4; 1 and 3 gave
+/// less than 2.
+const TASKS_PER_THREAD: usize = 2;
 
 /// Rows of one task of a matvec of `rows` rows on `threads` threads: `rows` cut into about
 /// [`TASKS_PER_THREAD`] tasks per thread, never fewer than [`MIN_ROWS_PER_TASK`] rows.
