@@ -476,9 +476,6 @@ fn matmul_many(
                 .map(move |s| (i, s..(s + per).min(w.rows)))
         })
         .collect();
-    let rows_of = |w: &Weight, r: &Range<usize>, out: &mut [f32]| {
-        weight_rows_of(family, w, acts, r.clone(), out)
-    };
     let mut ys: Vec<Vec<f32>> = ws
         .iter()
         .map(|w| vec![0.0f32; acts.f.len() / w.cols * w.rows])
@@ -496,7 +493,7 @@ fn matmul_many(
         }
         pool.each(&mut outs, |k, out| {
             let (i, r) = &tasks[k];
-            rows_of(ws[*i], r, out)
+            weight_rows_of(family, ws[*i], acts, r.clone(), out)
         })
         .map_err(twin_err)?;
         return Ok(ys);
@@ -506,7 +503,7 @@ fn matmul_many(
         let (i, r) = &tasks[k];
         let w = ws[*i];
         *part = vec![0.0f32; acts.f.len() / w.cols * r.len()];
-        rows_of(w, r, part)
+        weight_rows_of(family, w, acts, r.clone(), part)
     })
     .map_err(twin_err)?;
     for ((i, r), part) in tasks.iter().zip(&parts) {
@@ -554,21 +551,29 @@ fn ffn_hidden_one_row(
     let ff = w_gate.rows;
     let per = rows_per_task(ff, pool.threads()).next_multiple_of(QK);
     let post = acts.scale.as_ref().map(|s| s[0]);
+    let mut gate = vec![0.0f32; ff];
+    let mut up = vec![0.0f32; ff];
     let mut h = vec![0.0f32; ff];
     let mut q = vec![zero_q8_1(); ff / QK];
-    let mut parts: Vec<(usize, &mut [f32], &mut [BlockQ8_1])> = h
+    type Part<'a> = (
+        usize,
+        &'a mut [f32],
+        &'a mut [f32],
+        &'a mut [f32],
+        &'a mut [BlockQ8_1],
+    );
+    let mut parts: Vec<Part> = gate
         .chunks_mut(per)
-        .zip(q.chunks_mut(per / QK))
+        .zip(up.chunks_mut(per))
+        .zip(h.chunks_mut(per).zip(q.chunks_mut(per / QK)))
         .enumerate()
-        .map(|(k, (hp, qp))| (k * per, hp, qp))
+        .map(|(k, ((gp, upp), (hp, qp)))| (k * per, gp, upp, hp, qp))
         .collect();
-    pool.each(&mut parts, |_, (start, hp, qp)| {
+    pool.each(&mut parts, |_, (start, gp, upp, hp, qp)| {
         let r = *start..*start + hp.len();
-        let mut gate = vec![0.0f32; r.len()];
-        let mut up = vec![0.0f32; r.len()];
-        weight_rows_of(family, w_gate, acts, r.clone(), &mut gate)?;
-        weight_rows_of(family, w_up, acts, r, &mut up)?;
-        twin::swiglu(&gate, &up, hp, post)?;
+        weight_rows_of(family, w_gate, acts, r.clone(), gp)?;
+        weight_rows_of(family, w_up, acts, r, upp)?;
+        twin::swiglu(gp, upp, hp, post)?;
         twin::quantize_q8_1(hp, qp)?;
         Ok::<(), twin::TwinError>(())
     })
@@ -746,7 +751,9 @@ fn layer_forward(
     let acts = ctx.quantized(normed_acts(pool, x, &w.ffn_norm, eps, tier)?);
     rec.record(Site::FfnIn, &acts);
     let ff = c.n_ff;
-    let h = if rows.len() == 1 && ff.is_multiple_of(QK) {
+    // n_ff is a multiple of 32 (LlamaConfig::validate), so one row's hidden units split into
+    // whole q8_1 blocks.
+    let h = if rows.len() == 1 {
         ffn_hidden_one_row(pool, family, &w.w_gate, &w.w_up, &acts)?
     } else {
         let [gate, up]: [Vec<f32>; 2] = matmul_many(pool, family, &[&w.w_gate, &w.w_up], &acts)?

@@ -22,14 +22,11 @@ pub(crate) fn round_half_away(x: f32) -> f32 {
 }
 
 /// `f32::round(x) as i8` (saturating, NaN to 0) without a libm call: `x` clamped to the i8
-/// range first (rounding and clamping to integer bounds commute), then rounded as
-/// [`round_half_away`].
+/// range first (rounding and clamping to integer bounds commute; NaN stays NaN and casts to
+/// 0), then [`round_half_away`].
 #[inline(always)]
 pub(crate) fn round_to_i8(x: f32) -> i8 {
-    let y = x.clamp(-128.0, 127.0);
-    let t = y as i32;
-    let frac = y - t as f32;
-    (t + i32::from(frac >= 0.5) - i32::from(frac <= -0.5)) as i8
+    round_half_away(x.clamp(-128.0, 127.0)) as i8
 }
 
 #[cfg(test)]
